@@ -1,0 +1,425 @@
+//! The event catalogue (v1) and the content objects events refer to.
+
+use crate::ids::{CommitHash, ContentId, RevisionId, SessionId};
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+
+/// The kind byte of a record. Stable on disk: never renumber.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[repr(u8)]
+pub enum EventKind {
+    /// [`SessionCreated`]
+    SessionCreated = 1,
+    /// [`TurnCommitted`]
+    TurnCommitted = 2,
+    /// [`TranscriptRewritten`]
+    TranscriptRewritten = 3,
+    /// [`SessionArchived`]
+    SessionArchived = 4,
+    /// [`SessionRevived`]
+    SessionRevived = 5,
+    /// [`ContextAppended`]
+    ContextAppended = 6,
+    /// [`ToolCallRecorded`]
+    ToolCallRecorded = 7,
+    /// [`ToolResultRecorded`]
+    ToolResultRecorded = 8,
+    /// [`LabelsChanged`]
+    LabelsChanged = 9,
+}
+
+impl EventKind {
+    /// Every kind, in kind-byte order.
+    pub const ALL: [EventKind; 9] = [
+        EventKind::SessionCreated,
+        EventKind::TurnCommitted,
+        EventKind::TranscriptRewritten,
+        EventKind::SessionArchived,
+        EventKind::SessionRevived,
+        EventKind::ContextAppended,
+        EventKind::ToolCallRecorded,
+        EventKind::ToolResultRecorded,
+        EventKind::LabelsChanged,
+    ];
+
+    /// The kind for a kind byte, if this binary knows it.
+    pub fn from_byte(b: u8) -> Option<EventKind> {
+        EventKind::ALL.get((b as usize).wrapping_sub(1)).copied()
+    }
+
+    /// The kind byte.
+    pub fn byte(self) -> u8 {
+        self as u8
+    }
+
+    /// The schema version this binary writes for the kind.
+    pub fn current_version(self) -> u16 {
+        1
+    }
+
+    /// The oldest schema version this binary can read (older ones are upcast).
+    pub fn oldest_version(self) -> u16 {
+        match self {
+            EventKind::ContextAppended => 0,
+            _ => 1,
+        }
+    }
+
+    /// The name used in logs, errors and exports.
+    pub fn name(self) -> &'static str {
+        match self {
+            EventKind::SessionCreated => "SessionCreated",
+            EventKind::TurnCommitted => "TurnCommitted",
+            EventKind::TranscriptRewritten => "TranscriptRewritten",
+            EventKind::SessionArchived => "SessionArchived",
+            EventKind::SessionRevived => "SessionRevived",
+            EventKind::ContextAppended => "ContextAppended",
+            EventKind::ToolCallRecorded => "ToolCallRecorded",
+            EventKind::ToolResultRecorded => "ToolResultRecorded",
+            EventKind::LabelsChanged => "LabelsChanged",
+        }
+    }
+
+    /// The kind with this name, if any.
+    pub fn from_name(name: &str) -> Option<EventKind> {
+        EventKind::ALL.into_iter().find(|k| k.name() == name)
+    }
+}
+
+impl fmt::Display for EventKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// The session and revision a fork branched from.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ForkOrigin {
+    /// The parent session.
+    pub session: SessionId,
+    /// The parent's head revision when the fork was taken.
+    pub revision: RevisionId,
+    /// How many of the parent's messages the fork starts with.
+    pub message_count: u64,
+}
+
+/// A session came into being, empty, with initial messages, or as a fork.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SessionCreated {
+    /// Labels for listing.
+    pub labels: BTreeMap<String, String>,
+    /// Opaque host metadata.
+    #[serde(with = "serde_bytes")]
+    pub metadata: Vec<u8>,
+    /// Set when the session is a fork.
+    pub forked_from: Option<ForkOrigin>,
+    /// Initial messages, after the forked prefix if any.
+    pub messages: Vec<ContentId>,
+    /// The revision after creation; replay recomputes and compares it.
+    pub revision_after: RevisionId,
+}
+
+/// Token usage reported by a provider for one model.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Usage {
+    /// Provider name, e.g. `anthropic`.
+    pub provider: String,
+    /// Model name.
+    pub model: String,
+    /// Input tokens.
+    pub input: u64,
+    /// Output tokens.
+    pub output: u64,
+    /// Tokens read from a prompt cache.
+    pub cache_read: u64,
+    /// Tokens written to a prompt cache.
+    pub cache_write: u64,
+}
+
+/// A turn appended messages to a session.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TurnCommitted {
+    /// Host-chosen turn id, the idempotency key.
+    pub turn_id: String,
+    /// Hash of the turn's semantic content.
+    pub commit_hash: CommitHash,
+    /// Appended messages.
+    pub messages: Vec<ContentId>,
+    /// Usage deltas.
+    pub usage: Vec<Usage>,
+    /// Context keys this turn applied.
+    pub applied_context: Vec<String>,
+    /// Tool operations this turn settled or referenced.
+    pub tool_ops: Vec<String>,
+    /// Optional host run id.
+    pub run_id: Option<String>,
+    /// The revision after the turn.
+    pub revision_after: RevisionId,
+}
+
+/// Why a transcript was rewritten.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum RewriteKind {
+    /// A message was edited.
+    Edit,
+    /// A range was summarised.
+    Compaction,
+    /// Content was removed for safety or privacy.
+    Redaction,
+    /// The transcript went back to an earlier revision of the same session.
+    Restore {
+        /// The revision restored.
+        target: RevisionId,
+    },
+}
+
+impl RewriteKind {
+    /// A short name: `edit`, `compaction`, `redaction` or `restore`.
+    pub fn name(&self) -> &'static str {
+        match self {
+            RewriteKind::Edit => "edit",
+            RewriteKind::Compaction => "compaction",
+            RewriteKind::Redaction => "redaction",
+            RewriteKind::Restore { .. } => "restore",
+        }
+    }
+}
+
+/// A splice of the transcript: `start..end` replaced by `replacement`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TranscriptRewritten {
+    /// The head the rewrite was decided against.
+    pub parent_revision: RevisionId,
+    /// First replaced position.
+    pub start: u64,
+    /// One past the last replaced position.
+    pub end: u64,
+    /// New messages for the range (possibly none).
+    pub replacement: Vec<ContentId>,
+    /// Why.
+    pub kind: RewriteKind,
+    /// Free-form note.
+    pub note: String,
+    /// Who did it.
+    pub actor: String,
+    /// The revision after the splice.
+    pub revision_after: RevisionId,
+}
+
+/// The session was archived.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SessionArchived {
+    /// Why.
+    pub reason: String,
+}
+
+/// The session was revived.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SessionRevived {
+    /// Why.
+    pub reason: String,
+}
+
+/// System context was staged, pending until a turn applies it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ContextAppended {
+    /// Host-chosen key.
+    pub key: String,
+    /// The context text.
+    pub content: ContentId,
+    /// Where it came from.
+    pub source: String,
+}
+
+/// Schema version 0 of [`ContextAppended`], before `source` existed. Upcast on read.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ContextAppendedV0 {
+    /// Host-chosen key.
+    pub key: String,
+    /// The context text.
+    pub content: ContentId,
+}
+
+/// Whether re-running a tool call after a crash is allowed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Recovery {
+    /// Running it again is harmless.
+    ReplaySafe,
+    /// Running it again could repeat a side effect.
+    NotReplaySafe,
+}
+
+/// How a tool operation ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ToolOutcome {
+    /// It succeeded.
+    Ok,
+    /// It failed.
+    Error,
+    /// It was cancelled.
+    Cancelled,
+}
+
+impl ToolOutcome {
+    /// `ok`, `error` or `cancelled`.
+    pub fn name(self) -> &'static str {
+        match self {
+            ToolOutcome::Ok => "ok",
+            ToolOutcome::Error => "error",
+            ToolOutcome::Cancelled => "cancelled",
+        }
+    }
+}
+
+/// T1: a tool call was prepared.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ToolCallRecorded {
+    /// Host-chosen operation id, unique per session.
+    pub op_id: String,
+    /// The provider's tool call id.
+    pub call_id: String,
+    /// Tool name.
+    pub tool_name: String,
+    /// Arguments.
+    pub args: ContentId,
+    /// The enclosing operation, for nested calls.
+    pub parent_op: Option<String>,
+    /// The turn this call belongs to, if known.
+    pub turn_id: Option<String>,
+    /// Whether re-running is safe.
+    pub recovery: Recovery,
+}
+
+/// T2: a tool call was settled.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ToolResultRecorded {
+    /// The operation settled.
+    pub op_id: String,
+    /// How it ended.
+    pub outcome: ToolOutcome,
+    /// The result bytes.
+    pub result: ContentId,
+}
+
+/// Labels were set or removed.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LabelsChanged {
+    /// Labels set (added or overwritten).
+    pub set: BTreeMap<String, String>,
+    /// Label keys removed.
+    pub remove: BTreeSet<String>,
+}
+
+/// One event of the catalogue.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Event {
+    /// See [`SessionCreated`].
+    SessionCreated(SessionCreated),
+    /// See [`TurnCommitted`].
+    TurnCommitted(TurnCommitted),
+    /// See [`TranscriptRewritten`].
+    TranscriptRewritten(TranscriptRewritten),
+    /// See [`SessionArchived`].
+    SessionArchived(SessionArchived),
+    /// See [`SessionRevived`].
+    SessionRevived(SessionRevived),
+    /// See [`ContextAppended`].
+    ContextAppended(ContextAppended),
+    /// See [`ToolCallRecorded`].
+    ToolCallRecorded(ToolCallRecorded),
+    /// See [`ToolResultRecorded`].
+    ToolResultRecorded(ToolResultRecorded),
+    /// See [`LabelsChanged`].
+    LabelsChanged(LabelsChanged),
+}
+
+impl Event {
+    /// The kind of this event.
+    pub fn kind(&self) -> EventKind {
+        match self {
+            Event::SessionCreated(_) => EventKind::SessionCreated,
+            Event::TurnCommitted(_) => EventKind::TurnCommitted,
+            Event::TranscriptRewritten(_) => EventKind::TranscriptRewritten,
+            Event::SessionArchived(_) => EventKind::SessionArchived,
+            Event::SessionRevived(_) => EventKind::SessionRevived,
+            Event::ContextAppended(_) => EventKind::ContextAppended,
+            Event::ToolCallRecorded(_) => EventKind::ToolCallRecorded,
+            Event::ToolResultRecorded(_) => EventKind::ToolResultRecorded,
+            Event::LabelsChanged(_) => EventKind::LabelsChanged,
+        }
+    }
+
+    /// Every content id this event refers to, in field order.
+    pub fn content_refs(&self) -> Vec<ContentId> {
+        match self {
+            Event::SessionCreated(e) => e.messages.clone(),
+            Event::TurnCommitted(e) => e.messages.clone(),
+            Event::TranscriptRewritten(e) => e.replacement.clone(),
+            Event::ContextAppended(e) => vec![e.content],
+            Event::ToolCallRecorded(e) => vec![e.args],
+            Event::ToolResultRecorded(e) => vec![e.result],
+            Event::SessionArchived(_) | Event::SessionRevived(_) | Event::LabelsChanged(_) => {
+                Vec::new()
+            }
+        }
+    }
+
+    /// The revision the event claims the session holds afterwards, when it changes the
+    /// transcript.
+    pub fn revision_after(&self) -> Option<RevisionId> {
+        match self {
+            Event::SessionCreated(e) => Some(e.revision_after),
+            Event::TurnCommitted(e) => Some(e.revision_after),
+            Event::TranscriptRewritten(e) => Some(e.revision_after),
+            _ => None,
+        }
+    }
+}
+
+/// The role of a message.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub enum Role {
+    /// System prompt or instructions.
+    System,
+    /// The user.
+    User,
+    /// The model.
+    Assistant,
+    /// A tool's output.
+    Tool,
+}
+
+impl Role {
+    /// `system`, `user`, `assistant` or `tool`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Role::System => "system",
+            Role::User => "user",
+            Role::Assistant => "assistant",
+            Role::Tool => "tool",
+        }
+    }
+
+    /// The role with this name.
+    pub fn from_name(name: &str) -> Option<Role> {
+        [Role::System, Role::User, Role::Assistant, Role::Tool]
+            .into_iter()
+            .find(|r| r.name() == name)
+    }
+}
+
+/// A message as stored in the content table. Its content id is blake3 of its canonical
+/// encoding. The body is opaque to the engine.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MessageObject {
+    /// Who speaks.
+    pub role: Role,
+    /// A short media type, e.g. `application/json`.
+    pub content_type: String,
+    /// The host's serialized message.
+    #[serde(with = "serde_bytes")]
+    pub body: Vec<u8>,
+    /// Content ids of attachments, stored as separate content objects.
+    pub attachments: Vec<ContentId>,
+}

@@ -1,0 +1,185 @@
+//! The hash functions of SPEC §3: content ids, the transcript revision chain, the log
+//! record chain (plain or keyed), and the turn commit hash.
+
+use crate::event::Usage;
+use crate::ids::{ChainHash, CommitHash, ContentId, RevisionId};
+use serde::Serialize;
+
+/// Domain string that seeds the transcript chain: `c0 = blake3("annal.transcript.v1")`.
+pub const TRANSCRIPT_DOMAIN: &[u8] = b"annal.transcript.v1";
+/// Domain string that seeds the log chain: `h(0) = blake3("annal.log.v1")` (keyed in keyed mode).
+pub const LOG_DOMAIN: &[u8] = b"annal.log.v1";
+/// Domain string for the turn commit hash.
+pub const TURN_DOMAIN: &[u8] = b"annal.turn.v1";
+/// Domain string whose keyed hash is stored to recognise the chain key at open.
+pub const KEY_CHECK_DOMAIN: &[u8] = b"annal.key-check.v1";
+
+/// The content id of canonical bytes: `blake3(bytes)`.
+pub fn content_id(bytes: &[u8]) -> ContentId {
+    ContentId(*blake3::hash(bytes).as_bytes())
+}
+
+impl RevisionId {
+    /// `c0`: the revision of an empty transcript.
+    pub fn empty() -> RevisionId {
+        RevisionId(*blake3::hash(TRANSCRIPT_DOMAIN).as_bytes())
+    }
+
+    /// `c(i) = blake3(c(i-1) || content_id(m(i)))`.
+    pub fn extend(&self, message: &ContentId) -> RevisionId {
+        let mut h = blake3::Hasher::new();
+        h.update(&self.0);
+        h.update(&message.0);
+        RevisionId(*h.finalize().as_bytes())
+    }
+
+    /// The chain over `messages`, starting from `self`.
+    pub fn extend_all<'a>(&self, messages: impl IntoIterator<Item = &'a ContentId>) -> RevisionId {
+        messages.into_iter().fold(*self, |c, m| c.extend(m))
+    }
+
+    /// The revision id of a transcript holding exactly `messages`.
+    pub fn of(messages: &[ContentId]) -> RevisionId {
+        RevisionId::empty().extend_all(messages)
+    }
+}
+
+/// The log record chain: `h(seq) = blake3(h(seq-1) || record bytes)`, or blake3's keyed
+/// mode when the host supplies a 32-byte key.
+#[derive(Clone)]
+pub struct LogChain {
+    key: Option<[u8; 32]>,
+}
+
+impl std::fmt::Debug for LogChain {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LogChain")
+            .field("keyed", &self.key.is_some())
+            .finish()
+    }
+}
+
+impl LogChain {
+    /// The unkeyed chain.
+    pub fn plain() -> LogChain {
+        LogChain { key: None }
+    }
+
+    /// The keyed chain: nobody without `key` can forge a record.
+    pub fn keyed(key: [u8; 32]) -> LogChain {
+        LogChain { key: Some(key) }
+    }
+
+    /// Whether this chain is keyed.
+    pub fn is_keyed(&self) -> bool {
+        self.key.is_some()
+    }
+
+    fn hasher(&self) -> blake3::Hasher {
+        match &self.key {
+            Some(k) => blake3::Hasher::new_keyed(k),
+            None => blake3::Hasher::new(),
+        }
+    }
+
+    /// `h(0)`, the value before the first record.
+    pub fn genesis(&self) -> ChainHash {
+        let mut h = self.hasher();
+        h.update(LOG_DOMAIN);
+        ChainHash(*h.finalize().as_bytes())
+    }
+
+    /// `h(seq)` from `h(seq-1)` and the record bytes (everything before the stored hash).
+    pub fn next(&self, prev: &ChainHash, record_body: &[u8]) -> ChainHash {
+        let mut h = self.hasher();
+        h.update(&prev.0);
+        h.update(record_body);
+        ChainHash(*h.finalize().as_bytes())
+    }
+
+    /// A value stored in the file that lets an open recognise a wrong key without
+    /// revealing the key. `None` for the plain chain.
+    pub fn key_check(&self) -> Option<[u8; 32]> {
+        self.key
+            .map(|k| *blake3::keyed_hash(&k, KEY_CHECK_DOMAIN).as_bytes())
+    }
+}
+
+#[derive(Serialize)]
+struct TurnSemantics<'a> {
+    messages: &'a [ContentId],
+    usage: &'a [Usage],
+    applied_context: &'a [String],
+    tool_ops: &'a [String],
+}
+
+/// The turn commit hash: blake3 over the canonical encoding of the turn's semantic
+/// content. Expected revision, run id and timestamps are excluded, so an exact retry
+/// hashes identically.
+pub fn turn_commit_hash(
+    messages: &[ContentId],
+    usage: &[Usage],
+    applied_context: &[String],
+    tool_ops: &[String],
+) -> CommitHash {
+    let sem = TurnSemantics {
+        messages,
+        usage,
+        applied_context,
+        tool_ops,
+    };
+    // Encoding a borrowed struct into a Vec cannot fail except on the size limit, which is
+    // unbounded here; hash whatever bytes the canonical encoder yields.
+    let bytes = crate::wire::to_bytes(&sem, u64::MAX).unwrap_or_default();
+    let mut h = blake3::Hasher::new();
+    h.update(TURN_DOMAIN);
+    h.update(&bytes);
+    CommitHash(*h.finalize().as_bytes())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn revision_depends_only_on_messages() {
+        let a = content_id(b"a");
+        let b = content_id(b"b");
+        assert_eq!(
+            RevisionId::of(&[a, b]),
+            RevisionId::empty().extend(&a).extend(&b)
+        );
+        assert_ne!(RevisionId::of(&[a, b]), RevisionId::of(&[b, a]));
+        assert_eq!(RevisionId::of(&[]), RevisionId::empty());
+    }
+
+    #[test]
+    fn keyed_chain_differs_from_plain() {
+        let plain = LogChain::plain();
+        let keyed = LogChain::keyed([7; 32]);
+        assert_ne!(plain.genesis(), keyed.genesis());
+        let g = plain.genesis();
+        assert_ne!(plain.next(&g, b"x"), keyed.next(&g, b"x"));
+        assert!(plain.key_check().is_none());
+        assert_ne!(keyed.key_check(), LogChain::keyed([8; 32]).key_check());
+    }
+
+    #[test]
+    fn commit_hash_is_sensitive_to_every_semantic_field() {
+        let m = [content_id(b"m")];
+        let u = [Usage {
+            provider: "p".into(),
+            model: "m".into(),
+            input: 1,
+            output: 2,
+            cache_read: 0,
+            cache_write: 0,
+        }];
+        let base = turn_commit_hash(&m, &u, &[], &[]);
+        assert_eq!(base, turn_commit_hash(&m, &u, &[], &[]));
+        assert_ne!(base, turn_commit_hash(&m, &[], &[], &[]));
+        assert_ne!(base, turn_commit_hash(&m, &u, &["k".into()], &[]));
+        assert_ne!(base, turn_commit_hash(&m, &u, &[], &["op".into()]));
+        assert_ne!(base, turn_commit_hash(&[], &u, &[], &[]));
+    }
+}

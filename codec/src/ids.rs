@@ -1,0 +1,193 @@
+//! Identifiers: sessions, content objects, revisions and chain hashes.
+
+use serde::{Deserialize, Serialize};
+use std::fmt;
+use std::str::FromStr;
+
+/// Error returned when a textual identifier cannot be parsed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid {what}: expected {expected_hex_len} hex digits, found {found:?}")]
+pub struct ParseIdError {
+    /// Which identifier was being parsed.
+    pub what: &'static str,
+    /// How many hex digits a valid identifier has.
+    pub expected_hex_len: usize,
+    /// The text that failed to parse.
+    pub found: String,
+}
+
+pub(crate) fn hex_encode(bytes: &[u8]) -> String {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut out = String::with_capacity(bytes.len() * 2);
+    for b in bytes {
+        out.push(DIGITS[(b >> 4) as usize] as char);
+        out.push(DIGITS[(b & 0x0f) as usize] as char);
+    }
+    out
+}
+
+fn hex_value(c: u8) -> Option<u8> {
+    match c {
+        b'0'..=b'9' => Some(c - b'0'),
+        b'a'..=b'f' => Some(c - b'a' + 10),
+        b'A'..=b'F' => Some(c - b'A' + 10),
+        _ => None,
+    }
+}
+
+pub(crate) fn hex_decode<const N: usize>(
+    text: &str,
+    what: &'static str,
+) -> Result<[u8; N], ParseIdError> {
+    let err = || ParseIdError {
+        what,
+        expected_hex_len: N * 2,
+        found: text.to_string(),
+    };
+    let digits: Vec<u8> = text.bytes().filter(|c| *c != b'-').collect();
+    if digits.len() != N * 2 {
+        return Err(err());
+    }
+    let mut out = [0u8; N];
+    for (i, pair) in digits.chunks_exact(2).enumerate() {
+        let hi = hex_value(pair[0]).ok_or_else(err)?;
+        let lo = hex_value(pair[1]).ok_or_else(err)?;
+        out[i] = (hi << 4) | lo;
+    }
+    Ok(out)
+}
+
+macro_rules! hash_id {
+    ($(#[$doc:meta])* $name:ident, $what:literal) => {
+        $(#[$doc])*
+        #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+        pub struct $name(pub [u8; 32]);
+
+        impl $name {
+            /// The raw 32 bytes.
+            pub fn as_bytes(&self) -> &[u8; 32] {
+                &self.0
+            }
+
+            /// Lower-case hex, 64 digits.
+            pub fn to_hex(&self) -> String {
+                hex_encode(&self.0)
+            }
+
+            /// The first 12 hex digits, for human-readable output.
+            pub fn short(&self) -> String {
+                hex_encode(&self.0[..6])
+            }
+        }
+
+        impl fmt::Display for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(&self.to_hex())
+            }
+        }
+
+        impl fmt::Debug for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                write!(f, "{}({})", stringify!($name), self.short())
+            }
+        }
+
+        impl FromStr for $name {
+            type Err = ParseIdError;
+            fn from_str(s: &str) -> Result<Self, Self::Err> {
+                hex_decode::<32>(s, $what).map($name)
+            }
+        }
+    };
+}
+
+hash_id!(
+    /// blake3 of the canonical bytes of a content object (message, context text,
+    /// tool arguments or result, attachment).
+    ContentId,
+    "content id"
+);
+hash_id!(
+    /// The hash-chain value of a transcript: `c(n)` over its `n` message content ids.
+    /// Equal messages give an equal id.
+    RevisionId,
+    "revision id"
+);
+hash_id!(
+    /// The log's record chain value `h(seq)`, which makes the log tamper-evident.
+    ChainHash,
+    "chain hash"
+);
+hash_id!(
+    /// blake3 of the canonical encoding of a turn's semantic content.
+    CommitHash,
+    "commit hash"
+);
+
+/// A session identifier: 16 bytes, UUIDv7 by default so that ids sort by creation.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct SessionId(pub [u8; 16]);
+
+impl SessionId {
+    /// The raw 16 bytes.
+    pub fn as_bytes(&self) -> &[u8; 16] {
+        &self.0
+    }
+
+    /// Canonical UUID text form, `8-4-4-4-12` lower-case hex digits.
+    pub fn to_uuid_string(&self) -> String {
+        let h = hex_encode(&self.0);
+        format!(
+            "{}-{}-{}-{}-{}",
+            &h[0..8],
+            &h[8..12],
+            &h[12..16],
+            &h[16..20],
+            &h[20..32]
+        )
+    }
+}
+
+impl fmt::Display for SessionId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.to_uuid_string())
+    }
+}
+
+impl fmt::Debug for SessionId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "SessionId({})", self.to_uuid_string())
+    }
+}
+
+impl FromStr for SessionId {
+    type Err = ParseIdError;
+    /// Accepts 32 hex digits, with or without the UUID hyphens.
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        hex_decode::<16>(s, "session id").map(SessionId)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn session_id_round_trips_through_text() {
+        let id = SessionId([
+            0x01, 0x8f, 0x2a, 0, 0, 0, 0x70, 0, 0x80, 0, 0, 0, 0, 0, 0, 0xff,
+        ]);
+        let text = id.to_string();
+        assert_eq!(text, "018f2a00-0000-7000-8000-0000000000ff");
+        assert_eq!(text.parse::<SessionId>().unwrap(), id);
+        assert_eq!(text.replace('-', "").parse::<SessionId>().unwrap(), id);
+    }
+
+    #[test]
+    fn bad_hex_is_an_error() {
+        assert!("zz".parse::<ContentId>().is_err());
+        assert!("abc".parse::<SessionId>().is_err());
+        let long = "0".repeat(66);
+        assert!(long.parse::<RevisionId>().is_err());
+    }
+}

@@ -1,0 +1,400 @@
+//! The record envelope: fixed header, payload, chain hash.
+//!
+//! ```text
+//! offset  size  field
+//!  0       4    magic "ANNL"
+//!  4       1    format version (1)
+//!  5       1    event kind byte
+//!  6       2    schema version of the kind, u16 little-endian
+//!  8       8    global sequence, u64 LE
+//! 16      16    session id
+//! 32       8    stream sequence, u64 LE
+//! 40       8    committed_at, unix milliseconds, u64 LE
+//! 48       4    payload length n, u32 LE
+//! 52       n    payload: the kind's struct, bincode (LE, varint)
+//! 52+n    32    chain hash h(seq) = H(h(seq-1) || bytes[0..52+n])
+//! ```
+
+use crate::event::*;
+use crate::hash::LogChain;
+use crate::ids::{ChainHash, SessionId};
+use crate::wire::{self, WireError};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+/// The four magic bytes that open every record.
+pub const MAGIC: [u8; 4] = *b"ANNL";
+/// The record format version this binary reads and writes.
+pub const FORMAT_VERSION: u8 = 1;
+/// Bytes before the payload.
+pub const HEADER_LEN: usize = 52;
+/// Bytes of the trailing chain hash.
+pub const HASH_LEN: usize = 32;
+/// Smallest possible record.
+pub const RECORD_LEN_MIN: usize = HEADER_LEN + HASH_LEN;
+
+/// A decoded log record: the envelope and its event.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Record {
+    /// Global sequence number, dense from 1.
+    pub seq: u64,
+    /// The session the event belongs to.
+    pub session: SessionId,
+    /// Per-session sequence number, dense from 1.
+    pub stream_seq: u64,
+    /// Writer clock, unix milliseconds, never decreasing.
+    pub committed_at_ms: u64,
+    /// The event.
+    pub event: Event,
+}
+
+/// A record read back from bytes, with the facts the decoder saw.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DecodedRecord {
+    /// The record, upcast to the current schema.
+    pub record: Record,
+    /// The schema version found on disk.
+    pub schema_version: u16,
+    /// The stored chain hash `h(seq)`.
+    pub chain_hash: ChainHash,
+}
+
+/// Why bytes are not a valid record. Decoding never panics.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DecodeError {
+    /// Fewer bytes than the structure requires.
+    #[error("truncated: needed {needed} bytes, found {found}")]
+    Truncated {
+        /// Bytes required.
+        needed: u64,
+        /// Bytes present.
+        found: u64,
+    },
+    /// Bytes after the end of the structure.
+    #[error("{extra} trailing bytes")]
+    TrailingBytes {
+        /// How many.
+        extra: u64,
+    },
+    /// The magic is wrong: not an annal record.
+    #[error("bad magic {found:02x?}")]
+    BadMagic {
+        /// What was found.
+        found: [u8; 4],
+    },
+    /// The record format version is not this binary's.
+    #[error("unsupported record format {found} (this binary reads {supported})")]
+    UnsupportedFormat {
+        /// Found on disk.
+        found: u8,
+        /// Supported by this binary.
+        supported: u8,
+    },
+    /// The kind byte is unknown to this binary.
+    #[error("unknown event kind {kind}")]
+    UnknownKind {
+        /// The kind byte.
+        kind: u8,
+    },
+    /// The kind's schema version is not readable by this binary.
+    #[error("{kind}: unsupported schema version {found} (this binary supports {supported})")]
+    UnsupportedVersion {
+        /// Event kind.
+        kind: EventKind,
+        /// Found on disk.
+        found: u16,
+        /// The newest version this binary supports.
+        supported: u16,
+    },
+    /// Larger than the configured limit.
+    #[error("{size} bytes exceeds the limit of {max}")]
+    TooLarge {
+        /// Claimed or actual size.
+        size: u64,
+        /// The limit.
+        max: u64,
+    },
+    /// The stored chain hash does not follow from the previous one.
+    #[error("chain hash mismatch at seq {seq}")]
+    ChainMismatch {
+        /// The record's sequence number.
+        seq: u64,
+    },
+    /// The payload does not decode as its kind.
+    #[error("{kind}: malformed payload: {detail}")]
+    Malformed {
+        /// Event kind.
+        kind: EventKind,
+        /// What the wire decoder said.
+        detail: String,
+    },
+}
+
+fn payload<T: Serialize>(value: &T, limit: u64) -> Result<Vec<u8>, WireError> {
+    wire::to_bytes(value, limit)
+}
+
+fn encode_payload(event: &Event, limit: u64) -> Result<Vec<u8>, WireError> {
+    match event {
+        Event::SessionCreated(e) => payload(e, limit),
+        Event::TurnCommitted(e) => payload(e, limit),
+        Event::TranscriptRewritten(e) => payload(e, limit),
+        Event::SessionArchived(e) => payload(e, limit),
+        Event::SessionRevived(e) => payload(e, limit),
+        Event::ContextAppended(e) => payload(e, limit),
+        Event::ToolCallRecorded(e) => payload(e, limit),
+        Event::ToolResultRecorded(e) => payload(e, limit),
+        Event::LabelsChanged(e) => payload(e, limit),
+    }
+}
+
+/// Encodes a record and seals it with `h(seq)` computed from `prev` (`h(seq-1)`).
+/// Returns the bytes and the new chain value.
+pub fn encode_record(
+    record: &Record,
+    prev: &ChainHash,
+    chain: &LogChain,
+    record_bytes_max: u64,
+) -> Result<(Vec<u8>, ChainHash), DecodeError> {
+    let kind = record.event.kind();
+    let body_max = record_bytes_max
+        .saturating_sub(RECORD_LEN_MIN as u64)
+        .min(u32::MAX as u64);
+    let body = encode_payload(&record.event, body_max).map_err(|e| match e {
+        WireError::TooLarge { max } => DecodeError::TooLarge {
+            size: max + 1,
+            max: record_bytes_max,
+        },
+        other => DecodeError::Malformed {
+            kind,
+            detail: other.to_string(),
+        },
+    })?;
+    let mut out = Vec::with_capacity(RECORD_LEN_MIN + body.len());
+    out.extend_from_slice(&MAGIC);
+    out.push(FORMAT_VERSION);
+    out.push(kind.byte());
+    out.extend_from_slice(&kind.current_version().to_le_bytes());
+    out.extend_from_slice(&record.seq.to_le_bytes());
+    out.extend_from_slice(&record.session.0);
+    out.extend_from_slice(&record.stream_seq.to_le_bytes());
+    out.extend_from_slice(&record.committed_at_ms.to_le_bytes());
+    out.extend_from_slice(&(body.len() as u32).to_le_bytes());
+    out.extend_from_slice(&body);
+    let hash = chain.next(prev, &out);
+    out.extend_from_slice(&hash.0);
+    Ok((out, hash))
+}
+
+fn le_u64(b: &[u8]) -> u64 {
+    let mut a = [0u8; 8];
+    a.copy_from_slice(&b[..8]);
+    u64::from_le_bytes(a)
+}
+
+/// The parsed fixed header of a record, before its payload is decoded.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Header {
+    /// Kind byte, already checked to be known.
+    pub kind: EventKind,
+    /// Schema version on disk.
+    pub schema_version: u16,
+    /// Global sequence number.
+    pub seq: u64,
+    /// Session id.
+    pub session: SessionId,
+    /// Stream sequence.
+    pub stream_seq: u64,
+    /// Commit time, unix ms.
+    pub committed_at_ms: u64,
+    /// Payload length.
+    pub payload_len: u32,
+}
+
+/// Parses and checks the fixed header and the total length. Never panics.
+pub fn decode_header(bytes: &[u8], record_bytes_max: u64) -> Result<Header, DecodeError> {
+    if bytes.len() as u64 > record_bytes_max {
+        return Err(DecodeError::TooLarge {
+            size: bytes.len() as u64,
+            max: record_bytes_max,
+        });
+    }
+    if bytes.len() < RECORD_LEN_MIN {
+        return Err(DecodeError::Truncated {
+            needed: RECORD_LEN_MIN as u64,
+            found: bytes.len() as u64,
+        });
+    }
+    let magic: [u8; 4] = [bytes[0], bytes[1], bytes[2], bytes[3]];
+    if magic != MAGIC {
+        return Err(DecodeError::BadMagic { found: magic });
+    }
+    if bytes[4] != FORMAT_VERSION {
+        return Err(DecodeError::UnsupportedFormat {
+            found: bytes[4],
+            supported: FORMAT_VERSION,
+        });
+    }
+    let kind = EventKind::from_byte(bytes[5]).ok_or(DecodeError::UnknownKind { kind: bytes[5] })?;
+    let schema_version = u16::from_le_bytes([bytes[6], bytes[7]]);
+    if schema_version > kind.current_version() || schema_version < kind.oldest_version() {
+        return Err(DecodeError::UnsupportedVersion {
+            kind,
+            found: schema_version,
+            supported: kind.current_version(),
+        });
+    }
+    let mut session = [0u8; 16];
+    session.copy_from_slice(&bytes[16..32]);
+    let payload_len = u32::from_le_bytes([bytes[48], bytes[49], bytes[50], bytes[51]]);
+    let needed = RECORD_LEN_MIN as u64 + payload_len as u64;
+    let found = bytes.len() as u64;
+    if found < needed {
+        return Err(DecodeError::Truncated { needed, found });
+    }
+    if found > needed {
+        return Err(DecodeError::TrailingBytes {
+            extra: found - needed,
+        });
+    }
+    Ok(Header {
+        kind,
+        schema_version,
+        seq: le_u64(&bytes[8..16]),
+        session: SessionId(session),
+        stream_seq: le_u64(&bytes[32..40]),
+        committed_at_ms: le_u64(&bytes[40..48]),
+        payload_len,
+    })
+}
+
+fn decode_as<T: DeserializeOwned>(
+    kind: EventKind,
+    bytes: &[u8],
+    limit: u64,
+) -> Result<T, DecodeError> {
+    wire::from_bytes(bytes, limit).map_err(|e| match e {
+        WireError::TooLarge { max } => DecodeError::TooLarge {
+            size: bytes.len() as u64,
+            max,
+        },
+        WireError::TrailingBytes => DecodeError::Malformed {
+            kind,
+            detail: "trailing bytes in payload".into(),
+        },
+        other => DecodeError::Malformed {
+            kind,
+            detail: other.to_string(),
+        },
+    })
+}
+
+/// The upcasting hook: decodes `payload` written with `schema_version` of `kind` into the
+/// current event type. Each older version that is still supported has one arm here.
+pub fn decode_payload(
+    kind: EventKind,
+    schema_version: u16,
+    payload: &[u8],
+    limit: u64,
+) -> Result<Event, DecodeError> {
+    if schema_version > kind.current_version() || schema_version < kind.oldest_version() {
+        return Err(DecodeError::UnsupportedVersion {
+            kind,
+            found: schema_version,
+            supported: kind.current_version(),
+        });
+    }
+    Ok(match (kind, schema_version) {
+        (EventKind::ContextAppended, 0) => {
+            let v0: ContextAppendedV0 = decode_as(kind, payload, limit)?;
+            Event::ContextAppended(ContextAppended {
+                key: v0.key,
+                content: v0.content,
+                source: String::new(),
+            })
+        }
+        (EventKind::SessionCreated, _) => Event::SessionCreated(decode_as(kind, payload, limit)?),
+        (EventKind::TurnCommitted, _) => Event::TurnCommitted(decode_as(kind, payload, limit)?),
+        (EventKind::TranscriptRewritten, _) => {
+            Event::TranscriptRewritten(decode_as(kind, payload, limit)?)
+        }
+        (EventKind::SessionArchived, _) => Event::SessionArchived(decode_as(kind, payload, limit)?),
+        (EventKind::SessionRevived, _) => Event::SessionRevived(decode_as(kind, payload, limit)?),
+        (EventKind::ContextAppended, _) => Event::ContextAppended(decode_as(kind, payload, limit)?),
+        (EventKind::ToolCallRecorded, _) => {
+            Event::ToolCallRecorded(decode_as(kind, payload, limit)?)
+        }
+        (EventKind::ToolResultRecorded, _) => {
+            Event::ToolResultRecorded(decode_as(kind, payload, limit)?)
+        }
+        (EventKind::LabelsChanged, _) => Event::LabelsChanged(decode_as(kind, payload, limit)?),
+    })
+}
+
+/// Decodes a whole record (header, payload, stored hash) without checking the chain.
+/// Bounded by `record_bytes_max`; never panics.
+pub fn decode_record(bytes: &[u8], record_bytes_max: u64) -> Result<DecodedRecord, DecodeError> {
+    let header = decode_header(bytes, record_bytes_max)?;
+    let end = HEADER_LEN + header.payload_len as usize;
+    let event = decode_payload(
+        header.kind,
+        header.schema_version,
+        &bytes[HEADER_LEN..end],
+        record_bytes_max,
+    )?;
+    let mut hash = [0u8; 32];
+    hash.copy_from_slice(&bytes[end..end + HASH_LEN]);
+    Ok(DecodedRecord {
+        record: Record {
+            seq: header.seq,
+            session: header.session,
+            stream_seq: header.stream_seq,
+            committed_at_ms: header.committed_at_ms,
+            event,
+        },
+        schema_version: header.schema_version,
+        chain_hash: ChainHash(hash),
+    })
+}
+
+/// Checks that the stored hash of `bytes` equals `H(prev || body)`. Returns the stored
+/// hash, which is `h(seq)`, on success.
+pub fn verify_chain(
+    bytes: &[u8],
+    prev: &ChainHash,
+    chain: &LogChain,
+    seq: u64,
+) -> Result<ChainHash, DecodeError> {
+    if bytes.len() < RECORD_LEN_MIN {
+        return Err(DecodeError::Truncated {
+            needed: RECORD_LEN_MIN as u64,
+            found: bytes.len() as u64,
+        });
+    }
+    let split = bytes.len() - HASH_LEN;
+    let expected = chain.next(prev, &bytes[..split]);
+    if expected.0[..] != bytes[split..] {
+        return Err(DecodeError::ChainMismatch { seq });
+    }
+    Ok(expected)
+}
+
+/// The stored chain hash of an encoded record, without decoding the rest.
+pub fn stored_chain_hash(bytes: &[u8]) -> Option<ChainHash> {
+    if bytes.len() < RECORD_LEN_MIN {
+        return None;
+    }
+    let mut h = [0u8; 32];
+    h.copy_from_slice(&bytes[bytes.len() - HASH_LEN..]);
+    Some(ChainHash(h))
+}
+
+/// Encodes a message object canonically.
+pub fn encode_message(message: &MessageObject, limit: u64) -> Result<Vec<u8>, WireError> {
+    wire::to_bytes(message, limit)
+}
+
+/// Decodes a message object. Never panics; bounded by `limit`.
+pub fn decode_message(bytes: &[u8], limit: u64) -> Result<MessageObject, WireError> {
+    wire::from_bytes(bytes, limit)
+}

@@ -1,0 +1,106 @@
+//! The one bincode configuration every encoded byte in annal goes through.
+//!
+//! bincode 1.3.3 is pinned and used only through [`options`]: little-endian, varint
+//! integers, a size limit on every call, and trailing bytes rejected. Maps are
+//! `BTreeMap` everywhere, so encodings are canonical.
+
+use bincode::Options;
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+/// A wire-level failure: the bytes do not decode as the expected type, or the value
+/// does not fit the size limit.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum WireError {
+    /// The encoded size would exceed (or the input claims to exceed) the limit.
+    #[error("encoded value exceeds the limit of {max} bytes")]
+    TooLarge {
+        /// The limit in bytes.
+        max: u64,
+    },
+    /// The bytes ended before the value did.
+    #[error("input ended early")]
+    Truncated,
+    /// Bytes remained after the value.
+    #[error("trailing bytes after the value")]
+    TrailingBytes,
+    /// Any other structural problem (bad tag, invalid UTF-8, ...).
+    #[error("malformed: {0}")]
+    Malformed(String),
+}
+
+/// The bincode options: little-endian, varint, `limit` bytes, trailing bytes rejected.
+pub fn options(limit: u64) -> impl Options {
+    bincode::DefaultOptions::new()
+        .with_little_endian()
+        .with_varint_encoding()
+        .with_limit(limit)
+        .reject_trailing_bytes()
+}
+
+fn classify(err: bincode::Error, limit: u64) -> WireError {
+    match *err {
+        bincode::ErrorKind::SizeLimit => WireError::TooLarge { max: limit },
+        bincode::ErrorKind::Io(ref e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
+            WireError::Truncated
+        }
+        bincode::ErrorKind::Custom(ref m) if m.contains("bytes remaining") => {
+            WireError::TrailingBytes
+        }
+        ref other => WireError::Malformed(other.to_string()),
+    }
+}
+
+/// Encodes `value` canonically, failing if it would exceed `limit` bytes.
+pub fn to_bytes<T: Serialize + ?Sized>(value: &T, limit: u64) -> Result<Vec<u8>, WireError> {
+    options(limit)
+        .serialize(value)
+        .map_err(|e| classify(e, limit))
+}
+
+/// Decodes exactly one `T` from `bytes`, reading at most `limit` bytes.
+pub fn from_bytes<T: DeserializeOwned>(bytes: &[u8], limit: u64) -> Result<T, WireError> {
+    options(limit)
+        .deserialize(bytes)
+        .map_err(|e| classify(e, limit))
+}
+
+/// The encoded size of `value`, bounded by `limit`.
+pub fn encoded_len<T: Serialize + ?Sized>(value: &T, limit: u64) -> Result<u64, WireError> {
+    options(limit)
+        .serialized_size(value)
+        .map_err(|e| classify(e, limit))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rejects_trailing_bytes() {
+        let mut bytes = to_bytes(&7u64, 64).unwrap();
+        bytes.push(0);
+        assert_eq!(from_bytes::<u64>(&bytes, 64), Err(WireError::TrailingBytes));
+    }
+
+    #[test]
+    fn rejects_truncation() {
+        let bytes = to_bytes(&"hello".to_string(), 64).unwrap();
+        assert_eq!(
+            from_bytes::<String>(&bytes[..3], 64),
+            Err(WireError::Truncated)
+        );
+    }
+
+    #[test]
+    fn enforces_the_limit_on_claimed_lengths() {
+        // A vector claiming u64::MAX elements must fail fast, not allocate.
+        let bytes = [0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff];
+        assert!(from_bytes::<Vec<u8>>(&bytes, 1 << 20).is_err());
+    }
+
+    #[test]
+    fn varint_small_integers_take_one_byte() {
+        assert_eq!(to_bytes(&5u64, 64).unwrap(), vec![5]);
+    }
+}

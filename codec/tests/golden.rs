@@ -1,0 +1,259 @@
+//! Golden byte vectors: one encoded record of every event kind, checked in. An
+//! accidental change to the wire format fails here. Regenerate deliberately with
+//! `ANNAL_BLESS=1 cargo test -p annal-codec --test golden` and bump the format.
+
+use annal_codec::*;
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+
+const LIMIT: u64 = 1 << 20;
+
+fn cid(s: &str) -> ContentId {
+    content_id(s.as_bytes())
+}
+
+fn examples() -> Vec<Event> {
+    let rev = RevisionId::of(&[cid("m1")]);
+    let usage = Usage {
+        provider: "anthropic".into(),
+        model: "claude".into(),
+        input: 1200,
+        output: 345,
+        cache_read: 1000,
+        cache_write: 0,
+    };
+    vec![
+        Event::SessionCreated(SessionCreated {
+            labels: BTreeMap::from([("project".into(), "annal".into())]),
+            metadata: b"{\"v\":1}".to_vec(),
+            forked_from: Some(ForkOrigin {
+                session: SessionId([9; 16]),
+                revision: rev,
+                message_count: 1,
+            }),
+            messages: vec![cid("m2")],
+            revision_after: RevisionId::of(&[cid("m1"), cid("m2")]),
+        }),
+        Event::TurnCommitted(TurnCommitted {
+            turn_id: "turn-1".into(),
+            commit_hash: turn_commit_hash(
+                &[cid("m3")],
+                std::slice::from_ref(&usage),
+                &["ctx".into()],
+                &["op-1".into()],
+            ),
+            messages: vec![cid("m3")],
+            usage: vec![usage],
+            applied_context: vec!["ctx".into()],
+            tool_ops: vec!["op-1".into()],
+            run_id: Some("run-7".into()),
+            revision_after: rev.extend(&cid("m3")),
+        }),
+        Event::TranscriptRewritten(TranscriptRewritten {
+            parent_revision: rev,
+            start: 0,
+            end: 1,
+            replacement: vec![cid("summary")],
+            kind: RewriteKind::Restore {
+                target: RevisionId::empty(),
+            },
+            note: "compact".into(),
+            actor: "host".into(),
+            revision_after: RevisionId::of(&[cid("summary")]),
+        }),
+        Event::SessionArchived(SessionArchived {
+            reason: "done".into(),
+        }),
+        Event::SessionRevived(SessionRevived {
+            reason: "again".into(),
+        }),
+        Event::ContextAppended(ContextAppended {
+            key: "k".into(),
+            content: cid("ctx"),
+            source: "memory".into(),
+        }),
+        Event::ToolCallRecorded(ToolCallRecorded {
+            op_id: "op-1".into(),
+            call_id: "toolu_1".into(),
+            tool_name: "bash".into(),
+            args: cid("{\"cmd\":\"ls\"}"),
+            parent_op: Some("op-0".into()),
+            turn_id: Some("turn-1".into()),
+            recovery: Recovery::NotReplaySafe,
+        }),
+        Event::ToolResultRecorded(ToolResultRecorded {
+            op_id: "op-1".into(),
+            outcome: ToolOutcome::Error,
+            result: cid("boom"),
+        }),
+        Event::LabelsChanged(LabelsChanged {
+            set: BTreeMap::from([("a".into(), "1".into())]),
+            remove: BTreeSet::from(["b".into()]),
+        }),
+    ]
+}
+
+fn record(i: u64, event: Event) -> Record {
+    Record {
+        seq: i + 1,
+        session: SessionId([0x42; 16]),
+        stream_seq: i + 1,
+        committed_at_ms: 1_767_225_600_000 + i,
+        event,
+    }
+}
+
+fn golden_path(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/golden")
+        .join(name)
+}
+
+fn check(name: &str, bytes: &[u8]) {
+    let path = golden_path(name);
+    if std::env::var_os("ANNAL_BLESS").is_some() {
+        std::fs::write(&path, bytes).unwrap();
+    }
+    let expected = std::fs::read(&path)
+        .unwrap_or_else(|e| panic!("missing golden vector {}: {e}", path.display()));
+    assert_eq!(bytes, &expected[..], "wire format of {name} changed");
+}
+
+#[test]
+fn every_kind_encodes_to_its_golden_vector_and_back() {
+    let chain = LogChain::plain();
+    let mut prev = chain.genesis();
+    let events = examples();
+    assert_eq!(events.len(), EventKind::ALL.len(), "one example per kind");
+    for (i, event) in events.into_iter().enumerate() {
+        let kind = event.kind();
+        let rec = record(i as u64, event);
+        let (bytes, h) = encode_record(&rec, &prev, &chain, LIMIT).unwrap();
+        check(&format!("{}.bin", kind.name()), &bytes);
+        let decoded = decode_record(&bytes, LIMIT).unwrap();
+        assert_eq!(decoded.record, rec);
+        assert_eq!(decoded.chain_hash, h);
+        assert_eq!(verify_chain(&bytes, &prev, &chain, rec.seq).unwrap(), h);
+        prev = h;
+    }
+}
+
+#[test]
+fn message_object_golden_vector() {
+    let m = MessageObject {
+        role: Role::Assistant,
+        content_type: "application/json".into(),
+        body: b"{\"text\":\"hi\"}".to_vec(),
+        attachments: vec![cid("png")],
+    };
+    let bytes = encode_message(&m, LIMIT).unwrap();
+    check("MessageObject.bin", &bytes);
+    assert_eq!(decode_message(&bytes, LIMIT).unwrap(), m);
+}
+
+/// Builds the v0 fixture: a ContextAppended written before `source` existed.
+fn v0_fixture_bytes() -> Vec<u8> {
+    let payload = wire::to_bytes(
+        &ContextAppendedV0 {
+            key: "k".into(),
+            content: cid("ctx"),
+        },
+        LIMIT,
+    )
+    .unwrap();
+    let mut out = Vec::new();
+    out.extend_from_slice(&MAGIC);
+    out.push(FORMAT_VERSION);
+    out.push(EventKind::ContextAppended.byte());
+    out.extend_from_slice(&0u16.to_le_bytes());
+    out.extend_from_slice(&1u64.to_le_bytes());
+    out.extend_from_slice(&[0x42; 16]);
+    out.extend_from_slice(&1u64.to_le_bytes());
+    out.extend_from_slice(&1_767_225_600_000u64.to_le_bytes());
+    out.extend_from_slice(&(payload.len() as u32).to_le_bytes());
+    out.extend_from_slice(&payload);
+    let chain = LogChain::plain();
+    let h = chain.next(&chain.genesis(), &out);
+    out.extend_from_slice(&h.0);
+    out
+}
+
+#[test]
+fn v0_context_appended_is_upcast() {
+    let path = golden_path("ContextAppended.v0.bin");
+    if std::env::var_os("ANNAL_BLESS").is_some() {
+        std::fs::write(&path, v0_fixture_bytes()).unwrap();
+    }
+    let bytes = std::fs::read(path).unwrap();
+    let decoded = decode_record(&bytes, LIMIT).unwrap();
+    assert_eq!(decoded.schema_version, 0);
+    assert_eq!(
+        decoded.record.event,
+        Event::ContextAppended(ContextAppended {
+            key: "k".into(),
+            content: cid("ctx"),
+            source: String::new()
+        })
+    );
+    let chain = LogChain::plain();
+    verify_chain(&bytes, &chain.genesis(), &chain, 1).unwrap();
+}
+
+#[test]
+fn newer_schema_version_is_a_typed_error() {
+    let chain = LogChain::plain();
+    let rec = record(0, examples().remove(3));
+    let (mut bytes, _) = encode_record(&rec, &chain.genesis(), &chain, LIMIT).unwrap();
+    bytes[6..8].copy_from_slice(&2u16.to_le_bytes());
+    assert_eq!(
+        decode_record(&bytes, LIMIT),
+        Err(DecodeError::UnsupportedVersion {
+            kind: EventKind::SessionArchived,
+            found: 2,
+            supported: 1
+        })
+    );
+}
+
+#[test]
+fn structural_errors_are_typed() {
+    let chain = LogChain::plain();
+    let rec = record(0, examples().remove(3));
+    let (bytes, _) = encode_record(&rec, &chain.genesis(), &chain, LIMIT).unwrap();
+    assert!(matches!(
+        decode_record(&bytes[..10], LIMIT),
+        Err(DecodeError::Truncated { .. })
+    ));
+    assert!(matches!(
+        decode_record(&bytes[..bytes.len() - 1], LIMIT),
+        Err(DecodeError::Truncated { .. })
+    ));
+    let mut longer = bytes.clone();
+    longer.push(0);
+    assert_eq!(
+        decode_record(&longer, LIMIT),
+        Err(DecodeError::TrailingBytes { extra: 1 })
+    );
+    let mut bad_kind = bytes.clone();
+    bad_kind[5] = 200;
+    assert_eq!(
+        decode_record(&bad_kind, LIMIT),
+        Err(DecodeError::UnknownKind { kind: 200 })
+    );
+    let mut bad_magic = bytes.clone();
+    bad_magic[0] = b'X';
+    assert!(matches!(
+        decode_record(&bad_magic, LIMIT),
+        Err(DecodeError::BadMagic { .. })
+    ));
+    assert!(matches!(
+        decode_record(&bytes, 20),
+        Err(DecodeError::TooLarge { .. })
+    ));
+    let mut flipped = bytes.clone();
+    flipped[HEADER_LEN] ^= 1;
+    assert_eq!(
+        verify_chain(&flipped, &chain.genesis(), &chain, 1),
+        Err(DecodeError::ChainMismatch { seq: 1 })
+    );
+}
