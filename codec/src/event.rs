@@ -359,9 +359,7 @@ impl Event {
             Event::ContextAppended(e) => vec![e.content],
             Event::ToolCallRecorded(e) => vec![e.args],
             Event::ToolResultRecorded(e) => vec![e.result],
-            Event::SessionArchived(_) | Event::SessionRevived(_) | Event::LabelsChanged(_) => {
-                Vec::new()
-            }
+            Event::SessionArchived(_) | Event::SessionRevived(_) | Event::LabelsChanged(_) => Vec::new(),
         }
     }
 
@@ -403,9 +401,7 @@ impl Role {
 
     /// The role with this name.
     pub fn from_name(name: &str) -> Option<Role> {
-        [Role::System, Role::User, Role::Assistant, Role::Tool]
-            .into_iter()
-            .find(|r| r.name() == name)
+        [Role::System, Role::User, Role::Assistant, Role::Tool].into_iter().find(|r| r.name() == name)
     }
 }
 

@@ -53,9 +53,7 @@ pub struct LogChain {
 
 impl std::fmt::Debug for LogChain {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("LogChain")
-            .field("keyed", &self.key.is_some())
-            .finish()
+        f.debug_struct("LogChain").field("keyed", &self.key.is_some()).finish()
     }
 }
 
@@ -100,8 +98,7 @@ impl LogChain {
     /// A value stored in the file that lets an open recognise a wrong key without
     /// revealing the key. `None` for the plain chain.
     pub fn key_check(&self) -> Option<[u8; 32]> {
-        self.key
-            .map(|k| *blake3::keyed_hash(&k, KEY_CHECK_DOMAIN).as_bytes())
+        self.key.map(|k| *blake3::keyed_hash(&k, KEY_CHECK_DOMAIN).as_bytes())
     }
 }
 
@@ -122,12 +119,7 @@ pub fn turn_commit_hash(
     applied_context: &[String],
     tool_ops: &[String],
 ) -> CommitHash {
-    let sem = TurnSemantics {
-        messages,
-        usage,
-        applied_context,
-        tool_ops,
-    };
+    let sem = TurnSemantics { messages, usage, applied_context, tool_ops };
     // Encoding a borrowed struct into a Vec cannot fail except on the size limit, which is
     // unbounded here; hash whatever bytes the canonical encoder yields.
     let bytes = crate::wire::to_bytes(&sem, u64::MAX).unwrap_or_default();
@@ -145,10 +137,7 @@ mod tests {
     fn revision_depends_only_on_messages() {
         let a = content_id(b"a");
         let b = content_id(b"b");
-        assert_eq!(
-            RevisionId::of(&[a, b]),
-            RevisionId::empty().extend(&a).extend(&b)
-        );
+        assert_eq!(RevisionId::of(&[a, b]), RevisionId::empty().extend(&a).extend(&b));
         assert_ne!(RevisionId::of(&[a, b]), RevisionId::of(&[b, a]));
         assert_eq!(RevisionId::of(&[]), RevisionId::empty());
     }
@@ -167,14 +156,7 @@ mod tests {
     #[test]
     fn commit_hash_is_sensitive_to_every_semantic_field() {
         let m = [content_id(b"m")];
-        let u = [Usage {
-            provider: "p".into(),
-            model: "m".into(),
-            input: 1,
-            output: 2,
-            cache_read: 0,
-            cache_write: 0,
-        }];
+        let u = [Usage { provider: "p".into(), model: "m".into(), input: 1, output: 2, cache_read: 0, cache_write: 0 }];
         let base = turn_commit_hash(&m, &u, &[], &[]);
         assert_eq!(base, turn_commit_hash(&m, &u, &[], &[]));
         assert_ne!(base, turn_commit_hash(&m, &[], &[], &[]));

@@ -35,15 +35,8 @@ fn hex_value(c: u8) -> Option<u8> {
     }
 }
 
-pub(crate) fn hex_decode<const N: usize>(
-    text: &str,
-    what: &'static str,
-) -> Result<[u8; N], ParseIdError> {
-    let err = || ParseIdError {
-        what,
-        expected_hex_len: N * 2,
-        found: text.to_string(),
-    };
+pub(crate) fn hex_decode<const N: usize>(text: &str, what: &'static str) -> Result<[u8; N], ParseIdError> {
+    let err = || ParseIdError { what, expected_hex_len: N * 2, found: text.to_string() };
     let digits: Vec<u8> = text.bytes().filter(|c| *c != b'-').collect();
     if digits.len() != N * 2 {
         return Err(err());
@@ -137,14 +130,7 @@ impl SessionId {
     /// Canonical UUID text form, `8-4-4-4-12` lower-case hex digits.
     pub fn to_uuid_string(&self) -> String {
         let h = hex_encode(&self.0);
-        format!(
-            "{}-{}-{}-{}-{}",
-            &h[0..8],
-            &h[8..12],
-            &h[12..16],
-            &h[16..20],
-            &h[20..32]
-        )
+        format!("{}-{}-{}-{}-{}", &h[0..8], &h[8..12], &h[12..16], &h[16..20], &h[20..32])
     }
 }
 
@@ -174,9 +160,7 @@ mod tests {
 
     #[test]
     fn session_id_round_trips_through_text() {
-        let id = SessionId([
-            0x01, 0x8f, 0x2a, 0, 0, 0, 0x70, 0, 0x80, 0, 0, 0, 0, 0, 0, 0xff,
-        ]);
+        let id = SessionId([0x01, 0x8f, 0x2a, 0, 0, 0, 0x70, 0, 0x80, 0, 0, 0, 0, 0, 0, 0xff]);
         let text = id.to_string();
         assert_eq!(text, "018f2a00-0000-7000-8000-0000000000ff");
         assert_eq!(text.parse::<SessionId>().unwrap(), id);

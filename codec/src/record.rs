@@ -157,18 +157,10 @@ pub fn encode_record(
     record_bytes_max: u64,
 ) -> Result<(Vec<u8>, ChainHash), DecodeError> {
     let kind = record.event.kind();
-    let body_max = record_bytes_max
-        .saturating_sub(RECORD_LEN_MIN as u64)
-        .min(u32::MAX as u64);
+    let body_max = record_bytes_max.saturating_sub(RECORD_LEN_MIN as u64).min(u32::MAX as u64);
     let body = encode_payload(&record.event, body_max).map_err(|e| match e {
-        WireError::TooLarge { max } => DecodeError::TooLarge {
-            size: max + 1,
-            max: record_bytes_max,
-        },
-        other => DecodeError::Malformed {
-            kind,
-            detail: other.to_string(),
-        },
+        WireError::TooLarge { max } => DecodeError::TooLarge { size: max + 1, max: record_bytes_max },
+        other => DecodeError::Malformed { kind, detail: other.to_string() },
     })?;
     let mut out = Vec::with_capacity(RECORD_LEN_MIN + body.len());
     out.extend_from_slice(&MAGIC);
@@ -214,35 +206,22 @@ pub struct Header {
 /// Parses and checks the fixed header and the total length. Never panics.
 pub fn decode_header(bytes: &[u8], record_bytes_max: u64) -> Result<Header, DecodeError> {
     if bytes.len() as u64 > record_bytes_max {
-        return Err(DecodeError::TooLarge {
-            size: bytes.len() as u64,
-            max: record_bytes_max,
-        });
+        return Err(DecodeError::TooLarge { size: bytes.len() as u64, max: record_bytes_max });
     }
     if bytes.len() < RECORD_LEN_MIN {
-        return Err(DecodeError::Truncated {
-            needed: RECORD_LEN_MIN as u64,
-            found: bytes.len() as u64,
-        });
+        return Err(DecodeError::Truncated { needed: RECORD_LEN_MIN as u64, found: bytes.len() as u64 });
     }
     let magic: [u8; 4] = [bytes[0], bytes[1], bytes[2], bytes[3]];
     if magic != MAGIC {
         return Err(DecodeError::BadMagic { found: magic });
     }
     if bytes[4] != FORMAT_VERSION {
-        return Err(DecodeError::UnsupportedFormat {
-            found: bytes[4],
-            supported: FORMAT_VERSION,
-        });
+        return Err(DecodeError::UnsupportedFormat { found: bytes[4], supported: FORMAT_VERSION });
     }
     let kind = EventKind::from_byte(bytes[5]).ok_or(DecodeError::UnknownKind { kind: bytes[5] })?;
     let schema_version = u16::from_le_bytes([bytes[6], bytes[7]]);
     if schema_version > kind.current_version() || schema_version < kind.oldest_version() {
-        return Err(DecodeError::UnsupportedVersion {
-            kind,
-            found: schema_version,
-            supported: kind.current_version(),
-        });
+        return Err(DecodeError::UnsupportedVersion { kind, found: schema_version, supported: kind.current_version() });
     }
     let mut session = [0u8; 16];
     session.copy_from_slice(&bytes[16..32]);
@@ -253,9 +232,7 @@ pub fn decode_header(bytes: &[u8], record_bytes_max: u64) -> Result<Header, Deco
         return Err(DecodeError::Truncated { needed, found });
     }
     if found > needed {
-        return Err(DecodeError::TrailingBytes {
-            extra: found - needed,
-        });
+        return Err(DecodeError::TrailingBytes { extra: found - needed });
     }
     Ok(Header {
         kind,
@@ -268,65 +245,33 @@ pub fn decode_header(bytes: &[u8], record_bytes_max: u64) -> Result<Header, Deco
     })
 }
 
-fn decode_as<T: DeserializeOwned>(
-    kind: EventKind,
-    bytes: &[u8],
-    limit: u64,
-) -> Result<T, DecodeError> {
+fn decode_as<T: DeserializeOwned>(kind: EventKind, bytes: &[u8], limit: u64) -> Result<T, DecodeError> {
     wire::from_bytes(bytes, limit).map_err(|e| match e {
-        WireError::TooLarge { max } => DecodeError::TooLarge {
-            size: bytes.len() as u64,
-            max,
-        },
-        WireError::TrailingBytes => DecodeError::Malformed {
-            kind,
-            detail: "trailing bytes in payload".into(),
-        },
-        other => DecodeError::Malformed {
-            kind,
-            detail: other.to_string(),
-        },
+        WireError::TooLarge { max } => DecodeError::TooLarge { size: bytes.len() as u64, max },
+        WireError::TrailingBytes => DecodeError::Malformed { kind, detail: "trailing bytes in payload".into() },
+        other => DecodeError::Malformed { kind, detail: other.to_string() },
     })
 }
 
 /// The upcasting hook: decodes `payload` written with `schema_version` of `kind` into the
 /// current event type. Each older version that is still supported has one arm here.
-pub fn decode_payload(
-    kind: EventKind,
-    schema_version: u16,
-    payload: &[u8],
-    limit: u64,
-) -> Result<Event, DecodeError> {
+pub fn decode_payload(kind: EventKind, schema_version: u16, payload: &[u8], limit: u64) -> Result<Event, DecodeError> {
     if schema_version > kind.current_version() || schema_version < kind.oldest_version() {
-        return Err(DecodeError::UnsupportedVersion {
-            kind,
-            found: schema_version,
-            supported: kind.current_version(),
-        });
+        return Err(DecodeError::UnsupportedVersion { kind, found: schema_version, supported: kind.current_version() });
     }
     Ok(match (kind, schema_version) {
         (EventKind::ContextAppended, 0) => {
             let v0: ContextAppendedV0 = decode_as(kind, payload, limit)?;
-            Event::ContextAppended(ContextAppended {
-                key: v0.key,
-                content: v0.content,
-                source: String::new(),
-            })
+            Event::ContextAppended(ContextAppended { key: v0.key, content: v0.content, source: String::new() })
         }
         (EventKind::SessionCreated, _) => Event::SessionCreated(decode_as(kind, payload, limit)?),
         (EventKind::TurnCommitted, _) => Event::TurnCommitted(decode_as(kind, payload, limit)?),
-        (EventKind::TranscriptRewritten, _) => {
-            Event::TranscriptRewritten(decode_as(kind, payload, limit)?)
-        }
+        (EventKind::TranscriptRewritten, _) => Event::TranscriptRewritten(decode_as(kind, payload, limit)?),
         (EventKind::SessionArchived, _) => Event::SessionArchived(decode_as(kind, payload, limit)?),
         (EventKind::SessionRevived, _) => Event::SessionRevived(decode_as(kind, payload, limit)?),
         (EventKind::ContextAppended, _) => Event::ContextAppended(decode_as(kind, payload, limit)?),
-        (EventKind::ToolCallRecorded, _) => {
-            Event::ToolCallRecorded(decode_as(kind, payload, limit)?)
-        }
-        (EventKind::ToolResultRecorded, _) => {
-            Event::ToolResultRecorded(decode_as(kind, payload, limit)?)
-        }
+        (EventKind::ToolCallRecorded, _) => Event::ToolCallRecorded(decode_as(kind, payload, limit)?),
+        (EventKind::ToolResultRecorded, _) => Event::ToolResultRecorded(decode_as(kind, payload, limit)?),
         (EventKind::LabelsChanged, _) => Event::LabelsChanged(decode_as(kind, payload, limit)?),
     })
 }
@@ -336,12 +281,7 @@ pub fn decode_payload(
 pub fn decode_record(bytes: &[u8], record_bytes_max: u64) -> Result<DecodedRecord, DecodeError> {
     let header = decode_header(bytes, record_bytes_max)?;
     let end = HEADER_LEN + header.payload_len as usize;
-    let event = decode_payload(
-        header.kind,
-        header.schema_version,
-        &bytes[HEADER_LEN..end],
-        record_bytes_max,
-    )?;
+    let event = decode_payload(header.kind, header.schema_version, &bytes[HEADER_LEN..end], record_bytes_max)?;
     let mut hash = [0u8; 32];
     hash.copy_from_slice(&bytes[end..end + HASH_LEN]);
     Ok(DecodedRecord {
@@ -359,17 +299,9 @@ pub fn decode_record(bytes: &[u8], record_bytes_max: u64) -> Result<DecodedRecor
 
 /// Checks that the stored hash of `bytes` equals `H(prev || body)`. Returns the stored
 /// hash, which is `h(seq)`, on success.
-pub fn verify_chain(
-    bytes: &[u8],
-    prev: &ChainHash,
-    chain: &LogChain,
-    seq: u64,
-) -> Result<ChainHash, DecodeError> {
+pub fn verify_chain(bytes: &[u8], prev: &ChainHash, chain: &LogChain, seq: u64) -> Result<ChainHash, DecodeError> {
     if bytes.len() < RECORD_LEN_MIN {
-        return Err(DecodeError::Truncated {
-            needed: RECORD_LEN_MIN as u64,
-            found: bytes.len() as u64,
-        });
+        return Err(DecodeError::Truncated { needed: RECORD_LEN_MIN as u64, found: bytes.len() as u64 });
     }
     let split = bytes.len() - HASH_LEN;
     let expected = chain.next(prev, &bytes[..split]);

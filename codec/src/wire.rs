@@ -31,45 +31,32 @@ pub enum WireError {
 
 /// The bincode options: little-endian, varint, `limit` bytes, trailing bytes rejected.
 pub fn options(limit: u64) -> impl Options {
-    bincode::DefaultOptions::new()
-        .with_little_endian()
-        .with_varint_encoding()
-        .with_limit(limit)
-        .reject_trailing_bytes()
+    bincode::DefaultOptions::new().with_little_endian().with_varint_encoding().with_limit(limit).reject_trailing_bytes()
 }
 
 fn classify(err: bincode::Error, limit: u64) -> WireError {
-    match *err {
+    let kind: &bincode::ErrorKind = &err;
+    match kind {
         bincode::ErrorKind::SizeLimit => WireError::TooLarge { max: limit },
-        bincode::ErrorKind::Io(ref e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
-            WireError::Truncated
-        }
-        bincode::ErrorKind::Custom(ref m) if m.contains("bytes remaining") => {
-            WireError::TrailingBytes
-        }
-        ref other => WireError::Malformed(other.to_string()),
+        bincode::ErrorKind::Io(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => WireError::Truncated,
+        bincode::ErrorKind::Custom(m) if m.contains("bytes remaining") => WireError::TrailingBytes,
+        other => WireError::Malformed(other.to_string()),
     }
 }
 
 /// Encodes `value` canonically, failing if it would exceed `limit` bytes.
 pub fn to_bytes<T: Serialize + ?Sized>(value: &T, limit: u64) -> Result<Vec<u8>, WireError> {
-    options(limit)
-        .serialize(value)
-        .map_err(|e| classify(e, limit))
+    options(limit).serialize(value).map_err(|e| classify(e, limit))
 }
 
 /// Decodes exactly one `T` from `bytes`, reading at most `limit` bytes.
 pub fn from_bytes<T: DeserializeOwned>(bytes: &[u8], limit: u64) -> Result<T, WireError> {
-    options(limit)
-        .deserialize(bytes)
-        .map_err(|e| classify(e, limit))
+    options(limit).deserialize(bytes).map_err(|e| classify(e, limit))
 }
 
 /// The encoded size of `value`, bounded by `limit`.
 pub fn encoded_len<T: Serialize + ?Sized>(value: &T, limit: u64) -> Result<u64, WireError> {
-    options(limit)
-        .serialized_size(value)
-        .map_err(|e| classify(e, limit))
+    options(limit).serialized_size(value).map_err(|e| classify(e, limit))
 }
 
 #[cfg(test)]
@@ -86,10 +73,7 @@ mod tests {
     #[test]
     fn rejects_truncation() {
         let bytes = to_bytes(&"hello".to_string(), 64).unwrap();
-        assert_eq!(
-            from_bytes::<String>(&bytes[..3], 64),
-            Err(WireError::Truncated)
-        );
+        assert_eq!(from_bytes::<String>(&bytes[..3], 64), Err(WireError::Truncated));
     }
 
     #[test]

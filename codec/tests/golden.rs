@@ -26,11 +26,7 @@ fn examples() -> Vec<Event> {
         Event::SessionCreated(SessionCreated {
             labels: BTreeMap::from([("project".into(), "annal".into())]),
             metadata: b"{\"v\":1}".to_vec(),
-            forked_from: Some(ForkOrigin {
-                session: SessionId([9; 16]),
-                revision: rev,
-                message_count: 1,
-            }),
+            forked_from: Some(ForkOrigin { session: SessionId([9; 16]), revision: rev, message_count: 1 }),
             messages: vec![cid("m2")],
             revision_after: RevisionId::of(&[cid("m1"), cid("m2")]),
         }),
@@ -54,24 +50,14 @@ fn examples() -> Vec<Event> {
             start: 0,
             end: 1,
             replacement: vec![cid("summary")],
-            kind: RewriteKind::Restore {
-                target: RevisionId::empty(),
-            },
+            kind: RewriteKind::Restore { target: RevisionId::empty() },
             note: "compact".into(),
             actor: "host".into(),
             revision_after: RevisionId::of(&[cid("summary")]),
         }),
-        Event::SessionArchived(SessionArchived {
-            reason: "done".into(),
-        }),
-        Event::SessionRevived(SessionRevived {
-            reason: "again".into(),
-        }),
-        Event::ContextAppended(ContextAppended {
-            key: "k".into(),
-            content: cid("ctx"),
-            source: "memory".into(),
-        }),
+        Event::SessionArchived(SessionArchived { reason: "done".into() }),
+        Event::SessionRevived(SessionRevived { reason: "again".into() }),
+        Event::ContextAppended(ContextAppended { key: "k".into(), content: cid("ctx"), source: "memory".into() }),
         Event::ToolCallRecorded(ToolCallRecorded {
             op_id: "op-1".into(),
             call_id: "toolu_1".into(),
@@ -104,9 +90,7 @@ fn record(i: u64, event: Event) -> Record {
 }
 
 fn golden_path(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/golden")
-        .join(name)
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/golden").join(name)
 }
 
 fn check(name: &str, bytes: &[u8]) {
@@ -114,8 +98,7 @@ fn check(name: &str, bytes: &[u8]) {
     if std::env::var_os("ANNAL_BLESS").is_some() {
         std::fs::write(&path, bytes).unwrap();
     }
-    let expected = std::fs::read(&path)
-        .unwrap_or_else(|e| panic!("missing golden vector {}: {e}", path.display()));
+    let expected = std::fs::read(&path).unwrap_or_else(|e| panic!("missing golden vector {}: {e}", path.display()));
     assert_eq!(bytes, &expected[..], "wire format of {name} changed");
 }
 
@@ -153,14 +136,7 @@ fn message_object_golden_vector() {
 
 /// Builds the v0 fixture: a ContextAppended written before `source` existed.
 fn v0_fixture_bytes() -> Vec<u8> {
-    let payload = wire::to_bytes(
-        &ContextAppendedV0 {
-            key: "k".into(),
-            content: cid("ctx"),
-        },
-        LIMIT,
-    )
-    .unwrap();
+    let payload = wire::to_bytes(&ContextAppendedV0 { key: "k".into(), content: cid("ctx") }, LIMIT).unwrap();
     let mut out = Vec::new();
     out.extend_from_slice(&MAGIC);
     out.push(FORMAT_VERSION);
@@ -189,11 +165,7 @@ fn v0_context_appended_is_upcast() {
     assert_eq!(decoded.schema_version, 0);
     assert_eq!(
         decoded.record.event,
-        Event::ContextAppended(ContextAppended {
-            key: "k".into(),
-            content: cid("ctx"),
-            source: String::new()
-        })
+        Event::ContextAppended(ContextAppended { key: "k".into(), content: cid("ctx"), source: String::new() })
     );
     let chain = LogChain::plain();
     verify_chain(&bytes, &chain.genesis(), &chain, 1).unwrap();
@@ -207,11 +179,7 @@ fn newer_schema_version_is_a_typed_error() {
     bytes[6..8].copy_from_slice(&2u16.to_le_bytes());
     assert_eq!(
         decode_record(&bytes, LIMIT),
-        Err(DecodeError::UnsupportedVersion {
-            kind: EventKind::SessionArchived,
-            found: 2,
-            supported: 1
-        })
+        Err(DecodeError::UnsupportedVersion { kind: EventKind::SessionArchived, found: 2, supported: 1 })
     );
 }
 
@@ -220,40 +188,19 @@ fn structural_errors_are_typed() {
     let chain = LogChain::plain();
     let rec = record(0, examples().remove(3));
     let (bytes, _) = encode_record(&rec, &chain.genesis(), &chain, LIMIT).unwrap();
-    assert!(matches!(
-        decode_record(&bytes[..10], LIMIT),
-        Err(DecodeError::Truncated { .. })
-    ));
-    assert!(matches!(
-        decode_record(&bytes[..bytes.len() - 1], LIMIT),
-        Err(DecodeError::Truncated { .. })
-    ));
+    assert!(matches!(decode_record(&bytes[..10], LIMIT), Err(DecodeError::Truncated { .. })));
+    assert!(matches!(decode_record(&bytes[..bytes.len() - 1], LIMIT), Err(DecodeError::Truncated { .. })));
     let mut longer = bytes.clone();
     longer.push(0);
-    assert_eq!(
-        decode_record(&longer, LIMIT),
-        Err(DecodeError::TrailingBytes { extra: 1 })
-    );
+    assert_eq!(decode_record(&longer, LIMIT), Err(DecodeError::TrailingBytes { extra: 1 }));
     let mut bad_kind = bytes.clone();
     bad_kind[5] = 200;
-    assert_eq!(
-        decode_record(&bad_kind, LIMIT),
-        Err(DecodeError::UnknownKind { kind: 200 })
-    );
+    assert_eq!(decode_record(&bad_kind, LIMIT), Err(DecodeError::UnknownKind { kind: 200 }));
     let mut bad_magic = bytes.clone();
     bad_magic[0] = b'X';
-    assert!(matches!(
-        decode_record(&bad_magic, LIMIT),
-        Err(DecodeError::BadMagic { .. })
-    ));
-    assert!(matches!(
-        decode_record(&bytes, 20),
-        Err(DecodeError::TooLarge { .. })
-    ));
+    assert!(matches!(decode_record(&bad_magic, LIMIT), Err(DecodeError::BadMagic { .. })));
+    assert!(matches!(decode_record(&bytes, 20), Err(DecodeError::TooLarge { .. })));
     let mut flipped = bytes.clone();
     flipped[HEADER_LEN] ^= 1;
-    assert_eq!(
-        verify_chain(&flipped, &chain.genesis(), &chain, 1),
-        Err(DecodeError::ChainMismatch { seq: 1 })
-    );
+    assert_eq!(verify_chain(&flipped, &chain.genesis(), &chain, 1), Err(DecodeError::ChainMismatch { seq: 1 }));
 }

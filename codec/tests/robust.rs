@@ -21,9 +21,7 @@ fn valid_record() -> Vec<u8> {
             revision_after: RevisionId::of(&[content_id(b"x")]),
         }),
     };
-    encode_record(&rec, &chain.genesis(), &chain, 1 << 20)
-        .unwrap()
-        .0
+    encode_record(&rec, &chain.genesis(), &chain, 1 << 20).unwrap().0
 }
 
 proptest! {

@@ -1,1 +1,89 @@
+//! # annal
+//!
+//! An event-sourced storage engine for AI-agent sessions, built on redb.
+//!
+//! Every mutation is a [`Command`]. A pure [`decide`] validates it against the current
+//! state and either rejects it with a typed [`Rejection`] (nothing written) or returns
+//! the event it causes. A pure [`evolve`] folds events into projections: session heads,
+//! transcripts, revision graphs, context, turn records, usage, labels and the tool
+//! ledger. The live writer and offline replay run the same `evolve`, so projections are
+//! disposable: [`Engine::rebuild`] refolds them from the log at any time.
+//!
+//! One writer thread owns redb write transactions and group-commits whatever is queued
+//! into one transaction and one fsync. Reads use MVCC snapshots and never block.
+//!
+//! ```
+//! use annal::{CommitTurn, CreateSession, Engine, Expected, Message, PageRequest, Rejection, Error};
+//!
+//! let dir = tempfile::tempdir().unwrap();
+//! let engine = Engine::open(dir.path().join("sessions.redb")).unwrap();
+//!
+//! // A session with a system prompt.
+//! let created = engine
+//!     .create_session(CreateSession::new().label("project", "demo").message(Message::system("Be brief.")))
+//!     .unwrap();
+//! let session = created.session;
+//!
+//! // A turn, committed against the head it was produced from.
+//! let turn = CommitTurn::new(session, "turn-1", Expected::Exact(created.receipt.revision))
+//!     .message(Message::user("What is 2 + 2?"))
+//!     .message(Message::assistant("4"))
+//!     .usage("anthropic", "claude", 120, 3);
+//! let receipt = engine.commit_turn(turn.clone()).unwrap().receipt();
+//!
+//! // A retry after a lost acknowledgement returns the original receipt.
+//! assert_eq!(engine.commit_turn(turn).unwrap().receipt(), receipt);
+//!
+//! // A turn against a stale head is rejected, and nothing is written.
+//! let stale = CommitTurn::new(session, "turn-2", Expected::Exact(created.receipt.revision))
+//!     .message(Message::user("again"));
+//! assert!(matches!(
+//!     engine.commit_turn(stale),
+//!     Err(Error::Rejected(Rejection::RevisionConflict { .. }))
+//! ));
+//!
+//! let page = engine.transcript(session, PageRequest::first(10)).unwrap();
+//! assert_eq!(page.total, 3);
+//! assert_eq!(page.messages[2].message.body, b"4");
+//! engine.close().unwrap();
+//! ```
+#![deny(missing_docs)]
 
+pub mod command;
+pub mod decide;
+pub mod engine;
+pub mod error;
+pub mod evolve;
+pub mod fault;
+pub mod limits;
+pub mod projection;
+pub mod query;
+pub mod reader;
+pub mod rebuild;
+pub mod store;
+pub mod tables;
+mod writer;
+
+pub use annal_codec as codec;
+pub use annal_codec::{
+    ChainHash, CommitHash, ContentId, Event, EventKind, ForkOrigin, MessageObject, Record, Recovery, RevisionId, Role,
+    SessionId, ToolOutcome, Usage,
+};
+pub use command::{
+    new_session_id, AppendContext, Command, CommitTurn, CreateSession, Expected, Fork, Message, Outcome, Receipt,
+    RecordToolCall, RecordToolResult, Restore, Rewrite, RewriteReason, SetLabels,
+};
+pub use decide::{decide, materialize, outcome_of, Decision};
+pub use engine::{ContextOutcome, Durability, Engine, Options, SessionReceipt, ToolReceipt, TurnOutcome};
+pub use error::{Error, Limit, Location, Rejection, Result};
+pub use evolve::evolve;
+pub use limits::Limits;
+pub use projection::*;
+pub use query::{
+    EventPage, EventQuery, ListQuery, Page, PageRequest, RevisionGraph, RevisionPage, StoredEvent, StoredMessage,
+    TableDigest, TranscriptPage,
+};
+pub use reader::Reader;
+pub use rebuild::RebuildStats;
+pub use store::{MemStore, Overlay, Store, StoreExt, Table};
+pub use writer::{CommitNotice, SUBSCRIBER_QUEUE_MAX};

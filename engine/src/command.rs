@@ -1,0 +1,456 @@
+//! Commands: the mutations a host asks for, and what each returns.
+
+use annal_codec::{Recovery, RevisionId, Role, SessionId, ToolOutcome, Usage};
+use std::collections::{BTreeMap, BTreeSet};
+
+/// A message as the host hands it in. The engine never parses `body`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Message {
+    /// Who speaks.
+    pub role: Role,
+    /// A short media type, e.g. `text/plain` or `application/json`.
+    pub content_type: String,
+    /// The host's serialized message.
+    pub body: Vec<u8>,
+    /// Attachment bytes; each is stored once as its own content object.
+    pub attachments: Vec<Vec<u8>>,
+}
+
+impl Message {
+    /// A message with a role, a content type and a body.
+    pub fn new(role: Role, content_type: impl Into<String>, body: impl Into<Vec<u8>>) -> Message {
+        Message { role, content_type: content_type.into(), body: body.into(), attachments: Vec::new() }
+    }
+
+    /// A `text/plain` message from the user.
+    pub fn user(text: impl Into<String>) -> Message {
+        Message::new(Role::User, "text/plain", text.into().into_bytes())
+    }
+
+    /// A `text/plain` message from the assistant.
+    pub fn assistant(text: impl Into<String>) -> Message {
+        Message::new(Role::Assistant, "text/plain", text.into().into_bytes())
+    }
+
+    /// A `text/plain` system message.
+    pub fn system(text: impl Into<String>) -> Message {
+        Message::new(Role::System, "text/plain", text.into().into_bytes())
+    }
+
+    /// A `text/plain` tool message.
+    pub fn tool(text: impl Into<String>) -> Message {
+        Message::new(Role::Tool, "text/plain", text.into().into_bytes())
+    }
+
+    /// Adds an attachment.
+    pub fn with_attachment(mut self, bytes: impl Into<Vec<u8>>) -> Message {
+        self.attachments.push(bytes.into());
+        self
+    }
+
+    pub(crate) fn approx_bytes(&self) -> u64 {
+        (self.body.len() + self.content_type.len() + self.attachments.iter().map(Vec::len).sum::<usize>()) as u64
+    }
+}
+
+/// Which head a write expects.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Expected {
+    /// Exactly this revision; otherwise `RevisionConflict`.
+    Exact(RevisionId),
+    /// Whatever the head is.
+    Any,
+}
+
+/// Create a session.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CreateSession {
+    /// The new session's id (UUIDv7 by default).
+    pub session: SessionId,
+    /// Labels for listing.
+    pub labels: BTreeMap<String, String>,
+    /// Opaque host metadata.
+    pub metadata: Vec<u8>,
+    /// Initial messages.
+    pub messages: Vec<Message>,
+}
+
+impl CreateSession {
+    /// A new, empty session with a fresh UUIDv7 id.
+    pub fn new() -> CreateSession {
+        CreateSession::with_id(new_session_id())
+    }
+
+    /// A new, empty session with a host-supplied id.
+    pub fn with_id(session: SessionId) -> CreateSession {
+        CreateSession { session, labels: BTreeMap::new(), metadata: Vec::new(), messages: Vec::new() }
+    }
+
+    /// Adds a label.
+    pub fn label(mut self, key: impl Into<String>, value: impl Into<String>) -> CreateSession {
+        self.labels.insert(key.into(), value.into());
+        self
+    }
+
+    /// Sets the metadata bytes.
+    pub fn metadata(mut self, bytes: impl Into<Vec<u8>>) -> CreateSession {
+        self.metadata = bytes.into();
+        self
+    }
+
+    /// Adds an initial message.
+    pub fn message(mut self, message: Message) -> CreateSession {
+        self.messages.push(message);
+        self
+    }
+}
+
+impl Default for CreateSession {
+    fn default() -> Self {
+        CreateSession::new()
+    }
+}
+
+/// A fresh UUIDv7 session id: ids sort by creation time.
+pub fn new_session_id() -> SessionId {
+    SessionId(*uuid::Uuid::now_v7().as_bytes())
+}
+
+/// Commit a turn.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CommitTurn {
+    /// The session.
+    pub session: SessionId,
+    /// Host-chosen idempotency key.
+    pub turn_id: String,
+    /// The head this turn was produced against.
+    pub expected: Expected,
+    /// Messages appended (at least one).
+    pub messages: Vec<Message>,
+    /// Usage deltas.
+    pub usage: Vec<Usage>,
+    /// Pending context keys this turn applies.
+    pub applied_context: Vec<String>,
+    /// Tool operations this turn references.
+    pub tool_ops: Vec<String>,
+    /// Optional host run id.
+    pub run_id: Option<String>,
+}
+
+impl CommitTurn {
+    /// A turn with an id, an expected revision and no messages yet.
+    pub fn new(session: SessionId, turn_id: impl Into<String>, expected: Expected) -> CommitTurn {
+        CommitTurn {
+            session,
+            turn_id: turn_id.into(),
+            expected,
+            messages: Vec::new(),
+            usage: Vec::new(),
+            applied_context: Vec::new(),
+            tool_ops: Vec::new(),
+            run_id: None,
+        }
+    }
+
+    /// Appends a message.
+    pub fn message(mut self, m: Message) -> CommitTurn {
+        self.messages.push(m);
+        self
+    }
+
+    /// Adds a usage delta.
+    pub fn usage(mut self, provider: &str, model: &str, input: u64, output: u64) -> CommitTurn {
+        self.usage.push(Usage {
+            provider: provider.into(),
+            model: model.into(),
+            input,
+            output,
+            cache_read: 0,
+            cache_write: 0,
+        });
+        self
+    }
+
+    /// Applies a pending context key.
+    pub fn apply_context(mut self, key: impl Into<String>) -> CommitTurn {
+        self.applied_context.push(key.into());
+        self
+    }
+
+    /// References a tool operation.
+    pub fn tool_op(mut self, op_id: impl Into<String>) -> CommitTurn {
+        self.tool_ops.push(op_id.into());
+        self
+    }
+
+    /// Sets the run id.
+    pub fn run_id(mut self, run: impl Into<String>) -> CommitTurn {
+        self.run_id = Some(run.into());
+        self
+    }
+}
+
+/// Why a range is rewritten (restore has its own command).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RewriteReason {
+    /// Edit a message.
+    Edit,
+    /// Summarise a range.
+    Compaction,
+    /// Remove content.
+    Redaction,
+}
+
+/// Replace messages `start..end` of the head with `replacement`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Rewrite {
+    /// The session.
+    pub session: SessionId,
+    /// The parent revision the rewrite was computed from (required).
+    pub expected: RevisionId,
+    /// First replaced position.
+    pub start: u64,
+    /// One past the last replaced position.
+    pub end: u64,
+    /// New messages (none deletes the range).
+    pub replacement: Vec<Message>,
+    /// Why.
+    pub reason: RewriteReason,
+    /// Free-form note for the revision graph.
+    pub note: String,
+    /// Who.
+    pub actor: String,
+}
+
+/// Go back to a revision this session held before.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Restore {
+    /// The session.
+    pub session: SessionId,
+    /// The head the restore was decided against.
+    pub expected: RevisionId,
+    /// The revision to restore.
+    pub target: RevisionId,
+    /// Free-form note.
+    pub note: String,
+    /// Who.
+    pub actor: String,
+}
+
+/// Branch a new session from the head of another.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Fork {
+    /// The parent session.
+    pub parent: SessionId,
+    /// The new session's id.
+    pub session: SessionId,
+    /// Keep the parent's first `index` messages.
+    pub index: u64,
+    /// With a replacement, message `index` is replaced by it (the fork holds `index + 1`).
+    pub replacement: Option<Message>,
+    /// Labels for the fork; `None` keeps the parent's.
+    pub labels: Option<BTreeMap<String, String>>,
+}
+
+/// Stage system context for a later turn.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AppendContext {
+    /// The session.
+    pub session: SessionId,
+    /// Host-chosen key.
+    pub key: String,
+    /// The context bytes (not blank).
+    pub content: Vec<u8>,
+    /// Where it came from.
+    pub source: String,
+}
+
+/// T1: record a tool call before dispatching it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RecordToolCall {
+    /// The session.
+    pub session: SessionId,
+    /// Host-chosen operation id, unique per session.
+    pub op_id: String,
+    /// The provider's tool call id.
+    pub call_id: String,
+    /// Tool name.
+    pub tool_name: String,
+    /// Argument bytes.
+    pub args: Vec<u8>,
+    /// Enclosing operation, for nested calls.
+    pub parent_op: Option<String>,
+    /// The turn the call belongs to.
+    pub turn_id: Option<String>,
+    /// Whether re-running after a crash is safe.
+    pub recovery: Recovery,
+}
+
+/// T2: record a tool call's result.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RecordToolResult {
+    /// The session.
+    pub session: SessionId,
+    /// The operation.
+    pub op_id: String,
+    /// How it ended.
+    pub outcome: ToolOutcome,
+    /// Result bytes.
+    pub result: Vec<u8>,
+}
+
+/// Set and remove labels.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SetLabels {
+    /// The session.
+    pub session: SessionId,
+    /// Labels to set.
+    pub set: BTreeMap<String, String>,
+    /// Label keys to remove.
+    pub remove: BTreeSet<String>,
+}
+
+/// Every mutation. Hosts usually call the typed methods on [`crate::Engine`]; a
+/// [`Command::Batch`] runs several commands all or nothing.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Command {
+    /// Create a session.
+    CreateSession(CreateSession),
+    /// Commit a turn.
+    CommitTurn(CommitTurn),
+    /// Rewrite a range.
+    Rewrite(Rewrite),
+    /// Restore a revision.
+    Restore(Restore),
+    /// Fork a session.
+    Fork(Fork),
+    /// Archive a session.
+    Archive {
+        /// The session.
+        session: SessionId,
+        /// Why.
+        reason: String,
+    },
+    /// Revive an archived session.
+    Revive {
+        /// The session.
+        session: SessionId,
+        /// Why.
+        reason: String,
+    },
+    /// Stage context.
+    AppendContext(AppendContext),
+    /// T1.
+    RecordToolCall(RecordToolCall),
+    /// T2.
+    RecordToolResult(RecordToolResult),
+    /// Change labels.
+    SetLabels(SetLabels),
+    /// Several commands, in order, all or nothing.
+    Batch(Vec<Command>),
+}
+
+impl Command {
+    /// A bound on the bytes this command carries, checked against `command_bytes_max`.
+    pub fn approx_bytes(&self) -> u64 {
+        let msgs = |ms: &[Message]| ms.iter().map(Message::approx_bytes).sum::<u64>();
+        let labels = |l: &BTreeMap<String, String>| l.iter().map(|(k, v)| (k.len() + v.len()) as u64).sum::<u64>();
+        match self {
+            Command::CreateSession(c) => msgs(&c.messages) + labels(&c.labels) + c.metadata.len() as u64,
+            Command::CommitTurn(c) => {
+                msgs(&c.messages)
+                    + c.turn_id.len() as u64
+                    + c.applied_context.iter().chain(&c.tool_ops).map(|s| s.len() as u64).sum::<u64>()
+                    + c.usage.iter().map(|u| (u.provider.len() + u.model.len() + 32) as u64).sum::<u64>()
+            }
+            Command::Rewrite(c) => msgs(&c.replacement) + (c.note.len() + c.actor.len()) as u64,
+            Command::Restore(c) => (c.note.len() + c.actor.len()) as u64,
+            Command::Fork(c) => {
+                c.replacement.as_ref().map_or(0, Message::approx_bytes) + c.labels.as_ref().map_or(0, labels)
+            }
+            Command::Archive { reason, .. } | Command::Revive { reason, .. } => reason.len() as u64,
+            Command::AppendContext(c) => (c.content.len() + c.key.len() + c.source.len()) as u64,
+            Command::RecordToolCall(c) => (c.args.len() + c.op_id.len() + c.call_id.len() + c.tool_name.len()) as u64,
+            Command::RecordToolResult(c) => (c.result.len() + c.op_id.len()) as u64,
+            Command::SetLabels(c) => labels(&c.set) + c.remove.iter().map(|k| k.len() as u64).sum::<u64>(),
+            Command::Batch(cs) => cs.iter().map(Command::approx_bytes).sum(),
+        }
+    }
+
+    /// The session the command writes to, if it is a single-session command.
+    pub fn session(&self) -> Option<SessionId> {
+        match self {
+            Command::CreateSession(c) => Some(c.session),
+            Command::CommitTurn(c) => Some(c.session),
+            Command::Rewrite(c) => Some(c.session),
+            Command::Restore(c) => Some(c.session),
+            Command::Fork(c) => Some(c.session),
+            Command::Archive { session, .. } | Command::Revive { session, .. } => Some(*session),
+            Command::AppendContext(c) => Some(c.session),
+            Command::RecordToolCall(c) => Some(c.session),
+            Command::RecordToolResult(c) => Some(c.session),
+            Command::SetLabels(c) => Some(c.session),
+            Command::Batch(_) => None,
+        }
+    }
+}
+
+/// Where a committed event landed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Receipt {
+    /// Global sequence number of the event.
+    pub seq: u64,
+    /// The session's revision after the event.
+    pub revision: RevisionId,
+    /// Writer clock, unix ms.
+    pub committed_at_ms: u64,
+}
+
+/// The result of a command that was accepted.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// A session was created (or forked).
+    Created {
+        /// The new session.
+        session: SessionId,
+        /// Its receipt.
+        receipt: Receipt,
+    },
+    /// A turn was committed now.
+    Committed(Receipt),
+    /// The exact turn was committed before; this is the original receipt.
+    AlreadyCommitted(Receipt),
+    /// The transcript was rewritten or restored.
+    Rewritten(Receipt),
+    /// The session is archived; `seq` is `None` if it already was.
+    Archived {
+        /// The archive event, if one was written.
+        seq: Option<u64>,
+    },
+    /// The session was revived.
+    Revived {
+        /// The revive event.
+        seq: u64,
+    },
+    /// The context was staged.
+    Staged {
+        /// The event.
+        seq: u64,
+    },
+    /// The same key and content were staged before; nothing written.
+    Duplicate,
+    /// A tool call or result was recorded; `created` is false for an exact retry.
+    Tool {
+        /// Whether an event was written.
+        created: bool,
+        /// The event, when written.
+        seq: Option<u64>,
+    },
+    /// Labels changed; `seq` is `None` when nothing changed.
+    Labels {
+        /// The event, if one was written.
+        seq: Option<u64>,
+    },
+    /// Every command of a batch, in order.
+    Batch(Vec<Outcome>),
+}

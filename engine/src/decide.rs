@@ -1,0 +1,561 @@
+//! `decide`: validates a command against the current projections and returns the event
+//! it causes, or a typed [`Rejection`]. Pure: it reads through [`Store`] and writes
+//! nothing. Batches are sequenced by the writer, which decides each member against state
+//! that includes the members before it.
+
+use crate::command::*;
+use crate::error::{Error, Limit, Location, Rejection, Result};
+use crate::limits::Limits;
+use crate::projection::*;
+use crate::store::{keys, Store, StoreExt, Table};
+use annal_codec::*;
+use std::collections::{BTreeMap, BTreeSet};
+
+/// What a command leads to.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Decision {
+    /// Append `event` to `session`'s stream; `content` holds objects it refers to.
+    Write {
+        /// The stream the event goes to.
+        session: SessionId,
+        /// The event.
+        event: Event,
+        /// Content objects (id, canonical bytes) the event refers to.
+        content: Vec<(ContentId, Vec<u8>)>,
+    },
+    /// Nothing to write; the command is already satisfied.
+    Noop(Outcome),
+}
+
+fn reject<T>(r: Rejection) -> Result<T> {
+    Err(Error::Rejected(r))
+}
+
+fn invalid<T>(reason: impl Into<String>) -> Result<T> {
+    reject(Rejection::InvalidRequest { reason: reason.into() })
+}
+
+/// Collects content objects for one command, deduplicated.
+#[derive(Default)]
+struct ContentSet(BTreeMap<ContentId, Vec<u8>>);
+
+impl ContentSet {
+    fn add(&mut self, limits: &Limits, bytes: Vec<u8>) -> Result<ContentId> {
+        limits.check(Limit::ContentBytes, bytes.len() as u64)?;
+        let id = content_id(&bytes);
+        self.0.entry(id).or_insert(bytes);
+        Ok(id)
+    }
+
+    fn message(&mut self, limits: &Limits, m: &Message) -> Result<ContentId> {
+        limits.check_id("content type", &m.content_type)?;
+        limits.check(Limit::AttachmentsPerMessage, m.attachments.len() as u64)?;
+        let mut attachments = Vec::with_capacity(m.attachments.len());
+        for a in &m.attachments {
+            attachments.push(self.add(limits, a.clone())?);
+        }
+        limits.check(Limit::ContentBytes, m.body.len() as u64)?;
+        let object =
+            MessageObject { role: m.role, content_type: m.content_type.clone(), body: m.body.clone(), attachments };
+        let bytes = encode_message(&object, limits.content_bytes_max).map_err(|_| Rejection::LimitExceeded {
+            limit: Limit::ContentBytes,
+            actual: m.approx_bytes(),
+            max: limits.content_bytes_max,
+        })?;
+        self.add(limits, bytes)
+    }
+
+    fn messages(&mut self, limits: &Limits, ms: &[Message]) -> Result<Vec<ContentId>> {
+        limits.check(Limit::MessagesPerCommand, ms.len() as u64)?;
+        ms.iter().map(|m| self.message(limits, m)).collect()
+    }
+
+    fn into_vec(self) -> Vec<(ContentId, Vec<u8>)> {
+        self.0.into_iter().collect()
+    }
+}
+
+fn check_note(limits: &Limits, note: &str) -> Result<()> {
+    Ok(limits.check(Limit::NoteBytes, note.len() as u64)?)
+}
+
+fn check_label(limits: &Limits, key: &str, value: Option<&str>) -> Result<()> {
+    if key.is_empty() {
+        return invalid("label keys must not be empty");
+    }
+    limits.check(Limit::LabelKeyBytes, key.len() as u64)?;
+    if let Some(v) = value {
+        limits.check(Limit::LabelValueBytes, v.len() as u64)?;
+    }
+    Ok(())
+}
+
+fn check_labels(limits: &Limits, labels: &BTreeMap<String, String>) -> Result<()> {
+    limits.check(Limit::LabelsPerSession, labels.len() as u64)?;
+    labels.iter().try_for_each(|(k, v)| check_label(limits, k, Some(v)))
+}
+
+fn head<S: Store + ?Sized>(store: &S, session: &SessionId) -> Result<SessionHead> {
+    match store.row(Table::Heads, &keys::session(session))? {
+        Some(h) => Ok(h),
+        None => reject(Rejection::NotFound { session: *session }),
+    }
+}
+
+fn live_head<S: Store + ?Sized>(store: &S, session: &SessionId) -> Result<SessionHead> {
+    let h = head(store, session)?;
+    if h.archived {
+        return reject(Rejection::Archived { session: *session });
+    }
+    Ok(h)
+}
+
+fn expect_revision(head: &SessionHead, expected: &RevisionId) -> Result<()> {
+    if *expected != head.revision {
+        return reject(Rejection::RevisionConflict { expected: *expected, actual: head.revision });
+    }
+    Ok(())
+}
+
+fn row_at<S: Store + ?Sized>(store: &S, session: &SessionId, pos: u64) -> Result<TranscriptRow> {
+    let key = keys::session_u64(session, pos);
+    store.row(Table::Transcript, &key)?.ok_or_else(|| {
+        Error::corrupt(
+            Location::Projection { table: Table::Transcript.name(), key: crate::store::hex(&key) },
+            "missing row",
+        )
+    })
+}
+
+fn chain_at<S: Store + ?Sized>(store: &S, session: &SessionId, len: u64) -> Result<RevisionId> {
+    match len {
+        0 => Ok(RevisionId::empty()),
+        n => Ok(row_at(store, session, n - 1)?.chain),
+    }
+}
+
+/// The content ids of the current transcript of `session`, positions `from..to`.
+pub(crate) fn current_messages<S: Store + ?Sized>(
+    store: &S,
+    session: &SessionId,
+    from: u64,
+    to: u64,
+) -> Result<Vec<ContentId>> {
+    (from..to).map(|p| row_at(store, session, p).map(|r| r.content)).collect()
+}
+
+/// Rebuilds the message list of any revision a session has held, from the revision
+/// graph's recipes. Costs O(the session's events), never O(the whole log). `None` when
+/// the session never held `revision`.
+pub fn materialize<S: Store + ?Sized>(
+    store: &S,
+    session: &SessionId,
+    revision: &RevisionId,
+) -> Result<Option<Vec<ContentId>>> {
+    let mut splices = Vec::new();
+    let (mut s, mut r) = (*session, *revision);
+    let mut bound = u64::MAX;
+    let base = loop {
+        let key = keys::session_rev(&s, &r);
+        let node: RevisionNode = match store.row(Table::Revisions, &key)? {
+            Some(n) => n,
+            None if splices.is_empty() && s == *session => return Ok(None),
+            None => {
+                return Err(Error::corrupt(
+                    Location::Projection { table: Table::Revisions.name(), key: crate::store::hex(&key) },
+                    "recipe refers to a missing revision",
+                ))
+            }
+        };
+        if node.seq >= bound {
+            return Err(Error::corrupt(Location::Log { seq: node.seq }, "revision recipe does not go back in time"));
+        }
+        bound = node.seq;
+        match node.recipe {
+            Recipe::Splice { parent, start, end, replacement } => {
+                splices.push((start, end, replacement));
+                r = parent;
+            }
+            Recipe::Root { fork: None, messages } => break messages,
+            Recipe::Root { fork: Some(f), messages } => {
+                splices.push((f.message_count, u64::MAX, messages));
+                s = f.session;
+                r = f.revision;
+            }
+        }
+    };
+    let mut list = base;
+    for (start, end, replacement) in splices.into_iter().rev() {
+        let len = list.len() as u64;
+        let end = end.min(len);
+        if start > end {
+            return Err(Error::corrupt(
+                Location::Projection { table: Table::Revisions.name(), key: revision.to_hex() },
+                "recipe splice out of range",
+            ));
+        }
+        list.splice(start as usize..end as usize, replacement);
+    }
+    if RevisionId::of(&list) != *revision {
+        return Err(Error::corrupt(
+            Location::Projection { table: Table::Revisions.name(), key: revision.to_hex() },
+            "materialized revision does not hash to its id",
+        ));
+    }
+    Ok(Some(list))
+}
+
+/// Decides one non-batch command.
+pub fn decide<S: Store + ?Sized>(store: &S, command: &Command, limits: &Limits) -> Result<Decision> {
+    limits.check(Limit::CommandBytes, command.approx_bytes())?;
+    match command {
+        Command::CreateSession(c) => create(store, c, limits),
+        Command::CommitTurn(c) => commit_turn(store, c, limits),
+        Command::Rewrite(c) => rewrite(store, c, limits),
+        Command::Restore(c) => restore(store, c, limits),
+        Command::Fork(c) => fork(store, c, limits),
+        Command::Archive { session, reason } => {
+            check_note(limits, reason)?;
+            if head(store, session)?.archived {
+                return Ok(Decision::Noop(Outcome::Archived { seq: None }));
+            }
+            let event = Event::SessionArchived(SessionArchived { reason: reason.clone() });
+            Ok(Decision::Write { session: *session, event, content: Vec::new() })
+        }
+        Command::Revive { session, reason } => {
+            check_note(limits, reason)?;
+            if !head(store, session)?.archived {
+                return reject(Rejection::NotArchived { session: *session });
+            }
+            let event = Event::SessionRevived(SessionRevived { reason: reason.clone() });
+            Ok(Decision::Write { session: *session, event, content: Vec::new() })
+        }
+        Command::AppendContext(c) => append_context(store, c, limits),
+        Command::RecordToolCall(c) => tool_call(store, c, limits),
+        Command::RecordToolResult(c) => tool_result(store, c, limits),
+        Command::SetLabels(c) => set_labels(store, c, limits),
+        Command::Batch(_) => invalid("a batch cannot be decided as one command; nested batches are not allowed"),
+    }
+}
+
+fn create<S: Store + ?Sized>(store: &S, c: &CreateSession, limits: &Limits) -> Result<Decision> {
+    check_labels(limits, &c.labels)?;
+    limits.check(Limit::MetadataBytes, c.metadata.len() as u64)?;
+    let mut content = ContentSet::default();
+    let messages = content.messages(limits, &c.messages)?;
+    if store.get(Table::Heads, &keys::session(&c.session))?.is_some() {
+        return reject(Rejection::AlreadyExists { session: c.session });
+    }
+    let event = Event::SessionCreated(SessionCreated {
+        labels: c.labels.clone(),
+        metadata: c.metadata.clone(),
+        forked_from: None,
+        revision_after: RevisionId::of(&messages),
+        messages,
+    });
+    Ok(Decision::Write { session: c.session, event, content: content.into_vec() })
+}
+
+fn check_unique(what: &str, items: &[String]) -> Result<()> {
+    let set: BTreeSet<&String> = items.iter().collect();
+    if set.len() != items.len() {
+        return invalid(format!("duplicate {what}"));
+    }
+    Ok(())
+}
+
+fn commit_turn<S: Store + ?Sized>(store: &S, c: &CommitTurn, limits: &Limits) -> Result<Decision> {
+    limits.check_id("turn id", &c.turn_id)?;
+    if c.messages.is_empty() {
+        return invalid("a turn needs at least one message");
+    }
+    if let Some(run) = &c.run_id {
+        limits.check_id("run id", run)?;
+    }
+    for list in [&c.applied_context, &c.tool_ops] {
+        limits.check(Limit::ListItems, list.len() as u64)?;
+        list.iter().try_for_each(|k| limits.check_id("key", k))?;
+    }
+    check_unique("context keys", &c.applied_context)?;
+    check_unique("tool operations", &c.tool_ops)?;
+    limits.check(Limit::ListItems, c.usage.len() as u64)?;
+    for u in &c.usage {
+        limits.check_id("provider", &u.provider)?;
+        limits.check_id("model", &u.model)?;
+    }
+    let mut content = ContentSet::default();
+    let messages = content.messages(limits, &c.messages)?;
+    let h = head(store, &c.session)?;
+    let commit_hash = turn_commit_hash(&messages, &c.usage, &c.applied_context, &c.tool_ops);
+    if let Some(rec) = store.row::<TurnRecord>(Table::Turns, &keys::session_str(&c.session, &c.turn_id))? {
+        if rec.commit_hash == commit_hash {
+            return Ok(Decision::Noop(Outcome::AlreadyCommitted(rec.receipt)));
+        }
+        return reject(Rejection::TurnConflict { turn_id: c.turn_id.clone() });
+    }
+    if h.archived {
+        return reject(Rejection::Archived { session: c.session });
+    }
+    if let Expected::Exact(expected) = c.expected {
+        expect_revision(&h, &expected)?;
+    }
+    for key in &c.applied_context {
+        let entry: Option<ContextEntry> = store.row(Table::Context, &keys::session_str(&c.session, key))?;
+        if !matches!(entry, Some(ContextEntry { state: ContextState::Pending, .. })) {
+            return reject(Rejection::ContextNotPending { key: key.clone() });
+        }
+    }
+    for op in &c.tool_ops {
+        if store.get(Table::ToolOps, &keys::session_str(&c.session, op))?.is_none() {
+            return reject(Rejection::UnknownToolOp { op_id: op.clone() });
+        }
+    }
+    let event = Event::TurnCommitted(TurnCommitted {
+        turn_id: c.turn_id.clone(),
+        commit_hash,
+        revision_after: h.revision.extend_all(&messages),
+        messages,
+        usage: c.usage.clone(),
+        applied_context: c.applied_context.clone(),
+        tool_ops: c.tool_ops.clone(),
+        run_id: c.run_id.clone(),
+    });
+    Ok(Decision::Write { session: c.session, event, content: content.into_vec() })
+}
+
+fn rewrite<S: Store + ?Sized>(store: &S, c: &Rewrite, limits: &Limits) -> Result<Decision> {
+    check_note(limits, &c.note)?;
+    check_note(limits, &c.actor)?;
+    let mut content = ContentSet::default();
+    let replacement = content.messages(limits, &c.replacement)?;
+    let h = live_head(store, &c.session)?;
+    expect_revision(&h, &c.expected)?;
+    if c.start > c.end || c.end > h.message_count {
+        return reject(Rejection::InvalidRange { start: c.start, end: c.end, len: h.message_count });
+    }
+    let base = chain_at(store, &c.session, c.start)?;
+    let tail = current_messages(store, &c.session, c.end, h.message_count)?;
+    let after = base.extend_all(&replacement).extend_all(&tail);
+    if after == h.revision {
+        return reject(Rejection::NoChange);
+    }
+    let kind = match c.reason {
+        RewriteReason::Edit => RewriteKind::Edit,
+        RewriteReason::Compaction => RewriteKind::Compaction,
+        RewriteReason::Redaction => RewriteKind::Redaction,
+    };
+    let event = Event::TranscriptRewritten(TranscriptRewritten {
+        parent_revision: h.revision,
+        start: c.start,
+        end: c.end,
+        replacement,
+        kind,
+        note: c.note.clone(),
+        actor: c.actor.clone(),
+        revision_after: after,
+    });
+    Ok(Decision::Write { session: c.session, event, content: content.into_vec() })
+}
+
+fn restore<S: Store + ?Sized>(store: &S, c: &Restore, limits: &Limits) -> Result<Decision> {
+    check_note(limits, &c.note)?;
+    check_note(limits, &c.actor)?;
+    let h = live_head(store, &c.session)?;
+    expect_revision(&h, &c.expected)?;
+    let Some(target) = materialize(store, &c.session, &c.target)? else {
+        return reject(Rejection::UnknownRevision { revision: c.target });
+    };
+    if c.target == h.revision {
+        return reject(Rejection::NoChange);
+    }
+    let current = current_messages(store, &c.session, 0, h.message_count)?;
+    // The smallest splice that turns the head into the target: skip the common prefix
+    // and the common suffix.
+    let prefix = current.iter().zip(&target).take_while(|(a, b)| a == b).count();
+    let room = current.len().min(target.len()) - prefix;
+    let suffix = current.iter().rev().zip(target.iter().rev()).take(room).take_while(|(a, b)| a == b).count();
+    let event = Event::TranscriptRewritten(TranscriptRewritten {
+        parent_revision: h.revision,
+        start: prefix as u64,
+        end: (current.len() - suffix) as u64,
+        replacement: target[prefix..target.len() - suffix].to_vec(),
+        kind: RewriteKind::Restore { target: c.target },
+        note: c.note.clone(),
+        actor: c.actor.clone(),
+        revision_after: c.target,
+    });
+    Ok(Decision::Write { session: c.session, event, content: Vec::new() })
+}
+
+fn fork<S: Store + ?Sized>(store: &S, c: &Fork, limits: &Limits) -> Result<Decision> {
+    if let Some(labels) = &c.labels {
+        check_labels(limits, labels)?;
+    }
+    let mut content = ContentSet::default();
+    let messages = match &c.replacement {
+        Some(m) => vec![content.message(limits, m)?],
+        None => Vec::new(),
+    };
+    let parent = head(store, &c.parent)?;
+    let len = parent.message_count;
+    let out_of_bounds = match c.replacement {
+        Some(_) => c.index >= len,
+        None => c.index > len,
+    };
+    if out_of_bounds {
+        return reject(Rejection::IndexOutOfBounds { index: c.index, len });
+    }
+    if store.get(Table::Heads, &keys::session(&c.session))?.is_some() {
+        return reject(Rejection::AlreadyExists { session: c.session });
+    }
+    let base = chain_at(store, &c.parent, c.index)?;
+    let event = Event::SessionCreated(SessionCreated {
+        labels: c.labels.clone().unwrap_or_else(|| parent.labels.clone()),
+        metadata: parent.metadata.clone(),
+        forked_from: Some(ForkOrigin { session: c.parent, revision: parent.revision, message_count: c.index }),
+        revision_after: base.extend_all(&messages),
+        messages,
+    });
+    Ok(Decision::Write { session: c.session, event, content: content.into_vec() })
+}
+
+fn is_blank(bytes: &[u8]) -> bool {
+    match std::str::from_utf8(bytes) {
+        Ok(s) => s.trim().is_empty(),
+        Err(_) => bytes.is_empty(),
+    }
+}
+
+fn append_context<S: Store + ?Sized>(store: &S, c: &AppendContext, limits: &Limits) -> Result<Decision> {
+    limits.check_id("context key", &c.key)?;
+    check_note(limits, &c.source)?;
+    if is_blank(&c.content) {
+        return invalid("context content is blank");
+    }
+    let mut content = ContentSet::default();
+    let id = content.add(limits, c.content.clone())?;
+    live_head(store, &c.session)?;
+    if let Some(entry) = store.row::<ContextEntry>(Table::Context, &keys::session_str(&c.session, &c.key))? {
+        if entry.content == id {
+            return Ok(Decision::Noop(Outcome::Duplicate));
+        }
+        return reject(Rejection::ContextConflict { key: c.key.clone() });
+    }
+    let event = Event::ContextAppended(ContextAppended { key: c.key.clone(), content: id, source: c.source.clone() });
+    Ok(Decision::Write { session: c.session, event, content: content.into_vec() })
+}
+
+fn tool_call<S: Store + ?Sized>(store: &S, c: &RecordToolCall, limits: &Limits) -> Result<Decision> {
+    limits.check_id("op id", &c.op_id)?;
+    limits.check_id("call id", &c.call_id)?;
+    limits.check_id("tool name", &c.tool_name)?;
+    if let Some(p) = &c.parent_op {
+        limits.check_id("parent op", p)?;
+        if *p == c.op_id {
+            return invalid("a tool operation cannot be its own parent");
+        }
+    }
+    if let Some(t) = &c.turn_id {
+        limits.check_id("turn id", t)?;
+    }
+    let mut content = ContentSet::default();
+    let args = content.add(limits, c.args.clone())?;
+    live_head(store, &c.session)?;
+    if let Some(op) = store.row::<ToolOp>(Table::ToolOps, &keys::session_str(&c.session, &c.op_id))? {
+        let field = if op.tool_name != c.tool_name {
+            Some("tool_name")
+        } else if op.args != args {
+            Some("args")
+        } else if op.parent_op != c.parent_op {
+            Some("parent_op")
+        } else if op.call_id != c.call_id {
+            Some("call_id")
+        } else if op.turn_id != c.turn_id {
+            Some("turn_id")
+        } else if op.recovery != c.recovery {
+            Some("recovery")
+        } else {
+            None
+        };
+        return match field {
+            Some(field) => reject(Rejection::ToolConflict { op_id: c.op_id.clone(), field }),
+            None => Ok(Decision::Noop(Outcome::Tool { created: false, seq: None })),
+        };
+    }
+    if let Some(p) = &c.parent_op {
+        if store.get(Table::ToolOps, &keys::session_str(&c.session, p))?.is_none() {
+            return reject(Rejection::UnknownToolOp { op_id: p.clone() });
+        }
+    }
+    let event = Event::ToolCallRecorded(ToolCallRecorded {
+        op_id: c.op_id.clone(),
+        call_id: c.call_id.clone(),
+        tool_name: c.tool_name.clone(),
+        args,
+        parent_op: c.parent_op.clone(),
+        turn_id: c.turn_id.clone(),
+        recovery: c.recovery,
+    });
+    Ok(Decision::Write { session: c.session, event, content: content.into_vec() })
+}
+
+fn tool_result<S: Store + ?Sized>(store: &S, c: &RecordToolResult, limits: &Limits) -> Result<Decision> {
+    limits.check_id("op id", &c.op_id)?;
+    let mut content = ContentSet::default();
+    let result = content.add(limits, c.result.clone())?;
+    live_head(store, &c.session)?;
+    let Some(op) = store.row::<ToolOp>(Table::ToolOps, &keys::session_str(&c.session, &c.op_id))? else {
+        return reject(Rejection::ToolOrphan { op_id: c.op_id.clone() });
+    };
+    if let ToolState::Settled { outcome, result: stored, .. } = op.state {
+        if outcome == c.outcome && stored == result {
+            return Ok(Decision::Noop(Outcome::Tool { created: false, seq: None }));
+        }
+        let field = if outcome != c.outcome { "outcome" } else { "result" };
+        return reject(Rejection::ToolConflict { op_id: c.op_id.clone(), field });
+    }
+    let event = Event::ToolResultRecorded(ToolResultRecorded { op_id: c.op_id.clone(), outcome: c.outcome, result });
+    Ok(Decision::Write { session: c.session, event, content: content.into_vec() })
+}
+
+fn set_labels<S: Store + ?Sized>(store: &S, c: &SetLabels, limits: &Limits) -> Result<Decision> {
+    limits.check(Limit::LabelsPerSession, c.set.len() as u64)?;
+    limits.check(Limit::LabelsPerSession, c.remove.len() as u64)?;
+    c.set.iter().try_for_each(|(k, v)| check_label(limits, k, Some(v)))?;
+    c.remove.iter().try_for_each(|k| check_label(limits, k, None))?;
+    if c.set.keys().any(|k| c.remove.contains(k)) {
+        return invalid("a label key is both set and removed");
+    }
+    let h = live_head(store, &c.session)?;
+    let set: BTreeMap<String, String> =
+        c.set.iter().filter(|(k, v)| h.labels.get(*k) != Some(*v)).map(|(k, v)| (k.clone(), v.clone())).collect();
+    let remove: BTreeSet<String> = c.remove.iter().filter(|k| h.labels.contains_key(*k)).cloned().collect();
+    if set.is_empty() && remove.is_empty() {
+        return Ok(Decision::Noop(Outcome::Labels { seq: None }));
+    }
+    let mut after = h.labels.clone();
+    remove.iter().for_each(|k| {
+        after.remove(k);
+    });
+    after.extend(set.clone());
+    limits.check(Limit::LabelsPerSession, after.len() as u64)?;
+    let event = Event::LabelsChanged(LabelsChanged { set, remove });
+    Ok(Decision::Write { session: c.session, event, content: Vec::new() })
+}
+
+/// The outcome of a command whose event was committed as `record`.
+pub fn outcome_of(record: &Record) -> Outcome {
+    let receipt = |rev: RevisionId| Receipt { seq: record.seq, revision: rev, committed_at_ms: record.committed_at_ms };
+    match &record.event {
+        Event::SessionCreated(e) => Outcome::Created { session: record.session, receipt: receipt(e.revision_after) },
+        Event::TurnCommitted(e) => Outcome::Committed(receipt(e.revision_after)),
+        Event::TranscriptRewritten(e) => Outcome::Rewritten(receipt(e.revision_after)),
+        Event::SessionArchived(_) => Outcome::Archived { seq: Some(record.seq) },
+        Event::SessionRevived(_) => Outcome::Revived { seq: record.seq },
+        Event::ContextAppended(_) => Outcome::Staged { seq: record.seq },
+        Event::ToolCallRecorded(_) | Event::ToolResultRecorded(_) => {
+            Outcome::Tool { created: true, seq: Some(record.seq) }
+        }
+        Event::LabelsChanged(_) => Outcome::Labels { seq: Some(record.seq) },
+    }
+}

@@ -1,0 +1,335 @@
+//! Errors, split by what the caller can do about them.
+//!
+//! - [`Error::Rejected`]: the command broke a rule ([`Rejection`]). Nothing was written;
+//!   fix the request or re-read state and retry.
+//! - [`Error::Corrupt`], [`Error::Decode`]: stored data failed verification. The engine
+//!   fails closed; run `annal verify`.
+//! - [`Error::Poisoned`], [`Error::Closed`], [`Error::Storage`]: the engine cannot write
+//!   now. Reopen the database.
+
+use annal_codec::{DecodeError, RevisionId, SessionId};
+use std::fmt;
+
+/// A configurable limit (SPEC §8). Breaking one is [`Rejection::LimitExceeded`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Limit {
+    /// Bytes of one content object (message, context text, tool args or result).
+    ContentBytes,
+    /// Bytes of one command.
+    CommandBytes,
+    /// Messages in one command.
+    MessagesPerCommand,
+    /// Labels on one session.
+    LabelsPerSession,
+    /// Bytes of a label key.
+    LabelKeyBytes,
+    /// Bytes of a label value.
+    LabelValueBytes,
+    /// Bytes of an id or key (turn id, op id, context key, ...).
+    IdBytes,
+    /// Items in one page.
+    PageItems,
+    /// Bytes in one page.
+    PageBytes,
+    /// Bytes of one encoded record.
+    RecordBytes,
+    /// Bytes of session metadata.
+    MetadataBytes,
+    /// Commands in one batch.
+    BatchCommands,
+    /// Attachments on one message.
+    AttachmentsPerMessage,
+    /// Usage entries, context keys or tool references in one turn.
+    ListItems,
+    /// Bytes of a note, reason, actor or source.
+    NoteBytes,
+}
+
+impl fmt::Display for Limit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let name = match self {
+            Limit::ContentBytes => "content_bytes_max",
+            Limit::CommandBytes => "command_bytes_max",
+            Limit::MessagesPerCommand => "messages_per_command_max",
+            Limit::LabelsPerSession => "labels_per_session_max",
+            Limit::LabelKeyBytes => "label_key_bytes_max",
+            Limit::LabelValueBytes => "label_value_bytes_max",
+            Limit::IdBytes => "id_bytes_max",
+            Limit::PageItems => "page_items_max",
+            Limit::PageBytes => "page_bytes_max",
+            Limit::RecordBytes => "record_bytes_max",
+            Limit::MetadataBytes => "metadata_bytes_max",
+            Limit::BatchCommands => "batch_commands_max",
+            Limit::AttachmentsPerMessage => "attachments_per_message_max",
+            Limit::ListItems => "list_items_max",
+            Limit::NoteBytes => "note_bytes_max",
+        };
+        f.write_str(name)
+    }
+}
+
+/// Why a command was refused. A rejection writes nothing and notifies nobody.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum Rejection {
+    /// No such session.
+    #[error("session {session} not found")]
+    NotFound {
+        /// The session asked for.
+        session: SessionId,
+    },
+    /// A session with this id exists.
+    #[error("session {session} already exists")]
+    AlreadyExists {
+        /// The session id.
+        session: SessionId,
+    },
+    /// The session is archived; revive it first.
+    #[error("session {session} is archived")]
+    Archived {
+        /// The session id.
+        session: SessionId,
+    },
+    /// Revive of a session that is not archived.
+    #[error("session {session} is not archived")]
+    NotArchived {
+        /// The session id.
+        session: SessionId,
+    },
+    /// The expected revision is not the head.
+    #[error("revision conflict: expected {expected}, head is {actual}")]
+    RevisionConflict {
+        /// What the caller expected.
+        expected: RevisionId,
+        /// The current head.
+        actual: RevisionId,
+    },
+    /// The turn id was committed with different content.
+    #[error("turn {turn_id} was already committed with different content")]
+    TurnConflict {
+        /// The turn id.
+        turn_id: String,
+    },
+    /// A turn tried to apply a context key that is not pending.
+    #[error("context {key} is not pending")]
+    ContextNotPending {
+        /// The key.
+        key: String,
+    },
+    /// The context key exists with other content.
+    #[error("context {key} exists with other content")]
+    ContextConflict {
+        /// The key.
+        key: String,
+    },
+    /// The request is malformed.
+    #[error("invalid request: {reason}")]
+    InvalidRequest {
+        /// What is wrong.
+        reason: String,
+    },
+    /// A limit was exceeded.
+    #[error("{limit} exceeded: {actual} > {max}")]
+    LimitExceeded {
+        /// Which limit.
+        limit: Limit,
+        /// The offending size or count.
+        actual: u64,
+        /// The configured maximum.
+        max: u64,
+    },
+    /// A rewrite range is out of bounds or inverted.
+    #[error("invalid range {start}..{end} for a transcript of {len} messages")]
+    InvalidRange {
+        /// Range start.
+        start: u64,
+        /// Range end.
+        end: u64,
+        /// Transcript length.
+        len: u64,
+    },
+    /// The rewrite or restore would not change the transcript.
+    #[error("the result equals the current head")]
+    NoChange,
+    /// The revision was never held by this session.
+    #[error("revision {revision} is unknown in this session")]
+    UnknownRevision {
+        /// The revision asked for.
+        revision: RevisionId,
+    },
+    /// A fork index is past the end.
+    #[error("index {index} out of bounds for {len} messages")]
+    IndexOutOfBounds {
+        /// The index asked for.
+        index: u64,
+        /// Transcript length.
+        len: u64,
+    },
+    /// A tool operation id was reused with other identity fields or another result.
+    #[error("tool operation {op_id} conflicts on {field}")]
+    ToolConflict {
+        /// The op id.
+        op_id: String,
+        /// The differing field.
+        field: &'static str,
+    },
+    /// A result for an operation that was never called.
+    #[error("tool result for {op_id} has no call")]
+    ToolOrphan {
+        /// The op id.
+        op_id: String,
+    },
+    /// A reference to a tool operation that does not exist in the session.
+    #[error("unknown tool operation {op_id}")]
+    UnknownToolOp {
+        /// The op id.
+        op_id: String,
+    },
+    /// A command inside a batch was rejected; nothing in the batch was written.
+    #[error("batch command {index} rejected: {rejection}")]
+    Batch {
+        /// Index of the failing command.
+        index: usize,
+        /// Its rejection.
+        rejection: Box<Rejection>,
+    },
+}
+
+/// Where a corruption was found.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Location {
+    /// A log record.
+    Log {
+        /// Its global sequence number.
+        seq: u64,
+    },
+    /// A content object.
+    Content {
+        /// Its id, hex.
+        id: String,
+    },
+    /// A projection row.
+    Projection {
+        /// Table name.
+        table: &'static str,
+        /// Key, hex.
+        key: String,
+    },
+    /// The meta table.
+    Meta {
+        /// Meta key.
+        key: String,
+    },
+    /// The per-session index.
+    SessionLog {
+        /// The session.
+        session: SessionId,
+        /// Stream sequence number.
+        stream_seq: u64,
+    },
+}
+
+impl fmt::Display for Location {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Location::Log { seq } => write!(f, "log seq {seq}"),
+            Location::Content { id } => write!(f, "content {id}"),
+            Location::Projection { table, key } => write!(f, "projection {table} key {key}"),
+            Location::Meta { key } => write!(f, "meta {key}"),
+            Location::SessionLog { session, stream_seq } => write!(f, "session_log {session}/{stream_seq}"),
+        }
+    }
+}
+
+/// Every error the engine returns.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum Error {
+    /// The command broke a rule; nothing was written.
+    #[error(transparent)]
+    Rejected(#[from] Rejection),
+    /// A record in the event page exceeds the page's byte budget by itself.
+    #[error("record {seq} is {size} bytes, over the page budget of {max_bytes}")]
+    OversizedRecord {
+        /// Its sequence number.
+        seq: u64,
+        /// Its encoded size.
+        size: u64,
+        /// The budget.
+        max_bytes: u64,
+    },
+    /// Stored data failed verification.
+    #[error("corrupt data at {location}: {detail}")]
+    Corrupt {
+        /// Where.
+        location: Location,
+        /// What.
+        detail: String,
+    },
+    /// A stored record could not be decoded, for example a newer schema version.
+    #[error("cannot decode record at seq {seq}: {source}")]
+    Decode {
+        /// The record's sequence number.
+        seq: u64,
+        /// The codec's reason.
+        source: DecodeError,
+    },
+    /// The file's format version is not this binary's.
+    #[error("unsupported database format {found} (this binary supports {supported})")]
+    UnsupportedFormat {
+        /// Found in the file.
+        found: u32,
+        /// Supported.
+        supported: u32,
+    },
+    /// The database has a keyed chain and the key given does not match (or none was given).
+    #[error("chain key mismatch: {detail}")]
+    KeyMismatch {
+        /// What did not match.
+        detail: String,
+    },
+    /// An earlier commit failed with an I/O error; reopen the database.
+    #[error("engine poisoned by an earlier I/O failure; reopen the database")]
+    Poisoned,
+    /// The engine was closed.
+    #[error("engine closed")]
+    Closed,
+    /// The storage layer failed.
+    #[error("storage: {0}")]
+    Storage(String),
+}
+
+impl Error {
+    /// The rejection, if this is one.
+    pub fn rejection(&self) -> Option<&Rejection> {
+        match self {
+            Error::Rejected(r) => Some(r),
+            _ => None,
+        }
+    }
+
+    pub(crate) fn corrupt(location: Location, detail: impl Into<String>) -> Error {
+        Error::Corrupt { location, detail: detail.into() }
+    }
+}
+
+macro_rules! storage_from {
+    ($($t:ty),*) => {$(
+        impl From<$t> for Error {
+            fn from(e: $t) -> Error {
+                Error::Storage(e.to_string())
+            }
+        }
+    )*};
+}
+storage_from!(
+    redb::Error,
+    redb::StorageError,
+    redb::TableError,
+    redb::TransactionError,
+    redb::CommitError,
+    redb::DatabaseError,
+    redb::SetDurabilityError,
+    std::io::Error
+);
+
+/// Shorthand for results of this crate.
+pub type Result<T, E = Error> = std::result::Result<T, E>;

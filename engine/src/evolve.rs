@@ -1,0 +1,382 @@
+//! `evolve`: the one fold from events to projections, shared by the live writer and
+//! replay. Each projection's fold reads and writes only its own tables, so any subset
+//! of projections can be rebuilt alone. The fold recomputes every `revision_after` and
+//! checks the stream density; a mismatch is [`crate::Error::Corrupt`] at that seq.
+
+use crate::command::Receipt;
+use crate::error::{Error, Location, Result};
+use crate::projection::*;
+use crate::store::{keys, Store, StoreExt, Table};
+use annal_codec::{ContentId, Event, Record, RevisionId, SessionId};
+
+/// Folds one record into the projections in `set`.
+pub fn evolve<S: Store + ?Sized>(store: &mut S, record: &Record, set: ProjectionSet) -> Result<()> {
+    for p in set.iter() {
+        match p {
+            Projection::Heads => fold_heads(store, record)?,
+            Projection::Transcript => fold_transcript(store, record)?,
+            Projection::Graph => fold_graph(store, record)?,
+            Projection::Context => fold_context(store, record)?,
+            Projection::Turns => fold_turns(store, record)?,
+            Projection::Usage => fold_usage(store, record)?,
+            Projection::Labels => fold_labels(store, record)?,
+            Projection::Tools => fold_tools(store, record)?,
+        }
+    }
+    Ok(())
+}
+
+fn corrupt(r: &Record, detail: impl Into<String>) -> Error {
+    Error::corrupt(Location::Log { seq: r.seq }, detail)
+}
+
+fn need<T>(r: &Record, v: Option<T>, what: &str) -> Result<T> {
+    v.ok_or_else(|| corrupt(r, format!("{} event for a session with no {what}", r.event.kind())))
+}
+
+fn fold_heads<S: Store + ?Sized>(store: &mut S, r: &Record) -> Result<()> {
+    let key = keys::session(&r.session);
+    let mut head = match &r.event {
+        Event::SessionCreated(e) => {
+            if store.get(Table::Heads, &key)?.is_some() || r.stream_seq != 1 {
+                return Err(corrupt(r, "session created twice"));
+            }
+            SessionHead {
+                session: r.session,
+                revision: e.revision_after,
+                message_count: e.forked_from.as_ref().map_or(0, |f| f.message_count) + e.messages.len() as u64,
+                archived: false,
+                labels: e.labels.clone(),
+                metadata: e.metadata.clone(),
+                forked_from: e.forked_from.clone(),
+                created_seq: r.seq,
+                created_at_ms: r.committed_at_ms,
+                last_seq: r.seq,
+                stream_seq: 0,
+                updated_at_ms: r.committed_at_ms,
+            }
+        }
+        event => {
+            let mut head: SessionHead = need(r, store.row(Table::Heads, &key)?, "head")?;
+            match event {
+                Event::TurnCommitted(e) => {
+                    head.revision = e.revision_after;
+                    head.message_count += e.messages.len() as u64;
+                }
+                Event::TranscriptRewritten(e) => {
+                    if e.start > e.end || e.end > head.message_count {
+                        return Err(corrupt(r, "rewrite range outside the transcript"));
+                    }
+                    head.revision = e.revision_after;
+                    head.message_count = head.message_count - (e.end - e.start) + e.replacement.len() as u64;
+                }
+                Event::SessionArchived(_) => head.archived = true,
+                Event::SessionRevived(_) => head.archived = false,
+                Event::LabelsChanged(e) => {
+                    for k in &e.remove {
+                        head.labels.remove(k);
+                    }
+                    head.labels.extend(e.set.clone());
+                }
+                _ => {}
+            }
+            head
+        }
+    };
+    if r.stream_seq != head.stream_seq + 1 {
+        return Err(corrupt(r, format!("stream seq {} does not follow {}", r.stream_seq, head.stream_seq)));
+    }
+    head.stream_seq = r.stream_seq;
+    head.last_seq = r.seq;
+    head.updated_at_ms = r.committed_at_ms;
+    store.put_row(Table::Heads, &key, &head)
+}
+
+fn transcript_row<S: Store + ?Sized>(store: &S, r: &Record, session: &SessionId, pos: u64) -> Result<TranscriptRow> {
+    need(r, store.row(Table::Transcript, &keys::session_u64(session, pos))?, "transcript row")
+}
+
+/// Writes `messages` at positions `start..`, chaining from `chain`. Returns the final chain.
+fn write_rows<S: Store + ?Sized>(
+    store: &mut S,
+    session: &SessionId,
+    start: u64,
+    mut chain: RevisionId,
+    messages: &[ContentId],
+) -> Result<RevisionId> {
+    for (i, content) in messages.iter().enumerate() {
+        chain = chain.extend(content);
+        let row = TranscriptRow { content: *content, chain };
+        store.put_row(Table::Transcript, &keys::session_u64(session, start + i as u64), &row)?;
+    }
+    Ok(chain)
+}
+
+fn check_revision(r: &Record, computed: RevisionId, claimed: RevisionId) -> Result<()> {
+    if computed != claimed {
+        return Err(corrupt(r, format!("revision_after {claimed} does not recompute (got {computed})")));
+    }
+    Ok(())
+}
+
+fn fold_transcript<S: Store + ?Sized>(store: &mut S, r: &Record) -> Result<()> {
+    let tip_key = keys::session(&r.session);
+    let tip = match &r.event {
+        Event::SessionCreated(e) => {
+            let (mut len, mut chain) = (0, RevisionId::empty());
+            if let Some(f) = &e.forked_from {
+                let parent: TranscriptTip =
+                    need(r, store.row(Table::TranscriptTip, &keys::session(&f.session))?, "parent transcript")?;
+                if parent.revision != f.revision || f.message_count > parent.len {
+                    return Err(corrupt(r, "fork origin is not the parent's head"));
+                }
+                for pos in 0..f.message_count {
+                    let row = transcript_row(store, r, &f.session, pos)?;
+                    store.put_row(Table::Transcript, &keys::session_u64(&r.session, pos), &row)?;
+                    chain = row.chain;
+                }
+                len = f.message_count;
+            }
+            let chain = write_rows(store, &r.session, len, chain, &e.messages)?;
+            check_revision(r, chain, e.revision_after)?;
+            TranscriptTip { len: len + e.messages.len() as u64, revision: chain }
+        }
+        Event::TurnCommitted(e) => {
+            let tip: TranscriptTip = need(r, store.row(Table::TranscriptTip, &tip_key)?, "transcript")?;
+            let chain = write_rows(store, &r.session, tip.len, tip.revision, &e.messages)?;
+            check_revision(r, chain, e.revision_after)?;
+            TranscriptTip { len: tip.len + e.messages.len() as u64, revision: chain }
+        }
+        Event::TranscriptRewritten(e) => {
+            let tip: TranscriptTip = need(r, store.row(Table::TranscriptTip, &tip_key)?, "transcript")?;
+            if tip.revision != e.parent_revision {
+                return Err(corrupt(r, "rewrite parent is not the head"));
+            }
+            if e.start > e.end || e.end > tip.len {
+                return Err(corrupt(r, "rewrite range outside the transcript"));
+            }
+            let mut tail = e.replacement.clone();
+            for pos in e.end..tip.len {
+                tail.push(transcript_row(store, r, &r.session, pos)?.content);
+            }
+            let base = match e.start {
+                0 => RevisionId::empty(),
+                n => transcript_row(store, r, &r.session, n - 1)?.chain,
+            };
+            let chain = write_rows(store, &r.session, e.start, base, &tail)?;
+            let new_len = e.start + tail.len() as u64;
+            for pos in new_len..tip.len {
+                store.remove(Table::Transcript, &keys::session_u64(&r.session, pos))?;
+            }
+            check_revision(r, chain, e.revision_after)?;
+            TranscriptTip { len: new_len, revision: chain }
+        }
+        _ => return Ok(()),
+    };
+    store.put_row(Table::TranscriptTip, &tip_key, &tip)
+}
+
+fn fold_graph<S: Store + ?Sized>(store: &mut S, r: &Record) -> Result<()> {
+    let tip_key = keys::session(&r.session);
+    let (tip, origin, recipe, to, new_len) = match &r.event {
+        Event::SessionCreated(e) => {
+            if let Some(f) = &e.forked_from {
+                let edge =
+                    ForkEdge { child: r.session, revision: f.revision, message_count: f.message_count, seq: r.seq };
+                store.put_row(Table::Forks, &keys::session_pair(&f.session, &r.session), &edge)?;
+            }
+            let len = e.forked_from.as_ref().map_or(0, |f| f.message_count) + e.messages.len() as u64;
+            let recipe = Recipe::Root { fork: e.forked_from.clone(), messages: e.messages.clone() };
+            (None, NodeOrigin::Created, recipe, e.revision_after, len)
+        }
+        Event::TurnCommitted(e) => {
+            let tip: GraphTip = need(r, store.row(Table::GraphTip, &tip_key)?, "graph")?;
+            let recipe =
+                Recipe::Splice { parent: tip.head, start: tip.len, end: tip.len, replacement: e.messages.clone() };
+            let origin = NodeOrigin::Turn { turn_id: e.turn_id.clone() };
+            (Some(tip), origin, recipe, e.revision_after, tip.len + e.messages.len() as u64)
+        }
+        Event::TranscriptRewritten(e) => {
+            let tip: GraphTip = need(r, store.row(Table::GraphTip, &tip_key)?, "graph")?;
+            if tip.head != e.parent_revision || e.start > e.end || e.end > tip.len {
+                return Err(corrupt(r, "rewrite does not splice the graph head"));
+            }
+            let recipe =
+                Recipe::Splice { parent: tip.head, start: e.start, end: e.end, replacement: e.replacement.clone() };
+            let origin =
+                NodeOrigin::Rewrite { kind: e.kind.name().into(), note: e.note.clone(), actor: e.actor.clone() };
+            (Some(tip), origin, recipe, e.revision_after, tip.len - (e.end - e.start) + e.replacement.len() as u64)
+        }
+        _ => return Ok(()),
+    };
+    let from = tip.map(|t| t.head);
+    let mut nodes = tip.map_or(0, |t| t.nodes);
+    let node_key = keys::session_rev(&r.session, &to);
+    match store.row::<RevisionNode>(Table::Revisions, &node_key)? {
+        Some(mut node) => {
+            if let Some(f) = from {
+                if !node.parents.contains(&f) {
+                    node.parents.push(f);
+                    store.put_row(Table::Revisions, &node_key, &node)?;
+                }
+            }
+        }
+        None => {
+            let node = RevisionNode {
+                revision: to,
+                ordinal: nodes,
+                parents: from.into_iter().collect(),
+                origin: origin.clone(),
+                seq: r.seq,
+                message_count: new_len,
+                created_at_ms: r.committed_at_ms,
+                recipe,
+            };
+            store.put_row(Table::Revisions, &node_key, &node)?;
+            store.put_row(Table::RevisionOrder, &keys::session_u64(&r.session, nodes), &to)?;
+            nodes += 1;
+        }
+    }
+    let edge = RevisionEdge { seq: r.seq, from, to, origin, at_ms: r.committed_at_ms };
+    store.put_row(Table::RevisionEdges, &keys::session_u64(&r.session, r.seq), &edge)?;
+    store.put_row(Table::GraphTip, &tip_key, &GraphTip { head: to, nodes, len: new_len })
+}
+
+fn fold_context<S: Store + ?Sized>(store: &mut S, r: &Record) -> Result<()> {
+    match &r.event {
+        Event::ContextAppended(e) => {
+            let key = keys::session_str(&r.session, &e.key);
+            if store.get(Table::Context, &key)?.is_some() {
+                return Err(corrupt(r, format!("context {} appended twice", e.key)));
+            }
+            let entry = ContextEntry {
+                key: e.key.clone(),
+                content: e.content,
+                source: e.source.clone(),
+                appended_seq: r.seq,
+                state: ContextState::Pending,
+            };
+            store.put_row(Table::Context, &key, &entry)
+        }
+        Event::TurnCommitted(e) => {
+            for k in &e.applied_context {
+                let key = keys::session_str(&r.session, k);
+                let mut entry: ContextEntry = need(r, store.row(Table::Context, &key)?, "context entry")?;
+                if entry.state != ContextState::Pending {
+                    return Err(corrupt(r, format!("context {k} applied twice")));
+                }
+                entry.state = ContextState::Applied { seq: r.seq, turn_id: e.turn_id.clone() };
+                store.put_row(Table::Context, &key, &entry)?;
+            }
+            Ok(())
+        }
+        _ => Ok(()),
+    }
+}
+
+fn fold_turns<S: Store + ?Sized>(store: &mut S, r: &Record) -> Result<()> {
+    if let Event::TurnCommitted(e) = &r.event {
+        let key = keys::session_str(&r.session, &e.turn_id);
+        if store.get(Table::Turns, &key)?.is_some() {
+            return Err(corrupt(r, format!("turn {} committed twice", e.turn_id)));
+        }
+        let receipt = Receipt { seq: r.seq, revision: e.revision_after, committed_at_ms: r.committed_at_ms };
+        store.put_row(Table::Turns, &key, &TurnRecord { commit_hash: e.commit_hash, receipt })?;
+    }
+    Ok(())
+}
+
+fn fold_usage<S: Store + ?Sized>(store: &mut S, r: &Record) -> Result<()> {
+    if let Event::TurnCommitted(e) = &r.event {
+        for u in &e.usage {
+            let key = keys::usage(&r.session, &u.provider, &u.model);
+            let mut t: UsageTotals = store.row(Table::Usage, &key)?.unwrap_or_else(|| UsageTotals {
+                provider: u.provider.clone(),
+                model: u.model.clone(),
+                ..UsageTotals::default()
+            });
+            t.input = t.input.saturating_add(u.input);
+            t.output = t.output.saturating_add(u.output);
+            t.cache_read = t.cache_read.saturating_add(u.cache_read);
+            t.cache_write = t.cache_write.saturating_add(u.cache_write);
+            t.turns += 1;
+            store.put_row(Table::Usage, &key, &t)?;
+        }
+    }
+    Ok(())
+}
+
+fn fold_labels<S: Store + ?Sized>(store: &mut S, r: &Record) -> Result<()> {
+    let key = keys::session(&r.session);
+    match &r.event {
+        Event::SessionCreated(e) => {
+            for (k, v) in &e.labels {
+                store.put(Table::LabelIndex, &keys::label_index(k, v, r.seq, &r.session), &[])?;
+            }
+            store.put_row(Table::CreationOrder, &keys::u64(r.seq), &r.session)?;
+            store.put_row(Table::LabelSessions, &key, &LabelSession { created_seq: r.seq, labels: e.labels.clone() })
+        }
+        Event::LabelsChanged(e) => {
+            let mut ls: LabelSession = need(r, store.row(Table::LabelSessions, &key)?, "labels")?;
+            for k in &e.remove {
+                if let Some(v) = ls.labels.remove(k) {
+                    store.remove(Table::LabelIndex, &keys::label_index(k, &v, ls.created_seq, &r.session))?;
+                }
+            }
+            for (k, v) in &e.set {
+                if let Some(old) = ls.labels.insert(k.clone(), v.clone()) {
+                    store.remove(Table::LabelIndex, &keys::label_index(k, &old, ls.created_seq, &r.session))?;
+                }
+                store.put(Table::LabelIndex, &keys::label_index(k, v, ls.created_seq, &r.session), &[])?;
+            }
+            store.put_row(Table::LabelSessions, &key, &ls)
+        }
+        _ => Ok(()),
+    }
+}
+
+fn fold_tools<S: Store + ?Sized>(store: &mut S, r: &Record) -> Result<()> {
+    match &r.event {
+        Event::ToolCallRecorded(e) => {
+            let key = keys::session_str(&r.session, &e.op_id);
+            if store.get(Table::ToolOps, &key)?.is_some() {
+                return Err(corrupt(r, format!("tool op {} called twice", e.op_id)));
+            }
+            let tip_key = keys::session(&r.session);
+            let mut tip: ToolTip = store.row(Table::ToolTip, &tip_key)?.unwrap_or_default();
+            let op = ToolOp {
+                session: r.session,
+                op_id: e.op_id.clone(),
+                ordinal: tip.count,
+                call_id: e.call_id.clone(),
+                tool_name: e.tool_name.clone(),
+                args: e.args,
+                parent_op: e.parent_op.clone(),
+                turn_id: e.turn_id.clone(),
+                recovery: e.recovery,
+                call_seq: r.seq,
+                called_at_ms: r.committed_at_ms,
+                state: ToolState::Prepared,
+            };
+            store.put_row(Table::ToolOps, &key, &op)?;
+            store.put_row(Table::ToolOrder, &keys::session_u64(&r.session, tip.count), &e.op_id)?;
+            store.put_row(Table::Unsettled, &keys::session_u64(&r.session, r.seq), &e.op_id)?;
+            store.put_row(Table::UnsettledAll, &keys::u64(r.seq), &(r.session, e.op_id.clone()))?;
+            tip.count += 1;
+            store.put_row(Table::ToolTip, &tip_key, &tip)
+        }
+        Event::ToolResultRecorded(e) => {
+            let key = keys::session_str(&r.session, &e.op_id);
+            let mut op: ToolOp = need(r, store.row(Table::ToolOps, &key)?, "tool call")?;
+            if op.state != ToolState::Prepared {
+                return Err(corrupt(r, format!("tool op {} settled twice", e.op_id)));
+            }
+            op.state =
+                ToolState::Settled { outcome: e.outcome, result: e.result, seq: r.seq, at_ms: r.committed_at_ms };
+            store.remove(Table::Unsettled, &keys::session_u64(&r.session, op.call_seq))?;
+            store.remove(Table::UnsettledAll, &keys::u64(op.call_seq))?;
+            store.put_row(Table::ToolOps, &key, &op)
+        }
+        _ => Ok(()),
+    }
+}

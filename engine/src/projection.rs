@@ -1,0 +1,398 @@
+//! Projection rows and the projection catalogue. Every row here is written by
+//! [`crate::evolve`] and nothing else.
+
+use crate::store::Table;
+use annal_codec::{CommitHash, ContentId, ForkOrigin, Recovery, RevisionId, SessionId, ToolOutcome};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+/// A disposable projection: a set of tables folded from the log by [`crate::evolve`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Projection {
+    /// Session heads.
+    Heads,
+    /// The current transcript of each session.
+    Transcript,
+    /// Revision graphs and fork edges.
+    Graph,
+    /// Pending and applied context appends.
+    Context,
+    /// Turn idempotency records.
+    Turns,
+    /// The usage ledger.
+    Usage,
+    /// The label index for listing.
+    Labels,
+    /// The tool-operation ledger.
+    Tools,
+}
+
+impl Projection {
+    /// Every projection.
+    pub const ALL: [Projection; 8] = [
+        Projection::Heads,
+        Projection::Transcript,
+        Projection::Graph,
+        Projection::Context,
+        Projection::Turns,
+        Projection::Usage,
+        Projection::Labels,
+        Projection::Tools,
+    ];
+
+    /// The name used in `meta` and on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            Projection::Heads => "heads",
+            Projection::Transcript => "transcript",
+            Projection::Graph => "graph",
+            Projection::Context => "context",
+            Projection::Turns => "turns",
+            Projection::Usage => "usage",
+            Projection::Labels => "labels",
+            Projection::Tools => "tools",
+        }
+    }
+
+    /// The projection with this name.
+    pub fn from_name(name: &str) -> Option<Projection> {
+        Projection::ALL.into_iter().find(|p| p.name() == name)
+    }
+
+    /// The fold version. Bump it when the projection's code changes: a database whose
+    /// stored version differs rebuilds the projection at open.
+    pub fn version(self) -> u32 {
+        1
+    }
+
+    /// The tables this projection owns.
+    pub fn tables(self) -> &'static [Table] {
+        match self {
+            Projection::Heads => &[Table::Heads],
+            Projection::Transcript => &[Table::Transcript, Table::TranscriptTip],
+            Projection::Graph => {
+                &[Table::Revisions, Table::RevisionOrder, Table::RevisionEdges, Table::Forks, Table::GraphTip]
+            }
+            Projection::Context => &[Table::Context],
+            Projection::Turns => &[Table::Turns],
+            Projection::Usage => &[Table::Usage],
+            Projection::Labels => &[Table::LabelSessions, Table::LabelIndex, Table::CreationOrder],
+            Projection::Tools => {
+                &[Table::ToolOps, Table::ToolOrder, Table::Unsettled, Table::UnsettledAll, Table::ToolTip]
+            }
+        }
+    }
+
+    fn bit(self) -> u16 {
+        1 << (self as u16)
+    }
+}
+
+/// A set of projections, for folding or rebuilding some of them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ProjectionSet(u16);
+
+impl ProjectionSet {
+    /// Every projection.
+    pub fn all() -> ProjectionSet {
+        ProjectionSet(Projection::ALL.iter().fold(0, |m, p| m | p.bit()))
+    }
+
+    /// No projection.
+    pub fn none() -> ProjectionSet {
+        ProjectionSet(0)
+    }
+
+    /// This set plus `p`.
+    pub fn with(self, p: Projection) -> ProjectionSet {
+        ProjectionSet(self.0 | p.bit())
+    }
+
+    /// Whether `p` is in the set.
+    pub fn contains(self, p: Projection) -> bool {
+        self.0 & p.bit() != 0
+    }
+
+    /// The members, in catalogue order.
+    pub fn iter(self) -> impl Iterator<Item = Projection> {
+        Projection::ALL.into_iter().filter(move |p| self.contains(*p))
+    }
+}
+
+impl FromIterator<Projection> for ProjectionSet {
+    fn from_iter<I: IntoIterator<Item = Projection>>(iter: I) -> Self {
+        iter.into_iter().fold(ProjectionSet::none(), ProjectionSet::with)
+    }
+}
+
+/// The head of a session.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SessionHead {
+    /// The session.
+    pub session: SessionId,
+    /// Current revision.
+    pub revision: RevisionId,
+    /// Messages in the current transcript.
+    pub message_count: u64,
+    /// Whether archived.
+    pub archived: bool,
+    /// Labels.
+    pub labels: BTreeMap<String, String>,
+    /// Host metadata.
+    #[serde(with = "serde_bytes")]
+    pub metadata: Vec<u8>,
+    /// Set for forks.
+    pub forked_from: Option<ForkOrigin>,
+    /// Seq of the creating event.
+    pub created_seq: u64,
+    /// Creation time, unix ms.
+    pub created_at_ms: u64,
+    /// Seq of the latest event.
+    pub last_seq: u64,
+    /// Stream seq of the latest event (events in the session).
+    pub stream_seq: u64,
+    /// Time of the latest event, unix ms.
+    pub updated_at_ms: u64,
+}
+
+/// One row of the current transcript.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TranscriptRow {
+    /// The message's content id.
+    pub content: ContentId,
+    /// The chain value `c(position + 1)`.
+    pub chain: RevisionId,
+}
+
+/// Length and revision of a session's current transcript.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TranscriptTip {
+    /// Messages.
+    pub len: u64,
+    /// Chain value over all of them.
+    pub revision: RevisionId,
+}
+
+/// How a revision node first came to be.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum NodeOrigin {
+    /// The session was created (possibly as a fork).
+    Created,
+    /// A turn appended messages.
+    Turn {
+        /// The turn id.
+        turn_id: String,
+    },
+    /// A rewrite or restore.
+    Rewrite {
+        /// `edit`, `compaction`, `redaction` or `restore`.
+        kind: String,
+        /// Note.
+        note: String,
+        /// Actor.
+        actor: String,
+    },
+}
+
+/// How to rebuild a revision's message list from earlier ones.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Recipe {
+    /// The first revision of a session: the fork prefix (if any) plus messages.
+    Root {
+        /// Fork origin.
+        fork: Option<ForkOrigin>,
+        /// Messages after the prefix.
+        messages: Vec<ContentId>,
+    },
+    /// The parent revision with `start..end` replaced (a turn is a splice at the end).
+    Splice {
+        /// The parent revision (same session).
+        parent: RevisionId,
+        /// Start.
+        start: u64,
+        /// End.
+        end: u64,
+        /// Replacement.
+        replacement: Vec<ContentId>,
+    },
+}
+
+/// A node of a session's revision graph.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RevisionNode {
+    /// The revision.
+    pub revision: RevisionId,
+    /// Order of first appearance in the session, from 0.
+    pub ordinal: u64,
+    /// Every revision an edge came from (none for the first).
+    pub parents: Vec<RevisionId>,
+    /// How it first came to be.
+    pub origin: NodeOrigin,
+    /// Seq of the event that first produced it.
+    pub seq: u64,
+    /// Messages.
+    pub message_count: u64,
+    /// When first produced, unix ms.
+    pub created_at_ms: u64,
+    /// How to materialize it.
+    pub recipe: Recipe,
+}
+
+/// A transition of a session's head.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RevisionEdge {
+    /// The event.
+    pub seq: u64,
+    /// The previous head (none at creation).
+    pub from: Option<RevisionId>,
+    /// The new head.
+    pub to: RevisionId,
+    /// What happened.
+    pub origin: NodeOrigin,
+    /// When, unix ms.
+    pub at_ms: u64,
+}
+
+/// A fork, stored under its parent.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ForkEdge {
+    /// The fork.
+    pub child: SessionId,
+    /// Parent revision at the fork.
+    pub revision: RevisionId,
+    /// Prefix length taken.
+    pub message_count: u64,
+    /// The fork's creating event.
+    pub seq: u64,
+}
+
+/// The graph's head marker for a session.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GraphTip {
+    /// Current head.
+    pub head: RevisionId,
+    /// Nodes so far.
+    pub nodes: u64,
+    /// Messages at the head.
+    pub len: u64,
+}
+
+/// Whether a context entry has been applied.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ContextState {
+    /// Waiting for a turn.
+    Pending,
+    /// Applied by a turn.
+    Applied {
+        /// The turn's event.
+        seq: u64,
+        /// The turn id.
+        turn_id: String,
+    },
+}
+
+/// A staged context append.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ContextEntry {
+    /// The key.
+    pub key: String,
+    /// The content.
+    pub content: ContentId,
+    /// Where from.
+    pub source: String,
+    /// The append event.
+    pub appended_seq: u64,
+    /// Pending or applied.
+    pub state: ContextState,
+}
+
+/// The idempotency record of a committed turn.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TurnRecord {
+    /// The turn's commit hash.
+    pub commit_hash: CommitHash,
+    /// Its receipt.
+    pub receipt: crate::command::Receipt,
+}
+
+/// Usage totals for one (provider, model).
+#[derive(Clone, Debug, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct UsageTotals {
+    /// Provider.
+    pub provider: String,
+    /// Model.
+    pub model: String,
+    /// Input tokens.
+    pub input: u64,
+    /// Output tokens.
+    pub output: u64,
+    /// Cache reads.
+    pub cache_read: u64,
+    /// Cache writes.
+    pub cache_write: u64,
+    /// Turns that reported usage for this model.
+    pub turns: u64,
+}
+
+/// The label projection's copy of a session's labels.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LabelSession {
+    /// Seq of the creating event (the listing order).
+    pub created_seq: u64,
+    /// Current labels.
+    pub labels: BTreeMap<String, String>,
+}
+
+/// The state of a tool operation.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ToolState {
+    /// Called, no result yet: on the unsettled list.
+    Prepared,
+    /// A result was recorded.
+    Settled {
+        /// How it ended.
+        outcome: ToolOutcome,
+        /// Result content.
+        result: ContentId,
+        /// The result event.
+        seq: u64,
+        /// When, unix ms.
+        at_ms: u64,
+    },
+}
+
+/// One tool operation in the ledger.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ToolOp {
+    /// The session.
+    pub session: SessionId,
+    /// Operation id.
+    pub op_id: String,
+    /// Order recorded in the session, from 0.
+    pub ordinal: u64,
+    /// Provider call id.
+    pub call_id: String,
+    /// Tool name.
+    pub tool_name: String,
+    /// Arguments.
+    pub args: ContentId,
+    /// Parent operation.
+    pub parent_op: Option<String>,
+    /// Turn.
+    pub turn_id: Option<String>,
+    /// Recovery policy.
+    pub recovery: Recovery,
+    /// The call event.
+    pub call_seq: u64,
+    /// When called, unix ms.
+    pub called_at_ms: u64,
+    /// Prepared or settled.
+    pub state: ToolState,
+}
+
+/// Tool ops recorded in a session so far.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct ToolTip {
+    /// Count.
+    pub count: u64,
+}

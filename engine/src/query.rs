@@ -1,0 +1,716 @@
+//! Read-side queries over a redb read transaction. Reads never block writes or each
+//! other (MVCC) and see one consistent snapshot.
+
+use crate::decide::materialize;
+use crate::error::{Error, Limit, Location, Rejection, Result};
+use crate::limits::Limits;
+use crate::projection::*;
+use crate::store::{decode_row, keys, StoreExt, Table};
+use crate::tables::{self, ReadStore, CONTENT, LOG, SESSION_LOG};
+use annal_codec::*;
+use redb::{ReadTransaction, ReadableTable};
+
+/// Which slice of a list to return.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PageRequest {
+    /// Items to skip (clamped to the list's length).
+    pub offset: u64,
+    /// Items to return at most (at most `page_items_max`).
+    pub limit: u64,
+}
+
+impl PageRequest {
+    /// `limit` items from `offset`.
+    pub fn new(offset: u64, limit: u64) -> PageRequest {
+        PageRequest { offset, limit }
+    }
+
+    /// The first `limit` items.
+    pub fn first(limit: u64) -> PageRequest {
+        PageRequest { offset: 0, limit }
+    }
+}
+
+/// A page of a list.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Page<T> {
+    /// The items.
+    pub items: Vec<T>,
+    /// The offset used (clamped).
+    pub offset: u64,
+    /// The limit asked for (echoed).
+    pub limit: u64,
+    /// Whether more items follow.
+    pub has_more: bool,
+}
+
+/// Filter and page for listing sessions.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ListQuery {
+    /// Every label must match exactly (AND).
+    pub labels: Vec<(String, String)>,
+    /// Include archived sessions.
+    pub include_archived: bool,
+    /// Matches to skip.
+    pub offset: u64,
+    /// Matches to return at most; 0 means `page_items_max`.
+    pub limit: u64,
+}
+
+impl ListQuery {
+    /// Every live session, first page of 100.
+    pub fn new() -> ListQuery {
+        ListQuery { limit: 100, ..ListQuery::default() }
+    }
+
+    /// Adds a label filter.
+    pub fn label(mut self, key: impl Into<String>, value: impl Into<String>) -> ListQuery {
+        self.labels.push((key.into(), value.into()));
+        self
+    }
+
+    /// Includes archived sessions.
+    pub fn include_archived(mut self) -> ListQuery {
+        self.include_archived = true;
+        self
+    }
+
+    /// Sets offset and limit.
+    pub fn page(mut self, offset: u64, limit: u64) -> ListQuery {
+        self.offset = offset;
+        self.limit = limit;
+        self
+    }
+}
+
+/// A message read back from a transcript.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StoredMessage {
+    /// Position in the transcript, from 0.
+    pub position: u64,
+    /// Content id of the message object.
+    pub content_id: ContentId,
+    /// Chain value through this message.
+    pub chain: RevisionId,
+    /// The decoded message.
+    pub message: MessageObject,
+}
+
+/// A page of a transcript.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TranscriptPage {
+    /// The session.
+    pub session: SessionId,
+    /// The revision read.
+    pub revision: RevisionId,
+    /// Messages in that revision.
+    pub total: u64,
+    /// Offset used (clamped to `total`).
+    pub offset: u64,
+    /// Limit asked for (echoed).
+    pub limit: u64,
+    /// The messages.
+    pub messages: Vec<StoredMessage>,
+    /// Whether messages follow this page.
+    pub has_more: bool,
+}
+
+/// A page of a session's revisions, oldest first.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RevisionPage {
+    /// The current head (always reported).
+    pub head: RevisionId,
+    /// Distinct revisions the session has held.
+    pub total: u64,
+    /// The nodes.
+    pub page: Page<RevisionNode>,
+}
+
+/// A session's whole revision graph, with forks in and out.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RevisionGraph {
+    /// The session.
+    pub session: SessionId,
+    /// Current head.
+    pub head: RevisionId,
+    /// Nodes, oldest first.
+    pub nodes: Vec<RevisionNode>,
+    /// Head transitions, in commit order.
+    pub edges: Vec<RevisionEdge>,
+    /// Sessions forked from this one.
+    pub forks: Vec<ForkEdge>,
+    /// Where this session was forked from.
+    pub forked_from: Option<ForkOrigin>,
+}
+
+/// A log record as read back.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StoredEvent {
+    /// The record.
+    pub record: Record,
+    /// Encoded size in bytes.
+    pub size: u64,
+    /// Schema version found on disk.
+    pub schema_version: u16,
+    /// `h(seq)`.
+    pub chain_hash: ChainHash,
+}
+
+/// Which events to read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EventQuery {
+    /// First global seq (1-based).
+    pub from_seq: u64,
+    /// Events at most.
+    pub max_events: u64,
+    /// Bytes at most. A single record over it is `OversizedRecord`.
+    pub max_bytes: u64,
+}
+
+/// A page of events.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EventPage {
+    /// The events, in seq order.
+    pub events: Vec<StoredEvent>,
+    /// Where the next page starts.
+    pub next_seq: u64,
+    /// Whether events follow.
+    pub has_more: bool,
+}
+
+fn check_page(limits: &Limits, limit: u64) -> Result<()> {
+    Ok(limits.check(Limit::PageItems, limit)?)
+}
+
+fn prefix_rows(
+    store: &ReadStore<'_>,
+    table: Table,
+    prefix: &[u8],
+    mut f: impl FnMut(&[u8], &[u8]) -> Result<bool>,
+) -> Result<()> {
+    for entry in store.table(table)?.range(prefix..)? {
+        let (k, v) = entry?;
+        if !k.value().starts_with(prefix) {
+            break;
+        }
+        if !f(k.value(), v.value())? {
+            break;
+        }
+    }
+    Ok(())
+}
+
+fn head_of(store: &ReadStore<'_>, session: &SessionId) -> Result<SessionHead> {
+    store.row(Table::Heads, &keys::session(session))?.ok_or(Error::Rejected(Rejection::NotFound { session: *session }))
+}
+
+/// The head of `session`, if it exists.
+pub fn head(txn: &ReadTransaction, session: &SessionId) -> Result<Option<SessionHead>> {
+    ReadStore::new(txn).row(Table::Heads, &keys::session(session))
+}
+
+/// Lists sessions in creation order.
+pub fn list_sessions(txn: &ReadTransaction, limits: &Limits, q: &ListQuery) -> Result<Page<SessionHead>> {
+    let limit = if q.limit == 0 { limits.page_items_max } else { q.limit };
+    check_page(limits, limit)?;
+    let store = ReadStore::new(txn);
+    let mut items = Vec::new();
+    let mut skipped = 0u64;
+    let mut has_more = false;
+    let mut consider = |session: SessionId| -> Result<bool> {
+        let head = head_of(&store, &session)?;
+        if head.archived && !q.include_archived {
+            return Ok(true);
+        }
+        if !q.labels.iter().all(|(k, v)| head.labels.get(k) == Some(v)) {
+            return Ok(true);
+        }
+        if skipped < q.offset {
+            skipped += 1;
+            return Ok(true);
+        }
+        if items.len() as u64 == limit {
+            has_more = true;
+            return Ok(false);
+        }
+        items.push(head);
+        Ok(true)
+    };
+    match q.labels.first() {
+        None => {
+            for entry in store.table(Table::CreationOrder)?.iter()? {
+                let (k, v) = entry?;
+                let session: SessionId = decode_row(Table::CreationOrder, k.value(), v.value())?;
+                if !consider(session)? {
+                    break;
+                }
+            }
+        }
+        Some((k, v)) => {
+            let prefix = keys::label_prefix(k, v);
+            prefix_rows(&store, Table::LabelIndex, &prefix, |key, _| {
+                let tail = &key[prefix.len()..];
+                if tail.len() != 24 {
+                    return Err(Error::corrupt(
+                        Location::Projection { table: Table::LabelIndex.name(), key: crate::store::hex(key) },
+                        "bad index key",
+                    ));
+                }
+                let mut s = [0u8; 16];
+                s.copy_from_slice(&tail[8..]);
+                consider(SessionId(s))
+            })?;
+        }
+    }
+    Ok(Page { items, offset: q.offset, limit, has_more })
+}
+
+fn load_message(
+    content: &impl ReadableTable<[u8; 32], &'static [u8]>,
+    limits: &Limits,
+    id: &ContentId,
+) -> Result<MessageObject> {
+    let bytes = tables::read_content(content, id)?
+        .ok_or_else(|| Error::corrupt(Location::Content { id: id.to_hex() }, "missing content object"))?;
+    decode_message(&bytes, limits.content_bytes_max.saturating_add(1024))
+        .map_err(|e| Error::corrupt(Location::Content { id: id.to_hex() }, format!("not a message: {e}")))
+}
+
+/// Loads the messages of `rows` (position, content id, chain) into `page`, stopping at
+/// the byte budget (the first message always fits: content objects are smaller).
+fn fill_page(
+    txn: &ReadTransaction,
+    limits: &Limits,
+    mut page: TranscriptPage,
+    rows: Vec<(u64, ContentId, RevisionId)>,
+) -> Result<TranscriptPage> {
+    let content = txn.open_table(CONTENT)?;
+    let mut bytes = 0u64;
+    for (position, content_id, chain) in rows {
+        let message = load_message(&content, limits, &content_id)?;
+        let size = message.body.len() as u64;
+        if !page.messages.is_empty() && bytes + size > limits.page_bytes_max {
+            break;
+        }
+        bytes += size;
+        page.messages.push(StoredMessage { position, content_id, chain, message });
+    }
+    page.has_more = page.offset + (page.messages.len() as u64) < page.total;
+    Ok(page)
+}
+
+fn empty_page(session: SessionId, revision: RevisionId, total: u64, offset: u64, limit: u64) -> TranscriptPage {
+    TranscriptPage { session, revision, total, offset, limit, messages: Vec::new(), has_more: false }
+}
+
+/// A page of the current transcript of `session`.
+pub fn transcript(
+    txn: &ReadTransaction,
+    limits: &Limits,
+    session: &SessionId,
+    page: PageRequest,
+) -> Result<TranscriptPage> {
+    check_page(limits, page.limit)?;
+    let store = ReadStore::new(txn);
+    let head = head_of(&store, session)?;
+    let total = head.message_count;
+    let from = page.offset.min(total);
+    let to = from.saturating_add(page.limit).min(total);
+    let mut rows = Vec::with_capacity((to - from) as usize);
+    for position in from..to {
+        let key = keys::session_u64(session, position);
+        let row: TranscriptRow = store.row(Table::Transcript, &key)?.ok_or_else(|| {
+            Error::corrupt(
+                Location::Projection { table: Table::Transcript.name(), key: crate::store::hex(&key) },
+                "missing row",
+            )
+        })?;
+        rows.push((position, row.content, row.chain));
+    }
+    fill_page(txn, limits, empty_page(*session, head.revision, total, from, page.limit), rows)
+}
+
+/// A page of any revision `session` has held.
+pub fn transcript_at(
+    txn: &ReadTransaction,
+    limits: &Limits,
+    session: &SessionId,
+    revision: &RevisionId,
+    page: PageRequest,
+) -> Result<TranscriptPage> {
+    check_page(limits, page.limit)?;
+    let store = ReadStore::new(txn);
+    let head = head_of(&store, session)?;
+    if head.revision == *revision {
+        return transcript(txn, limits, session, page);
+    }
+    let ids = materialize(&store, session, revision)?
+        .ok_or(Error::Rejected(Rejection::UnknownRevision { revision: *revision }))?;
+    let total = ids.len() as u64;
+    let from = page.offset.min(total);
+    let to = from.saturating_add(page.limit).min(total);
+    let mut chain = RevisionId::empty().extend_all(&ids[..from as usize]);
+    let rows = (from..to)
+        .map(|p| {
+            let id = ids[p as usize];
+            chain = chain.extend(&id);
+            (p, id, chain)
+        })
+        .collect();
+    fill_page(txn, limits, empty_page(*session, *revision, total, from, page.limit), rows)
+}
+
+/// The revisions of `session`, oldest first.
+pub fn revisions(
+    txn: &ReadTransaction,
+    limits: &Limits,
+    session: &SessionId,
+    page: PageRequest,
+) -> Result<RevisionPage> {
+    check_page(limits, page.limit)?;
+    let store = ReadStore::new(txn);
+    head_of(&store, session)?;
+    let tip: GraphTip = store.row(Table::GraphTip, &keys::session(session))?.ok_or_else(|| {
+        Error::corrupt(
+            Location::Projection { table: Table::GraphTip.name(), key: session.to_string() },
+            "missing graph",
+        )
+    })?;
+    let offset = page.offset.min(tip.nodes);
+    let mut items = Vec::new();
+    for ordinal in offset..tip.nodes.min(offset.saturating_add(page.limit)) {
+        items.push(node_at(&store, session, ordinal)?);
+    }
+    let has_more = offset + (items.len() as u64) < tip.nodes;
+    Ok(RevisionPage { head: tip.head, total: tip.nodes, page: Page { items, offset, limit: page.limit, has_more } })
+}
+
+fn node_at(store: &ReadStore<'_>, session: &SessionId, ordinal: u64) -> Result<RevisionNode> {
+    let key = keys::session_u64(session, ordinal);
+    let missing = || {
+        Error::corrupt(
+            Location::Projection { table: Table::RevisionOrder.name(), key: crate::store::hex(&key) },
+            "missing node",
+        )
+    };
+    let rev: RevisionId = store.row(Table::RevisionOrder, &key)?.ok_or_else(missing)?;
+    store.row(Table::Revisions, &keys::session_rev(session, &rev))?.ok_or_else(missing)
+}
+
+/// The whole revision graph of `session`.
+pub fn graph(txn: &ReadTransaction, session: &SessionId) -> Result<RevisionGraph> {
+    let store = ReadStore::new(txn);
+    let head = head_of(&store, session)?;
+    let prefix = keys::session(session);
+    let mut nodes = Vec::new();
+    prefix_rows(&store, Table::RevisionOrder, &prefix, |_, v| {
+        let rev: RevisionId = decode_row(Table::RevisionOrder, &prefix, v)?;
+        let node = store.row(Table::Revisions, &keys::session_rev(session, &rev))?;
+        nodes.push(node.ok_or_else(|| {
+            Error::corrupt(Location::Projection { table: Table::Revisions.name(), key: rev.to_hex() }, "missing node")
+        })?);
+        Ok(true)
+    })?;
+    let mut edges = Vec::new();
+    prefix_rows(&store, Table::RevisionEdges, &prefix, |k, v| {
+        edges.push(decode_row(Table::RevisionEdges, k, v)?);
+        Ok(true)
+    })?;
+    let mut forks = Vec::new();
+    prefix_rows(&store, Table::Forks, &prefix, |k, v| {
+        forks.push(decode_row(Table::Forks, k, v)?);
+        Ok(true)
+    })?;
+    Ok(RevisionGraph { session: *session, head: head.revision, nodes, edges, forks, forked_from: head.forked_from })
+}
+
+/// Every context entry of `session`, pending and applied, in key order.
+pub fn context(txn: &ReadTransaction, session: &SessionId) -> Result<Vec<ContextEntry>> {
+    let store = ReadStore::new(txn);
+    head_of(&store, session)?;
+    let mut out = Vec::new();
+    prefix_rows(&store, Table::Context, &keys::session(session), |k, v| {
+        out.push(decode_row(Table::Context, k, v)?);
+        Ok(true)
+    })?;
+    Ok(out)
+}
+
+/// Usage totals of `session` per (provider, model).
+pub fn usage(txn: &ReadTransaction, session: &SessionId) -> Result<Vec<UsageTotals>> {
+    let store = ReadStore::new(txn);
+    head_of(&store, session)?;
+    let mut out: Vec<UsageTotals> = Vec::new();
+    prefix_rows(&store, Table::Usage, &keys::session(session), |k, v| {
+        out.push(decode_row(Table::Usage, k, v)?);
+        Ok(true)
+    })?;
+    out.sort_by(|a, b| (&a.provider, &a.model).cmp(&(&b.provider, &b.model)));
+    Ok(out)
+}
+
+/// One tool operation.
+pub fn tool_op(txn: &ReadTransaction, session: &SessionId, op_id: &str) -> Result<Option<ToolOp>> {
+    let store = ReadStore::new(txn);
+    head_of(&store, session)?;
+    store.row(Table::ToolOps, &keys::session_str(session, op_id))
+}
+
+fn op_by_id(store: &ReadStore<'_>, session: &SessionId, op_id: &str) -> Result<ToolOp> {
+    store.row(Table::ToolOps, &keys::session_str(session, op_id))?.ok_or_else(|| {
+        Error::corrupt(
+            Location::Projection { table: Table::ToolOps.name(), key: op_id.to_string() },
+            "index refers to a missing op",
+        )
+    })
+}
+
+/// Unsettled operations of `session`, in call order.
+pub fn unsettled(txn: &ReadTransaction, session: &SessionId) -> Result<Vec<ToolOp>> {
+    let store = ReadStore::new(txn);
+    head_of(&store, session)?;
+    let mut ids = Vec::new();
+    prefix_rows(&store, Table::Unsettled, &keys::session(session), |k, v| {
+        ids.push(decode_row::<String>(Table::Unsettled, k, v)?);
+        Ok(true)
+    })?;
+    ids.iter().map(|id| op_by_id(&store, session, id)).collect()
+}
+
+/// Unsettled operations across all sessions, in call order.
+pub fn unsettled_all(txn: &ReadTransaction, limits: &Limits, page: PageRequest) -> Result<Page<ToolOp>> {
+    check_page(limits, page.limit)?;
+    let store = ReadStore::new(txn);
+    let mut items = Vec::new();
+    let mut has_more = false;
+    for (i, entry) in store.table(Table::UnsettledAll)?.iter()?.enumerate() {
+        let (k, v) = entry?;
+        if (i as u64) < page.offset {
+            continue;
+        }
+        if items.len() as u64 == page.limit {
+            has_more = true;
+            break;
+        }
+        let (session, op_id): (SessionId, String) = decode_row(Table::UnsettledAll, k.value(), v.value())?;
+        items.push(op_by_id(&store, &session, &op_id)?);
+    }
+    Ok(Page { items, offset: page.offset, limit: page.limit, has_more })
+}
+
+/// Tool operations of `session` in the order recorded, nested ones included.
+pub fn tool_ops(
+    txn: &ReadTransaction,
+    limits: &Limits,
+    session: &SessionId,
+    page: PageRequest,
+) -> Result<Page<ToolOp>> {
+    check_page(limits, page.limit)?;
+    let store = ReadStore::new(txn);
+    head_of(&store, session)?;
+    let count = store.row::<ToolTip>(Table::ToolTip, &keys::session(session))?.unwrap_or_default().count;
+    let offset = page.offset.min(count);
+    let mut items = Vec::new();
+    for ordinal in offset..count.min(offset.saturating_add(page.limit)) {
+        let key = keys::session_u64(session, ordinal);
+        let op_id: String = store.row(Table::ToolOrder, &key)?.ok_or_else(|| {
+            Error::corrupt(
+                Location::Projection { table: Table::ToolOrder.name(), key: crate::store::hex(&key) },
+                "missing op",
+            )
+        })?;
+        items.push(op_by_id(&store, session, &op_id)?);
+    }
+    let has_more = offset + (items.len() as u64) < count;
+    Ok(Page { items, offset, limit: page.limit, has_more })
+}
+
+/// Reads one record and verifies its chain link from `prev`.
+fn read_event(
+    log: &impl ReadableTable<u64, &'static [u8]>,
+    chain: &LogChain,
+    limits: &Limits,
+    seq: u64,
+    prev: &ChainHash,
+) -> Result<Option<StoredEvent>> {
+    let Some(guard) = log.get(seq)? else {
+        return Ok(None);
+    };
+    let bytes = guard.value();
+    let chain_hash = verify_chain(bytes, prev, chain, seq).map_err(|source| Error::Decode { seq, source })?;
+    let decoded = decode_record(bytes, limits.record_bytes_max).map_err(|source| Error::Decode { seq, source })?;
+    if decoded.record.seq != seq {
+        return Err(Error::corrupt(Location::Log { seq }, "record seq differs from its key"));
+    }
+    Ok(Some(StoredEvent {
+        record: decoded.record,
+        size: bytes.len() as u64,
+        schema_version: decoded.schema_version,
+        chain_hash,
+    }))
+}
+
+fn prev_hash(log: &impl ReadableTable<u64, &'static [u8]>, chain: &LogChain, seq: u64) -> Result<ChainHash> {
+    if seq <= 1 {
+        return Ok(chain.genesis());
+    }
+    let prev = seq - 1;
+    match log.get(prev)? {
+        Some(g) => {
+            stored_chain_hash(g.value()).ok_or_else(|| Error::corrupt(Location::Log { seq: prev }, "record too short"))
+        }
+        None => Err(Error::corrupt(Location::Log { seq: prev }, "missing record")),
+    }
+}
+
+fn check_event_query(limits: &Limits, q: &EventQuery) -> Result<()> {
+    check_page(limits, q.max_events)?;
+    Ok(limits.check(Limit::PageBytes, q.max_bytes)?)
+}
+
+fn push_event(out: &mut EventPage, bytes: &mut u64, event: StoredEvent, q: &EventQuery) -> Result<bool> {
+    if *bytes + event.size > q.max_bytes {
+        if out.events.is_empty() {
+            return Err(Error::OversizedRecord { seq: event.record.seq, size: event.size, max_bytes: q.max_bytes });
+        }
+        out.has_more = true;
+        return Ok(false);
+    }
+    *bytes += event.size;
+    out.events.push(event);
+    Ok(true)
+}
+
+/// A page of the global log; every record's chain link is verified.
+pub fn events(txn: &ReadTransaction, chain: &LogChain, limits: &Limits, q: &EventQuery) -> Result<EventPage> {
+    check_event_query(limits, q)?;
+    let log = txn.open_table(LOG)?;
+    let from = q.from_seq.max(1);
+    let last = log.last()?.map_or(0, |(k, _)| k.value());
+    let mut prev = prev_hash(&log, chain, from)?;
+    let mut out = EventPage { events: Vec::new(), next_seq: from, has_more: false };
+    let mut bytes = 0;
+    let mut seq = from;
+    while seq <= last && (out.events.len() as u64) < q.max_events {
+        let event = read_event(&log, chain, limits, seq, &prev)?
+            .ok_or_else(|| Error::corrupt(Location::Log { seq }, "missing record"))?;
+        let hash = event.chain_hash;
+        if !push_event(&mut out, &mut bytes, event, q)? {
+            break;
+        }
+        prev = hash;
+        seq += 1;
+    }
+    out.next_seq = seq;
+    out.has_more = out.has_more || seq <= last;
+    Ok(out)
+}
+
+/// A page of one session's events, by stream seq (1-based `from`).
+pub fn session_events(
+    txn: &ReadTransaction,
+    chain: &LogChain,
+    limits: &Limits,
+    session: &SessionId,
+    q: &EventQuery,
+) -> Result<EventPage> {
+    check_event_query(limits, q)?;
+    let log = txn.open_table(LOG)?;
+    let index = txn.open_table(SESSION_LOG)?;
+    let from = q.from_seq.max(1);
+    let mut out = EventPage { events: Vec::new(), next_seq: from, has_more: false };
+    let mut bytes = 0;
+    let mut next = from;
+    for entry in index.range((session.0, from)..=(session.0, u64::MAX))? {
+        let (k, v) = entry?;
+        if (out.events.len() as u64) == q.max_events {
+            out.has_more = true;
+            break;
+        }
+        let (stream_seq, seq) = (k.value().1, v.value());
+        let prev = prev_hash(&log, chain, seq)?;
+        let event = read_event(&log, chain, limits, seq, &prev)?
+            .ok_or_else(|| Error::corrupt(Location::Log { seq }, "missing record"))?;
+        if event.record.session != *session || event.record.stream_seq != stream_seq {
+            return Err(Error::corrupt(
+                Location::SessionLog { session: *session, stream_seq },
+                "index and record disagree",
+            ));
+        }
+        if !push_event(&mut out, &mut bytes, event, q)? {
+            break;
+        }
+        next = stream_seq + 1;
+    }
+    out.next_seq = next;
+    Ok(out)
+}
+
+/// A verified content object.
+pub fn content(txn: &ReadTransaction, id: &ContentId) -> Result<Option<Vec<u8>>> {
+    tables::read_content(&txn.open_table(CONTENT)?, id)
+}
+
+/// Digest of one projection table: row count and blake3 over every key and value.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TableDigest {
+    /// Table name.
+    pub table: &'static str,
+    /// Rows.
+    pub rows: u64,
+    /// blake3 over `len(k) ‖ k ‖ len(v) ‖ v` for every row in key order.
+    pub digest: [u8; 32],
+}
+
+/// Digests of every projection table, for byte-level comparison of two states.
+pub fn projection_digests(txn: &ReadTransaction) -> Result<Vec<TableDigest>> {
+    let store = ReadStore::new(txn);
+    let mut out = Vec::new();
+    for t in Table::ALL {
+        let mut h = RowHasher::default();
+        let mut rows = 0;
+        for entry in store.table(t)?.iter()? {
+            let (k, v) = entry?;
+            h.row(k.value(), v.value());
+            rows += 1;
+        }
+        out.push(TableDigest { table: t.name(), rows, digest: h.finish() });
+    }
+    Ok(out)
+}
+
+/// Digests of the projections held in a [`crate::MemStore`], comparable with
+/// [`projection_digests`].
+pub fn mem_digests(store: &crate::MemStore) -> Vec<TableDigest> {
+    Table::ALL
+        .iter()
+        .map(|t| {
+            let mut h = RowHasher::default();
+            let mut rows = 0;
+            if let Some(rows_map) = store.tables.get(t) {
+                for (k, v) in rows_map {
+                    h.row(k, v);
+                    rows += 1;
+                }
+            }
+            TableDigest { table: t.name(), rows, digest: h.finish() }
+        })
+        .collect()
+}
+
+/// Length-prefixed row hashing, so row boundaries are unambiguous.
+#[derive(Default)]
+struct RowHasher(blake3::Hasher);
+
+impl RowHasher {
+    fn row(&mut self, k: &[u8], v: &[u8]) {
+        self.0.update(&(k.len() as u64).to_le_bytes());
+        self.0.update(k);
+        self.0.update(&(v.len() as u64).to_le_bytes());
+        self.0.update(v);
+    }
+
+    fn finish(self) -> [u8; 32] {
+        *self.0.finalize().as_bytes()
+    }
+}

@@ -1,0 +1,157 @@
+//! The read side: queries over MVCC snapshots. An [`crate::Engine`] reads through its
+//! own `Reader`; [`Reader::open`] opens a database read-only, even beside a live writer
+//! in another process.
+
+use crate::error::Result;
+use crate::limits::Limits;
+use crate::projection::*;
+use crate::query::{self, *};
+use crate::tables::{self, meta_keys, META};
+use annal_codec::{ChainHash, ContentId, LogChain, RevisionId, SessionId};
+use redb::ReadableDatabase;
+use std::path::Path;
+use std::sync::Arc;
+
+/// Read-only access to a database: every query, no writes. Cheap to clone.
+#[derive(Clone)]
+pub struct Reader {
+    db: Arc<dyn ReadableDatabase + Send + Sync>,
+    limits: Limits,
+    chain: LogChain,
+}
+
+impl std::fmt::Debug for Reader {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Reader").finish_non_exhaustive()
+    }
+}
+
+impl Reader {
+    pub(crate) fn new(db: Arc<dyn ReadableDatabase + Send + Sync>, limits: Limits, chain: LogChain) -> Reader {
+        Reader { db, limits, chain }
+    }
+
+    /// Opens `path` read-only. Works while another process has it open for writing
+    /// with the default (durable) options. `chain_key` is needed to verify event pages
+    /// of a keyed database.
+    pub fn open(path: impl AsRef<Path>, limits: Limits, chain_key: Option<[u8; 32]>) -> Result<Reader> {
+        let mut b = redb::Builder::new();
+        b.set_concurrency_mode(redb::ConcurrencyMode::SingleWriter);
+        let db = b.open_read_only(path)?;
+        let chain = chain_key.map_or_else(LogChain::plain, LogChain::keyed);
+        Ok(Reader::new(Arc::new(db), limits, chain))
+    }
+
+    /// A read transaction: one consistent snapshot, for callers that need several reads
+    /// to agree (and for the functions in [`crate::query`]).
+    pub fn snapshot(&self) -> Result<redb::ReadTransaction> {
+        Ok(self.db.begin_read()?)
+    }
+
+    /// The record chain this reader verifies with.
+    pub fn chain(&self) -> &LogChain {
+        &self.chain
+    }
+
+    /// The limits in force.
+    pub fn limits(&self) -> &Limits {
+        &self.limits
+    }
+
+    /// The head of `session`, if it exists.
+    pub fn head(&self, session: SessionId) -> Result<Option<SessionHead>> {
+        query::head(&self.snapshot()?, &session)
+    }
+
+    /// Lists sessions in creation order.
+    pub fn list_sessions(&self, q: &ListQuery) -> Result<Page<SessionHead>> {
+        query::list_sessions(&self.snapshot()?, &self.limits, q)
+    }
+
+    /// A page of the current transcript.
+    pub fn transcript(&self, session: SessionId, page: PageRequest) -> Result<TranscriptPage> {
+        query::transcript(&self.snapshot()?, &self.limits, &session, page)
+    }
+
+    /// A page of any revision the session has held.
+    pub fn transcript_at(&self, session: SessionId, revision: RevisionId, page: PageRequest) -> Result<TranscriptPage> {
+        query::transcript_at(&self.snapshot()?, &self.limits, &session, &revision, page)
+    }
+
+    /// The session's revisions, oldest first, with the head.
+    pub fn revisions(&self, session: SessionId, page: PageRequest) -> Result<RevisionPage> {
+        query::revisions(&self.snapshot()?, &self.limits, &session, page)
+    }
+
+    /// The session's whole revision graph.
+    pub fn graph(&self, session: SessionId) -> Result<RevisionGraph> {
+        query::graph(&self.snapshot()?, &session)
+    }
+
+    /// Every context entry of the session.
+    pub fn context(&self, session: SessionId) -> Result<Vec<ContextEntry>> {
+        query::context(&self.snapshot()?, &session)
+    }
+
+    /// Pending context entries of the session.
+    pub fn pending_context(&self, session: SessionId) -> Result<Vec<ContextEntry>> {
+        let mut all = self.context(session)?;
+        all.retain(|e| e.state == ContextState::Pending);
+        Ok(all)
+    }
+
+    /// Usage totals per (provider, model).
+    pub fn usage(&self, session: SessionId) -> Result<Vec<UsageTotals>> {
+        query::usage(&self.snapshot()?, &session)
+    }
+
+    /// One tool operation.
+    pub fn tool_op(&self, session: SessionId, op_id: &str) -> Result<Option<ToolOp>> {
+        query::tool_op(&self.snapshot()?, &session, op_id)
+    }
+
+    /// The session's unsettled tool operations, in call order.
+    pub fn unsettled(&self, session: SessionId) -> Result<Vec<ToolOp>> {
+        query::unsettled(&self.snapshot()?, &session)
+    }
+
+    /// Unsettled tool operations across every session, for crash recovery.
+    pub fn unsettled_all(&self, page: PageRequest) -> Result<Page<ToolOp>> {
+        query::unsettled_all(&self.snapshot()?, &self.limits, page)
+    }
+
+    /// The session's tool operations in the order recorded.
+    pub fn tool_ops(&self, session: SessionId, page: PageRequest) -> Result<Page<ToolOp>> {
+        query::tool_ops(&self.snapshot()?, &self.limits, &session, page)
+    }
+
+    /// A page of the global log, chain-verified.
+    pub fn events(&self, q: EventQuery) -> Result<EventPage> {
+        query::events(&self.snapshot()?, &self.chain, &self.limits, &q)
+    }
+
+    /// A page of one session's events, by stream seq.
+    pub fn session_events(&self, session: SessionId, q: EventQuery) -> Result<EventPage> {
+        query::session_events(&self.snapshot()?, &self.chain, &self.limits, &session, &q)
+    }
+
+    /// A content object, verified against its id.
+    pub fn content(&self, id: ContentId) -> Result<Option<Vec<u8>>> {
+        query::content(&self.snapshot()?, &id)
+    }
+
+    /// The log tip: last seq and `h(seq)`.
+    pub fn tip(&self) -> Result<(u64, ChainHash)> {
+        let txn = self.snapshot()?;
+        let meta = txn.open_table(META)?;
+        match meta.get(meta_keys::TIP)? {
+            Some(g) => tables::decode_tip(g.value()),
+            None => Ok((0, self.chain.genesis())),
+        }
+    }
+
+    /// Digests of every projection table (rows and blake3), to compare states byte for byte.
+    pub fn projection_digests(&self) -> Result<Vec<TableDigest>> {
+        query::projection_digests(&self.snapshot()?)
+    }
+}

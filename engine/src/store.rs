@@ -1,0 +1,333 @@
+//! The abstract store that `decide` reads and `evolve` writes: point reads and writes
+//! over named projection tables. The live writer and the offline rebuild run the fold on
+//! a redb transaction ([`crate::tables::RedbStore`]); unit tests run it on [`MemStore`];
+//! the writer stages each command in an [`Overlay`] so that a rejection writes nothing.
+
+use crate::error::{Error, Location, Result};
+use annal_codec::{wire, SessionId};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use std::collections::BTreeMap;
+
+/// Every projection table. Each is defined once, in [`crate::tables`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Table {
+    /// session → [`crate::SessionHead`]
+    Heads,
+    /// (session, position) → transcript row
+    Transcript,
+    /// session → transcript length and revision
+    TranscriptTip,
+    /// (session, revision) → revision node
+    Revisions,
+    /// (session, ordinal) → revision id
+    RevisionOrder,
+    /// (session, seq) → revision edge
+    RevisionEdges,
+    /// (parent, child) → fork edge
+    Forks,
+    /// session → graph head marker
+    GraphTip,
+    /// (session, key) → context entry
+    Context,
+    /// (session, turn id) → turn record
+    Turns,
+    /// (session, provider, model) → usage totals
+    Usage,
+    /// session → labels and creation seq
+    LabelSessions,
+    /// (key, value, created seq, session) → ()
+    LabelIndex,
+    /// created seq → session
+    CreationOrder,
+    /// (session, op id) → tool operation
+    ToolOps,
+    /// (session, ordinal) → op id
+    ToolOrder,
+    /// (session, call seq) → op id, unsettled only
+    Unsettled,
+    /// call seq → (session, op id), unsettled only
+    UnsettledAll,
+    /// session → tool op count
+    ToolTip,
+}
+
+impl Table {
+    /// Every projection table.
+    pub const ALL: [Table; 19] = [
+        Table::Heads,
+        Table::Transcript,
+        Table::TranscriptTip,
+        Table::Revisions,
+        Table::RevisionOrder,
+        Table::RevisionEdges,
+        Table::Forks,
+        Table::GraphTip,
+        Table::Context,
+        Table::Turns,
+        Table::Usage,
+        Table::LabelSessions,
+        Table::LabelIndex,
+        Table::CreationOrder,
+        Table::ToolOps,
+        Table::ToolOrder,
+        Table::Unsettled,
+        Table::UnsettledAll,
+        Table::ToolTip,
+    ];
+
+    /// The redb table name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Table::Heads => "p.heads",
+            Table::Transcript => "p.transcript",
+            Table::TranscriptTip => "p.transcript_tip",
+            Table::Revisions => "p.revisions",
+            Table::RevisionOrder => "p.revision_order",
+            Table::RevisionEdges => "p.revision_edges",
+            Table::Forks => "p.forks",
+            Table::GraphTip => "p.graph_tip",
+            Table::Context => "p.context",
+            Table::Turns => "p.turns",
+            Table::Usage => "p.usage",
+            Table::LabelSessions => "p.label_sessions",
+            Table::LabelIndex => "p.label_index",
+            Table::CreationOrder => "p.creation_order",
+            Table::ToolOps => "p.tool_ops",
+            Table::ToolOrder => "p.tool_order",
+            Table::Unsettled => "p.unsettled",
+            Table::UnsettledAll => "p.unsettled_all",
+            Table::ToolTip => "p.tool_tip",
+        }
+    }
+
+    /// Position in [`Table::ALL`].
+    pub fn index(self) -> usize {
+        Table::ALL.iter().position(|t| *t == self).unwrap_or(0)
+    }
+}
+
+/// Point access to projection tables plus the per-session stream tip.
+pub trait Store {
+    /// The value at `key`, if any.
+    fn get(&self, table: Table, key: &[u8]) -> Result<Option<Vec<u8>>>;
+    /// Sets `key` to `value`.
+    fn put(&mut self, table: Table, key: &[u8], value: &[u8]) -> Result<()>;
+    /// Removes `key`.
+    fn remove(&mut self, table: Table, key: &[u8]) -> Result<()>;
+}
+
+/// Typed helpers over any [`Store`].
+pub trait StoreExt: Store {
+    /// Reads and decodes a row; a row that does not decode is `Corrupt`.
+    fn row<T: DeserializeOwned>(&self, table: Table, key: &[u8]) -> Result<Option<T>> {
+        match self.get(table, key)? {
+            None => Ok(None),
+            Some(bytes) => decode_row(table, key, &bytes).map(Some),
+        }
+    }
+
+    /// Encodes and writes a row.
+    fn put_row<T: Serialize>(&mut self, table: Table, key: &[u8], value: &T) -> Result<()> {
+        let bytes = encode_row(value)?;
+        self.put(table, key, &bytes)
+    }
+}
+
+impl<S: Store + ?Sized> StoreExt for S {}
+
+/// The size limit for projection rows; rows are small, this only bounds decoding.
+pub(crate) const ROW_BYTES_MAX: u64 = 256 << 20;
+
+/// Encodes a projection row with the canonical wire options.
+pub fn encode_row<T: Serialize>(value: &T) -> Result<Vec<u8>> {
+    wire::to_bytes(value, ROW_BYTES_MAX).map_err(|e| Error::Storage(format!("encode row: {e}")))
+}
+
+/// Decodes a projection row; failure is corruption at that row.
+pub fn decode_row<T: DeserializeOwned>(table: Table, key: &[u8], bytes: &[u8]) -> Result<T> {
+    wire::from_bytes(bytes, ROW_BYTES_MAX)
+        .map_err(|e| Error::corrupt(Location::Projection { table: table.name(), key: hex(key) }, e.to_string()))
+}
+
+pub(crate) fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// An in-memory store: a map per table. Used by unit tests and by `verify --deep`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct MemStore {
+    /// The rows, per table, in key order.
+    pub tables: BTreeMap<Table, BTreeMap<Vec<u8>, Vec<u8>>>,
+}
+
+impl Store for MemStore {
+    fn get(&self, table: Table, key: &[u8]) -> Result<Option<Vec<u8>>> {
+        Ok(self.tables.get(&table).and_then(|t| t.get(key)).cloned())
+    }
+    fn put(&mut self, table: Table, key: &[u8], value: &[u8]) -> Result<()> {
+        self.tables.entry(table).or_default().insert(key.to_vec(), value.to_vec());
+        Ok(())
+    }
+    fn remove(&mut self, table: Table, key: &[u8]) -> Result<()> {
+        if let Some(t) = self.tables.get_mut(&table) {
+            t.remove(key);
+            if t.is_empty() {
+                self.tables.remove(&table);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Buffers writes on top of a base store. Reads see the buffer first. [`Overlay::into_writes`]
+/// hands the writes over to be applied; dropping the overlay discards them.
+pub struct Overlay<'a, S: Store + ?Sized> {
+    base: &'a S,
+    writes: BTreeMap<(Table, Vec<u8>), Option<Vec<u8>>>,
+    streams: BTreeMap<SessionId, u64>,
+}
+
+impl<'a, S: Store + ?Sized> Overlay<'a, S> {
+    /// An empty overlay over `base`.
+    pub fn new(base: &'a S) -> Self {
+        Overlay { base, writes: BTreeMap::new(), streams: BTreeMap::new() }
+    }
+
+    /// The buffered writes, in (table, key) order; `None` is a removal.
+    pub fn into_writes(self) -> BTreeMap<(Table, Vec<u8>), Option<Vec<u8>>> {
+        self.writes
+    }
+
+    /// The stream tip this overlay has assigned for `session`, if any.
+    pub fn stream_tip(&self, session: &SessionId) -> Option<u64> {
+        self.streams.get(session).copied()
+    }
+
+    /// Records that `session`'s stream reached `seq` in this overlay.
+    pub fn set_stream_tip(&mut self, session: SessionId, seq: u64) {
+        self.streams.insert(session, seq);
+    }
+}
+
+impl<S: Store + ?Sized> Store for Overlay<'_, S> {
+    fn get(&self, table: Table, key: &[u8]) -> Result<Option<Vec<u8>>> {
+        match self.writes.get(&(table, key.to_vec())) {
+            Some(v) => Ok(v.clone()),
+            None => self.base.get(table, key),
+        }
+    }
+    fn put(&mut self, table: Table, key: &[u8], value: &[u8]) -> Result<()> {
+        self.writes.insert((table, key.to_vec()), Some(value.to_vec()));
+        Ok(())
+    }
+    fn remove(&mut self, table: Table, key: &[u8]) -> Result<()> {
+        self.writes.insert((table, key.to_vec()), None);
+        Ok(())
+    }
+}
+
+/// Key encodings. Integers are big-endian so byte order is numeric order; a variable
+/// component that is not last carries a u16 big-endian length prefix.
+pub mod keys {
+    use annal_codec::{RevisionId, SessionId};
+
+    /// `session`
+    pub fn session(s: &SessionId) -> Vec<u8> {
+        s.0.to_vec()
+    }
+
+    /// `session ‖ n`
+    pub fn session_u64(s: &SessionId, n: u64) -> Vec<u8> {
+        let mut k = Vec::with_capacity(24);
+        k.extend_from_slice(&s.0);
+        k.extend_from_slice(&n.to_be_bytes());
+        k
+    }
+
+    /// `session ‖ text`
+    pub fn session_str(s: &SessionId, text: &str) -> Vec<u8> {
+        let mut k = Vec::with_capacity(16 + text.len());
+        k.extend_from_slice(&s.0);
+        k.extend_from_slice(text.as_bytes());
+        k
+    }
+
+    /// `session ‖ revision`
+    pub fn session_rev(s: &SessionId, r: &RevisionId) -> Vec<u8> {
+        let mut k = Vec::with_capacity(48);
+        k.extend_from_slice(&s.0);
+        k.extend_from_slice(&r.0);
+        k
+    }
+
+    /// `a ‖ b`
+    pub fn session_pair(a: &SessionId, b: &SessionId) -> Vec<u8> {
+        let mut k = Vec::with_capacity(32);
+        k.extend_from_slice(&a.0);
+        k.extend_from_slice(&b.0);
+        k
+    }
+
+    fn push_str(k: &mut Vec<u8>, s: &str) {
+        let len = u16::try_from(s.len()).unwrap_or(u16::MAX);
+        k.extend_from_slice(&len.to_be_bytes());
+        k.extend_from_slice(&s.as_bytes()[..len as usize]);
+    }
+
+    /// `session ‖ len ‖ provider ‖ model`
+    pub fn usage(s: &SessionId, provider: &str, model: &str) -> Vec<u8> {
+        let mut k = s.0.to_vec();
+        push_str(&mut k, provider);
+        k.extend_from_slice(model.as_bytes());
+        k
+    }
+
+    /// `len ‖ key ‖ len ‖ value`: the prefix of every index row for one label.
+    pub fn label_prefix(key: &str, value: &str) -> Vec<u8> {
+        let mut k = Vec::new();
+        push_str(&mut k, key);
+        push_str(&mut k, value);
+        k
+    }
+
+    /// `len ‖ key ‖ len ‖ value ‖ created_seq ‖ session`
+    pub fn label_index(key: &str, value: &str, created_seq: u64, s: &SessionId) -> Vec<u8> {
+        let mut k = label_prefix(key, value);
+        k.extend_from_slice(&created_seq.to_be_bytes());
+        k.extend_from_slice(&s.0);
+        k
+    }
+
+    /// `n`
+    pub fn u64(n: u64) -> Vec<u8> {
+        n.to_be_bytes().to_vec()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn overlay_reads_its_own_writes_and_leaves_base_alone() {
+        let mut base = MemStore::default();
+        base.put(Table::Heads, b"a", b"1").unwrap();
+        let mut o = Overlay::new(&base);
+        o.put(Table::Heads, b"b", b"2").unwrap();
+        o.remove(Table::Heads, b"a").unwrap();
+        assert_eq!(o.get(Table::Heads, b"a").unwrap(), None);
+        assert_eq!(o.get(Table::Heads, b"b").unwrap(), Some(b"2".to_vec()));
+        let writes = o.into_writes();
+        assert_eq!(writes.len(), 2);
+        assert_eq!(base.get(Table::Heads, b"a").unwrap(), Some(b"1".to_vec()));
+    }
+
+    #[test]
+    fn table_names_are_unique() {
+        let mut names: Vec<_> = Table::ALL.iter().map(|t| t.name()).collect();
+        names.sort();
+        names.dedup();
+        assert_eq!(names.len(), Table::ALL.len());
+    }
+}

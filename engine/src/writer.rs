@@ -1,0 +1,304 @@
+//! The writer thread: group commit.
+//!
+//! Callers send requests over a bounded channel and block on their own reply channel.
+//! The writer drains whatever is queued (up to `batch_commands_max`) into one write
+//! transaction and one fsync. Each command is decided against state that includes the
+//! commands before it, staged in an [`Overlay`], and applied only if accepted, so a
+//! rejection writes nothing. Replies and subscriber notices go out only after the commit
+//! is durable. An I/O error during the commit fails every caller in the batch and
+//! poisons the engine.
+
+use crate::command::{Command, Outcome};
+use crate::decide::{decide, outcome_of, Decision};
+use crate::error::{Error, Limit, Rejection, Result};
+use crate::evolve::evolve;
+use crate::limits::Limits;
+use crate::projection::{Projection, ProjectionSet};
+use crate::rebuild::{rebuild_in, RebuildStats};
+use crate::store::{Overlay, Store};
+use crate::tables::{self, RedbStore, CONTENT, LOG, META, SESSION_LOG};
+use annal_codec::{encode_record, ChainHash, ContentId, LogChain, Record, SessionId};
+use crossbeam_channel::{Receiver, Sender};
+use parking_lot::Mutex;
+use redb::{Database, ReadableDatabase, ReadableTable};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+/// A durable commit, announced to subscribers once per accepted command that wrote.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CommitNotice {
+    /// First global seq written by the command.
+    pub first_seq: u64,
+    /// Last global seq written by the command.
+    pub last_seq: u64,
+    /// Sessions the command wrote to.
+    pub sessions: Vec<SessionId>,
+    /// Commit time, unix ms.
+    pub committed_at_ms: u64,
+}
+
+/// Queue depth of each subscriber; a subscriber that falls this far behind is dropped
+/// (its receiver disconnects) rather than stalling the writer.
+pub const SUBSCRIBER_QUEUE_MAX: usize = 65_536;
+
+pub(crate) struct Shared {
+    pub db: Arc<Database>,
+    pub limits: Limits,
+    pub chain: LogChain,
+    pub durability: redb::Durability,
+    pub poisoned: AtomicBool,
+    pub subscribers: Mutex<Vec<Sender<CommitNotice>>>,
+    pub batch_commands_max: usize,
+}
+
+pub(crate) enum Request {
+    Command { command: Command, reply: Sender<Result<Outcome>> },
+    Rebuild { set: ProjectionSet, reply: Sender<Result<RebuildStats>> },
+}
+
+/// The writer's view of the log tip.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Tip {
+    pub seq: u64,
+    pub hash: ChainHash,
+    pub clock_ms: u64,
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}
+
+pub(crate) fn run(shared: Arc<Shared>, rx: Receiver<Request>, mut tip: Tip) {
+    while let Ok(first) = rx.recv() {
+        let mut commands = Vec::new();
+        let mut pending = Some(first);
+        while let Some(req) = pending.take() {
+            match req {
+                Request::Command { command, reply } => commands.push((command, reply)),
+                Request::Rebuild { set, reply } => {
+                    // Commit what came before, then rebuild alone.
+                    flush(&shared, &mut tip, std::mem::take(&mut commands));
+                    let _ = reply.send(rebuild(&shared, set));
+                }
+            }
+            if commands.len() < shared.batch_commands_max {
+                pending = rx.try_recv().ok();
+            }
+        }
+        flush(&shared, &mut tip, commands);
+    }
+}
+
+fn rebuild(shared: &Shared, set: ProjectionSet) -> Result<RebuildStats> {
+    if shared.poisoned.load(Ordering::Acquire) {
+        return Err(Error::Poisoned);
+    }
+    let result =
+        crate::rebuild::rebuild_db(&shared.db, &shared.chain, shared.limits.record_bytes_max, set, &mut |_, _| {});
+    if matches!(result, Err(Error::Storage(_))) {
+        shared.poisoned.store(true, Ordering::Release);
+    }
+    result
+}
+
+fn flush(shared: &Shared, tip: &mut Tip, batch: Vec<(Command, Sender<Result<Outcome>>)>) {
+    if batch.is_empty() {
+        return;
+    }
+    if shared.poisoned.load(Ordering::Acquire) {
+        for (_, reply) in batch {
+            let _ = reply.send(Err(Error::Poisoned));
+        }
+        return;
+    }
+    let commands: Vec<&Command> = batch.iter().map(|(c, _)| c).collect();
+    match commit_batch(shared, tip, &commands) {
+        Ok((outcomes, notices)) => {
+            for ((_, reply), outcome) in batch.into_iter().zip(outcomes) {
+                let _ = reply.send(outcome);
+            }
+            notify(shared, notices);
+        }
+        Err(e) => {
+            shared.poisoned.store(true, Ordering::Release);
+            for (_, reply) in batch {
+                let _ = reply.send(Err(e.clone()));
+            }
+        }
+    }
+}
+
+fn notify(shared: &Shared, notices: Vec<CommitNotice>) {
+    if notices.is_empty() {
+        return;
+    }
+    let mut subs = shared.subscribers.lock();
+    subs.retain(|s| notices.iter().all(|n| s.try_send(n.clone()).is_ok()));
+}
+
+type Staged = (Vec<Record>, Vec<(ContentId, Vec<u8>)>);
+
+/// Decides and folds one command (or a batch) into `overlay`, sequencing its events.
+fn apply<S: Store + ?Sized>(
+    overlay: &mut Overlay<'_, S>,
+    next_seq: &mut u64,
+    clock_ms: u64,
+    last_stream: &dyn Fn(&SessionId) -> Result<u64>,
+    command: &Command,
+    limits: &Limits,
+    staged: &mut Staged,
+) -> Result<Outcome> {
+    if let Command::Batch(commands) = command {
+        limits.check(Limit::BatchCommands, commands.len() as u64)?;
+        limits.check(Limit::CommandBytes, command.approx_bytes())?;
+        let mut outcomes = Vec::with_capacity(commands.len());
+        for (index, c) in commands.iter().enumerate() {
+            let result = match c {
+                Command::Batch(_) => Err(Error::Rejected(Rejection::InvalidRequest { reason: "nested batch".into() })),
+                c => apply(overlay, next_seq, clock_ms, last_stream, c, limits, staged),
+            };
+            match result {
+                Ok(o) => outcomes.push(o),
+                Err(Error::Rejected(r)) => {
+                    return Err(Error::Rejected(Rejection::Batch { index, rejection: Box::new(r) }));
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        return Ok(Outcome::Batch(outcomes));
+    }
+    match decide(&*overlay, command, limits)? {
+        Decision::Noop(outcome) => Ok(outcome),
+        Decision::Write { session, event, content } => {
+            let stream_seq = match overlay.stream_tip(&session) {
+                Some(s) => s,
+                None => last_stream(&session)?,
+            } + 1;
+            let record = Record { seq: *next_seq, session, stream_seq, committed_at_ms: clock_ms, event };
+            evolve(overlay, &record, ProjectionSet::all())?;
+            overlay.set_stream_tip(session, stream_seq);
+            *next_seq += 1;
+            let outcome = outcome_of(&record);
+            staged.0.push(record);
+            staged.1.extend(content);
+            Ok(outcome)
+        }
+    }
+}
+
+type BatchResult = (Vec<Result<Outcome>>, Vec<CommitNotice>);
+
+fn commit_batch(shared: &Shared, tip: &mut Tip, commands: &[&Command]) -> Result<BatchResult> {
+    let mut txn = shared.db.begin_write()?;
+    txn.set_durability(shared.durability)?;
+    let clock_ms = now_ms().max(tip.clock_ms);
+    let mut next = Tip { clock_ms, ..*tip };
+    let mut outcomes = Vec::with_capacity(commands.len());
+    let mut notices = Vec::new();
+    {
+        let mut store = RedbStore::open(&txn)?;
+        let mut log = txn.open_table(LOG)?;
+        let mut session_log = txn.open_table(SESSION_LOG)?;
+        let mut content = txn.open_table(CONTENT)?;
+        for command in commands {
+            let mut staged: Staged = (Vec::new(), Vec::new());
+            let mut next_seq = next.seq + 1;
+            let result = {
+                let mut overlay = Overlay::new(&store);
+                let last_stream = |s: &SessionId| tables::last_stream_seq(&session_log, s);
+                apply(&mut overlay, &mut next_seq, clock_ms, &last_stream, command, &shared.limits, &mut staged)
+                    .map(|o| (o, overlay.into_writes()))
+            };
+            let (outcome, writes) = match result {
+                Ok(ok) => ok,
+                Err(e @ Error::Storage(_)) => return Err(e),
+                Err(e) => {
+                    outcomes.push(Err(e));
+                    continue;
+                }
+            };
+            for ((table, key), value) in writes {
+                match value {
+                    Some(v) => store.put(table, &key, &v)?,
+                    None => store.remove(table, &key)?,
+                }
+            }
+            let mut sessions = Vec::new();
+            for record in &staged.0 {
+                let (bytes, hash) = encode_record(record, &next.hash, &shared.chain, shared.limits.record_bytes_max)
+                    .map_err(|e| Error::Storage(format!("encode record {}: {e}", record.seq)))?;
+                log.insert(record.seq, bytes.as_slice())?;
+                session_log.insert((record.session.0, record.stream_seq), record.seq)?;
+                next.hash = hash;
+                next.seq = record.seq;
+                if !sessions.contains(&record.session) {
+                    sessions.push(record.session);
+                }
+            }
+            for (id, bytes) in &staged.1 {
+                if content.get(id.0)?.is_none() {
+                    content.insert(id.0, bytes.as_slice())?;
+                }
+            }
+            if let (Some(first), Some(last)) = (staged.0.first(), staged.0.last()) {
+                notices.push(CommitNotice {
+                    first_seq: first.seq,
+                    last_seq: last.seq,
+                    sessions,
+                    committed_at_ms: clock_ms,
+                });
+            }
+            outcomes.push(Ok(outcome));
+        }
+        if next.seq != tip.seq {
+            let mut meta = txn.open_table(META)?;
+            meta.insert(tables::meta_keys::TIP, tables::encode_tip(next.seq, &next.hash).as_slice())?;
+            for p in Projection::ALL {
+                meta.insert(tables::meta_keys::cursor(p).as_str(), next.seq.to_le_bytes().as_slice())?;
+            }
+        }
+    }
+    if next.seq == tip.seq {
+        // Nothing written: no fsync needed.
+        txn.abort()?;
+    } else {
+        txn.commit()?;
+    }
+    *tip = next;
+    Ok((outcomes, notices))
+}
+
+/// Rebuilds inside an open transaction at open time (before the writer runs).
+pub(crate) fn rebuild_at_open(db: &Database, chain: &LogChain, limits: &Limits, set: ProjectionSet) -> Result<()> {
+    let mut txn = db.begin_write()?;
+    txn.set_durability(redb::Durability::Immediate)?;
+    rebuild_in(&txn, chain, limits.record_bytes_max, set, &mut |_, _| {})?;
+    txn.commit()?;
+    Ok(())
+}
+
+/// Reads the log tip and last commit time, checking them against `meta`.
+pub(crate) fn load_tip(db: &Database, chain: &LogChain) -> Result<Tip> {
+    let txn = db.begin_read()?;
+    let meta = txn.open_table(META)?;
+    let log = txn.open_table(LOG)?;
+    let last = log.last()?.map(|(k, v)| (k.value(), v.value().to_vec()));
+    let stored = meta.get(tables::meta_keys::TIP)?.map(|g| tables::decode_tip(g.value())).transpose()?;
+    let tip_location = || crate::error::Location::Meta { key: tables::meta_keys::TIP.into() };
+    match (last, stored) {
+        (None, None) => Ok(Tip { seq: 0, hash: chain.genesis(), clock_ms: 0 }),
+        (Some((last_seq, bytes)), Some((seq, hash))) => {
+            if last_seq != seq || annal_codec::stored_chain_hash(&bytes) != Some(hash) {
+                return Err(Error::corrupt(
+                    tip_location(),
+                    format!("meta tip {seq} does not match the last record {last_seq}"),
+                ));
+            }
+            let header =
+                annal_codec::decode_header(&bytes, u64::MAX).map_err(|source| Error::Decode { seq, source })?;
+            Ok(Tip { seq, hash, clock_ms: header.committed_at_ms })
+        }
+        _ => Err(Error::corrupt(tip_location(), "meta tip and log disagree about emptiness")),
+    }
+}

@@ -1,0 +1,74 @@
+use annal::*;
+
+fn open() -> (tempfile::TempDir, Engine) {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = Engine::open(dir.path().join("db.redb")).unwrap();
+    (dir, engine)
+}
+
+#[test]
+fn end_to_end_smoke() {
+    let (dir, e) = open();
+    let c = e.create_session(CreateSession::new().label("a", "1").message(Message::system("sys"))).unwrap();
+    let s = c.session;
+    e.append_context(AppendContext { session: s, key: "k".into(), content: b"ctx".to_vec(), source: "mem".into() })
+        .unwrap();
+    let mut rev = c.receipt.revision;
+    for i in 0..5 {
+        let t = CommitTurn::new(s, format!("t{i}"), Expected::Exact(rev))
+            .message(Message::user(format!("u{i}")))
+            .message(Message::assistant(format!("a{i}")))
+            .usage("p", "m", 10, 5);
+        let t = if i == 1 { t.apply_context("k") } else { t };
+        rev = e.commit_turn(t).unwrap().receipt().revision;
+    }
+    e.record_tool_call(RecordToolCall {
+        session: s,
+        op_id: "op1".into(),
+        call_id: "c1".into(),
+        tool_name: "bash".into(),
+        args: b"ls".to_vec(),
+        parent_op: None,
+        turn_id: None,
+        recovery: Recovery::ReplaySafe,
+    })
+    .unwrap();
+    assert_eq!(e.unsettled(s).unwrap().len(), 1);
+    let before_compaction = rev;
+    let r = e
+        .rewrite(Rewrite {
+            session: s,
+            expected: rev,
+            start: 0,
+            end: 9,
+            replacement: vec![Message::system("summary")],
+            reason: RewriteReason::Compaction,
+            note: "compact".into(),
+            actor: "host".into(),
+        })
+        .unwrap();
+    assert_eq!(e.head(s).unwrap().unwrap().message_count, 3);
+    let old = e.transcript_at(s, before_compaction, PageRequest::first(100)).unwrap();
+    assert_eq!(old.total, 11);
+    let restored = e
+        .restore(Restore {
+            session: s,
+            expected: r.revision,
+            target: before_compaction,
+            note: "undo".into(),
+            actor: "host".into(),
+        })
+        .unwrap();
+    assert_eq!(restored.revision, before_compaction);
+    let f = e.fork_at(s, 3).unwrap();
+    assert_eq!(e.head(f.session).unwrap().unwrap().message_count, 3);
+    let digests = e.projection_digests().unwrap();
+    e.rebuild(ProjectionSet::all()).unwrap();
+    assert_eq!(digests, e.projection_digests().unwrap());
+    let page = e.events(EventQuery { from_seq: 1, max_events: 100, max_bytes: 1 << 20 }).unwrap();
+    assert_eq!(page.events.len() as u64, e.tip().unwrap().0);
+    e.close().unwrap();
+    let e = Engine::open(dir.path().join("db.redb")).unwrap();
+    assert_eq!(digests, e.projection_digests().unwrap());
+    assert_eq!(e.usage(s).unwrap()[0].input, 50);
+}
