@@ -7,7 +7,7 @@ use crate::projection::*;
 use crate::reader::Reader;
 use crate::rebuild::RebuildStats;
 use crate::tables::{self, meta_keys, META};
-use crate::writer::{self, CommitNotice, Request, Shared, SUBSCRIBER_QUEUE_MAX};
+use crate::writer::{self, CommitNotice, ImportStats, Request, Shared, SUBSCRIBER_QUEUE_MAX};
 use annal_codec::{LogChain, SessionId};
 use crossbeam_channel::{bounded, Receiver, Sender};
 use parking_lot::{Mutex, RwLock};
@@ -350,6 +350,19 @@ impl Engine {
     pub fn rebuild(&self, set: ProjectionSet) -> Result<RebuildStats> {
         let (reply, rx) = bounded(1);
         self.send(Request::Rebuild { set, reply })?;
+        rx.recv().map_err(|_| Error::Closed)?
+    }
+
+    /// Appends records exported from another database (for example by `annal export`)
+    /// exactly as they are: same sequence numbers, stream sequences and timestamps, so
+    /// revision ids and, under the same key, chain hashes are reproduced. `content` holds
+    /// the canonical bytes of every content object the records refer to that this
+    /// database does not hold yet. The first record must follow the current tip. Runs in
+    /// one transaction: on any error nothing is appended
+    /// ([`Rejection::InvalidImport`] names the record).
+    pub fn import(&self, records: Vec<annal_codec::Record>, content: Vec<Vec<u8>>) -> Result<ImportStats> {
+        let (reply, rx) = bounded(1);
+        self.send(Request::Import { records, content, reply })?;
         rx.recv().map_err(|_| Error::Closed)?
     }
 

@@ -184,6 +184,14 @@ pub enum Rejection {
         /// The op id.
         op_id: String,
     },
+    /// A record handed to [`crate::Engine::import`] cannot be appended.
+    #[error("import rejected at seq {seq}: {reason}")]
+    InvalidImport {
+        /// The record's sequence number.
+        seq: u64,
+        /// Why.
+        reason: String,
+    },
     /// A command inside a batch was rejected; nothing in the batch was written.
     #[error("batch command {index} rejected: {rejection}")]
     Batch {

@@ -86,4 +86,4 @@ pub use query::{
 pub use reader::Reader;
 pub use rebuild::RebuildStats;
 pub use store::{MemStore, Overlay, Store, StoreExt, Table};
-pub use writer::{CommitNotice, SUBSCRIBER_QUEUE_MAX};
+pub use writer::{CommitNotice, ImportStats, SUBSCRIBER_QUEUE_MAX};

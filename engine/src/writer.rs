@@ -55,6 +55,18 @@ pub(crate) struct Shared {
 pub(crate) enum Request {
     Command { command: Command, reply: Sender<Result<Outcome>> },
     Rebuild { set: ProjectionSet, reply: Sender<Result<RebuildStats>> },
+    Import { records: Vec<Record>, content: Vec<Vec<u8>>, reply: Sender<Result<ImportStats>> },
+}
+
+/// What an import appended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ImportStats {
+    /// Records appended.
+    pub records: u64,
+    /// New content objects stored.
+    pub content_objects: u64,
+    /// The log tip after the import.
+    pub tip_seq: u64,
 }
 
 /// The writer's view of the log tip.
@@ -80,6 +92,10 @@ pub(crate) fn run(shared: Arc<Shared>, rx: Receiver<Request>, mut tip: Tip) {
                     // Commit what came before, then rebuild alone.
                     flush(&shared, &mut tip, std::mem::take(&mut commands));
                     let _ = reply.send(rebuild(&shared, set));
+                }
+                Request::Import { records, content, reply } => {
+                    flush(&shared, &mut tip, std::mem::take(&mut commands));
+                    let _ = reply.send(import(&shared, &mut tip, records, content));
                 }
             }
             if commands.len() < shared.batch_commands_max {
@@ -301,4 +317,106 @@ pub(crate) fn load_tip(db: &Database, chain: &LogChain) -> Result<Tip> {
         }
         _ => Err(Error::corrupt(tip_location(), "meta tip and log disagree about emptiness")),
     }
+}
+
+fn import_error(seq: u64, reason: impl Into<String>) -> Error {
+    Error::Rejected(Rejection::InvalidImport { seq, reason: reason.into() })
+}
+
+/// Appends exported records as they are, in one transaction: same seqs, stream seqs,
+/// timestamps and so the same chain (under this database's key). Each record must follow
+/// the tip densely, keep the clock monotonic, refer only to content it brings or that is
+/// stored, and fold cleanly (the fold recomputes every `revision_after`). All or nothing.
+fn import(shared: &Shared, tip: &mut Tip, records: Vec<Record>, content: Vec<Vec<u8>>) -> Result<ImportStats> {
+    if shared.poisoned.load(Ordering::Acquire) {
+        return Err(Error::Poisoned);
+    }
+    let result = import_txn(shared, tip, records, content);
+    if matches!(result, Err(Error::Storage(_))) {
+        shared.poisoned.store(true, Ordering::Release);
+    }
+    result
+}
+
+fn import_txn(shared: &Shared, tip: &mut Tip, records: Vec<Record>, content: Vec<Vec<u8>>) -> Result<ImportStats> {
+    let limits = &shared.limits;
+    let offered: std::collections::BTreeMap<ContentId, Vec<u8>> =
+        content.into_iter().map(|bytes| (annal_codec::content_id(&bytes), bytes)).collect();
+    let mut txn = shared.db.begin_write()?;
+    txn.set_durability(shared.durability)?;
+    let mut next = *tip;
+    let mut stored_objects = 0u64;
+    {
+        let mut store = RedbStore::open(&txn)?;
+        let mut log = txn.open_table(LOG)?;
+        let mut session_log = txn.open_table(SESSION_LOG)?;
+        let mut content_table = txn.open_table(CONTENT)?;
+        for record in &records {
+            let seq = record.seq;
+            if seq != next.seq + 1 {
+                return Err(import_error(seq, format!("expected seq {}", next.seq + 1)));
+            }
+            if record.committed_at_ms < next.clock_ms {
+                return Err(import_error(seq, "committed_at goes back in time"));
+            }
+            let last = tables::last_stream_seq(&session_log, &record.session)?;
+            if record.stream_seq != last + 1 {
+                return Err(import_error(seq, format!("expected stream seq {}", last + 1)));
+            }
+            if let annal_codec::Event::TurnCommitted(e) = &record.event {
+                let hash = annal_codec::turn_commit_hash(&e.messages, &e.usage, &e.applied_context, &e.tool_ops);
+                if hash != e.commit_hash {
+                    return Err(import_error(seq, "commit hash does not recompute"));
+                }
+            }
+            for id in record.event.content_refs() {
+                stored_objects += store_offered(&offered, &mut content_table, &id, limits).map_err(|e| match e {
+                    Error::Storage(s) => Error::Storage(s),
+                    other => import_error(seq, other.to_string()),
+                })?;
+            }
+            evolve(&mut store, record, ProjectionSet::all()).map_err(|e| match e {
+                Error::Storage(s) => Error::Storage(s),
+                other => import_error(seq, other.to_string()),
+            })?;
+            let (bytes, hash) = encode_record(record, &next.hash, &shared.chain, limits.record_bytes_max)
+                .map_err(|e| import_error(seq, e.to_string()))?;
+            log.insert(seq, bytes.as_slice())?;
+            session_log.insert((record.session.0, record.stream_seq), seq)?;
+            next = Tip { seq, hash, clock_ms: record.committed_at_ms };
+        }
+        let mut meta = txn.open_table(META)?;
+        meta.insert(tables::meta_keys::TIP, tables::encode_tip(next.seq, &next.hash).as_slice())?;
+        for p in Projection::ALL {
+            meta.insert(tables::meta_keys::cursor(p).as_str(), next.seq.to_le_bytes().as_slice())?;
+        }
+    }
+    txn.commit()?;
+    *tip = next;
+    Ok(ImportStats { records: records.len() as u64, content_objects: stored_objects, tip_seq: next.seq })
+}
+
+/// Makes sure content `id` is stored, taking it from `offered` if needed. Message
+/// objects bring their attachments along. Returns how many objects were written.
+fn store_offered(
+    offered: &std::collections::BTreeMap<ContentId, Vec<u8>>,
+    table: &mut redb::Table<[u8; 32], &[u8]>,
+    id: &ContentId,
+    limits: &Limits,
+) -> Result<u64> {
+    if table.get(id.0)?.is_some() {
+        return Ok(0);
+    }
+    let bytes = offered.get(id).ok_or_else(|| {
+        Error::Rejected(Rejection::InvalidRequest { reason: format!("content {id} is neither offered nor stored") })
+    })?;
+    limits.check(Limit::ContentBytes, bytes.len() as u64)?;
+    table.insert(id.0, bytes.as_slice())?;
+    let mut written = 1;
+    if let Ok(message) = annal_codec::decode_message(bytes, limits.content_bytes_max) {
+        for a in &message.attachments {
+            written += store_offered(offered, table, a, limits)?;
+        }
+    }
+    Ok(written)
 }
