@@ -87,3 +87,7 @@ pub use reader::Reader;
 pub use rebuild::RebuildStats;
 pub use store::{MemStore, Overlay, Store, StoreExt, Table};
 pub use writer::{CommitNotice, ImportStats, SUBSCRIBER_QUEUE_MAX};
+
+#[doc = include_str!("../../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;
