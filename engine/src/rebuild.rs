@@ -3,6 +3,7 @@
 use crate::error::{Error, Location, Result};
 use crate::evolve::evolve;
 use crate::projection::ProjectionSet;
+use crate::store::{apply_writes, Overlay};
 use crate::tables::{self, RedbStore, LOG, META};
 use annal_codec::{decode_record, verify_chain, LogChain};
 use redb::{Durability, ReadableTable, WriteTransaction};
@@ -43,6 +44,10 @@ pub fn rebuild_in(
     let mut store = RedbStore::open(txn)?;
     let mut prev = chain.genesis();
     let (mut events, mut bytes) = (0u64, 0u64);
+    // Fold through a write-back overlay and flush it in key order every
+    // REBUILD_CHUNK_EVENTS events: hot rows (heads, tips) stay in memory and the B-trees
+    // receive sorted inserts.
+    let mut overlay = Overlay::new(&store);
     for entry in log.range(1..)? {
         let (k, v) = entry?;
         let seq = k.value();
@@ -55,13 +60,18 @@ pub fn rebuild_in(
         if decoded.record.seq != seq {
             return Err(Error::corrupt(Location::Log { seq }, "record seq differs from its key"));
         }
-        evolve(&mut store, &decoded.record, set)?;
+        evolve(&mut overlay, &decoded.record, set)?;
         events += 1;
         bytes += raw.len() as u64;
-        if events % 4096 == 0 {
+        if events % REBUILD_CHUNK_EVENTS == 0 {
+            let writes = overlay.into_writes();
+            apply_writes(&mut store, writes)?;
+            overlay = Overlay::new(&store);
             progress(events, total);
         }
     }
+    let writes = overlay.into_writes();
+    apply_writes(&mut store, writes)?;
     progress(events, total);
     drop(store);
     let mut meta = txn.open_table(META)?;
@@ -70,6 +80,9 @@ pub fn rebuild_in(
     }
     Ok(RebuildStats { events, bytes, elapsed: started.elapsed() })
 }
+
+/// Events folded between flushes of the rebuild's write-back overlay.
+pub const REBUILD_CHUNK_EVENTS: u64 = 65_536;
 
 /// Rebuilds `set` in one durable transaction on `db`. Readers keep seeing the old
 /// projections until it commits.

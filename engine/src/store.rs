@@ -184,7 +184,7 @@ impl Store for MemStore {
 /// hands the writes over to be applied; dropping the overlay discards them.
 pub struct Overlay<'a, S: Store + ?Sized> {
     base: &'a S,
-    writes: BTreeMap<(Table, Vec<u8>), Option<Vec<u8>>>,
+    writes: Writes,
     streams: BTreeMap<SessionId, u64>,
 }
 
@@ -195,7 +195,7 @@ impl<'a, S: Store + ?Sized> Overlay<'a, S> {
     }
 
     /// The buffered writes, in (table, key) order; `None` is a removal.
-    pub fn into_writes(self) -> BTreeMap<(Table, Vec<u8>), Option<Vec<u8>>> {
+    pub fn into_writes(self) -> Writes {
         self.writes
     }
 
@@ -225,6 +225,20 @@ impl<S: Store + ?Sized> Store for Overlay<'_, S> {
         self.writes.insert((table, key.to_vec()), None);
         Ok(())
     }
+}
+
+/// Writes buffered by an [`Overlay`], in (table, key) order; `None` is a removal.
+pub type Writes = BTreeMap<(Table, Vec<u8>), Option<Vec<u8>>>;
+
+/// Applies an overlay's writes to `store`, in key order.
+pub fn apply_writes<S: Store + ?Sized>(store: &mut S, writes: Writes) -> Result<()> {
+    for ((table, key), value) in writes {
+        match value {
+            Some(v) => store.put(table, &key, &v)?,
+            None => store.remove(table, &key)?,
+        }
+    }
+    Ok(())
 }
 
 /// Key encodings. Integers are big-endian so byte order is numeric order; a variable

@@ -15,7 +15,7 @@ use crate::evolve::evolve;
 use crate::limits::Limits;
 use crate::projection::{Projection, ProjectionSet};
 use crate::rebuild::{rebuild_in, RebuildStats};
-use crate::store::{Overlay, Store};
+use crate::store::{apply_writes, Overlay, Store};
 use crate::tables::{self, RedbStore, CONTENT, LOG, META, SESSION_LOG};
 use annal_codec::{encode_record, ChainHash, ContentId, LogChain, Record, SessionId};
 use crossbeam_channel::{Receiver, Sender};
@@ -234,12 +234,7 @@ fn commit_batch(shared: &Shared, tip: &mut Tip, commands: &[&Command]) -> Result
                     continue;
                 }
             };
-            for ((table, key), value) in writes {
-                match value {
-                    Some(v) => store.put(table, &key, &v)?,
-                    None => store.remove(table, &key)?,
-                }
-            }
+            apply_writes(&mut store, writes)?;
             let mut sessions = Vec::new();
             for record in &staged.0 {
                 let (bytes, hash) = encode_record(record, &next.hash, &shared.chain, shared.limits.record_bytes_max)
