@@ -1,0 +1,564 @@
+//! Read-only views: `sessions`, `inspect`, `transcript`, `log` and `stats`. Each view is
+//! a value with a human-readable rendering and a JSON form for scripts.
+
+use crate::export::{export_line, for_each_record};
+use crate::{format_time_ms, human_bytes, CliError, Result};
+use annal::codec::decode_header;
+use annal::query::{self, ListQuery, PageRequest};
+use annal::tables::{CONTENT, LOG};
+use annal::{ContentId, ContextState, Event, EventKind, Reader, RevisionId, SessionHead, SessionId, ToolState};
+use redb::{ReadableTable, ReadableTableMetadata};
+use serde_json::{json, Value};
+use std::collections::{BTreeMap, HashMap};
+use std::fmt::Write as _;
+use std::path::Path;
+
+fn labels_text(labels: &BTreeMap<String, String>) -> String {
+    labels.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(",")
+}
+
+fn head_json(h: &SessionHead) -> Value {
+    json!({
+        "session": h.session.to_string(),
+        "revision": h.revision.to_hex(),
+        "message_count": h.message_count,
+        "archived": h.archived,
+        "labels": h.labels,
+        "forked_from": h.forked_from.as_ref().map(|f| json!({
+            "session": f.session.to_string(), "revision": f.revision.to_hex(), "message_count": f.message_count,
+        })),
+        "created_seq": h.created_seq,
+        "created_at_ms": h.created_at_ms,
+        "last_seq": h.last_seq,
+        "events": h.stream_seq,
+        "updated_at_ms": h.updated_at_ms,
+    })
+}
+
+/// Parses `k=v` label filters.
+pub fn parse_labels(pairs: &[String]) -> Result<Vec<(String, String)>> {
+    pairs
+        .iter()
+        .map(|p| match p.split_once('=') {
+            Some((k, v)) if !k.is_empty() => Ok((k.to_string(), v.to_string())),
+            _ => Err(CliError::usage(format!("label filter {p:?} is not KEY=VALUE"))),
+        })
+        .collect()
+}
+
+/// Every session matching the label filters (AND, exact), in creation order.
+pub fn sessions(reader: &Reader, labels: &[(String, String)], archived: bool) -> Result<Vec<SessionHead>> {
+    let mut q = ListQuery::new().page(0, reader.limits().page_items_max);
+    q.labels = labels.to_vec();
+    q.include_archived = archived;
+    let txn = reader.snapshot()?;
+    let mut out = Vec::new();
+    loop {
+        let page = query::list_sessions(&txn, reader.limits(), &q)?;
+        out.extend(page.items);
+        if !page.has_more {
+            return Ok(out);
+        }
+        q.offset = out.len() as u64;
+    }
+}
+
+/// The session list as a table.
+pub fn render_sessions(heads: &[SessionHead]) -> String {
+    let mut out = format!(
+        "{:<36}  {:<23}  {:>5}  {:>6}  {:<12}  {:<8}  labels\n",
+        "session", "created (UTC)", "msgs", "events", "revision", "state"
+    );
+    for h in heads {
+        let state = if h.archived { "archived" } else { "live" };
+        let _ = writeln!(
+            out,
+            "{:<36}  {:<23}  {:>5}  {:>6}  {:<12}  {:<8}  {}",
+            h.session.to_string(),
+            format_time_ms(h.created_at_ms),
+            h.message_count,
+            h.stream_seq,
+            h.revision.short(),
+            state,
+            labels_text(&h.labels)
+        );
+    }
+    let _ = writeln!(out, "{} sessions", heads.len());
+    out
+}
+
+/// The session list as JSON.
+pub fn sessions_json(heads: &[SessionHead]) -> Value {
+    Value::Array(heads.iter().map(head_json).collect())
+}
+
+/// Everything `inspect` shows about one session.
+#[derive(Clone, Debug)]
+pub struct Inspection {
+    /// The head.
+    pub head: SessionHead,
+    /// Usage per (provider, model).
+    pub usage: Vec<annal::UsageTotals>,
+    /// Context entries, pending and applied.
+    pub context: Vec<annal::ContextEntry>,
+    /// Unsettled tool operations.
+    pub unsettled: Vec<annal::ToolOp>,
+    /// Tool operations recorded in all.
+    pub tool_ops: u64,
+    /// Revisions the session has held.
+    pub revisions: u64,
+    /// Sessions forked from this one.
+    pub forks: Vec<annal::ForkEdge>,
+}
+
+fn not_found(session: &SessionId) -> CliError {
+    CliError::usage(format!("session {session} not found"))
+}
+
+/// Reads one session's state from one snapshot.
+pub fn inspect(reader: &Reader, session: SessionId) -> Result<Inspection> {
+    let txn = reader.snapshot()?;
+    let limits = reader.limits();
+    let head = query::head(&txn, &session)?.ok_or_else(|| not_found(&session))?;
+    let graph = query::graph(&txn, &session)?;
+    let total_ops = {
+        let mut n = 0u64;
+        let mut page = PageRequest::first(limits.page_items_max);
+        loop {
+            let p = query::tool_ops(&txn, limits, &session, page)?;
+            n += p.items.len() as u64;
+            if !p.has_more || p.items.is_empty() {
+                break n;
+            }
+            page.offset += p.items.len() as u64;
+        }
+    };
+    Ok(Inspection {
+        usage: query::usage(&txn, &session)?,
+        context: query::context(&txn, &session)?,
+        unsettled: query::unsettled(&txn, &session)?,
+        tool_ops: total_ops,
+        revisions: graph.nodes.len() as u64,
+        forks: graph.forks,
+        head,
+    })
+}
+
+impl Inspection {
+    /// The inspection as text.
+    pub fn render(&self) -> String {
+        let h = &self.head;
+        let mut out = String::new();
+        let _ = writeln!(out, "session    {}", h.session);
+        let _ = writeln!(out, "state      {}", if h.archived { "archived" } else { "live" });
+        let _ = writeln!(out, "revision   {} ({} messages, {} revisions)", h.revision, h.message_count, self.revisions);
+        let _ = writeln!(out, "labels     {}", labels_text(&h.labels));
+        let _ = writeln!(out, "created    {} (seq {})", format_time_ms(h.created_at_ms), h.created_seq);
+        let _ = writeln!(
+            out,
+            "updated    {} (seq {}, {} events)",
+            format_time_ms(h.updated_at_ms),
+            h.last_seq,
+            h.stream_seq
+        );
+        if let Some(f) = &h.forked_from {
+            let _ =
+                writeln!(out, "forked     from {} at {} ({} messages)", f.session, f.revision.short(), f.message_count);
+        }
+        if !h.metadata.is_empty() {
+            let _ = writeln!(out, "metadata   {}", preview(&h.metadata, 80));
+        }
+        for f in &self.forks {
+            let _ = writeln!(out, "fork       {} took {} messages at {}", f.child, f.message_count, f.revision.short());
+        }
+        let _ = writeln!(out, "\nusage");
+        if self.usage.is_empty() {
+            let _ = writeln!(out, "  (none)");
+        }
+        for u in &self.usage {
+            let _ = writeln!(
+                out,
+                "  {}/{}: {} turns, {} in, {} out, {} cache read, {} cache write",
+                u.provider, u.model, u.turns, u.input, u.output, u.cache_read, u.cache_write
+            );
+        }
+        let pending: Vec<_> = self.context.iter().filter(|c| c.state == ContextState::Pending).collect();
+        let _ = writeln!(out, "\npending context ({} of {} entries)", pending.len(), self.context.len());
+        for c in pending {
+            let _ = writeln!(out, "  {} from {} (seq {})", c.key, c.source, c.appended_seq);
+        }
+        let _ = writeln!(out, "\nunsettled tools ({} of {} operations)", self.unsettled.len(), self.tool_ops);
+        for op in &self.unsettled {
+            let _ = writeln!(
+                out,
+                "  {} {} call {} (seq {}, {:?})",
+                op.op_id, op.tool_name, op.call_id, op.call_seq, op.recovery
+            );
+        }
+        out
+    }
+
+    /// The inspection as JSON.
+    pub fn to_json(&self) -> Value {
+        json!({
+            "head": head_json(&self.head),
+            "revisions": self.revisions,
+            "usage": self.usage.iter().map(|u| json!({
+                "provider": u.provider, "model": u.model, "turns": u.turns, "input": u.input, "output": u.output,
+                "cache_read": u.cache_read, "cache_write": u.cache_write,
+            })).collect::<Vec<_>>(),
+            "context": self.context.iter().map(|c| json!({
+                "key": c.key, "source": c.source, "content": c.content.to_hex(), "appended_seq": c.appended_seq,
+                "state": match &c.state {
+                    ContextState::Pending => json!("pending"),
+                    ContextState::Applied { seq, turn_id } => json!({"applied": {"seq": seq, "turn_id": turn_id}}),
+                },
+            })).collect::<Vec<_>>(),
+            "tool_ops": self.tool_ops,
+            "unsettled": self.unsettled.iter().map(|op| json!({
+                "op_id": op.op_id, "tool_name": op.tool_name, "call_id": op.call_id, "call_seq": op.call_seq,
+                "args": op.args.to_hex(), "parent_op": op.parent_op, "turn_id": op.turn_id,
+                "replay_safe": op.recovery == annal::Recovery::ReplaySafe,
+                "settled": !matches!(op.state, ToolState::Prepared),
+            })).collect::<Vec<_>>(),
+            "forks": self.forks.iter().map(|f| json!({
+                "child": f.child.to_string(), "revision": f.revision.to_hex(), "message_count": f.message_count,
+                "seq": f.seq,
+            })).collect::<Vec<_>>(),
+        })
+    }
+}
+
+/// Up to `max_chars` of `bytes` as text on one line, or a size for binary bytes.
+pub fn preview(bytes: &[u8], max_chars: usize) -> String {
+    match std::str::from_utf8(bytes) {
+        Ok(text) => {
+            let flat: String = text.chars().map(|c| if c.is_control() { ' ' } else { c }).collect();
+            if flat.chars().count() > max_chars {
+                let mut s: String = flat.chars().take(max_chars.saturating_sub(1)).collect();
+                s.push('…');
+                s
+            } else {
+                flat
+            }
+        }
+        Err(_) => format!("<{} binary>", human_bytes(bytes.len() as u64)),
+    }
+}
+
+/// A page of a transcript, at the head or at `revision`.
+pub fn transcript(
+    reader: &Reader,
+    session: SessionId,
+    revision: Option<RevisionId>,
+    page: PageRequest,
+) -> Result<annal::TranscriptPage> {
+    let txn = reader.snapshot()?;
+    if query::head(&txn, &session)?.is_none() {
+        return Err(not_found(&session));
+    }
+    let result = match revision {
+        None => query::transcript(&txn, reader.limits(), &session, page),
+        Some(r) => query::transcript_at(&txn, reader.limits(), &session, &r, page),
+    };
+    result.map_err(|e| match e {
+        annal::Error::Rejected(r) => CliError::usage(r.to_string()),
+        other => other.into(),
+    })
+}
+
+/// The transcript page as text.
+pub fn render_transcript(p: &annal::TranscriptPage) -> String {
+    let mut out = format!(
+        "session {} revision {}: messages {}..{} of {}\n",
+        p.session,
+        p.revision.short(),
+        p.offset,
+        p.offset + p.messages.len() as u64,
+        p.total
+    );
+    for m in &p.messages {
+        let attachments = match m.message.attachments.len() {
+            0 => String::new(),
+            n => format!(" [+{n} attachment{}]", if n == 1 { "" } else { "s" }),
+        };
+        let _ = writeln!(
+            out,
+            "{:>5}  {:<9} {:<16} {}{attachments}",
+            m.position,
+            m.message.role.name(),
+            m.message.content_type,
+            preview(&m.message.body, 100)
+        );
+    }
+    if p.has_more {
+        let _ = writeln!(out, "… more from offset {}", p.offset + p.messages.len() as u64);
+    }
+    out
+}
+
+/// The transcript page as JSON, bodies as text or base64.
+pub fn transcript_json(p: &annal::TranscriptPage) -> Value {
+    json!({
+        "session": p.session.to_string(),
+        "revision": p.revision.to_hex(),
+        "total": p.total,
+        "offset": p.offset,
+        "limit": p.limit,
+        "has_more": p.has_more,
+        "messages": p.messages.iter().map(|m| json!({
+            "position": m.position,
+            "content_id": m.content_id.to_hex(),
+            "chain": m.chain.to_hex(),
+            "role": m.message.role.name(),
+            "content_type": m.message.content_type,
+            "body": crate::export::Bytes::of(&m.message.body),
+            "attachments": m.message.attachments.iter().map(ContentId::to_hex).collect::<Vec<_>>(),
+        })).collect::<Vec<_>>(),
+    })
+}
+
+/// Which events `log` shows.
+#[derive(Clone, Debug, Default)]
+pub struct LogQuery {
+    /// Only this session's events.
+    pub session: Option<SessionId>,
+    /// First global seq.
+    pub from_seq: u64,
+    /// Events at most (0: no limit).
+    pub limit: u64,
+    /// JSON Lines in the export schema instead of a table.
+    pub json: bool,
+}
+
+fn summary(event: &Event) -> String {
+    match event {
+        Event::SessionCreated(e) => {
+            let fork = e
+                .forked_from
+                .as_ref()
+                .map_or(String::new(), |f| format!(" fork of {} at {} msgs,", f.session, f.message_count));
+            format!(
+                "{fork} {} msgs, labels {} → {}",
+                e.messages.len(),
+                labels_text(&e.labels),
+                e.revision_after.short()
+            )
+        }
+        Event::TurnCommitted(e) => {
+            let tokens: u64 = e.usage.iter().map(|u| u.input + u.output).sum();
+            let ctx = if e.applied_context.is_empty() {
+                String::new()
+            } else {
+                format!(", applies {}", e.applied_context.join(","))
+            };
+            format!("{}: +{} msgs, {tokens} tokens{ctx} → {}", e.turn_id, e.messages.len(), e.revision_after.short())
+        }
+        Event::TranscriptRewritten(e) => format!(
+            "{} {}..{} → {} msgs by {}: {} → {}",
+            e.kind.name(),
+            e.start,
+            e.end,
+            e.replacement.len(),
+            e.actor,
+            e.note,
+            e.revision_after.short()
+        ),
+        Event::SessionArchived(e) => format!("reason: {}", e.reason),
+        Event::SessionRevived(e) => format!("reason: {}", e.reason),
+        Event::ContextAppended(e) => format!("{} from {} ({})", e.key, e.source, e.content.short()),
+        Event::ToolCallRecorded(e) => format!("{} {} call {} ({:?})", e.op_id, e.tool_name, e.call_id, e.recovery),
+        Event::ToolResultRecorded(e) => format!("{} {} ({})", e.op_id, e.outcome.name(), e.result.short()),
+        Event::LabelsChanged(e) => {
+            let removed: Vec<_> = e.remove.iter().cloned().collect();
+            format!("set {} remove {}", labels_text(&e.set), removed.join(","))
+        }
+    }
+}
+
+/// Writes decoded events to `out`.
+pub fn log(reader: &Reader, q: &LogQuery, out: &mut dyn std::io::Write) -> Result<u64> {
+    let txn = reader.snapshot()?;
+    let sessions: Vec<SessionId> = q.session.into_iter().collect();
+    let mut shown = 0u64;
+    if !q.json {
+        writeln!(
+            out,
+            "{:>6}  {:<23}  {:<36}  {:>6}  {:<19}  summary",
+            "seq", "time (UTC)", "session", "stream", "kind"
+        )?;
+    }
+    for_each_record(reader, &txn, q.from_seq, &sessions, |record, hash| {
+        if q.json {
+            let line = export_line(&txn, reader.limits(), record, hash)?;
+            let text = serde_json::to_string(&line).map_err(|e| CliError::finding(e.to_string()))?;
+            writeln!(out, "{text}")?;
+        } else {
+            writeln!(
+                out,
+                "{:>6}  {:<23}  {:<36}  {:>6}  {:<19}  {}",
+                record.seq,
+                format_time_ms(record.committed_at_ms),
+                record.session.to_string(),
+                record.stream_seq,
+                record.event.kind().name(),
+                summary(&record.event)
+            )?;
+        }
+        shown += 1;
+        Ok(q.limit == 0 || shown < q.limit)
+    })?;
+    Ok(shown)
+}
+
+/// What `stats` reports.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Stats {
+    /// Records.
+    pub events: u64,
+    /// Records per kind.
+    pub by_kind: BTreeMap<String, u64>,
+    /// Records that did not decode (counted, not fatal).
+    pub undecodable: u64,
+    /// Bytes of encoded records.
+    pub record_bytes: u64,
+    /// Sessions (live and archived).
+    pub sessions: u64,
+    /// Stored content objects.
+    pub content_objects: u64,
+    /// Bytes of stored content objects.
+    pub content_bytes: u64,
+    /// Content references in events (message attachments included).
+    pub content_refs: u64,
+    /// Bytes the references would take if every reference stored its own copy.
+    pub referenced_bytes: u64,
+    /// The database file's size.
+    pub file_bytes: u64,
+}
+
+impl Stats {
+    /// Bytes deduplication saved: referenced bytes minus the bytes stored once.
+    pub fn dedup_saved_bytes(&self) -> u64 {
+        self.referenced_bytes.saturating_sub(self.content_bytes)
+    }
+
+    /// Logical bytes: records plus every referenced copy of content.
+    pub fn logical_bytes(&self) -> u64 {
+        self.record_bytes + self.referenced_bytes
+    }
+
+    /// File bytes per logical byte.
+    pub fn bytes_per_logical_byte(&self) -> f64 {
+        self.file_bytes as f64 / (self.logical_bytes().max(1)) as f64
+    }
+
+    /// The statistics as text.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        let _ =
+            writeln!(out, "events            {:>12}   ({} of records)", self.events, human_bytes(self.record_bytes));
+        for (kind, n) in &self.by_kind {
+            let _ = writeln!(out, "  {kind:<19} {n:>10}");
+        }
+        if self.undecodable > 0 {
+            let _ = writeln!(out, "  {:<19} {:>10}", "(undecodable)", self.undecodable);
+        }
+        let _ = writeln!(out, "sessions          {:>12}", self.sessions);
+        let _ = writeln!(
+            out,
+            "content objects   {:>12}   ({} stored once)",
+            self.content_objects,
+            human_bytes(self.content_bytes)
+        );
+        let _ = writeln!(
+            out,
+            "content refs      {:>12}   ({} if each kept its own copy)",
+            self.content_refs,
+            human_bytes(self.referenced_bytes)
+        );
+        let _ = writeln!(out, "dedup saved       {:>12}", human_bytes(self.dedup_saved_bytes()));
+        let _ = writeln!(out, "logical bytes     {:>12}", human_bytes(self.logical_bytes()));
+        let _ = writeln!(out, "file size         {:>12}", human_bytes(self.file_bytes));
+        let _ = writeln!(out, "bytes per logical byte  {:.2}", self.bytes_per_logical_byte());
+        out
+    }
+
+    /// The statistics as JSON.
+    pub fn to_json(&self) -> Value {
+        json!({
+            "events": self.events,
+            "by_kind": self.by_kind,
+            "undecodable": self.undecodable,
+            "record_bytes": self.record_bytes,
+            "sessions": self.sessions,
+            "content_objects": self.content_objects,
+            "content_bytes": self.content_bytes,
+            "content_refs": self.content_refs,
+            "referenced_bytes": self.referenced_bytes,
+            "dedup_saved_bytes": self.dedup_saved_bytes(),
+            "logical_bytes": self.logical_bytes(),
+            "file_bytes": self.file_bytes,
+            "bytes_per_logical_byte": self.bytes_per_logical_byte(),
+        })
+    }
+}
+
+/// Counts events, content and bytes of the database at `path`.
+pub fn stats(reader: &Reader, path: &Path) -> Result<Stats> {
+    let txn = reader.snapshot()?;
+    let limits = reader.limits();
+    let mut s = Stats { file_bytes: std::fs::metadata(path)?.len(), ..Stats::default() };
+    for kind in EventKind::ALL {
+        s.by_kind.insert(kind.name().to_string(), 0);
+    }
+    let content = txn.open_table(CONTENT).map_err(redb::Error::from)?;
+    let mut sizes: HashMap<ContentId, u64> = HashMap::new();
+    for entry in content.iter().map_err(redb::Error::from)? {
+        let (k, v) = entry.map_err(redb::Error::from)?;
+        sizes.insert(ContentId(k.value()), v.value().len() as u64);
+        s.content_objects += 1;
+        s.content_bytes += v.value().len() as u64;
+    }
+    let mut attachments: HashMap<ContentId, Vec<ContentId>> = HashMap::new();
+    let log = txn.open_table(LOG).map_err(redb::Error::from)?;
+    for entry in log.iter().map_err(redb::Error::from)? {
+        let (_, v) = entry.map_err(redb::Error::from)?;
+        let bytes = v.value();
+        s.events += 1;
+        s.record_bytes += bytes.len() as u64;
+        let Ok(header) = decode_header(bytes, limits.record_bytes_max) else {
+            s.undecodable += 1;
+            continue;
+        };
+        *s.by_kind.entry(header.kind.name().to_string()).or_default() += 1;
+        let Ok(decoded) = annal::codec::decode_record(bytes, limits.record_bytes_max) else { continue };
+        let messages = matches!(
+            decoded.record.event,
+            Event::SessionCreated(_) | Event::TurnCommitted(_) | Event::TranscriptRewritten(_)
+        );
+        for id in decoded.record.event.content_refs() {
+            let mut ids = vec![id];
+            if messages {
+                let atts = attachments.entry(id).or_insert_with(|| {
+                    content
+                        .get(id.0)
+                        .ok()
+                        .flatten()
+                        .and_then(|g| annal::codec::decode_message(g.value(), limits.content_bytes_max + 1024).ok())
+                        .map_or_else(Vec::new, |m| m.attachments)
+                });
+                ids.extend(atts.iter().copied());
+            }
+            for i in ids {
+                s.content_refs += 1;
+                s.referenced_bytes += sizes.get(&i).copied().unwrap_or(0);
+            }
+        }
+    }
+    s.sessions = txn
+        .open_table(annal::tables::projection_table(annal::Table::Heads))
+        .map_err(redb::Error::from)?
+        .len()
+        .map_err(redb::Error::from)?;
+    Ok(s)
+}

@@ -1,0 +1,789 @@
+//! `annal verify`: check a database end to end and report every finding with its place.
+//!
+//! One read snapshot is walked in sequence order. For each record: the global sequence
+//! is dense, the chain link from the previous record holds (plain or keyed), the record
+//! decodes with a supported schema version, its per-session stream sequence is dense and
+//! indexed in `session_log`, the clock never goes back, every content id it refers to
+//! exists and hashes to its id (message objects: their attachments too), a turn's commit
+//! hash recomputes, and the engine's own `evolve` folds it into scratch state, which
+//! recomputes every `revision_after`. Then the meta tip must name the last record, and
+//! `--expect-tip` must match it. With `deep`, every content object is hashed and every
+//! projection table is compared byte for byte with the scratch fold.
+//!
+//! Verification keeps going after a finding wherever it can, and never panics on
+//! damaged data: every decode is bounded and fallible.
+
+use crate::{open_reader, progress, CliError, Result};
+use annal::codec::{decode_message, decode_record, stored_chain_hash, verify_chain, DecodeError, LogChain};
+use annal::query::{mem_digests, projection_digests};
+use annal::tables::{self, meta_keys, projection_table, CONTENT, LOG, META, SESSION_LOG};
+use annal::{evolve, ChainHash, ContentId, Event, EventKind, Limits, MemStore, ProjectionSet, SessionId, Table};
+use redb::{ReadTransaction, ReadableTable, ReadableTableMetadata};
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::fmt;
+use std::path::Path;
+
+/// What to check.
+#[derive(Clone, Debug, Default)]
+pub struct VerifyOptions {
+    /// The 32-byte key of a keyed chain.
+    pub key: Option<[u8; 32]>,
+    /// Also hash every content object and compare every projection table with a fold.
+    pub deep: bool,
+    /// The chain hash the last record must carry (detects tail truncation).
+    pub expect_tip: Option<ChainHash>,
+    /// Show a progress bar on a terminal.
+    pub progress: bool,
+}
+
+/// One problem found, with its location.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Finding {
+    /// Records are missing: the next record after `expected - 1` is `found`.
+    Gap {
+        /// The first missing sequence number.
+        expected: u64,
+        /// The sequence number of the next record present.
+        found: u64,
+    },
+    /// The stored chain hash does not follow from the previous record.
+    ChainMismatch {
+        /// The record.
+        seq: u64,
+    },
+    /// The record's kind has a schema version this binary does not read.
+    UnsupportedSchema {
+        /// The record.
+        seq: u64,
+        /// Its kind.
+        kind: EventKind,
+        /// The version found.
+        found: u16,
+        /// The newest version supported.
+        supported: u16,
+    },
+    /// The record does not decode.
+    Undecodable {
+        /// The record.
+        seq: u64,
+        /// The codec's reason.
+        error: DecodeError,
+    },
+    /// The sequence number inside the record differs from its key.
+    SeqMismatch {
+        /// The key.
+        seq: u64,
+        /// The number inside the record.
+        inner: u64,
+    },
+    /// A session's stream sequence is not dense.
+    StreamGap {
+        /// The record.
+        seq: u64,
+        /// The session.
+        session: SessionId,
+        /// The stream sequence expected.
+        expected: u64,
+        /// The stream sequence found.
+        found: u64,
+    },
+    /// `session_log` disagrees with the log.
+    SessionIndex {
+        /// The session.
+        session: SessionId,
+        /// The stream sequence.
+        stream_seq: u64,
+        /// What is wrong.
+        detail: String,
+    },
+    /// `committed_at` went back in time.
+    ClockBackwards {
+        /// The record.
+        seq: u64,
+        /// Its time.
+        at_ms: u64,
+        /// The previous record's time.
+        previous_ms: u64,
+    },
+    /// A content id an event refers to is not stored.
+    MissingContent {
+        /// The first record referring to it.
+        seq: u64,
+        /// The id.
+        id: ContentId,
+    },
+    /// A content object's bytes do not hash to its id.
+    ContentHash {
+        /// The first record referring to it, if any.
+        seq: Option<u64>,
+        /// The id.
+        id: ContentId,
+    },
+    /// A message reference points at bytes that are not a message object.
+    NotAMessage {
+        /// The first record referring to it.
+        seq: u64,
+        /// The id.
+        id: ContentId,
+        /// The decoder's reason.
+        detail: String,
+    },
+    /// A turn's commit hash does not recompute.
+    CommitHash {
+        /// The record.
+        seq: u64,
+    },
+    /// The fold rejected the record, for example a `revision_after` that does not recompute.
+    Fold {
+        /// The record.
+        seq: u64,
+        /// The session.
+        session: SessionId,
+        /// The fold's reason.
+        detail: String,
+    },
+    /// The meta table is missing something or disagrees with the log.
+    Meta {
+        /// The meta key.
+        key: String,
+        /// What is wrong.
+        detail: String,
+    },
+    /// The last record's chain hash differs from `--expect-tip`.
+    ExpectedTip {
+        /// What was expected.
+        expected: ChainHash,
+        /// The last record's stored hash (none for an empty log).
+        actual: Option<ChainHash>,
+        /// The last record's seq.
+        seq: u64,
+    },
+    /// A stored projection row differs from the scratch fold.
+    Projection {
+        /// The table.
+        table: &'static str,
+        /// The first differing key, hex.
+        key: String,
+        /// How it differs.
+        detail: &'static str,
+    },
+    /// The storage layer failed while reading.
+    Storage {
+        /// Where.
+        location: String,
+        /// The error.
+        detail: String,
+    },
+}
+
+impl Finding {
+    /// Where the finding is, as shown in reports: `log seq 42`, `content <id>`, ...
+    pub fn location(&self) -> String {
+        match self {
+            Finding::Gap { expected, .. } => format!("log seq {expected}"),
+            Finding::ChainMismatch { seq }
+            | Finding::UnsupportedSchema { seq, .. }
+            | Finding::Undecodable { seq, .. }
+            | Finding::SeqMismatch { seq, .. }
+            | Finding::ClockBackwards { seq, .. }
+            | Finding::CommitHash { seq } => format!("log seq {seq}"),
+            Finding::StreamGap { seq, session, .. } | Finding::Fold { seq, session, .. } => {
+                format!("log seq {seq} (session {session})")
+            }
+            Finding::SessionIndex { session, stream_seq, .. } => format!("session_log {session}/{stream_seq}"),
+            Finding::MissingContent { id, .. } | Finding::ContentHash { id, .. } | Finding::NotAMessage { id, .. } => {
+                format!("content {id}")
+            }
+            Finding::Meta { key, .. } => format!("meta {key}"),
+            Finding::ExpectedTip { seq, .. } => format!("log tip (seq {seq})"),
+            Finding::Projection { table, key, .. } => format!("projection {table} key {key}"),
+            Finding::Storage { location, .. } => location.clone(),
+        }
+    }
+
+    /// A short machine-readable name of the finding's kind.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Finding::Gap { .. } => "gap",
+            Finding::ChainMismatch { .. } => "chain_mismatch",
+            Finding::UnsupportedSchema { .. } => "unsupported_schema",
+            Finding::Undecodable { .. } => "undecodable",
+            Finding::SeqMismatch { .. } => "seq_mismatch",
+            Finding::StreamGap { .. } => "stream_gap",
+            Finding::SessionIndex { .. } => "session_index",
+            Finding::ClockBackwards { .. } => "clock_backwards",
+            Finding::MissingContent { .. } => "missing_content",
+            Finding::ContentHash { .. } => "content_hash",
+            Finding::NotAMessage { .. } => "not_a_message",
+            Finding::CommitHash { .. } => "commit_hash",
+            Finding::Fold { .. } => "fold",
+            Finding::Meta { .. } => "meta",
+            Finding::ExpectedTip { .. } => "expected_tip",
+            Finding::Projection { .. } => "projection",
+            Finding::Storage { .. } => "storage",
+        }
+    }
+
+    fn detail(&self) -> String {
+        match self {
+            Finding::Gap { expected, found } if *found == expected + 1 => {
+                format!("record {expected} is missing (next record is {found})")
+            }
+            Finding::Gap { expected, found } => {
+                format!("records {expected}..={} are missing (next record is {found})", found - 1)
+            }
+            Finding::ChainMismatch { .. } => "chain hash does not follow from the previous record".into(),
+            Finding::UnsupportedSchema { kind, found, supported, .. } => {
+                format!("{kind}: unsupported schema version {found} (this binary supports up to {supported})")
+            }
+            Finding::Undecodable { error, .. } => format!("does not decode: {error}"),
+            Finding::SeqMismatch { inner, .. } => format!("record says seq {inner}"),
+            Finding::StreamGap { expected, found, .. } => format!("stream seq {found}, expected {expected}"),
+            Finding::SessionIndex { detail, .. } | Finding::Meta { detail, .. } => detail.clone(),
+            Finding::ClockBackwards { at_ms, previous_ms, .. } => {
+                format!("committed_at {at_ms} ms is before the previous record's {previous_ms} ms")
+            }
+            Finding::MissingContent { seq, .. } => format!("missing, referred to by log seq {seq}"),
+            Finding::ContentHash { seq: Some(seq), .. } => {
+                format!("bytes do not hash to the id (referred to by log seq {seq})")
+            }
+            Finding::ContentHash { seq: None, .. } => "bytes do not hash to the id".into(),
+            Finding::NotAMessage { seq, detail, .. } => {
+                format!("not a message object (referred to by log seq {seq}): {detail}")
+            }
+            Finding::CommitHash { .. } => "turn commit hash does not recompute".into(),
+            Finding::Fold { detail, .. } => detail.clone(),
+            Finding::ExpectedTip { expected, actual: Some(a), .. } => {
+                format!("last chain hash is {a}, expected {expected}")
+            }
+            Finding::ExpectedTip { expected, actual: None, .. } => format!("the log is empty, expected {expected}"),
+            Finding::Projection { detail, .. } => (*detail).into(),
+            Finding::Storage { detail, .. } => detail.clone(),
+        }
+    }
+}
+
+impl fmt::Display for Finding {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.location(), self.detail())
+    }
+}
+
+/// What a verification saw and found.
+#[derive(Clone, Debug, Default)]
+pub struct VerifyReport {
+    /// Records walked.
+    pub records: u64,
+    /// Distinct sessions seen.
+    pub sessions: u64,
+    /// Distinct content objects checked.
+    pub content_objects: u64,
+    /// The last record's seq and stored chain hash.
+    pub tip: Option<(u64, ChainHash)>,
+    /// Whether the chain was checked in keyed mode.
+    pub keyed: bool,
+    /// With `deep`: projection tables compared, or why the comparison was skipped.
+    pub deep: Option<std::result::Result<usize, String>>,
+    /// Every finding, in the order found.
+    pub findings: Vec<Finding>,
+}
+
+impl VerifyReport {
+    /// Whether nothing was found.
+    pub fn is_clean(&self) -> bool {
+        self.findings.is_empty()
+    }
+
+    /// The report as text, one finding per line, then a summary line.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        for f in &self.findings {
+            out.push_str(&format!("FINDING {f}\n"));
+        }
+        let chain = if self.keyed { "keyed chain" } else { "plain chain" };
+        out.push_str(&format!(
+            "checked {} records, {} sessions, {} content objects ({chain})",
+            self.records, self.sessions, self.content_objects
+        ));
+        if let Some((seq, hash)) = self.tip {
+            out.push_str(&format!("; tip seq {seq} {hash}"));
+        }
+        out.push('\n');
+        match &self.deep {
+            Some(Ok(n)) => out.push_str(&format!("deep: {n} projection tables compared with a fresh fold\n")),
+            Some(Err(why)) => out.push_str(&format!("deep: comparison skipped: {why}\n")),
+            None => {}
+        }
+        match self.findings.len() {
+            0 => out.push_str("clean\n"),
+            n => out.push_str(&format!("{n} finding{}\n", if n == 1 { "" } else { "s" })),
+        }
+        out
+    }
+
+    /// The report as one JSON object.
+    pub fn to_json(&self) -> serde_json::Value {
+        let findings: Vec<_> = self
+            .findings
+            .iter()
+            .map(|f| serde_json::json!({"kind": f.kind(), "location": f.location(), "detail": f.detail()}))
+            .collect();
+        serde_json::json!({
+            "clean": self.is_clean(),
+            "records": self.records,
+            "sessions": self.sessions,
+            "content_objects": self.content_objects,
+            "keyed": self.keyed,
+            "tip": self.tip.map(|(seq, h)| serde_json::json!({"seq": seq, "chain_hash": h.to_hex()})),
+            "deep": self.deep.as_ref().map(|d| match d {
+                Ok(n) => serde_json::json!({"tables": n}),
+                Err(why) => serde_json::json!({"skipped": why}),
+            }),
+            "findings": findings,
+        })
+    }
+}
+
+/// Verifies the database at `path`, read-only (works beside a live writer).
+pub fn verify(path: &Path, opts: &VerifyOptions) -> Result<VerifyReport> {
+    let reader = open_reader(path, opts.key)?;
+    let txn = reader.snapshot()?;
+    verify_snapshot(&txn, &Limits::default(), opts)
+}
+
+fn storage(location: &str, e: impl fmt::Display) -> Finding {
+    Finding::Storage { location: location.to_string(), detail: e.to_string() }
+}
+
+/// Checks the chain key against the one the file recognises. A keyed database without a
+/// key, or a key for a plain one, is a usage error.
+fn check_key(txn: &ReadTransaction, chain: &LogChain) -> Result<()> {
+    let meta = txn.open_table(META).map_err(|e| CliError::usage(format!("not an annal database: {e}")))?;
+    let stored = meta.get(meta_keys::KEY_CHECK).map_err(|e| CliError::finding(format!("meta: {e}")))?;
+    match (stored.map(|g| g.value().to_vec()), chain.key_check()) {
+        (None, None) => Ok(()),
+        (Some(_), None) => Err(CliError::usage("the database has a keyed chain: pass --key-file")),
+        (None, Some(_)) => Err(CliError::usage("the database has a plain chain: verify it without --key-file")),
+        (Some(s), Some(k)) if s[..] != k[..] => Err(CliError::usage("the key does not match the database's key")),
+        _ => Ok(()),
+    }
+}
+
+/// Verifies one read snapshot. Errors only for usage problems (wrong key, not an annal
+/// database); everything wrong with the data is a finding in the report.
+pub fn verify_snapshot(txn: &ReadTransaction, limits: &Limits, opts: &VerifyOptions) -> Result<VerifyReport> {
+    let chain = opts.key.map_or_else(LogChain::plain, LogChain::keyed);
+    check_key(txn, &chain)?;
+    let mut walk = Walk::new(txn, limits, chain, opts)?;
+    walk.run();
+    walk.check_session_index();
+    walk.check_meta();
+    if opts.deep {
+        walk.deep();
+    }
+    let mut report = walk.report;
+    report.keyed = opts.key.is_some();
+    report.content_objects = walk.content_seen.len() as u64;
+    report.sessions = walk.streams.len() as u64;
+    Ok(report)
+}
+
+/// Which stored bytes a content reference must be.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Shape {
+    Message,
+    Bytes,
+}
+
+fn content_refs(event: &Event) -> Vec<(ContentId, Shape)> {
+    let shape = match event {
+        Event::SessionCreated(_) | Event::TurnCommitted(_) | Event::TranscriptRewritten(_) => Shape::Message,
+        _ => Shape::Bytes,
+    };
+    event.content_refs().into_iter().map(|id| (id, shape)).collect()
+}
+
+struct Walk<'a> {
+    txn: &'a ReadTransaction,
+    limits: &'a Limits,
+    chain: LogChain,
+    opts: &'a VerifyOptions,
+    report: VerifyReport,
+    store: MemStore,
+    /// Sessions whose fold failed: their later records are not folded (no cascades).
+    broken: HashSet<SessionId>,
+    fold_failed: bool,
+    streams: HashMap<SessionId, u64>,
+    /// (session, stream seq) → seq of every decoded record.
+    index: HashMap<(SessionId, u64), u64>,
+    content_seen: HashSet<ContentId>,
+    last_seq: Option<(u64, Vec<u8>)>,
+}
+
+impl<'a> Walk<'a> {
+    fn new(txn: &'a ReadTransaction, limits: &'a Limits, chain: LogChain, opts: &'a VerifyOptions) -> Result<Walk<'a>> {
+        Ok(Walk {
+            txn,
+            limits,
+            chain,
+            opts,
+            report: VerifyReport::default(),
+            store: MemStore::default(),
+            broken: HashSet::new(),
+            fold_failed: false,
+            streams: HashMap::new(),
+            index: HashMap::new(),
+            content_seen: HashSet::new(),
+            last_seq: None,
+        })
+    }
+
+    fn find(&mut self, f: Finding) {
+        self.report.findings.push(f);
+    }
+
+    fn run(&mut self) {
+        let log = match self.txn.open_table(LOG) {
+            Ok(t) => t,
+            Err(e) => return self.find(storage("table log", e)),
+        };
+        let content = match self.txn.open_table(CONTENT) {
+            Ok(t) => t,
+            Err(e) => return self.find(storage("table content", e)),
+        };
+        let session_log = match self.txn.open_table(SESSION_LOG) {
+            Ok(t) => t,
+            Err(e) => return self.find(storage("table session_log", e)),
+        };
+        let total = log.len().unwrap_or(0);
+        let bar = progress::bar(total, "verify", self.opts.progress);
+        let iter = match log.iter() {
+            Ok(i) => i,
+            Err(e) => return self.find(storage("table log", e)),
+        };
+        let mut expected = 1u64;
+        let mut prev: Option<ChainHash> = Some(self.chain.genesis());
+        let mut clock = 0u64;
+        for entry in iter {
+            let (key, value) = match entry {
+                Ok(kv) => kv,
+                Err(e) => {
+                    self.find(storage(&format!("log after seq {}", expected - 1), e));
+                    break;
+                }
+            };
+            let seq = key.value();
+            let bytes = value.value();
+            if seq != expected {
+                self.find(Finding::Gap { expected, found: seq });
+                // The link across a gap cannot be checked; resume from this record's hash.
+                prev = None;
+            }
+            expected = seq.saturating_add(1);
+            self.report.records += 1;
+            if let Some(p) = prev {
+                if let Err(e) = verify_chain(bytes, &p, &self.chain, seq) {
+                    self.find(match e {
+                        DecodeError::ChainMismatch { .. } => Finding::ChainMismatch { seq },
+                        error => Finding::Undecodable { seq, error },
+                    });
+                }
+            }
+            prev = stored_chain_hash(bytes);
+            self.last_seq = Some((seq, bytes.to_vec()));
+            self.record(seq, bytes, &mut clock, &content, &session_log);
+            if self.report.records.is_multiple_of(progress::TICK_ITEMS) {
+                bar.set_position(self.report.records);
+            }
+        }
+        bar.finish_and_clear();
+        self.report.tip = self.last_seq.as_ref().and_then(|(seq, b)| stored_chain_hash(b).map(|h| (*seq, h)));
+    }
+
+    fn record(
+        &mut self,
+        seq: u64,
+        bytes: &[u8],
+        clock: &mut u64,
+        content: &redb::ReadOnlyTable<[u8; 32], &'static [u8]>,
+        session_log: &redb::ReadOnlyTable<([u8; 16], u64), u64>,
+    ) {
+        let decoded = match decode_record(bytes, self.limits.record_bytes_max) {
+            Ok(d) => d,
+            Err(error) => {
+                self.fold_failed = true;
+                self.undecodable(seq, bytes);
+                return self.find(match error {
+                    DecodeError::UnsupportedVersion { kind, found, supported } => {
+                        Finding::UnsupportedSchema { seq, kind, found, supported }
+                    }
+                    error => Finding::Undecodable { seq, error },
+                });
+            }
+        };
+        let r = decoded.record;
+        if r.seq != seq {
+            self.find(Finding::SeqMismatch { seq, inner: r.seq });
+        }
+        let last = self.streams.entry(r.session).or_insert(0);
+        if r.stream_seq != *last + 1 {
+            let expected = *last + 1;
+            *last = r.stream_seq;
+            self.find(Finding::StreamGap { seq, session: r.session, expected, found: r.stream_seq });
+        } else {
+            *last = r.stream_seq;
+        }
+        self.index.insert((r.session, r.stream_seq), seq);
+        match session_log.get((r.session.0, r.stream_seq)) {
+            Ok(Some(g)) if g.value() == seq => {}
+            Ok(Some(g)) => self.find(Finding::SessionIndex {
+                session: r.session,
+                stream_seq: r.stream_seq,
+                detail: format!("points to seq {}, the record is seq {seq}", g.value()),
+            }),
+            Ok(None) => self.find(Finding::SessionIndex {
+                session: r.session,
+                stream_seq: r.stream_seq,
+                detail: format!("missing (record seq {seq})"),
+            }),
+            Err(e) => self.find(storage("session_log", e)),
+        }
+        if r.committed_at_ms < *clock {
+            self.find(Finding::ClockBackwards { seq, at_ms: r.committed_at_ms, previous_ms: *clock });
+        }
+        *clock = (*clock).max(r.committed_at_ms);
+        for (id, shape) in content_refs(&r.event) {
+            self.check_content(content, seq, id, shape);
+        }
+        if let Event::TurnCommitted(e) = &r.event {
+            if annal::codec::turn_commit_hash(&e.messages, &e.usage, &e.applied_context, &e.tool_ops) != e.commit_hash {
+                self.find(Finding::CommitHash { seq });
+            }
+        }
+        if let Event::SessionCreated(annal::codec::SessionCreated { forked_from: Some(f), .. }) = &r.event {
+            if self.broken.contains(&f.session) {
+                // The parent's state is already known to be wrong; so is the fork's.
+                self.broken.insert(r.session);
+            }
+        }
+        if self.broken.contains(&r.session) {
+            return;
+        }
+        if let Err(e) = evolve(&mut self.store, &r, ProjectionSet::all()) {
+            self.fold_failed = true;
+            self.broken.insert(r.session);
+            let detail = match e {
+                annal::Error::Corrupt { detail, .. } => detail,
+                other => other.to_string(),
+            };
+            self.find(Finding::Fold { seq, session: r.session, detail });
+        }
+    }
+
+    /// A record that does not decode: if its envelope still names a session and stream
+    /// sequence, account for them, so the session's later records are checked against
+    /// the right stream position and its fold is not blamed again for this record.
+    fn undecodable(&mut self, seq: u64, bytes: &[u8]) {
+        if bytes.len() < annal::codec::HEADER_LEN || bytes[..4] != annal::codec::MAGIC {
+            return;
+        }
+        let mut session = [0u8; 16];
+        session.copy_from_slice(&bytes[16..32]);
+        let mut stream = [0u8; 8];
+        stream.copy_from_slice(&bytes[32..40]);
+        let (session, stream_seq) = (SessionId(session), u64::from_le_bytes(stream));
+        let last = self.streams.entry(session).or_insert(0);
+        if stream_seq == *last + 1 {
+            *last = stream_seq;
+            self.index.insert((session, stream_seq), seq);
+            self.broken.insert(session);
+        }
+    }
+
+    fn check_content(
+        &mut self,
+        table: &redb::ReadOnlyTable<[u8; 32], &'static [u8]>,
+        seq: u64,
+        id: ContentId,
+        shape: Shape,
+    ) {
+        if !self.content_seen.insert(id) {
+            return;
+        }
+        let bytes = match table.get(id.0) {
+            Ok(Some(g)) => g.value().to_vec(),
+            Ok(None) => return self.find(Finding::MissingContent { seq, id }),
+            Err(e) => return self.find(storage(&format!("content {id}"), e)),
+        };
+        if annal::codec::content_id(&bytes) != id {
+            return self.find(Finding::ContentHash { seq: Some(seq), id });
+        }
+        if shape == Shape::Message {
+            match decode_message(&bytes, self.limits.content_bytes_max.saturating_add(1024)) {
+                Ok(m) => {
+                    for a in m.attachments {
+                        self.check_content(table, seq, a, Shape::Bytes);
+                    }
+                }
+                Err(e) => self.find(Finding::NotAMessage { seq, id, detail: e.to_string() }),
+            }
+        }
+    }
+
+    /// Every `session_log` entry must point at a record of that session and stream seq.
+    fn check_session_index(&mut self) {
+        let table = match self.txn.open_table(SESSION_LOG) {
+            Ok(t) => t,
+            Err(e) => return self.find(storage("table session_log", e)),
+        };
+        let iter = match table.iter() {
+            Ok(i) => i,
+            Err(e) => return self.find(storage("table session_log", e)),
+        };
+        for entry in iter {
+            let (k, v) = match entry {
+                Ok(kv) => kv,
+                Err(e) => return self.find(storage("table session_log", e)),
+            };
+            let (session, stream_seq) = (SessionId(k.value().0), k.value().1);
+            if !self.index.contains_key(&(session, stream_seq)) {
+                let detail = format!("points to seq {}, which holds no such record", v.value());
+                self.find(Finding::SessionIndex { session, stream_seq, detail });
+            }
+        }
+    }
+
+    fn check_meta(&mut self) {
+        let meta = match self.txn.open_table(META) {
+            Ok(t) => t,
+            Err(e) => return self.find(storage("table meta", e)),
+        };
+        match meta.get(meta_keys::FORMAT) {
+            Ok(Some(g)) if tables::meta_u64(g.value()) == Some(tables::FORMAT as u64) => {}
+            Ok(Some(g)) => self.find(Finding::Meta {
+                key: meta_keys::FORMAT.into(),
+                detail: format!("format {:?}, this binary reads {}", tables::meta_u64(g.value()), tables::FORMAT),
+            }),
+            Ok(None) => self.find(Finding::Meta { key: meta_keys::FORMAT.into(), detail: "missing".into() }),
+            Err(e) => self.find(storage("meta format", e)),
+        }
+        let stored = match meta.get(meta_keys::TIP) {
+            Ok(g) => g.map(|g| tables::decode_tip(g.value())),
+            Err(e) => return self.find(storage("meta tip", e)),
+        };
+        let last = self.report.tip;
+        let tip_finding = |detail: String| Finding::Meta { key: meta_keys::TIP.into(), detail };
+        match (stored, last) {
+            (None, None) => {}
+            (None, Some((seq, _))) => self.find(tip_finding(format!("missing, the log ends at seq {seq}"))),
+            (Some(Err(e)), _) => self.find(tip_finding(e.to_string())),
+            (Some(Ok((seq, _))), None) => {
+                if seq != 0 || self.last_seq.is_some() {
+                    self.find(tip_finding(format!("names seq {seq}, the log is empty")));
+                }
+            }
+            (Some(Ok((seq, hash))), Some((last_seq, last_hash))) => {
+                if seq != last_seq {
+                    self.find(tip_finding(format!("names seq {seq}, the last record is seq {last_seq}")));
+                } else if hash != last_hash {
+                    self.find(tip_finding(format!("chain hash {hash} differs from the last record's {last_hash}")));
+                }
+            }
+        }
+        if let Some(expected) = self.opts.expect_tip {
+            let actual = last.map(|(_, h)| h);
+            if actual != Some(expected) {
+                self.find(Finding::ExpectedTip { expected, actual, seq: last.map_or(0, |(s, _)| s) });
+            }
+        }
+    }
+
+    fn deep(&mut self) {
+        self.deep_content();
+        if self.fold_failed {
+            self.report.deep = Some(Err("the log does not fold cleanly (see the findings above)".into()));
+            return;
+        }
+        let stored = match projection_digests(self.txn) {
+            Ok(d) => d,
+            Err(e) => {
+                self.report.deep = Some(Err(format!("cannot read the projections: {e}")));
+                return self.find(storage("projections", e));
+            }
+        };
+        let fresh = mem_digests(&self.store);
+        for (s, f) in stored.iter().zip(&fresh) {
+            if s != f {
+                let table = Table::ALL.into_iter().find(|t| t.name() == s.table);
+                match table {
+                    Some(t) => self.first_difference(t),
+                    None => self.find(Finding::Projection { table: s.table, key: String::new(), detail: "differs" }),
+                }
+            }
+        }
+        self.report.deep = Some(Ok(stored.len()));
+    }
+
+    /// Hashes every stored content object not already checked through a reference.
+    fn deep_content(&mut self) {
+        let table = match self.txn.open_table(CONTENT) {
+            Ok(t) => t,
+            Err(e) => return self.find(storage("table content", e)),
+        };
+        let iter = match table.iter() {
+            Ok(i) => i,
+            Err(e) => return self.find(storage("table content", e)),
+        };
+        for entry in iter {
+            let (k, v) = match entry {
+                Ok(kv) => kv,
+                Err(e) => return self.find(storage("table content", e)),
+            };
+            let id = ContentId(k.value());
+            if self.content_seen.insert(id) && annal::codec::content_id(v.value()) != id {
+                self.find(Finding::ContentHash { seq: None, id });
+            }
+        }
+    }
+
+    /// Reports the first key where the stored table and the fresh fold differ.
+    fn first_difference(&mut self, t: Table) {
+        let empty = BTreeMap::new();
+        let fresh = self.store.tables.get(&t).unwrap_or(&empty);
+        let table = match self.txn.open_table(projection_table(t)) {
+            Ok(tb) => tb,
+            Err(e) => return self.find(storage(t.name(), e)),
+        };
+        let iter = match table.iter() {
+            Ok(i) => i,
+            Err(e) => return self.find(storage(t.name(), e)),
+        };
+        let mut fresh_iter = fresh.iter();
+        let mut stored_iter = iter;
+        let finding = |key: &[u8], detail| Finding::Projection { table: t.name(), key: crate::hex(key), detail };
+        loop {
+            let s = match stored_iter.next() {
+                Some(Ok((k, v))) => Some((k.value().to_vec(), v.value().to_vec())),
+                Some(Err(e)) => return self.find(storage(t.name(), e)),
+                None => None,
+            };
+            let f = fresh_iter.next();
+            let found = match (s, f) {
+                (None, None) => return,
+                (Some((k, _)), None) => finding(&k, "stored row that the fold does not produce"),
+                (None, Some((k, _))) => finding(k, "row missing from the stored table"),
+                (Some((sk, sv)), Some((fk, fv))) => {
+                    if sk == *fk && sv == *fv {
+                        continue;
+                    }
+                    match sk.cmp(fk) {
+                        std::cmp::Ordering::Equal => finding(&sk, "stored value differs from the fold"),
+                        std::cmp::Ordering::Less => finding(&sk, "stored row that the fold does not produce"),
+                        std::cmp::Ordering::Greater => finding(fk, "row missing from the stored table"),
+                    }
+                }
+            };
+            return self.find(found);
+        }
+    }
+}

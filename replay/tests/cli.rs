@@ -1,0 +1,527 @@
+//! End-to-end tests of the `annal` binary: the demo, verify (clean and against damaged
+//! files), rebuild, export/import, graph, exit codes, and verify beside a live writer.
+
+use annal::codec::{content_id, stored_chain_hash, LogChain, HEADER_LEN};
+use annal::tables::{meta_keys, CONTENT, LOG, META};
+use annal::{CommitTurn, Engine, Expected, Limits, ListQuery, Message, Reader, SessionId};
+use redb::{ReadableDatabase, ReadableTable};
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn annal(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_annal")).args(args).output().expect("run the annal binary")
+}
+
+fn code(o: &Output) -> i32 {
+    o.status.code().expect("exit code")
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+fn p(path: &Path) -> &str {
+    path.to_str().expect("utf-8 path")
+}
+
+/// A demo database with `sessions` top-level sessions.
+fn demo_db(dir: &tempfile::TempDir, sessions: u64) -> PathBuf {
+    let db = dir.path().join("demo.redb");
+    let out = annal(&["demo", "--db", p(&db), "--sessions", &sessions.to_string()]);
+    assert_eq!(code(&out), 0, "demo failed: {}{}", stdout(&out), stderr(&out));
+    db
+}
+
+fn verify_json(db: &Path, extra: &[&str]) -> (i32, Value) {
+    let mut args = vec!["verify", p(db), "--json"];
+    args.extend_from_slice(extra);
+    let out = annal(&args);
+    let json: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", stderr(&out)));
+    (code(&out), json)
+}
+
+fn findings(report: &Value) -> Vec<(String, String, String)> {
+    report["findings"]
+        .as_array()
+        .expect("findings")
+        .iter()
+        .map(|f| {
+            let s = |k: &str| f[k].as_str().unwrap_or_default().to_string();
+            (s("kind"), s("location"), s("detail"))
+        })
+        .collect()
+}
+
+fn export(db: &Path, extra: &[&str]) -> String {
+    let mut args = vec!["export", p(db)];
+    args.extend_from_slice(extra);
+    let out = annal(&args);
+    assert_eq!(code(&out), 0, "export failed: {}", stderr(&out));
+    stdout(&out)
+}
+
+fn sessions(db: &Path) -> Vec<SessionId> {
+    let reader = Reader::open(db, Limits::default(), None).unwrap();
+    reader.list_sessions(&ListQuery::new().include_archived()).unwrap().items.iter().map(|h| h.session).collect()
+}
+
+/// Rewrites the stored bytes of log record `seq` with `f`.
+fn tamper_record(db: &Path, seq: u64, f: impl FnOnce(&mut Vec<u8>)) {
+    let database = redb::Database::open(db).unwrap();
+    let txn = database.begin_write().unwrap();
+    {
+        let mut log = txn.open_table(LOG).unwrap();
+        let mut bytes = log.get(seq).unwrap().expect("record exists").value().to_vec();
+        f(&mut bytes);
+        log.insert(seq, bytes.as_slice()).unwrap();
+    }
+    txn.commit().unwrap();
+}
+
+#[test]
+fn demo_verifies_clean_and_rebuild_changes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = demo_db(&dir, 6);
+    let out = annal(&["verify", p(&db), "--deep"]);
+    assert_eq!(code(&out), 0, "{}", stdout(&out));
+    assert!(stdout(&out).contains("clean"), "{}", stdout(&out));
+    let before = export(&db, &[]);
+    let digests_before = Reader::open(&db, Limits::default(), None).unwrap().projection_digests().unwrap();
+
+    let out = annal(&["rebuild", p(&db)]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert!(stderr(&out).is_empty(), "no progress bar in a pipe: {}", stderr(&out));
+    let text = stdout(&out);
+    assert!(text.contains("events/s") && text.contains("sessions"), "{text}");
+
+    let (rc, report) = verify_json(&db, &["--deep"]);
+    assert_eq!(rc, 0, "{report}");
+    assert_eq!(report["deep"]["tables"], 19);
+    assert_eq!(export(&db, &[]), before);
+    let digests_after = Reader::open(&db, Limits::default(), None).unwrap().projection_digests().unwrap();
+    assert_eq!(digests_before, digests_after);
+
+    // One projection alone, and an unknown name.
+    assert_eq!(code(&annal(&["rebuild", p(&db), "--projection", "labels", "--projection", "usage"])), 0);
+    assert_eq!(code(&annal(&["rebuild", p(&db), "--projection", "nope"])), 2);
+    assert_eq!(verify_json(&db, &["--deep"]).0, 0);
+}
+
+/// The seq of the first record of `kind`.
+fn first_of_kind(db: &Path, kind: annal::EventKind) -> u64 {
+    let reader = Reader::open(db, Limits::default(), None).unwrap();
+    let page = reader.events(annal::EventQuery { from_seq: 1, max_events: 10_000, max_bytes: 1 << 26 }).unwrap();
+    page.events.iter().find(|e| e.record.event.kind() == kind).expect("a record of the kind").record.seq
+}
+
+#[test]
+fn a_flipped_byte_names_its_sequence_number() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = demo_db(&dir, 2);
+    // A flip that still decodes: one letter of a context source changes case.
+    let a = first_of_kind(&db, annal::EventKind::ContextAppended);
+    tamper_record(&db, a, |b| {
+        let at = b.windows(7).position(|w| w == b"indexer").expect("the source is in the record");
+        b[at] ^= 0x20;
+    });
+    let out = annal(&["verify", p(&db)]);
+    assert_eq!(code(&out), 1);
+    assert!(stdout(&out).contains(&format!("FINDING log seq {a}: chain hash")), "{}", stdout(&out));
+    let (_, report) = verify_json(&db, &[]);
+    let f = findings(&report);
+    assert_eq!(f.len(), 1, "{f:?}");
+    assert_eq!((f[0].0.as_str(), f[0].1.clone()), ("chain_mismatch", format!("log seq {a}")));
+
+    // A flip that does not decode (the kind byte) is reported at its own seq, and nothing
+    // else: the session's later records are still checked against the right position.
+    let b = a + 3;
+    tamper_record(&db, b, |bytes| bytes[5] = 0xee);
+    let (rc, report) = verify_json(&db, &[]);
+    assert_eq!(rc, 1);
+    let f = findings(&report);
+    let at = |seq: u64| format!("log seq {seq}");
+    assert!(f.iter().any(|(k, l, _)| k == "undecodable" && *l == at(b)), "{f:?}");
+    assert!(f.iter().all(|(_, l, _)| *l == at(a) || *l == at(b)), "{f:?}");
+    assert_eq!(f.len(), 3, "{f:?}");
+}
+
+#[test]
+fn a_deleted_record_is_reported_as_a_gap_and_verify_keeps_going() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = demo_db(&dir, 2);
+    {
+        let database = redb::Database::open(&db).unwrap();
+        let txn = database.begin_write().unwrap();
+        txn.open_table(LOG).unwrap().remove(9).unwrap();
+        txn.commit().unwrap();
+    }
+    // A second, independent problem later in the log.
+    tamper_record(&db, 20, |b| b[HEADER_LEN + 2] ^= 0x40);
+    let (rc, report) = verify_json(&db, &[]);
+    assert_eq!(rc, 1);
+    let f = findings(&report);
+    assert!(f.iter().any(|(k, l, d)| k == "gap" && l == "log seq 9" && d.contains("record 9 is missing")), "{f:?}");
+    assert!(f.iter().any(|(k, l, _)| k == "chain_mismatch" && l == "log seq 20"), "{f:?}");
+    assert_eq!(report["records"], report["tip"]["seq"].as_u64().unwrap() - 1);
+}
+
+#[test]
+fn a_damaged_content_object_is_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = demo_db(&dir, 2);
+    let damaged = {
+        let database = redb::Database::open(&db).unwrap();
+        let txn = database.begin_write().unwrap();
+        let id = {
+            let mut content = txn.open_table(CONTENT).unwrap();
+            let (id, mut bytes) = {
+                let first = content.first().unwrap().expect("some content");
+                (first.0.value(), first.1.value().to_vec())
+            };
+            bytes[0] ^= 0xff;
+            content.insert(id, bytes.as_slice()).unwrap();
+            id
+        };
+        txn.commit().unwrap();
+        annal::ContentId(id)
+    };
+    for deep in [false, true] {
+        let (rc, report) = verify_json(&db, if deep { &["--deep"] } else { &[] });
+        assert_eq!(rc, 1);
+        let f = findings(&report);
+        let location = format!("content {}", damaged.to_hex());
+        assert!(f.iter().any(|(k, l, _)| k == "content_hash" && *l == location), "{f:?}");
+    }
+}
+
+#[test]
+fn an_unsupported_schema_version_is_a_typed_finding() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = demo_db(&dir, 2);
+    // Rewrite record 3 with schema version 99 and re-seal its chain link, as a newer
+    // binary would have written it.
+    let prev = {
+        let database = redb::Database::open(&db).unwrap();
+        let txn = database.begin_read().unwrap();
+        let log = txn.open_table(LOG).unwrap();
+        let bytes = log.get(2).unwrap().unwrap().value().to_vec();
+        stored_chain_hash(&bytes).unwrap()
+    };
+    tamper_record(&db, 3, |b| {
+        b[6..8].copy_from_slice(&99u16.to_le_bytes());
+        let split = b.len() - 32;
+        let hash = LogChain::plain().next(&prev, &b[..split]);
+        b[split..].copy_from_slice(&hash.0);
+    });
+    let (rc, report) = verify_json(&db, &[]);
+    assert_eq!(rc, 1);
+    let f = findings(&report);
+    let schema = f.iter().find(|(k, _, _)| k == "unsupported_schema").expect("a schema finding");
+    assert_eq!(schema.1, "log seq 3");
+    assert!(schema.2.contains("unsupported schema version 99"), "{}", schema.2);
+    assert!(!f.iter().any(|(k, l, _)| k == "chain_mismatch" && l == "log seq 3"), "{f:?}");
+}
+
+#[test]
+fn export_import_export_is_identical() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = demo_db(&dir, 6);
+    let first = export(&db, &[]);
+    assert!(first.contains("{\"base64\":"), "binary attachments are base64");
+    assert!(first.contains("\"kind\":\"TranscriptRewritten\""));
+    let file = dir.path().join("export.jsonl");
+    std::fs::write(&file, &first).unwrap();
+    let copy = dir.path().join("copy.redb");
+    let out = annal(&["import", p(&file), p(&copy)]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert!(stdout(&out).contains("chain reproduced exactly"), "{}", stdout(&out));
+    assert_eq!(export(&copy, &[]), first);
+    let (rc, original) = verify_json(&db, &["--deep"]);
+    assert_eq!(rc, 0);
+    let (rc, copied) = verify_json(&copy, &["--deep"]);
+    assert_eq!(rc, 0, "{copied}");
+    assert_eq!(original["tip"], copied["tip"]);
+    // Importing the same export again does not follow the tip: refused, nothing written.
+    let out = annal(&["import", p(&file), p(&copy)]);
+    assert_eq!(code(&out), 1);
+    assert!(stderr(&out).contains("line 1"), "{}", stderr(&out));
+    assert_eq!(verify_json(&copy, &[]).1["tip"], original["tip"]);
+}
+
+#[test]
+fn a_malformed_line_names_its_number_and_imports_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = demo_db(&dir, 2);
+    let text = export(&db, &[]);
+    let target = dir.path().join("target.redb");
+    let write = |name: &str, lines: Vec<String>| {
+        let f = dir.path().join(name);
+        std::fs::write(&f, lines.join("\n") + "\n").unwrap();
+        f
+    };
+    let lines: Vec<String> = text.lines().map(str::to_string).collect();
+
+    let mut broken = lines.clone();
+    broken[4] = "{\"seq\": 5, \"oops\"".into();
+    let out = annal(&["import", p(&write("syntax.jsonl", broken)), p(&target)]);
+    assert_eq!(code(&out), 1);
+    assert!(stderr(&out).contains("line 5:"), "{}", stderr(&out));
+    assert!(!target.exists(), "nothing may be imported");
+
+    // Well-formed JSON whose inlined content no longer matches its id.
+    let mut edited = lines.clone();
+    let at = edited.iter().position(|l| l.contains("\"kind\":\"ContextAppended\"")).unwrap();
+    edited[at] = edited[at].replacen("src/", "lib/", 1);
+    let out = annal(&["import", p(&write("content.jsonl", edited)), p(&target)]);
+    assert_eq!(code(&out), 1);
+    assert!(stderr(&out).contains(&format!("line {}:", at + 1)), "{}", stderr(&out));
+    assert!(stderr(&out).contains("does not match its bytes"), "{}", stderr(&out));
+    assert!(!target.exists());
+
+    // An export of one session has gaps in its sequence numbers: for reading only.
+    let session = sessions(&db)[1];
+    let partial = export(&db, &["--session", &session.to_string()]);
+    assert!(partial.lines().all(|l| l.contains(&session.to_string())));
+    let f = dir.path().join("partial.jsonl");
+    std::fs::write(&f, &partial).unwrap();
+    let out = annal(&["import", p(&f), p(&target)]);
+    assert_eq!(code(&out), 1);
+    assert!(stderr(&out).contains("line 1: seq 2 does not follow seq 0"), "{}", stderr(&out));
+    assert!(stderr(&out).contains("only a full export imports"), "{}", stderr(&out));
+    assert!(!target.exists());
+}
+
+#[test]
+fn verify_runs_beside_a_live_writer() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = demo_db(&dir, 2);
+    let engine = Engine::open(&db).unwrap();
+    let session = sessions(&db)[0];
+    let before = engine.tip().unwrap().0;
+    let turn = CommitTurn::new(session, "live-1", Expected::Any).message(Message::user("still here"));
+    engine.commit_turn(turn).unwrap();
+    let (rc, report) = verify_json(&db, &["--deep"]);
+    assert_eq!(rc, 0, "{report}");
+    assert_eq!(report["tip"]["seq"], before + 1);
+    // The writer is unaffected and keeps committing.
+    let turn = CommitTurn::new(session, "live-2", Expected::Any).message(Message::user("and again"));
+    engine.commit_turn(turn).unwrap();
+    let (rc, report) = verify_json(&db, &[]);
+    assert_eq!(rc, 0, "{report}");
+    assert_eq!(report["tip"]["seq"], before + 2);
+    let out = annal(&["sessions", p(&db), "--archived", "--json"]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    // Writing commands need the file to themselves: refused, nothing changed.
+    let out = annal(&["rebuild", p(&db)]);
+    assert_eq!(code(&out), 2, "{}", stderr(&out));
+    let file = dir.path().join("export.jsonl");
+    std::fs::write(&file, export(&db, &[])).unwrap();
+    assert_eq!(code(&annal(&["import", p(&file), p(&db)])), 2);
+    assert_eq!(engine.tip().unwrap().0, before + 2);
+    engine.close().unwrap();
+}
+
+/// Node and edge statements of a DOT file written one statement per line.
+fn dot_counts(dot: &str) -> (usize, usize, Vec<String>, Vec<(String, String)>) {
+    let mut nodes = Vec::new();
+    let mut edges = Vec::new();
+    for line in dot.lines().map(str::trim) {
+        if !line.starts_with('"') {
+            continue;
+        }
+        let quoted: Vec<&str> = line.split('"').collect();
+        if line.contains("\" -> \"") {
+            edges.push((quoted[1].to_string(), quoted[3].to_string()));
+        } else {
+            nodes.push(quoted[1].to_string());
+        }
+    }
+    (nodes.len(), edges.len(), nodes, edges)
+}
+
+#[test]
+fn graph_dot_matches_the_engine_graph() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = demo_db(&dir, 4);
+    let reader = Reader::open(&db, Limits::default(), None).unwrap();
+    let all = sessions(&db);
+    let mut saw_fork_out = false;
+    let mut saw_fork_in = false;
+    let mut saw_restore = false;
+    for session in &all {
+        let g = reader.graph(*session).unwrap();
+        let out = annal(&["graph", p(&db), &session.to_string()]);
+        assert_eq!(code(&out), 0, "{}", stderr(&out));
+        let dot = stdout(&out);
+        assert!(dot.starts_with("digraph") && dot.trim_end().ends_with('}'));
+        let (nodes, edges, names, links) = dot_counts(&dot);
+        let transitions = g.edges.iter().filter(|e| e.from.is_some()).count();
+        let fork_in = usize::from(g.forked_from.is_some());
+        assert_eq!(nodes, g.nodes.len() + g.forks.len() + fork_in, "{dot}");
+        assert_eq!(edges, transitions + g.forks.len() + fork_in, "{dot}");
+        assert_eq!(annal_replay::graph::dot_counts(&g), (nodes, edges));
+        for (a, b) in &links {
+            assert!(names.contains(a) && names.contains(b), "edge {a} -> {b} to an undeclared node");
+        }
+        saw_fork_out |= !g.forks.is_empty();
+        saw_fork_in |= g.forked_from.is_some();
+        saw_restore |= dot.contains("restore (seq");
+    }
+    assert!(saw_fork_out && saw_fork_in && saw_restore, "the demo has forks and restores");
+    let out = annal(&["graph", p(&db), &all[0].to_string(), "--format", "svg"]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert!(stdout(&out).contains("<svg") && stdout(&out).contains("</svg>"));
+    let out = annal(&["graph", p(&db), &all[0].to_string(), "--format", "text"]);
+    assert!(stdout(&out).contains("⑂ fork"), "{}", stdout(&out));
+}
+
+#[test]
+fn expect_tip_catches_a_truncated_tail() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = demo_db(&dir, 2);
+    let (_, report) = verify_json(&db, &[]);
+    let tip = report["tip"]["chain_hash"].as_str().unwrap().to_string();
+    let last = report["tip"]["seq"].as_u64().unwrap();
+    assert_eq!(verify_json(&db, &["--expect-tip", &tip]).0, 0);
+    // Cut the last record and make the meta tip agree: invisible without a key...
+    {
+        let database = redb::Database::open(&db).unwrap();
+        let txn = database.begin_write().unwrap();
+        {
+            let mut log = txn.open_table(LOG).unwrap();
+            let removed = annal::codec::decode_record(log.get(last).unwrap().unwrap().value(), 1 << 30).unwrap();
+            log.remove(last).unwrap();
+            let mut index = txn.open_table(annal::tables::SESSION_LOG).unwrap();
+            index.remove((removed.record.session.0, removed.record.stream_seq)).unwrap();
+            let hash = stored_chain_hash(log.get(last - 1).unwrap().unwrap().value()).unwrap();
+            let mut meta = txn.open_table(META).unwrap();
+            meta.insert(meta_keys::TIP, annal::tables::encode_tip(last - 1, &hash).as_slice()).unwrap();
+        }
+        txn.commit().unwrap();
+    }
+    assert_eq!(verify_json(&db, &[]).0, 0);
+    // ...but not to a remembered tip.
+    let (rc, report) = verify_json(&db, &["--expect-tip", &tip]);
+    assert_eq!(rc, 1);
+    assert!(findings(&report).iter().any(|(k, _, _)| k == "expected_tip"));
+    assert_eq!(code(&annal(&["verify", p(&db), "--expect-tip", "xyz"])), 2);
+}
+
+#[test]
+fn a_keyed_chain_needs_its_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("keyed.redb");
+    let key = [0x5a; 32];
+    let engine = Engine::open_with(&db, annal::Options { chain_key: Some(key), ..Default::default() }).unwrap();
+    let created = engine.create_session(annal::CreateSession::new().message(Message::system("hi"))).unwrap();
+    engine.commit_turn(CommitTurn::new(created.session, "t1", Expected::Any).message(Message::user("hello"))).unwrap();
+    engine.close().unwrap();
+    let raw = dir.path().join("key.bin");
+    std::fs::write(&raw, key).unwrap();
+    let hex = dir.path().join("key.hex");
+    std::fs::write(&hex, format!("{}\n", "5a".repeat(32))).unwrap();
+    let wrong = dir.path().join("wrong.bin");
+    std::fs::write(&wrong, [1u8; 32]).unwrap();
+    assert_eq!(code(&annal(&["verify", p(&db), "--deep", "--key-file", p(&raw)])), 0);
+    assert_eq!(code(&annal(&["verify", p(&db), "--key-file", p(&hex)])), 0);
+    let out = annal(&["verify", p(&db)]);
+    assert_eq!(code(&out), 2);
+    assert!(stderr(&out).contains("keyed chain"), "{}", stderr(&out));
+    assert_eq!(code(&annal(&["verify", p(&db), "--key-file", p(&wrong)])), 2);
+    // Export and re-import under the same key reproduces the keyed chain.
+    let text = export(&db, &["--key-file", p(&raw)]);
+    let file = dir.path().join("keyed.jsonl");
+    std::fs::write(&file, &text).unwrap();
+    let copy = dir.path().join("copy.redb");
+    let out = annal(&["import", p(&file), p(&copy)]);
+    assert_eq!(code(&out), 1, "a plain target cannot reproduce a keyed chain");
+    assert!(!copy.exists());
+    assert_eq!(code(&annal(&["import", p(&file), p(&copy), "--key-file", p(&raw)])), 0);
+    assert_eq!(export(&copy, &["--key-file", p(&raw)]), text);
+    let plain = dir.path().join("plain.redb");
+    let out = annal(&["import", p(&file), p(&plain), "--rechain"]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert_eq!(code(&annal(&["verify", p(&plain), "--deep"])), 0);
+}
+
+#[test]
+fn usage_errors_exit_2() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = demo_db(&dir, 1);
+    let missing = dir.path().join("missing.redb");
+    assert_eq!(code(&annal(&["verify", p(&missing)])), 2);
+    assert_eq!(code(&annal(&["rebuild", p(&missing)])), 2);
+    assert!(!missing.exists(), "rebuild must not create a database");
+    assert_eq!(code(&annal(&["inspect", p(&db), "not-a-session"])), 2);
+    let unknown = SessionId([7; 16]).to_string();
+    assert_eq!(code(&annal(&["inspect", p(&db), &unknown])), 2);
+    assert_eq!(code(&annal(&["transcript", p(&db), &unknown])), 2);
+    assert_eq!(code(&annal(&["export", p(&db), "--session", &unknown])), 2);
+    assert_eq!(code(&annal(&["sessions", p(&db), "--label", "novalue"])), 2);
+    assert_eq!(code(&annal(&["frobnicate"])), 2);
+    assert_eq!(code(&annal(&["demo", "--db", p(&db)])), 2, "the demo refuses to overwrite");
+}
+
+#[test]
+fn read_views_show_the_demo() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = demo_db(&dir, 2);
+    let session = sessions(&db)[0].to_string();
+
+    let out = annal(&["sessions", p(&db), "--label", "project=annal"]);
+    assert_eq!(code(&out), 0);
+    assert!(stdout(&out).contains(&session) && !stdout(&out).contains("billing-api"), "{}", stdout(&out));
+
+    let out = annal(&["inspect", p(&db), &session, "--json"]);
+    let json: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(json["unsettled"][0]["op_id"], "op-3", "{json}");
+    assert_eq!(json["head"]["session"], session.as_str());
+    assert!(json["usage"].as_array().unwrap().iter().all(|u| u["turns"].as_u64().unwrap() > 0));
+
+    let out = annal(&["transcript", p(&db), &session, "--offset", "1", "--limit", "2", "--json"]);
+    let json: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(json["offset"], 1);
+    assert_eq!(json["messages"].as_array().unwrap().len(), 2);
+    assert_eq!(json["has_more"], true);
+    // An older revision: the first node of the graph.
+    let g = Reader::open(&db, Limits::default(), None).unwrap().graph(session.parse().unwrap()).unwrap();
+    let first = g.nodes[0].revision.to_hex();
+    let out = annal(&["transcript", p(&db), &session, "--revision", &first, "--json"]);
+    let json: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(json["total"], 1);
+    assert_eq!(json["revision"], first.as_str());
+
+    let out = annal(&["log", p(&db), "--session", &session, "--limit", "3"]);
+    assert_eq!(stdout(&out).lines().count(), 4, "{}", stdout(&out));
+    let out = annal(&["log", p(&db), "--from", "5", "--limit", "2", "--json"]);
+    let seqs: Vec<u64> =
+        stdout(&out).lines().map(|l| serde_json::from_str::<Value>(l).unwrap()["seq"].as_u64().unwrap()).collect();
+    assert_eq!(seqs, vec![5, 6]);
+
+    let out = annal(&["stats", p(&db), "--json"]);
+    let json: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let tip = Reader::open(&db, Limits::default(), None).unwrap().tip().unwrap().0;
+    let by_kind: u64 = json["by_kind"].as_object().unwrap().values().map(|v| v.as_u64().unwrap()).sum();
+    assert_eq!(by_kind, tip);
+    assert!(json["dedup_saved_bytes"].as_u64().unwrap() > 0, "the demo repeats its system prompt");
+    assert!(json["file_bytes"].as_u64().unwrap() > 0);
+    assert_eq!(json["content_objects"].as_u64().unwrap() as usize, count_content(&db));
+}
+
+fn count_content(db: &Path) -> usize {
+    let database = redb::Database::open(db).unwrap();
+    let txn = database.begin_read().unwrap();
+    let table = txn.open_table(CONTENT).unwrap();
+    let mut n = 0;
+    for entry in table.iter().unwrap() {
+        let (k, v) = entry.unwrap();
+        assert_eq!(content_id(v.value()).0, k.value());
+        n += 1;
+    }
+    n
+}
