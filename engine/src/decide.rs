@@ -57,11 +57,13 @@ impl ContentSet {
         limits.check(Limit::ContentBytes, m.body.len() as u64)?;
         let object =
             MessageObject { role: m.role, content_type: m.content_type.clone(), body: m.body.clone(), attachments };
-        let bytes = encode_message(&object, limits.content_bytes_max).map_err(|_| Rejection::LimitExceeded {
-            limit: Limit::ContentBytes,
-            actual: m.approx_bytes(),
-            max: limits.content_bytes_max,
-        })?;
+        // The limit applies to the message object as stored, so measure that (without
+        // allocating) and report its size.
+        let size = wire::encoded_len(&object, u64::MAX)
+            .map_err(|e| Error::Rejected(Rejection::InvalidRequest { reason: format!("message: {e}") }))?;
+        limits.check(Limit::ContentBytes, size)?;
+        let bytes = encode_message(&object, size)
+            .map_err(|e| Error::Rejected(Rejection::InvalidRequest { reason: format!("message: {e}") }))?;
         self.add(limits, bytes)
     }
 
@@ -205,8 +207,35 @@ pub fn materialize<S: Store + ?Sized>(
     Ok(Some(list))
 }
 
+/// The encoded size of the record that will carry `event`. The envelope has a fixed
+/// size, so the size does not depend on where in the log the record lands.
+fn record_bytes(event: &Event) -> std::result::Result<u64, WireError> {
+    let payload = match event {
+        Event::SessionCreated(e) => wire::encoded_len(e, u64::MAX),
+        Event::TurnCommitted(e) => wire::encoded_len(e, u64::MAX),
+        Event::TranscriptRewritten(e) => wire::encoded_len(e, u64::MAX),
+        Event::SessionArchived(e) => wire::encoded_len(e, u64::MAX),
+        Event::SessionRevived(e) => wire::encoded_len(e, u64::MAX),
+        Event::ContextAppended(e) => wire::encoded_len(e, u64::MAX),
+        Event::ToolCallRecorded(e) => wire::encoded_len(e, u64::MAX),
+        Event::ToolResultRecorded(e) => wire::encoded_len(e, u64::MAX),
+        Event::LabelsChanged(e) => wire::encoded_len(e, u64::MAX),
+    }?;
+    Ok((RECORD_LEN_MIN as u64).saturating_add(payload))
+}
+
 /// Decides one non-batch command.
 pub fn decide<S: Store + ?Sized>(store: &S, command: &Command, limits: &Limits) -> Result<Decision> {
+    let decision = decide_command(store, command, limits)?;
+    if let Decision::Write { event, .. } = &decision {
+        let size = record_bytes(event)
+            .map_err(|e| Error::Rejected(Rejection::InvalidRequest { reason: format!("{}: {e}", event.kind()) }))?;
+        limits.check(Limit::RecordBytes, size)?;
+    }
+    Ok(decision)
+}
+
+fn decide_command<S: Store + ?Sized>(store: &S, command: &Command, limits: &Limits) -> Result<Decision> {
     limits.check(Limit::CommandBytes, command.approx_bytes())?;
     match command {
         Command::CreateSession(c) => create(store, c, limits),

@@ -288,6 +288,8 @@ fn fold_turns<S: Store + ?Sized>(store: &mut S, r: &Record) -> Result<()> {
 
 fn fold_usage<S: Store + ?Sized>(store: &mut S, r: &Record) -> Result<()> {
     if let Event::TurnCommitted(e) = &r.event {
+        // A turn may report several entries for one model; it counts as one turn.
+        let mut counted: Vec<Vec<u8>> = Vec::with_capacity(e.usage.len());
         for u in &e.usage {
             let key = keys::usage(&r.session, &u.provider, &u.model);
             let mut t: UsageTotals = store.row(Table::Usage, &key)?.unwrap_or_else(|| UsageTotals {
@@ -299,7 +301,10 @@ fn fold_usage<S: Store + ?Sized>(store: &mut S, r: &Record) -> Result<()> {
             t.output = t.output.saturating_add(u.output);
             t.cache_read = t.cache_read.saturating_add(u.cache_read);
             t.cache_write = t.cache_write.saturating_add(u.cache_write);
-            t.turns += 1;
+            if !counted.contains(&key) {
+                t.turns += 1;
+                counted.push(key.clone());
+            }
             store.put_row(Table::Usage, &key, &t)?;
         }
     }

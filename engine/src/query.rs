@@ -587,6 +587,10 @@ pub fn events(txn: &ReadTransaction, chain: &LogChain, limits: &Limits, q: &Even
     let log = txn.open_table(LOG)?;
     let from = q.from_seq.max(1);
     let last = log.last()?.map_or(0, |(k, _)| k.value());
+    if from > last {
+        // Past the tip: nothing to read yet, and no chain link to check.
+        return Ok(EventPage { events: Vec::new(), next_seq: from, has_more: false });
+    }
     let mut prev = prev_hash(&log, chain, from)?;
     let mut out = EventPage { events: Vec::new(), next_seq: from, has_more: false };
     let mut bytes = 0;

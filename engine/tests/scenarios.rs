@@ -1,0 +1,1122 @@
+//! The acceptance scenarios of SPEC §11, through the public API, each command checked
+//! against its row of SPEC §6: the success and every typed rejection.
+
+mod common;
+
+use annal::codec::{content_id, EventKind};
+use annal::tables::{self, meta_keys, META};
+use annal::*;
+use common::*;
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+    pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+}
+
+fn set_labels(session: SessionId, set: &[(&str, &str)], remove: &[&str]) -> SetLabels {
+    SetLabels { session, set: labels(set), remove: remove.iter().map(|k| k.to_string()).collect() }
+}
+
+/// Asserts that a rejected command wrote nothing: same tip, same projections.
+#[track_caller]
+fn assert_unchanged(engine: &Engine, tip: u64, digests: &[TableDigest]) {
+    assert_eq!(tip_seq(engine), tip, "a rejection consumed a seq");
+    assert_eq!(engine.projection_digests().unwrap(), digests, "a rejection changed a projection");
+}
+
+// ---------------------------------------------------------------------------- S1
+
+#[test]
+fn s1_create_session_head_is_the_chain_of_its_initial_messages() {
+    let db = Db::new();
+    let engine = db.open();
+    let initial = vec![
+        Message::system("You are a coding agent."),
+        Message::user("fix the build").with_attachment(b"log.txt".to_vec()),
+        Message::new(Role::Assistant, "application/json", br#"{"plan":["read","edit"]}"#.to_vec()),
+    ];
+    let mut c = CreateSession::new().label("project", "annal").metadata(b"host=cli".to_vec());
+    for m in &initial {
+        c = c.message(m.clone());
+    }
+    let created = engine.create_session(c).unwrap();
+    let expected = revision_of(&initial);
+    assert_eq!(created.receipt.revision, expected);
+    assert_eq!(created.receipt.seq, 1);
+    let h = head(&engine, created.session);
+    assert_eq!(h.revision, expected);
+    assert_eq!(h.message_count, 3);
+    assert_eq!(h.labels, labels(&[("project", "annal")]));
+    assert_eq!(h.metadata, b"host=cli");
+    assert!(!h.archived);
+    let read = transcript(&engine, created.session);
+    let ids: Vec<ContentId> = initial.iter().map(message_id).collect();
+    assert_eq!(read.iter().map(|m| m.content_id).collect::<Vec<_>>(), ids);
+    assert_eq!(read[2].message.content_type, "application/json");
+    assert_eq!(read[1].message.attachments, vec![content_id(b"log.txt")]);
+    assert_eq!(engine.content(content_id(b"log.txt")).unwrap().unwrap(), b"log.txt");
+    assert_eq!(read[2].chain, expected);
+
+    let empty = engine.create_session(CreateSession::new()).unwrap();
+    assert_eq!(empty.receipt.revision, RevisionId::empty());
+    assert_eq!(head(&engine, empty.session).message_count, 0);
+}
+
+#[test]
+fn s1_create_session_rejections() {
+    let db = Db::new();
+    let engine = db.open();
+    let id = SessionId([7; 16]);
+    engine.create_session(CreateSession::with_id(id).message(Message::user("first"))).unwrap();
+    let (tip, digests) = (tip_seq(&engine), engine.projection_digests().unwrap());
+
+    let again = engine.create_session(CreateSession::with_id(id).message(Message::user("other")));
+    assert_eq!(rejected(again), Rejection::AlreadyExists { session: id });
+    let blank_key = engine.create_session(CreateSession::new().label("", "x"));
+    assert!(matches!(rejected(blank_key), Rejection::InvalidRequest { .. }));
+    let blank_type = engine.create_session(CreateSession::new().message(Message::new(Role::User, "", b"x".to_vec())));
+    assert!(matches!(rejected(blank_type), Rejection::InvalidRequest { .. }));
+    let mut many = CreateSession::new();
+    for i in 0..65 {
+        many = many.label(format!("k{i}"), "v");
+    }
+    assert_eq!(
+        rejected(engine.create_session(many)),
+        Rejection::LimitExceeded { limit: Limit::LabelsPerSession, actual: 65, max: 64 }
+    );
+    assert_unchanged(&engine, tip, &digests);
+    assert_eq!(transcript(&engine, id)[0].message.body, b"first");
+}
+
+// ---------------------------------------------------------------------------- S2
+
+#[test]
+fn s2_turn_against_the_head_advances_and_a_stale_one_conflicts() {
+    let db = Db::new();
+    let engine = db.open();
+    let sys = Message::system("sys");
+    let (s, rev0) = create(&engine, std::slice::from_ref(&sys));
+    let q = Message::user("2 + 2?");
+    let a = Message::assistant("4");
+    let t = CommitTurn::new(s, "t1", Expected::Exact(rev0)).message(q.clone()).message(a.clone());
+    let receipt = match engine.commit_turn(t).unwrap() {
+        TurnOutcome::Committed(r) => r,
+        other => panic!("expected a new commit, got {other:?}"),
+    };
+    assert_eq!(receipt.revision, revision_of(&[sys.clone(), q.clone(), a.clone()]));
+    assert_eq!(receipt.revision, rev0.extend(&message_id(&q)).extend(&message_id(&a)));
+    assert_eq!(receipt.seq, 2);
+    let h = head(&engine, s);
+    assert_eq!((h.revision, h.message_count), (receipt.revision, 3));
+    let first_event = &all_events(&engine)[0];
+    assert!(receipt.committed_at_ms >= first_event.record.committed_at_ms);
+
+    let (tip, digests) = (tip_seq(&engine), engine.projection_digests().unwrap());
+    let stale = CommitTurn::new(s, "t2", Expected::Exact(rev0)).message(Message::user("again"));
+    assert_eq!(
+        rejected(engine.commit_turn(stale)),
+        Rejection::RevisionConflict { expected: rev0, actual: receipt.revision }
+    );
+    assert_unchanged(&engine, tip, &digests);
+
+    // `Any` commits on whatever the head is.
+    let any = CommitTurn::new(s, "t3", Expected::Any).message(Message::user("any"));
+    let r3 = engine.commit_turn(any).unwrap().receipt();
+    assert_eq!(r3.revision, receipt.revision.extend(&message_id(&Message::user("any"))));
+    assert_eq!(head(&engine, s).message_count, 4);
+}
+
+#[test]
+fn s2_turn_rejections_not_found_and_invalid() {
+    let db = Db::new();
+    let engine = db.open();
+    let (s, rev) = create(&engine, &[Message::system("sys")]);
+    let (tip, digests) = (tip_seq(&engine), engine.projection_digests().unwrap());
+    let ghost = SessionId([1; 16]);
+    assert_eq!(rejected(engine.commit_turn(turn(ghost, "t", rev))), Rejection::NotFound { session: ghost });
+    let empty = CommitTurn::new(s, "t", Expected::Exact(rev));
+    assert!(matches!(rejected(engine.commit_turn(empty)), Rejection::InvalidRequest { .. }));
+    assert!(matches!(rejected(engine.commit_turn(turn(s, "", rev))), Rejection::InvalidRequest { .. }));
+    let long_id = "x".repeat(257);
+    assert_eq!(
+        rejected(engine.commit_turn(turn(s, &long_id, rev))),
+        Rejection::LimitExceeded { limit: Limit::IdBytes, actual: 257, max: 256 }
+    );
+    assert_unchanged(&engine, tip, &digests);
+}
+
+// ---------------------------------------------------------------------------- S3
+
+#[test]
+fn s3_retry_after_the_head_moved_returns_the_original_receipt() {
+    let db = Db::new();
+    let engine = db.open();
+    let (s, rev0) = create(&engine, &[Message::system("sys")]);
+    let t1 = turn(s, "t1", rev0).usage("anthropic", "claude", 10, 2);
+    let original = engine.commit_turn(t1.clone()).unwrap().receipt();
+    let moved = commit_turns(&engine, s, "later", 2, original.revision);
+    assert_ne!(moved, original.revision);
+    let (tip, digests) = (tip_seq(&engine), engine.projection_digests().unwrap());
+
+    assert_eq!(engine.commit_turn(t1.clone()).unwrap(), TurnOutcome::AlreadyCommitted(original));
+    // The expected revision is not part of the turn's identity.
+    let t1_any = CommitTurn { expected: Expected::Any, ..t1.clone() };
+    assert_eq!(engine.commit_turn(t1_any).unwrap(), TurnOutcome::AlreadyCommitted(original));
+    assert_unchanged(&engine, tip, &digests);
+    assert_eq!(engine.usage(s).unwrap()[0].input, 10, "a retry must not count usage twice");
+
+    let other_content = CommitTurn { messages: vec![Message::user("different")], ..t1.clone() };
+    assert_eq!(rejected(engine.commit_turn(other_content)), Rejection::TurnConflict { turn_id: "t1".into() });
+    let other_usage = t1.clone().usage("anthropic", "claude", 1, 1);
+    assert_eq!(rejected(engine.commit_turn(other_usage)), Rejection::TurnConflict { turn_id: "t1".into() });
+    assert_unchanged(&engine, tip, &digests);
+
+    // The same turn id in another session is another turn.
+    let (other, other_rev) = create(&engine, &[Message::system("sys")]);
+    let there = CommitTurn { session: other, expected: Expected::Exact(other_rev), ..t1 };
+    assert!(matches!(engine.commit_turn(there).unwrap(), TurnOutcome::Committed(_)));
+}
+
+// ---------------------------------------------------------------------------- S4
+
+#[test]
+fn s4_compaction_keeps_the_session_advances_the_head_and_the_old_revision_reads() {
+    let db = Db::new();
+    let engine = db.open();
+    let (s, rev0) = create(&engine, &[Message::system("sys")]);
+    let before = commit_turns(&engine, s, "t", 10, rev0);
+    let original = transcript(&engine, s);
+    assert_eq!(original.len(), 21);
+
+    let summary = Message::system("summary of the first seven turns");
+    let c = Rewrite {
+        note: "context window".into(),
+        actor: "compactor".into(),
+        ..rewrite(s, before, 0, 15, vec![summary.clone()], RewriteReason::Compaction)
+    };
+    let receipt = engine.rewrite(c).unwrap();
+    let mut expected_ids = vec![message_id(&summary)];
+    expected_ids.extend(original[15..].iter().map(|m| m.content_id));
+    assert_eq!(receipt.revision, RevisionId::of(&expected_ids));
+    let h = head(&engine, s);
+    assert_eq!(h.session, s);
+    assert_eq!((h.revision, h.message_count), (receipt.revision, 7));
+    assert_eq!(transcript_ids(&engine, s), expected_ids);
+
+    let revisions = engine.revisions(s, PageRequest::first(100)).unwrap();
+    assert_eq!(revisions.head, receipt.revision);
+    assert_eq!(revisions.total, 12);
+    let child = revisions.page.items.last().unwrap();
+    assert_eq!(child.revision, receipt.revision);
+    assert_eq!(child.parents, vec![before]);
+    assert_eq!(
+        child.origin,
+        NodeOrigin::Rewrite { kind: "compaction".into(), note: "context window".into(), actor: "compactor".into() }
+    );
+    let parent = &revisions.page.items[10];
+    assert_eq!((parent.revision, parent.message_count), (before, 21));
+    let edge = engine.graph(s).unwrap().edges.pop().unwrap();
+    assert_eq!((edge.from, edge.to, edge.seq), (Some(before), receipt.revision, receipt.seq));
+
+    // The compacted-away revision is still readable, page by page.
+    let mut read = Vec::new();
+    for offset in (0..21).step_by(4) {
+        let page = engine.transcript_at(s, before, PageRequest::new(offset, 4)).unwrap();
+        assert_eq!((page.revision, page.total, page.offset, page.limit), (before, 21, offset, 4));
+        assert_eq!(page.has_more, offset + 4 < 21);
+        read.extend(page.messages);
+    }
+    assert_eq!(read, original);
+    let past_end = engine.transcript_at(s, before, PageRequest::new(50, 4)).unwrap();
+    assert_eq!((past_end.offset, past_end.messages.len(), past_end.has_more), (21, 0, false));
+}
+
+#[test]
+fn s4_rewrite_rejections() {
+    let db = Db::new();
+    let engine = db.open();
+    let (s, rev0) = create(&engine, &[Message::system("sys")]);
+    let rev = commit_turns(&engine, s, "t", 2, rev0);
+    let (tip, digests) = (tip_seq(&engine), engine.projection_digests().unwrap());
+    let edit = |start, end, replacement| rewrite(s, rev, start, end, replacement, RewriteReason::Edit);
+
+    assert_eq!(
+        rejected(engine.rewrite(edit(3, 2, vec![Message::user("x")]))),
+        Rejection::InvalidRange { start: 3, end: 2, len: 5 }
+    );
+    assert_eq!(rejected(engine.rewrite(edit(4, 6, vec![]))), Rejection::InvalidRange { start: 4, end: 6, len: 5 });
+    let same = transcript(&engine, s)[2].message.clone();
+    let same = Message::new(same.role, same.content_type, same.body);
+    assert_eq!(rejected(engine.rewrite(edit(2, 3, vec![same]))), Rejection::NoChange);
+    assert_eq!(rejected(engine.rewrite(edit(5, 5, vec![]))), Rejection::NoChange);
+    let stale = rewrite(s, rev0, 0, 1, vec![Message::user("x")], RewriteReason::Edit);
+    assert_eq!(rejected(engine.rewrite(stale)), Rejection::RevisionConflict { expected: rev0, actual: rev });
+    let ghost = SessionId([2; 16]);
+    let unknown = rewrite(ghost, rev, 0, 1, vec![], RewriteReason::Redaction);
+    assert_eq!(rejected(engine.rewrite(unknown)), Rejection::NotFound { session: ghost });
+    assert_unchanged(&engine, tip, &digests);
+
+    // Redaction of a range with no replacement deletes it.
+    let r = engine.rewrite(rewrite(s, rev, 1, 3, vec![], RewriteReason::Redaction)).unwrap();
+    assert_eq!(head(&engine, s).message_count, 3);
+    let origin = engine.revisions(s, PageRequest::first(10)).unwrap().page.items.pop().unwrap().origin;
+    assert!(matches!(origin, NodeOrigin::Rewrite { ref kind, .. } if kind == "redaction"));
+    assert_eq!(r.revision, head(&engine, s).revision);
+}
+
+// ---------------------------------------------------------------------------- S5
+
+#[test]
+fn s5_restore_gives_the_exact_parent_id_and_every_rejection() {
+    let db = Db::new();
+    let engine = db.open();
+    let (s, rev0) = create(&engine, &[Message::system("sys")]);
+    let parent = commit_turns(&engine, s, "t", 2, rev0);
+    let parent_ids = transcript_ids(&engine, s);
+    let child = engine
+        .rewrite(rewrite(s, parent, 1, 2, vec![Message::user("edited question")], RewriteReason::Edit))
+        .unwrap()
+        .revision;
+    let (other, other_rev) = create(&engine, &[Message::system("other")]);
+    let (tip, digests) = (tip_seq(&engine), engine.projection_digests().unwrap());
+
+    assert_eq!(rejected(engine.restore(restore(s, child, child))), Rejection::NoChange);
+    let unknown = RevisionId([9; 32]);
+    assert_eq!(rejected(engine.restore(restore(s, child, unknown))), Rejection::UnknownRevision { revision: unknown });
+    assert_eq!(
+        rejected(engine.restore(restore(s, parent, rev0))),
+        Rejection::RevisionConflict { expected: parent, actual: child }
+    );
+    // A revision held by another session only is unknown here.
+    assert_eq!(
+        rejected(engine.restore(restore(s, child, other_rev))),
+        Rejection::UnknownRevision { revision: other_rev }
+    );
+    assert_eq!(head(&engine, other).revision, other_rev);
+    let ghost = SessionId([3; 16]);
+    assert_eq!(rejected(engine.restore(restore(ghost, child, parent))), Rejection::NotFound { session: ghost });
+    assert_unchanged(&engine, tip, &digests);
+
+    let restored = engine.restore(restore(s, child, parent)).unwrap();
+    assert_eq!(restored.revision, parent);
+    assert_eq!(head(&engine, s).revision, parent);
+    assert_eq!(transcript_ids(&engine, s), parent_ids);
+    let edge = engine.graph(s).unwrap().edges.pop().unwrap();
+    assert_eq!((edge.from, edge.to), (Some(child), parent));
+    assert!(matches!(edge.origin, NodeOrigin::Rewrite { ref kind, .. } if kind == "restore"));
+    let page = engine.revisions(s, PageRequest::first(10)).unwrap();
+    assert_eq!((page.head, page.total), (parent, 4), "a restore adds no new node");
+
+    // Forward again, and all the way back to the first revision.
+    assert_eq!(engine.restore(restore(s, parent, child)).unwrap().revision, child);
+    assert_eq!(engine.restore(restore(s, child, rev0)).unwrap().revision, rev0);
+    assert_eq!(transcript_ids(&engine, s), parent_ids[..1]);
+}
+
+// ---------------------------------------------------------------------------- S6
+
+#[test]
+fn s6_fork_at_keeps_a_prefix_and_leaves_the_parent_untouched() {
+    let db = Db::new();
+    let engine = db.open();
+    let created = engine
+        .create_session(
+            CreateSession::new().label("team", "core").metadata(b"m".to_vec()).message(Message::system("s")),
+        )
+        .unwrap();
+    let s = created.session;
+    let rev = commit_turns(&engine, s, "t", 3, created.receipt.revision);
+    let parent_head = head(&engine, s);
+    let parent_ids = transcript_ids(&engine, s);
+    let parent_events = session_events(&engine, s).len();
+
+    let fork = engine.fork_at(s, 3).unwrap();
+    assert_ne!(fork.session, s);
+    let fh = head(&engine, fork.session);
+    assert_eq!(fh.message_count, 3);
+    assert_eq!(fh.revision, RevisionId::of(&parent_ids[..3]));
+    assert_eq!(fork.receipt.revision, fh.revision);
+    assert_eq!(transcript_ids(&engine, fork.session), parent_ids[..3]);
+    assert_eq!(fh.labels, labels(&[("team", "core")]), "labels are kept when not overridden");
+    assert_eq!(fh.forked_from, Some(ForkOrigin { session: s, revision: rev, message_count: 3 }));
+    assert_eq!(head(&engine, s), parent_head, "the parent is untouched");
+    assert_eq!(transcript_ids(&engine, s), parent_ids);
+    assert_eq!(session_events(&engine, s).len(), parent_events);
+    let forks = engine.graph(s).unwrap().forks;
+    assert_eq!(forks.len(), 1);
+    assert_eq!((forks[0].child, forks[0].revision, forks[0].message_count), (fork.session, rev, 3));
+    assert_eq!(engine.graph(fork.session).unwrap().forked_from.unwrap().session, s);
+
+    // The fork refers to the parent's content instead of copying it.
+    let created_event = &session_events(&engine, fork.session)[0].record.event;
+    match created_event {
+        Event::SessionCreated(e) => assert!(e.messages.is_empty()),
+        other => panic!("expected SessionCreated, got {other:?}"),
+    }
+
+    // A fork of the whole transcript, and of nothing.
+    let whole = engine.fork_at(s, 7).unwrap();
+    assert_eq!(whole.receipt.revision, rev);
+    let none = engine.fork_at(s, 0).unwrap();
+    assert_eq!(none.receipt.revision, RevisionId::empty());
+
+    // Writing to the fork leaves the parent alone.
+    engine.commit_turn(turn(fork.session, "f1", fh.revision)).unwrap();
+    assert_eq!(head(&engine, s), parent_head);
+}
+
+#[test]
+fn s6_fork_with_replacement_and_rejections() {
+    let db = Db::new();
+    let engine = db.open();
+    let created =
+        engine.create_session(CreateSession::new().label("team", "core").message(Message::system("s"))).unwrap();
+    let s = created.session;
+    commit_turns(&engine, s, "t", 2, created.receipt.revision);
+    let parent_ids = transcript_ids(&engine, s);
+
+    let replacement = Message::user("a better question");
+    let branch = engine.fork_replace(s, 3, replacement.clone()).unwrap();
+    let mut expected = parent_ids[..3].to_vec();
+    expected.push(message_id(&replacement));
+    assert_eq!(transcript_ids(&engine, branch.session), expected);
+    assert_eq!(head(&engine, branch.session).message_count, 4);
+    assert_eq!(branch.receipt.revision, RevisionId::of(&expected));
+
+    let own = labels(&[("kind", "experiment")]);
+    let fork = Fork { parent: s, session: SessionId([5; 16]), index: 1, replacement: None, labels: Some(own.clone()) };
+    let labelled = engine.fork(fork.clone()).unwrap();
+    assert_eq!(labelled.session, SessionId([5; 16]));
+    assert_eq!(head(&engine, labelled.session).labels, own, "labels given to the fork replace the parent's");
+
+    let (tip, digests) = (tip_seq(&engine), engine.projection_digests().unwrap());
+    assert_eq!(rejected(engine.fork_at(s, 6)), Rejection::IndexOutOfBounds { index: 6, len: 5 });
+    assert_eq!(
+        rejected(engine.fork_replace(s, 5, Message::user("x"))),
+        Rejection::IndexOutOfBounds { index: 5, len: 5 }
+    );
+    let ghost = SessionId([4; 16]);
+    assert_eq!(rejected(engine.fork_at(ghost, 0)), Rejection::NotFound { session: ghost });
+    assert_eq!(rejected(engine.fork(fork)), Rejection::AlreadyExists { session: SessionId([5; 16]) });
+    assert_unchanged(&engine, tip, &digests);
+}
+
+// ---------------------------------------------------------------------------- S7
+
+#[test]
+fn s7_archive_refuses_every_mutation_and_revive_reenables_writes() {
+    let db = Db::new();
+    let engine = db.open();
+    let (s, rev0) = create(&engine, &[Message::system("sys")]);
+    let rev = commit_turns(&engine, s, "t", 1, rev0);
+    engine.record_tool_call(tool_call(s, "op1", "bash", "ls")).unwrap();
+    let (other, _) = create(&engine, &[]);
+
+    assert!(engine.archive(s, "finished").unwrap());
+    assert!(head(&engine, s).archived);
+    let (tip, digests) = (tip_seq(&engine), engine.projection_digests().unwrap());
+    let archived = Rejection::Archived { session: s };
+    assert_eq!(rejected(engine.commit_turn(turn(s, "t9", rev))), archived);
+    assert_eq!(rejected(engine.rewrite(rewrite(s, rev, 0, 1, vec![], RewriteReason::Redaction))), archived);
+    assert_eq!(rejected(engine.restore(restore(s, rev, rev0))), archived);
+    assert_eq!(rejected(engine.append_context(context(s, "k", "v"))), archived);
+    assert_eq!(rejected(engine.record_tool_call(tool_call(s, "op2", "bash", "pwd"))), archived);
+    assert_eq!(rejected(engine.record_tool_result(tool_result(s, "op1", "ok"))), archived);
+    assert_eq!(rejected(engine.set_labels(set_labels(s, &[("a", "b")], &[]))), archived);
+    assert_unchanged(&engine, tip, &digests);
+
+    // Archiving again is fine and writes nothing; unknown sessions are NotFound.
+    assert!(!engine.archive(s, "again").unwrap());
+    assert_unchanged(&engine, tip, &digests);
+    let ghost = SessionId([6; 16]);
+    assert_eq!(rejected(engine.archive(ghost, "x")), Rejection::NotFound { session: ghost });
+    assert_eq!(rejected(engine.revive(ghost, "x")), Rejection::NotFound { session: ghost });
+    assert_eq!(rejected(engine.revive(other, "x")), Rejection::NotArchived { session: other });
+    assert_unchanged(&engine, tip, &digests);
+
+    // Hidden from the default listing, listed on request, history readable.
+    let listed: Vec<SessionId> =
+        engine.list_sessions(&ListQuery::new()).unwrap().items.iter().map(|h| h.session).collect();
+    assert_eq!(listed, vec![other]);
+    let all: Vec<SessionId> =
+        engine.list_sessions(&ListQuery::new().include_archived()).unwrap().items.iter().map(|h| h.session).collect();
+    assert_eq!(all, vec![s, other]);
+    assert_eq!(transcript(&engine, s).len(), 3);
+    assert_eq!(engine.transcript_at(s, rev0, PageRequest::first(10)).unwrap().total, 1);
+    assert_eq!(engine.revisions(s, PageRequest::first(10)).unwrap().total, 2);
+    assert_eq!(session_events(&engine, s).len(), 4);
+    assert_eq!(engine.tool_op(s, "op1").unwrap().unwrap().state, ToolState::Prepared);
+
+    let seq = engine.revive(s, "more work").unwrap();
+    assert_eq!(seq, tip + 1);
+    assert!(!head(&engine, s).archived);
+    engine.commit_turn(turn(s, "t9", rev)).unwrap();
+    engine.record_tool_result(tool_result(s, "op1", "ok")).unwrap();
+    assert_eq!(engine.list_sessions(&ListQuery::new()).unwrap().items.len(), 2);
+}
+
+// ---------------------------------------------------------------------------- S8
+
+#[test]
+fn s8_context_appends_follow_the_contract() {
+    let db = Db::new();
+    let engine = db.open();
+    let (s, rev0) = create(&engine, &[Message::system("sys")]);
+    let staged = match engine.append_context(context(s, "repo", "the repo is a Rust workspace")).unwrap() {
+        ContextOutcome::Staged(seq) => seq,
+        other => panic!("expected Staged, got {other:?}"),
+    };
+    assert_eq!(staged, 2);
+    let pending = engine.pending_context(s).unwrap();
+    assert_eq!(pending.len(), 1);
+    assert_eq!(
+        (pending[0].key.as_str(), pending[0].source.as_str(), pending[0].appended_seq),
+        ("repo", "memory", staged)
+    );
+    assert_eq!(pending[0].content, content_id(b"the repo is a Rust workspace"));
+
+    let (tip, digests) = (tip_seq(&engine), engine.projection_digests().unwrap());
+    let again = AppendContext { source: "another source".into(), ..context(s, "repo", "the repo is a Rust workspace") };
+    assert_eq!(engine.append_context(again).unwrap(), ContextOutcome::Duplicate);
+    assert_eq!(
+        rejected(engine.append_context(context(s, "repo", "something else"))),
+        Rejection::ContextConflict { key: "repo".into() }
+    );
+    assert!(matches!(rejected(engine.append_context(context(s, "blank", " \n\t "))), Rejection::InvalidRequest { .. }));
+    assert!(matches!(rejected(engine.append_context(context(s, "empty", ""))), Rejection::InvalidRequest { .. }));
+    assert!(matches!(rejected(engine.append_context(context(s, "", "text"))), Rejection::InvalidRequest { .. }));
+    let ghost = SessionId([8; 16]);
+    assert_eq!(rejected(engine.append_context(context(ghost, "k", "v"))), Rejection::NotFound { session: ghost });
+    assert_eq!(engine.head(ghost).unwrap(), None, "NotFound creates no row of any kind");
+    assert_unchanged(&engine, tip, &digests);
+
+    // A turn applies it: pending → applied.
+    engine.append_context(context(s, "date", "today is Monday")).unwrap();
+    let t = turn(s, "t1", rev0).apply_context("repo");
+    let receipt = engine.commit_turn(t).unwrap().receipt();
+    let entries = engine.context(s).unwrap();
+    let repo = entries.iter().find(|e| e.key == "repo").unwrap();
+    assert_eq!(repo.state, ContextState::Applied { seq: receipt.seq, turn_id: "t1".into() });
+    let pending: Vec<String> = engine.pending_context(s).unwrap().into_iter().map(|e| e.key).collect();
+    assert_eq!(pending, vec!["date".to_string()]);
+    let turn_event = all_events(&engine).pop().unwrap().record.event;
+    assert!(matches!(turn_event, Event::TurnCommitted(ref e) if e.applied_context == vec!["repo".to_string()]));
+
+    // Applying it again, or an unknown key, is ContextNotPending.
+    let (tip, digests) = (tip_seq(&engine), engine.projection_digests().unwrap());
+    let twice = turn(s, "t2", receipt.revision).apply_context("repo");
+    assert_eq!(rejected(engine.commit_turn(twice)), Rejection::ContextNotPending { key: "repo".into() });
+    let unknown = turn(s, "t2", receipt.revision).apply_context("date").apply_context("nope");
+    assert_eq!(rejected(engine.commit_turn(unknown)), Rejection::ContextNotPending { key: "nope".into() });
+    assert_unchanged(&engine, tip, &digests);
+    assert_eq!(engine.pending_context(s).unwrap().len(), 1, "a rejected turn applies nothing");
+
+    // Archived sessions take no context.
+    engine.archive(s, "done").unwrap();
+    assert_eq!(rejected(engine.append_context(context(s, "late", "x"))), Rejection::Archived { session: s });
+
+    // Replay agrees.
+    let before = engine.context(s).unwrap();
+    let digests = engine.projection_digests().unwrap();
+    engine.rebuild(ProjectionSet::all()).unwrap();
+    assert_eq!(engine.context(s).unwrap(), before);
+    assert_eq!(engine.projection_digests().unwrap(), digests);
+}
+
+// ---------------------------------------------------------------------------- S9
+
+#[test]
+fn s9_tool_ledger_prepare_settle_and_retries() {
+    let db = Db::new();
+    let engine = db.open();
+    let (s, rev0) = create(&engine, &[Message::system("sys")]);
+
+    let call = RecordToolCall { turn_id: Some("t1".into()), ..tool_call(s, "op1", "bash", "cargo test") };
+    let t1 = engine.record_tool_call(call.clone()).unwrap();
+    assert!(t1.created);
+    assert_eq!(t1.seq, Some(2));
+    let unsettled = engine.unsettled(s).unwrap();
+    assert_eq!(unsettled.len(), 1);
+    let op = &unsettled[0];
+    assert_eq!((op.op_id.as_str(), op.tool_name.as_str(), op.call_seq), ("op1", "bash", 2));
+    assert_eq!(op.args, content_id(b"cargo test"));
+    assert_eq!(op.turn_id.as_deref(), Some("t1"));
+    assert_eq!(op.state, ToolState::Prepared);
+    assert_eq!(engine.content(op.args).unwrap().unwrap(), b"cargo test");
+    assert_eq!(engine.unsettled_all(PageRequest::first(10)).unwrap().items.len(), 1);
+
+    let (tip, digests) = (tip_seq(&engine), engine.projection_digests().unwrap());
+    assert_eq!(engine.record_tool_call(call.clone()).unwrap(), ToolReceipt { created: false, seq: None });
+    assert_unchanged(&engine, tip, &digests);
+
+    let t2 = engine.record_tool_result(tool_result(s, "op1", "42 passed")).unwrap();
+    assert_eq!(t2, ToolReceipt { created: true, seq: Some(tip + 1) });
+    assert!(engine.unsettled(s).unwrap().is_empty());
+    assert!(engine.unsettled_all(PageRequest::first(10)).unwrap().items.is_empty());
+    match engine.tool_op(s, "op1").unwrap().unwrap().state {
+        ToolState::Settled { outcome, result, seq, .. } => {
+            assert_eq!((outcome, result, seq), (ToolOutcome::Ok, content_id(b"42 passed"), tip + 1));
+        }
+        other => panic!("expected a settled op, got {other:?}"),
+    }
+
+    let (tip, digests) = (tip_seq(&engine), engine.projection_digests().unwrap());
+    assert!(!engine.record_tool_result(tool_result(s, "op1", "42 passed")).unwrap().created);
+    assert!(!engine.record_tool_call(call).unwrap().created, "a call retry after the result");
+    assert_unchanged(&engine, tip, &digests);
+
+    // A turn may reference the operation.
+    let r = engine.commit_turn(turn(s, "t1", rev0).tool_op("op1")).unwrap().receipt();
+    assert!(matches!(all_events(&engine).pop().unwrap().record.event,
+        Event::TurnCommitted(ref e) if e.tool_ops == vec!["op1".to_string()]));
+    assert_eq!(r.seq, tip + 1);
+}
+
+#[test]
+fn s9_tool_ledger_drift_orphans_nesting_and_archive() {
+    let db = Db::new();
+    let engine = db.open();
+    let (s, rev0) = create(&engine, &[Message::system("sys")]);
+    let call = tool_call(s, "op1", "bash", "ls");
+    engine.record_tool_call(call.clone()).unwrap();
+    engine.record_tool_result(tool_result(s, "op1", "a.txt")).unwrap();
+    engine.record_tool_call(tool_call(s, "op2", "bash", "pwd")).unwrap();
+    let (other, _) = create(&engine, &[]);
+    let (tip, digests) = (tip_seq(&engine), engine.projection_digests().unwrap());
+
+    let conflict = |field: &'static str| Rejection::ToolConflict { op_id: "op1".into(), field };
+    let other_tool = RecordToolCall { tool_name: "zsh".into(), ..call.clone() };
+    assert_eq!(rejected(engine.record_tool_call(other_tool)), conflict("tool_name"));
+    let other_args = RecordToolCall { args: b"ls -la".to_vec(), ..call.clone() };
+    assert_eq!(rejected(engine.record_tool_call(other_args)), conflict("args"));
+    let other_parent = RecordToolCall { parent_op: Some("op2".into()), ..call.clone() };
+    assert_eq!(rejected(engine.record_tool_call(other_parent)), conflict("parent_op"));
+    assert_eq!(rejected(engine.record_tool_result(tool_result(s, "op1", "b.txt"))), conflict("result"));
+    let cancelled = RecordToolResult { outcome: ToolOutcome::Cancelled, ..tool_result(s, "op1", "a.txt") };
+    assert_eq!(rejected(engine.record_tool_result(cancelled)), conflict("outcome"));
+    assert_eq!(
+        rejected(engine.record_tool_result(tool_result(s, "ghost", "x"))),
+        Rejection::ToolOrphan { op_id: "ghost".into() }
+    );
+    let orphan_parent = RecordToolCall { parent_op: Some("nope".into()), ..tool_call(s, "op3", "grep", "x") };
+    assert_eq!(rejected(engine.record_tool_call(orphan_parent)), Rejection::UnknownToolOp { op_id: "nope".into() });
+    let unknown_ref = turn(s, "t1", rev0).tool_op("op1").tool_op("nope");
+    assert_eq!(rejected(engine.commit_turn(unknown_ref)), Rejection::UnknownToolOp { op_id: "nope".into() });
+    // Op ids are per session.
+    assert_eq!(
+        rejected(engine.record_tool_result(tool_result(other, "op1", "a.txt"))),
+        Rejection::ToolOrphan { op_id: "op1".into() }
+    );
+    assert_unchanged(&engine, tip, &digests);
+
+    // A nested operation links to its parent.
+    let nested = RecordToolCall { parent_op: Some("op2".into()), ..tool_call(s, "op2.1", "grep", "fn main") };
+    assert!(engine.record_tool_call(nested).unwrap().created);
+    let op = engine.tool_op(s, "op2.1").unwrap().unwrap();
+    assert_eq!(op.parent_op.as_deref(), Some("op2"));
+    let order: Vec<String> =
+        engine.tool_ops(s, PageRequest::first(10)).unwrap().items.into_iter().map(|o| o.op_id).collect();
+    assert_eq!(order, vec!["op1", "op2", "op2.1"]);
+    let unsettled: Vec<String> = engine.unsettled(s).unwrap().into_iter().map(|o| o.op_id).collect();
+    assert_eq!(unsettled, vec!["op2", "op2.1"]);
+    let error = RecordToolResult { outcome: ToolOutcome::Error, ..tool_result(s, "op2.1", "no match") };
+    engine.record_tool_result(error).unwrap();
+    let unsettled: Vec<String> = engine.unsettled(s).unwrap().into_iter().map(|o| o.op_id).collect();
+    assert_eq!(unsettled, vec!["op2"]);
+
+    engine.archive(s, "done").unwrap();
+    let archived = Rejection::Archived { session: s };
+    assert_eq!(rejected(engine.record_tool_call(tool_call(s, "op4", "bash", "x"))), archived);
+    assert_eq!(rejected(engine.record_tool_result(tool_result(s, "op2", "x"))), archived);
+}
+
+// ---------------------------------------------------------------------------- S10
+
+fn listed(engine: &Engine, q: &ListQuery) -> (Vec<SessionId>, bool) {
+    let page = engine.list_sessions(q).unwrap();
+    (page.items.iter().map(|h| h.session).collect(), page.has_more)
+}
+
+#[test]
+fn s10_listing_filters_pages_hides_archived_and_keeps_creation_order() {
+    let db = Db::new();
+    let engine = db.open();
+    // Host ids that sort against creation order: the listing follows creation.
+    let ids: Vec<SessionId> = (0..5u8).map(|i| SessionId([200 - i; 16])).collect();
+    let tags = [("x", "prod"), ("x", "dev"), ("y", "prod"), ("x", "prod"), ("xy", "prod")];
+    for (id, (team, env)) in ids.iter().zip(tags) {
+        engine.create_session(CreateSession::with_id(*id).label("team", team).label("env", env)).unwrap();
+    }
+    let q = ListQuery::new();
+    assert_eq!(listed(&engine, &q), (ids.clone(), false));
+    assert_eq!(listed(&engine, &q.clone().label("team", "x")), (vec![ids[0], ids[1], ids[3]], false));
+    let both = q.clone().label("team", "x").label("env", "prod");
+    assert_eq!(listed(&engine, &both), (vec![ids[0], ids[3]], false));
+    let reversed = q.clone().label("env", "prod").label("team", "x");
+    assert_eq!(listed(&engine, &reversed), (vec![ids[0], ids[3]], false));
+    assert_eq!(listed(&engine, &q.clone().label("team", "z")), (vec![], false));
+    assert_eq!(listed(&engine, &q.clone().label("tea", "mx")), (vec![], false));
+
+    // Paging.
+    assert_eq!(listed(&engine, &q.clone().page(0, 2)), (ids[..2].to_vec(), true));
+    assert_eq!(listed(&engine, &q.clone().page(2, 2)), (ids[2..4].to_vec(), true));
+    assert_eq!(listed(&engine, &q.clone().page(4, 2)), (ids[4..].to_vec(), false));
+    assert_eq!(listed(&engine, &q.clone().page(9, 2)), (vec![], false));
+    assert_eq!(listed(&engine, &q.clone().page(0, 5)), (ids.clone(), false));
+    assert_eq!(listed(&engine, &q.clone().label("env", "prod").page(1, 2)), (vec![ids[2], ids[3]], true));
+    let page = engine.list_sessions(&q.clone().page(3, 2)).unwrap();
+    assert_eq!((page.offset, page.limit), (3, 2));
+
+    // Archived sessions are hidden unless asked for, and keep their place.
+    engine.archive(ids[1], "old").unwrap();
+    assert_eq!(listed(&engine, &q.clone().label("team", "x")), (vec![ids[0], ids[3]], false));
+    assert_eq!(
+        listed(&engine, &q.clone().label("team", "x").include_archived()),
+        (vec![ids[0], ids[1], ids[3]], false)
+    );
+    assert_eq!(listed(&engine, &q.clone().page(0, 2)), (vec![ids[0], ids[2]], true));
+
+    // Changing labels moves a session between filters, never in the order.
+    engine.set_labels(set_labels(ids[4], &[("team", "x")], &["env"])).unwrap();
+    engine.set_labels(set_labels(ids[0], &[], &["team"])).unwrap();
+    assert_eq!(listed(&engine, &q.clone().label("team", "x")), (vec![ids[3], ids[4]], false));
+    assert_eq!(listed(&engine, &q.clone().label("env", "prod")), (vec![ids[0], ids[2], ids[3]], false));
+    let newer = engine.create_session(CreateSession::new().label("team", "x")).unwrap().session;
+    assert_eq!(listed(&engine, &q.clone().label("team", "x")), (vec![ids[3], ids[4], newer], false));
+
+    // The same answers after a rebuild.
+    engine.rebuild(ProjectionSet::all()).unwrap();
+    assert_eq!(listed(&engine, &q.clone().label("team", "x")), (vec![ids[3], ids[4], newer], false));
+}
+
+#[test]
+fn s10_set_labels_contract() {
+    let db = Db::new();
+    let engine = db.open();
+    let s = engine.create_session(CreateSession::new().label("a", "1")).unwrap().session;
+    let seq = engine.set_labels(set_labels(s, &[("b", "2")], &["a"])).unwrap();
+    assert_eq!(seq, Some(2));
+    assert_eq!(head(&engine, s).labels, labels(&[("b", "2")]));
+    let (tip, digests) = (tip_seq(&engine), engine.projection_digests().unwrap());
+    assert_eq!(engine.set_labels(set_labels(s, &[("b", "2")], &["a"])).unwrap(), None, "no change, no event");
+    assert!(matches!(
+        rejected(engine.set_labels(set_labels(s, &[("c", "3")], &["c"]))),
+        Rejection::InvalidRequest { .. }
+    ));
+    let key = "k".repeat(129);
+    assert_eq!(
+        rejected(engine.set_labels(set_labels(s, &[(key.as_str(), "v")], &[]))),
+        Rejection::LimitExceeded { limit: Limit::LabelKeyBytes, actual: 129, max: 128 }
+    );
+    let ghost = SessionId([11; 16]);
+    assert_eq!(
+        rejected(engine.set_labels(set_labels(ghost, &[("a", "b")], &[]))),
+        Rejection::NotFound { session: ghost }
+    );
+    assert_unchanged(&engine, tip, &digests);
+}
+
+// ---------------------------------------------------------------------------- S11
+
+#[test]
+fn s11_transcript_paging_clamps_echoes_and_reports_more() {
+    let db = Db::new();
+    let engine = db.open();
+    let (s, rev0) = create(&engine, &[Message::system("sys")]);
+    commit_turns(&engine, s, "t", 5, rev0);
+    let all = transcript(&engine, s);
+    assert_eq!(all.len(), 11);
+    let page = |offset, limit| engine.transcript(s, PageRequest::new(offset, limit)).unwrap();
+
+    let p = page(0, 4);
+    assert_eq!((p.offset, p.limit, p.total, p.messages.len(), p.has_more), (0, 4, 11, 4, true));
+    let p = page(8, 4);
+    assert_eq!((p.offset, p.limit, p.messages.len(), p.has_more), (8, 4, 3, false));
+    assert_eq!(p.messages, all[8..]);
+    assert_eq!(p.messages.iter().map(|m| m.position).collect::<Vec<_>>(), vec![8, 9, 10]);
+    let p = page(7, 4);
+    assert_eq!((p.messages.len(), p.has_more), (4, false));
+    let p = page(40, 4);
+    assert_eq!((p.offset, p.limit, p.messages.len(), p.has_more), (11, 4, 0, false));
+    let p = page(3, 0);
+    assert_eq!((p.offset, p.limit, p.messages.len(), p.has_more), (3, 0, 0, true));
+    let p = page(0, 10_000);
+    assert_eq!((p.limit, p.messages.len(), p.has_more), (10_000, 11, false));
+    assert_eq!(
+        rejected(engine.transcript(s, PageRequest::first(10_001))),
+        Rejection::LimitExceeded { limit: Limit::PageItems, actual: 10_001, max: 10_000 }
+    );
+    assert_eq!(
+        rejected(engine.transcript_at(s, rev0, PageRequest::first(10_001))),
+        Rejection::LimitExceeded { limit: Limit::PageItems, actual: 10_001, max: 10_000 }
+    );
+    let ghost = SessionId([12; 16]);
+    assert_eq!(rejected(engine.transcript(ghost, PageRequest::first(1))), Rejection::NotFound { session: ghost });
+
+    // Revision pages: oldest first, always with the head.
+    let revs = engine.revisions(s, PageRequest::new(4, 4)).unwrap();
+    assert_eq!((revs.total, revs.page.offset, revs.page.items.len(), revs.page.has_more), (6, 4, 2, false));
+    assert_eq!(revs.head, head(&engine, s).revision);
+    assert_eq!(revs.page.items[1].revision, revs.head);
+    let revs = engine.revisions(s, PageRequest::new(0, 2)).unwrap();
+    assert_eq!((revs.page.items[0].revision, revs.page.has_more), (rev0, true));
+    let revs = engine.revisions(s, PageRequest::new(99, 2)).unwrap();
+    assert_eq!((revs.page.offset, revs.page.items.len(), revs.head), (6, 0, head(&engine, s).revision));
+}
+
+#[test]
+fn s11_transcript_pages_respect_the_byte_budget() {
+    let db = Db::new();
+    let engine = db.open_limits(Limits { page_bytes_max: 100, ..Limits::default() });
+    let bodies: Vec<Message> = (0..9).map(|i| Message::user(format!("{i}").repeat(40))).collect();
+    let (s, rev) = create(&engine, &bodies);
+    let mut read = Vec::new();
+    let mut offset = 0;
+    loop {
+        let page = engine.transcript(s, PageRequest::new(offset, 10)).unwrap();
+        assert_eq!(page.limit, 10);
+        assert!(!page.messages.is_empty());
+        let bytes: usize = page.messages.iter().map(|m| m.message.body.len()).sum();
+        assert!(bytes <= 100, "a page of {bytes} bytes is over the budget");
+        assert_eq!(page.messages.len(), 2.min(9 - offset as usize));
+        offset += page.messages.len() as u64;
+        read.extend(page.messages);
+        assert_eq!(page.has_more, offset < 9);
+        if !page.has_more {
+            break;
+        }
+    }
+    assert_eq!(
+        read.into_iter().map(|m| m.message.body).collect::<Vec<_>>(),
+        bodies.iter().map(|m| m.body.clone()).collect::<Vec<_>>()
+    );
+    let old = engine.transcript_at(s, rev, PageRequest::new(3, 10)).unwrap();
+    assert_eq!((old.messages.len(), old.has_more), (2, true));
+}
+
+#[test]
+fn s11_event_pages_byte_budget_and_oversized_records() {
+    let db = Db::new();
+    let engine = db.open();
+    let (s, rev0) = create(&engine, &[Message::system("sys")]);
+    commit_turns(&engine, s, "t", 3, rev0);
+    let sizes: Vec<u64> = all_events(&engine).iter().map(|e| e.size).collect();
+    assert_eq!(sizes.len(), 4);
+    let q = |from_seq, max_events, max_bytes| EventQuery { from_seq, max_events, max_bytes };
+
+    let page = engine.events(q(1, 10, sizes[0])).unwrap();
+    assert_eq!((page.events.len(), page.next_seq, page.has_more), (1, 2, true));
+    assert_eq!(
+        engine.events(q(1, 10, sizes[0] - 1)),
+        Err(Error::OversizedRecord { seq: 1, size: sizes[0], max_bytes: sizes[0] - 1 })
+    );
+    let budget = sizes[0] + sizes[1] + sizes[2] - 1;
+    let page = engine.events(q(1, 10, budget)).unwrap();
+    assert_eq!((page.events.len(), page.next_seq, page.has_more), (2, 3, true));
+    assert_eq!(
+        engine.events(q(page.next_seq, 10, sizes[2] - 1)),
+        Err(Error::OversizedRecord { seq: 3, size: sizes[2], max_bytes: sizes[2] - 1 })
+    );
+    let page = engine.events(q(2, 2, 1 << 20)).unwrap();
+    assert_eq!(page.events.iter().map(|e| e.record.seq).collect::<Vec<_>>(), vec![2, 3]);
+    assert_eq!((page.next_seq, page.has_more), (4, true));
+    let page = engine.events(q(4, 2, 1 << 20)).unwrap();
+    assert_eq!((page.events.len(), page.next_seq, page.has_more), (1, 5, false));
+    let page = engine.events(q(9, 2, 1 << 20)).unwrap();
+    assert_eq!((page.events.len(), page.has_more), (0, false));
+    assert_eq!(
+        engine.session_events(s, q(2, 10, sizes[1] - 1)),
+        Err(Error::OversizedRecord { seq: 2, size: sizes[1], max_bytes: sizes[1] - 1 })
+    );
+
+    assert_eq!(
+        rejected(engine.events(q(1, 10_001, 1 << 20))),
+        Rejection::LimitExceeded { limit: Limit::PageItems, actual: 10_001, max: 10_000 }
+    );
+    assert_eq!(
+        rejected(engine.events(q(1, 10, (64 << 20) + 1))),
+        Rejection::LimitExceeded { limit: Limit::PageBytes, actual: (64 << 20) + 1, max: 64 << 20 }
+    );
+    assert_eq!(
+        rejected(engine.list_sessions(&ListQuery::new().page(0, 10_001))),
+        Rejection::LimitExceeded { limit: Limit::PageItems, actual: 10_001, max: 10_000 }
+    );
+}
+
+// ---------------------------------------------------------------------------- S12
+
+fn next_notice(rx: &crossbeam_channel::Receiver<CommitNotice>) -> CommitNotice {
+    rx.recv_timeout(Duration::from_secs(60)).expect("a commit notice")
+}
+
+#[test]
+fn s12_subscribers_hear_each_durable_commit_once_and_no_rejection() {
+    let db = Db::new();
+    let engine = db.open_durable();
+    let rx = engine.subscribe();
+    let second = engine.subscribe();
+    let mut expected = Vec::new();
+    let single = |seq: u64, s: SessionId| (seq, seq, vec![s]);
+
+    let created = engine.create_session(CreateSession::new().message(Message::system("sys"))).unwrap();
+    let s = created.session;
+    expected.push(single(created.receipt.seq, s));
+    let t1 = turn(s, "t1", created.receipt.revision);
+    let r1 = engine.commit_turn(t1.clone()).unwrap().receipt();
+    expected.push(single(r1.seq, s));
+
+    // Rejections and no-op retries: nothing to hear.
+    rejected(engine.commit_turn(turn(s, "t2", created.receipt.revision)));
+    assert!(matches!(engine.commit_turn(t1).unwrap(), TurnOutcome::AlreadyCommitted(_)));
+    let ContextOutcome::Staged(seq) = engine.append_context(context(s, "k", "v")).unwrap() else { panic!("staged") };
+    expected.push(single(seq, s));
+    assert_eq!(engine.append_context(context(s, "k", "v")).unwrap(), ContextOutcome::Duplicate);
+    rejected(engine.append_context(context(s, "k", "w")));
+    let seq = engine.record_tool_call(tool_call(s, "op", "bash", "ls")).unwrap().seq.unwrap();
+    expected.push(single(seq, s));
+    assert!(!engine.record_tool_call(tool_call(s, "op", "bash", "ls")).unwrap().created);
+    rejected(engine.record_tool_result(tool_result(s, "nope", "x")));
+    assert_eq!(engine.set_labels(set_labels(s, &[], &["absent"])).unwrap(), None);
+    let seq = engine.execute(Command::Archive { session: s, reason: "x".into() }).unwrap();
+    let Outcome::Archived { seq: Some(seq) } = seq else { panic!("archived") };
+    expected.push(single(seq, s));
+    assert!(!engine.archive(s, "again").unwrap());
+    let seq = engine.revive(s, "back").unwrap();
+    expected.push(single(seq, s));
+
+    // A rejected batch is silent; an accepted one is one commit.
+    let a = SessionId([21; 16]);
+    let b = SessionId([22; 16]);
+    let bad =
+        vec![Command::CreateSession(CreateSession::with_id(a)), Command::CreateSession(CreateSession::with_id(s))];
+    assert!(matches!(rejected(engine.batch(bad)), Rejection::Batch { index: 1, .. }));
+    let good =
+        vec![Command::CreateSession(CreateSession::with_id(a)), Command::CreateSession(CreateSession::with_id(b))];
+    let outcomes = engine.batch(good).unwrap();
+    let seqs: Vec<u64> = outcomes
+        .iter()
+        .map(|o| match o {
+            Outcome::Created { receipt, .. } => receipt.seq,
+            other => panic!("expected Created, got {other:?}"),
+        })
+        .collect();
+    expected.push((seqs[0], seqs[1], vec![a, b]));
+
+    // A last commit as a marker: notices arrive in commit order, so once it is heard,
+    // everything before it has been heard too.
+    let marker = engine.create_session(CreateSession::new()).unwrap();
+    expected.push(single(marker.receipt.seq, marker.session));
+    for receiver in [&rx, &second] {
+        let mut heard = Vec::new();
+        loop {
+            let n = next_notice(receiver);
+            let last = n.last_seq;
+            heard.push((n.first_seq, n.last_seq, n.sessions));
+            if last == marker.receipt.seq {
+                break;
+            }
+        }
+        assert_eq!(heard, expected);
+        assert!(receiver.try_recv().is_err(), "no notice after the last commit");
+    }
+    assert_eq!(tip_seq(&engine), marker.receipt.seq);
+    // Every seq is covered exactly once.
+    let covered: Vec<u64> = expected.iter().flat_map(|(f, l, _)| *f..=*l).collect();
+    assert_eq!(covered, (1..=marker.receipt.seq).collect::<Vec<_>>());
+}
+
+// ---------------------------------------------------------------------------- S13
+
+#[test]
+fn s13_rebuild_is_identical_twice() {
+    let db = Db::new();
+    let engine = db.open();
+    workload(&engine);
+    let live = engine.projection_digests().unwrap();
+    assert!(live.iter().all(|d| d.rows > 0), "the workload fills every projection table: {live:?}");
+    let stats = engine.rebuild(ProjectionSet::all()).unwrap();
+    assert_eq!(stats.events, tip_seq(&engine));
+    assert_eq!(engine.projection_digests().unwrap(), live);
+    engine.rebuild(ProjectionSet::all()).unwrap();
+    assert_eq!(engine.projection_digests().unwrap(), live);
+    for p in Projection::ALL {
+        engine.rebuild(ProjectionSet::none().with(p)).unwrap();
+        assert_eq!(engine.projection_digests().unwrap(), live, "rebuilding {} alone", p.name());
+    }
+}
+
+#[test]
+fn s13_a_bumped_projection_version_rebuilds_at_open() {
+    let db = Db::new();
+    let engine = db.open();
+    let sessions = workload(&engine);
+    let live = engine.projection_digests().unwrap();
+    let usage = engine.usage(sessions[0]).unwrap();
+    engine.close().unwrap();
+
+    // Another projection version on disk, and the projection's rows wiped: only a
+    // rebuild at open can bring them back.
+    {
+        let raw = redb::Database::create(&db.path).unwrap();
+        let txn = raw.begin_write().unwrap();
+        {
+            let mut meta = txn.open_table(META).unwrap();
+            let key = meta_keys::version(Projection::Usage);
+            meta.insert(key.as_str(), 99u32.to_le_bytes().as_slice()).unwrap();
+            let mut rows = txn.open_table(tables::projection_table(Table::Usage)).unwrap();
+            rows.retain(|_, _| false).unwrap();
+        }
+        txn.commit().unwrap();
+    }
+    assert_eq!(meta_u64(&db.path, &meta_keys::version(Projection::Usage)), Some(99));
+
+    let engine = db.open();
+    assert_eq!(engine.projection_digests().unwrap(), live);
+    assert_eq!(engine.usage(sessions[0]).unwrap(), usage);
+    let tip = tip_seq(&engine);
+    engine.close().unwrap();
+    assert_eq!(meta_u64(&db.path, &meta_keys::version(Projection::Usage)), Some(Projection::Usage.version() as u64));
+    assert_eq!(meta_u64(&db.path, &meta_keys::cursor(Projection::Usage)), Some(tip));
+}
+
+// ---------------------------------------------------------------------------- S16
+
+/// Gives the record at `seq` schema version `version`, re-sealing the chain after it.
+fn bump_schema_version(path: &std::path::Path, seq: u64, version: u16) {
+    edit_log_record(path, seq, |bytes| bytes[6..8].copy_from_slice(&version.to_le_bytes()));
+}
+
+#[track_caller]
+fn assert_newer_schema(result: Result<impl std::fmt::Debug>, seq: u64, kind: EventKind) {
+    let expected = annal::codec::DecodeError::UnsupportedVersion { kind, found: 2, supported: 1 };
+    match result {
+        Err(Error::Decode { seq: at, source }) => {
+            assert_eq!((at, source), (seq, expected));
+        }
+        other => panic!("expected a decode error at seq {seq}, got {other:?}"),
+    }
+}
+
+#[test]
+fn s16_a_record_from_a_newer_schema_is_a_typed_error_never_a_skip() {
+    let db = Db::new();
+    let engine = db.open();
+    let (s, rev0) = create(&engine, &[Message::system("sys")]);
+    commit_turns(&engine, s, "t", 3, rev0);
+    engine.close().unwrap();
+    bump_schema_version(&db.path, 3, 2);
+
+    let engine = db.open();
+    // Records before it read; a page that reaches it fails rather than skipping it.
+    let page = engine.events(EventQuery { from_seq: 1, max_events: 2, max_bytes: 1 << 20 }).unwrap();
+    assert_eq!(page.events.len(), 2);
+    assert_newer_schema(
+        engine.events(EventQuery { from_seq: 1, max_events: 10, max_bytes: 1 << 20 }),
+        3,
+        EventKind::TurnCommitted,
+    );
+    assert_newer_schema(
+        engine.events(EventQuery { from_seq: 3, max_events: 1, max_bytes: 1 << 20 }),
+        3,
+        EventKind::TurnCommitted,
+    );
+    assert_newer_schema(
+        engine.session_events(s, EventQuery { from_seq: 1, max_events: 10, max_bytes: 1 << 20 }),
+        3,
+        EventKind::TurnCommitted,
+    );
+    assert_newer_schema(engine.rebuild(ProjectionSet::all()), 3, EventKind::TurnCommitted);
+    let message = engine.events(EventQuery { from_seq: 3, max_events: 1, max_bytes: 1 << 20 }).unwrap_err().to_string();
+    assert!(message.contains("TurnCommitted") && message.contains('2') && message.contains('1'), "{message}");
+    engine.close().unwrap();
+
+    // A rebuild at open meets it too, and the open fails.
+    set_meta(&db.path, &meta_keys::version(Projection::Heads), &0u32.to_le_bytes());
+    let opened = Engine::open_with(&db.path, Options { durability: Durability::Relaxed, ..Options::default() });
+    assert_newer_schema(opened, 3, EventKind::TurnCommitted);
+}
+
+#[test]
+fn s16_a_newer_schema_at_the_tip_fails_the_open() {
+    let db = Db::new();
+    let engine = db.open();
+    let (s, rev0) = create(&engine, &[Message::system("sys")]);
+    commit_turns(&engine, s, "t", 1, rev0);
+    engine.archive(s, "done").unwrap();
+    engine.close().unwrap();
+    bump_schema_version(&db.path, 3, 2);
+    let opened = Engine::open_with(&db.path, Options { durability: Durability::Relaxed, ..Options::default() });
+    match opened {
+        Err(e) => assert_newer_schema(Err::<(), _>(e), 3, EventKind::SessionArchived),
+        Ok(engine) => {
+            assert_newer_schema(
+                engine.events(EventQuery { from_seq: 1, max_events: 10, max_bytes: 1 << 20 }),
+                3,
+                EventKind::SessionArchived,
+            );
+            assert_newer_schema(engine.rebuild(ProjectionSet::all()), 3, EventKind::SessionArchived);
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------- S17
+
+#[test]
+fn s17_usage_accumulates_per_provider_and_model_and_replay_agrees() {
+    let db = Db::new();
+    let engine = db.open();
+    let (s, rev0) = create(&engine, &[Message::system("sys")]);
+    let (other, other_rev) = create(&engine, &[Message::system("sys")]);
+    let mut rev = rev0;
+    let cached = Usage {
+        provider: "anthropic".into(),
+        model: "claude".into(),
+        input: 1,
+        output: 2,
+        cache_read: 30,
+        cache_write: 40,
+    };
+    let turns = vec![
+        turn(s, "t1", rev).usage("anthropic", "claude", 100, 10),
+        turn(s, "t2", rev).usage("anthropic", "claude", 200, 20).usage("openai", "gpt", 7, 3),
+        turn(s, "t3", rev).usage("openai", "gpt-mini", 5, 1),
+        turn(s, "t4", rev),
+        CommitTurn { usage: vec![cached], ..turn(s, "t5", rev) },
+    ];
+    for t in turns {
+        let t = CommitTurn { expected: Expected::Exact(rev), ..t };
+        rev = engine.commit_turn(t).unwrap().receipt().revision;
+    }
+    engine.commit_turn(turn(other, "o1", other_rev).usage("anthropic", "claude", 1000, 1000)).unwrap();
+
+    let totals = |provider: &str, model: &str, input, output, cache_read, cache_write, turns| UsageTotals {
+        provider: provider.into(),
+        model: model.into(),
+        input,
+        output,
+        cache_read,
+        cache_write,
+        turns,
+    };
+    let expected = vec![
+        totals("anthropic", "claude", 301, 32, 30, 40, 3),
+        totals("openai", "gpt", 7, 3, 0, 0, 1),
+        totals("openai", "gpt-mini", 5, 1, 0, 0, 1),
+    ];
+    assert_eq!(engine.usage(s).unwrap(), expected);
+    assert_eq!(engine.usage(other).unwrap(), vec![totals("anthropic", "claude", 1000, 1000, 0, 0, 1)]);
+
+    let digests = engine.projection_digests().unwrap();
+    engine.rebuild(ProjectionSet::none().with(Projection::Usage)).unwrap();
+    assert_eq!(engine.usage(s).unwrap(), expected);
+    engine.rebuild(ProjectionSet::all()).unwrap();
+    assert_eq!(engine.usage(s).unwrap(), expected);
+    assert_eq!(engine.projection_digests().unwrap(), digests);
+    engine.close().unwrap();
+    let engine = db.open();
+    assert_eq!(engine.usage(s).unwrap(), expected);
+    let keys: BTreeSet<(String, String)> =
+        engine.usage(s).unwrap().into_iter().map(|u| (u.provider, u.model)).collect();
+    assert_eq!(keys.len(), 3);
+}
