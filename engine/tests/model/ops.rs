@@ -1,0 +1,643 @@
+//! Abstract operations over a small universe, and how each becomes a concrete
+//! [`Command`] against the model's current state.
+//!
+//! The universe is small on purpose so that sequences collide: five session ids (most
+//! creates and forks name one of them, so `AlreadyExists` comes up; the rest take a
+//! fresh UUIDv7 id, and forks to a fresh id go through `fork_at` and `fork_replace`),
+//! four turn ids (so retries and `TurnConflict` come up), three context keys, three
+//! tool op ids, a handful of tiny message bodies (so revisions repeat and content is
+//! shared), and now and then an empty or over-limit id, body, note or label.
+
+use super::reference::Model;
+use annal::*;
+use proptest::collection::vec;
+use proptest::prelude::*;
+use std::collections::BTreeMap;
+
+/// Sessions in the universe.
+pub const SESSIONS: u8 = 5;
+
+/// The limits every run uses: small enough that the generators cross each of them.
+pub fn limits() -> Limits {
+    Limits {
+        content_bytes_max: 64,
+        command_bytes_max: 200,
+        messages_per_command_max: 3,
+        labels_per_session_max: 3,
+        label_key_bytes_max: 6,
+        label_value_bytes_max: 6,
+        id_bytes_max: 16,
+        page_items_max: 100,
+        page_bytes_max: 1 << 20,
+        metadata_bytes_max: 8,
+        batch_commands_max: 4,
+        attachments_per_message_max: 1,
+        list_items_max: 3,
+        note_bytes_max: 12,
+        ..Limits::default()
+    }
+}
+
+/// The session id of universe slot `i`.
+pub fn sid(i: u8) -> SessionId {
+    let mut bytes = [0x5e; 16];
+    bytes[15] = i % SESSIONS;
+    SessionId(bytes)
+}
+
+/// Whether `s` is one of the universe's fixed slots (not a fresh id).
+pub fn in_universe(s: &SessionId) -> bool {
+    (0..SESSIONS).any(|i| sid(i) == *s)
+}
+
+/// A revision no session ever holds.
+pub fn unknown_revision() -> RevisionId {
+    RevisionId([0xee; 32])
+}
+
+/// Which revision a command names.
+#[derive(Clone, Debug)]
+pub enum Rev {
+    /// The session's head.
+    Head,
+    /// `Expected::Any` (for turns; the head elsewhere).
+    Any,
+    /// One of the session's own revisions (often stale).
+    Own(u8),
+    /// One of the session's own revisions other than the head, if it has any.
+    Past(u8),
+    /// A revision of any session.
+    Foreign(u8),
+    /// A revision nobody holds.
+    Unknown,
+}
+
+/// A message: role, body, content type and attachment choices.
+#[derive(Clone, Debug)]
+pub struct Msg {
+    role: u8,
+    body: u8,
+    content_type: u8,
+    attachment: u8,
+}
+
+/// One abstract operation.
+#[derive(Clone, Debug)]
+pub enum Op {
+    /// Create a session in slot `s`.
+    Create { s: u8, labels: Vec<(u8, u8)>, metadata: u8, messages: Vec<Msg> },
+    /// Commit a turn.
+    Commit {
+        s: u8,
+        turn: u8,
+        expected: Rev,
+        messages: Vec<Msg>,
+        usage: Vec<(u8, u8, u8)>,
+        context: Vec<u8>,
+        tools: Vec<u8>,
+        run: Option<u8>,
+    },
+    /// Send again a turn sent before, verbatim or against another head.
+    Retry { pick: u8, expected: Option<Rev> },
+    /// Rewrite a range.
+    Rewrite { s: u8, expected: Rev, start: u8, end: u8, replacement: Vec<Msg>, reason: u8, note: u8 },
+    /// Restore a revision.
+    Restore { s: u8, expected: Rev, target: Rev, note: u8 },
+    /// Fork slot `parent` into slot `child`.
+    Fork { parent: u8, child: u8, index: u8, replacement: Option<Msg>, labels: Option<Vec<(u8, u8)>> },
+    /// Archive.
+    Archive { s: u8, reason: u8 },
+    /// Revive.
+    Revive { s: u8, reason: u8 },
+    /// Append context.
+    Context { s: u8, key: u8, content: u8, source: u8 },
+    /// T1.
+    ToolCall { s: u8, op: u8, call: u8, tool: u8, args: u8, parent: Option<u8>, turn: Option<u8>, safe: bool },
+    /// T2.
+    ToolResult { s: u8, op: u8, outcome: u8, result: u8 },
+    /// Set and remove labels.
+    Labels { s: u8, set: Vec<(u8, u8)>, remove: Vec<u8> },
+    /// A batch (inside a batch: an empty nested batch).
+    Batch(Vec<Op>),
+    /// Compare every query now.
+    Check,
+}
+
+/// How much likelier each common choice is than each rare one.
+const COMMON_WEIGHT: usize = 30;
+
+/// Picks one of `common` most of the time and one of `rare` now and then.
+fn pick(i: u8, common: &[&str], rare: &[&str]) -> String {
+    let i = i as usize % (common.len() * COMMON_WEIGHT + rare.len());
+    match i.checked_sub(common.len() * COMMON_WEIGHT) {
+        Some(r) => rare[r].to_string(),
+        None => common[i % common.len()].to_string(),
+    }
+}
+
+fn turn_id(i: u8) -> String {
+    pick(i, &["t0", "t1", "t2", "t3"], &["", "turn-id-too-long-x"])
+}
+
+fn context_key(i: u8) -> String {
+    pick(i, &["k0", "k1", "k2"], &["", "context-key-too-long"])
+}
+
+fn op_id(i: u8) -> String {
+    pick(i, &["o0", "o1", "o2"], &["o9", "", "op-id-that-is-too-long"])
+}
+
+fn note(i: u8) -> String {
+    pick(i, &["", "n", "tidy"], &["note-too-long-here"])
+}
+
+fn label_key(i: u8) -> String {
+    pick(i, &["a", "b", "c", "d"], &["", "keytoolong"])
+}
+
+fn label_value(i: u8) -> String {
+    pick(i, &["1", "2", ""], &["valtoolong"])
+}
+
+fn body(i: u8) -> Vec<u8> {
+    match i % 100 {
+        96 => vec![b'm'; 20],
+        97 => vec![b'w'; 50],
+        98 => vec![b'x'; 52],
+        99 => vec![b'y'; 70],
+        n => ["hi", "ok", "yes", "no", "", "a"][n as usize % 6].as_bytes().to_vec(),
+    }
+}
+
+fn message(m: &Msg) -> Message {
+    let role = [Role::System, Role::User, Role::Assistant, Role::Tool][m.role as usize % 4];
+    let content_type = pick(m.content_type, &["text/plain", "application/json"], &["", "text/too-long-subtype"]);
+    let attachments = match m.attachment % 40 {
+        38 => vec![b"att".to_vec()],
+        39 => vec![b"a1".to_vec(), b"a2".to_vec()],
+        _ => Vec::new(),
+    };
+    Message { role, content_type, body: body(m.body), attachments }
+}
+
+fn blob(i: u8, common: &[&str]) -> Vec<u8> {
+    let n_common = common.len() * COMMON_WEIGHT;
+    match (i as usize) % (n_common + 3) {
+        n if n < n_common => common[n % common.len()].as_bytes().to_vec(),
+        n if n == n_common => b"  \n".to_vec(),
+        n if n == n_common + 1 => Vec::new(),
+        _ => vec![b'z'; 65],
+    }
+}
+
+fn labels(pairs: &[(u8, u8)]) -> BTreeMap<String, String> {
+    pairs.iter().map(|(k, v)| (label_key(*k), label_value(*v))).collect()
+}
+
+fn msg() -> impl Strategy<Value = Msg> {
+    (any::<u8>(), any::<u8>(), any::<u8>(), any::<u8>()).prop_map(|(role, body, content_type, attachment)| Msg {
+        role,
+        body,
+        content_type,
+        attachment,
+    })
+}
+
+/// Messages of a turn or a replacement: usually `usual`, now and then none or one too
+/// many.
+fn msgs(usual: std::ops::RangeInclusive<usize>) -> impl Strategy<Value = Vec<Msg>> {
+    let over = *usual.end() + 1;
+    prop_oneof![
+        20 => vec(msg(), usual),
+        1 => Just(Vec::new()),
+        1 => vec(msg(), over..=over),
+    ]
+}
+
+/// A short list of references: mostly none or one, now and then two (possibly the
+/// same twice) or more than a turn may carry.
+fn refs() -> impl Strategy<Value = Vec<u8>> {
+    prop_oneof![
+        30 => Just(Vec::new()),
+        12 => vec(any::<u8>(), 1..=1),
+        3 => vec(any::<u8>(), 2..=2),
+        1 => vec(any::<u8>(), 4..=4),
+    ]
+}
+
+fn rev() -> impl Strategy<Value = Rev> {
+    prop_oneof![
+        8 => Just(Rev::Head),
+        2 => Just(Rev::Any),
+        3 => any::<u8>().prop_map(Rev::Own),
+        1 => any::<u8>().prop_map(Rev::Foreign),
+        1 => Just(Rev::Unknown),
+    ]
+}
+
+/// A session slot for a new session; [`SESSIONS`] stands for a fresh UUIDv7 id.
+fn slot() -> impl Strategy<Value = u8> {
+    prop_oneof![6 => 0..SESSIONS, 1 => Just(SESSIONS)]
+}
+
+/// The id a new session in slot `s` gets.
+fn new_id(s: u8) -> SessionId {
+    if s == SESSIONS {
+        new_session_id()
+    } else {
+        sid(s)
+    }
+}
+
+/// A session to act on: mostly an existing one (see [`target`]).
+fn session() -> impl Strategy<Value = u8> {
+    any::<u8>()
+}
+
+fn label_pairs(max: usize) -> impl Strategy<Value = Vec<(u8, u8)>> {
+    vec((any::<u8>(), any::<u8>()), 0..=max)
+}
+
+fn metadata() -> impl Strategy<Value = u8> {
+    any::<u8>()
+}
+
+/// A create that the engine accepts unless the slot is taken.
+pub fn valid_create() -> impl Strategy<Value = Op> {
+    (slot(), vec(msg().prop_map(|m| Msg { body: m.body % 6, content_type: 0, attachment: 0, ..m }), 0..=2))
+        .prop_map(|(s, messages)| Op::Create { s, labels: vec![(0, 0)], metadata: 0, messages })
+}
+
+/// One operation that is not a batch.
+pub fn single() -> impl Strategy<Value = Op> {
+    let create = (slot(), label_pairs(3), metadata(), msgs(0..=2))
+        .prop_map(|(s, labels, metadata, messages)| Op::Create { s, labels, metadata, messages });
+    let commit = (
+        (session(), any::<u8>(), rev()),
+        msgs(1..=3),
+        vec((any::<u8>(), any::<u8>(), any::<u8>()), 0..=2),
+        refs(),
+        refs(),
+        proptest::option::weighted(0.2, any::<u8>()),
+    )
+        .prop_map(|((s, turn, expected), messages, usage, context, tools, run)| Op::Commit {
+            s,
+            turn,
+            expected,
+            messages,
+            usage,
+            context,
+            tools,
+            run,
+        });
+    let retry =
+        (any::<u8>(), proptest::option::weighted(0.4, rev())).prop_map(|(pick, expected)| Op::Retry { pick, expected });
+    let rewrite = (session(), rev(), any::<u8>(), any::<u8>(), msgs(0..=2), any::<u8>(), any::<u8>()).prop_map(
+        |(s, expected, start, end, replacement, reason, note)| Op::Rewrite {
+            s,
+            expected,
+            start,
+            end,
+            replacement,
+            reason,
+            note,
+        },
+    );
+    let target = prop_oneof![
+        8 => any::<u8>().prop_map(Rev::Past),
+        1 => Just(Rev::Head),
+        1 => any::<u8>().prop_map(Rev::Foreign),
+        1 => Just(Rev::Unknown),
+    ];
+    let restore = (session(), rev(), target, any::<u8>()).prop_map(|(s, expected, target, note)| Op::Restore {
+        s,
+        expected,
+        target,
+        note,
+    });
+    let fork = (
+        session(),
+        slot(),
+        any::<u8>(),
+        proptest::option::weighted(0.4, msg()),
+        proptest::option::weighted(0.3, label_pairs(3)),
+    )
+        .prop_map(|(parent, child, index, replacement, labels)| Op::Fork {
+            parent,
+            child,
+            index,
+            replacement,
+            labels,
+        });
+    let archive = (session(), any::<u8>()).prop_map(|(s, reason)| Op::Archive { s, reason });
+    let revive = (session(), any::<u8>()).prop_map(|(s, reason)| Op::Revive { s, reason });
+    let context = (session(), any::<u8>(), any::<u8>(), any::<u8>())
+        .prop_map(|(s, key, content, source)| Op::Context { s, key, content, source });
+    let call = (
+        (session(), any::<u8>(), any::<u8>(), any::<u8>(), any::<u8>()),
+        proptest::option::weighted(0.25, any::<u8>()),
+        proptest::option::weighted(0.3, any::<u8>()),
+        any::<bool>(),
+    )
+        .prop_map(|((s, op, call, tool, args), parent, turn, safe)| Op::ToolCall {
+            s,
+            op,
+            call,
+            tool,
+            args,
+            parent,
+            turn,
+            safe,
+        });
+    let result = (session(), any::<u8>(), any::<u8>(), any::<u8>())
+        .prop_map(|(s, op, outcome, result)| Op::ToolResult { s, op, outcome, result });
+    let set_labels =
+        (session(), label_pairs(2), vec(any::<u8>(), 0..=1)).prop_map(|(s, set, remove)| Op::Labels { s, set, remove });
+    prop_oneof![
+        3 => create,
+        10 => commit,
+        4 => retry,
+        3 => rewrite,
+        3 => restore,
+        2 => fork,
+        1 => archive,
+        1 => revive,
+        3 => context,
+        3 => call,
+        3 => result,
+        2 => set_labels,
+    ]
+}
+
+/// One operation of a sequence.
+pub fn op() -> impl Strategy<Value = Op> {
+    let member = prop_oneof![20 => single(), 1 => Just(Op::Batch(Vec::new()))];
+    let members = prop_oneof![12 => vec(member.clone(), 0..=4), 1 => vec(member, 5..=5)];
+    prop_oneof![
+        30 => single(),
+        4 => members.prop_map(Op::Batch),
+        1 => Just(Op::Check),
+    ]
+}
+
+/// A sequence: one create, so that most sequences have a session to work on, then up
+/// to `max` operations.
+pub fn sequence(max: usize) -> impl Strategy<Value = Vec<Op>> {
+    (valid_create(), vec(op(), 0..max)).prop_map(|(first, rest)| std::iter::once(first).chain(rest).collect())
+}
+
+/// Turns sent so far, for retries.
+#[derive(Default)]
+pub struct History {
+    sent: Vec<CommitTurn>,
+    committed: Vec<CommitTurn>,
+}
+
+impl History {
+    /// Remembers every turn `command` carries, and which ones `outcome` committed.
+    pub fn record(&mut self, command: &Command, outcome: Option<&Outcome>) {
+        match (command, outcome) {
+            (Command::CommitTurn(c), o) => {
+                self.sent.push(c.clone());
+                if let Some(Outcome::Committed(_)) = o {
+                    self.committed.push(c.clone());
+                }
+            }
+            (Command::Batch(cs), Some(Outcome::Batch(os))) => {
+                cs.iter().zip(os).for_each(|(c, o)| self.record(c, Some(o)))
+            }
+            (Command::Batch(cs), _) => cs.iter().for_each(|c| self.record(c, None)),
+            _ => {}
+        }
+    }
+
+    /// A turn to send again: mostly one that was committed.
+    fn pick(&self, i: u8) -> Option<&CommitTurn> {
+        let list = if i < 200 && !self.committed.is_empty() { &self.committed } else { &self.sent };
+        list.get(i as usize % list.len().max(1))
+    }
+}
+
+/// Context key `k`: mostly one pending in `s`, else any key.
+fn apply_key(model: &Model, s: &SessionId, k: u8) -> String {
+    let pending = model.sessions.get(s).map(|x| x.pending_keys()).unwrap_or_default();
+    match pending.get(k as usize % pending.len().max(1)) {
+        Some(key) if k < 200 => key.clone(),
+        _ => context_key(k),
+    }
+}
+
+/// Op id `o`: mostly one recorded in `s`, else any id.
+fn known_op(model: &Model, s: &SessionId, o: u8) -> String {
+    let ops = model.sessions.get(s).map(|x| x.op_ids()).unwrap_or_default();
+    match ops.get(o as usize % ops.len().max(1)) {
+        Some(op) if o < 180 => op.clone(),
+        _ => op_id(o),
+    }
+}
+
+/// The session `s` names: usually an existing one, now and then any slot.
+fn target(model: &Model, s: u8) -> SessionId {
+    let existing = model.by_creation();
+    match s {
+        0..=23 => sid(s),
+        _ if existing.is_empty() => sid(s),
+        _ => existing[s as usize % existing.len()].id(),
+    }
+}
+
+/// Messages in `s` now (0 when it does not exist).
+fn len_of(model: &Model, s: &SessionId) -> u64 {
+    model.sessions.get(s).map_or(0, |x| x.messages.len() as u64)
+}
+
+/// A rewrite range from two choices: mostly inside the transcript, now and then
+/// reaching past its end or inverted.
+fn range(len: u64, start: u8, end: u8) -> (u64, u64) {
+    let start = match start {
+        0..=249 => u64::from(start) % (len + 1),
+        _ => len + u64::from(start - 249),
+    };
+    let end = match end {
+        0..=239 => (start + u64::from(end % 3)).min(len),
+        240..=249 => start + u64::from(end % 3),
+        _ => start.saturating_sub(1),
+    };
+    (start, end)
+}
+
+fn expected_of(model: &Model, s: &SessionId, r: &Rev) -> Expected {
+    match r {
+        Rev::Any => Expected::Any,
+        other => Expected::Exact(revision(model, s, other)),
+    }
+}
+
+fn revision(model: &Model, s: &SessionId, r: &Rev) -> RevisionId {
+    let Some(session) = model.sessions.get(s) else {
+        return unknown_revision();
+    };
+    match r {
+        Rev::Head | Rev::Any => session.revision(),
+        Rev::Own(i) => session.nodes[*i as usize % session.nodes.len()].id,
+        Rev::Past(i) => {
+            let head = session.revision();
+            let past: Vec<RevisionId> = session.nodes.iter().map(|n| n.id).filter(|r| *r != head).collect();
+            past.get(*i as usize % past.len().max(1)).copied().unwrap_or(head)
+        }
+        Rev::Foreign(i) => {
+            let all = model.all_revisions();
+            all[*i as usize % all.len()]
+        }
+        Rev::Unknown => unknown_revision(),
+    }
+}
+
+/// The concrete command `op` stands for, given the model's state. A batch resolves each
+/// member against the state its predecessors leave behind.
+pub fn resolve(op: &Op, model: &Model, history: &History) -> Command {
+    match op {
+        Op::Batch(members) => {
+            let mut scratch = model.clone();
+            let mut commands = Vec::with_capacity(members.len());
+            for m in members {
+                let c = match m {
+                    Op::Batch(_) | Op::Check => Command::Batch(Vec::new()),
+                    single => resolve(single, &scratch, history),
+                };
+                let _ = scratch.apply(&c);
+                commands.push(c);
+            }
+            Command::Batch(commands)
+        }
+        Op::Check => Command::Batch(Vec::new()),
+        Op::Create { s, labels: l, metadata, messages } => Command::CreateSession(CreateSession {
+            session: new_id(*s),
+            labels: labels(l),
+            metadata: match metadata % 24 {
+                0..=14 => Vec::new(),
+                15..=22 => b"meta".to_vec(),
+                _ => b"metadata!".to_vec(),
+            },
+            messages: messages.iter().map(message).collect(),
+        }),
+        Op::Commit { s, turn, expected, messages, usage, context, tools, run } => {
+            let session = target(model, *s);
+            Command::CommitTurn(CommitTurn {
+                session,
+                turn_id: turn_id(*turn),
+                expected: expected_of(model, &session, expected),
+                messages: messages.iter().map(message).collect(),
+                usage: usage
+                    .iter()
+                    .map(|(who, input, output)| Usage {
+                        provider: pick(*who, &["p", "q"], &[""]),
+                        model: pick(who / 17, &["m", "n"], &[""]),
+                        input: u64::from(*input),
+                        output: u64::from(*output),
+                        cache_read: u64::from(input / 3),
+                        cache_write: u64::from(output / 5),
+                    })
+                    .collect(),
+                applied_context: context.iter().map(|k| apply_key(model, &session, *k)).collect(),
+                tool_ops: tools.iter().map(|o| known_op(model, &session, *o)).collect(),
+                run_id: run.map(|r| pick(r, &["run-1"], &["", "run-id-is-too-long"])),
+            })
+        }
+        Op::Retry { pick: i, expected } => {
+            let Some(turn) = history.pick(*i) else {
+                return Command::Batch(Vec::new());
+            };
+            let mut turn = turn.clone();
+            if let Some(r) = expected {
+                turn.expected = expected_of(model, &turn.session, r);
+            }
+            Command::CommitTurn(turn)
+        }
+        Op::Rewrite { s, expected, start, end, replacement, reason, note: n } => {
+            let session = target(model, *s);
+            let (start, end) = range(len_of(model, &session), *start, *end);
+            Command::Rewrite(Rewrite {
+                session,
+                expected: revision(model, &session, expected),
+                start,
+                end,
+                replacement: replacement.iter().map(message).collect(),
+                reason: [RewriteReason::Edit, RewriteReason::Compaction, RewriteReason::Redaction]
+                    [*reason as usize % 3],
+                note: note(*n),
+                actor: note(n / 7),
+            })
+        }
+        Op::Restore { s, expected, target: to, note: n } => {
+            let session = target(model, *s);
+            Command::Restore(Restore {
+                session,
+                expected: revision(model, &session, expected),
+                target: revision(model, &session, to),
+                note: note(*n),
+                actor: note(n / 7),
+            })
+        }
+        Op::Fork { parent, child, index, replacement, labels: l } => {
+            let parent = target(model, *parent);
+            Command::Fork(Fork {
+                parent,
+                session: new_id(*child),
+                index: u64::from(*index) % (len_of(model, &parent) + 2),
+                replacement: replacement.as_ref().map(message),
+                labels: l.as_ref().map(|l| labels(l)),
+            })
+        }
+        Op::Archive { s, reason } => Command::Archive { session: target(model, *s), reason: note(*reason) },
+        Op::Revive { s, reason } => {
+            let archived: Vec<SessionId> =
+                model.by_creation().into_iter().filter(|x| x.archived()).map(|x| x.id()).collect();
+            let session = match archived.get(*s as usize % archived.len().max(1)) {
+                Some(id) if *s >= 24 => *id,
+                _ => target(model, *s),
+            };
+            Command::Revive { session, reason: note(*reason) }
+        }
+        Op::Context { s, key, content, source } => Command::AppendContext(AppendContext {
+            session: target(model, *s),
+            key: context_key(*key),
+            content: blob(*content, &["alpha", "beta"]),
+            source: note(*source),
+        }),
+        Op::ToolCall { s, op, call, tool, args, parent, turn, safe } => {
+            let session = target(model, *s);
+            Command::RecordToolCall(RecordToolCall {
+                session,
+                op_id: op_id(*op),
+                call_id: pick(*call, &["c0", "c1"], &[""]),
+                tool_name: pick(*tool, &["ls", "cat"], &[""]),
+                args: blob(*args, &["x", "y"]),
+                parent_op: parent.map(|p| known_op(model, &session, p)),
+                turn_id: turn.map(turn_id),
+                recovery: if *safe { Recovery::ReplaySafe } else { Recovery::NotReplaySafe },
+            })
+        }
+        Op::ToolResult { s, op, outcome, result } => {
+            let open = model.unsettled_ops();
+            let (session, op_id) = match open.get(*op as usize % open.len().max(1)) {
+                Some(pair) if *s >= 128 => pair.clone(),
+                _ => {
+                    let session = target(model, *s);
+                    (session, known_op(model, &session, *op))
+                }
+            };
+            Command::RecordToolResult(RecordToolResult {
+                session,
+                op_id,
+                outcome: [ToolOutcome::Ok, ToolOutcome::Error, ToolOutcome::Cancelled][*outcome as usize % 3],
+                result: blob(*result, &["r", "s"]),
+            })
+        }
+        Op::Labels { s, set, remove } => Command::SetLabels(SetLabels {
+            session: target(model, *s),
+            set: labels(set),
+            remove: remove.iter().map(|k| label_key(*k)).collect(),
+        }),
+    }
+}
