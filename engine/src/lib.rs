@@ -86,7 +86,7 @@ pub use query::{
 pub use reader::Reader;
 pub use rebuild::RebuildStats;
 pub use store::{MemStore, Overlay, Store, StoreExt, Table};
-pub use writer::{CommitNotice, ImportStats, SUBSCRIBER_QUEUE_MAX};
+pub use writer::{CommitNotice, ImportStats, GATHER_WAIT_MAX, SUBSCRIBER_QUEUE_MAX};
 
 #[doc = include_str!("../../README.md")]
 #[cfg(doctest)]
