@@ -1,1 +1,34 @@
+//! # annal-benches
+//!
+//! The side-by-side comparison harness: annal against the stores a host developer would
+//! otherwise pick for agent sessions, in one run, on the same seeded workload, with the
+//! same durability (every acknowledged commit is fsynced).
+//!
+//! - [`workload`]: deterministic agent-session shapes drawn by a seeded [`rng`].
+//! - [`stores`]: annal, an SQLite event table with projections, one JSON Lines file
+//!   per session, and a naive redb event store, behind one trait.
+//! - [`compare`]: the phases (commits at 1 to 64 committers, reads, rebuild, bytes on
+//!   disk, open time, and the disk's fsync ceiling).
+//! - [`report`]: `results.json`, `results.md` and SVG plots.
+//!
+//! `cargo run --release -p annal-benches -- compare [--quick] [--out docs/benchmarks]`
+//! runs it from the command line; [`compare::run`] is the library entry point.
+//!
+//! ```no_run
+//! use annal_benches::compare::{run, Config, Scale};
+//! let report = run(&Config::new(Scale::quick(), "target/compare")).unwrap();
+//! println!("{}", report.markdown());
+//! ```
+#![deny(missing_docs)]
 
+pub mod compare;
+pub mod report;
+pub mod rng;
+pub mod stores;
+pub mod workload;
+
+/// Errors of the harness: any store's error, boxed.
+pub type Error = Box<dyn std::error::Error + Send + Sync>;
+
+/// The harness's result type.
+pub type Result<T> = std::result::Result<T, Error>;

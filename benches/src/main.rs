@@ -1,0 +1,79 @@
+//! `annal-benches compare [--quick] [--out DIR] [--data-dir DIR] [--seed N] [--stores LIST]
+//! [--levels LIST]`: runs the side-by-side comparison and writes `results.json`, `results.md` and SVG plots.
+
+use annal_benches::compare::{run, Config, Scale};
+use annal_benches::stores::StoreKind;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+const USAGE: &str = "usage: annal-benches compare [--quick] [--out DIR] [--data-dir DIR] [--seed N]
+                             [--stores annal,sqlite,jsonl,naive_redb] [--levels 1,4,16,64] [--commits-only]
+
+  --quick        a smaller run (under two minutes), with a smaller open-time database
+  --out DIR      where results.json, results.md and the SVG plots go (default docs/benchmarks)
+  --data-dir DIR where the databases are created (default: the system's temporary directory);
+                 the disk's fsync ceiling is measured there too
+  --seed N       workload seed (default 42)
+  --stores LIST  only these stores (for profiling one of them)
+  --levels LIST  only these numbers of concurrent committers
+  --commits-only only the fsync ceiling and the commit phase (for profiling)";
+
+fn parse(args: &[String]) -> Result<Config, String> {
+    let mut iter = args.iter();
+    match iter.next().map(String::as_str) {
+        Some("compare") => {}
+        Some(other) => return Err(format!("unknown command {other:?}")),
+        None => return Err("missing command".into()),
+    }
+    let mut config = Config::new(Scale::full(), "docs/benchmarks");
+    while let Some(arg) = iter.next() {
+        let mut value = || iter.next().cloned().ok_or(format!("{arg} needs a value"));
+        match arg.as_str() {
+            "--quick" => config.scale = Scale { levels: config.scale.levels.clone(), ..Scale::quick() },
+            "--commits-only" => config.commits_only = true,
+            "--out" => config.out = PathBuf::from(value()?),
+            "--data-dir" => config.data_dir = Some(PathBuf::from(value()?)),
+            "--seed" => config.seed = value()?.parse().map_err(|e| format!("--seed: {e}"))?,
+            "--stores" => {
+                let names = value()?;
+                let mut stores = Vec::new();
+                for name in names.split(',') {
+                    let kind = StoreKind::ALL.iter().find(|k| k.name() == name);
+                    stores.push(*kind.ok_or(format!("unknown store {name:?}"))?);
+                }
+                config.stores = stores;
+            }
+            "--levels" => {
+                let levels: Result<Vec<usize>, _> = value()?.split(',').map(str::parse).collect();
+                config.scale.levels = levels.map_err(|e| format!("--levels: {e}"))?;
+            }
+            "-h" | "--help" => return Err(String::new()),
+            other => return Err(format!("unknown option {other:?}")),
+        }
+    }
+    Ok(config)
+}
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let config = match parse(&args) {
+        Ok(c) => c,
+        Err(e) => {
+            if !e.is_empty() {
+                eprintln!("error: {e}");
+            }
+            eprintln!("{USAGE}");
+            return ExitCode::from(2);
+        }
+    };
+    match run(&config) {
+        Ok(report) => {
+            println!("{}", report.markdown());
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::from(1)
+        }
+    }
+}

@@ -1,0 +1,177 @@
+//! annal, used the way its host guide says: one [`Engine`] shared by every thread,
+//! default (durable) options, and writes that name the head they were computed from.
+//!
+//! The engine runs on redb's file backend wrapped in [`FaultyBackend`] with no faults
+//! switched on. The wrapper only counts `sync_data` calls, so the harness can report
+//! how many commits each fsync carried.
+
+use super::{fork_id, Cursor, Head, SessionStore, StoreKind};
+use crate::workload::{Msg, Op, Role, Turn};
+use crate::Result;
+use annal::fault::{Faults, FaultyBackend};
+use annal::{
+    AppendContext, Command, CommitTurn, CreateSession, Durability, Engine, Expected, Fork, Message, Options,
+    PageRequest, ProjectionSet, Restore, RevisionId, Rewrite, RewriteReason, SessionId,
+};
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// The database file inside the store's directory.
+pub const FILE: &str = "annal.redb";
+
+/// annal behind the [`SessionStore`] trait.
+pub struct AnnalStore {
+    engine: Engine,
+    faults: Faults,
+    forks: AtomicU64,
+}
+
+fn role(r: Role) -> annal::Role {
+    match r {
+        Role::System => annal::Role::System,
+        Role::User => annal::Role::User,
+        Role::Assistant => annal::Role::Assistant,
+        Role::Tool => annal::Role::Tool,
+    }
+}
+
+fn message(m: &Msg) -> Message {
+    Message::new(role(m.role), m.content_type, m.body.clone())
+}
+
+fn turn_command(session: SessionId, t: &Turn, expected: Expected) -> CommitTurn {
+    let mut c = CommitTurn::new(session, t.id.clone(), expected).usage("provider", "model", t.usage.0, t.usage.1);
+    c.messages = t.messages.iter().map(message).collect();
+    if let Some(key) = &t.apply_context {
+        c = c.apply_context(key.clone());
+    }
+    c
+}
+
+impl AnnalStore {
+    /// Opens (or creates) `dir/annal.redb` with default options.
+    pub fn open(dir: &Path) -> Result<AnnalStore> {
+        let file =
+            std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(false).open(dir.join(FILE))?;
+        let faults = Faults::new();
+        let backend = FaultyBackend::new(redb::backends::FileBackend::new(file)?, faults.clone());
+        let engine = Engine::open_with_backend(backend, Options::default())?;
+        Ok(AnnalStore { engine, faults, forks: AtomicU64::new(0) })
+    }
+}
+
+/// Creates the store in `dir` holding `ids.len()` sessions: session `i` gets the system
+/// prompt and then `turns[i]`. The load runs through an engine opened with relaxed
+/// durability, the mode annal documents for bulk import, in batches of 512 commands;
+/// a final durable commit through a default engine then makes it all durable.
+pub fn bulk_load(dir: &Path, ids: &[[u8; 16]], system: &Msg, turns: &[Vec<Turn>]) -> Result<()> {
+    const CHUNK: usize = 512;
+    let options = Options { durability: Durability::Relaxed, ..Options::default() };
+    let loader = Engine::open_with(dir.join(FILE), options)?;
+    for (id, session_turns) in ids.iter().zip(turns) {
+        let session = SessionId(*id);
+        let mut commands = vec![Command::CreateSession(CreateSession::with_id(session).message(message(system)))];
+        for t in session_turns {
+            commands.push(Command::CommitTurn(turn_command(session, t, Expected::Any)));
+            if commands.len() == CHUNK {
+                loader.batch(std::mem::take(&mut commands))?;
+            }
+        }
+        if !commands.is_empty() {
+            loader.batch(commands)?;
+        }
+    }
+    loader.close()?;
+    let store = AnnalStore::open(dir)?;
+    store.create(super::fork_id(u64::MAX), system)?;
+    Box::new(store).close()
+}
+
+impl SessionStore for AnnalStore {
+    fn kind(&self) -> StoreKind {
+        StoreKind::Annal
+    }
+
+    fn create(&self, id: [u8; 16], system: &Msg) -> Result<Cursor> {
+        let created = self.engine.create_session(CreateSession::with_id(SessionId(id)).message(message(system)))?;
+        let revision = created.receipt.revision.0;
+        Ok(Cursor { id, revision, before_compaction: revision })
+    }
+
+    fn apply(&self, cursor: &mut Cursor, op: &Op) -> Result<()> {
+        let session = SessionId(cursor.id);
+        let head = RevisionId(cursor.revision);
+        match op {
+            Op::Turn(t) => {
+                let receipt = self.engine.commit_turn(turn_command(session, t, Expected::Exact(head)))?.receipt();
+                cursor.revision = receipt.revision.0;
+            }
+            Op::Context { key, content } => {
+                self.engine.append_context(AppendContext {
+                    session,
+                    key: key.clone(),
+                    content: content.clone(),
+                    source: "memory".into(),
+                })?;
+            }
+            Op::Compact { start, end, summary } => {
+                let receipt = self.engine.rewrite(Rewrite {
+                    session,
+                    expected: head,
+                    start: *start,
+                    end: *end,
+                    replacement: vec![message(summary)],
+                    reason: RewriteReason::Compaction,
+                    note: "compaction".into(),
+                    actor: "host".into(),
+                })?;
+                cursor.before_compaction = cursor.revision;
+                cursor.revision = receipt.revision.0;
+            }
+            Op::Restore => {
+                let receipt = self.engine.restore(Restore {
+                    session,
+                    expected: head,
+                    target: RevisionId(cursor.before_compaction),
+                    note: "undo compaction".into(),
+                    actor: "host".into(),
+                })?;
+                cursor.revision = receipt.revision.0;
+            }
+            Op::Fork { index } => {
+                let child = SessionId(fork_id(self.forks.fetch_add(1, Ordering::Relaxed)));
+                self.engine.fork(Fork {
+                    parent: session,
+                    session: child,
+                    index: *index,
+                    replacement: None,
+                    labels: None,
+                })?;
+            }
+        }
+        Ok(())
+    }
+
+    fn head(&self, id: [u8; 16]) -> Result<Head> {
+        let head = self.engine.head(SessionId(id))?.ok_or("no such session")?;
+        Ok(Head { message_count: head.message_count, events: head.stream_seq })
+    }
+
+    fn page(&self, id: [u8; 16], offset: u64, limit: u64) -> Result<u64> {
+        let page = self.engine.transcript(SessionId(id), PageRequest::new(offset, limit))?;
+        Ok(page.messages.iter().map(|m| m.message.body.len() as u64).sum())
+    }
+
+    fn rebuild(&self) -> Result<u64> {
+        Ok(self.engine.rebuild(ProjectionSet::all())?.events)
+    }
+
+    fn syncs(&self) -> Option<u64> {
+        Some(self.faults.syncs())
+    }
+
+    fn close(self: Box<Self>) -> Result<()> {
+        self.engine.close()?;
+        Ok(())
+    }
+}

@@ -1,0 +1,157 @@
+//! The four session stores the harness compares, behind one trait.
+//!
+//! Every store commits each op durably before it returns: annal through its group
+//! commit, SQLite with `synchronous=FULL` in WAL mode, JSON Lines with `sync_data` per
+//! append, and the naive redb store with `Durability::Immediate`.
+
+pub mod annal_store;
+pub mod jsonl;
+pub mod naive_redb;
+pub mod sqlite;
+
+use crate::workload::{Msg, Op, Turn};
+use crate::Result;
+use std::path::{Path, PathBuf};
+
+/// Which store.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum StoreKind {
+    /// annal.
+    Annal,
+    /// SQLite event table plus projection tables.
+    Sqlite,
+    /// One JSON Lines file per session.
+    Jsonl,
+    /// redb with JSON events and a JSON snapshot rewritten every turn.
+    NaiveRedb,
+}
+
+impl StoreKind {
+    /// Every store, annal first.
+    pub const ALL: [StoreKind; 4] = [StoreKind::Annal, StoreKind::Sqlite, StoreKind::Jsonl, StoreKind::NaiveRedb];
+
+    /// The name used in results.
+    pub fn name(self) -> &'static str {
+        match self {
+            StoreKind::Annal => "annal",
+            StoreKind::Sqlite => "sqlite",
+            StoreKind::Jsonl => "jsonl",
+            StoreKind::NaiveRedb => "naive_redb",
+        }
+    }
+
+    /// Opens (or creates) the store in directory `dir`.
+    pub fn open(self, dir: &Path) -> Result<Box<dyn SessionStore>> {
+        std::fs::create_dir_all(dir)?;
+        Ok(match self {
+            StoreKind::Annal => Box::new(annal_store::AnnalStore::open(dir)?),
+            StoreKind::Sqlite => Box::new(sqlite::SqliteStore::open(dir)?),
+            StoreKind::Jsonl => Box::new(jsonl::JsonlStore::open(dir)?),
+            StoreKind::NaiveRedb => Box::new(naive_redb::NaiveRedbStore::open(dir)?),
+        })
+    }
+
+    /// Creates the store in the empty directory `dir` holding `ids.len()` sessions, fast
+    /// (large transactions, durable at the end), for the open-time benchmark. Session
+    /// `i` gets id `ids[i]`, the system prompt, then `turns[i]`. The store is closed
+    /// afterwards.
+    pub fn bulk_load(self, dir: &Path, ids: &[[u8; 16]], system: &Msg, turns: &[Vec<Turn>]) -> Result<()> {
+        std::fs::create_dir_all(dir)?;
+        match self {
+            StoreKind::Annal => annal_store::bulk_load(dir, ids, system, turns),
+            StoreKind::Sqlite => sqlite::bulk_load(dir, ids, system, turns),
+            StoreKind::Jsonl => jsonl::bulk_load(dir, ids, system, turns),
+            StoreKind::NaiveRedb => naive_redb::bulk_load(dir, ids, system, turns),
+        }
+    }
+}
+
+/// A session as its committer sees it. The revision fields are used by annal, whose
+/// writes name the head they expect, as a host's would.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Cursor {
+    /// The session id.
+    pub id: [u8; 16],
+    /// The current head revision (annal).
+    pub revision: [u8; 32],
+    /// The revision before the last compaction (annal).
+    pub before_compaction: [u8; 32],
+}
+
+impl Cursor {
+    /// A cursor for a new session.
+    pub fn new(id: [u8; 16]) -> Cursor {
+        Cursor { id, revision: [0; 32], before_compaction: [0; 32] }
+    }
+}
+
+/// The head of a session, as every store can report it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Head {
+    /// Messages in the current transcript.
+    pub message_count: u64,
+    /// Events in the session.
+    pub events: u64,
+}
+
+/// A session store under test.
+pub trait SessionStore: Send + Sync {
+    /// Which store this is.
+    fn kind(&self) -> StoreKind;
+
+    /// Creates a session whose transcript starts with `system`, durably.
+    fn create(&self, id: [u8; 16], system: &Msg) -> Result<Cursor>;
+
+    /// Applies one op durably. A fork creates a session with a fresh id.
+    fn apply(&self, cursor: &mut Cursor, op: &Op) -> Result<()>;
+
+    /// The session's head.
+    fn head(&self, id: [u8; 16]) -> Result<Head>;
+
+    /// Reads messages `offset..offset+limit` of the current transcript; returns the body
+    /// bytes read.
+    fn page(&self, id: [u8; 16], offset: u64, limit: u64) -> Result<u64>;
+
+    /// Drops every projection and folds it again from the log; returns events folded.
+    fn rebuild(&self) -> Result<u64>;
+
+    /// fsyncs this store asked for so far, when it can count them.
+    fn syncs(&self) -> Option<u64> {
+        None
+    }
+
+    /// Flushes and closes.
+    fn close(self: Box<Self>) -> Result<()>;
+}
+
+/// Total bytes of the files under `dir`.
+pub fn disk_bytes(dir: &Path) -> Result<u64> {
+    let mut total = 0;
+    let mut stack: Vec<PathBuf> = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for entry in std::fs::read_dir(&d)? {
+            let entry = entry?;
+            let meta = entry.metadata()?;
+            if meta.is_dir() {
+                stack.push(entry.path());
+            } else {
+                total += meta.len();
+            }
+        }
+    }
+    Ok(total)
+}
+
+/// A session id as lower-case hex.
+pub fn hex(id: &[u8]) -> String {
+    id.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// A fresh session id for the `counter`-th fork a store makes. Harness sessions never
+/// start with 0xF0, so fork ids never collide with them.
+pub fn fork_id(counter: u64) -> [u8; 16] {
+    let mut id = [0u8; 16];
+    id[0] = 0xF0;
+    id[8..].copy_from_slice(&counter.to_be_bytes());
+    id
+}

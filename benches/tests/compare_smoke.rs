@@ -1,0 +1,56 @@
+//! The comparison harness runs end to end at a tiny size and writes every figure. This
+//! checks that the harness works, not how fast anything is.
+
+use annal_benches::compare::{run, Config, Scale};
+use annal_benches::report::METRICS;
+use annal_benches::stores::StoreKind;
+
+#[test]
+fn tiny_compare_writes_every_store_and_metric() {
+    let out = tempfile::tempdir().unwrap();
+    let data = tempfile::tempdir().unwrap();
+    let mut config = Config::new(Scale::tiny(), out.path());
+    config.data_dir = Some(data.path().to_path_buf());
+    let report = run(&config).unwrap();
+
+    let text = std::fs::read_to_string(out.path().join("results.json")).unwrap();
+    let results: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let results = results.as_array().unwrap();
+    for store in StoreKind::ALL {
+        for metric in METRICS {
+            let found = results.iter().filter(|r| r["store"] == store.name() && r["metric"] == metric).count();
+            assert!(found > 0, "no {metric} for {}", store.name());
+        }
+        for level in &config.scale.levels {
+            assert!(
+                results.iter().any(|r| r["store"] == store.name()
+                    && r["metric"] == "commits_per_s"
+                    && r["committers"] == *level as u64),
+                "no commits_per_s at {level} committers for {}",
+                store.name()
+            );
+        }
+    }
+    for r in results {
+        assert!(r["value"].as_f64().is_some_and(f64::is_finite), "{r}");
+        assert!(r["unit"].is_string(), "{r}");
+    }
+    assert!(results.iter().any(|r| r["store"] == "machine" && r["metric"] == "fdatasync_per_s"));
+    assert!(results.iter().any(|r| r["store"] == "annal" && r["metric"] == "commits_per_fsync"));
+
+    // Every store folded the same number of events from the same workload.
+    let rebuilt: Vec<f64> =
+        StoreKind::ALL.iter().map(|s| report.get(s.name(), "rebuild_events", None).unwrap()).collect();
+    assert!(rebuilt.iter().all(|e| *e == rebuilt[0]), "{rebuilt:?}");
+    // ... and served the same transcript pages.
+    let paged: Vec<f64> =
+        StoreKind::ALL.iter().map(|s| report.get(s.name(), "page_bytes_read", None).unwrap()).collect();
+    assert!(paged.iter().all(|b| *b == paged[0]), "{paged:?}");
+
+    for file in ["results.md", "throughput.svg", "latency_cdf_c16.svg"] {
+        let bytes = std::fs::read(out.path().join(file)).unwrap();
+        assert!(!bytes.is_empty(), "{file} is empty");
+    }
+    let md = std::fs::read_to_string(out.path().join("results.md")).unwrap();
+    assert!(md.contains("| commits_per_s | 16 |"), "{md}");
+}
