@@ -11,7 +11,7 @@ use crate::writer::{self, CommitNotice, ImportStats, Request, Shared, SUBSCRIBER
 use annal_codec::{LogChain, SessionId};
 use crossbeam_channel::{bounded, Receiver, Sender};
 use parking_lot::{Mutex, RwLock};
-use redb::{ConcurrencyMode, Database, ReadableTable, ReadableTableMetadata};
+use redb::{ConcurrencyMode, Database, ReadableDatabase, ReadableTable, ReadableTableMetadata, TableHandle};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -396,9 +396,78 @@ fn builder(options: &Options) -> redb::Builder {
     b
 }
 
+/// What an open must do before the writer starts.
+struct OpenPlan {
+    /// Write the format version (and key check) of a new database.
+    init_format: bool,
+    /// Projections whose stored version or cursor is off.
+    stale: ProjectionSet,
+}
+
+/// Checks the format, the key and every projection's version and cursor against `meta`.
+fn plan_open(
+    meta: &impl ReadableTable<&'static str, &'static [u8]>,
+    log_empty: bool,
+    chain: &LogChain,
+) -> Result<OpenPlan> {
+    let format = meta.get(meta_keys::FORMAT)?.map(|g| tables::meta_u64(g.value()));
+    let init_format = match format {
+        None if log_empty => true,
+        None => return Err(Error::corrupt(Location::Meta { key: meta_keys::FORMAT.into() }, "missing format version")),
+        Some(Some(v)) if v == tables::FORMAT as u64 => false,
+        Some(found) => {
+            return Err(Error::UnsupportedFormat { found: found.unwrap_or(0) as u32, supported: tables::FORMAT })
+        }
+    };
+    let stored = meta.get(meta_keys::KEY_CHECK)?.map(|g| g.value().to_vec());
+    match (stored, chain.key_check()) {
+        (Some(_), None) => {
+            return Err(Error::KeyMismatch { detail: "the database has a keyed chain; supply its key".into() })
+        }
+        (None, Some(_)) if !init_format => {
+            return Err(Error::KeyMismatch { detail: "the database has a plain chain; open it without a key".into() })
+        }
+        (Some(s), Some(k)) if s[..] != k[..] => return Err(Error::KeyMismatch { detail: "wrong chain key".into() }),
+        _ => {}
+    }
+    let tip_seq = match meta.get(meta_keys::TIP)? {
+        Some(g) => tables::decode_tip(g.value())?.0,
+        None => 0,
+    };
+    let mut stale = ProjectionSet::none();
+    for p in Projection::ALL {
+        let version = meta.get(meta_keys::version(p).as_str())?.and_then(|g| tables::meta_u64(g.value()));
+        let cursor = meta.get(meta_keys::cursor(p).as_str())?.and_then(|g| tables::meta_u64(g.value()));
+        if version != Some(p.version() as u64) || cursor != Some(tip_seq) {
+            stale = stale.with(p);
+        }
+    }
+    Ok(OpenPlan { init_format, stale })
+}
+
+/// Whether an existing database needs no change at open: checked on a read snapshot, so
+/// that opening and closing a healthy database writes nothing.
+fn ready_without_writing(db: &Database, chain: &LogChain) -> Result<bool> {
+    let txn = db.begin_read()?;
+    let names: Vec<String> = txn.list_tables()?.map(|t| t.name().to_string()).collect();
+    let all = [tables::LOG.name(), tables::SESSION_LOG.name(), tables::CONTENT.name(), tables::META.name()]
+        .into_iter()
+        .map(str::to_string)
+        .chain(crate::store::Table::ALL.iter().map(|t| t.name().to_string()));
+    if !all.into_iter().all(|n| names.contains(&n)) {
+        return Ok(false);
+    }
+    let log_empty = txn.open_table(tables::LOG)?.is_empty()?;
+    let plan = plan_open(&txn.open_table(META)?, log_empty, chain)?;
+    Ok(!plan.init_format && plan.stale == ProjectionSet::none())
+}
+
 /// Creates tables, checks the format and the key, and returns the projections that
-/// must be rebuilt (version or cursor mismatch).
+/// must be rebuilt (version or cursor mismatch). Writes only when something must change.
 fn initialize(db: &Database, chain: &LogChain) -> Result<ProjectionSet> {
+    if ready_without_writing(db, chain)? {
+        return Ok(ProjectionSet::none());
+    }
     let mut txn = db.begin_write()?;
     txn.set_durability(redb::Durability::Immediate)?;
     tables::create_all(&txn)?;
@@ -406,48 +475,14 @@ fn initialize(db: &Database, chain: &LogChain) -> Result<ProjectionSet> {
     {
         let mut meta = txn.open_table(META)?;
         let log_empty = txn.open_table(tables::LOG)?.is_empty()?;
-        let format = meta.get(meta_keys::FORMAT)?.map(|g| tables::meta_u64(g.value()));
-        match format {
-            None if log_empty => {
-                meta.insert(meta_keys::FORMAT, tables::FORMAT.to_le_bytes().as_slice())?;
-                if let Some(check) = chain.key_check() {
-                    meta.insert(meta_keys::KEY_CHECK, check.as_slice())?;
-                }
-            }
-            None => {
-                return Err(Error::corrupt(Location::Meta { key: meta_keys::FORMAT.into() }, "missing format version"))
-            }
-            Some(Some(v)) if v == tables::FORMAT as u64 => {}
-            Some(found) => {
-                return Err(Error::UnsupportedFormat { found: found.unwrap_or(0) as u32, supported: tables::FORMAT })
+        let plan = plan_open(&meta, log_empty, chain)?;
+        if plan.init_format {
+            meta.insert(meta_keys::FORMAT, tables::FORMAT.to_le_bytes().as_slice())?;
+            if let Some(check) = chain.key_check() {
+                meta.insert(meta_keys::KEY_CHECK, check.as_slice())?;
             }
         }
-        let stored = meta.get(meta_keys::KEY_CHECK)?.map(|g| g.value().to_vec());
-        match (stored, chain.key_check()) {
-            (None, None) => {}
-            (Some(_), None) => {
-                return Err(Error::KeyMismatch { detail: "the database has a keyed chain; supply its key".into() })
-            }
-            (None, Some(_)) => {
-                return Err(Error::KeyMismatch {
-                    detail: "the database has a plain chain; open it without a key".into(),
-                })
-            }
-            (Some(s), Some(k)) if s[..] != k[..] => {
-                return Err(Error::KeyMismatch { detail: "wrong chain key".into() })
-            }
-            _ => {}
-        }
-        let tip_seq = match meta.get(meta_keys::TIP)? {
-            Some(g) => tables::decode_tip(g.value())?.0,
-            None => 0,
-        };
-        for p in Projection::ALL {
-            let version = meta.get(meta_keys::version(p).as_str())?.and_then(|g| tables::meta_u64(g.value()));
-            let cursor = meta.get(meta_keys::cursor(p).as_str())?.and_then(|g| tables::meta_u64(g.value()));
-            if version == Some(p.version() as u64) && cursor == Some(tip_seq) {
-                continue;
-            }
+        for p in plan.stale.iter() {
             if log_empty {
                 tables::write_projection_meta(&mut meta, p, 0)?;
             } else {

@@ -16,7 +16,7 @@ use crate::limits::Limits;
 use crate::projection::{Projection, ProjectionSet};
 use crate::rebuild::{rebuild_in, RebuildStats};
 use crate::store::{apply_writes, Overlay, Store};
-use crate::tables::{self, RedbStore, CONTENT, LOG, META, SESSION_LOG};
+use crate::tables::{self, ReadStore, RedbStore, CONTENT, LOG, META, SESSION_LOG};
 use annal_codec::{encode_record, ChainHash, ContentId, LogChain, Record, SessionId};
 use crossbeam_channel::{Receiver, Sender};
 use parking_lot::Mutex;
@@ -221,79 +221,118 @@ fn apply<S: Store + ?Sized>(
 
 type BatchResult = (Vec<Result<Outcome>>, Vec<CommitNotice>);
 
+/// What the accepted commands of a batch will write.
+#[derive(Default)]
+struct Pending {
+    records: Vec<Record>,
+    content: std::collections::BTreeMap<ContentId, Vec<u8>>,
+    streams: std::collections::BTreeMap<SessionId, u64>,
+}
+
+/// Decides and folds the batch on a read snapshot (the writer is the only writer, so the
+/// snapshot is the latest commit), then writes what was accepted in one transaction. A
+/// batch with nothing to write opens no write transaction at all, so rejections and
+/// idempotent retries leave every byte of the file alone.
 fn commit_batch(shared: &Shared, tip: &mut Tip, commands: &[&Command]) -> Result<BatchResult> {
-    let mut txn = shared.db.begin_write()?;
-    txn.set_durability(shared.durability)?;
     let clock_ms = now_ms().max(tip.clock_ms);
-    let mut next = Tip { clock_ms, ..*tip };
+    let mut next_seq = tip.seq + 1;
     let mut outcomes = Vec::with_capacity(commands.len());
     let mut notices = Vec::new();
+    let mut pending = Pending::default();
+    let snapshot = shared.db.begin_read()?;
+    let base = ReadStore::new(&snapshot);
+    let session_log = snapshot.open_table(SESSION_LOG)?;
+    let mut accepted = Overlay::new(&base);
+    for command in commands {
+        let mut staged: Staged = (Vec::new(), Vec::new());
+        let mut seq = next_seq;
+        let result = {
+            let mut overlay = Overlay::new(&accepted);
+            let last_stream = |s: &SessionId| match pending.streams.get(s) {
+                Some(n) => Ok(*n),
+                None => tables::last_stream_seq(&session_log, s),
+            };
+            apply(&mut overlay, &mut seq, clock_ms, &last_stream, command, &shared.limits, &mut staged)
+                .map(|o| (o, overlay.into_writes()))
+        };
+        let (outcome, writes) = match result {
+            Ok(ok) => ok,
+            Err(e @ Error::Storage(_)) => return Err(e),
+            Err(e) => {
+                outcomes.push(Err(e));
+                continue;
+            }
+        };
+        apply_writes(&mut accepted, writes)?;
+        next_seq = seq;
+        let mut sessions = Vec::new();
+        for record in &staged.0 {
+            pending.streams.insert(record.session, record.stream_seq);
+            if !sessions.contains(&record.session) {
+                sessions.push(record.session);
+            }
+        }
+        if let (Some(first), Some(last)) = (staged.0.first(), staged.0.last()) {
+            notices.push(CommitNotice {
+                first_seq: first.seq,
+                last_seq: last.seq,
+                sessions,
+                committed_at_ms: clock_ms,
+            });
+        }
+        pending.records.extend(staged.0);
+        pending.content.extend(staged.1);
+        outcomes.push(Ok(outcome));
+    }
+    if pending.records.is_empty() {
+        return Ok((outcomes, notices));
+    }
+    let writes = accepted.into_writes();
+    drop(session_log);
+    drop(snapshot);
+    *tip = write_batch(shared, *tip, clock_ms, writes, pending)?;
+    Ok((outcomes, notices))
+}
+
+/// Writes an accepted batch: projection rows, sealed records, the per-session index, new
+/// content objects and the meta tip, in one transaction with one commit.
+fn write_batch(
+    shared: &Shared,
+    tip: Tip,
+    clock_ms: u64,
+    writes: crate::store::Writes,
+    pending: Pending,
+) -> Result<Tip> {
+    let mut txn = shared.db.begin_write()?;
+    txn.set_durability(shared.durability)?;
+    let mut next = Tip { clock_ms, ..tip };
     {
         let mut store = RedbStore::open(&txn)?;
+        apply_writes(&mut store, writes)?;
         let mut log = txn.open_table(LOG)?;
         let mut session_log = txn.open_table(SESSION_LOG)?;
+        for record in &pending.records {
+            let (bytes, hash) = encode_record(record, &next.hash, &shared.chain, shared.limits.record_bytes_max)
+                .map_err(|e| Error::Storage(format!("encode record {}: {e}", record.seq)))?;
+            log.insert(record.seq, bytes.as_slice())?;
+            session_log.insert((record.session.0, record.stream_seq), record.seq)?;
+            next.hash = hash;
+            next.seq = record.seq;
+        }
         let mut content = txn.open_table(CONTENT)?;
-        for command in commands {
-            let mut staged: Staged = (Vec::new(), Vec::new());
-            let mut next_seq = next.seq + 1;
-            let result = {
-                let mut overlay = Overlay::new(&store);
-                let last_stream = |s: &SessionId| tables::last_stream_seq(&session_log, s);
-                apply(&mut overlay, &mut next_seq, clock_ms, &last_stream, command, &shared.limits, &mut staged)
-                    .map(|o| (o, overlay.into_writes()))
-            };
-            let (outcome, writes) = match result {
-                Ok(ok) => ok,
-                Err(e @ Error::Storage(_)) => return Err(e),
-                Err(e) => {
-                    outcomes.push(Err(e));
-                    continue;
-                }
-            };
-            apply_writes(&mut store, writes)?;
-            let mut sessions = Vec::new();
-            for record in &staged.0 {
-                let (bytes, hash) = encode_record(record, &next.hash, &shared.chain, shared.limits.record_bytes_max)
-                    .map_err(|e| Error::Storage(format!("encode record {}: {e}", record.seq)))?;
-                log.insert(record.seq, bytes.as_slice())?;
-                session_log.insert((record.session.0, record.stream_seq), record.seq)?;
-                next.hash = hash;
-                next.seq = record.seq;
-                if !sessions.contains(&record.session) {
-                    sessions.push(record.session);
-                }
-            }
-            for (id, bytes) in &staged.1 {
-                if content.get(id.0)?.is_none() {
-                    content.insert(id.0, bytes.as_slice())?;
-                }
-            }
-            if let (Some(first), Some(last)) = (staged.0.first(), staged.0.last()) {
-                notices.push(CommitNotice {
-                    first_seq: first.seq,
-                    last_seq: last.seq,
-                    sessions,
-                    committed_at_ms: clock_ms,
-                });
-            }
-            outcomes.push(Ok(outcome));
-        }
-        if next.seq != tip.seq {
-            let mut meta = txn.open_table(META)?;
-            meta.insert(tables::meta_keys::TIP, tables::encode_tip(next.seq, &next.hash).as_slice())?;
-            for p in Projection::ALL {
-                meta.insert(tables::meta_keys::cursor(p).as_str(), next.seq.to_le_bytes().as_slice())?;
+        for (id, bytes) in &pending.content {
+            if content.get(id.0)?.is_none() {
+                content.insert(id.0, bytes.as_slice())?;
             }
         }
+        let mut meta = txn.open_table(META)?;
+        meta.insert(tables::meta_keys::TIP, tables::encode_tip(next.seq, &next.hash).as_slice())?;
+        for p in Projection::ALL {
+            meta.insert(tables::meta_keys::cursor(p).as_str(), next.seq.to_le_bytes().as_slice())?;
+        }
     }
-    if next.seq == tip.seq {
-        // Nothing written: no fsync needed.
-        txn.abort()?;
-    } else {
-        txn.commit()?;
-    }
-    *tip = next;
-    Ok((outcomes, notices))
+    txn.commit()?;
+    Ok(next)
 }
 
 /// Rebuilds inside an open transaction at open time (before the writer runs).

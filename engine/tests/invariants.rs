@@ -140,8 +140,6 @@ fn inv2_a_rejection_changes_no_byte_of_the_file_and_notifies_nobody() {
 }
 
 #[test]
-#[ignore = "the writer begins and aborts a redb write transaction for a batch that writes nothing; \
-            redb advances its transaction id, which the file holds after close (writer.rs, commit_batch)"]
 fn inv2_a_rejection_changes_no_byte_of_the_file_across_close() {
     let db = Db::new();
     let engine = db.open_durable();
