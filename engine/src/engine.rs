@@ -450,10 +450,15 @@ fn plan_open(
 fn ready_without_writing(db: &Database, chain: &LogChain) -> Result<bool> {
     let txn = db.begin_read()?;
     let names: Vec<String> = txn.list_tables()?.map(|t| t.name().to_string()).collect();
-    let all = [tables::LOG.name(), tables::SESSION_LOG.name(), tables::CONTENT.name(), tables::META.name()]
-        .into_iter()
-        .map(str::to_string)
-        .chain(crate::store::Table::ALL.iter().map(|t| t.name().to_string()));
+    let all = [
+        tables::LOG.name(),
+        tables::SESSION_LOG.name(),
+        tables::CONTENT.name(),
+        tables::META.name(),
+        tables::PROJECTIONS.name(),
+    ]
+    .into_iter()
+    .map(str::to_string);
     if !all.into_iter().all(|n| names.contains(&n)) {
         return Ok(false);
     }

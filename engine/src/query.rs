@@ -186,18 +186,9 @@ fn prefix_rows(
     store: &ReadStore<'_>,
     table: Table,
     prefix: &[u8],
-    mut f: impl FnMut(&[u8], &[u8]) -> Result<bool>,
+    f: impl FnMut(&[u8], &[u8]) -> Result<bool>,
 ) -> Result<()> {
-    for entry in store.table(table)?.range(prefix..)? {
-        let (k, v) = entry?;
-        if !k.value().starts_with(prefix) {
-            break;
-        }
-        if !f(k.value(), v.value())? {
-            break;
-        }
-    }
-    Ok(())
+    store.scan(table, prefix, f)
 }
 
 fn head_of(store: &ReadStore<'_>, session: &SessionId) -> Result<SessionHead> {
@@ -238,13 +229,10 @@ pub fn list_sessions(txn: &ReadTransaction, limits: &Limits, q: &ListQuery) -> R
     };
     match q.labels.first() {
         None => {
-            for entry in store.table(Table::CreationOrder)?.iter()? {
-                let (k, v) = entry?;
-                let session: SessionId = decode_row(Table::CreationOrder, k.value(), v.value())?;
-                if !consider(session)? {
-                    break;
-                }
-            }
+            prefix_rows(&store, Table::CreationOrder, &[], |k, v| {
+                let session: SessionId = decode_row(Table::CreationOrder, k, v)?;
+                consider(session)
+            })?;
         }
         Some((k, v)) => {
             let prefix = keys::label_prefix(k, v);
@@ -483,18 +471,20 @@ pub fn unsettled_all(txn: &ReadTransaction, limits: &Limits, page: PageRequest) 
     let store = ReadStore::new(txn);
     let mut items = Vec::new();
     let mut has_more = false;
-    for (i, entry) in store.table(Table::UnsettledAll)?.iter()?.enumerate() {
-        let (k, v) = entry?;
-        if (i as u64) < page.offset {
-            continue;
+    let mut skipped = 0u64;
+    prefix_rows(&store, Table::UnsettledAll, &[], |k, v| {
+        if skipped < page.offset {
+            skipped += 1;
+            return Ok(true);
         }
         if items.len() as u64 == page.limit {
             has_more = true;
-            break;
+            return Ok(false);
         }
-        let (session, op_id): (SessionId, String) = decode_row(Table::UnsettledAll, k.value(), v.value())?;
+        let (session, op_id): (SessionId, String) = decode_row(Table::UnsettledAll, k, v)?;
         items.push(op_by_id(&store, &session, &op_id)?);
-    }
+        Ok(true)
+    })?;
     Ok(Page { items, offset: page.offset, limit: page.limit, has_more })
 }
 
@@ -668,19 +658,25 @@ pub struct TableDigest {
 
 /// Digests of every projection table, for byte-level comparison of two states.
 pub fn projection_digests(txn: &ReadTransaction) -> Result<Vec<TableDigest>> {
-    let store = ReadStore::new(txn);
-    let mut out = Vec::new();
-    for t in Table::ALL {
-        let mut h = RowHasher::default();
-        let mut rows = 0;
-        for entry in store.table(t)?.iter()? {
-            let (k, v) = entry?;
-            h.row(k.value(), v.value());
-            rows += 1;
-        }
-        out.push(TableDigest { table: t.name(), rows, digest: h.finish() });
+    // One pass: each logical table's rows come in its own key order (see tables.rs).
+    let mut hashers: Vec<(RowHasher, u64)> = Table::ALL.iter().map(|_| (RowHasher::default(), 0)).collect();
+    for entry in txn.open_table(tables::PROJECTIONS)?.iter()? {
+        let (k, v) = entry?;
+        let (t, logical) = tables::logical_key(k.value()).ok_or_else(|| {
+            Error::corrupt(
+                Location::Projection { table: "projections", key: crate::store::hex(k.value()) },
+                "not a projection key",
+            )
+        })?;
+        let (h, rows) = &mut hashers[t.index()];
+        h.row(&logical, v.value());
+        *rows += 1;
     }
-    Ok(out)
+    Ok(Table::ALL
+        .iter()
+        .zip(hashers)
+        .map(|(t, (h, rows))| TableDigest { table: t.name(), rows, digest: h.finish() })
+        .collect())
 }
 
 /// Digests of the projections held in a [`crate::MemStore`], comparable with

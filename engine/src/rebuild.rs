@@ -33,12 +33,14 @@ pub fn rebuild_in(
     progress: Progress<'_>,
 ) -> Result<RebuildStats> {
     let started = Instant::now();
-    for p in set.iter() {
-        for t in p.tables() {
-            txn.delete_table(tables::projection_table(*t))?;
-        }
-    }
     tables::create_all(txn)?;
+    if set == ProjectionSet::all() {
+        txn.delete_table(tables::PROJECTIONS)?;
+        tables::create_all(txn)?;
+    } else {
+        let doomed: Vec<crate::Table> = set.iter().flat_map(|p| p.tables().iter().copied()).collect();
+        tables::clear_projection_tables(txn, &doomed)?;
+    }
     let log = txn.open_table(LOG)?;
     let total = log.last()?.map_or(0, |(k, _)| k.value());
     let mut store = RedbStore::open(txn)?;

@@ -105,6 +105,22 @@ impl Table {
     pub fn index(self) -> usize {
         Table::ALL.iter().position(|t| *t == self).unwrap_or(0)
     }
+
+    /// The table's tag byte in the physical key (1..=19; stable on disk).
+    pub fn tag(self) -> u8 {
+        self.index() as u8 + 1
+    }
+
+    /// The table with this tag.
+    pub fn from_tag(tag: u8) -> Option<Table> {
+        Table::ALL.get((tag as usize).wrapping_sub(1)).copied()
+    }
+
+    /// Whether every key of the table starts with a 16-byte session id. Such rows are
+    /// stored session-major, so one commit's rows for a session sit together.
+    pub fn session_scoped(self) -> bool {
+        !matches!(self, Table::LabelIndex | Table::CreationOrder | Table::UnsettledAll)
+    }
 }
 
 /// Point access to projection tables plus the per-session stream tip.

@@ -2,13 +2,14 @@
 //! transaction.
 //!
 //! Immutable and authoritative: [`LOG`], [`SESSION_LOG`], [`CONTENT`], [`META`].
-//! Disposable: one `&[u8] → &[u8]` table per [`Table`], named `p.*`.
+//! Disposable: every projection row lives in [`PROJECTIONS`], under a physical key that
+//! names its logical [`Table`] (see [`physical_key`]).
 
 use crate::error::{Error, Location, Result};
 use crate::projection::Projection;
 use crate::store::{Store, Table};
 use annal_codec::{ChainHash, ContentId, SessionId};
-use redb::{ReadableTable, TableDefinition, WriteTransaction};
+use redb::{ReadableTable, TableDefinition, TableHandle, WriteTransaction};
 
 /// Global sequence → encoded record.
 pub const LOG: TableDefinition<u64, &[u8]> = TableDefinition::new("log");
@@ -19,9 +20,106 @@ pub const CONTENT: TableDefinition<[u8; 32], &[u8]> = TableDefinition::new("cont
 /// Format version, log tip, key check, projection versions and cursors.
 pub const META: TableDefinition<&str, &[u8]> = TableDefinition::new("meta");
 
-/// The redb definition of a projection table.
-pub fn projection_table(t: Table) -> TableDefinition<'static, &'static [u8], &'static [u8]> {
-    TableDefinition::new(t.name())
+/// Every projection row. Session-scoped tables are stored session-major
+/// (`0x00 ‖ session ‖ tag ‖ rest`), the three global ones table-major (`tag ‖ key`), so
+/// the rows one commit touches for a session share a few B-tree pages.
+pub const PROJECTIONS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("projections");
+
+/// The physical key in [`PROJECTIONS`] of `key` in logical table `t`.
+pub fn physical_key(t: Table, key: &[u8]) -> Vec<u8> {
+    let mut k = Vec::with_capacity(key.len() + 2);
+    if t.session_scoped() && key.len() >= 16 {
+        k.push(0);
+        k.extend_from_slice(&key[..16]);
+        k.push(t.tag());
+        k.extend_from_slice(&key[16..]);
+    } else {
+        k.push(t.tag());
+        k.extend_from_slice(key);
+    }
+    k
+}
+
+/// The logical table and key of a physical key, if it is well formed.
+pub fn logical_key(physical: &[u8]) -> Option<(Table, Vec<u8>)> {
+    match physical.split_first()? {
+        (0, rest) if rest.len() >= 17 => {
+            let t = Table::from_tag(rest[16]).filter(|t| t.session_scoped())?;
+            let mut k = rest[..16].to_vec();
+            k.extend_from_slice(&rest[17..]);
+            Some((t, k))
+        }
+        (tag, rest) => Table::from_tag(*tag).filter(|t| !t.session_scoped()).map(|t| (t, rest.to_vec())),
+    }
+}
+
+/// Calls `f(logical key, value)` for the rows of `t` whose logical key starts with
+/// `prefix`, in logical key order, until it returns false.
+pub fn scan<R: ReadableTable<&'static [u8], &'static [u8]>>(
+    table: &R,
+    t: Table,
+    prefix: &[u8],
+    f: &mut dyn FnMut(&[u8], &[u8]) -> Result<bool>,
+) -> Result<()> {
+    // A session-scoped table scanned without a whole session id in the prefix spans the
+    // session-major area and is filtered by tag; every other scan is one key range.
+    let start = if t.session_scoped() && prefix.len() < 16 { vec![0u8] } else { physical_key(t, prefix) };
+    for entry in table.range(start.as_slice()..)? {
+        let (k, v) = entry?;
+        let physical = k.value();
+        if !physical.starts_with(&start) {
+            break;
+        }
+        match logical_key(physical) {
+            Some((lt, logical)) if lt == t && logical.starts_with(prefix) => {
+                if !f(&logical, v.value())? {
+                    break;
+                }
+            }
+            Some(_) => {}
+            None => return Err(bad_physical(physical)),
+        }
+    }
+    Ok(())
+}
+
+fn bad_physical(physical: &[u8]) -> Error {
+    Error::corrupt(
+        Location::Projection { table: PROJECTIONS.name(), key: crate::store::hex(physical) },
+        "not a projection key",
+    )
+}
+
+/// Every row of logical table `t`, in key order (for tools and tests).
+pub fn projection_rows(txn: &redb::ReadTransaction, t: Table) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
+    let table = txn.open_table(PROJECTIONS)?;
+    let mut rows = Vec::new();
+    scan(&table, t, &[], &mut |k, v| {
+        rows.push((k.to_vec(), v.to_vec()));
+        Ok(true)
+    })?;
+    Ok(rows)
+}
+
+/// Rows in logical table `t`.
+pub fn projection_len(txn: &redb::ReadTransaction, t: Table) -> Result<u64> {
+    let table = txn.open_table(PROJECTIONS)?;
+    let mut n = 0;
+    scan(&table, t, &[], &mut |_, _| {
+        n += 1;
+        Ok(true)
+    })?;
+    Ok(n)
+}
+
+/// Removes every row of the logical tables in `tables` (for rebuilds).
+pub fn clear_projection_tables(txn: &WriteTransaction, tables: &[Table]) -> Result<()> {
+    let mut table = txn.open_table(PROJECTIONS)?;
+    table.retain(|k, _| match logical_key(k) {
+        Some((t, _)) => !tables.contains(&t),
+        None => false,
+    })?;
+    Ok(())
 }
 
 /// The database format version written in `meta`.
@@ -93,65 +191,66 @@ pub fn create_all(txn: &WriteTransaction) -> Result<()> {
     txn.open_table(SESSION_LOG)?;
     txn.open_table(CONTENT)?;
     txn.open_table(META)?;
-    for t in Table::ALL {
-        txn.open_table(projection_table(t))?;
-    }
+    txn.open_table(PROJECTIONS)?;
     Ok(())
 }
 
-/// The fold's [`Store`] over the projection tables of a write transaction.
+/// The fold's [`Store`] over the projection rows of a write transaction.
 pub struct RedbStore<'txn> {
-    tables: Vec<redb::Table<'txn, &'static [u8], &'static [u8]>>,
+    table: redb::Table<'txn, &'static [u8], &'static [u8]>,
 }
 
 impl<'txn> RedbStore<'txn> {
-    /// Opens every projection table of `txn`.
+    /// Opens the projection table of `txn`.
     pub fn open(txn: &'txn WriteTransaction) -> Result<RedbStore<'txn>> {
-        let tables = Table::ALL.iter().map(|t| txn.open_table(projection_table(*t))).collect::<Result<Vec<_>, _>>()?;
-        Ok(RedbStore { tables })
+        Ok(RedbStore { table: txn.open_table(PROJECTIONS)? })
     }
 }
 
 impl Store for RedbStore<'_> {
     fn get(&self, table: Table, key: &[u8]) -> Result<Option<Vec<u8>>> {
-        Ok(self.tables[table.index()].get(key)?.map(|g| g.value().to_vec()))
+        Ok(self.table.get(physical_key(table, key).as_slice())?.map(|g| g.value().to_vec()))
     }
     fn put(&mut self, table: Table, key: &[u8], value: &[u8]) -> Result<()> {
-        self.tables[table.index()].insert(key, value)?;
+        self.table.insert(physical_key(table, key).as_slice(), value)?;
         Ok(())
     }
     fn remove(&mut self, table: Table, key: &[u8]) -> Result<()> {
-        self.tables[table.index()].remove(key)?;
+        self.table.remove(physical_key(table, key).as_slice())?;
         Ok(())
     }
 }
 
-/// A read-only [`Store`] over a read transaction; tables open on first use.
+/// A read-only [`Store`] over a read transaction; the table opens on first use.
 pub struct ReadStore<'a> {
     txn: &'a redb::ReadTransaction,
-    tables: Vec<std::cell::OnceCell<redb::ReadOnlyTable<&'static [u8], &'static [u8]>>>,
+    table: std::cell::OnceCell<redb::ReadOnlyTable<&'static [u8], &'static [u8]>>,
 }
 
 impl<'a> ReadStore<'a> {
     /// A store over `txn`.
     pub fn new(txn: &'a redb::ReadTransaction) -> ReadStore<'a> {
-        ReadStore { txn, tables: Table::ALL.iter().map(|_| std::cell::OnceCell::new()).collect() }
+        ReadStore { txn, table: std::cell::OnceCell::new() }
     }
 
-    /// The opened projection table.
-    pub fn table(&self, t: Table) -> Result<&redb::ReadOnlyTable<&'static [u8], &'static [u8]>> {
-        let cell = &self.tables[t.index()];
-        if let Some(table) = cell.get() {
+    fn table(&self) -> Result<&redb::ReadOnlyTable<&'static [u8], &'static [u8]>> {
+        if let Some(table) = self.table.get() {
             return Ok(table);
         }
-        let table = self.txn.open_table(projection_table(t))?;
-        Ok(cell.get_or_init(|| table))
+        let table = self.txn.open_table(PROJECTIONS)?;
+        Ok(self.table.get_or_init(|| table))
+    }
+
+    /// Calls `f(logical key, value)` for the rows of `t` whose key starts with `prefix`,
+    /// in key order, until it returns false.
+    pub fn scan(&self, t: Table, prefix: &[u8], mut f: impl FnMut(&[u8], &[u8]) -> Result<bool>) -> Result<()> {
+        scan(self.table()?, t, prefix, &mut f)
     }
 }
 
 impl Store for ReadStore<'_> {
     fn get(&self, table: Table, key: &[u8]) -> Result<Option<Vec<u8>>> {
-        Ok(self.table(table)?.get(key)?.map(|g| g.value().to_vec()))
+        Ok(self.table()?.get(physical_key(table, key).as_slice())?.map(|g| g.value().to_vec()))
     }
     fn put(&mut self, _: Table, _: &[u8], _: &[u8]) -> Result<()> {
         Err(Error::Storage("read-only store".into()))

@@ -964,8 +964,7 @@ fn s13_a_bumped_projection_version_rebuilds_at_open() {
             let mut meta = txn.open_table(META).unwrap();
             let key = meta_keys::version(Projection::Usage);
             meta.insert(key.as_str(), 99u32.to_le_bytes().as_slice()).unwrap();
-            let mut rows = txn.open_table(tables::projection_table(Table::Usage)).unwrap();
-            rows.retain(|_, _| false).unwrap();
+            tables::clear_projection_tables(&txn, &[Table::Usage]).unwrap();
         }
         txn.commit().unwrap();
     }

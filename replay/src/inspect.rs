@@ -7,7 +7,7 @@ use annal::codec::decode_header;
 use annal::query::{self, ListQuery, PageRequest};
 use annal::tables::{CONTENT, LOG};
 use annal::{ContentId, ContextState, Event, EventKind, Reader, RevisionId, SessionHead, SessionId, ToolState};
-use redb::{ReadableTable, ReadableTableMetadata};
+use redb::ReadableTable;
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write as _;
@@ -555,10 +555,6 @@ pub fn stats(reader: &Reader, path: &Path) -> Result<Stats> {
             }
         }
     }
-    s.sessions = txn
-        .open_table(annal::tables::projection_table(annal::Table::Heads))
-        .map_err(redb::Error::from)?
-        .len()
-        .map_err(redb::Error::from)?;
+    s.sessions = annal::tables::projection_len(&txn, annal::Table::Heads)?;
     Ok(s)
 }

@@ -3,7 +3,6 @@
 
 use crate::{progress, require_file, CliError, Result};
 use annal::codec::LogChain;
-use annal::tables::projection_table;
 use annal::{Engine, Limits, Options, Projection, ProjectionSet, Table};
 use redb::{ReadableDatabase, ReadableTableMetadata};
 use std::path::Path;
@@ -102,8 +101,7 @@ pub fn rebuild(path: &Path, opts: &RebuildOptions) -> Result<RebuildReport> {
     let elapsed = started.elapsed();
     bar.finish_and_clear();
     let txn = db.begin_read().map_err(redb::Error::from)?;
-    let sessions =
-        txn.open_table(projection_table(Table::Heads)).map_err(redb::Error::from)?.len().map_err(redb::Error::from)?;
+    let sessions = annal::tables::projection_len(&txn, Table::Heads)?;
     Ok(RebuildReport {
         projections: set.iter().map(|p| p.name()).collect(),
         events: stats.events,

@@ -16,7 +16,7 @@
 use crate::{open_reader, progress, CliError, Result};
 use annal::codec::{decode_message, decode_record, stored_chain_hash, verify_chain, DecodeError, LogChain};
 use annal::query::{mem_digests, projection_digests};
-use annal::tables::{self, meta_keys, projection_table, CONTENT, LOG, META, SESSION_LOG};
+use annal::tables::{self, meta_keys, CONTENT, LOG, META, SESSION_LOG};
 use annal::{evolve, ChainHash, ContentId, Event, EventKind, Limits, MemStore, ProjectionSet, SessionId, Table};
 use redb::{ReadTransaction, ReadableTable, ReadableTableMetadata};
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -750,23 +750,15 @@ impl<'a> Walk<'a> {
     fn first_difference(&mut self, t: Table) {
         let empty = BTreeMap::new();
         let fresh = self.store.tables.get(&t).unwrap_or(&empty);
-        let table = match self.txn.open_table(projection_table(t)) {
-            Ok(tb) => tb,
-            Err(e) => return self.find(storage(t.name(), e)),
-        };
-        let iter = match table.iter() {
-            Ok(i) => i,
+        let stored = match tables::projection_rows(self.txn, t) {
+            Ok(rows) => rows,
             Err(e) => return self.find(storage(t.name(), e)),
         };
         let mut fresh_iter = fresh.iter();
-        let mut stored_iter = iter;
+        let mut stored_iter = stored.into_iter();
         let finding = |key: &[u8], detail| Finding::Projection { table: t.name(), key: crate::hex(key), detail };
         loop {
-            let s = match stored_iter.next() {
-                Some(Ok((k, v))) => Some((k.value().to_vec(), v.value().to_vec())),
-                Some(Err(e)) => return self.find(storage(t.name(), e)),
-                None => None,
-            };
+            let s = stored_iter.next();
             let f = fresh_iter.next();
             let found = match (s, f) {
                 (None, None) => return,
