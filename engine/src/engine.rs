@@ -178,7 +178,9 @@ impl Engine {
         let db = Arc::new(db);
         let limits = options.limits.clone();
         let chain_for_reader = chain.clone();
+        let heads = Arc::new(crate::cache::HeadCache::default());
         let shared = Arc::new(Shared {
+            heads: heads.clone(),
             db: db.clone(),
             limits: options.limits.clone(),
             chain,
@@ -197,7 +199,7 @@ impl Engine {
             .spawn(move || writer::run(writer_shared, rx, tip))?;
         Ok(Engine {
             inner: Arc::new(Inner {
-                reader: Reader::new(db, limits, chain_for_reader),
+                reader: Reader::new(db, Some(heads), limits, chain_for_reader),
                 shared,
                 sender: RwLock::new(Some(tx)),
                 writer: Mutex::new(Some(handle)),

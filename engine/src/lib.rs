@@ -49,6 +49,7 @@
 //! ```
 #![deny(missing_docs)]
 
+mod cache;
 pub mod command;
 pub mod decide;
 pub mod engine;
@@ -69,6 +70,7 @@ pub use annal_codec::{
     ChainHash, CommitHash, ContentId, Event, EventKind, ForkOrigin, MessageObject, Record, Recovery, RevisionId, Role,
     SessionId, ToolOutcome, Usage,
 };
+pub use cache::HEAD_CACHE_ENTRIES_MAX;
 pub use command::{
     new_session_id, AppendContext, Command, CommitTurn, CreateSession, Expected, Fork, Message, Outcome, Receipt,
     RecordToolCall, RecordToolResult, Restore, Rewrite, RewriteReason, SetLabels,

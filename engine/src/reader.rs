@@ -2,6 +2,7 @@
 //! own `Reader`; [`Reader::open`] opens a database read-only, even beside a live writer
 //! in another process.
 
+use crate::cache::HeadCache;
 use crate::error::Result;
 use crate::limits::Limits;
 use crate::projection::*;
@@ -16,6 +17,7 @@ use std::sync::Arc;
 #[derive(Clone)]
 pub struct Reader {
     db: Arc<dyn ReadableDatabase + Send + Sync>,
+    heads: Option<Arc<HeadCache>>,
     limits: Limits,
     chain: LogChain,
 }
@@ -27,8 +29,13 @@ impl std::fmt::Debug for Reader {
 }
 
 impl Reader {
-    pub(crate) fn new(db: Arc<dyn ReadableDatabase + Send + Sync>, limits: Limits, chain: LogChain) -> Reader {
-        Reader { db, limits, chain }
+    pub(crate) fn new(
+        db: Arc<dyn ReadableDatabase + Send + Sync>,
+        heads: Option<Arc<HeadCache>>,
+        limits: Limits,
+        chain: LogChain,
+    ) -> Reader {
+        Reader { db, heads, limits, chain }
     }
 
     /// Opens `path` read-only. Works while another process has it open for writing
@@ -39,7 +46,7 @@ impl Reader {
         b.set_concurrency_mode(redb::ConcurrencyMode::SingleWriter);
         let db = b.open_read_only(path)?;
         let chain = chain_key.map_or_else(LogChain::plain, LogChain::keyed);
-        Ok(Reader::new(Arc::new(db), limits, chain))
+        Ok(Reader::new(Arc::new(db), None, limits, chain))
     }
 
     /// A read transaction: one consistent snapshot, for callers that need several reads
@@ -59,8 +66,19 @@ impl Reader {
     }
 
     /// The head of `session`, if it exists.
+    /// Served from the engine's head cache when possible.
     pub fn head(&self, session: SessionId) -> Result<Option<SessionHead>> {
-        query::head(&self.snapshot()?, &session)
+        let Some(cache) = &self.heads else {
+            return query::head(&self.snapshot()?, &session);
+        };
+        if let Some(head) = cache.get(&session) {
+            return Ok(Some((*head).clone()));
+        }
+        let head = query::head(&self.snapshot()?, &session)?;
+        if let Some(h) = &head {
+            cache.offer(h.clone(), false);
+        }
+        Ok(head)
     }
 
     /// Lists sessions in creation order.

@@ -13,9 +13,10 @@ use crate::decide::{decide, outcome_of, Decision};
 use crate::error::{Error, Limit, Rejection, Result};
 use crate::evolve::evolve;
 use crate::limits::Limits;
+use crate::projection::SessionHead;
 use crate::projection::{Projection, ProjectionSet};
 use crate::rebuild::{rebuild_in, RebuildStats};
-use crate::store::{apply_writes, Overlay, Store};
+use crate::store::{apply_writes, decode_row, Overlay, Store, Table};
 use crate::tables::{self, ReadStore, RedbStore, CONTENT, LOG, META, SESSION_LOG};
 use annal_codec::{encode_record, ChainHash, ContentId, LogChain, Record, SessionId};
 use crossbeam_channel::{Receiver, Sender};
@@ -44,6 +45,7 @@ pub const SUBSCRIBER_QUEUE_MAX: usize = 65_536;
 
 pub(crate) struct Shared {
     pub db: Arc<Database>,
+    pub heads: Arc<crate::cache::HeadCache>,
     pub limits: Limits,
     pub chain: LogChain,
     pub durability: redb::Durability,
@@ -128,6 +130,8 @@ fn rebuild(shared: &Shared, set: ProjectionSet) -> Result<RebuildStats> {
     }
     let result =
         crate::rebuild::rebuild_db(&shared.db, &shared.chain, shared.limits.record_bytes_max, set, &mut |_, _| {});
+    // Heads read during the rebuild came from the old rows.
+    shared.heads.clear();
     if matches!(result, Err(Error::Storage(_))) {
         shared.poisoned.store(true, Ordering::Release);
     }
@@ -290,7 +294,15 @@ fn commit_batch(shared: &Shared, tip: &mut Tip, commands: &[&Command]) -> Result
     let writes = accepted.into_writes();
     drop(session_log);
     drop(snapshot);
+    let heads: Vec<SessionHead> = writes
+        .iter()
+        .filter(|((table, _), _)| *table == Table::Heads)
+        .filter_map(|((table, key), value)| value.as_ref().map(|v| decode_row(*table, key, v)))
+        .collect::<Result<_>>()?;
     *tip = write_batch(shared, *tip, clock_ms, writes, pending)?;
+    for head in heads {
+        shared.heads.offer(head, true);
+    }
     Ok((outcomes, notices))
 }
 
@@ -381,7 +393,9 @@ fn import(shared: &Shared, tip: &mut Tip, records: Vec<Record>, content: Vec<Vec
     if shared.poisoned.load(Ordering::Acquire) {
         return Err(Error::Poisoned);
     }
+    shared.heads.clear();
     let result = import_txn(shared, tip, records, content);
+    shared.heads.clear();
     if matches!(result, Err(Error::Storage(_))) {
         shared.poisoned.store(true, Ordering::Release);
     }

@@ -97,3 +97,36 @@ fn end_to_end_smoke() {
     assert!(matches!(err, Error::Rejected(Rejection::InvalidImport { seq: 1, .. })), "{err:?}");
     assert_eq!(other.tip().unwrap(), e.tip().unwrap());
 }
+
+/// The head cache never serves a head older than one already seen or acknowledged.
+#[test]
+fn heads_are_fresh_under_concurrent_reads() {
+    let (_dir, e) = open();
+    let s = e.create_session(CreateSession::new()).unwrap().session;
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let readers: Vec<_> = (0..4)
+        .map(|_| {
+            let (e, done) = (e.clone(), done.clone());
+            std::thread::spawn(move || {
+                let mut last = 0;
+                while !done.load(std::sync::atomic::Ordering::Acquire) {
+                    let head = e.head(s).unwrap().unwrap();
+                    assert!(head.last_seq >= last, "head went back from {last} to {}", head.last_seq);
+                    last = head.last_seq;
+                }
+            })
+        })
+        .collect();
+    for i in 0..100 {
+        let r = e
+            .commit_turn(CommitTurn::new(s, format!("t{i}"), Expected::Any).message(Message::user(format!("{i}"))))
+            .unwrap()
+            .receipt();
+        let head = e.head(s).unwrap().unwrap();
+        assert_eq!((head.last_seq, head.revision), (r.seq, r.revision), "a receipt's head is visible at once");
+    }
+    e.rebuild(ProjectionSet::all()).unwrap();
+    assert_eq!(e.head(s).unwrap().unwrap().message_count, 100);
+    done.store(true, std::sync::atomic::Ordering::Release);
+    readers.into_iter().for_each(|r| r.join().unwrap());
+}
