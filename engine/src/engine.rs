@@ -44,6 +44,13 @@ pub struct Options {
     pub queue_depth: usize,
     /// redb page cache in bytes.
     pub cache_bytes: usize,
+    /// Let other processes open the file read-only while this engine writes (redb's
+    /// single-writer / multi-reader mode), so `annal verify` can run beside the host.
+    /// The default. redb then commits in two phases, which costs a second fsync per
+    /// commit; a host that never reads from another process can turn this off to commit
+    /// with one fsync and hold the file exclusively. Relaxed durability is always
+    /// exclusive.
+    pub multi_process_readers: bool,
 }
 
 impl Default for Options {
@@ -55,6 +62,7 @@ impl Default for Options {
             batch_commands_max: 1024,
             queue_depth: 4096,
             cache_bytes: 256 << 20,
+            multi_process_readers: true,
         }
     }
 }
@@ -391,9 +399,9 @@ impl std::ops::Deref for Engine {
 fn builder(options: &Options) -> redb::Builder {
     let mut b = redb::Builder::new();
     b.set_cache_size(options.cache_bytes);
-    b.set_concurrency_mode(match options.durability {
-        Durability::Durable => ConcurrencyMode::SingleWriter,
-        Durability::Relaxed => ConcurrencyMode::ExclusiveWriter,
+    b.set_concurrency_mode(match (options.durability, options.multi_process_readers) {
+        (Durability::Durable, true) => ConcurrencyMode::SingleWriter,
+        _ => ConcurrencyMode::ExclusiveWriter,
     });
     b
 }

@@ -53,13 +53,16 @@ pub fn logical_key(physical: &[u8]) -> Option<(Table, Vec<u8>)> {
     }
 }
 
+/// A callback over (logical key, value) rows; returning false stops the scan.
+pub type RowVisitor<'a> = dyn FnMut(&[u8], &[u8]) -> Result<bool> + 'a;
+
 /// Calls `f(logical key, value)` for the rows of `t` whose logical key starts with
 /// `prefix`, in logical key order, until it returns false.
 pub fn scan<R: ReadableTable<&'static [u8], &'static [u8]>>(
     table: &R,
     t: Table,
     prefix: &[u8],
-    f: &mut dyn FnMut(&[u8], &[u8]) -> Result<bool>,
+    f: &mut RowVisitor<'_>,
 ) -> Result<()> {
     // A session-scoped table scanned without a whole session id in the prefix spans the
     // session-major area and is filtered by tag; every other scan is one key range.
