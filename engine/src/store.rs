@@ -228,30 +228,32 @@ impl<'a, S: Store + ?Sized> Overlay<'a, S> {
 
 impl<S: Store + ?Sized> Store for Overlay<'_, S> {
     fn get(&self, table: Table, key: &[u8]) -> Result<Option<Vec<u8>>> {
-        match self.writes.get(&(table, key.to_vec())) {
+        match self.writes.get(&table).and_then(|rows| rows.get(key)) {
             Some(v) => Ok(v.clone()),
             None => self.base.get(table, key),
         }
     }
     fn put(&mut self, table: Table, key: &[u8], value: &[u8]) -> Result<()> {
-        self.writes.insert((table, key.to_vec()), Some(value.to_vec()));
+        self.writes.entry(table).or_default().insert(key.to_vec(), Some(value.to_vec()));
         Ok(())
     }
     fn remove(&mut self, table: Table, key: &[u8]) -> Result<()> {
-        self.writes.insert((table, key.to_vec()), None);
+        self.writes.entry(table).or_default().insert(key.to_vec(), None);
         Ok(())
     }
 }
 
-/// Writes buffered by an [`Overlay`], in (table, key) order; `None` is a removal.
-pub type Writes = BTreeMap<(Table, Vec<u8>), Option<Vec<u8>>>;
+/// Writes buffered by an [`Overlay`], per table in key order; `None` is a removal.
+pub type Writes = BTreeMap<Table, BTreeMap<Vec<u8>, Option<Vec<u8>>>>;
 
 /// Applies an overlay's writes to `store`, in key order.
 pub fn apply_writes<S: Store + ?Sized>(store: &mut S, writes: Writes) -> Result<()> {
-    for ((table, key), value) in writes {
-        match value {
-            Some(v) => store.put(table, &key, &v)?,
-            None => store.remove(table, &key)?,
+    for (table, rows) in writes {
+        for (key, value) in rows {
+            match value {
+                Some(v) => store.put(table, &key, &v)?,
+                None => store.remove(table, &key)?,
+            }
         }
     }
     Ok(())
@@ -349,7 +351,7 @@ mod tests {
         assert_eq!(o.get(Table::Heads, b"a").unwrap(), None);
         assert_eq!(o.get(Table::Heads, b"b").unwrap(), Some(b"2".to_vec()));
         let writes = o.into_writes();
-        assert_eq!(writes.len(), 2);
+        assert_eq!(writes[&Table::Heads].len(), 2);
         assert_eq!(base.get(Table::Heads, b"a").unwrap(), Some(b"1".to_vec()));
     }
 

@@ -295,9 +295,10 @@ fn commit_batch(shared: &Shared, tip: &mut Tip, commands: &[&Command]) -> Result
     drop(session_log);
     drop(snapshot);
     let heads: Vec<SessionHead> = writes
-        .iter()
-        .filter(|((table, _), _)| *table == Table::Heads)
-        .filter_map(|((table, key), value)| value.as_ref().map(|v| decode_row(*table, key, v)))
+        .get(&Table::Heads)
+        .into_iter()
+        .flatten()
+        .filter_map(|(key, value)| value.as_ref().map(|v| decode_row(Table::Heads, key, v)))
         .collect::<Result<_>>()?;
     *tip = write_batch(shared, *tip, clock_ms, writes, pending)?;
     for head in heads {

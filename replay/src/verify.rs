@@ -5,9 +5,9 @@
 //! decodes with a supported schema version, its per-session stream sequence is dense and
 //! indexed in `session_log`, the clock never goes back, every content id it refers to
 //! exists and hashes to its id (message objects: their attachments too), a turn's commit
-//! hash recomputes, and the engine's own `evolve` folds it into scratch state, which
-//! recomputes every `revision_after`. Then the meta tip must name the last record, and
-//! `--expect-tip` must match it. With `deep`, every content object is hashed and every
+//! hash recomputes, and the engine's own `evolve` folds it into scratch state (the
+//! transcript fold, which recomputes every `revision_after`; with `deep`, every fold).
+//! Then the meta tip must name the last record, and `--expect-tip` must match it. With `deep`, every content object is hashed and every
 //! projection table is compared byte for byte with the scratch fold.
 //!
 //! Verification keeps going after a finding wherever it can, and never panics on
@@ -417,6 +417,9 @@ struct Walk<'a> {
     /// (session, stream seq) → seq of every decoded record.
     index: HashMap<(SessionId, u64), u64>,
     content_seen: HashSet<ContentId>,
+    /// The projections folded: the transcript alone recomputes the revisions; `deep`
+    /// folds them all to compare with the stored tables.
+    fold_set: ProjectionSet,
     last_seq: Option<(u64, Vec<u8>)>,
 }
 
@@ -434,6 +437,12 @@ impl<'a> Walk<'a> {
             streams: HashMap::new(),
             index: HashMap::new(),
             content_seen: HashSet::new(),
+            fold_set: if opts.deep {
+                ProjectionSet::all()
+            } else {
+                // The transcript fold is the one that recomputes every revision_after.
+                ProjectionSet::none().with(annal::Projection::Transcript)
+            },
             last_seq: None,
         })
     }
@@ -569,7 +578,7 @@ impl<'a> Walk<'a> {
         if self.broken.contains(&r.session) {
             return;
         }
-        if let Err(e) = evolve(&mut self.store, &r, ProjectionSet::all()) {
+        if let Err(e) = evolve(&mut self.store, &r, self.fold_set) {
             self.fold_failed = true;
             self.broken.insert(r.session);
             let detail = match e {
