@@ -1,7 +1,7 @@
 //! The [`Engine`]: open a database, send commands, read projections.
 
 use crate::command::*;
-use crate::error::{Error, Location, Result};
+use crate::error::{fail_closed, Error, Location, Result};
 use crate::limits::Limits;
 use crate::projection::*;
 use crate::reader::Reader;
@@ -44,6 +44,12 @@ pub struct Options {
     pub queue_depth: usize,
     /// redb page cache in bytes.
     pub cache_bytes: usize,
+    /// Verify every page of the file at open (redb's integrity check: checksums of the
+    /// committed trees, allocator state rebuilt). Costs a read of the whole file and a
+    /// commit. Off by default; an open that fails on damaged data is retried with the
+    /// check either way, and a failure inside the storage layer is reported as
+    /// [`Error::Corrupt`] rather than a panic.
+    pub check_integrity_on_open: bool,
     /// Let other processes open the file read-only while this engine writes (redb's
     /// single-writer / multi-reader mode), so `annal verify` can run beside the host.
     /// The default. redb then commits in two phases, which costs a second fsync per
@@ -63,6 +69,7 @@ impl Default for Options {
             queue_depth: 4096,
             cache_bytes: 256 << 20,
             multi_process_readers: true,
+            check_integrity_on_open: false,
         }
     }
 }
@@ -162,15 +169,27 @@ impl Engine {
 
     /// Opens (or creates) the database at `path`.
     pub fn open_with(path: impl AsRef<Path>, options: Options) -> Result<Engine> {
-        let db = builder(&options).create(path)?;
-        Engine::start(db, options)
+        let path = path.as_ref();
+        let db = match fail_closed("open", || Ok(builder(&options).create(path)?)) {
+            Ok(db) => db,
+            // A damaged file can make a plain open fail; redb's integrity check reads
+            // every page, verifies its checksum and rebuilds the allocator state, or
+            // reports the damage.
+            Err(Error::Corrupt { .. }) => fail_closed("open with integrity check", || {
+                let mut b = builder(&options);
+                b.set_check_integrity_on_open(true);
+                Ok(b.create(path)?)
+            })?,
+            Err(e) => return Err(e),
+        };
+        fail_closed("open", || Engine::start(db, options))
     }
 
     /// Opens (or creates) a database on a custom redb storage backend, for example the
     /// fault-injecting one in [`crate::fault`].
     pub fn open_with_backend(backend: impl redb::StorageBackend, options: Options) -> Result<Engine> {
-        let db = builder(&options).create_with_backend(backend)?;
-        Engine::start(db, options)
+        let db = fail_closed("open", || Ok(builder(&options).create_with_backend(backend)?))?;
+        fail_closed("open", || Engine::start(db, options))
     }
 
     fn start(db: Database, options: Options) -> Result<Engine> {
@@ -399,6 +418,7 @@ impl std::ops::Deref for Engine {
 fn builder(options: &Options) -> redb::Builder {
     let mut b = redb::Builder::new();
     b.set_cache_size(options.cache_bytes);
+    b.set_check_integrity_on_open(options.check_integrity_on_open);
     b.set_concurrency_mode(match (options.durability, options.multi_process_readers) {
         (Durability::Durable, true) => ConcurrencyMode::SingleWriter,
         _ => ConcurrencyMode::ExclusiveWriter,

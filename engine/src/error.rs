@@ -205,6 +205,8 @@ pub enum Rejection {
 /// Where a corruption was found.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Location {
+    /// The database file's own structure (redb's pages), below annal's tables.
+    File,
     /// A log record.
     Log {
         /// Its global sequence number.
@@ -239,6 +241,7 @@ pub enum Location {
 impl fmt::Display for Location {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
+            Location::File => write!(f, "the database file"),
             Location::Log { seq } => write!(f, "log seq {seq}"),
             Location::Content { id } => write!(f, "content {id}"),
             Location::Projection { table, key } => write!(f, "projection {table} key {key}"),
@@ -338,6 +341,23 @@ storage_from!(
     redb::SetDurabilityError,
     std::io::Error
 );
+
+/// Runs `f`, turning a panic inside the storage layer into [`Error::Corrupt`] at
+/// [`Location::File`]. redb may panic on pages it cannot make sense of; annal fails
+/// closed instead of taking the host down.
+pub(crate) fn fail_closed<T>(what: &str, f: impl FnOnce() -> Result<T>) -> Result<T> {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
+        Ok(result) => result,
+        Err(panic) => {
+            let message = panic
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "panic".into());
+            Err(Error::corrupt(Location::File, format!("{what}: the storage layer failed on damaged data: {message}")))
+        }
+    }
+}
 
 /// Shorthand for results of this crate.
 pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -3,7 +3,7 @@
 //! in another process.
 
 use crate::cache::HeadCache;
-use crate::error::Result;
+use crate::error::{fail_closed, Result};
 use crate::limits::Limits;
 use crate::projection::*;
 use crate::query::{self, *};
@@ -44,7 +44,7 @@ impl Reader {
     pub fn open(path: impl AsRef<Path>, limits: Limits, chain_key: Option<[u8; 32]>) -> Result<Reader> {
         let mut b = redb::Builder::new();
         b.set_concurrency_mode(redb::ConcurrencyMode::SingleWriter);
-        let db = b.open_read_only(path)?;
+        let db = fail_closed("open read-only", || Ok(b.open_read_only(path)?))?;
         let chain = chain_key.map_or_else(LogChain::plain, LogChain::keyed);
         Ok(Reader::new(Arc::new(db), None, limits, chain))
     }
@@ -68,108 +68,118 @@ impl Reader {
     /// The head of `session`, if it exists.
     /// Served from the engine's head cache when possible.
     pub fn head(&self, session: SessionId) -> Result<Option<SessionHead>> {
-        let Some(cache) = &self.heads else {
-            return query::head(&self.snapshot()?, &session);
-        };
-        if let Some(head) = cache.get(&session) {
-            return Ok(Some((*head).clone()));
-        }
-        let head = query::head(&self.snapshot()?, &session)?;
-        if let Some(h) = &head {
-            cache.offer(h.clone(), false);
-        }
-        Ok(head)
+        fail_closed("head", || {
+            let Some(cache) = &self.heads else {
+                return query::head(&self.snapshot()?, &session);
+            };
+            if let Some(head) = cache.get(&session) {
+                return Ok(Some((*head).clone()));
+            }
+            let head = query::head(&self.snapshot()?, &session)?;
+            if let Some(h) = &head {
+                cache.offer(h.clone(), false);
+            }
+            Ok(head)
+        })
     }
 
     /// Lists sessions in creation order.
     pub fn list_sessions(&self, q: &ListQuery) -> Result<Page<SessionHead>> {
-        query::list_sessions(&self.snapshot()?, &self.limits, q)
+        fail_closed("list_sessions", || query::list_sessions(&self.snapshot()?, &self.limits, q))
     }
 
     /// A page of the current transcript.
     pub fn transcript(&self, session: SessionId, page: PageRequest) -> Result<TranscriptPage> {
-        query::transcript(&self.snapshot()?, &self.limits, &session, page)
+        fail_closed("transcript", || query::transcript(&self.snapshot()?, &self.limits, &session, page))
     }
 
     /// A page of any revision the session has held.
     pub fn transcript_at(&self, session: SessionId, revision: RevisionId, page: PageRequest) -> Result<TranscriptPage> {
-        query::transcript_at(&self.snapshot()?, &self.limits, &session, &revision, page)
+        fail_closed("transcript_at", || {
+            query::transcript_at(&self.snapshot()?, &self.limits, &session, &revision, page)
+        })
     }
 
     /// The session's revisions, oldest first, with the head.
     pub fn revisions(&self, session: SessionId, page: PageRequest) -> Result<RevisionPage> {
-        query::revisions(&self.snapshot()?, &self.limits, &session, page)
+        fail_closed("revisions", || query::revisions(&self.snapshot()?, &self.limits, &session, page))
     }
 
     /// The session's whole revision graph.
     pub fn graph(&self, session: SessionId) -> Result<RevisionGraph> {
-        query::graph(&self.snapshot()?, &session)
+        fail_closed("graph", || query::graph(&self.snapshot()?, &session))
     }
 
     /// Every context entry of the session.
     pub fn context(&self, session: SessionId) -> Result<Vec<ContextEntry>> {
-        query::context(&self.snapshot()?, &session)
+        fail_closed("context", || query::context(&self.snapshot()?, &session))
     }
 
     /// Pending context entries of the session.
     pub fn pending_context(&self, session: SessionId) -> Result<Vec<ContextEntry>> {
-        let mut all = self.context(session)?;
-        all.retain(|e| e.state == ContextState::Pending);
-        Ok(all)
+        fail_closed("pending_context", || {
+            let mut all = self.context(session)?;
+            all.retain(|e| e.state == ContextState::Pending);
+            Ok(all)
+        })
     }
 
     /// Usage totals per (provider, model).
     pub fn usage(&self, session: SessionId) -> Result<Vec<UsageTotals>> {
-        query::usage(&self.snapshot()?, &session)
+        fail_closed("usage", || query::usage(&self.snapshot()?, &session))
     }
 
     /// One tool operation.
     pub fn tool_op(&self, session: SessionId, op_id: &str) -> Result<Option<ToolOp>> {
-        query::tool_op(&self.snapshot()?, &session, op_id)
+        fail_closed("tool_op", || query::tool_op(&self.snapshot()?, &session, op_id))
     }
 
     /// The session's unsettled tool operations, in call order.
     pub fn unsettled(&self, session: SessionId) -> Result<Vec<ToolOp>> {
-        query::unsettled(&self.snapshot()?, &session)
+        fail_closed("unsettled", || query::unsettled(&self.snapshot()?, &session))
     }
 
     /// Unsettled tool operations across every session, for crash recovery.
     pub fn unsettled_all(&self, page: PageRequest) -> Result<Page<ToolOp>> {
-        query::unsettled_all(&self.snapshot()?, &self.limits, page)
+        fail_closed("unsettled_all", || query::unsettled_all(&self.snapshot()?, &self.limits, page))
     }
 
     /// The session's tool operations in the order recorded.
     pub fn tool_ops(&self, session: SessionId, page: PageRequest) -> Result<Page<ToolOp>> {
-        query::tool_ops(&self.snapshot()?, &self.limits, &session, page)
+        fail_closed("tool_ops", || query::tool_ops(&self.snapshot()?, &self.limits, &session, page))
     }
 
     /// A page of the global log, chain-verified.
     pub fn events(&self, q: EventQuery) -> Result<EventPage> {
-        query::events(&self.snapshot()?, &self.chain, &self.limits, &q)
+        fail_closed("events", || query::events(&self.snapshot()?, &self.chain, &self.limits, &q))
     }
 
     /// A page of one session's events, by stream seq.
     pub fn session_events(&self, session: SessionId, q: EventQuery) -> Result<EventPage> {
-        query::session_events(&self.snapshot()?, &self.chain, &self.limits, &session, &q)
+        fail_closed("session_events", || {
+            query::session_events(&self.snapshot()?, &self.chain, &self.limits, &session, &q)
+        })
     }
 
     /// A content object, verified against its id.
     pub fn content(&self, id: ContentId) -> Result<Option<Vec<u8>>> {
-        query::content(&self.snapshot()?, &id)
+        fail_closed("content", || query::content(&self.snapshot()?, &id))
     }
 
     /// The log tip: last seq and `h(seq)`.
     pub fn tip(&self) -> Result<(u64, ChainHash)> {
-        let txn = self.snapshot()?;
-        let meta = txn.open_table(META)?;
-        match meta.get(meta_keys::TIP)? {
-            Some(g) => tables::decode_tip(g.value()),
-            None => Ok((0, self.chain.genesis())),
-        }
+        fail_closed("tip", || {
+            let txn = self.snapshot()?;
+            let meta = txn.open_table(META)?;
+            match meta.get(meta_keys::TIP)? {
+                Some(g) => tables::decode_tip(g.value()),
+                None => Ok((0, self.chain.genesis())),
+            }
+        })
     }
 
     /// Digests of every projection table (rows and blake3), to compare states byte for byte.
     pub fn projection_digests(&self) -> Result<Vec<TableDigest>> {
-        query::projection_digests(&self.snapshot()?)
+        fail_closed("projection_digests", || query::projection_digests(&self.snapshot()?))
     }
 }

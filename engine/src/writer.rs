@@ -10,7 +10,7 @@
 
 use crate::command::{Command, Outcome};
 use crate::decide::{decide, outcome_of, Decision};
-use crate::error::{Error, Limit, Rejection, Result};
+use crate::error::{Error, Limit, Location, Rejection, Result};
 use crate::evolve::evolve;
 use crate::limits::Limits;
 use crate::projection::SessionHead;
@@ -128,11 +128,12 @@ fn rebuild(shared: &Shared, set: ProjectionSet) -> Result<RebuildStats> {
     if shared.poisoned.load(Ordering::Acquire) {
         return Err(Error::Poisoned);
     }
-    let result =
-        crate::rebuild::rebuild_db(&shared.db, &shared.chain, shared.limits.record_bytes_max, set, &mut |_, _| {});
+    let result = crate::error::fail_closed("rebuild", || {
+        crate::rebuild::rebuild_db(&shared.db, &shared.chain, shared.limits.record_bytes_max, set, &mut |_, _| {})
+    });
     // Heads read during the rebuild came from the old rows.
     shared.heads.clear();
-    if matches!(result, Err(Error::Storage(_))) {
+    if matches!(result, Err(Error::Storage(_)) | Err(Error::Corrupt { location: Location::File, .. })) {
         shared.poisoned.store(true, Ordering::Release);
     }
     result
@@ -149,7 +150,7 @@ fn flush(shared: &Shared, tip: &mut Tip, batch: Vec<(Command, Sender<Result<Outc
         return;
     }
     let commands: Vec<&Command> = batch.iter().map(|(c, _)| c).collect();
-    match commit_batch(shared, tip, &commands) {
+    match crate::error::fail_closed("commit", || commit_batch(shared, tip, &commands)) {
         Ok((outcomes, notices)) => {
             for ((_, reply), outcome) in batch.into_iter().zip(outcomes) {
                 let _ = reply.send(outcome);
@@ -395,9 +396,9 @@ fn import(shared: &Shared, tip: &mut Tip, records: Vec<Record>, content: Vec<Vec
         return Err(Error::Poisoned);
     }
     shared.heads.clear();
-    let result = import_txn(shared, tip, records, content);
+    let result = crate::error::fail_closed("import", || import_txn(shared, tip, records, content));
     shared.heads.clear();
-    if matches!(result, Err(Error::Storage(_))) {
+    if matches!(result, Err(Error::Storage(_)) | Err(Error::Corrupt { location: Location::File, .. })) {
         shared.poisoned.store(true, Ordering::Release);
     }
     result
