@@ -1,0 +1,38 @@
+//! Arbitrary bytes into the record decoder, the message decoder and the chain check,
+//! under a small limit. None of them may panic, allocate past the limit (run with
+//! `-malloc_limit_mb`), or loop. A record that decodes re-encodes to a record that decodes
+//! to the same value, and a message that decodes re-encodes to bytes that decode to it.
+
+#![no_main]
+
+use annal_codec::{
+    decode_header, decode_message, decode_record, encode_message, encode_record, verify_chain, LogChain,
+};
+use libfuzzer_sys::fuzz_target;
+
+/// The decode limit: far below the fuzzer's malloc limit.
+const LIMIT: u64 = 64 << 10;
+
+fuzz_target!(|data: &[u8]| {
+    let plain = LogChain::plain();
+    let keyed = LogChain::keyed([7; 32]);
+    let _ = decode_header(data, LIMIT);
+    if let Ok(decoded) = decode_record(data, LIMIT) {
+        assert!(data.len() as u64 <= LIMIT);
+        let prev = plain.genesis();
+        let (bytes, hash) =
+            encode_record(&decoded.record, &prev, &plain, LIMIT + 64).expect("a decoded record encodes");
+        let again = decode_record(&bytes, LIMIT + 64).expect("a re-encoded record decodes");
+        assert_eq!(again.record, decoded.record, "decode(encode(r)) == r");
+        assert_eq!(verify_chain(&bytes, &prev, &plain, 1), Ok(hash), "a fresh seal verifies");
+    }
+    for chain in [&plain, &keyed] {
+        if let Ok(hash) = verify_chain(data, &chain.genesis(), chain, 1) {
+            assert_eq!(annal_codec::stored_chain_hash(data), Some(hash));
+        }
+    }
+    if let Ok(message) = decode_message(data, LIMIT) {
+        let bytes = encode_message(&message, LIMIT).expect("a decoded message encodes within its limit");
+        assert_eq!(decode_message(&bytes, LIMIT).as_ref(), Ok(&message), "decode(encode(m)) == m");
+    }
+});

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Builds every fuzz target, then runs each one for SECONDS (default 60).
+#
+#   fuzz/run.sh 60
+#
+# Needs a nightly toolchain and cargo-fuzz (`cargo install cargo-fuzz --locked`).
+# The committed seeds in corpus/<target>/ are read, never written: what libFuzzer finds
+# goes to target/corpus/<target>/, crashes to artifacts/<target>/. Exits non-zero on the
+# first target that finds a crash, a leak, a timeout or an out-of-memory.
+set -euo pipefail
+
+seconds="${1:-60}"
+cd "$(dirname "$0")"
+
+cargo +nightly fuzz build
+for target in $(cargo +nightly fuzz list); do
+    mkdir -p "target/corpus/$target" "corpus/$target" "artifacts/$target"
+    flags=(-max_total_time="$seconds" -timeout=30 -rss_limit_mb=4096 -print_final_stats=1)
+    if [ "$target" = decode_record ]; then
+        # The decoders run under a 64 KiB limit: no allocation may come near 64 MiB.
+        flags+=(-malloc_limit_mb=64 -max_len=8192)
+    fi
+    echo "== $target: ${seconds}s"
+    cargo +nightly fuzz run "$target" "target/corpus/$target" "corpus/$target" -- "${flags[@]}"
+done
