@@ -3,7 +3,8 @@
 #
 #   fuzz/run.sh 60
 #
-# Needs a nightly toolchain and cargo-fuzz (`cargo install cargo-fuzz --locked`).
+# Installs cargo-fuzz if it is missing (`cargo install cargo-fuzz --locked`) and uses the
+# nightly toolchain, installing it with rustup if needed.
 # The committed seeds in corpus/<target>/ are read, never written: what libFuzzer finds
 # goes to target/corpus/<target>/, crashes to artifacts/<target>/. Exits non-zero on the
 # first target that finds a crash, a leak, a timeout or an out-of-memory.
@@ -11,6 +12,13 @@ set -euo pipefail
 
 seconds="${1:-60}"
 cd "$(dirname "$0")"
+
+if ! rustup toolchain list | grep -q '^nightly'; then
+    rustup toolchain install nightly --profile minimal
+fi
+if ! cargo +nightly fuzz --version >/dev/null 2>&1; then
+    cargo install cargo-fuzz --locked
+fi
 
 cargo +nightly fuzz build
 for target in $(cargo +nightly fuzz list); do
