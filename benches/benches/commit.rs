@@ -115,11 +115,11 @@ struct AnnalFixture {
 }
 
 impl AnnalFixture {
-    fn new(committers: u64) -> AnnalFixture {
+    fn new(committers: u64, multi_process_readers: bool) -> AnnalFixture {
         let dir = tempfile::tempdir().expect("tempdir");
         let faults = Faults::new();
         let backend = counted_backend(&dir.path().join("annal.redb"), &faults);
-        let options = Options { durability: Durability::Durable, ..Options::default() };
+        let options = Options { durability: Durability::Durable, multi_process_readers, ..Options::default() };
         let engine = Engine::open_with_backend(backend, options).expect("open engine");
         let sessions = (0..committers)
             .map(|i| {
@@ -172,13 +172,21 @@ fn annal_commits(c: &mut Criterion) {
     group.sample_size(10).warm_up_time(Duration::from_secs(1)).measurement_time(Duration::from_secs(6));
     group.throughput(Throughput::Elements(COMMITS_PER_ITER));
     for committers in COMMITTERS {
-        let fixture = AnnalFixture::new(committers);
+        let fixture = AnnalFixture::new(committers, true);
         let tally = Tally::default();
         group.bench_with_input(BenchmarkId::new("committers", committers), &committers, |b, _| {
             b.iter_custom(|iters| fixture.run(iters * COMMITS_PER_ITER, &tally))
         });
         tally.report(&format!("annal, {committers} committers"));
     }
+    // The same single committer with the file held exclusively (one fsync per commit),
+    // to compare with bare redb in its default mode.
+    let fixture = AnnalFixture::new(1, false);
+    let tally = Tally::default();
+    group.bench_function("committers/1_exclusive", |b| {
+        b.iter_custom(|iters| fixture.run(iters * COMMITS_PER_ITER, &tally))
+    });
+    tally.report("annal, 1 committer, exclusive file (multi_process_readers = false)");
     group.finish();
 }
 
