@@ -233,3 +233,64 @@ fn s18_sixteen_threads_appending_with_any_all_land() {
     let bodies: Vec<Vec<u8>> = transcript(&engine, s).into_iter().map(|m| m.message.body).collect();
     assert_eq!(bodies, by_seq.iter().map(|w| w.turn_id.clone().into_bytes()).collect::<Vec<_>>());
 }
+
+/// Concurrent rewrites of one head (each a different edit of message 0) and restores to
+/// the original: exactly one rewrite wins each round and every other caller gets
+/// `RevisionConflict` with the winner's revision; nothing else is written.
+#[test]
+fn concurrent_rewrites_on_one_head_produce_one_winner() {
+    let db = Db::new();
+    let engine = db.open();
+    let (s, rev0) = create(&engine, &[Message::system("sys"), Message::user("original")]);
+    const ROUNDS: usize = 5;
+    let barrier = Barrier::new(THREADS);
+    let results: Mutex<Vec<(usize, RevisionId, Result<Receipt>)>> = Mutex::new(Vec::new());
+    std::thread::scope(|scope| {
+        for t in 0..THREADS {
+            let (engine, barrier, results) = (&engine, &barrier, &results);
+            scope.spawn(move || {
+                for round in 0..ROUNDS {
+                    barrier.wait();
+                    let expected = head(engine, s).revision;
+                    barrier.wait();
+                    let outcome = engine.rewrite(Rewrite {
+                        session: s,
+                        expected,
+                        start: 1,
+                        end: 2,
+                        replacement: vec![Message::user(format!("edit {round} by {t}"))],
+                        reason: RewriteReason::Edit,
+                        note: format!("thread {t}"),
+                        actor: "racer".into(),
+                    });
+                    results.lock().unwrap().push((round, expected, outcome));
+                    barrier.wait();
+                }
+            });
+        }
+    });
+    let results = results.into_inner().unwrap();
+    let mut parent = rev0;
+    for round in 0..ROUNDS {
+        let this: Vec<_> = results.iter().filter(|r| r.0 == round).collect();
+        assert!(this.iter().all(|r| r.1 == parent), "round {round} read a stale head");
+        let winners: Vec<Receipt> = this.iter().filter_map(|r| r.2.as_ref().ok().copied()).collect();
+        assert_eq!(winners.len(), 1, "round {round}: exactly one rewrite wins");
+        for r in this.iter().filter(|r| r.2.is_err()) {
+            match &r.2 {
+                Err(Error::Rejected(Rejection::RevisionConflict { expected, actual })) => {
+                    assert_eq!((*expected, *actual), (parent, winners[0].revision));
+                }
+                other => panic!("round {round}: a loser got {other:?}"),
+            }
+        }
+        parent = winners[0].revision;
+    }
+    let h = head(&engine, s);
+    assert_eq!((h.revision, h.message_count, h.stream_seq), (parent, 2, 1 + ROUNDS as u64));
+    // The original is still readable and restorable.
+    let restored = engine
+        .restore(Restore { session: s, expected: parent, target: rev0, note: "undo".into(), actor: "host".into() })
+        .unwrap();
+    assert_eq!(restored.revision, rev0);
+}
