@@ -70,6 +70,9 @@ pub struct DemoReport {
     pub showcase: SessionId,
     /// Its revision graph as text.
     pub graph: String,
+    /// Tool calls with no durable result, across every session (what a host would
+    /// resume or cancel after a crash).
+    pub unsettled: Vec<annal::ToolOp>,
     _dir: Option<tempfile::TempDir>,
 }
 
@@ -129,6 +132,18 @@ impl DemoReport {
         for f in &self.verify.findings {
             out.push_str(&format!("FINDING {f}\n"));
         }
+        out.push_str(&format!("unsettled  {} tool call(s) with no durable result:\n", self.unsettled.len()));
+        for op in &self.unsettled {
+            let recovery = match op.recovery {
+                annal::Recovery::ReplaySafe => "safe to run again",
+                annal::Recovery::NotReplaySafe => "check before running again",
+            };
+            out.push_str(&format!(
+                "           {} {} (call {}) in session {}, seq {}: {recovery}\n",
+                op.op_id, op.tool_name, op.call_id, op.session, op.call_seq
+            ));
+        }
+        out.push('\n');
         out.push_str(&self.graph);
         if !self.temporary {
             let db = self.path.display();
@@ -416,6 +431,7 @@ pub fn demo(opts: &DemoOptions) -> Result<DemoReport> {
     let reader = crate::open_reader(&path, None)?;
     let stats = crate::inspect::stats(&reader, &path)?;
     let graph = crate::graph::text(&reader.graph(showcase)?);
+    let unsettled = reader.unsettled_all(annal::PageRequest::first(100))?.items;
     Ok(DemoReport {
         temporary: dir.is_some(),
         path,
@@ -429,6 +445,7 @@ pub fn demo(opts: &DemoOptions) -> Result<DemoReport> {
         stats,
         showcase,
         graph,
+        unsettled,
         _dir: dir,
     })
 }
