@@ -202,7 +202,7 @@ impl Engine {
             writer::rebuild_at_open(&db, &chain, &options.limits, stale)?;
         }
         let tip = writer::load_tip(&db, &chain)?;
-        let db = Arc::new(db);
+        let db = Arc::new(Db::new(db));
         let limits = options.limits.clone();
         let chain_for_reader = chain.clone();
         let heads = Arc::new(crate::cache::HeadCache::default());
@@ -404,6 +404,46 @@ impl Engine {
     pub fn close(self) -> Result<()> {
         self.inner.shutdown();
         Ok(())
+    }
+}
+
+/// The redb database of an engine. redb may panic on damaged pages, and a panic inside
+/// redb can leave its internal locks poisoned so that dropping the database panics too;
+/// this wrapper drops it inside `catch_unwind`, so closing an engine never unwinds into
+/// the host.
+pub(crate) struct Db(Option<Database>);
+
+impl Db {
+    fn new(db: Database) -> Db {
+        Db(Some(db))
+    }
+}
+
+impl std::ops::Deref for Db {
+    type Target = Database;
+    fn deref(&self) -> &Database {
+        match &self.0 {
+            Some(db) => db,
+            // Only `drop` takes the database out, and nothing runs after it.
+            None => unreachable!("the database is present until the engine is dropped"),
+        }
+    }
+}
+
+impl Drop for Db {
+    fn drop(&mut self) {
+        if let Some(db) = self.0.take() {
+            let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || drop(db)));
+        }
+    }
+}
+
+impl redb::ReadableDatabase for Db {
+    fn begin_read(&self) -> std::result::Result<redb::ReadTransaction, redb::TransactionError> {
+        (**self).begin_read()
+    }
+    fn cache_stats(&self) -> redb::CacheStats {
+        (**self).cache_stats()
     }
 }
 

@@ -44,7 +44,7 @@ pub struct CommitNotice {
 pub const SUBSCRIBER_QUEUE_MAX: usize = 65_536;
 
 pub(crate) struct Shared {
-    pub db: Arc<Database>,
+    pub db: Arc<crate::engine::Db>,
     pub heads: Arc<crate::cache::HeadCache>,
     pub limits: Limits,
     pub chain: LogChain,
