@@ -31,8 +31,17 @@ struct Sample {
     sessions: Vec<SessionId>,
 }
 
+/// The configuration for files that may be damaged: redb's integrity check at open.
+/// Without it, damage inside redb's own page structures can make redb panic inside a
+/// destructor while it unwinds from an earlier panic, which aborts the process and which
+/// no caller can catch (see docs/guarantees.md).
 fn options() -> Options {
-    Options { durability: Durability::Relaxed, cache_bytes: 1 << 20, ..Options::default() }
+    Options {
+        durability: Durability::Relaxed,
+        cache_bytes: 1 << 20,
+        check_integrity_on_open: true,
+        ..Options::default()
+    }
 }
 
 /// Builds a small file holding every kind of event.
