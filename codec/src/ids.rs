@@ -16,7 +16,8 @@ pub struct ParseIdError {
     pub found: String,
 }
 
-pub(crate) fn hex_encode(bytes: &[u8]) -> String {
+/// Lower-case hex of `bytes`.
+pub fn hex(bytes: &[u8]) -> String {
     const DIGITS: &[u8; 16] = b"0123456789abcdef";
     let mut out = String::with_capacity(bytes.len() * 2);
     for b in bytes {
@@ -64,12 +65,12 @@ macro_rules! hash_id {
 
             /// Lower-case hex, 64 digits.
             pub fn to_hex(&self) -> String {
-                hex_encode(&self.0)
+                hex(&self.0)
             }
 
             /// The first 12 hex digits, for human-readable output.
             pub fn short(&self) -> String {
-                hex_encode(&self.0[..6])
+                hex(&self.0[..6])
             }
         }
 
@@ -129,7 +130,7 @@ impl SessionId {
 
     /// Canonical UUID text form, `8-4-4-4-12` lower-case hex digits.
     pub fn to_uuid_string(&self) -> String {
-        let h = hex_encode(&self.0);
+        let h = hex(&self.0);
         format!("{}-{}-{}-{}-{}", &h[0..8], &h[8..12], &h[12..16], &h[16..20], &h[20..32])
     }
 }

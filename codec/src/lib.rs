@@ -31,10 +31,10 @@ pub mod wire;
 
 pub use event::*;
 pub use hash::{content_id, turn_commit_hash, LogChain};
-pub use ids::{ChainHash, CommitHash, ContentId, ParseIdError, RevisionId, SessionId};
+pub use ids::{hex, ChainHash, CommitHash, ContentId, ParseIdError, RevisionId, SessionId};
 pub use record::{
-    decode_header, decode_message, decode_payload, decode_record, encode_message, encode_record, stored_chain_hash,
-    verify_chain, DecodeError, DecodedRecord, Header, Record, FORMAT_VERSION, HASH_LEN, HEADER_LEN, MAGIC,
-    RECORD_LEN_MIN,
+    decode_header, decode_message, decode_payload, decode_record, encode_message, encode_record, record_len,
+    stored_chain_hash, verify_chain, DecodeError, DecodedRecord, Header, Record, FORMAT_VERSION, HASH_LEN, HEADER_LEN,
+    MAGIC, RECORD_LEN_MIN,
 };
 pub use wire::WireError;

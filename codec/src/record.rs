@@ -20,7 +20,6 @@ use crate::hash::LogChain;
 use crate::ids::{ChainHash, SessionId};
 use crate::wire::{self, WireError};
 use serde::de::DeserializeOwned;
-use serde::Serialize;
 
 /// The four magic bytes that open every record.
 pub const MAGIC: [u8; 4] = *b"ANNL";
@@ -130,22 +129,33 @@ pub enum DecodeError {
     },
 }
 
-fn payload<T: Serialize>(value: &T, limit: u64) -> Result<Vec<u8>, WireError> {
-    wire::to_bytes(value, limit)
+/// Applies `$body` to the payload struct of `$event`, whatever its kind: the one place
+/// that lists the kinds' payload types for encoding.
+macro_rules! with_payload {
+    ($event:expr, $e:ident => $body:expr) => {
+        match $event {
+            Event::SessionCreated($e) => $body,
+            Event::TurnCommitted($e) => $body,
+            Event::TranscriptRewritten($e) => $body,
+            Event::SessionArchived($e) => $body,
+            Event::SessionRevived($e) => $body,
+            Event::ContextAppended($e) => $body,
+            Event::ToolCallRecorded($e) => $body,
+            Event::ToolResultRecorded($e) => $body,
+            Event::LabelsChanged($e) => $body,
+        }
+    };
 }
 
 fn encode_payload(event: &Event, limit: u64) -> Result<Vec<u8>, WireError> {
-    match event {
-        Event::SessionCreated(e) => payload(e, limit),
-        Event::TurnCommitted(e) => payload(e, limit),
-        Event::TranscriptRewritten(e) => payload(e, limit),
-        Event::SessionArchived(e) => payload(e, limit),
-        Event::SessionRevived(e) => payload(e, limit),
-        Event::ContextAppended(e) => payload(e, limit),
-        Event::ToolCallRecorded(e) => payload(e, limit),
-        Event::ToolResultRecorded(e) => payload(e, limit),
-        Event::LabelsChanged(e) => payload(e, limit),
-    }
+    with_payload!(event, e => wire::to_bytes(e, limit))
+}
+
+/// The encoded size of a whole record carrying `event`. The envelope has a fixed size,
+/// so it does not depend on where in the log the record lands. Nothing is allocated.
+pub fn record_len(event: &Event) -> Result<u64, WireError> {
+    let payload = with_payload!(event, e => wire::encoded_len(e, u64::MAX))?;
+    Ok((RECORD_LEN_MIN as u64).saturating_add(payload))
 }
 
 /// Encodes a record and seals it with `h(seq)` computed from `prev` (`h(seq-1)`).

@@ -207,28 +207,11 @@ pub fn materialize<S: Store + ?Sized>(
     Ok(Some(list))
 }
 
-/// The encoded size of the record that will carry `event`. The envelope has a fixed
-/// size, so the size does not depend on where in the log the record lands.
-fn record_bytes(event: &Event) -> std::result::Result<u64, WireError> {
-    let payload = match event {
-        Event::SessionCreated(e) => wire::encoded_len(e, u64::MAX),
-        Event::TurnCommitted(e) => wire::encoded_len(e, u64::MAX),
-        Event::TranscriptRewritten(e) => wire::encoded_len(e, u64::MAX),
-        Event::SessionArchived(e) => wire::encoded_len(e, u64::MAX),
-        Event::SessionRevived(e) => wire::encoded_len(e, u64::MAX),
-        Event::ContextAppended(e) => wire::encoded_len(e, u64::MAX),
-        Event::ToolCallRecorded(e) => wire::encoded_len(e, u64::MAX),
-        Event::ToolResultRecorded(e) => wire::encoded_len(e, u64::MAX),
-        Event::LabelsChanged(e) => wire::encoded_len(e, u64::MAX),
-    }?;
-    Ok((RECORD_LEN_MIN as u64).saturating_add(payload))
-}
-
 /// Decides one non-batch command.
 pub fn decide<S: Store + ?Sized>(store: &S, command: &Command, limits: &Limits) -> Result<Decision> {
     let decision = decide_command(store, command, limits)?;
     if let Decision::Write { event, .. } = &decision {
-        let size = record_bytes(event)
+        let size = record_len(event)
             .map_err(|e| Error::Rejected(Rejection::InvalidRequest { reason: format!("{}: {e}", event.kind()) }))?;
         limits.check(Limit::RecordBytes, size)?;
     }

@@ -199,7 +199,7 @@ impl Engine {
         };
         let stale = initialize(&db, &chain)?;
         if stale != ProjectionSet::none() {
-            writer::rebuild_at_open(&db, &chain, &options.limits, stale)?;
+            crate::rebuild::rebuild_db(&db, &chain, options.limits.record_bytes_max, stale, &mut |_, _| {})?;
         }
         let tip = writer::load_tip(&db, &chain)?;
         let db = Arc::new(Db::new(db));

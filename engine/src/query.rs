@@ -182,15 +182,6 @@ fn check_page(limits: &Limits, limit: u64) -> Result<()> {
     Ok(limits.check(Limit::PageItems, limit)?)
 }
 
-fn prefix_rows(
-    store: &ReadStore<'_>,
-    table: Table,
-    prefix: &[u8],
-    f: impl FnMut(&[u8], &[u8]) -> Result<bool>,
-) -> Result<()> {
-    store.scan(table, prefix, f)
-}
-
 fn head_of(store: &ReadStore<'_>, session: &SessionId) -> Result<SessionHead> {
     store.row(Table::Heads, &keys::session(session))?.ok_or(Error::Rejected(Rejection::NotFound { session: *session }))
 }
@@ -229,14 +220,14 @@ pub fn list_sessions(txn: &ReadTransaction, limits: &Limits, q: &ListQuery) -> R
     };
     match q.labels.first() {
         None => {
-            prefix_rows(&store, Table::CreationOrder, &[], |k, v| {
+            store.scan(Table::CreationOrder, &[], |k, v| {
                 let session: SessionId = decode_row(Table::CreationOrder, k, v)?;
                 consider(session)
             })?;
         }
         Some((k, v)) => {
             let prefix = keys::label_prefix(k, v);
-            prefix_rows(&store, Table::LabelIndex, &prefix, |key, _| {
+            store.scan(Table::LabelIndex, &prefix, |key, _| {
                 let tail = &key[prefix.len()..];
                 if tail.len() != 24 {
                     return Err(Error::corrupt(
@@ -391,7 +382,7 @@ pub fn graph(txn: &ReadTransaction, session: &SessionId) -> Result<RevisionGraph
     let head = head_of(&store, session)?;
     let prefix = keys::session(session);
     let mut nodes = Vec::new();
-    prefix_rows(&store, Table::RevisionOrder, &prefix, |_, v| {
+    store.scan(Table::RevisionOrder, &prefix, |_, v| {
         let rev: RevisionId = decode_row(Table::RevisionOrder, &prefix, v)?;
         let node = store.row(Table::Revisions, &keys::session_rev(session, &rev))?;
         nodes.push(node.ok_or_else(|| {
@@ -400,12 +391,12 @@ pub fn graph(txn: &ReadTransaction, session: &SessionId) -> Result<RevisionGraph
         Ok(true)
     })?;
     let mut edges = Vec::new();
-    prefix_rows(&store, Table::RevisionEdges, &prefix, |k, v| {
+    store.scan(Table::RevisionEdges, &prefix, |k, v| {
         edges.push(decode_row(Table::RevisionEdges, k, v)?);
         Ok(true)
     })?;
     let mut forks = Vec::new();
-    prefix_rows(&store, Table::Forks, &prefix, |k, v| {
+    store.scan(Table::Forks, &prefix, |k, v| {
         forks.push(decode_row(Table::Forks, k, v)?);
         Ok(true)
     })?;
@@ -417,7 +408,7 @@ pub fn context(txn: &ReadTransaction, session: &SessionId) -> Result<Vec<Context
     let store = ReadStore::new(txn);
     head_of(&store, session)?;
     let mut out = Vec::new();
-    prefix_rows(&store, Table::Context, &keys::session(session), |k, v| {
+    store.scan(Table::Context, &keys::session(session), |k, v| {
         out.push(decode_row(Table::Context, k, v)?);
         Ok(true)
     })?;
@@ -429,7 +420,7 @@ pub fn usage(txn: &ReadTransaction, session: &SessionId) -> Result<Vec<UsageTota
     let store = ReadStore::new(txn);
     head_of(&store, session)?;
     let mut out: Vec<UsageTotals> = Vec::new();
-    prefix_rows(&store, Table::Usage, &keys::session(session), |k, v| {
+    store.scan(Table::Usage, &keys::session(session), |k, v| {
         out.push(decode_row(Table::Usage, k, v)?);
         Ok(true)
     })?;
@@ -458,7 +449,7 @@ pub fn unsettled(txn: &ReadTransaction, session: &SessionId) -> Result<Vec<ToolO
     let store = ReadStore::new(txn);
     head_of(&store, session)?;
     let mut ids = Vec::new();
-    prefix_rows(&store, Table::Unsettled, &keys::session(session), |k, v| {
+    store.scan(Table::Unsettled, &keys::session(session), |k, v| {
         ids.push(decode_row::<String>(Table::Unsettled, k, v)?);
         Ok(true)
     })?;
@@ -472,7 +463,7 @@ pub fn unsettled_all(txn: &ReadTransaction, limits: &Limits, page: PageRequest) 
     let mut items = Vec::new();
     let mut has_more = false;
     let mut skipped = 0u64;
-    prefix_rows(&store, Table::UnsettledAll, &[], |k, v| {
+    store.scan(Table::UnsettledAll, &[], |k, v| {
         if skipped < page.offset {
             skipped += 1;
             return Ok(true);

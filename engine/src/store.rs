@@ -166,9 +166,7 @@ pub fn decode_row<T: DeserializeOwned>(table: Table, key: &[u8], bytes: &[u8]) -
         .map_err(|e| Error::corrupt(Location::Projection { table: table.name(), key: hex(key) }, e.to_string()))
 }
 
-pub(crate) fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
+pub(crate) use annal_codec::hex;
 
 /// An in-memory store: a map per table. Used by unit tests and by `verify --deep`.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]

@@ -15,7 +15,7 @@ use crate::evolve::evolve;
 use crate::limits::Limits;
 use crate::projection::SessionHead;
 use crate::projection::{Projection, ProjectionSet};
-use crate::rebuild::{rebuild_in, RebuildStats};
+use crate::rebuild::RebuildStats;
 use crate::store::{apply_writes, decode_row, Overlay, Store, Table};
 use crate::tables::{self, ReadStore, RedbStore, CONTENT, LOG, META, SESSION_LOG};
 use annal_codec::{encode_record, ChainHash, ContentId, LogChain, Record, SessionId};
@@ -347,15 +347,6 @@ fn write_batch(
     }
     txn.commit()?;
     Ok(next)
-}
-
-/// Rebuilds inside an open transaction at open time (before the writer runs).
-pub(crate) fn rebuild_at_open(db: &Database, chain: &LogChain, limits: &Limits, set: ProjectionSet) -> Result<()> {
-    let mut txn = db.begin_write()?;
-    txn.set_durability(redb::Durability::Immediate)?;
-    rebuild_in(&txn, chain, limits.record_bytes_max, set, &mut |_, _| {})?;
-    txn.commit()?;
-    Ok(())
 }
 
 /// Reads the log tip and last commit time, checking them against `meta`.

@@ -170,10 +170,7 @@ pub fn parse_session(text: &str) -> Result<annal::SessionId> {
     text.parse().map_err(|e| CliError::usage(format!("{e}")))
 }
 
-/// Lower-case hex of `bytes`.
-pub fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
+pub use annal::codec::hex;
 
 /// A byte count for humans: `512 B`, `1.5 KiB`, `3.2 MiB`.
 pub fn human_bytes(n: u64) -> String {
