@@ -133,11 +133,15 @@ fn line(what: &str, events: u64, bytes: u64, t: Duration, base: Duration) {
 fn main() {
     // Criterion passes its own flags to harness = false benches; they are not ours.
     let events = std::env::var("ANNAL_REPLAY_EVENTS").ok().and_then(|v| v.parse().ok()).unwrap_or(EVENTS_DEFAULT);
+    // `ANNAL_REPLAY_DB=PATH` keeps the database at PATH and reuses it when it exists.
     let dir = tempfile::tempdir().expect("tempdir");
-    let path = dir.path().join("replay.redb");
-    let built = build(&path, events);
+    let path = std::env::var_os("ANNAL_REPLAY_DB").map_or_else(|| dir.path().join("replay.redb"), Into::into);
+    if !path.exists() {
+        let built = build(&path, events);
+        println!("built {events} events in {:.1} s", built.as_secs_f64());
+    }
     let size = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
-    println!("built {events} events in {:.1} s ({:.0} MiB file)", built.as_secs_f64(), size as f64 / (1 << 20) as f64);
+    println!("database: {:.0} MiB", size as f64 / (1 << 20) as f64);
 
     let ((n, bytes), t_read) = timed(|| read_decode(&path));
     assert_eq!(n, events, "the log holds every event");

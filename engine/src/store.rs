@@ -180,7 +180,17 @@ impl Store for MemStore {
         Ok(self.tables.get(&table).and_then(|t| t.get(key)).cloned())
     }
     fn put(&mut self, table: Table, key: &[u8], value: &[u8]) -> Result<()> {
-        self.tables.entry(table).or_default().insert(key.to_vec(), value.to_vec());
+        let rows = self.tables.entry(table).or_default();
+        match rows.get_mut(key) {
+            // Rewriting a row (a tip, a head) reuses its buffers.
+            Some(row) => {
+                row.clear();
+                row.extend_from_slice(value);
+            }
+            None => {
+                rows.insert(key.to_vec(), value.to_vec());
+            }
+        }
         Ok(())
     }
     fn remove(&mut self, table: Table, key: &[u8]) -> Result<()> {
@@ -232,7 +242,18 @@ impl<S: Store + ?Sized> Store for Overlay<'_, S> {
         }
     }
     fn put(&mut self, table: Table, key: &[u8], value: &[u8]) -> Result<()> {
-        self.writes.entry(table).or_default().insert(key.to_vec(), Some(value.to_vec()));
+        let rows = self.writes.entry(table).or_default();
+        match rows.get_mut(key) {
+            // Rewriting a buffered row (a tip, a head) reuses its buffers.
+            Some(Some(row)) => {
+                row.clear();
+                row.extend_from_slice(value);
+            }
+            Some(slot) => *slot = Some(value.to_vec()),
+            None => {
+                rows.insert(key.to_vec(), Some(value.to_vec()));
+            }
+        }
         Ok(())
     }
     fn remove(&mut self, table: Table, key: &[u8]) -> Result<()> {

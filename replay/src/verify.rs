@@ -1,14 +1,21 @@
 //! `annal verify`: check a database end to end and report every finding with its place.
 //!
-//! One read snapshot is walked in sequence order. For each record: the global sequence
-//! is dense, the chain link from the previous record holds (plain or keyed), the record
-//! decodes with a supported schema version, its per-session stream sequence is dense and
-//! indexed in `session_log`, the clock never goes back, every content id it refers to
-//! exists and hashes to its id (message objects: their attachments too), a turn's commit
-//! hash recomputes, and the engine's own `evolve` folds it into scratch state (the
-//! transcript fold, which recomputes every `revision_after`; with `deep`, every fold).
-//! Then the meta tip must name the last record, and `--expect-tip` must match it. With `deep`, every content object is hashed and every
-//! projection table is compared byte for byte with the scratch fold.
+//! One read snapshot is checked by two threads at once. One walks the log in sequence
+//! order; for each record: the global sequence is dense, the chain link from the
+//! previous record holds (plain or keyed), the record decodes with a supported schema
+//! version, its per-session stream sequence is dense, the clock never goes back, a
+//! turn's commit hash recomputes, and the engine's own `evolve` folds it into scratch
+//! state (the transcript fold, which recomputes every `revision_after`; with `deep`,
+//! every fold). The other scans the content table in key order, hashes every object and
+//! notes which ones decode as message objects. Then every content id the log refers to
+//! must exist and hash to its id (message references: decode as messages, and their
+//! attachments too), `session_log` must index exactly the records walked, the meta tip
+//! must name the last record, and `--expect-tip` must match it. With `deep`, every
+//! projection table is also compared byte for byte with the scratch fold.
+//!
+//! Both tables are read sequentially, never by random lookups: the cost is two scans and
+//! the hashing, spread over two cores. Memory grows with the number of content objects
+//! (about 50 bytes each) and records (about 40 bytes each).
 //!
 //! Verification keeps going after a finding wherever it can, and never panics on
 //! damaged data: every decode is bounded and fallible.
@@ -21,6 +28,7 @@ use annal::{evolve, ChainHash, ContentId, Event, EventKind, Limits, MemStore, Pr
 use redb::{ReadTransaction, ReadableTable, ReadableTableMetadata};
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt;
+use std::hash::{BuildHasherDefault, Hasher};
 use std::path::Path;
 
 /// What to check.
@@ -375,7 +383,15 @@ pub fn verify_snapshot(txn: &ReadTransaction, limits: &Limits, opts: &VerifyOpti
     let chain = opts.key.map_or_else(LogChain::plain, LogChain::keyed);
     check_key(txn, &chain)?;
     let mut walk = Walk::new(txn, limits, chain, opts)?;
-    walk.run();
+    let scan = std::thread::scope(|s| {
+        let scan = s.spawn(|| scan_content(txn, limits));
+        walk.run();
+        scan.join()
+    });
+    match scan {
+        Ok(scan) => walk.check_content(&scan),
+        Err(_) => walk.find(storage("table content", "the content scan failed")),
+    }
     walk.check_session_index();
     walk.check_meta();
     if opts.deep {
@@ -383,7 +399,6 @@ pub fn verify_snapshot(txn: &ReadTransaction, limits: &Limits, opts: &VerifyOpti
     }
     let mut report = walk.report;
     report.keyed = opts.key.is_some();
-    report.content_objects = walk.content_seen.len() as u64;
     report.sessions = walk.streams.len() as u64;
     Ok(report)
 }
@@ -403,6 +418,93 @@ fn content_refs(event: &Event) -> Vec<(ContentId, Shape)> {
     event.content_refs().into_iter().map(|id| (id, shape)).collect()
 }
 
+/// A hasher for keys that are already uniformly distributed hashes (content ids).
+#[derive(Default)]
+struct IdHasher(u64);
+
+impl Hasher for IdHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for chunk in bytes.chunks(8) {
+            let mut b = [0u8; 8];
+            b[..chunk.len()].copy_from_slice(chunk);
+            self.0 = self.0.rotate_left(5) ^ u64::from_le_bytes(b);
+        }
+    }
+}
+
+type IdMap<V> = HashMap<ContentId, V, BuildHasherDefault<IdHasher>>;
+
+/// What the content scan learnt about one stored object.
+#[derive(Clone, Copy)]
+struct Object {
+    /// The bytes hash to the key.
+    hash_ok: bool,
+    /// The bytes decode as a message object.
+    message: bool,
+}
+
+/// The result of scanning the content table once, in key order.
+#[derive(Default)]
+struct ContentScan {
+    objects: IdMap<Object>,
+    /// Attachments of message objects that have any.
+    attachments: IdMap<Vec<ContentId>>,
+    /// Objects whose bytes do not hash to their id, in key order.
+    bad: Vec<ContentId>,
+    /// Storage errors met on the way.
+    findings: Vec<Finding>,
+}
+
+/// Scans every content object: hashes it, and notes whether it decodes as a message.
+fn scan_content(txn: &ReadTransaction, limits: &Limits) -> ContentScan {
+    let mut scan = ContentScan::default();
+    let table = match txn.open_table(CONTENT) {
+        Ok(t) => t,
+        Err(e) => {
+            scan.findings.push(storage("table content", e));
+            return scan;
+        }
+    };
+    scan.objects.reserve(table.len().unwrap_or(0) as usize);
+    let iter = match table.iter() {
+        Ok(i) => i,
+        Err(e) => {
+            scan.findings.push(storage("table content", e));
+            return scan;
+        }
+    };
+    let message_max = limits.content_bytes_max.saturating_add(1024);
+    for entry in iter {
+        let (k, v) = match entry {
+            Ok(kv) => kv,
+            Err(e) => {
+                scan.findings.push(storage("table content", e));
+                break;
+            }
+        };
+        let (id, bytes) = (ContentId(k.value()), v.value());
+        let hash_ok = annal::codec::content_id(bytes) == id;
+        if !hash_ok {
+            scan.bad.push(id);
+        }
+        let message = match decode_message(bytes, message_max) {
+            Ok(m) => {
+                if !m.attachments.is_empty() {
+                    scan.attachments.insert(id, m.attachments);
+                }
+                true
+            }
+            Err(_) => false,
+        };
+        scan.objects.insert(id, Object { hash_ok, message });
+    }
+    scan
+}
+
 struct Walk<'a> {
     txn: &'a ReadTransaction,
     limits: &'a Limits,
@@ -414,13 +516,17 @@ struct Walk<'a> {
     broken: HashSet<SessionId>,
     fold_failed: bool,
     streams: HashMap<SessionId, u64>,
-    /// (session, stream seq) → seq of every decoded record.
-    index: HashMap<(SessionId, u64), u64>,
-    content_seen: HashSet<ContentId>,
+    /// (seq, session, stream seq) of every record that names them, in seq order.
+    walked: Vec<(u64, SessionId, u64)>,
+    /// Every content id the log refers to → the first record referring to it and how.
+    refs: IdMap<(u64, Shape)>,
+    /// The ids of `refs` in the order first referred to.
+    ref_order: Vec<ContentId>,
     /// The projections folded: the transcript alone recomputes the revisions; `deep`
     /// folds them all to compare with the stored tables.
     fold_set: ProjectionSet,
-    last_seq: Option<(u64, Vec<u8>)>,
+    /// The last record walked, and its stored chain hash.
+    last_seq: Option<(u64, Option<ChainHash>)>,
 }
 
 impl<'a> Walk<'a> {
@@ -435,8 +541,9 @@ impl<'a> Walk<'a> {
             broken: HashSet::new(),
             fold_failed: false,
             streams: HashMap::new(),
-            index: HashMap::new(),
-            content_seen: HashSet::new(),
+            walked: Vec::new(),
+            refs: IdMap::default(),
+            ref_order: Vec::new(),
             fold_set: if opts.deep {
                 ProjectionSet::all()
             } else {
@@ -456,15 +563,8 @@ impl<'a> Walk<'a> {
             Ok(t) => t,
             Err(e) => return self.find(storage("table log", e)),
         };
-        let content = match self.txn.open_table(CONTENT) {
-            Ok(t) => t,
-            Err(e) => return self.find(storage("table content", e)),
-        };
-        let session_log = match self.txn.open_table(SESSION_LOG) {
-            Ok(t) => t,
-            Err(e) => return self.find(storage("table session_log", e)),
-        };
         let total = log.len().unwrap_or(0);
+        self.walked.reserve(total as usize);
         let bar = progress::bar(total, "verify", self.opts.progress);
         let iter = match log.iter() {
             Ok(i) => i,
@@ -499,24 +599,17 @@ impl<'a> Walk<'a> {
                 }
             }
             prev = stored_chain_hash(bytes);
-            self.last_seq = Some((seq, bytes.to_vec()));
-            self.record(seq, bytes, &mut clock, &content, &session_log);
+            self.last_seq = Some((seq, prev));
+            self.record(seq, bytes, &mut clock);
             if self.report.records.is_multiple_of(progress::TICK_ITEMS) {
                 bar.set_position(self.report.records);
             }
         }
         bar.finish_and_clear();
-        self.report.tip = self.last_seq.as_ref().and_then(|(seq, b)| stored_chain_hash(b).map(|h| (*seq, h)));
+        self.report.tip = self.last_seq.and_then(|(seq, h)| h.map(|h| (seq, h)));
     }
 
-    fn record(
-        &mut self,
-        seq: u64,
-        bytes: &[u8],
-        clock: &mut u64,
-        content: &redb::ReadOnlyTable<[u8; 32], &'static [u8]>,
-        session_log: &redb::ReadOnlyTable<([u8; 16], u64), u64>,
-    ) {
+    fn record(&mut self, seq: u64, bytes: &[u8], clock: &mut u64) {
         let decoded = match decode_record(bytes, self.limits.record_bytes_max) {
             Ok(d) => d,
             Err(error) => {
@@ -542,27 +635,16 @@ impl<'a> Walk<'a> {
         } else {
             *last = r.stream_seq;
         }
-        self.index.insert((r.session, r.stream_seq), seq);
-        match session_log.get((r.session.0, r.stream_seq)) {
-            Ok(Some(g)) if g.value() == seq => {}
-            Ok(Some(g)) => self.find(Finding::SessionIndex {
-                session: r.session,
-                stream_seq: r.stream_seq,
-                detail: format!("points to seq {}, the record is seq {seq}", g.value()),
-            }),
-            Ok(None) => self.find(Finding::SessionIndex {
-                session: r.session,
-                stream_seq: r.stream_seq,
-                detail: format!("missing (record seq {seq})"),
-            }),
-            Err(e) => self.find(storage("session_log", e)),
-        }
+        self.walked.push((seq, r.session, r.stream_seq));
         if r.committed_at_ms < *clock {
             self.find(Finding::ClockBackwards { seq, at_ms: r.committed_at_ms, previous_ms: *clock });
         }
         *clock = (*clock).max(r.committed_at_ms);
         for (id, shape) in content_refs(&r.event) {
-            self.check_content(content, seq, id, shape);
+            if let std::collections::hash_map::Entry::Vacant(v) = self.refs.entry(id) {
+                v.insert((seq, shape));
+                self.ref_order.push(id);
+            }
         }
         if let Event::TurnCommitted(e) = &r.event {
             if annal::codec::turn_commit_hash(&e.messages, &e.usage, &e.applied_context, &e.tool_ops) != e.commit_hash {
@@ -604,42 +686,65 @@ impl<'a> Walk<'a> {
         let last = self.streams.entry(session).or_insert(0);
         if stream_seq == *last + 1 {
             *last = stream_seq;
-            self.index.insert((session, stream_seq), seq);
+            self.walked.push((seq, session, stream_seq));
             self.broken.insert(session);
         }
     }
 
-    fn check_content(
-        &mut self,
-        table: &redb::ReadOnlyTable<[u8; 32], &'static [u8]>,
-        seq: u64,
-        id: ContentId,
-        shape: Shape,
-    ) {
-        if !self.content_seen.insert(id) {
-            return;
-        }
-        let bytes = match table.get(id.0) {
-            Ok(Some(g)) => g.value().to_vec(),
-            Ok(None) => return self.find(Finding::MissingContent { seq, id }),
-            Err(e) => return self.find(storage(&format!("content {id}"), e)),
-        };
-        if annal::codec::content_id(&bytes) != id {
-            return self.find(Finding::ContentHash { seq: Some(seq), id });
-        }
-        if shape == Shape::Message {
-            match decode_message(&bytes, self.limits.content_bytes_max.saturating_add(1024)) {
-                Ok(m) => {
-                    for a in m.attachments {
-                        self.check_content(table, seq, a, Shape::Bytes);
+    /// Every content id the log refers to against the scan: present, hashing to its id,
+    /// and for message references a message object whose attachments pass too. Then
+    /// every damaged object nothing refers to.
+    fn check_content(&mut self, scan: &ContentScan) {
+        self.report.findings.extend(scan.findings.iter().cloned());
+        self.report.content_objects = scan.objects.len() as u64;
+        let mut attachments_checked = HashSet::new();
+        for id in std::mem::take(&mut self.ref_order) {
+            let (seq, shape) = self.refs[&id];
+            let mut pending = vec![(id, shape)];
+            while let Some((id, shape)) = pending.pop() {
+                let Some(object) = scan.objects.get(&id) else {
+                    self.find(Finding::MissingContent { seq, id });
+                    continue;
+                };
+                if !object.hash_ok {
+                    self.find(Finding::ContentHash { seq: Some(seq), id });
+                    continue;
+                }
+                if shape != Shape::Message {
+                    continue;
+                }
+                if !object.message {
+                    let detail = self.message_error(id);
+                    self.find(Finding::NotAMessage { seq, id, detail });
+                    continue;
+                }
+                for a in scan.attachments.get(&id).into_iter().flatten() {
+                    if !self.refs.contains_key(a) && attachments_checked.insert(*a) {
+                        pending.push((*a, Shape::Bytes));
                     }
                 }
-                Err(e) => self.find(Finding::NotAMessage { seq, id, detail: e.to_string() }),
+            }
+        }
+        for id in &scan.bad {
+            if !self.refs.contains_key(id) && !attachments_checked.contains(id) {
+                self.find(Finding::ContentHash { seq: None, id: *id });
             }
         }
     }
 
-    /// Every `session_log` entry must point at a record of that session and stream seq.
+    /// Why the object `id` does not decode as a message (read again: findings are rare).
+    fn message_error(&self, id: ContentId) -> String {
+        let limit = self.limits.content_bytes_max.saturating_add(1024);
+        match self.txn.open_table(CONTENT).map(|t| t.get(id.0)) {
+            Ok(Ok(Some(g))) => decode_message(g.value(), limit).err().map_or_else(String::new, |e| e.to_string()),
+            Ok(Ok(None)) => "missing".into(),
+            Ok(Err(e)) => e.to_string(),
+            Err(e) => e.to_string(),
+        }
+    }
+
+    /// `session_log` must index exactly the records walked: every entry points at a
+    /// record of that session and stream seq, and every record has its entry.
     fn check_session_index(&mut self) {
         let table = match self.txn.open_table(SESSION_LOG) {
             Ok(t) => t,
@@ -649,16 +754,25 @@ impl<'a> Walk<'a> {
             Ok(i) => i,
             Err(e) => return self.find(storage("table session_log", e)),
         };
+        let walked = std::mem::take(&mut self.walked);
+        let mut indexed = vec![false; walked.len()];
         for entry in iter {
             let (k, v) = match entry {
                 Ok(kv) => kv,
                 Err(e) => return self.find(storage("table session_log", e)),
             };
-            let (session, stream_seq) = (SessionId(k.value().0), k.value().1);
-            if !self.index.contains_key(&(session, stream_seq)) {
-                let detail = format!("points to seq {}, which holds no such record", v.value());
-                self.find(Finding::SessionIndex { session, stream_seq, detail });
+            let (session, stream_seq, points_to) = (SessionId(k.value().0), k.value().1, v.value());
+            match walked.binary_search_by_key(&points_to, |w| w.0) {
+                Ok(i) if walked[i].1 == session && walked[i].2 == stream_seq => indexed[i] = true,
+                _ => self.find(Finding::SessionIndex {
+                    session,
+                    stream_seq,
+                    detail: format!("points to seq {points_to}, which holds no such record"),
+                }),
             }
+        }
+        for (&(seq, session, stream_seq), _) in walked.iter().zip(&indexed).filter(|(_, done)| !**done) {
+            self.find(Finding::SessionIndex { session, stream_seq, detail: format!("missing (record seq {seq})") });
         }
     }
 
@@ -708,7 +822,6 @@ impl<'a> Walk<'a> {
     }
 
     fn deep(&mut self) {
-        self.deep_content();
         if self.fold_failed {
             self.report.deep = Some(Err("the log does not fold cleanly (see the findings above)".into()));
             return;
@@ -731,28 +844,6 @@ impl<'a> Walk<'a> {
             }
         }
         self.report.deep = Some(Ok(stored.len()));
-    }
-
-    /// Hashes every stored content object not already checked through a reference.
-    fn deep_content(&mut self) {
-        let table = match self.txn.open_table(CONTENT) {
-            Ok(t) => t,
-            Err(e) => return self.find(storage("table content", e)),
-        };
-        let iter = match table.iter() {
-            Ok(i) => i,
-            Err(e) => return self.find(storage("table content", e)),
-        };
-        for entry in iter {
-            let (k, v) = match entry {
-                Ok(kv) => kv,
-                Err(e) => return self.find(storage("table content", e)),
-            };
-            let id = ContentId(k.value());
-            if self.content_seen.insert(id) && annal::codec::content_id(v.value()) != id {
-                self.find(Finding::ContentHash { seq: None, id });
-            }
-        }
     }
 
     /// Reports the first key where the stored table and the fresh fold differ.

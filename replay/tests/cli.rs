@@ -2,7 +2,7 @@
 //! files), rebuild, export/import, graph, exit codes, and verify beside a live writer.
 
 use annal::codec::{content_id, stored_chain_hash, LogChain, HEADER_LEN};
-use annal::tables::{meta_keys, CONTENT, LOG, META};
+use annal::tables::{meta_keys, CONTENT, LOG, META, SESSION_LOG};
 use annal::{CommitTurn, Engine, Expected, Limits, ListQuery, Message, Reader, SessionId};
 use redb::{ReadableDatabase, ReadableTable};
 use serde_json::Value;
@@ -197,6 +197,60 @@ fn a_damaged_content_object_is_named() {
         let location = format!("content {}", damaged.to_hex());
         assert!(f.iter().any(|(k, l, _)| k == "content_hash" && *l == location), "{f:?}");
     }
+}
+
+#[test]
+fn session_log_entries_missing_or_pointing_nowhere_are_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = demo_db(&dir, 2);
+    let (session, stream_seq, seq) = {
+        let database = redb::Database::open(&db).unwrap();
+        let txn = database.begin_write().unwrap();
+        let found = {
+            let mut index = txn.open_table(SESSION_LOG).unwrap();
+            let (k, v) = {
+                let first = index.first().unwrap().expect("an entry");
+                (first.0.value(), first.1.value())
+            };
+            index.remove(k).unwrap();
+            // An entry for a stream position the session never reached.
+            index.insert((k.0, 9_999), v).unwrap();
+            (SessionId(k.0), k.1, v)
+        };
+        txn.commit().unwrap();
+        found
+    };
+    let (rc, report) = verify_json(&db, &[]);
+    assert_eq!(rc, 1);
+    let f = findings(&report);
+    assert_eq!(f.len(), 2, "{f:?}");
+    assert!(f.iter().all(|(k, _, _)| k == "session_index"), "{f:?}");
+    let at = |n: u64| format!("session_log {session}/{n}");
+    assert!(f.iter().any(|(_, l, d)| *l == at(9_999) && d.contains("holds no such record")), "{f:?}");
+    assert!(f.iter().any(|(_, l, d)| *l == at(stream_seq) && *d == format!("missing (record seq {seq})")), "{f:?}");
+}
+
+#[test]
+fn a_damaged_object_nothing_refers_to_is_found_without_deep() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = demo_db(&dir, 2);
+    let stray = b"bytes no event refers to".to_vec();
+    let id = content_id(&stray);
+    {
+        let database = redb::Database::open(&db).unwrap();
+        let txn = database.begin_write().unwrap();
+        let mut damaged = stray.clone();
+        damaged[0] ^= 1;
+        txn.open_table(CONTENT).unwrap().insert(id.0, damaged.as_slice()).unwrap();
+        txn.commit().unwrap();
+    }
+    let (rc, report) = verify_json(&db, &[]);
+    assert_eq!(rc, 1);
+    let f = findings(&report);
+    assert_eq!(
+        f,
+        vec![("content_hash".into(), format!("content {}", id.to_hex()), "bytes do not hash to the id".into())]
+    );
 }
 
 #[test]
