@@ -1,21 +1,22 @@
 //! `annal verify`: check a database end to end and report every finding with its place.
 //!
-//! One read snapshot is checked by two threads at once. One walks the log in sequence
-//! order; for each record: the global sequence is dense, the chain link from the
-//! previous record holds (plain or keyed), the record decodes with a supported schema
-//! version, its per-session stream sequence is dense, the clock never goes back, a
-//! turn's commit hash recomputes, and the engine's own `evolve` folds it into scratch
+//! One read snapshot is checked by three threads at once. The walk reads the log in
+//! sequence order; for each record: the global sequence is dense, the chain link from
+//! the previous record holds (plain or keyed), the record decodes with a supported
+//! schema version, its per-session stream sequence is dense, and the clock never goes
+//! back. It hands the decoded records, in order, to the fold thread, where a turn's
+//! commit hash recomputes and the engine's own `evolve` folds each record into scratch
 //! state (the transcript fold, which recomputes every `revision_after`; with `deep`,
-//! every fold). The other scans the content table in key order, hashes every object and
-//! notes which ones decode as message objects. Then every content id the log refers to
-//! must exist and hash to its id (message references: decode as messages, and their
-//! attachments too), `session_log` must index exactly the records walked, the meta tip
-//! must name the last record, and `--expect-tip` must match it. With `deep`, every
+//! every fold). The third thread scans the content table in key order, hashes every
+//! object and notes which ones decode as message objects. Then every content id the log
+//! refers to must exist and hash to its id (message references: decode as messages, and
+//! their attachments too), `session_log` must index exactly the records walked, the meta
+//! tip must name the last record, and `--expect-tip` must match it. With `deep`, every
 //! projection table is also compared byte for byte with the scratch fold.
 //!
-//! Both tables are read sequentially, never by random lookups: the cost is two scans and
-//! the hashing, spread over two cores. Memory grows with the number of content objects
-//! (about 50 bytes each) and records (about 40 bytes each).
+//! Every table is read sequentially, never by random lookups. Memory grows with the
+//! number of content objects (about 50 bytes each) and records (about 40 bytes each),
+//! plus the scratch fold.
 //!
 //! Verification keeps going after a finding wherever it can, and never panics on
 //! damaged data: every decode is bounded and fallible.
@@ -209,6 +210,25 @@ impl Finding {
         }
     }
 
+    /// The log record the finding is about, if it is about one.
+    pub fn seq(&self) -> Option<u64> {
+        match self {
+            Finding::Gap { expected: seq, .. }
+            | Finding::ChainMismatch { seq }
+            | Finding::UnsupportedSchema { seq, .. }
+            | Finding::Undecodable { seq, .. }
+            | Finding::SeqMismatch { seq, .. }
+            | Finding::StreamGap { seq, .. }
+            | Finding::ClockBackwards { seq, .. }
+            | Finding::MissingContent { seq, .. }
+            | Finding::NotAMessage { seq, .. }
+            | Finding::CommitHash { seq }
+            | Finding::Fold { seq, .. } => Some(*seq),
+            Finding::ContentHash { seq, .. } => *seq,
+            _ => None,
+        }
+    }
+
     /// A short machine-readable name of the finding's kind.
     pub fn kind(&self) -> &'static str {
         match self {
@@ -383,11 +403,21 @@ pub fn verify_snapshot(txn: &ReadTransaction, limits: &Limits, opts: &VerifyOpti
     let chain = opts.key.map_or_else(LogChain::plain, LogChain::keyed);
     check_key(txn, &chain)?;
     let mut walk = Walk::new(txn, limits, chain, opts)?;
-    let scan = std::thread::scope(|s| {
+    let fold = Fold::new(walk.fold_set);
+    let (batches, folded) = std::sync::mpsc::sync_channel::<Vec<Item>>(FOLD_QUEUE);
+    let (scan, fold) = std::thread::scope(|s| {
         let scan = s.spawn(|| scan_content(txn, limits));
-        walk.run();
-        scan.join()
+        let fold = s.spawn(move || fold.run(folded));
+        walk.run(batches);
+        (scan.join(), fold.join())
     });
+    match fold {
+        Ok(fold) => walk.merge_fold(fold),
+        Err(_) => {
+            walk.fold_failed = true;
+            walk.find(storage("fold", "the fold thread failed"));
+        }
+    }
     match scan {
         Ok(scan) => walk.check_content(&scan),
         Err(_) => walk.find(storage("table content", "the content scan failed")),
@@ -505,16 +535,90 @@ fn scan_content(txn: &ReadTransaction, limits: &Limits) -> ContentScan {
     scan
 }
 
+/// Decoded records handed from the log walk to the fold, per message.
+const FOLD_BATCH: usize = 512;
+/// Batches in flight between the walk and the fold.
+const FOLD_QUEUE: usize = 8;
+
+/// What the log walk hands to the fold thread.
+// Nearly every item is a record; boxing it would add an allocation per record.
+#[allow(clippy::large_enum_variant)]
+enum Item {
+    /// A decoded record, in log order.
+    Record(annal::Record),
+    /// A session whose record did not decode: it is not folded further.
+    Broken(SessionId),
+}
+
+/// The fold side of the walk, on its own thread: commit hashes and the engine's
+/// `evolve` into scratch state.
+struct Fold {
+    store: MemStore,
+    /// Sessions whose fold failed: their later records are not folded (no cascades).
+    broken: HashSet<SessionId>,
+    failed: bool,
+    set: ProjectionSet,
+    findings: Vec<Finding>,
+}
+
+impl Fold {
+    fn new(set: ProjectionSet) -> Fold {
+        Fold { store: MemStore::default(), broken: HashSet::new(), failed: false, set, findings: Vec::new() }
+    }
+
+    fn run(mut self, batches: std::sync::mpsc::Receiver<Vec<Item>>) -> Fold {
+        for batch in batches {
+            for item in batch {
+                match item {
+                    Item::Record(r) => self.record(r),
+                    Item::Broken(session) => {
+                        self.broken.insert(session);
+                    }
+                }
+            }
+        }
+        self
+    }
+
+    fn record(&mut self, r: annal::Record) {
+        let seq = r.seq;
+        if let Event::TurnCommitted(e) = &r.event {
+            if annal::codec::turn_commit_hash(&e.messages, &e.usage, &e.applied_context, &e.tool_ops) != e.commit_hash {
+                self.findings.push(Finding::CommitHash { seq });
+            }
+        }
+        if let Event::SessionCreated(annal::codec::SessionCreated { forked_from: Some(f), .. }) = &r.event {
+            if self.broken.contains(&f.session) {
+                // The parent's state is already known to be wrong; so is the fork's.
+                self.broken.insert(r.session);
+            }
+        }
+        if self.broken.contains(&r.session) {
+            return;
+        }
+        if let Err(e) = evolve(&mut self.store, &r, self.set) {
+            self.failed = true;
+            self.broken.insert(r.session);
+            let detail = match e {
+                annal::Error::Corrupt { detail, .. } => detail,
+                other => other.to_string(),
+            };
+            self.findings.push(Finding::Fold { seq, session: r.session, detail });
+        }
+    }
+}
+
 struct Walk<'a> {
     txn: &'a ReadTransaction,
     limits: &'a Limits,
     chain: LogChain,
     opts: &'a VerifyOptions,
     report: VerifyReport,
+    /// The scratch fold, once the fold thread is done.
     store: MemStore,
-    /// Sessions whose fold failed: their later records are not folded (no cascades).
-    broken: HashSet<SessionId>,
     fold_failed: bool,
+    /// Records decoded and not yet handed to the fold thread.
+    batch: Vec<Item>,
     streams: HashMap<SessionId, u64>,
     /// (seq, session, stream seq) of every record that names them, in seq order.
     walked: Vec<(u64, SessionId, u64)>,
@@ -538,8 +642,8 @@ impl<'a> Walk<'a> {
             opts,
             report: VerifyReport::default(),
             store: MemStore::default(),
-            broken: HashSet::new(),
             fold_failed: false,
+            batch: Vec::with_capacity(FOLD_BATCH),
             streams: HashMap::new(),
             walked: Vec::new(),
             refs: IdMap::default(),
@@ -558,7 +662,24 @@ impl<'a> Walk<'a> {
         self.report.findings.push(f);
     }
 
-    fn run(&mut self) {
+    /// Hands the current batch to the fold thread (which stops early only if it died).
+    fn hand_over(&mut self, fold: &std::sync::mpsc::SyncSender<Vec<Item>>) {
+        if !self.batch.is_empty() {
+            let batch = std::mem::replace(&mut self.batch, Vec::with_capacity(FOLD_BATCH));
+            let _ = fold.send(batch);
+        }
+    }
+
+    /// Takes the fold thread's scratch state and findings; findings of the log walk are
+    /// kept in sequence order.
+    fn merge_fold(&mut self, fold: Fold) {
+        self.store = fold.store;
+        self.fold_failed |= fold.failed;
+        self.report.findings.extend(fold.findings);
+        self.report.findings.sort_by_key(|f| f.seq().unwrap_or(u64::MAX));
+    }
+
+    fn run(&mut self, fold: std::sync::mpsc::SyncSender<Vec<Item>>) {
         let log = match self.txn.open_table(LOG) {
             Ok(t) => t,
             Err(e) => return self.find(storage("table log", e)),
@@ -601,10 +722,14 @@ impl<'a> Walk<'a> {
             prev = stored_chain_hash(bytes);
             self.last_seq = Some((seq, prev));
             self.record(seq, bytes, &mut clock);
+            if self.batch.len() >= FOLD_BATCH {
+                self.hand_over(&fold);
+            }
             if self.report.records.is_multiple_of(progress::TICK_ITEMS) {
                 bar.set_position(self.report.records);
             }
         }
+        self.hand_over(&fold);
         bar.finish_and_clear();
         self.report.tip = self.last_seq.and_then(|(seq, h)| h.map(|h| (seq, h)));
     }
@@ -646,29 +771,7 @@ impl<'a> Walk<'a> {
                 self.ref_order.push(id);
             }
         }
-        if let Event::TurnCommitted(e) = &r.event {
-            if annal::codec::turn_commit_hash(&e.messages, &e.usage, &e.applied_context, &e.tool_ops) != e.commit_hash {
-                self.find(Finding::CommitHash { seq });
-            }
-        }
-        if let Event::SessionCreated(annal::codec::SessionCreated { forked_from: Some(f), .. }) = &r.event {
-            if self.broken.contains(&f.session) {
-                // The parent's state is already known to be wrong; so is the fork's.
-                self.broken.insert(r.session);
-            }
-        }
-        if self.broken.contains(&r.session) {
-            return;
-        }
-        if let Err(e) = evolve(&mut self.store, &r, self.fold_set) {
-            self.fold_failed = true;
-            self.broken.insert(r.session);
-            let detail = match e {
-                annal::Error::Corrupt { detail, .. } => detail,
-                other => other.to_string(),
-            };
-            self.find(Finding::Fold { seq, session: r.session, detail });
-        }
+        self.batch.push(Item::Record(r));
     }
 
     /// A record that does not decode: if its envelope still names a session and stream
@@ -687,7 +790,7 @@ impl<'a> Walk<'a> {
         if stream_seq == *last + 1 {
             *last = stream_seq;
             self.walked.push((seq, session, stream_seq));
-            self.broken.insert(session);
+            self.batch.push(Item::Broken(session));
         }
     }
 
