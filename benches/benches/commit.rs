@@ -4,9 +4,10 @@
 //!
 //! Every database sits on redb's `FileBackend` wrapped in [`FaultyBackend`] with no fault
 //! switched on, so the benchmark can count the fsyncs (`sync_data` calls) each variant
-//! issues. The wrapper adds two atomic increments per I/O call. After each benchmark the
-//! commits per fsync are printed: for annal that is the mean group-commit batch size
-//! divided by the fsyncs one redb commit takes.
+//! issues and the bytes it writes. The wrapper adds a few atomic increments per I/O call.
+//! After each benchmark the commits per fsync are printed (for annal that is the mean
+//! group-commit batch size divided by the fsyncs one redb commit takes), with the bytes
+//! and write calls per commit and per fsync.
 //!
 //! One criterion iteration is a fixed number of commits ([`COMMITS_PER_ITER`]) spread
 //! evenly over the committer threads, so the reported throughput is commits per second.
@@ -42,19 +43,28 @@ fn counted_backend(path: &Path, faults: &Faults) -> FaultyBackend<FileBackend> {
     FaultyBackend::new(FileBackend::new(create_file(path)).expect("file backend"), faults.clone())
 }
 
+/// (fsyncs, write calls, bytes written) so far.
+fn counters(faults: &Faults) -> (u64, u64, u64) {
+    (faults.syncs(), faults.writes(), faults.bytes_written())
+}
+
 /// Commits and fsyncs seen by one benchmark, for the commits-per-fsync figure.
 #[derive(Default)]
 struct Tally {
     commits: AtomicU64,
     syncs: AtomicU64,
+    writes: AtomicU64,
+    bytes: AtomicU64,
     /// Commands per write transaction, when known.
     batches: Mutex<Vec<u64>>,
 }
 
 impl Tally {
-    fn add(&self, commits: u64, syncs: u64) {
+    fn add(&self, commits: u64, before: (u64, u64, u64), faults: &Faults) {
         self.commits.fetch_add(commits, Ordering::Relaxed);
-        self.syncs.fetch_add(syncs, Ordering::Relaxed);
+        self.syncs.fetch_add(faults.syncs() - before.0, Ordering::Relaxed);
+        self.writes.fetch_add(faults.writes() - before.1, Ordering::Relaxed);
+        self.bytes.fetch_add(faults.bytes_written() - before.2, Ordering::Relaxed);
     }
 
     fn report(&self, name: &str) {
@@ -68,6 +78,13 @@ impl Tally {
             "{name}: {commits} commits, {syncs} fsyncs, {:.2} commits per fsync, {:.2} fsyncs per commit",
             commits as f64 / syncs as f64,
             syncs as f64 / commits.max(1) as f64
+        );
+        let (writes, bytes) = (self.writes.load(Ordering::Relaxed), self.bytes.load(Ordering::Relaxed));
+        println!(
+            "{name}: {:.1} KiB in {:.1} write calls per commit, {:.1} KiB per fsync",
+            bytes as f64 / 1024.0 / commits as f64,
+            writes as f64 / commits as f64,
+            bytes as f64 / 1024.0 / syncs as f64
         );
         let mut batches = self.batches.lock().expect("batches").clone();
         if !batches.is_empty() {
@@ -136,7 +153,7 @@ impl AnnalFixture {
         let committers = self.sessions.len() as u64;
         let per_thread = total / committers;
         let barrier = Arc::new(Barrier::new(self.sessions.len() + 1));
-        let syncs_before = self.faults.syncs();
+        let before = counters(&self.faults);
         let handles: Vec<_> = self
             .sessions
             .iter()
@@ -161,7 +178,7 @@ impl AnnalFixture {
             h.join().expect("committer thread");
         }
         let elapsed = start.elapsed();
-        tally.add(per_thread * committers, self.faults.syncs() - syncs_before);
+        tally.add(per_thread * committers, before, &self.faults);
         tally.add_batches(&self.notices);
         elapsed
     }
@@ -211,7 +228,7 @@ impl RawFixture {
 
     /// Runs `transactions` durable transactions of `inserts` inserts each.
     fn run(&mut self, transactions: u64, inserts: u64, tally: &Tally) -> Duration {
-        let syncs_before = self.faults.syncs();
+        let before = counters(&self.faults);
         let start = Instant::now();
         for _ in 0..transactions {
             let mut txn = self.db.begin_write().expect("begin write");
@@ -226,7 +243,7 @@ impl RawFixture {
             txn.commit().expect("commit");
         }
         let elapsed = start.elapsed();
-        tally.add(transactions, self.faults.syncs() - syncs_before);
+        tally.add(transactions, before, &self.faults);
         elapsed
     }
 }

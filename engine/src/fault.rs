@@ -33,6 +33,7 @@ struct FaultState {
     fail_reads: AtomicBool,
     short_reads: AtomicBool,
     writes: AtomicU64,
+    written_bytes: AtomicU64,
     syncs: AtomicU64,
 }
 
@@ -44,6 +45,7 @@ impl Default for FaultState {
             fail_reads: AtomicBool::new(false),
             short_reads: AtomicBool::new(false),
             writes: AtomicU64::new(0),
+            written_bytes: AtomicU64::new(0),
             syncs: AtomicU64::new(0),
         }
     }
@@ -104,6 +106,11 @@ impl Faults {
         self.0.writes.load(Ordering::Acquire)
     }
 
+    /// Bytes written to the inner backend by the writes counted in [`Faults::writes`].
+    pub fn bytes_written(&self) -> u64 {
+        self.0.written_bytes.load(Ordering::Acquire)
+    }
+
     /// `sync_data` calls that reached the inner backend.
     pub fn syncs(&self) -> u64 {
         self.0.syncs.load(Ordering::Acquire)
@@ -162,6 +169,7 @@ impl<B: StorageBackend> StorageBackend for FaultyBackend<B> {
             return Err(injected("write"));
         }
         self.faults.0.writes.fetch_add(1, Ordering::AcqRel);
+        self.faults.0.written_bytes.fetch_add(data.len() as u64, Ordering::AcqRel);
         self.inner.write(offset, data)
     }
 
