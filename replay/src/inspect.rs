@@ -5,9 +5,9 @@ use crate::export::{export_line, for_each_record};
 use crate::{format_time_ms, human_bytes, CliError, Result};
 use annal::codec::decode_header;
 use annal::query::{self, ListQuery, PageRequest};
-use annal::tables::{CONTENT, LOG};
+use annal::tables::{CONTENT, LOG, META, PROJECTIONS, SESSION_LOG};
 use annal::{ContentId, ContextState, Event, EventKind, Reader, RevisionId, SessionHead, SessionId, ToolState};
-use redb::ReadableTable;
+use redb::{ReadableTable, ReadableTableMetadata, TableHandle};
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write as _;
@@ -434,6 +434,52 @@ pub struct Stats {
     pub referenced_bytes: u64,
     /// The database file's size.
     pub file_bytes: u64,
+    /// How each redb table uses the file.
+    pub tables: Vec<TableStorage>,
+    /// Rows and bytes (key plus value) of each projection table.
+    pub projections: BTreeMap<String, (u64, u64)>,
+}
+
+/// How one redb table uses the file, from redb's own table statistics.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct TableStorage {
+    /// The redb table.
+    pub name: String,
+    /// Entries.
+    pub entries: u64,
+    /// Height of its B-tree.
+    pub tree_height: u32,
+    /// Leaf pages.
+    pub leaf_pages: u64,
+    /// Branch pages.
+    pub branch_pages: u64,
+    /// Bytes of keys and values.
+    pub stored_bytes: u64,
+    /// Bytes of page and entry metadata.
+    pub metadata_bytes: u64,
+    /// Bytes allocated to the table's pages but holding nothing.
+    pub fragmented_bytes: u64,
+}
+
+impl TableStorage {
+    fn of(name: &str, table: &impl ReadableTableMetadata) -> Result<TableStorage> {
+        let stats = table.stats().map_err(redb::Error::from)?;
+        Ok(TableStorage {
+            name: name.to_string(),
+            entries: table.len().map_err(redb::Error::from)?,
+            tree_height: stats.tree_height(),
+            leaf_pages: stats.leaf_pages(),
+            branch_pages: stats.branch_pages(),
+            stored_bytes: stats.stored_bytes(),
+            metadata_bytes: stats.metadata_bytes(),
+            fragmented_bytes: stats.fragmented_bytes(),
+        })
+    }
+
+    /// Bytes the table's pages take in the file.
+    pub fn allocated_bytes(&self) -> u64 {
+        self.stored_bytes + self.metadata_bytes + self.fragmented_bytes
+    }
 }
 
 impl Stats {
@@ -480,6 +526,29 @@ impl Stats {
         let _ = writeln!(out, "logical bytes     {:>12}", human_bytes(self.logical_bytes()));
         let _ = writeln!(out, "file size         {:>12}", human_bytes(self.file_bytes));
         let _ = writeln!(out, "bytes per logical byte  {:.2}", self.bytes_per_logical_byte());
+        let _ = writeln!(
+            out,
+            "{:<13} {:>10} {:>6} {:>9} {:>9} {:>10} {:>10} {:>10}",
+            "redb table", "entries", "height", "leaves", "branches", "stored", "metadata", "fragmented"
+        );
+        for t in &self.tables {
+            let _ = writeln!(
+                out,
+                "{:<13} {:>10} {:>6} {:>9} {:>9} {:>10} {:>10} {:>10}",
+                t.name,
+                t.entries,
+                t.tree_height,
+                t.leaf_pages,
+                t.branch_pages,
+                human_bytes(t.stored_bytes),
+                human_bytes(t.metadata_bytes),
+                human_bytes(t.fragmented_bytes)
+            );
+        }
+        let _ = writeln!(out, "{:<19} {:>10} {:>10}", "projection table", "rows", "bytes");
+        for (name, (rows, bytes)) in &self.projections {
+            let _ = writeln!(out, "{name:<19} {rows:>10} {:>10}", human_bytes(*bytes));
+        }
         out
     }
 
@@ -499,6 +568,19 @@ impl Stats {
             "logical_bytes": self.logical_bytes(),
             "file_bytes": self.file_bytes,
             "bytes_per_logical_byte": self.bytes_per_logical_byte(),
+            "tables": self.tables.iter().map(|t| json!({
+                "name": t.name,
+                "entries": t.entries,
+                "tree_height": t.tree_height,
+                "leaf_pages": t.leaf_pages,
+                "branch_pages": t.branch_pages,
+                "stored_bytes": t.stored_bytes,
+                "metadata_bytes": t.metadata_bytes,
+                "fragmented_bytes": t.fragmented_bytes,
+            })).collect::<Vec<_>>(),
+            "projections": self.projections.iter().map(|(name, (rows, bytes))| {
+                (name.clone(), json!({"rows": rows, "bytes": bytes}))
+            }).collect::<serde_json::Map<_, _>>(),
         })
     }
 }
@@ -556,5 +638,25 @@ pub fn stats(reader: &Reader, path: &Path) -> Result<Stats> {
         }
     }
     s.sessions = annal::tables::projection_len(&txn, annal::Table::Heads)?;
+    let session_log = txn.open_table(SESSION_LOG).map_err(redb::Error::from)?;
+    let meta = txn.open_table(META).map_err(redb::Error::from)?;
+    let projections = txn.open_table(PROJECTIONS).map_err(redb::Error::from)?;
+    s.tables = vec![
+        TableStorage::of(LOG.name(), &log)?,
+        TableStorage::of(SESSION_LOG.name(), &session_log)?,
+        TableStorage::of(CONTENT.name(), &content)?,
+        TableStorage::of(META.name(), &meta)?,
+        TableStorage::of(PROJECTIONS.name(), &projections)?,
+    ];
+    for t in annal::Table::ALL {
+        s.projections.insert(t.name().to_string(), (0, 0));
+    }
+    for entry in projections.iter().map_err(redb::Error::from)? {
+        let (k, v) = entry.map_err(redb::Error::from)?;
+        let name = annal::tables::logical_key(k.value()).map_or("(not a projection key)", |(t, _)| t.name());
+        let row = s.projections.entry(name.to_string()).or_default();
+        row.0 += 1;
+        row.1 += (k.value().len() + v.value().len()) as u64;
+    }
     Ok(s)
 }

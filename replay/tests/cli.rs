@@ -565,6 +565,17 @@ fn read_views_show_the_demo() {
     assert!(json["dedup_saved_bytes"].as_u64().unwrap() > 0, "the demo repeats its system prompt");
     assert!(json["file_bytes"].as_u64().unwrap() > 0);
     assert_eq!(json["content_objects"].as_u64().unwrap() as usize, count_content(&db));
+    let tables = json["tables"].as_array().unwrap();
+    let names: Vec<&str> = tables.iter().map(|t| t["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["log", "session_log", "content", "meta", "projections"]);
+    assert_eq!(tables[0]["entries"].as_u64().unwrap(), tip);
+    assert_eq!(tables[2]["entries"].as_u64().unwrap() as usize, count_content(&db));
+    assert!(tables.iter().all(|t| t["leaf_pages"].as_u64().unwrap() > 0 && t["stored_bytes"].as_u64().unwrap() > 0));
+    let rows: u64 = json["projections"].as_object().unwrap().values().map(|t| t["rows"].as_u64().unwrap()).sum();
+    assert_eq!(rows, tables[4]["entries"].as_u64().unwrap(), "every projection row is counted under its table");
+    assert_eq!(json["projections"]["p.heads"]["rows"], json["sessions"]);
+    let out = annal(&["stats", p(&db)]);
+    assert!(stdout(&out).contains("projections"), "{}", stdout(&out));
 }
 
 fn count_content(db: &Path) -> usize {
