@@ -220,6 +220,12 @@ fn fold_graph<S: Store + ?Sized>(store: &mut S, r: &Record) -> Result<()> {
                     store.put_row(Table::Revisions, &node_key, &node)?;
                 }
             }
+            // A transition to a revision the session already had (a restore, or a
+            // rewrite back to earlier content) is stored as an edge of its own; the
+            // transition that first produced a node is the node itself
+            // (`RevisionNode::creation_edge`).
+            let edge = RevisionEdge { seq: r.seq, from, to, origin, at_ms: r.committed_at_ms };
+            store.put_row(Table::RevisionEdges, &keys::session_u64(&r.session, r.seq), &edge)?;
         }
         None => {
             let node = RevisionNode {
@@ -237,8 +243,6 @@ fn fold_graph<S: Store + ?Sized>(store: &mut S, r: &Record) -> Result<()> {
             nodes += 1;
         }
     }
-    let edge = RevisionEdge { seq: r.seq, from, to, origin, at_ms: r.committed_at_ms };
-    store.put_row(Table::RevisionEdges, &keys::session_u64(&r.session, r.seq), &edge)?;
     store.put_row(Table::GraphTip, &tip_key, &GraphTip { head: to, nodes, len: new_len })
 }
 

@@ -65,6 +65,8 @@ impl Projection {
         match self {
             // 2: a turn reporting a model twice counts as one turn for it.
             Projection::Usage => 2,
+            // 2: the transition that first produces a node is not stored as an edge.
+            Projection::Graph => 2,
             _ => 1,
         }
     }
@@ -240,6 +242,19 @@ pub struct RevisionNode {
     pub created_at_ms: u64,
     /// How to materialize it.
     pub recipe: Recipe,
+}
+
+impl RevisionNode {
+    /// The head transition that first produced this revision, by its origin event: from
+    /// nothing for a session's first revision, else from its first parent (the head it
+    /// was made from; later parents are only ever appended).
+    pub fn creation_edge(&self) -> RevisionEdge {
+        let from = match self.origin {
+            NodeOrigin::Created => None,
+            _ => self.parents.first().copied(),
+        };
+        RevisionEdge { seq: self.seq, from, to: self.revision, origin: self.origin.clone(), at_ms: self.created_at_ms }
+    }
 }
 
 /// A transition of a session's head.

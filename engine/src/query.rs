@@ -390,11 +390,13 @@ pub fn graph(txn: &ReadTransaction, session: &SessionId) -> Result<RevisionGraph
         })?);
         Ok(true)
     })?;
-    let mut edges = Vec::new();
+    // Every node's creation is a transition; the other transitions are stored edges.
+    let mut edges: Vec<RevisionEdge> = nodes.iter().map(RevisionNode::creation_edge).collect();
     store.scan(Table::RevisionEdges, &prefix, |k, v| {
         edges.push(decode_row(Table::RevisionEdges, k, v)?);
         Ok(true)
     })?;
+    edges.sort_by_key(|e| e.seq);
     let mut forks = Vec::new();
     store.scan(Table::Forks, &prefix, |k, v| {
         forks.push(decode_row(Table::Forks, k, v)?);

@@ -193,8 +193,10 @@ fn session_created_fills_head_transcript_graph_and_labels() {
     assert_eq!(node.recipe, Recipe::Root { fork: None, messages: cids(&ms) });
     let order: RevisionId = log.row(Table::RevisionOrder, &keys::session_u64(&s, 0)).unwrap();
     assert_eq!(order, rev);
-    let edge: RevisionEdge = log.row(Table::RevisionEdges, &keys::session_u64(&s, 1)).unwrap();
-    assert_eq!((edge.from, edge.to), (None, rev));
+    // The transition that produced the node is the node itself, not a stored edge.
+    assert!(log.keys(Table::RevisionEdges).is_empty());
+    let edge = node.creation_edge();
+    assert_eq!((edge.seq, edge.from, edge.to, edge.origin), (1, None, rev, NodeOrigin::Created));
     let graph_tip: GraphTip = log.row(Table::GraphTip, &keys::session(&s)).unwrap();
     assert_eq!(graph_tip, GraphTip { head: rev, nodes: 1, len: 2 });
 
@@ -282,8 +284,14 @@ fn transcript_rewritten_splices_and_drops_the_tail() {
     assert_eq!((node.ordinal, node.parents.clone()), (0, vec![r.revision]));
     let tip: GraphTip = log.row(Table::GraphTip, &keys::session(&s)).unwrap();
     assert_eq!(tip, GraphTip { head: rev0, nodes: 2, len: 4 });
+    // A transition back to a revision the session already had is a stored edge, and
+    // the only one: the rewrite's transition is its node's creation.
+    assert_eq!(log.keys(Table::RevisionEdges), vec![keys::session_u64(&s, back.seq)]);
     let edge: RevisionEdge = log.row(Table::RevisionEdges, &keys::session_u64(&s, back.seq)).unwrap();
     assert_eq!((edge.from, edge.to), (Some(r.revision), rev0));
+    // The root node gained a parent, but its own creation still came from nothing.
+    assert_eq!(log.node(s, rev0).creation_edge().from, None);
+    assert_eq!(log.node(s, r.revision).creation_edge().from, Some(rev0));
 }
 
 #[test]
