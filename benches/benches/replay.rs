@@ -1,7 +1,9 @@
 //! Replay throughput: `rebuild` and `verify` against reading and decoding the same log,
 //! measured in one run on one database of `ANNAL_REPLAY_EVENTS` events (default
-//! 1,000,000). Prints events per second, MB per second and the two ratios:
-//! rebuild / read-and-decode (target ≤ 3) and verify / read-and-decode (target ≤ 1.5).
+//! 1,000,000). Read-and-decode and verify run `ANNAL_REPLAY_REPEATS` times (default 3),
+//! interleaved, and their medians are reported; rebuild runs once. Prints events per
+//! second, MB per second and the two ratios: rebuild / read-and-decode (target ≤ 3) and
+//! verify / read-and-decode (target ≤ 1.5). `ANNAL_REPLAY_DB=PATH` keeps the database.
 //!
 //! `cargo bench -p annal-benches --bench replay`
 
@@ -119,6 +121,11 @@ fn timed<T>(f: impl FnOnce() -> T) -> (T, Duration) {
     (out, started.elapsed())
 }
 
+fn median(mut times: Vec<Duration>) -> Duration {
+    times.sort();
+    times[times.len() / 2]
+}
+
 fn line(what: &str, events: u64, bytes: u64, t: Duration, base: Duration) {
     let s = t.as_secs_f64();
     println!(
@@ -143,11 +150,21 @@ fn main() {
     let size = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
     println!("database: {:.0} MiB", size as f64 / (1 << 20) as f64);
 
-    let ((n, bytes), t_read) = timed(|| read_decode(&path));
-    assert_eq!(n, events, "the log holds every event");
-    let (report, t_verify) =
-        timed(|| annal_replay::verify::verify(&path, &annal_replay::verify::VerifyOptions::default()).expect("verify"));
-    assert!(report.findings.is_empty(), "verify is clean");
+    let repeats = std::env::var("ANNAL_REPLAY_REPEATS").ok().and_then(|v| v.parse().ok()).unwrap_or(3usize).max(1);
+    let (mut reads, mut verifies) = (Vec::new(), Vec::new());
+    let (mut n, mut bytes) = (0, 0);
+    for _ in 0..repeats {
+        let ((read_events, read_bytes), t) = timed(|| read_decode(&path));
+        assert_eq!(read_events, events, "the log holds every event");
+        (n, bytes) = (read_events, read_bytes);
+        reads.push(t);
+        let (report, t) = timed(|| {
+            annal_replay::verify::verify(&path, &annal_replay::verify::VerifyOptions::default()).expect("verify")
+        });
+        assert!(report.findings.is_empty(), "verify is clean");
+        verifies.push(t);
+    }
+    let (t_read, t_verify) = (median(reads), median(verifies));
     let opts = annal_replay::rebuild::RebuildOptions { projections: Vec::new(), key: None, progress: false };
     let (rebuilt, t_rebuild) = timed(|| annal_replay::rebuild::rebuild(&path, &opts).expect("rebuild"));
     assert_eq!(rebuilt.events, events);

@@ -28,6 +28,10 @@ impl std::fmt::Debug for Reader {
     }
 }
 
+/// The page cache of a [`Reader::open`]: offline tools read most pages once, in key
+/// order, so a larger cache only costs memory (redb's default is 1 GiB).
+pub const READER_CACHE_BYTES: usize = 64 << 20;
+
 impl Reader {
     pub(crate) fn new(
         db: Arc<dyn ReadableDatabase + Send + Sync>,
@@ -38,12 +42,13 @@ impl Reader {
         Reader { db, heads, limits, chain }
     }
 
-    /// Opens `path` read-only. Works while another process has it open for writing
+    /// Opens `path` read-only, with a page cache of [`READER_CACHE_BYTES`]. Works while another process has it open for writing
     /// with the default (durable) options. `chain_key` is needed to verify event pages
     /// of a keyed database.
     pub fn open(path: impl AsRef<Path>, limits: Limits, chain_key: Option<[u8; 32]>) -> Result<Reader> {
         let mut b = redb::Builder::new();
         b.set_concurrency_mode(redb::ConcurrencyMode::SingleWriter);
+        b.set_cache_size(READER_CACHE_BYTES);
         let db = fail_closed("open read-only", || Ok(b.open_read_only(path)?))?;
         let chain = chain_key.map_or_else(LogChain::plain, LogChain::keyed);
         Ok(Reader::new(Arc::new(db), None, limits, chain))
