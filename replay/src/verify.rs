@@ -766,9 +766,18 @@ impl<'a> Walk<'a> {
         }
         *clock = (*clock).max(r.committed_at_ms);
         for (id, shape) in content_refs(&r.event) {
-            if let std::collections::hash_map::Entry::Vacant(v) = self.refs.entry(id) {
-                v.insert((seq, shape));
-                self.ref_order.push(id);
+            match self.refs.entry(id) {
+                std::collections::hash_map::Entry::Vacant(v) => {
+                    v.insert((seq, shape));
+                    self.ref_order.push(id);
+                }
+                // A message reference to an object first referred to as plain bytes must
+                // still be a message: remember the first record that needs it to be one.
+                std::collections::hash_map::Entry::Occupied(mut o) => {
+                    if shape == Shape::Message && o.get().1 == Shape::Bytes {
+                        o.insert((seq, shape));
+                    }
+                }
             }
         }
         self.batch.push(Item::Record(r));

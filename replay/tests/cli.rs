@@ -254,6 +254,91 @@ fn a_damaged_object_nothing_refers_to_is_found_without_deep() {
 }
 
 #[test]
+fn a_missing_attachment_is_named_with_the_record_that_refers_to_its_message() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = demo_db(&dir, 2);
+    let (message, attachment) = {
+        let database = redb::Database::open(&db).unwrap();
+        let txn = database.begin_read().unwrap();
+        let content = txn.open_table(CONTENT).unwrap();
+        let found = content.iter().unwrap().find_map(|e| {
+            let (k, v) = e.unwrap();
+            let m = annal::codec::decode_message(v.value(), 1 << 26).ok()?;
+            m.attachments.first().map(|a| (annal::ContentId(k.value()), *a))
+        });
+        found.expect("the demo stores a message with an attachment")
+    };
+    let reader = Reader::open(&db, Limits::default(), None).unwrap();
+    let page = reader.events(annal::EventQuery { from_seq: 1, max_events: 10_000, max_bytes: 1 << 26 }).unwrap();
+    let seq = page.events.iter().find(|e| e.record.event.content_refs().contains(&message)).unwrap().record.seq;
+    drop(reader);
+    {
+        let database = redb::Database::open(&db).unwrap();
+        let txn = database.begin_write().unwrap();
+        txn.open_table(CONTENT).unwrap().remove(attachment.0).unwrap();
+        txn.commit().unwrap();
+    }
+    let (rc, report) = verify_json(&db, &[]);
+    assert_eq!(rc, 1);
+    let f = findings(&report);
+    let expected = (
+        "missing_content".to_string(),
+        format!("content {}", attachment.to_hex()),
+        format!("missing, referred to by log seq {seq}"),
+    );
+    assert_eq!(f, vec![expected]);
+}
+
+#[test]
+fn a_message_reference_to_plain_bytes_is_not_a_message() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = demo_db(&dir, 2);
+    let reader = Reader::open(&db, Limits::default(), None).unwrap();
+    let page = reader.events(annal::EventQuery { from_seq: 1, max_events: 10_000, max_bytes: 1 << 26 }).unwrap();
+    drop(reader);
+    // Context text is stored as plain bytes. A later turn is rewritten to name it as its
+    // first message, and the record re-sealed onto the chain as a forger would.
+    let (context_seq, bytes_id) = page
+        .events
+        .iter()
+        .find_map(|e| match &e.record.event {
+            annal::Event::ContextAppended(c) => Some((e.record.seq, c.content)),
+            _ => None,
+        })
+        .expect("a context append");
+    let mut turn = page
+        .events
+        .iter()
+        .find(|e| e.record.seq > context_seq && matches!(e.record.event, annal::Event::TurnCommitted(_)))
+        .expect("a later turn")
+        .record
+        .clone();
+    let seq = turn.seq;
+    if let annal::Event::TurnCommitted(t) = &mut turn.event {
+        t.messages[0] = bytes_id;
+    }
+    let prev = {
+        let database = redb::Database::open(&db).unwrap();
+        let txn = database.begin_read().unwrap();
+        let log = txn.open_table(LOG).unwrap();
+        let bytes = log.get(seq - 1).unwrap().unwrap().value().to_vec();
+        stored_chain_hash(&bytes).unwrap()
+    };
+    let (sealed, _) = annal::codec::encode_record(&turn, &prev, &LogChain::plain(), 1 << 27).unwrap();
+    tamper_record(&db, seq, |b| *b = sealed);
+    let (rc, report) = verify_json(&db, &[]);
+    assert_eq!(rc, 1);
+    let f = findings(&report);
+    let location = format!("content {}", bytes_id.to_hex());
+    assert!(
+        f.iter().any(|(k, l, d)| k == "not_a_message" && *l == location && d.contains(&format!("log seq {seq}"))),
+        "{f:?}"
+    );
+    // The forged record also fails its commit hash; the chain link of the next record breaks.
+    assert!(f.iter().any(|(k, l, _)| k == "commit_hash" && *l == format!("log seq {seq}")), "{f:?}");
+}
+
+#[test]
 fn an_unsupported_schema_version_is_a_typed_finding() {
     let dir = tempfile::tempdir().unwrap();
     let db = demo_db(&dir, 2);
