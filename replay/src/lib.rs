@@ -36,6 +36,7 @@
 //! ```
 #![deny(missing_docs)]
 
+pub mod compact;
 pub mod demo;
 pub mod export;
 pub mod graph;

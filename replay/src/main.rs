@@ -5,7 +5,7 @@ use annal_replay::graph::Format;
 use annal_replay::inspect::LogQuery;
 use annal_replay::rebuild::RebuildOptions;
 use annal_replay::verify::VerifyOptions;
-use annal_replay::{demo, export, graph, inspect, open_reader, parse_session, read_key_file, rebuild, verify};
+use annal_replay::{compact, demo, export, graph, inspect, open_reader, parse_session, read_key_file, rebuild, verify};
 use annal_replay::{CliError, Exit, Result};
 use clap::{Parser, Subcommand, ValueEnum};
 use std::io::{BufReader, Write};
@@ -16,7 +16,7 @@ use std::process::ExitCode;
 ///
 /// Read-only commands (verify, sessions, inspect, transcript, log, graph, stats, export)
 /// open the file read-only and work beside a live host that has it open for writing.
-/// rebuild and import need the file to themselves.
+/// rebuild, import and compact need the file to themselves.
 ///
 /// Exit codes: 0 ok, 1 a finding (corruption, failed verification, data that cannot be
 /// imported), 2 a usage error (bad arguments, ids or paths).
@@ -56,8 +56,8 @@ enum Command {
         /// Key of a keyed chain: 32 raw bytes or 64 hex digits.
         #[arg(long)]
         key_file: Option<PathBuf>,
-        /// Also hash every content object and compare every projection table byte for
-        /// byte with a fresh fold of the log.
+        /// Also fold every projection and compare every projection table byte for byte
+        /// with the fresh fold.
         #[arg(long)]
         deep: bool,
         /// The chain hash (hex) the last record must carry; catches tail truncation.
@@ -75,6 +75,15 @@ enum Command {
         /// turns, usage, labels, tools. All of them by default.
         #[arg(long = "projection", value_name = "NAME")]
         projections: Vec<String>,
+        /// Key of a keyed chain: 32 raw bytes or 64 hex digits.
+        #[arg(long)]
+        key_file: Option<PathBuf>,
+    },
+    /// Give the file's free pages back to the file system (after a rebuild or a bulk
+    /// load); nothing else changes.
+    Compact {
+        /// The database file (no other process may have it open, not even to read).
+        db: PathBuf,
         /// Key of a keyed chain: 32 raw bytes or 64 hex digits.
         #[arg(long)]
         key_file: Option<PathBuf>,
@@ -223,6 +232,10 @@ fn run(cli: Cli) -> Result<Exit> {
                 print(&report.render())?;
             }
             Ok(if report.is_clean() { Exit::Ok } else { Exit::Finding })
+        }
+        Command::Compact { db, key_file } => {
+            print(&compact::compact(&db, key(&key_file)?)?.render())?;
+            Ok(Exit::Ok)
         }
         Command::Rebuild { db, projections, key_file } => {
             let projections = rebuild::parse_projections(&projections)?;

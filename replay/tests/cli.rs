@@ -461,8 +461,36 @@ fn verify_runs_beside_a_live_writer() {
     let file = dir.path().join("export.jsonl");
     std::fs::write(&file, export(&db, &[])).unwrap();
     assert_eq!(code(&annal(&["import", p(&file), p(&db)])), 2);
+    let size = std::fs::metadata(&db).unwrap().len();
+    let out = annal(&["compact", p(&db)]);
+    assert_eq!(code(&out), 2, "{}", stderr(&out));
+    assert_eq!(std::fs::metadata(&db).unwrap().len(), size);
     assert_eq!(engine.tip().unwrap().0, before + 2);
     engine.close().unwrap();
+}
+
+#[test]
+fn compact_shrinks_a_rebuilt_file_and_changes_nothing_else() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = demo_db(&dir, 8);
+    let before = export(&db, &[]);
+    let digests = Reader::open(&db, Limits::default(), None).unwrap().projection_digests().unwrap();
+    assert_eq!(code(&annal(&["rebuild", p(&db)])), 0);
+    let rebuilt = std::fs::metadata(&db).unwrap().len();
+    let out = annal(&["compact", p(&db)]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert!(stdout(&out).starts_with("compacted "), "{}", stdout(&out));
+    let compacted = std::fs::metadata(&db).unwrap().len();
+    assert!(compacted < rebuilt, "{compacted} < {rebuilt}");
+    assert_eq!(export(&db, &[]), before);
+    assert_eq!(Reader::open(&db, Limits::default(), None).unwrap().projection_digests().unwrap(), digests);
+    let (rc, report) = verify_json(&db, &["--deep"]);
+    assert_eq!(rc, 0, "{report}");
+    // Not a database: a usage error, the file untouched.
+    let junk = dir.path().join("junk");
+    std::fs::write(&junk, b"not a database").unwrap();
+    assert_eq!(code(&annal(&["compact", p(&junk)])), 2);
+    assert_eq!(std::fs::read(&junk).unwrap(), b"not a database");
 }
 
 /// Node and edge statements of a DOT file written one statement per line.
