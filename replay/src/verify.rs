@@ -19,7 +19,8 @@
 //! plus the scratch fold.
 //!
 //! Verification keeps going after a finding wherever it can, and never panics on
-//! damaged data: every decode is bounded and fallible.
+//! damaged data: every decode is bounded and fallible, and a panic raised inside redb by
+//! a damaged page ends only the phase that met it, as a `storage` finding.
 
 use crate::{open_reader, progress, CliError, Result};
 use annal::codec::{decode_message, decode_record, stored_chain_hash, verify_chain, DecodeError, LogChain};
@@ -379,6 +380,19 @@ pub fn verify(path: &Path, opts: &VerifyOptions) -> Result<VerifyReport> {
     verify_snapshot(&txn, &Limits::default(), opts)
 }
 
+/// Runs one phase of verification. redb panics on some damaged pages; such a panic
+/// becomes a storage finding at `location` instead of ending the process.
+fn guarded<T>(location: &str, f: impl FnOnce() -> T) -> std::result::Result<T, Finding> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).map_err(|panic| {
+        let reason = panic
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| panic.downcast_ref::<String>().cloned())
+            .unwrap_or_default();
+        storage(location, format!("the storage layer panicked: {reason}"))
+    })
+}
+
 fn storage(location: &str, e: impl fmt::Display) -> Finding {
     Finding::Storage { location: location.to_string(), detail: e.to_string() }
 }
@@ -401,16 +415,26 @@ fn check_key(txn: &ReadTransaction, chain: &LogChain) -> Result<()> {
 /// database); everything wrong with the data is a finding in the report.
 pub fn verify_snapshot(txn: &ReadTransaction, limits: &Limits, opts: &VerifyOptions) -> Result<VerifyReport> {
     let chain = opts.key.map_or_else(LogChain::plain, LogChain::keyed);
-    check_key(txn, &chain)?;
-    let mut walk = Walk::new(txn, limits, chain, opts)?;
+    let mut walk = Walk::new(txn, limits, chain.clone(), opts)?;
+    match guarded("table meta", || check_key(txn, &chain)) {
+        Ok(checked) => checked?,
+        Err(finding) => {
+            walk.find(finding);
+            return Ok(walk.report);
+        }
+    }
     let fold = Fold::new(walk.fold_set);
     let (batches, folded) = std::sync::mpsc::sync_channel::<Vec<Item>>(FOLD_QUEUE);
-    let (scan, fold) = std::thread::scope(|s| {
-        let scan = s.spawn(|| scan_content(txn, limits));
+    let (walked, scan, fold) = std::thread::scope(|s| {
+        let scan = s.spawn(|| guarded("table content", || scan_content(txn, limits)));
         let fold = s.spawn(move || fold.run(folded));
-        walk.run(batches);
-        (scan.join(), fold.join())
+        let walked = guarded("table log", || walk.run(batches));
+        (walked, scan.join(), fold.join())
     });
+    if let Err(finding) = walked {
+        walk.fold_failed = true;
+        walk.find(finding);
+    }
     match fold {
         Ok(fold) => walk.merge_fold(fold),
         Err(_) => {
@@ -419,13 +443,24 @@ pub fn verify_snapshot(txn: &ReadTransaction, limits: &Limits, opts: &VerifyOpti
         }
     }
     match scan {
-        Ok(scan) => walk.check_content(&scan),
+        Ok(Ok(scan)) => {
+            if let Err(finding) = guarded("table content", || walk.check_content(&scan)) {
+                walk.find(finding);
+            }
+        }
+        Ok(Err(finding)) => walk.find(finding),
         Err(_) => walk.find(storage("table content", "the content scan failed")),
     }
-    walk.check_session_index();
-    walk.check_meta();
+    if let Err(finding) = guarded("table session_log", || walk.check_session_index()) {
+        walk.find(finding);
+    }
+    if let Err(finding) = guarded("table meta", || walk.check_meta()) {
+        walk.find(finding);
+    }
     if opts.deep {
-        walk.deep();
+        if let Err(finding) = guarded("projections", || walk.deep()) {
+            walk.find(finding);
+        }
     }
     let mut report = walk.report;
     report.keyed = opts.key.is_some();

@@ -339,6 +339,32 @@ fn a_message_reference_to_plain_bytes_is_not_a_message() {
 }
 
 #[test]
+fn verify_of_a_damaged_page_reports_and_never_crashes() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = demo_db(&dir, 2);
+    let pristine = std::fs::read(&db).unwrap();
+    let copy = dir.path().join("damaged.redb");
+    let mut codes = std::collections::BTreeMap::new();
+    for page in 0..pristine.len() / 4096 {
+        for offset in [0, 64, 2048] {
+            let mut bytes = pristine.clone();
+            bytes[page * 4096 + offset] ^= 0xff;
+            std::fs::write(&copy, &bytes).unwrap();
+            let out = annal(&["verify", p(&copy), "--deep", "--json"]);
+            let rc = out.status.code().unwrap_or_else(|| panic!("page {page} offset {offset}: killed by a signal"));
+            assert!(rc <= 2, "page {page} offset {offset}: exit {rc}: {}", stderr(&out));
+            if rc == 1 {
+                // A finding comes with a whole report.
+                let report: Value = serde_json::from_slice(&out.stdout).expect("a JSON report");
+                assert!(!report["findings"].as_array().unwrap().is_empty());
+            }
+            *codes.entry(rc).or_insert(0) += 1;
+        }
+    }
+    assert!(codes.get(&1).copied().unwrap_or(0) > 0, "some damage is found: {codes:?}");
+}
+
+#[test]
 fn an_unsupported_schema_version_is_a_typed_finding() {
     let dir = tempfile::tempdir().unwrap();
     let db = demo_db(&dir, 2);
