@@ -12,7 +12,7 @@ use std::path::Path;
 use std::time::Duration;
 
 /// The metrics every store reports, whatever the scale.
-pub const METRICS: [&str; 10] = [
+pub const METRICS: [&str; 12] = [
     "commits_per_s",
     "commit_p50_us",
     "commit_p99_us",
@@ -22,6 +22,8 @@ pub const METRICS: [&str; 10] = [
     "rebuild_events_per_s",
     "bytes_per_logical_byte_append_only",
     "bytes_per_logical_byte_compaction_heavy",
+    "bytes_per_logical_byte_append_only_compacted",
+    "bytes_per_logical_byte_compaction_heavy_compacted",
     "open_first_head_ms",
 ];
 

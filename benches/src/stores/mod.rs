@@ -51,6 +51,18 @@ impl StoreKind {
         })
     }
 
+    /// Gives the free space inside the closed store's files back, the way its own tools
+    /// do: redb's compaction (`annal compact` for annal), SQLite's `VACUUM` and a WAL
+    /// checkpoint; JSON Lines files have none.
+    pub fn compact(self, dir: &Path) -> Result<()> {
+        match self {
+            StoreKind::Annal => compact_redb(&dir.join(annal_store::FILE)),
+            StoreKind::NaiveRedb => compact_redb(&dir.join(naive_redb::FILE)),
+            StoreKind::Sqlite => sqlite::vacuum(dir),
+            StoreKind::Jsonl => Ok(()),
+        }
+    }
+
     /// Creates the store in the empty directory `dir` holding `ids.len()` sessions, fast
     /// (large transactions, durable at the end), for the open-time benchmark. Session
     /// `i` gets id `ids[i]`, the system prompt, then `turns[i]`. The store is closed
@@ -122,6 +134,17 @@ pub trait SessionStore: Send + Sync {
 
     /// Flushes and closes.
     fn close(self: Box<Self>) -> Result<()>;
+}
+
+/// Compacts the redb file at `path` until a pass frees nothing.
+fn compact_redb(path: &Path) -> Result<()> {
+    let mut db = redb::Database::open(path)?;
+    for _ in 0..8 {
+        if !db.compact()? {
+            break;
+        }
+    }
+    Ok(())
 }
 
 /// Total bytes of the files under `dir`.

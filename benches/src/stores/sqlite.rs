@@ -58,6 +58,15 @@ CREATE TABLE IF NOT EXISTS turns(
 
 const PROJECTIONS: [&str; 5] = ["sessions", "transcript", "context", "usage", "turns"];
 
+/// Rewrites the closed database without its free pages (`VACUUM`) and folds the WAL
+/// back into it (`wal_checkpoint(TRUNCATE)`).
+pub fn vacuum(dir: &Path) -> Result<()> {
+    let conn = Connection::open(dir.join(FILE))?;
+    conn.execute_batch("VACUUM")?;
+    conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))?;
+    Ok(())
+}
+
 /// SQLite behind the [`SessionStore`] trait.
 pub struct SqliteStore {
     writer: Mutex<Connection>,
