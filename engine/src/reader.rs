@@ -42,9 +42,9 @@ impl Reader {
         Reader { db, heads, limits, chain }
     }
 
-    /// Opens `path` read-only, with a page cache of [`READER_CACHE_BYTES`]. Works while another process has it open for writing
-    /// with the default (durable) options. `chain_key` is needed to verify event pages
-    /// of a keyed database.
+    /// Opens `path` read-only, with a page cache of [`READER_CACHE_BYTES`]. Works while
+    /// another process has it open for writing with the default (durable) options.
+    /// `chain_key` is needed to verify event pages of a keyed database.
     pub fn open(path: impl AsRef<Path>, limits: Limits, chain_key: Option<[u8; 32]>) -> Result<Reader> {
         let mut b = redb::Builder::new();
         b.set_concurrency_mode(redb::ConcurrencyMode::SingleWriter);
