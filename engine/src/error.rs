@@ -349,14 +349,20 @@ pub(crate) fn fail_closed<T>(what: &str, f: impl FnOnce() -> Result<T>) -> Resul
     match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
         Ok(result) => result,
         Err(panic) => {
-            let message = panic
-                .downcast_ref::<&str>()
-                .map(|s| s.to_string())
-                .or_else(|| panic.downcast_ref::<String>().cloned())
-                .unwrap_or_else(|| "panic".into());
+            let message = panic_message(panic.as_ref());
             Err(Error::corrupt(Location::File, format!("{what}: the storage layer failed on damaged data: {message}")))
         }
     }
+}
+
+/// The message a panic carried (`panic!` with a literal or a formatted string), or
+/// `panic` when it carried something else.
+pub fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "panic".into())
 }
 
 /// Shorthand for results of this crate.

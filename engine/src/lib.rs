@@ -51,6 +51,7 @@
 
 mod cache;
 pub mod command;
+pub mod compact;
 pub mod decide;
 pub mod engine;
 pub mod error;
@@ -75,6 +76,7 @@ pub use command::{
     new_session_id, AppendContext, Command, CommitTurn, CreateSession, Expected, Fork, Message, Outcome, Receipt,
     RecordToolCall, RecordToolResult, Restore, Rewrite, RewriteReason, SetLabels,
 };
+pub use compact::{compact, CompactStats};
 pub use decide::{decide, materialize, outcome_of, Decision};
 pub use engine::{ContextOutcome, Durability, Engine, Options, SessionReceipt, ToolReceipt, TurnOutcome};
 pub use error::{Error, Limit, Location, Rejection, Result};

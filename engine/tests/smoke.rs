@@ -130,3 +130,35 @@ fn heads_are_fresh_under_concurrent_reads() {
     done.store(true, std::sync::atomic::Ordering::Release);
     readers.into_iter().for_each(|r| r.join().unwrap());
 }
+
+#[test]
+fn compact_gives_back_what_a_rebuild_freed_and_changes_no_row() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("compact.redb");
+    let engine = Engine::open(&path).unwrap();
+    for i in 0..20 {
+        let s = engine.create_session(CreateSession::new().message(Message::system(format!("prompt {i}")))).unwrap();
+        for t in 0..5 {
+            let turn =
+                CommitTurn::new(s.session, format!("t{t}"), Expected::Any).message(Message::user("x".repeat(300)));
+            engine.commit_turn(turn).unwrap();
+        }
+    }
+    engine.rebuild(ProjectionSet::all()).unwrap();
+    let digests = engine.projection_digests().unwrap();
+    let tip = engine.tip().unwrap();
+    engine.close().unwrap();
+
+    let stats = annal::compact(&path, Options::default()).unwrap();
+    assert!(stats.bytes_after < stats.bytes_before, "{stats:?}");
+    assert_eq!(stats.bytes_after, std::fs::metadata(&path).unwrap().len());
+    let engine = Engine::open(&path).unwrap();
+    assert_eq!(engine.projection_digests().unwrap(), digests);
+    assert_eq!(engine.tip().unwrap(), tip);
+
+    // Held open by an engine: refused with a storage error, the file left alone.
+    let size = std::fs::metadata(&path).unwrap().len();
+    assert!(matches!(annal::compact(&path, Options::default()), Err(Error::Storage(_))));
+    assert_eq!(std::fs::metadata(&path).unwrap().len(), size);
+    engine.close().unwrap();
+}

@@ -234,7 +234,7 @@ fn run(cli: Cli) -> Result<Exit> {
             Ok(if report.is_clean() { Exit::Ok } else { Exit::Finding })
         }
         Command::Compact { db, key_file } => {
-            print(&compact::compact(&db, key(&key_file)?)?.render())?;
+            print(&compact::render(&compact::compact(&db, key(&key_file)?)?))?;
             Ok(Exit::Ok)
         }
         Command::Rebuild { db, projections, key_file } => {

@@ -384,12 +384,7 @@ pub fn verify(path: &Path, opts: &VerifyOptions) -> Result<VerifyReport> {
 /// becomes a storage finding at `location` instead of ending the process.
 fn guarded<T>(location: &str, f: impl FnOnce() -> T) -> std::result::Result<T, Finding> {
     std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).map_err(|panic| {
-        let reason = panic
-            .downcast_ref::<&str>()
-            .map(|s| s.to_string())
-            .or_else(|| panic.downcast_ref::<String>().cloned())
-            .unwrap_or_default();
-        storage(location, format!("the storage layer panicked: {reason}"))
+        storage(location, format!("the storage layer panicked: {}", annal::error::panic_message(panic.as_ref())))
     })
 }
 

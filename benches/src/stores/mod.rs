@@ -56,7 +56,10 @@ impl StoreKind {
     /// checkpoint; JSON Lines files have none.
     pub fn compact(self, dir: &Path) -> Result<()> {
         match self {
-            StoreKind::Annal => compact_redb(&dir.join(annal_store::FILE)),
+            StoreKind::Annal => {
+                annal::compact(dir.join(annal_store::FILE), annal::Options::default())?;
+                Ok(())
+            }
             StoreKind::NaiveRedb => compact_redb(&dir.join(naive_redb::FILE)),
             StoreKind::Sqlite => sqlite::vacuum(dir),
             StoreKind::Jsonl => Ok(()),
@@ -136,7 +139,7 @@ pub trait SessionStore: Send + Sync {
     fn close(self: Box<Self>) -> Result<()>;
 }
 
-/// Compacts the redb file at `path` until a pass frees nothing.
+/// Compacts a plain redb file (not an annal database) until a pass frees nothing.
 fn compact_redb(path: &Path) -> Result<()> {
     let mut db = redb::Database::open(path)?;
     for _ in 0..8 {
