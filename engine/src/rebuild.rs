@@ -3,7 +3,7 @@
 use crate::error::{Error, Location, Result};
 use crate::evolve::evolve;
 use crate::projection::ProjectionSet;
-use crate::store::{apply_writes, Overlay};
+use crate::store::Overlay;
 use crate::tables::{self, RedbStore, LOG, META};
 use annal_codec::{decode_record, verify_chain, LogChain};
 use redb::{Durability, ReadableTable, WriteTransaction};
@@ -67,13 +67,13 @@ pub fn rebuild_in(
         bytes += raw.len() as u64;
         if events % REBUILD_CHUNK_EVENTS == 0 {
             let writes = overlay.into_writes();
-            apply_writes(&mut store, writes)?;
+            store.apply(writes)?;
             overlay = Overlay::new(&store);
             progress(events, total);
         }
     }
     let writes = overlay.into_writes();
-    apply_writes(&mut store, writes)?;
+    store.apply(writes)?;
     progress(events, total);
     drop(store);
     let mut meta = txn.open_table(META)?;

@@ -208,6 +208,29 @@ impl<'txn> RedbStore<'txn> {
     pub fn open(txn: &'txn WriteTransaction) -> Result<RedbStore<'txn>> {
         Ok(RedbStore { table: txn.open_table(PROJECTIONS)? })
     }
+
+    /// Applies an overlay's writes in physical key order. [`crate::store::Writes`] is
+    /// ordered by logical table, but the rows of session-scoped tables are stored
+    /// session-major: inserting them table by table would walk the whole B-tree once per
+    /// table, while physical order visits each leaf once.
+    pub fn apply(&mut self, writes: crate::store::Writes) -> Result<()> {
+        let mut rows: Vec<(Vec<u8>, Option<Vec<u8>>)> = Vec::with_capacity(writes.values().map(|t| t.len()).sum());
+        for (table, rows_of) in writes {
+            rows.extend(rows_of.into_iter().map(|(key, value)| (physical_key(table, &key), value)));
+        }
+        rows.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+        for (key, value) in rows {
+            match value {
+                Some(v) => {
+                    self.table.insert(key.as_slice(), v.as_slice())?;
+                }
+                None => {
+                    self.table.remove(key.as_slice())?;
+                }
+            }
+        }
+        Ok(())
+    }
 }
 
 impl Store for RedbStore<'_> {

@@ -321,8 +321,7 @@ fn write_batch(
     txn.set_durability(shared.durability)?;
     let mut next = Tip { clock_ms, ..tip };
     {
-        let mut store = RedbStore::open(&txn)?;
-        apply_writes(&mut store, writes)?;
+        RedbStore::open(&txn)?.apply(writes)?;
         let mut log = txn.open_table(LOG)?;
         let mut session_log = txn.open_table(SESSION_LOG)?;
         for record in &pending.records {
