@@ -30,7 +30,6 @@ use annal::{evolve, ChainHash, ContentId, Event, EventKind, Limits, MemStore, Pr
 use redb::{ReadTransaction, ReadableTable, ReadableTableMetadata};
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt;
-use std::hash::{BuildHasherDefault, Hasher};
 use std::path::Path;
 
 /// What to check.
@@ -463,40 +462,20 @@ pub fn verify_snapshot(txn: &ReadTransaction, limits: &Limits, opts: &VerifyOpti
     Ok(report)
 }
 
-/// Which stored bytes a content reference must be.
-#[derive(Clone, Copy, PartialEq, Eq)]
+/// Which stored bytes a content reference must be. `Message` sorts first, so among the
+/// references to one id, sorted by (id, shape, seq), the first is the one that decides.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 enum Shape {
     Message,
     Bytes,
 }
 
-fn content_refs(event: &Event) -> Vec<(ContentId, Shape)> {
-    let shape = match event {
+fn ref_shape(event: &Event) -> Shape {
+    match event {
         Event::SessionCreated(_) | Event::TurnCommitted(_) | Event::TranscriptRewritten(_) => Shape::Message,
         _ => Shape::Bytes,
-    };
-    event.content_refs().into_iter().map(|id| (id, shape)).collect()
-}
-
-/// A hasher for keys that are already uniformly distributed hashes (content ids).
-#[derive(Default)]
-struct IdHasher(u64);
-
-impl Hasher for IdHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-
-    fn write(&mut self, bytes: &[u8]) {
-        for chunk in bytes.chunks(8) {
-            let mut b = [0u8; 8];
-            b[..chunk.len()].copy_from_slice(chunk);
-            self.0 = self.0.rotate_left(5) ^ u64::from_le_bytes(b);
-        }
     }
 }
-
-type IdMap<V> = HashMap<ContentId, V, BuildHasherDefault<IdHasher>>;
 
 /// What the content scan learnt about one stored object.
 #[derive(Clone, Copy)]
@@ -510,9 +489,10 @@ struct Object {
 /// The result of scanning the content table once, in key order.
 #[derive(Default)]
 struct ContentScan {
-    objects: IdMap<Object>,
+    /// Every stored object, in key order (the order the scan reads them).
+    objects: Vec<(ContentId, Object)>,
     /// Attachments of message objects that have any.
-    attachments: IdMap<Vec<ContentId>>,
+    attachments: HashMap<ContentId, Vec<ContentId>>,
     /// Objects whose bytes do not hash to their id, in key order.
     bad: Vec<ContentId>,
     /// Storage errors met on the way.
@@ -560,9 +540,15 @@ fn scan_content(txn: &ReadTransaction, limits: &Limits) -> ContentScan {
             }
             Err(_) => false,
         };
-        scan.objects.insert(id, Object { hash_ok, message });
+        scan.objects.push((id, Object { hash_ok, message }));
     }
     scan
+}
+
+impl ContentScan {
+    fn object(&self, id: &ContentId) -> Option<Object> {
+        self.objects.binary_search_by(|(k, _)| k.cmp(id)).ok().map(|i| self.objects[i].1)
+    }
 }
 
 /// Decoded records handed from the log walk to the fold, per message.
@@ -652,10 +638,10 @@ struct Walk<'a> {
     streams: HashMap<SessionId, u64>,
     /// (seq, session, stream seq) of every record that names them, in seq order.
     walked: Vec<(u64, SessionId, u64)>,
-    /// Every content id the log refers to → the first record referring to it and how.
-    refs: IdMap<(u64, Shape)>,
-    /// The ids of `refs` in the order first referred to.
-    ref_order: Vec<ContentId>,
+    /// Every content reference in the log: (id, how, the record that makes it). Sorted
+    /// and merged with the content scan once both are done: a join of two sorted lists
+    /// instead of a hash lookup per reference.
+    refs: Vec<(ContentId, Shape, u64)>,
     /// The projections folded: the transcript alone recomputes the revisions; `deep`
     /// folds them all to compare with the stored tables.
     fold_set: ProjectionSet,
@@ -676,8 +662,7 @@ impl<'a> Walk<'a> {
             batch: Vec::with_capacity(FOLD_BATCH),
             streams: HashMap::new(),
             walked: Vec::new(),
-            refs: IdMap::default(),
-            ref_order: Vec::new(),
+            refs: Vec::new(),
             fold_set: if opts.deep {
                 ProjectionSet::all()
             } else {
@@ -795,21 +780,8 @@ impl<'a> Walk<'a> {
             self.find(Finding::ClockBackwards { seq, at_ms: r.committed_at_ms, previous_ms: *clock });
         }
         *clock = (*clock).max(r.committed_at_ms);
-        for (id, shape) in content_refs(&r.event) {
-            match self.refs.entry(id) {
-                std::collections::hash_map::Entry::Vacant(v) => {
-                    v.insert((seq, shape));
-                    self.ref_order.push(id);
-                }
-                // A message reference to an object first referred to as plain bytes must
-                // still be a message: remember the first record that needs it to be one.
-                std::collections::hash_map::Entry::Occupied(mut o) => {
-                    if shape == Shape::Message && o.get().1 == Shape::Bytes {
-                        o.insert((seq, shape));
-                    }
-                }
-            }
-        }
+        let shape = ref_shape(&r.event);
+        self.refs.extend(r.event.content_refs().into_iter().map(|id| (id, shape, seq)));
         self.batch.push(Item::Record(r));
     }
 
@@ -839,17 +811,28 @@ impl<'a> Walk<'a> {
     fn check_content(&mut self, scan: &ContentScan) {
         self.report.findings.extend(scan.findings.iter().cloned());
         self.report.content_objects = scan.objects.len() as u64;
+        // One entry per id: the first record that needs it to be a message if any does
+        // (a message reference to an object first referred to as plain bytes must still
+        // be a message), else the first record that refers to it.
+        let mut refs = std::mem::take(&mut self.refs);
+        refs.sort_unstable();
+        refs.dedup_by(|later, first| later.0 == first.0);
+        let referenced = |id: &ContentId| refs.binary_search_by(|r| r.0.cmp(id)).is_ok();
+        let mut found = Vec::new();
         let mut attachments_checked = HashSet::new();
-        for id in std::mem::take(&mut self.ref_order) {
-            let (seq, shape) = self.refs[&id];
-            let mut pending = vec![(id, shape)];
-            while let Some((id, shape)) = pending.pop() {
-                let Some(object) = scan.objects.get(&id) else {
-                    self.find(Finding::MissingContent { seq, id });
+        let mut objects = scan.objects.iter().peekable();
+        for &(id, shape, seq) in &refs {
+            // Both lists are in id order: advance the scan to this id.
+            while objects.next_if(|(k, _)| *k < id).is_some() {}
+            let object = objects.peek().filter(|(k, _)| *k == id).map(|(_, o)| *o);
+            let mut pending = vec![(id, shape, object)];
+            while let Some((id, shape, object)) = pending.pop() {
+                let Some(object) = object else {
+                    found.push(Finding::MissingContent { seq, id });
                     continue;
                 };
                 if !object.hash_ok {
-                    self.find(Finding::ContentHash { seq: Some(seq), id });
+                    found.push(Finding::ContentHash { seq: Some(seq), id });
                     continue;
                 }
                 if shape != Shape::Message {
@@ -857,21 +840,24 @@ impl<'a> Walk<'a> {
                 }
                 if !object.message {
                     let detail = self.message_error(id);
-                    self.find(Finding::NotAMessage { seq, id, detail });
+                    found.push(Finding::NotAMessage { seq, id, detail });
                     continue;
                 }
                 for a in scan.attachments.get(&id).into_iter().flatten() {
-                    if !self.refs.contains_key(a) && attachments_checked.insert(*a) {
-                        pending.push((*a, Shape::Bytes));
+                    if !referenced(a) && attachments_checked.insert(*a) {
+                        pending.push((*a, Shape::Bytes, scan.object(a)));
                     }
                 }
             }
         }
         for id in &scan.bad {
-            if !self.refs.contains_key(id) && !attachments_checked.contains(id) {
-                self.find(Finding::ContentHash { seq: None, id: *id });
+            if !referenced(id) && !attachments_checked.contains(id) {
+                found.push(Finding::ContentHash { seq: None, id: *id });
             }
         }
+        // In log order; objects nothing refers to last, in key order.
+        found.sort_by_key(|f| f.seq().unwrap_or(u64::MAX));
+        self.report.findings.extend(found);
     }
 
     /// Why the object `id` does not decode as a message (read again: findings are rare).
