@@ -1,6 +1,10 @@
 //! Durable turn commits per second at 1, 4 and 16 concurrent committers, and the
 //! machine's ceiling measured in the same run: a bare redb database committing one insert
-//! per durable transaction, and 64 inserts per durable transaction.
+//! per durable transaction, and 64 inserts per durable transaction. A third redb baseline
+//! writes, in each durable transaction, the rows one turn commit writes in annal's table
+//! layout (SPEC §2: the record, its `session_log` entry, the message object, the
+//! projection rows, the meta tip and cursors) with no engine around it: the floor the
+//! layout itself sets for a turn commit.
 //!
 //! Every database sits on redb's `FileBackend` wrapped in [`FaultyBackend`] with no fault
 //! switched on, so the benchmark can count the fsyncs (`sync_data` calls) each variant
@@ -34,6 +38,19 @@ const RAW_BATCH_INSERTS: u64 = 64;
 const RAW_VALUE_BYTES: usize = 256;
 
 const RAW: TableDefinition<u64, &[u8]> = TableDefinition::new("raw");
+
+/// The rows of one turn commit of this benchmark (one user message, no usage), in annal's
+/// tables, with the sizes annal writes: (projection tag, bytes of key after the session
+/// and tag, bytes of value) for each projection row the turn's fold writes (the head,
+/// the transcript row and tip, the revision node, its order entry, the graph tip, the
+/// turn record; sizes from `annal stats` on the replay benchmark's database).
+const TURN_PROJECTION_ROWS: [(u8, usize, usize); 7] =
+    [(1, 0, 95), (2, 8, 65), (3, 0, 33), (4, 32, 187), (5, 8, 32), (8, 0, 35), (10, 12, 75)];
+/// Bytes of the encoded turn record and of its message object.
+const TURN_RECORD_BYTES: usize = 200;
+const TURN_MESSAGE_BYTES: usize = 70;
+/// Projections whose cursor a commit advances in `meta`.
+const PROJECTION_CURSORS: usize = 8;
 
 fn create_file(path: &Path) -> File {
     OpenOptions::new().read(true).write(true).create(true).truncate(true).open(path).expect("create database file")
@@ -226,6 +243,59 @@ impl RawFixture {
         RawFixture { db, faults, next_key: 0, value, _dir: dir }
     }
 
+    /// Runs `transactions` durable transactions, each writing the rows of `turns` turn
+    /// commits, each in its own session, into annal's five tables (see
+    /// [`TURN_PROJECTION_ROWS`]).
+    fn run_turn_shaped(&mut self, transactions: u64, turns: u64, tally: &Tally) -> Duration {
+        use annal::tables::{CONTENT, LOG, META, PROJECTIONS, SESSION_LOG};
+        let record = vec![b'r'; TURN_RECORD_BYTES];
+        let message = vec![b'm'; TURN_MESSAGE_BYTES];
+        let before = counters(&self.faults);
+        let start = Instant::now();
+        for _ in 0..transactions {
+            let mut txn = self.db.begin_write().expect("begin write");
+            txn.set_durability(redb::Durability::Immediate).expect("durability");
+            let mut seq = 0;
+            {
+                let mut log = txn.open_table(LOG).expect("log");
+                let mut session_log = txn.open_table(SESSION_LOG).expect("session_log");
+                let mut content = txn.open_table(CONTENT).expect("content");
+                let mut projections = txn.open_table(PROJECTIONS).expect("projections");
+                for turn in 0..turns {
+                    self.next_key += 1;
+                    seq = self.next_key;
+                    let session = *annal::codec::content_id(&turn.to_le_bytes())
+                        .as_bytes()
+                        .first_chunk::<16>()
+                        .expect("16 bytes");
+                    log.insert(seq, record.as_slice()).expect("insert");
+                    session_log.insert((session, seq), seq).expect("insert");
+                    let id = *annal::codec::content_id(&seq.to_le_bytes()).as_bytes();
+                    content.insert(id, message.as_slice()).expect("insert");
+                    for (tag, rest, value) in TURN_PROJECTION_ROWS {
+                        let mut key = vec![0u8];
+                        key.extend_from_slice(&session);
+                        key.push(tag);
+                        // Rows keyed by position or revision are new each turn; the others
+                        // (head, tips) are rewritten in place.
+                        key.extend((0..rest).map(|i| if i < 8 { (seq >> (8 * (7 - i))) as u8 } else { id[i % 32] }));
+                        projections.insert(key.as_slice(), vec![b'p'; value].as_slice()).expect("insert");
+                    }
+                }
+                let mut meta = txn.open_table(META).expect("meta");
+                meta.insert("tip", [1u8; 40].as_slice()).expect("insert");
+                for p in 0..PROJECTION_CURSORS {
+                    meta.insert(format!("projection.{p}.cursor").as_str(), seq.to_le_bytes().as_slice())
+                        .expect("insert");
+                }
+            }
+            txn.commit().expect("commit");
+        }
+        let elapsed = start.elapsed();
+        tally.add(transactions * turns, before, &self.faults);
+        elapsed
+    }
+
     /// Runs `transactions` durable transactions of `inserts` inserts each.
     fn run(&mut self, transactions: u64, inserts: u64, tally: &Tally) -> Duration {
         let before = counters(&self.faults);
@@ -266,6 +336,19 @@ fn raw_redb(c: &mut Criterion) {
         group.throughput(Throughput::Elements(COMMITS_PER_ITER * inserts));
         group.bench_function(name, |b| b.iter_custom(|iters| fixture.run(iters * COMMITS_PER_ITER, inserts, &tally)));
         tally.report(&format!("raw redb, {name} (a commit is a transaction)"));
+    }
+    // The rows of one turn commit per durable transaction, in annal's layout, with the
+    // file held exclusively: compare with annal's `committers/1_exclusive`. Then the rows
+    // of 16 turns (16 sessions) per transaction: the best group commit can do with this
+    // layout on this disk, with no engine work at all.
+    for (name, turns) in [("1_turn_rows_per_txn", 1), ("16_turn_rows_per_txn", 16)] {
+        let mut fixture = RawFixture::new(ConcurrencyMode::ExclusiveWriter);
+        let tally = Tally::default();
+        group.throughput(Throughput::Elements(COMMITS_PER_ITER));
+        group.bench_function(name, |b| {
+            b.iter_custom(|iters| fixture.run_turn_shaped(iters * COMMITS_PER_ITER / turns, turns, &tally))
+        });
+        tally.report(&format!("raw redb, {name} (a commit is one turn's rows in annal's tables)"));
     }
     group.finish();
 }

@@ -5,10 +5,22 @@
 //! second, MB per second and the two ratios: rebuild / read-and-decode (target ≤ 3) and
 //! verify / read-and-decode (target ≤ 1.5). `ANNAL_REPLAY_DB=PATH` keeps the database.
 //!
+//! Beside them, the floors of the work each pass must do, in the same run:
+//! - the log read with every record's chain hash checked (part of verify's work);
+//! - the content table read with every object hashed (verify must check that every
+//!   object hashes to its id);
+//! - the rebuild's output alone: every projection row the rebuild wrote, copied in key
+//!   order into an empty redb file in one durable transaction, with no fold at all (the
+//!   best order redb can be given).
+//!
+//! Verify must decode and hash every record and hash every content object; with two
+//! cores its floor in wall time is (read-and-decode + chain hashing + content) / 2 before
+//! any fold. The rebuild's floor is read-and-decode plus writing its rows.
+//!
 //! `cargo bench -p annal-benches --bench replay`
 
-use annal::codec::decode_record;
-use annal::tables::LOG;
+use annal::codec::{decode_record, verify_chain, LogChain};
+use annal::tables::{CONTENT, LOG, PROJECTIONS};
 use annal::*;
 use redb::ReadableTable;
 use std::path::Path;
@@ -115,6 +127,69 @@ fn read_decode(path: &Path) -> (u64, u64) {
     (events, bytes)
 }
 
+/// Reads every record, and with `chain` checks its chain hash (one part of verify's
+/// work); without, only touches its first byte, so the difference is the hashing.
+fn read_chain(path: &Path, chain: bool) -> u64 {
+    let reader = Reader::open(path, Limits::default(), None).expect("reader");
+    let txn = reader.snapshot().expect("snapshot");
+    let log = txn.open_table(LOG).expect("log");
+    let plain = LogChain::plain();
+    let mut prev = plain.genesis();
+    let mut events = 0;
+    for entry in log.iter().expect("iter") {
+        let (k, v) = entry.expect("row");
+        if chain {
+            prev = verify_chain(v.value(), &prev, &plain, k.value()).expect("chain");
+        } else {
+            std::hint::black_box(v.value().first());
+        }
+        events += 1;
+    }
+    events
+}
+
+/// Reads every content object and hashes it: another part of verify's work.
+fn read_hash_content(path: &Path) -> (u64, u64) {
+    let reader = Reader::open(path, Limits::default(), None).expect("reader");
+    let txn = reader.snapshot().expect("snapshot");
+    let content = txn.open_table(CONTENT).expect("content");
+    let (mut objects, mut bytes) = (0u64, 0u64);
+    for entry in content.iter().expect("iter") {
+        let (k, v) = entry.expect("row");
+        assert_eq!(annal::codec::content_id(v.value()).0, k.value(), "content hashes to its id");
+        objects += 1;
+        bytes += v.value().len() as u64;
+    }
+    (objects, bytes)
+}
+
+/// Copies every projection row of `path`, in key order, into an empty redb file in one
+/// durable transaction: the cost of writing the rebuild's output with no fold. Returns
+/// (rows, bytes, time spent writing and committing).
+fn write_rows_floor(path: &Path, scratch: &Path) -> (u64, u64, Duration) {
+    let reader = Reader::open(path, Limits::default(), None).expect("reader");
+    let txn = reader.snapshot().expect("snapshot");
+    let rows: Vec<(Vec<u8>, Vec<u8>)> = txn
+        .open_table(PROJECTIONS)
+        .expect("projections")
+        .iter()
+        .expect("iter")
+        .map(|e| e.map(|(k, v)| (k.value().to_vec(), v.value().to_vec())).expect("row"))
+        .collect();
+    let bytes = rows.iter().map(|(k, v)| (k.len() + v.len()) as u64).sum();
+    let db = redb::Database::create(scratch).expect("scratch database");
+    let started = Instant::now();
+    let write = db.begin_write().expect("begin write");
+    {
+        let mut table = write.open_table(PROJECTIONS).expect("table");
+        for (k, v) in &rows {
+            table.insert(k.as_slice(), v.as_slice()).expect("insert");
+        }
+    }
+    write.commit().expect("commit");
+    (rows.len() as u64, bytes, started.elapsed())
+}
+
 fn timed<T>(f: impl FnOnce() -> T) -> (T, Duration) {
     let started = Instant::now();
     let out = f();
@@ -165,14 +240,48 @@ fn main() {
         verifies.push(t);
     }
     let (t_read, t_verify) = (median(reads), median(verifies));
+    let (chained, t_chain) = timed(|| read_chain(&path, true));
+    let (raw, t_raw) = timed(|| read_chain(&path, false));
+    assert_eq!((chained, raw), (events, events));
+    let ((objects, content_bytes), t_content) = timed(|| read_hash_content(&path));
     let opts = annal_replay::rebuild::RebuildOptions { projections: Vec::new(), key: None, progress: false };
     let (rebuilt, t_rebuild) = timed(|| annal_replay::rebuild::rebuild(&path, &opts).expect("rebuild"));
     assert_eq!(rebuilt.events, events);
+    let (rows, row_bytes, t_rows) = write_rows_floor(&path, &dir.path().join("rows.redb"));
 
     println!("log: {n} records, {:.1} MB of records", bytes as f64 / 1e6);
     line("read + decode", n, bytes, t_read, t_read);
     line("verify", n, bytes, t_verify, t_read);
     line("rebuild (all)", n, bytes, t_rebuild, t_read);
+    println!("floors, measured in the same run:");
+    line("log read only", n, bytes, t_raw, t_read);
+    line("log read + chain", n, bytes, t_chain, t_read);
+    println!(
+        "{:<22} {:>8.2} s ({objects} objects, {:.1} MB) {:>6.2}x read+decode",
+        "content read + hash",
+        t_content.as_secs_f64(),
+        content_bytes as f64 / 1e6,
+        t_content.as_secs_f64() / t_read.as_secs_f64()
+    );
+    println!(
+        "{:<22} {:>8.2} s ({rows} rows, {:.1} MB, {:.2} rows per event) {:>6.2}x read+decode",
+        "write rebuilt rows",
+        t_rows.as_secs_f64(),
+        row_bytes as f64 / 1e6,
+        rows as f64 / n.max(1) as f64,
+        t_rows.as_secs_f64() / t_read.as_secs_f64()
+    );
+    // Verify must decode every record, hash every record and every content object; on
+    // two cores the best it can do is share that work evenly.
+    let verify_floor = (t_read + t_chain.saturating_sub(t_raw) + t_content).as_secs_f64() / 2.0;
+    let rebuild_floor = (t_read + t_rows).as_secs_f64();
+    println!(
+        "floor of verify on two cores (read+decode + chain hashing + content) / 2, before its fold: \
+         {:.2}x read+decode; \
+         floor of rebuild (read+decode + write rows): {:.2}x",
+        verify_floor / t_read.as_secs_f64(),
+        rebuild_floor / t_read.as_secs_f64()
+    );
     let verify_ratio = t_verify.as_secs_f64() / t_read.as_secs_f64();
     let rebuild_ratio = t_rebuild.as_secs_f64() / t_read.as_secs_f64();
     println!(
