@@ -45,8 +45,19 @@ fn classify(err: bincode::Error, limit: u64) -> WireError {
 }
 
 /// Encodes `value` canonically, failing if it would exceed `limit` bytes.
+///
+/// bincode enforces a limit on encoding with a separate sizing pass over the whole value
+/// before the writing pass. The values encoded here are annal's own, already in memory,
+/// so the encoding is written in one pass and its length checked against `limit` after:
+/// the same bytes and the same error, at about half the work. (Decoding, where the bytes
+/// are untrusted, keeps bincode's limit, enforced as it reads.)
 pub fn to_bytes<T: Serialize + ?Sized>(value: &T, limit: u64) -> Result<Vec<u8>, WireError> {
-    options(limit).serialize(value).map_err(|e| classify(e, limit))
+    let mut out = Vec::with_capacity(128);
+    options(limit).with_no_limit().serialize_into(&mut out, value).map_err(|e| classify(e, limit))?;
+    if out.len() as u64 > limit {
+        return Err(WireError::TooLarge { max: limit });
+    }
+    Ok(out)
 }
 
 /// Decodes exactly one `T` from `bytes`, reading at most `limit` bytes.
@@ -81,6 +92,18 @@ mod tests {
         // A vector claiming u64::MAX elements must fail fast, not allocate.
         let bytes = [0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff];
         assert!(from_bytes::<Vec<u8>>(&bytes, 1 << 20).is_err());
+    }
+
+    #[test]
+    fn one_pass_encoding_matches_bincode_and_enforces_the_limit() {
+        let text = "x".repeat(100);
+        // 1 byte of length prefix and 100 bytes.
+        assert_eq!(to_bytes(&text, 101).unwrap(), options(101).serialize(&text).unwrap());
+        assert_eq!(to_bytes(&text, 101).unwrap().len(), 101);
+        assert_eq!(to_bytes(&text, 100), Err(WireError::TooLarge { max: 100 }));
+        assert_eq!(options(100).serialize(&text).map_err(|e| classify(e, 100)), Err(WireError::TooLarge { max: 100 }));
+        let nested = (7u64, vec![[3u8; 32]; 5], Some("model".to_string()));
+        assert_eq!(to_bytes(&nested, 1 << 20).unwrap(), options(1 << 20).serialize(&nested).unwrap());
     }
 
     #[test]

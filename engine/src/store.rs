@@ -180,15 +180,16 @@ impl Store for MemStore {
         Ok(self.tables.get(&table).and_then(|t| t.get(key)).cloned())
     }
     fn put(&mut self, table: Table, key: &[u8], value: &[u8]) -> Result<()> {
-        let rows = self.tables.entry(table).or_default();
-        match rows.get_mut(key) {
-            // Rewriting a row (a tip, a head) reuses its buffers.
-            Some(row) => {
+        // One search per put: the key is copied whether or not the row exists (most puts
+        // of a fold add rows), and a rewritten row (a tip, a head) reuses its buffer.
+        match self.tables.entry(table).or_default().entry(key.to_vec()) {
+            std::collections::btree_map::Entry::Occupied(mut row) => {
+                let row = row.get_mut();
                 row.clear();
                 row.extend_from_slice(value);
             }
-            None => {
-                rows.insert(key.to_vec(), value.to_vec());
+            std::collections::btree_map::Entry::Vacant(slot) => {
+                slot.insert(value.to_vec());
             }
         }
         Ok(())
@@ -242,16 +243,17 @@ impl<S: Store + ?Sized> Store for Overlay<'_, S> {
         }
     }
     fn put(&mut self, table: Table, key: &[u8], value: &[u8]) -> Result<()> {
-        let rows = self.writes.entry(table).or_default();
-        match rows.get_mut(key) {
-            // Rewriting a buffered row (a tip, a head) reuses its buffers.
-            Some(Some(row)) => {
-                row.clear();
-                row.extend_from_slice(value);
-            }
-            Some(slot) => *slot = Some(value.to_vec()),
-            None => {
-                rows.insert(key.to_vec(), Some(value.to_vec()));
+        // One search per put; a rewritten buffered row (a tip, a head) reuses its buffer.
+        match self.writes.entry(table).or_default().entry(key.to_vec()) {
+            std::collections::btree_map::Entry::Occupied(mut slot) => match slot.get_mut() {
+                Some(row) => {
+                    row.clear();
+                    row.extend_from_slice(value);
+                }
+                removed => *removed = Some(value.to_vec()),
+            },
+            std::collections::btree_map::Entry::Vacant(slot) => {
+                slot.insert(Some(value.to_vec()));
             }
         }
         Ok(())
