@@ -111,71 +111,77 @@ fn build(path: &Path, events: u64) -> Duration {
     started.elapsed()
 }
 
-/// Reads and decodes every record: the floor every replay pays.
-fn read_decode(path: &Path) -> (u64, u64) {
+/// Runs `f` on one read snapshot of `path`, opened the way the offline tools open it.
+fn with_snapshot<T>(path: &Path, f: impl FnOnce(&redb::ReadTransaction) -> T) -> T {
     let reader = Reader::open(path, Limits::default(), None).expect("reader");
     let txn = reader.snapshot().expect("snapshot");
-    let log = txn.open_table(LOG).expect("log");
-    let (mut events, mut bytes) = (0u64, 0u64);
-    for entry in log.iter().expect("iter") {
-        let (_, v) = entry.expect("row");
-        let decoded = decode_record(v.value(), Limits::default().record_bytes_max).expect("decode");
-        std::hint::black_box(&decoded);
-        events += 1;
-        bytes += v.value().len() as u64;
-    }
-    (events, bytes)
+    f(&txn)
+}
+
+/// Reads and decodes every record: the floor every replay pays.
+fn read_decode(path: &Path) -> (u64, u64) {
+    with_snapshot(path, |txn| {
+        let log = txn.open_table(LOG).expect("log");
+        let (mut events, mut bytes) = (0u64, 0u64);
+        for entry in log.iter().expect("iter") {
+            let (_, v) = entry.expect("row");
+            let decoded = decode_record(v.value(), Limits::default().record_bytes_max).expect("decode");
+            std::hint::black_box(&decoded);
+            events += 1;
+            bytes += v.value().len() as u64;
+        }
+        (events, bytes)
+    })
 }
 
 /// Reads every record, and with `chain` checks its chain hash (one part of verify's
 /// work); without, only touches its first byte, so the difference is the hashing.
 fn read_chain(path: &Path, chain: bool) -> u64 {
-    let reader = Reader::open(path, Limits::default(), None).expect("reader");
-    let txn = reader.snapshot().expect("snapshot");
-    let log = txn.open_table(LOG).expect("log");
-    let plain = LogChain::plain();
-    let mut prev = plain.genesis();
-    let mut events = 0;
-    for entry in log.iter().expect("iter") {
-        let (k, v) = entry.expect("row");
-        if chain {
-            prev = verify_chain(v.value(), &prev, &plain, k.value()).expect("chain");
-        } else {
-            std::hint::black_box(v.value().first());
+    with_snapshot(path, |txn| {
+        let log = txn.open_table(LOG).expect("log");
+        let plain = LogChain::plain();
+        let mut prev = plain.genesis();
+        let mut events = 0;
+        for entry in log.iter().expect("iter") {
+            let (k, v) = entry.expect("row");
+            if chain {
+                prev = verify_chain(v.value(), &prev, &plain, k.value()).expect("chain");
+            } else {
+                std::hint::black_box(v.value().first());
+            }
+            events += 1;
         }
-        events += 1;
-    }
-    events
+        events
+    })
 }
 
 /// Reads every content object and hashes it: another part of verify's work.
 fn read_hash_content(path: &Path) -> (u64, u64) {
-    let reader = Reader::open(path, Limits::default(), None).expect("reader");
-    let txn = reader.snapshot().expect("snapshot");
-    let content = txn.open_table(CONTENT).expect("content");
-    let (mut objects, mut bytes) = (0u64, 0u64);
-    for entry in content.iter().expect("iter") {
-        let (k, v) = entry.expect("row");
-        assert_eq!(annal::codec::content_id(v.value()).0, k.value(), "content hashes to its id");
-        objects += 1;
-        bytes += v.value().len() as u64;
-    }
-    (objects, bytes)
+    with_snapshot(path, |txn| {
+        let content = txn.open_table(CONTENT).expect("content");
+        let (mut objects, mut bytes) = (0u64, 0u64);
+        for entry in content.iter().expect("iter") {
+            let (k, v) = entry.expect("row");
+            assert_eq!(annal::codec::content_id(v.value()).0, k.value(), "content hashes to its id");
+            objects += 1;
+            bytes += v.value().len() as u64;
+        }
+        (objects, bytes)
+    })
 }
 
 /// Copies every projection row of `path`, in key order, into an empty redb file in one
 /// durable transaction: the cost of writing the rebuild's output with no fold. Returns
 /// (rows, bytes, time spent writing and committing).
 fn write_rows_floor(path: &Path, scratch: &Path) -> (u64, u64, Duration) {
-    let reader = Reader::open(path, Limits::default(), None).expect("reader");
-    let txn = reader.snapshot().expect("snapshot");
-    let rows: Vec<(Vec<u8>, Vec<u8>)> = txn
-        .open_table(PROJECTIONS)
-        .expect("projections")
-        .iter()
-        .expect("iter")
-        .map(|e| e.map(|(k, v)| (k.value().to_vec(), v.value().to_vec())).expect("row"))
-        .collect();
+    let rows: Vec<(Vec<u8>, Vec<u8>)> = with_snapshot(path, |txn| {
+        let table = txn.open_table(PROJECTIONS).expect("projections");
+        table
+            .iter()
+            .expect("iter")
+            .map(|e| e.map(|(k, v)| (k.value().to_vec(), v.value().to_vec())).expect("row"))
+            .collect()
+    });
     let bytes = rows.iter().map(|(k, v)| (k.len() + v.len()) as u64).sum();
     let db = redb::Database::create(scratch).expect("scratch database");
     let started = Instant::now();
