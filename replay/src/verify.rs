@@ -464,7 +464,7 @@ pub fn verify_snapshot(txn: &ReadTransaction, limits: &Limits, opts: &VerifyOpti
 
 /// Which stored bytes a content reference must be. `Message` sorts first, so among the
 /// references to one id, sorted by (id, shape, seq), the first is the one that decides.
-#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 enum Shape {
     Message,
     Bytes,
@@ -543,6 +543,18 @@ fn scan_content(txn: &ReadTransaction, limits: &Limits) -> ContentScan {
         scan.objects.push((id, Object { hash_ok, message }));
     }
     scan
+}
+
+/// Content references gathered before the first reduction to one per id: a log with
+/// fewer references is sorted once, at the end.
+const REFS_REDUCE_MIN: usize = 1 << 22;
+
+/// Sorts content references by (id, shape, seq) and keeps the first per id: the first
+/// record that needs the id to be a message if any does, else the first record. Reducing
+/// an already reduced list again keeps the same entries, so it can run at any time.
+fn reduce_refs(refs: &mut Vec<(ContentId, Shape, u64)>) {
+    refs.sort_unstable();
+    refs.dedup_by(|later, first| later.0 == first.0);
 }
 
 impl ContentScan {
@@ -642,6 +654,8 @@ struct Walk<'a> {
     /// and merged with the content scan once both are done: a join of two sorted lists
     /// instead of a hash lookup per reference.
     refs: Vec<(ContentId, Shape, u64)>,
+    /// `refs` is reduced to one entry per id when it reaches this length.
+    refs_reduce_at: usize,
     /// The projections folded: the transcript alone recomputes the revisions; `deep`
     /// folds them all to compare with the stored tables.
     fold_set: ProjectionSet,
@@ -663,6 +677,7 @@ impl<'a> Walk<'a> {
             streams: HashMap::new(),
             walked: Vec::new(),
             refs: Vec::new(),
+            refs_reduce_at: REFS_REDUCE_MIN,
             fold_set: if opts.deep {
                 ProjectionSet::all()
             } else {
@@ -782,6 +797,11 @@ impl<'a> Walk<'a> {
         *clock = (*clock).max(r.committed_at_ms);
         let shape = ref_shape(&r.event);
         self.refs.extend(r.event.content_refs().into_iter().map(|id| (id, shape, seq)));
+        if self.refs.len() >= self.refs_reduce_at {
+            // Keep memory in proportion to the distinct ids, not to every reference.
+            reduce_refs(&mut self.refs);
+            self.refs_reduce_at = (2 * self.refs.len()).max(REFS_REDUCE_MIN);
+        }
         self.batch.push(Item::Record(r));
     }
 
@@ -815,8 +835,7 @@ impl<'a> Walk<'a> {
         // (a message reference to an object first referred to as plain bytes must still
         // be a message), else the first record that refers to it.
         let mut refs = std::mem::take(&mut self.refs);
-        refs.sort_unstable();
-        refs.dedup_by(|later, first| later.0 == first.0);
+        reduce_refs(&mut refs);
         let referenced = |id: &ContentId| refs.binary_search_by(|r| r.0.cmp(id)).is_ok();
         let mut found = Vec::new();
         let mut attachments_checked = HashSet::new();
@@ -1005,5 +1024,33 @@ impl<'a> Walk<'a> {
             };
             return self.find(found);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reducing_references_keeps_the_deciding_one_per_id_at_any_time() {
+        let (a, b) = (annal::codec::content_id(b"a"), annal::codec::content_id(b"b"));
+        let refs = vec![
+            (a, Shape::Bytes, 3),
+            (b, Shape::Bytes, 9),
+            (a, Shape::Message, 7),
+            (b, Shape::Bytes, 4),
+            (a, Shape::Message, 5),
+        ];
+        let mut once = refs.clone();
+        reduce_refs(&mut once);
+        let mut expected = vec![(a, Shape::Message, 5), (b, Shape::Bytes, 4)];
+        expected.sort_unstable();
+        assert_eq!(once, expected, "a message reference decides over an earlier plain one; else the first");
+        // Reducing part of the list, appending the rest and reducing again gives the same.
+        let mut twice = refs[..3].to_vec();
+        reduce_refs(&mut twice);
+        twice.extend_from_slice(&refs[3..]);
+        reduce_refs(&mut twice);
+        assert_eq!(twice, once);
     }
 }
