@@ -250,6 +250,16 @@ impl RawFixture {
         use annal::tables::{CONTENT, LOG, META, PROJECTIONS, SESSION_LOG};
         let record = vec![b'r'; TURN_RECORD_BYTES];
         let message = vec![b'm'; TURN_MESSAGE_BYTES];
+        // Everything that is not a write is prepared before the clock starts, so the
+        // baseline times redb alone.
+        let sessions: Vec<[u8; 16]> = (0..turns)
+            .map(|turn| {
+                *annal::codec::content_id(&turn.to_le_bytes()).as_bytes().first_chunk::<16>().expect("16 bytes")
+            })
+            .collect();
+        let values: Vec<Vec<u8>> = TURN_PROJECTION_ROWS.iter().map(|&(_, _, len)| vec![b'p'; len]).collect();
+        let cursors: Vec<String> = (0..PROJECTION_CURSORS).map(|p| format!("projection.{p}.cursor")).collect();
+        let mut key = Vec::with_capacity(64);
         let before = counters(&self.faults);
         let start = Instant::now();
         for _ in 0..transactions {
@@ -261,32 +271,28 @@ impl RawFixture {
                 let mut session_log = txn.open_table(SESSION_LOG).expect("session_log");
                 let mut content = txn.open_table(CONTENT).expect("content");
                 let mut projections = txn.open_table(PROJECTIONS).expect("projections");
-                for turn in 0..turns {
+                for session in &sessions {
                     self.next_key += 1;
                     seq = self.next_key;
-                    let session = *annal::codec::content_id(&turn.to_le_bytes())
-                        .as_bytes()
-                        .first_chunk::<16>()
-                        .expect("16 bytes");
                     log.insert(seq, record.as_slice()).expect("insert");
-                    session_log.insert((session, seq), seq).expect("insert");
+                    session_log.insert((*session, seq), seq).expect("insert");
                     let id = *annal::codec::content_id(&seq.to_le_bytes()).as_bytes();
                     content.insert(id, message.as_slice()).expect("insert");
-                    for (tag, rest, value) in TURN_PROJECTION_ROWS {
-                        let mut key = vec![0u8];
-                        key.extend_from_slice(&session);
+                    for (&(tag, rest, _), value) in TURN_PROJECTION_ROWS.iter().zip(&values) {
+                        key.clear();
+                        key.push(0);
+                        key.extend_from_slice(session);
                         key.push(tag);
                         // Rows keyed by position or revision are new each turn; the others
                         // (head, tips) are rewritten in place.
                         key.extend((0..rest).map(|i| if i < 8 { (seq >> (8 * (7 - i))) as u8 } else { id[i % 32] }));
-                        projections.insert(key.as_slice(), vec![b'p'; value].as_slice()).expect("insert");
+                        projections.insert(key.as_slice(), value.as_slice()).expect("insert");
                     }
                 }
                 let mut meta = txn.open_table(META).expect("meta");
                 meta.insert("tip", [1u8; 40].as_slice()).expect("insert");
-                for p in 0..PROJECTION_CURSORS {
-                    meta.insert(format!("projection.{p}.cursor").as_str(), seq.to_le_bytes().as_slice())
-                        .expect("insert");
+                for cursor in &cursors {
+                    meta.insert(cursor.as_str(), seq.to_le_bytes().as_slice()).expect("insert");
                 }
             }
             txn.commit().expect("commit");
