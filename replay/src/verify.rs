@@ -831,9 +831,8 @@ impl<'a> Walk<'a> {
     fn check_content(&mut self, scan: &ContentScan) {
         self.report.findings.extend(scan.findings.iter().cloned());
         self.report.content_objects = scan.objects.len() as u64;
-        // One entry per id: the first record that needs it to be a message if any does
-        // (a message reference to an object first referred to as plain bytes must still
-        // be a message), else the first record that refers to it.
+        // A message reference to an object first referred to as plain bytes must still be
+        // a message: `reduce_refs` keeps the reference that decides.
         let mut refs = std::mem::take(&mut self.refs);
         reduce_refs(&mut refs);
         let referenced = |id: &ContentId| refs.binary_search_by(|r| r.0.cmp(id)).is_ok();
