@@ -23,6 +23,7 @@
 //! ```
 #![deny(missing_docs)]
 
+pub mod content;
 pub mod event;
 pub mod hash;
 pub mod ids;

@@ -1,19 +1,20 @@
 //! The [`Engine`]: open a database, send commands, read projections.
 
+use crate::checkpoint::{self, CheckpointPolicy, Checkpointer};
 use crate::command::*;
-use crate::error::{fail_closed, Error, Location, Result};
+use crate::delta::{Checkpoints, Delta};
+use crate::error::{fail_closed, Error, Result};
 use crate::limits::Limits;
 use crate::projection::*;
 use crate::reader::Reader;
 use crate::rebuild::RebuildStats;
-use crate::tables::{self, meta_keys, META};
 use crate::writer::{self, CommitNotice, ImportStats, Request, Shared, SUBSCRIBER_QUEUE_MAX};
 use annal_codec::{LogChain, SessionId};
 use crossbeam_channel::{bounded, Receiver, Sender};
 use parking_lot::{Mutex, RwLock};
-use redb::{ConcurrencyMode, Database, ReadableDatabase, ReadableTable, ReadableTableMetadata, TableHandle};
-use std::path::Path;
-use std::sync::atomic::{AtomicBool, Ordering};
+use redb::{ConcurrencyMode, Database, ReadableDatabase};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
@@ -57,6 +58,8 @@ pub struct Options {
     /// with one fsync and hold the file exclusively. Relaxed durability is always
     /// exclusive.
     pub multi_process_readers: bool,
+    /// When the delta is checkpointed into the projections file, and its bound.
+    pub checkpoint: CheckpointPolicy,
 }
 
 impl Default for Options {
@@ -70,6 +73,7 @@ impl Default for Options {
             cache_bytes: 256 << 20,
             multi_process_readers: true,
             check_integrity_on_open: false,
+            checkpoint: CheckpointPolicy::default(),
         }
     }
 }
@@ -124,17 +128,64 @@ struct Inner {
     shared: Arc<Shared>,
     sender: RwLock<Option<Sender<Request>>>,
     writer: Mutex<Option<JoinHandle<()>>>,
+    checkpointer: Mutex<Option<JoinHandle<()>>>,
     closed: AtomicBool,
+    recovery: RebuildStats,
 }
 
 impl Inner {
+    /// Stops the writer (which tells the checkpointer to checkpoint the whole delta and
+    /// stop), then waits for both.
     fn shutdown(&self) {
         self.closed.store(true, Ordering::Release);
         self.sender.write().take();
         if let Some(handle) = self.writer.lock().take() {
             let _ = handle.join();
         }
+        if let Some(handle) = self.checkpointer.lock().take() {
+            let _ = handle.join();
+        }
     }
+}
+
+/// Counters of the engine's durable work since it opened.
+#[derive(Debug, Default)]
+pub struct EngineStats {
+    /// Log transactions committed (one per group commit or import).
+    pub log_commits: AtomicU64,
+    /// Events appended.
+    pub events: AtomicU64,
+    /// Record and content-row bytes appended.
+    pub appended_bytes: AtomicU64,
+    /// Checkpoints committed.
+    pub checkpoints: AtomicU64,
+    /// Projection rows written by checkpoints.
+    pub checkpoint_rows: AtomicU64,
+    /// Times the writer waited for the checkpointer because the delta was at its bound.
+    pub backpressure_waits: AtomicU64,
+}
+
+/// A snapshot of [`EngineStats`] and the delta.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct StatsSnapshot {
+    /// Log transactions committed.
+    pub log_commits: u64,
+    /// Events appended.
+    pub events: u64,
+    /// Record and content-row bytes appended.
+    pub appended_bytes: u64,
+    /// Checkpoints committed.
+    pub checkpoints: u64,
+    /// Projection rows written by checkpoints.
+    pub checkpoint_rows: u64,
+    /// Times the writer waited on the delta bound.
+    pub backpressure_waits: u64,
+    /// Bytes the delta holds now.
+    pub delta_bytes: u64,
+    /// Events folded at open to bring the projections up to the log (recovery).
+    pub recovered_events: u64,
+    /// How long that fold took, in microseconds.
+    pub recovery_us: u64,
 }
 
 impl Drop for Inner {
@@ -167,72 +218,135 @@ impl Engine {
         Engine::open_with(path, Options::default())
     }
 
-    /// Opens (or creates) the database at `path`.
+    /// Opens (or creates) the database at `path`: the log file itself, and its
+    /// projections file beside it ([`projections_path`]), created or brought up to the
+    /// log as needed.
     pub fn open_with(path: impl AsRef<Path>, options: Options) -> Result<Engine> {
         let path = path.as_ref();
-        let db = match fail_closed("open", || Ok(builder(&options).create(path)?)) {
-            Ok(db) => db,
-            // A damaged file can make a plain open fail; redb's integrity check reads
-            // every page, verifies its checksum and rebuilds the allocator state, or
-            // reports the damage.
-            Err(Error::Corrupt { .. }) => fail_closed("open with integrity check", || {
-                let mut b = builder(&options);
-                b.set_check_integrity_on_open(true);
-                Ok(b.create(path)?)
-            })?,
-            Err(e) => return Err(e),
-        };
-        fail_closed("open", || Engine::start(db, options))
+        let log = open_file(path, &options)?;
+        let projections = open_file(&projections_path(path), &options)?;
+        fail_closed("open", || Engine::start(log, projections, options))
     }
 
-    /// Opens (or creates) a database on a custom redb storage backend, for example the
-    /// fault-injecting one in [`crate::fault`].
+    /// Opens (or creates) a database on a custom redb storage backend for the log, for
+    /// example the fault-injecting one in [`crate::fault`]. The projections live in
+    /// memory and are folded from the log at every open.
     pub fn open_with_backend(backend: impl redb::StorageBackend, options: Options) -> Result<Engine> {
-        let db = fail_closed("open", || Ok(builder(&options).create_with_backend(backend)?))?;
-        fail_closed("open", || Engine::start(db, options))
+        let log = fail_closed("open", || Ok(builder(&options).create_with_backend(backend)?))?;
+        // Memory is private to this process: it needs no multi-process locking.
+        let mut b = builder(&options);
+        b.set_concurrency_mode(ConcurrencyMode::ExclusiveWriter);
+        let projections = b.create_with_backend(redb::backends::InMemoryBackend::new())?;
+        fail_closed("open", || Engine::start(log, projections, options))
     }
 
-    fn start(db: Database, options: Options) -> Result<Engine> {
+    /// Opens (or creates) a database with the log on one storage backend and the
+    /// projections on another.
+    pub fn open_with_backends(
+        log: impl redb::StorageBackend,
+        projections: impl redb::StorageBackend,
+        options: Options,
+    ) -> Result<Engine> {
+        let log = fail_closed("open", || Ok(builder(&options).create_with_backend(log)?))?;
+        let projections = fail_closed("open", || Ok(builder(&options).create_with_backend(projections)?))?;
+        fail_closed("open", || Engine::start(log, projections, options))
+    }
+
+    fn start(log: Database, projections: Database, options: Options) -> Result<Engine> {
         let chain = match options.chain_key {
             Some(k) => LogChain::keyed(k),
             None => LogChain::plain(),
         };
-        let stale = initialize(&db, &chain)?;
-        if stale != ProjectionSet::none() {
-            crate::rebuild::rebuild_db(&db, &chain, options.limits.record_bytes_max, stale, &mut |_, _| {})?;
-        }
-        let tip = writer::load_tip(&db, &chain)?;
-        let db = Arc::new(Db::new(db));
-        let limits = options.limits.clone();
-        let chain_for_reader = chain.clone();
-        let heads = Arc::new(crate::cache::HeadCache::default());
+        let durability = match options.durability {
+            Durability::Durable => redb::Durability::Immediate,
+            Durability::Relaxed => redb::Durability::None,
+        };
+        let tip = crate::log::open_log(&log, &chain)?;
+        let recovery = {
+            let log_txn = log.begin_read()?;
+            let cursors = match projections.begin_read() {
+                Ok(txn) => checkpoint::read_cursors(&txn, &log_txn, &chain, &tip)?,
+                Err(e) => return Err(e.into()),
+            };
+            if cursors.behind(tip.seq.max(1)) == ProjectionSet::none() && tip.seq > 0 {
+                RebuildStats { events: 0, bytes: 0, elapsed: std::time::Duration::ZERO }
+            } else {
+                let started = std::time::Instant::now();
+                let mut stats = checkpoint::catch_up(
+                    &projections,
+                    &log_txn,
+                    &chain,
+                    &options.limits,
+                    &tip,
+                    &cursors,
+                    durability,
+                    &mut |_, _| {},
+                )?;
+                stats.elapsed = started.elapsed();
+                stats
+            }
+        };
+        let log = Arc::new(Db::new(log));
+        let projections = Arc::new(Db::new(projections));
+        let delta = Arc::new(Delta::new(log.clone(), Checkpoints::Live(projections.clone()), tip.seq, tip.hash));
+        let poisoned = Arc::new(AtomicBool::new(false));
+        let stats = Arc::new(EngineStats::default());
         let shared = Arc::new(Shared {
-            heads: heads.clone(),
-            db: db.clone(),
+            log_db: log.clone(),
+            projections: projections.clone(),
+            delta: delta.clone(),
             limits: options.limits.clone(),
-            chain,
-            durability: match options.durability {
-                Durability::Durable => redb::Durability::Immediate,
-                Durability::Relaxed => redb::Durability::None,
-            },
-            poisoned: AtomicBool::new(false),
+            chain: chain.clone(),
+            durability,
+            policy: options.checkpoint.clone(),
+            poisoned: poisoned.clone(),
             subscribers: Mutex::new(Vec::new()),
             batch_commands_max: options.batch_commands_max.max(1),
+            stats: stats.clone(),
         });
+        let (ckpt_tx, ckpt_rx) = bounded(64);
+        let checkpointer = Checkpointer {
+            delta: delta.clone(),
+            projections,
+            durability,
+            policy: options.checkpoint.clone(),
+            poisoned,
+            stats,
+        };
+        let checkpointer =
+            std::thread::Builder::new().name("annal-checkpoint".into()).spawn(move || checkpointer.run(ckpt_rx))?;
         let (tx, rx) = bounded(options.queue_depth.max(1));
         let writer_shared = shared.clone();
         let handle = std::thread::Builder::new()
             .name("annal-writer".into())
-            .spawn(move || writer::run(writer_shared, rx, tip))?;
+            .spawn(move || writer::run(writer_shared, rx, tip, ckpt_tx))?;
         Ok(Engine {
             inner: Arc::new(Inner {
-                reader: Reader::new(db, Some(heads), limits, chain_for_reader),
+                reader: Reader::live(delta, options.limits, chain),
                 shared,
                 sender: RwLock::new(Some(tx)),
                 writer: Mutex::new(Some(handle)),
+                checkpointer: Mutex::new(Some(checkpointer)),
                 closed: AtomicBool::new(false),
+                recovery,
             }),
         })
+    }
+
+    /// What the engine has written since it opened, and how much the delta holds.
+    pub fn stats(&self) -> StatsSnapshot {
+        let s = &self.inner.shared.stats;
+        StatsSnapshot {
+            log_commits: s.log_commits.load(Ordering::Relaxed),
+            events: s.events.load(Ordering::Relaxed),
+            appended_bytes: s.appended_bytes.load(Ordering::Relaxed),
+            checkpoints: s.checkpoints.load(Ordering::Relaxed),
+            checkpoint_rows: s.checkpoint_rows.load(Ordering::Relaxed),
+            backpressure_waits: s.backpressure_waits.load(Ordering::Relaxed),
+            delta_bytes: self.inner.shared.delta.bytes(),
+            recovered_events: self.inner.recovery.events,
+            recovery_us: self.inner.recovery.elapsed.as_micros() as u64,
+        }
     }
 
     /// Whether an I/O failure has poisoned the engine.
@@ -466,105 +580,25 @@ fn builder(options: &Options) -> redb::Builder {
     b
 }
 
-/// What an open must do before the writer starts.
-struct OpenPlan {
-    /// Write the format version (and key check) of a new database.
-    init_format: bool,
-    /// Projections whose stored version or cursor is off.
-    stale: ProjectionSet,
+/// Opens (or creates) one file. A damaged file can make a plain open fail; redb's
+/// integrity check reads every page, verifies its checksum and rebuilds the allocator
+/// state, or reports the damage.
+fn open_file(path: &Path, options: &Options) -> Result<Database> {
+    match fail_closed("open", || Ok(builder(options).create(path)?)) {
+        Ok(db) => Ok(db),
+        Err(Error::Corrupt { .. }) => fail_closed("open with integrity check", || {
+            let mut b = builder(options);
+            b.set_check_integrity_on_open(true);
+            Ok(b.create(path)?)
+        }),
+        Err(e) => Err(e),
+    }
 }
 
-/// Checks the format, the key and every projection's version and cursor against `meta`.
-fn plan_open(
-    meta: &impl ReadableTable<&'static str, &'static [u8]>,
-    log_empty: bool,
-    chain: &LogChain,
-) -> Result<OpenPlan> {
-    let format = meta.get(meta_keys::FORMAT)?.map(|g| tables::meta_u64(g.value()));
-    let init_format = match format {
-        None if log_empty => true,
-        None => return Err(Error::corrupt(Location::Meta { key: meta_keys::FORMAT.into() }, "missing format version")),
-        Some(Some(v)) if v == tables::FORMAT as u64 => false,
-        Some(found) => {
-            return Err(Error::UnsupportedFormat { found: found.unwrap_or(0) as u32, supported: tables::FORMAT })
-        }
-    };
-    let stored = meta.get(meta_keys::KEY_CHECK)?.map(|g| g.value().to_vec());
-    match (stored, chain.key_check()) {
-        (Some(_), None) => {
-            return Err(Error::KeyMismatch { detail: "the database has a keyed chain; supply its key".into() })
-        }
-        (None, Some(_)) if !init_format => {
-            return Err(Error::KeyMismatch { detail: "the database has a plain chain; open it without a key".into() })
-        }
-        (Some(s), Some(k)) if s[..] != k[..] => return Err(Error::KeyMismatch { detail: "wrong chain key".into() }),
-        _ => {}
-    }
-    let tip_seq = match meta.get(meta_keys::TIP)? {
-        Some(g) => tables::decode_tip(g.value())?.0,
-        None => 0,
-    };
-    let mut stale = ProjectionSet::none();
-    for p in Projection::ALL {
-        let version = meta.get(meta_keys::version(p).as_str())?.and_then(|g| tables::meta_u64(g.value()));
-        let cursor = meta.get(meta_keys::cursor(p).as_str())?.and_then(|g| tables::meta_u64(g.value()));
-        if version != Some(p.version() as u64) || cursor != Some(tip_seq) {
-            stale = stale.with(p);
-        }
-    }
-    Ok(OpenPlan { init_format, stale })
-}
-
-/// Whether an existing database needs no change at open: checked on a read snapshot, so
-/// that opening and closing a healthy database writes nothing.
-fn ready_without_writing(db: &Database, chain: &LogChain) -> Result<bool> {
-    let txn = db.begin_read()?;
-    let names: Vec<String> = txn.list_tables()?.map(|t| t.name().to_string()).collect();
-    let all = [
-        tables::LOG.name(),
-        tables::SESSION_LOG.name(),
-        tables::CONTENT.name(),
-        tables::META.name(),
-        tables::PROJECTIONS.name(),
-    ]
-    .into_iter()
-    .map(str::to_string);
-    if !all.into_iter().all(|n| names.contains(&n)) {
-        return Ok(false);
-    }
-    let log_empty = txn.open_table(tables::LOG)?.is_empty()?;
-    let plan = plan_open(&txn.open_table(META)?, log_empty, chain)?;
-    Ok(!plan.init_format && plan.stale == ProjectionSet::none())
-}
-
-/// Creates tables, checks the format and the key, and returns the projections that
-/// must be rebuilt (version or cursor mismatch). Writes only when something must change.
-fn initialize(db: &Database, chain: &LogChain) -> Result<ProjectionSet> {
-    if ready_without_writing(db, chain)? {
-        return Ok(ProjectionSet::none());
-    }
-    let mut txn = db.begin_write()?;
-    txn.set_durability(redb::Durability::Immediate)?;
-    tables::create_all(&txn)?;
-    let mut stale = ProjectionSet::none();
-    {
-        let mut meta = txn.open_table(META)?;
-        let log_empty = txn.open_table(tables::LOG)?.is_empty()?;
-        let plan = plan_open(&meta, log_empty, chain)?;
-        if plan.init_format {
-            meta.insert(meta_keys::FORMAT, tables::FORMAT.to_le_bytes().as_slice())?;
-            if let Some(check) = chain.key_check() {
-                meta.insert(meta_keys::KEY_CHECK, check.as_slice())?;
-            }
-        }
-        for p in plan.stale.iter() {
-            if log_empty {
-                tables::write_projection_meta(&mut meta, p, 0)?;
-            } else {
-                stale = stale.with(p);
-            }
-        }
-    }
-    txn.commit()?;
-    Ok(stale)
+/// The projections file of the database at `path`: the same name with
+/// `.projections` appended. Deleting it loses nothing; the next open rebuilds it.
+pub fn projections_path(path: impl AsRef<Path>) -> PathBuf {
+    let mut name = path.as_ref().as_os_str().to_owned();
+    name.push(".projections");
+    PathBuf::from(name)
 }

@@ -291,6 +291,15 @@ pub enum Error {
         /// Supported.
         supported: u32,
     },
+    /// The file was written by an older release in a format this binary upgrades
+    /// offline: run `annal migrate` on it (or [`crate::migrate`]).
+    #[error("database format {found} must be migrated to format {supported}: run `annal migrate <path>`")]
+    MigrationRequired {
+        /// Found in the file.
+        found: u32,
+        /// What the migration writes.
+        supported: u32,
+    },
     /// The database has a keyed chain and the key given does not match (or none was given).
     #[error("chain key mismatch: {detail}")]
     KeyMismatch {

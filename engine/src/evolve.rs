@@ -9,8 +9,15 @@ use crate::projection::*;
 use crate::store::{keys, Store, StoreExt, Table};
 use annal_codec::{ContentId, Event, Record, RevisionId, SessionId};
 
-/// Folds one record into the projections in `set`.
-pub fn evolve<S: Store + ?Sized>(store: &mut S, record: &Record, set: ProjectionSet) -> Result<()> {
+/// Folds one record into the projections in `set`. `introduced` lists the content
+/// objects stored with the record (its content row, in order): the content-id index
+/// points them at `record.seq`.
+pub fn evolve<S: Store + ?Sized>(
+    store: &mut S,
+    record: &Record,
+    introduced: &[ContentId],
+    set: ProjectionSet,
+) -> Result<()> {
     for p in set.iter() {
         match p {
             Projection::Heads => fold_heads(store, record)?,
@@ -21,6 +28,8 @@ pub fn evolve<S: Store + ?Sized>(store: &mut S, record: &Record, set: Projection
             Projection::Usage => fold_usage(store, record)?,
             Projection::Labels => fold_labels(store, record)?,
             Projection::Tools => fold_tools(store, record)?,
+            Projection::Streams => fold_streams(store, record)?,
+            Projection::Content => fold_content(store, record, introduced)?,
         }
     }
     Ok(())
@@ -388,4 +397,33 @@ fn fold_tools<S: Store + ?Sized>(store: &mut S, r: &Record) -> Result<()> {
         }
         _ => Ok(()),
     }
+}
+
+fn fold_streams<S: Store + ?Sized>(store: &mut S, r: &Record) -> Result<()> {
+    let key = keys::session_u64(&r.session, r.stream_seq);
+    if r.stream_seq > 1 && store.get(Table::StreamIndex, &keys::session_u64(&r.session, r.stream_seq - 1))?.is_none() {
+        return Err(corrupt(r, format!("stream seq {} does not follow the session's stream", r.stream_seq)));
+    }
+    if store.get(Table::StreamIndex, &key)?.is_some() {
+        return Err(corrupt(r, format!("stream seq {} used twice", r.stream_seq)));
+    }
+    store.put(Table::StreamIndex, &key, &r.seq.to_be_bytes())
+}
+
+/// The content-id index: every object stored with a record points at that record's seq,
+/// and every object a record refers to must already be stored (attachments are checked
+/// where their message is read).
+fn fold_content<S: Store + ?Sized>(store: &mut S, r: &Record, introduced: &[ContentId]) -> Result<()> {
+    for id in introduced {
+        if store.get(Table::ContentIndex, &id.0)?.is_some() {
+            return Err(corrupt(r, format!("content {id} stored twice")));
+        }
+        store.put(Table::ContentIndex, &id.0, &r.seq.to_be_bytes())?;
+    }
+    for id in r.event.content_refs() {
+        if store.get(Table::ContentIndex, &id.0)?.is_none() {
+            return Err(corrupt(r, format!("refers to content {id}, which is not stored")));
+        }
+    }
+    Ok(())
 }

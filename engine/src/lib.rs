@@ -49,15 +49,18 @@
 //! ```
 #![deny(missing_docs)]
 
-mod cache;
+pub mod checkpoint;
 pub mod command;
 pub mod compact;
 pub mod decide;
+pub mod delta;
 pub mod engine;
 pub mod error;
 pub mod evolve;
 pub mod fault;
 pub mod limits;
+mod log;
+pub mod migrate;
 pub mod projection;
 pub mod query;
 pub mod reader;
@@ -71,14 +74,20 @@ pub use annal_codec::{
     ChainHash, CommitHash, ContentId, Event, EventKind, ForkOrigin, MessageObject, Record, Recovery, RevisionId, Role,
     SessionId, ToolOutcome, Usage,
 };
-pub use cache::HEAD_CACHE_ENTRIES_MAX;
+pub use checkpoint::CheckpointPolicy;
+pub use delta::View;
+pub use log::{LogEntry, LogTail};
 pub use command::{
     new_session_id, AppendContext, Command, CommitTurn, CreateSession, Expected, Fork, Message, Outcome, Receipt,
     RecordToolCall, RecordToolResult, Restore, Rewrite, RewriteReason, SetLabels,
 };
 pub use compact::{compact, CompactStats};
 pub use decide::{decide, materialize, outcome_of, Decision};
-pub use engine::{ContextOutcome, Durability, Engine, Options, SessionReceipt, ToolReceipt, TurnOutcome};
+pub use engine::{
+    projections_path, ContextOutcome, Durability, Engine, EngineStats, Options, SessionReceipt, StatsSnapshot,
+    ToolReceipt, TurnOutcome,
+};
+pub use migrate::migrate;
 pub use error::{Error, Limit, Location, Rejection, Result};
 pub use evolve::evolve;
 pub use limits::Limits;
@@ -89,6 +98,7 @@ pub use query::{
 };
 pub use reader::Reader;
 pub use rebuild::RebuildStats;
+pub use rebuild::rebuild_offline;
 pub use store::{MemStore, Overlay, Store, StoreExt, Table};
 pub use writer::{CommitNotice, ImportStats, GATHER_WAIT_MAX, SUBSCRIBER_QUEUE_MAX};
 

@@ -25,11 +25,15 @@ pub enum Projection {
     Labels,
     /// The tool-operation ledger.
     Tools,
+    /// The per-session stream index: (session, stream seq) → global seq.
+    Streams,
+    /// The content-id index: content id → the seq whose content row holds its bytes.
+    Content,
 }
 
 impl Projection {
     /// Every projection.
-    pub const ALL: [Projection; 8] = [
+    pub const ALL: [Projection; 10] = [
         Projection::Heads,
         Projection::Transcript,
         Projection::Graph,
@@ -38,6 +42,8 @@ impl Projection {
         Projection::Usage,
         Projection::Labels,
         Projection::Tools,
+        Projection::Streams,
+        Projection::Content,
     ];
 
     /// The name used in `meta` and on the command line.
@@ -51,6 +57,8 @@ impl Projection {
             Projection::Usage => "usage",
             Projection::Labels => "labels",
             Projection::Tools => "tools",
+            Projection::Streams => "streams",
+            Projection::Content => "content",
         }
     }
 
@@ -86,6 +94,8 @@ impl Projection {
             Projection::Tools => {
                 &[Table::ToolOps, Table::ToolOrder, Table::Unsettled, Table::UnsettledAll, Table::ToolTip]
             }
+            Projection::Streams => &[Table::StreamIndex],
+            Projection::Content => &[Table::ContentIndex],
         }
     }
 

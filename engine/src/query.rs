@@ -6,9 +6,10 @@ use crate::error::{Error, Limit, Location, Rejection, Result};
 use crate::limits::Limits;
 use crate::projection::*;
 use crate::store::{decode_row, keys, StoreExt, Table};
-use crate::tables::{self, ReadStore, CONTENT, LOG, SESSION_LOG};
+use crate::delta::View;
+use crate::tables::{self, LOG};
 use annal_codec::*;
-use redb::{ReadTransaction, ReadableTable};
+use redb::ReadableTable;
 
 /// Which slice of a list to return.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -182,20 +183,20 @@ fn check_page(limits: &Limits, limit: u64) -> Result<()> {
     Ok(limits.check(Limit::PageItems, limit)?)
 }
 
-fn head_of(store: &ReadStore<'_>, session: &SessionId) -> Result<SessionHead> {
+fn head_of(store: &View, session: &SessionId) -> Result<SessionHead> {
     store.row(Table::Heads, &keys::session(session))?.ok_or(Error::Rejected(Rejection::NotFound { session: *session }))
 }
 
 /// The head of `session`, if it exists.
-pub fn head(txn: &ReadTransaction, session: &SessionId) -> Result<Option<SessionHead>> {
-    ReadStore::new(txn).row(Table::Heads, &keys::session(session))
+pub fn head(view: &View, session: &SessionId) -> Result<Option<SessionHead>> {
+    view.row(Table::Heads, &keys::session(session))
 }
 
 /// Lists sessions in creation order.
-pub fn list_sessions(txn: &ReadTransaction, limits: &Limits, q: &ListQuery) -> Result<Page<SessionHead>> {
+pub fn list_sessions(view: &View, limits: &Limits, q: &ListQuery) -> Result<Page<SessionHead>> {
     let limit = if q.limit == 0 { limits.page_items_max } else { q.limit };
     check_page(limits, limit)?;
-    let store = ReadStore::new(txn);
+    let store = view;
     let mut items = Vec::new();
     let mut skipped = 0u64;
     let mut has_more = false;
@@ -244,12 +245,9 @@ pub fn list_sessions(txn: &ReadTransaction, limits: &Limits, q: &ListQuery) -> R
     Ok(Page { items, offset: q.offset, limit, has_more })
 }
 
-fn load_message(
-    content: &impl ReadableTable<[u8; 32], &'static [u8]>,
-    limits: &Limits,
-    id: &ContentId,
-) -> Result<MessageObject> {
-    let bytes = tables::read_content(content, id)?
+fn load_message(view: &View, limits: &Limits, id: &ContentId) -> Result<MessageObject> {
+    let bytes = view
+        .content(id, limits.content_bytes_max.saturating_add(1024))?
         .ok_or_else(|| Error::corrupt(Location::Content { id: id.to_hex() }, "missing content object"))?;
     decode_message(&bytes, limits.content_bytes_max.saturating_add(1024))
         .map_err(|e| Error::corrupt(Location::Content { id: id.to_hex() }, format!("not a message: {e}")))
@@ -258,15 +256,14 @@ fn load_message(
 /// Loads the messages of `rows` (position, content id, chain) into `page`, stopping at
 /// the byte budget (the first message always fits: content objects are smaller).
 fn fill_page(
-    txn: &ReadTransaction,
+    view: &View,
     limits: &Limits,
     mut page: TranscriptPage,
     rows: Vec<(u64, ContentId, RevisionId)>,
 ) -> Result<TranscriptPage> {
-    let content = txn.open_table(CONTENT)?;
     let mut bytes = 0u64;
     for (position, content_id, chain) in rows {
-        let message = load_message(&content, limits, &content_id)?;
+        let message = load_message(view, limits, &content_id)?;
         let size = message.body.len() as u64;
         if !page.messages.is_empty() && bytes + size > limits.page_bytes_max {
             break;
@@ -284,13 +281,13 @@ fn empty_page(session: SessionId, revision: RevisionId, total: u64, offset: u64,
 
 /// A page of the current transcript of `session`.
 pub fn transcript(
-    txn: &ReadTransaction,
+    view: &View,
     limits: &Limits,
     session: &SessionId,
     page: PageRequest,
 ) -> Result<TranscriptPage> {
     check_page(limits, page.limit)?;
-    let store = ReadStore::new(txn);
+    let store = view;
     let head = head_of(&store, session)?;
     let total = head.message_count;
     let from = page.offset.min(total);
@@ -306,24 +303,24 @@ pub fn transcript(
         })?;
         rows.push((position, row.content, row.chain));
     }
-    fill_page(txn, limits, empty_page(*session, head.revision, total, from, page.limit), rows)
+    fill_page(view, limits, empty_page(*session, head.revision, total, from, page.limit), rows)
 }
 
 /// A page of any revision `session` has held.
 pub fn transcript_at(
-    txn: &ReadTransaction,
+    view: &View,
     limits: &Limits,
     session: &SessionId,
     revision: &RevisionId,
     page: PageRequest,
 ) -> Result<TranscriptPage> {
     check_page(limits, page.limit)?;
-    let store = ReadStore::new(txn);
+    let store = view;
     let head = head_of(&store, session)?;
     if head.revision == *revision {
-        return transcript(txn, limits, session, page);
+        return transcript(view, limits, session, page);
     }
-    let ids = materialize(&store, session, revision)?
+    let ids = materialize(store, session, revision)?
         .ok_or(Error::Rejected(Rejection::UnknownRevision { revision: *revision }))?;
     let total = ids.len() as u64;
     let from = page.offset.min(total);
@@ -336,18 +333,18 @@ pub fn transcript_at(
             (p, id, chain)
         })
         .collect();
-    fill_page(txn, limits, empty_page(*session, *revision, total, from, page.limit), rows)
+    fill_page(view, limits, empty_page(*session, *revision, total, from, page.limit), rows)
 }
 
 /// The revisions of `session`, oldest first.
 pub fn revisions(
-    txn: &ReadTransaction,
+    view: &View,
     limits: &Limits,
     session: &SessionId,
     page: PageRequest,
 ) -> Result<RevisionPage> {
     check_page(limits, page.limit)?;
-    let store = ReadStore::new(txn);
+    let store = view;
     head_of(&store, session)?;
     let tip: GraphTip = store.row(Table::GraphTip, &keys::session(session))?.ok_or_else(|| {
         Error::corrupt(
@@ -364,7 +361,7 @@ pub fn revisions(
     Ok(RevisionPage { head: tip.head, total: tip.nodes, page: Page { items, offset, limit: page.limit, has_more } })
 }
 
-fn node_at(store: &ReadStore<'_>, session: &SessionId, ordinal: u64) -> Result<RevisionNode> {
+fn node_at(store: &View, session: &SessionId, ordinal: u64) -> Result<RevisionNode> {
     let key = keys::session_u64(session, ordinal);
     let missing = || {
         Error::corrupt(
@@ -377,8 +374,8 @@ fn node_at(store: &ReadStore<'_>, session: &SessionId, ordinal: u64) -> Result<R
 }
 
 /// The whole revision graph of `session`.
-pub fn graph(txn: &ReadTransaction, session: &SessionId) -> Result<RevisionGraph> {
-    let store = ReadStore::new(txn);
+pub fn graph(view: &View, session: &SessionId) -> Result<RevisionGraph> {
+    let store = view;
     let head = head_of(&store, session)?;
     let prefix = keys::session(session);
     let mut nodes = Vec::new();
@@ -406,8 +403,8 @@ pub fn graph(txn: &ReadTransaction, session: &SessionId) -> Result<RevisionGraph
 }
 
 /// Every context entry of `session`, pending and applied, in key order.
-pub fn context(txn: &ReadTransaction, session: &SessionId) -> Result<Vec<ContextEntry>> {
-    let store = ReadStore::new(txn);
+pub fn context(view: &View, session: &SessionId) -> Result<Vec<ContextEntry>> {
+    let store = view;
     head_of(&store, session)?;
     let mut out = Vec::new();
     store.scan(Table::Context, &keys::session(session), |k, v| {
@@ -418,8 +415,8 @@ pub fn context(txn: &ReadTransaction, session: &SessionId) -> Result<Vec<Context
 }
 
 /// Usage totals of `session` per (provider, model).
-pub fn usage(txn: &ReadTransaction, session: &SessionId) -> Result<Vec<UsageTotals>> {
-    let store = ReadStore::new(txn);
+pub fn usage(view: &View, session: &SessionId) -> Result<Vec<UsageTotals>> {
+    let store = view;
     head_of(&store, session)?;
     let mut out: Vec<UsageTotals> = Vec::new();
     store.scan(Table::Usage, &keys::session(session), |k, v| {
@@ -431,13 +428,13 @@ pub fn usage(txn: &ReadTransaction, session: &SessionId) -> Result<Vec<UsageTota
 }
 
 /// One tool operation.
-pub fn tool_op(txn: &ReadTransaction, session: &SessionId, op_id: &str) -> Result<Option<ToolOp>> {
-    let store = ReadStore::new(txn);
+pub fn tool_op(view: &View, session: &SessionId, op_id: &str) -> Result<Option<ToolOp>> {
+    let store = view;
     head_of(&store, session)?;
     store.row(Table::ToolOps, &keys::session_str(session, op_id))
 }
 
-fn op_by_id(store: &ReadStore<'_>, session: &SessionId, op_id: &str) -> Result<ToolOp> {
+fn op_by_id(store: &View, session: &SessionId, op_id: &str) -> Result<ToolOp> {
     store.row(Table::ToolOps, &keys::session_str(session, op_id))?.ok_or_else(|| {
         Error::corrupt(
             Location::Projection { table: Table::ToolOps.name(), key: op_id.to_string() },
@@ -447,8 +444,8 @@ fn op_by_id(store: &ReadStore<'_>, session: &SessionId, op_id: &str) -> Result<T
 }
 
 /// Unsettled operations of `session`, in call order.
-pub fn unsettled(txn: &ReadTransaction, session: &SessionId) -> Result<Vec<ToolOp>> {
-    let store = ReadStore::new(txn);
+pub fn unsettled(view: &View, session: &SessionId) -> Result<Vec<ToolOp>> {
+    let store = view;
     head_of(&store, session)?;
     let mut ids = Vec::new();
     store.scan(Table::Unsettled, &keys::session(session), |k, v| {
@@ -459,9 +456,9 @@ pub fn unsettled(txn: &ReadTransaction, session: &SessionId) -> Result<Vec<ToolO
 }
 
 /// Unsettled operations across all sessions, in call order.
-pub fn unsettled_all(txn: &ReadTransaction, limits: &Limits, page: PageRequest) -> Result<Page<ToolOp>> {
+pub fn unsettled_all(view: &View, limits: &Limits, page: PageRequest) -> Result<Page<ToolOp>> {
     check_page(limits, page.limit)?;
-    let store = ReadStore::new(txn);
+    let store = view;
     let mut items = Vec::new();
     let mut has_more = false;
     let mut skipped = 0u64;
@@ -483,13 +480,13 @@ pub fn unsettled_all(txn: &ReadTransaction, limits: &Limits, page: PageRequest) 
 
 /// Tool operations of `session` in the order recorded, nested ones included.
 pub fn tool_ops(
-    txn: &ReadTransaction,
+    view: &View,
     limits: &Limits,
     session: &SessionId,
     page: PageRequest,
 ) -> Result<Page<ToolOp>> {
     check_page(limits, page.limit)?;
-    let store = ReadStore::new(txn);
+    let store = view;
     head_of(&store, session)?;
     let count = store.row::<ToolTip>(Table::ToolTip, &keys::session(session))?.unwrap_or_default().count;
     let offset = page.offset.min(count);
@@ -565,11 +562,11 @@ fn push_event(out: &mut EventPage, bytes: &mut u64, event: StoredEvent, q: &Even
 }
 
 /// A page of the global log; every record's chain link is verified.
-pub fn events(txn: &ReadTransaction, chain: &LogChain, limits: &Limits, q: &EventQuery) -> Result<EventPage> {
+pub fn events(view: &View, chain: &LogChain, limits: &Limits, q: &EventQuery) -> Result<EventPage> {
     check_event_query(limits, q)?;
-    let log = txn.open_table(LOG)?;
+    let log = view.log().open_table(LOG)?;
     let from = q.from_seq.max(1);
-    let last = log.last()?.map_or(0, |(k, _)| k.value());
+    let last = view.seq();
     if from > last {
         // Past the tip: nothing to read yet, and no chain link to check.
         return Ok(EventPage { events: Vec::new(), next_seq: from, has_more: false });
@@ -595,47 +592,68 @@ pub fn events(txn: &ReadTransaction, chain: &LogChain, limits: &Limits, q: &Even
 
 /// A page of one session's events, by stream seq (1-based `from`).
 pub fn session_events(
-    txn: &ReadTransaction,
+    view: &View,
     chain: &LogChain,
     limits: &Limits,
     session: &SessionId,
     q: &EventQuery,
 ) -> Result<EventPage> {
     check_event_query(limits, q)?;
-    let log = txn.open_table(LOG)?;
-    let index = txn.open_table(SESSION_LOG)?;
+    let log = view.log().open_table(LOG)?;
     let from = q.from_seq.max(1);
     let mut out = EventPage { events: Vec::new(), next_seq: from, has_more: false };
     let mut bytes = 0;
     let mut next = from;
-    for entry in index.range((session.0, from)..=(session.0, u64::MAX))? {
-        let (k, v) = entry?;
+    let mut failure = None;
+    view.scan(Table::StreamIndex, &keys::session(session), |k, v| {
+        let stream_seq = match <[u8; 8]>::try_from(&k[16..]) {
+            Ok(b) => u64::from_be_bytes(b),
+            Err(_) => return Err(bad_stream_row(session, k)),
+        };
+        if stream_seq < from {
+            return Ok(true);
+        }
+        let seq = match <[u8; 8]>::try_from(v) {
+            Ok(b) => u64::from_be_bytes(b),
+            Err(_) => return Err(bad_stream_row(session, k)),
+        };
         if (out.events.len() as u64) == q.max_events {
             out.has_more = true;
-            break;
+            return Ok(false);
         }
-        let (stream_seq, seq) = (k.value().1, v.value());
         let prev = prev_hash(&log, chain, seq)?;
         let event = read_event(&log, chain, limits, seq, &prev)?
             .ok_or_else(|| Error::corrupt(Location::Log { seq }, "missing record"))?;
         if event.record.session != *session || event.record.stream_seq != stream_seq {
-            return Err(Error::corrupt(
+            failure = Some(Error::corrupt(
                 Location::SessionLog { session: *session, stream_seq },
                 "index and record disagree",
             ));
+            return Ok(false);
         }
         if !push_event(&mut out, &mut bytes, event, q)? {
-            break;
+            return Ok(false);
         }
         next = stream_seq + 1;
+        Ok(true)
+    })?;
+    if let Some(e) = failure {
+        return Err(e);
     }
     out.next_seq = next;
     Ok(out)
 }
 
+fn bad_stream_row(session: &SessionId, key: &[u8]) -> Error {
+    Error::corrupt(
+        Location::Projection { table: Table::StreamIndex.name(), key: format!("{session}/{}", crate::store::hex(key)) },
+        "bad stream index row",
+    )
+}
+
 /// A verified content object.
-pub fn content(txn: &ReadTransaction, id: &ContentId) -> Result<Option<Vec<u8>>> {
-    tables::read_content(&txn.open_table(CONTENT)?, id)
+pub fn content(view: &View, limits: &Limits, id: &ContentId) -> Result<Option<Vec<u8>>> {
+    view.content(id, limits.content_bytes_max.saturating_add(1024))
 }
 
 /// Digest of one projection table: row count and blake3 over every key and value.
@@ -650,21 +668,16 @@ pub struct TableDigest {
 }
 
 /// Digests of every projection table, for byte-level comparison of two states.
-pub fn projection_digests(txn: &ReadTransaction) -> Result<Vec<TableDigest>> {
+pub fn projection_digests(view: &View) -> Result<Vec<TableDigest>> {
     // One pass: each logical table's rows come in its own key order (see tables.rs).
     let mut hashers: Vec<(RowHasher, u64)> = Table::ALL.iter().map(|_| (RowHasher::default(), 0)).collect();
-    for entry in txn.open_table(tables::PROJECTIONS)?.iter()? {
-        let (k, v) = entry?;
-        let (t, logical) = tables::logical_key(k.value()).ok_or_else(|| {
-            Error::corrupt(
-                Location::Projection { table: "projections", key: crate::store::hex(k.value()) },
-                "not a projection key",
-            )
-        })?;
+    view.scan_physical(&[], &mut |k, v| {
+        let (t, logical) = tables::logical_key(k).ok_or_else(|| tables::bad_physical(k))?;
         let (h, rows) = &mut hashers[t.index()];
-        h.row(&logical, v.value());
+        h.row(&logical, v);
         *rows += 1;
-    }
+        Ok(true)
+    })?;
     Ok(Table::ALL
         .iter()
         .zip(hashers)

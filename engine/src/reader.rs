@@ -2,13 +2,13 @@
 //! own `Reader`; [`Reader::open`] opens a database read-only, even beside a live writer
 //! in another process.
 
-use crate::cache::HeadCache;
+use crate::delta::{Delta, View};
 use crate::error::{fail_closed, Result};
 use crate::limits::Limits;
 use crate::projection::*;
 use crate::query::{self, *};
-use crate::tables::{self, meta_keys, META};
 use annal_codec::{ChainHash, ContentId, LogChain, RevisionId, SessionId};
+use parking_lot::Mutex;
 use redb::ReadableDatabase;
 use std::path::Path;
 use std::sync::Arc;
@@ -16,10 +16,24 @@ use std::sync::Arc;
 /// Read-only access to a database: every query, no writes. Cheap to clone.
 #[derive(Clone)]
 pub struct Reader {
-    db: Arc<dyn ReadableDatabase + Send + Sync>,
-    heads: Option<Arc<HeadCache>>,
+    source: Arc<Source>,
     limits: Limits,
     chain: LogChain,
+}
+
+/// Where a reader's views come from.
+struct Source {
+    delta: Arc<Delta>,
+    /// For a read-only opener: the log it follows, folded into its own delta before each
+    /// view, and the databases it keeps open.
+    follow: Option<Follow>,
+}
+
+struct Follow {
+    log: Arc<dyn ReadableDatabase + Send + Sync>,
+    _projections: Option<redb::ReadOnlyDatabase>,
+    _empty: redb::Database,
+    lock: Mutex<()>,
 }
 
 impl std::fmt::Debug for Reader {
@@ -33,31 +47,51 @@ impl std::fmt::Debug for Reader {
 pub const READER_CACHE_BYTES: usize = 64 << 20;
 
 impl Reader {
-    pub(crate) fn new(
-        db: Arc<dyn ReadableDatabase + Send + Sync>,
-        heads: Option<Arc<HeadCache>>,
-        limits: Limits,
-        chain: LogChain,
-    ) -> Reader {
-        Reader { db, heads, limits, chain }
+    /// The engine's own reader, over its live delta.
+    pub(crate) fn live(delta: Arc<Delta>, limits: Limits, chain: LogChain) -> Reader {
+        Reader { source: Arc::new(Source { delta, follow: None }), limits, chain }
     }
 
     /// Opens `path` read-only, with a page cache of [`READER_CACHE_BYTES`]. Works while
-    /// another process has it open for writing with the default (durable) options.
+    /// another process has it open for writing with the default (durable) options. The
+    /// reader starts from the projections file's last checkpoint (or from nothing if
+    /// there is none usable) and folds the log past it in memory, so it sees every
+    /// durable commit; each query first folds whatever was committed since.
     /// `chain_key` is needed to verify event pages of a keyed database.
     pub fn open(path: impl AsRef<Path>, limits: Limits, chain_key: Option<[u8; 32]>) -> Result<Reader> {
-        let mut b = redb::Builder::new();
-        b.set_concurrency_mode(redb::ConcurrencyMode::SingleWriter);
-        b.set_cache_size(READER_CACHE_BYTES);
-        let db = fail_closed("open read-only", || Ok(b.open_read_only(path)?))?;
+        let path = path.as_ref();
+        let builder = || {
+            let mut b = redb::Builder::new();
+            b.set_concurrency_mode(redb::ConcurrencyMode::SingleWriter);
+            b.set_cache_size(READER_CACHE_BYTES);
+            b
+        };
+        let log: Arc<dyn ReadableDatabase + Send + Sync> =
+            Arc::new(fail_closed("open read-only", || Ok(builder().open_read_only(path)?))?);
+        let projections_path = crate::engine::projections_path(path);
+        let projections = match projections_path.exists() {
+            true => builder().open_read_only(&projections_path).ok(),
+            false => None,
+        };
         let chain = chain_key.map_or_else(LogChain::plain, LogChain::keyed);
-        Ok(Reader::new(Arc::new(db), None, limits, chain))
+        let empty = crate::checkpoint::empty_projections()?;
+        let delta = fail_closed("open read-only", || match &projections {
+            Some(p) => crate::checkpoint::read_only_delta(log.clone(), p, &empty, &chain, &limits),
+            None => crate::checkpoint::read_only_delta(log.clone(), &empty, &empty, &chain, &limits),
+        })?;
+        let follow = Follow { log, _projections: projections, _empty: empty, lock: Mutex::new(()) };
+        Ok(Reader { source: Arc::new(Source { delta: Arc::new(delta), follow: Some(follow) }), limits, chain })
     }
 
-    /// A read transaction: one consistent snapshot, for callers that need several reads
-    /// to agree (and for the functions in [`crate::query`]).
-    pub fn snapshot(&self) -> Result<redb::ReadTransaction> {
-        Ok(self.db.begin_read()?)
+    /// A consistent view at the last durable commit: the projections (checkpoint plus
+    /// delta) and the log at one seq, for callers that need several reads to agree (and
+    /// for the functions in [`crate::query`]).
+    pub fn snapshot(&self) -> Result<View> {
+        if let Some(follow) = &self.source.follow {
+            let _guard = follow.lock.lock();
+            crate::checkpoint::fold_tail(&self.source.delta, &*follow.log, &self.chain, &self.limits)?;
+        }
+        self.source.delta.view()
     }
 
     /// The record chain this reader verifies with.
@@ -71,21 +105,8 @@ impl Reader {
     }
 
     /// The head of `session`, if it exists.
-    /// Served from the engine's head cache when possible.
     pub fn head(&self, session: SessionId) -> Result<Option<SessionHead>> {
-        fail_closed("head", || {
-            let Some(cache) = &self.heads else {
-                return query::head(&self.snapshot()?, &session);
-            };
-            if let Some(head) = cache.get(&session) {
-                return Ok(Some((*head).clone()));
-            }
-            let head = query::head(&self.snapshot()?, &session)?;
-            if let Some(h) = &head {
-                cache.offer(h.clone(), false);
-            }
-            Ok(head)
-        })
+        fail_closed("head", || query::head(&self.snapshot()?, &session))
     }
 
     /// Lists sessions in creation order.
@@ -168,18 +189,14 @@ impl Reader {
 
     /// A content object, verified against its id.
     pub fn content(&self, id: ContentId) -> Result<Option<Vec<u8>>> {
-        fail_closed("content", || query::content(&self.snapshot()?, &id))
+        fail_closed("content", || self.snapshot()?.content(&id, self.limits.content_bytes_max))
     }
 
-    /// The log tip: last seq and `h(seq)`.
+    /// The log tip as queries see it: the last durable commit, and `h(seq)`.
     pub fn tip(&self) -> Result<(u64, ChainHash)> {
         fail_closed("tip", || {
-            let txn = self.snapshot()?;
-            let meta = txn.open_table(META)?;
-            match meta.get(meta_keys::TIP)? {
-                Some(g) => tables::decode_tip(g.value()),
-                None => Ok((0, self.chain.genesis())),
-            }
+            let view = self.snapshot()?;
+            Ok((view.seq(), view.hash()))
         })
     }
 

@@ -1,13 +1,16 @@
-//! Dropping projections and folding them again from the log, with the same `evolve`.
+//! Rebuilding projections: the checkpointer run from sequence 0 for the chosen
+//! projections, with the same `evolve`, bounded memory and writes in physical key order
+//! (`checkpoint::catch_up`). [`crate::Engine::rebuild`] runs it through the writer on a
+//! live engine; [`rebuild_offline`] runs it on a database no process has open.
 
-use crate::error::{Error, Location, Result};
-use crate::evolve::evolve;
-use crate::projection::ProjectionSet;
-use crate::store::Overlay;
-use crate::tables::{self, RedbStore, LOG, META};
-use annal_codec::{decode_record, verify_chain, LogChain};
-use redb::{Durability, ReadableTable, WriteTransaction};
-use std::time::{Duration, Instant};
+use crate::checkpoint::{self, Cursors};
+use crate::engine::{projections_path, Options};
+use crate::error::{fail_closed, Error, Result};
+use crate::projection::{Projection, ProjectionSet};
+use annal_codec::LogChain;
+use redb::ReadableDatabase;
+use std::path::Path;
+use std::time::Duration;
 
 /// What a rebuild did.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -23,81 +26,26 @@ pub struct RebuildStats {
 /// Called with (events done, events total) while a rebuild runs.
 pub type Progress<'a> = &'a mut dyn FnMut(u64, u64);
 
-/// Drops the projections in `set` and folds the whole log into them, in `txn`. The
-/// chain of every record is verified on the way: a rebuild never folds tampered data.
-pub fn rebuild_in(
-    txn: &WriteTransaction,
-    chain: &LogChain,
-    record_bytes_max: u64,
-    set: ProjectionSet,
-    progress: Progress<'_>,
-) -> Result<RebuildStats> {
-    let started = Instant::now();
-    tables::create_all(txn)?;
-    if set == ProjectionSet::all() {
-        txn.delete_table(tables::PROJECTIONS)?;
-        tables::create_all(txn)?;
-    } else {
-        let doomed: Vec<crate::Table> = set.iter().flat_map(|p| p.tables().iter().copied()).collect();
-        tables::clear_projection_tables(txn, &doomed)?;
-    }
-    let log = txn.open_table(LOG)?;
-    let total = log.last()?.map_or(0, |(k, _)| k.value());
-    let mut store = RedbStore::open(txn)?;
-    let mut prev = chain.genesis();
-    let (mut events, mut bytes) = (0u64, 0u64);
-    // Fold through a write-back overlay and flush it in key order every
-    // REBUILD_CHUNK_EVENTS events: hot rows (heads, tips) stay in memory and the B-trees
-    // receive sorted inserts.
-    let mut overlay = Overlay::new(&store);
-    for entry in log.range(1..)? {
-        let (k, v) = entry?;
-        let seq = k.value();
-        let raw = v.value();
-        if seq != events + 1 {
-            return Err(Error::corrupt(Location::Log { seq: events + 1 }, format!("gap: next record is {seq}")));
-        }
-        prev = verify_chain(raw, &prev, chain, seq).map_err(|source| Error::Decode { seq, source })?;
-        let decoded = decode_record(raw, record_bytes_max).map_err(|source| Error::Decode { seq, source })?;
-        if decoded.record.seq != seq {
-            return Err(Error::corrupt(Location::Log { seq }, "record seq differs from its key"));
-        }
-        evolve(&mut overlay, &decoded.record, set)?;
-        events += 1;
-        bytes += raw.len() as u64;
-        if events % REBUILD_CHUNK_EVENTS == 0 {
-            let writes = overlay.into_writes();
-            store.apply(writes)?;
-            overlay = Overlay::new(&store);
-            progress(events, total);
-        }
-    }
-    let writes = overlay.into_writes();
-    store.apply(writes)?;
-    progress(events, total);
-    drop(store);
-    let mut meta = txn.open_table(META)?;
-    for p in set.iter() {
-        tables::write_projection_meta(&mut meta, p, events)?;
-    }
-    Ok(RebuildStats { events, bytes, elapsed: started.elapsed() })
-}
-
-/// Events folded between flushes of the rebuild's write-back overlay.
-pub const REBUILD_CHUNK_EVENTS: u64 = 65_536;
-
-/// Rebuilds `set` in one durable transaction on `db`. Readers keep seeing the old
-/// projections until it commits.
-pub fn rebuild_db(
-    db: &redb::Database,
-    chain: &LogChain,
-    record_bytes_max: u64,
-    set: ProjectionSet,
-    progress: Progress<'_>,
-) -> Result<RebuildStats> {
-    let mut txn = db.begin_write()?;
-    txn.set_durability(Durability::Immediate)?;
-    let stats = rebuild_in(&txn, chain, record_bytes_max, set, progress)?;
-    txn.commit()?;
-    Ok(stats)
+/// Rebuilds the projections in `set` of the database at `path`, which no other process
+/// may have open for writing: the log is opened read-only, the projections file for
+/// writing, and the rebuild commits in one durable transaction (readers see the old
+/// projections or the new ones). Projections outside `set` that are behind the log are
+/// brought up to it in the same pass. Returns the stats and the sessions in the heads.
+pub fn rebuild_offline(path: impl AsRef<Path>, options: &Options, set: ProjectionSet, progress: Progress<'_>) -> Result<RebuildStats> {
+    let path = path.as_ref();
+    let chain = options.chain_key.map_or_else(LogChain::plain, LogChain::keyed);
+    fail_closed("rebuild", || {
+        let mut b = redb::Builder::new();
+        b.set_concurrency_mode(redb::ConcurrencyMode::SingleWriter);
+        let log = b.open_read_only(path)?;
+        let log_txn = log.begin_read()?;
+        let tip = match crate::log::check_log(&log_txn, &chain)? {
+            crate::log::LogState::Ready => crate::log::load_tip(&log_txn, &chain)?,
+            crate::log::LogState::New => return Err(Error::Storage(format!("{} holds no log", path.display()))),
+        };
+        let projections = redb::Builder::new().create(projections_path(path))?;
+        let current = checkpoint::read_cursors(&projections.begin_read()?, &log_txn, &chain, &tip)?;
+        let cursors = Cursors { seqs: [tip.seq; Projection::ALL.len()] }.reset(set).reset(current.behind(tip.seq));
+        checkpoint::catch_up(&projections, &log_txn, &chain, &options.limits, &tip, &cursors, redb::Durability::Immediate, progress)
+    })
 }

@@ -50,11 +50,15 @@ pub enum Table {
     UnsettledAll,
     /// session → tool op count
     ToolTip,
+    /// (session, stream seq) → global seq
+    StreamIndex,
+    /// content id → seq of the content row that holds the object
+    ContentIndex,
 }
 
 impl Table {
     /// Every projection table.
-    pub const ALL: [Table; 19] = [
+    pub const ALL: [Table; 21] = [
         Table::Heads,
         Table::Transcript,
         Table::TranscriptTip,
@@ -74,6 +78,8 @@ impl Table {
         Table::Unsettled,
         Table::UnsettledAll,
         Table::ToolTip,
+        Table::StreamIndex,
+        Table::ContentIndex,
     ];
 
     /// The redb table name.
@@ -98,6 +104,8 @@ impl Table {
             Table::Unsettled => "p.unsettled",
             Table::UnsettledAll => "p.unsettled_all",
             Table::ToolTip => "p.tool_tip",
+            Table::StreamIndex => "p.stream_index",
+            Table::ContentIndex => "p.content_index",
         }
     }
 
@@ -106,7 +114,7 @@ impl Table {
         Table::ALL.iter().position(|t| *t == self).unwrap_or(0)
     }
 
-    /// The table's tag byte in the physical key (1..=19; stable on disk).
+    /// The table's tag byte in the physical key (1..=21; stable on disk).
     pub fn tag(self) -> u8 {
         self.index() as u8 + 1
     }
@@ -119,7 +127,7 @@ impl Table {
     /// Whether every key of the table starts with a 16-byte session id. Such rows are
     /// stored session-major, so one commit's rows for a session sit together.
     pub fn session_scoped(self) -> bool {
-        !matches!(self, Table::LabelIndex | Table::CreationOrder | Table::UnsettledAll)
+        !matches!(self, Table::LabelIndex | Table::CreationOrder | Table::UnsettledAll | Table::ContentIndex)
     }
 }
 

@@ -1,29 +1,42 @@
 //! The redb tables, each defined exactly once, and the [`Store`] over a write
 //! transaction.
 //!
-//! Immutable and authoritative: [`LOG`], [`SESSION_LOG`], [`CONTENT`], [`META`].
-//! Disposable: every projection row lives in [`PROJECTIONS`], under a physical key that
-//! names its logical [`Table`] (see [`physical_key`]).
+//! The log file holds what is authoritative, written only by appending: [`LOG`],
+//! [`CONTENT`] and [`META`]. The projections file beside it holds what is disposable:
+//! every projection row in [`PROJECTIONS`], under a physical key that names its logical
+//! [`Table`] (see [`physical_key`]), and the projections' versions and cursors in its own
+//! [`META`].
 
 use crate::error::{Error, Location, Result};
 use crate::projection::Projection;
 use crate::store::{Store, Table};
-use annal_codec::{ChainHash, ContentId, SessionId};
+use annal_codec::ChainHash;
 use redb::{ReadableTable, TableDefinition, TableHandle, WriteTransaction};
 
 /// Global sequence → encoded record.
 pub const LOG: TableDefinition<u64, &[u8]> = TableDefinition::new("log");
-/// (session id, stream sequence) → global sequence.
-pub const SESSION_LOG: TableDefinition<([u8; 16], u64), u64> = TableDefinition::new("session_log");
-/// Content id → canonical bytes.
-pub const CONTENT: TableDefinition<[u8; 32], &[u8]> = TableDefinition::new("content");
-/// Format version, log tip, key check, projection versions and cursors.
+/// Global sequence → the content row of the objects that record introduced
+/// (`annal_codec::content`).
+pub const CONTENT: TableDefinition<u64, &[u8]> = TableDefinition::new("content_rows");
+/// Log file: format version, log tip, key check. Projections file: format version,
+/// projection versions and cursors, and the chain hash at the checkpoint.
 pub const META: TableDefinition<&str, &[u8]> = TableDefinition::new("meta");
 
-/// Every projection row. Session-scoped tables are stored session-major
-/// (`0x00 ‖ session ‖ tag ‖ rest`), the three global ones table-major (`tag ‖ key`), so
-/// the rows one commit touches for a session share a few B-tree pages.
+/// Every projection row (projections file). Session-scoped tables are stored
+/// session-major (`0x00 ‖ session ‖ tag ‖ rest`), the global ones table-major
+/// (`tag ‖ key`), so the rows of one session share a few B-tree pages.
 pub const PROJECTIONS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("projections");
+
+/// The tables of format 1 files, read only by the migration.
+pub mod legacy {
+    use redb::TableDefinition;
+    /// (session id, stream sequence) → global sequence.
+    pub const SESSION_LOG: TableDefinition<([u8; 16], u64), u64> = TableDefinition::new("session_log");
+    /// Content id → canonical bytes.
+    pub const CONTENT: TableDefinition<[u8; 32], &[u8]> = TableDefinition::new("content");
+    /// Projection rows kept in the log file.
+    pub const PROJECTIONS: redb::TableDefinition<&[u8], &[u8]> = TableDefinition::new("projections");
+}
 
 /// The physical key in [`PROJECTIONS`] of `key` in logical table `t`.
 pub fn physical_key(t: Table, key: &[u8]) -> Vec<u8> {
@@ -86,7 +99,7 @@ pub fn scan<R: ReadableTable<&'static [u8], &'static [u8]>>(
     Ok(())
 }
 
-fn bad_physical(physical: &[u8]) -> Error {
+pub(crate) fn bad_physical(physical: &[u8]) -> Error {
     Error::corrupt(
         Location::Projection { table: PROJECTIONS.name(), key: crate::store::hex(physical) },
         "not a projection key",
@@ -125,8 +138,12 @@ pub fn clear_projection_tables(txn: &WriteTransaction, tables: &[Table]) -> Resu
     Ok(())
 }
 
-/// The database format version written in `meta`.
-pub const FORMAT: u32 = 1;
+/// The log file's format version, written in its `meta`. Format 1 kept the projections,
+/// a per-session index and content by id in the log file; `annal migrate` upgrades it.
+pub const FORMAT: u32 = 2;
+
+/// The projections file's format version.
+pub const PROJECTIONS_FORMAT: u32 = 1;
 
 /// Meta keys.
 pub mod meta_keys {
@@ -146,6 +163,10 @@ pub mod meta_keys {
     pub fn cursor(p: crate::Projection) -> String {
         format!("projection.{}.cursor", p.name())
     }
+
+    /// Projections file: u64 LE seq ‖ 32-byte chain hash of the log at the checkpoint,
+    /// so a projections file is only ever used with the log it was folded from.
+    pub const CHECKPOINT: &str = "checkpoint";
 }
 
 /// Encodes the meta tip value.
@@ -188,13 +209,18 @@ pub fn write_projection_meta(meta: &mut redb::Table<&str, &[u8]>, p: Projection,
     Ok(())
 }
 
-/// Creates every table that does not exist yet.
-pub fn create_all(txn: &WriteTransaction) -> Result<()> {
+/// Creates every table of the log file that does not exist yet.
+pub fn create_log_tables(txn: &WriteTransaction) -> Result<()> {
     txn.open_table(LOG)?;
-    txn.open_table(SESSION_LOG)?;
     txn.open_table(CONTENT)?;
     txn.open_table(META)?;
+    Ok(())
+}
+
+/// Creates every table of the projections file that does not exist yet.
+pub fn create_projection_tables(txn: &WriteTransaction) -> Result<()> {
     txn.open_table(PROJECTIONS)?;
+    txn.open_table(META)?;
     Ok(())
 }
 
@@ -284,25 +310,4 @@ impl Store for ReadStore<'_> {
     fn remove(&mut self, _: Table, _: &[u8]) -> Result<()> {
         Err(Error::Storage("read-only store".into()))
     }
-}
-
-/// The last stream sequence of `session` in `session_log` (0 if none).
-pub fn last_stream_seq(t: &impl ReadableTable<([u8; 16], u64), u64>, session: &SessionId) -> Result<u64> {
-    let mut range = t.range((session.0, 0)..=(session.0, u64::MAX))?;
-    Ok(match range.next_back() {
-        Some(entry) => entry?.0.value().1,
-        None => 0,
-    })
-}
-
-/// Reads and verifies a content object: its bytes must hash to its id.
-pub fn read_content(t: &impl ReadableTable<[u8; 32], &'static [u8]>, id: &ContentId) -> Result<Option<Vec<u8>>> {
-    let Some(guard) = t.get(id.0)? else {
-        return Ok(None);
-    };
-    let bytes = guard.value().to_vec();
-    if annal_codec::content_id(&bytes) != *id {
-        return Err(Error::corrupt(Location::Content { id: id.to_hex() }, "bytes do not hash to the id"));
-    }
-    Ok(Some(bytes))
 }

@@ -8,20 +8,23 @@
 //! is durable. An I/O error during the commit fails every caller in the batch and
 //! poisons the engine.
 
+use crate::checkpoint::{self, CheckpointPolicy, Cursors, Signal};
 use crate::command::{Command, Outcome};
 use crate::decide::{decide, outcome_of, Decision};
+use crate::delta::Delta;
+use crate::engine::EngineStats;
 use crate::error::{Error, Limit, Location, Rejection, Result};
 use crate::evolve::evolve;
 use crate::limits::Limits;
-use crate::projection::SessionHead;
-use crate::projection::{Projection, ProjectionSet};
+use crate::log::{Entry, Tip};
+use crate::projection::{Projection, ProjectionSet, SessionHead};
 use crate::rebuild::RebuildStats;
-use crate::store::{apply_writes, decode_row, Overlay, Store, Table};
-use crate::tables::{self, ReadStore, RedbStore, CONTENT, LOG, META, SESSION_LOG};
-use annal_codec::{encode_record, ChainHash, ContentId, LogChain, Record, SessionId};
+use crate::store::{apply_writes, keys, Overlay, Store, StoreExt, Table};
+use annal_codec::{ContentId, LogChain, Record, SessionId};
 use crossbeam_channel::{Receiver, Sender};
 use parking_lot::Mutex;
-use redb::{Database, ReadableDatabase, ReadableTable};
+use redb::ReadableDatabase;
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -44,14 +47,17 @@ pub struct CommitNotice {
 pub const SUBSCRIBER_QUEUE_MAX: usize = 65_536;
 
 pub(crate) struct Shared {
-    pub db: Arc<crate::engine::Db>,
-    pub heads: Arc<crate::cache::HeadCache>,
+    pub log_db: Arc<crate::engine::Db>,
+    pub projections: Arc<crate::engine::Db>,
+    pub delta: Arc<Delta>,
     pub limits: Limits,
     pub chain: LogChain,
     pub durability: redb::Durability,
-    pub poisoned: AtomicBool,
+    pub policy: CheckpointPolicy,
+    pub poisoned: Arc<AtomicBool>,
     pub subscribers: Mutex<Vec<Sender<CommitNotice>>>,
     pub batch_commands_max: usize,
+    pub stats: Arc<EngineStats>,
 }
 
 pub(crate) enum Request {
@@ -71,14 +77,6 @@ pub struct ImportStats {
     pub tip_seq: u64,
 }
 
-/// The writer's view of the log tip.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct Tip {
-    pub seq: u64,
-    pub hash: ChainHash,
-    pub clock_ms: u64,
-}
-
 fn now_ms() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
@@ -89,7 +87,7 @@ fn now_ms() -> u64 {
 /// each pay a full fsync.
 pub const GATHER_WAIT_MAX: Duration = Duration::from_micros(300);
 
-pub(crate) fn run(shared: Arc<Shared>, rx: Receiver<Request>, mut tip: Tip) {
+pub(crate) fn run(shared: Arc<Shared>, rx: Receiver<Request>, mut tip: Tip, checkpoints: Sender<Signal>) {
     let mut previous_batch = 1usize;
     while let Ok(first) = rx.recv() {
         let mut commands = Vec::new();
@@ -100,12 +98,13 @@ pub(crate) fn run(shared: Arc<Shared>, rx: Receiver<Request>, mut tip: Tip) {
                 Request::Command { command, reply } => commands.push((command, reply)),
                 Request::Rebuild { set, reply } => {
                     // Commit what came before, then rebuild alone.
-                    flush(&shared, &mut tip, std::mem::take(&mut commands));
-                    let _ = reply.send(rebuild(&shared, set));
+                    flush(&shared, &mut tip, std::mem::take(&mut commands), &checkpoints);
+                    let _ = reply.send(rebuild(&shared, &tip, set, &checkpoints));
                 }
                 Request::Import { records, content, reply } => {
-                    flush(&shared, &mut tip, std::mem::take(&mut commands));
+                    flush(&shared, &mut tip, std::mem::take(&mut commands), &checkpoints);
                     let _ = reply.send(import(&shared, &mut tip, records, content));
+                    after_apply(&shared, &checkpoints);
                 }
             }
             if commands.len() >= shared.batch_commands_max {
@@ -120,26 +119,67 @@ pub(crate) fn run(shared: Arc<Shared>, rx: Receiver<Request>, mut tip: Tip) {
         if !commands.is_empty() {
             previous_batch = commands.len();
         }
-        flush(&shared, &mut tip, commands);
+        flush(&shared, &mut tip, commands, &checkpoints);
+    }
+    let _ = checkpoints.send(Signal::Stop);
+}
+
+/// After a batch is applied to the delta: freezes the active layer for the checkpointer
+/// when the policy says so, and waits for the checkpointer while the delta is over its
+/// bound (backpressure: the delta never grows without limit).
+fn after_apply(shared: &Shared, checkpoints: &Sender<Signal>) {
+    let (events, bytes, _) = shared.delta.active_stats();
+    if (events >= shared.policy.events || bytes >= shared.policy.delta_bytes) && shared.delta.freeze() {
+        let _ = checkpoints.send(Signal::Work);
+    }
+    if shared.delta.bytes() >= shared.policy.delta_bytes_max {
+        if shared.delta.freeze() {
+            let _ = checkpoints.send(Signal::Work);
+        }
+        shared.stats.backpressure_waits.fetch_add(1, Ordering::Relaxed);
+        let max = shared.policy.delta_bytes_max;
+        shared.delta.wait_until(|d| d.bytes() < max || shared.poisoned.load(Ordering::Acquire));
     }
 }
 
-fn rebuild(shared: &Shared, set: ProjectionSet) -> Result<RebuildStats> {
+/// Checkpoints the whole delta and waits for it (rebuild runs on an empty delta).
+fn drain(shared: &Shared, checkpoints: &Sender<Signal>) -> Result<()> {
+    if shared.delta.freeze() {
+        let _ = checkpoints.send(Signal::Work);
+    }
+    shared.delta.wait_until(|d| d.frozen() == 0 || shared.poisoned.load(Ordering::Acquire));
     if shared.poisoned.load(Ordering::Acquire) {
         return Err(Error::Poisoned);
     }
+    Ok(())
+}
+
+fn rebuild(shared: &Shared, tip: &Tip, set: ProjectionSet, checkpoints: &Sender<Signal>) -> Result<RebuildStats> {
+    if shared.poisoned.load(Ordering::Acquire) {
+        return Err(Error::Poisoned);
+    }
+    drain(shared, checkpoints)?;
     let result = crate::error::fail_closed("rebuild", || {
-        crate::rebuild::rebuild_db(&shared.db, &shared.chain, shared.limits.record_bytes_max, set, &mut |_, _| {})
+        let log = shared.log_db.begin_read()?;
+        let cursors = Cursors { seqs: [tip.seq; Projection::ALL.len()] }.reset(set);
+        checkpoint::catch_up(
+            &shared.projections,
+            &log,
+            &shared.chain,
+            &shared.limits,
+            tip,
+            &cursors,
+            shared.durability,
+            &mut |_, _| {},
+        )
     });
-    // Heads read during the rebuild came from the old rows.
-    shared.heads.clear();
     if matches!(result, Err(Error::Storage(_)) | Err(Error::Corrupt { location: Location::File, .. })) {
         shared.poisoned.store(true, Ordering::Release);
     }
     result
 }
 
-fn flush(shared: &Shared, tip: &mut Tip, batch: Vec<(Command, Sender<Result<Outcome>>)>) {
+fn flush(shared: &Shared, tip: &mut Tip, batch: Vec<(Command, Sender<Result<Outcome>>)>, ckpt: &Sender<Signal>) {
     if batch.is_empty() {
         return;
     }
@@ -156,6 +196,7 @@ fn flush(shared: &Shared, tip: &mut Tip, batch: Vec<(Command, Sender<Result<Outc
                 let _ = reply.send(outcome);
             }
             notify(shared, notices);
+            after_apply(shared, ckpt);
         }
         Err(e) => {
             shared.poisoned.store(true, Ordering::Release);
@@ -174,17 +215,31 @@ fn notify(shared: &Shared, notices: Vec<CommitNotice>) {
     subs.retain(|s| notices.iter().all(|n| s.try_send(n.clone()).is_ok()));
 }
 
-type Staged = (Vec<Record>, Vec<(ContentId, Vec<u8>)>);
+/// The content objects of a decision that are not stored yet (nor introduced earlier in
+/// the batch): the content-id index, read through the overlay, says which.
+fn new_content<S: Store + ?Sized>(store: &S, content: Vec<(ContentId, Vec<u8>)>) -> Result<Vec<(ContentId, Vec<u8>)>> {
+    let mut fresh = Vec::with_capacity(content.len());
+    for (id, bytes) in content {
+        if store.get(Table::ContentIndex, &id.0)?.is_none() {
+            fresh.push((id, bytes));
+        }
+    }
+    Ok(fresh)
+}
+
+/// The stream seq the session's next event gets: its head's, plus one.
+fn next_stream_seq<S: Store + ?Sized>(store: &S, session: &SessionId) -> Result<u64> {
+    Ok(store.row::<SessionHead>(Table::Heads, &keys::session(session))?.map_or(0, |h| h.stream_seq) + 1)
+}
 
 /// Decides and folds one command (or a batch) into `overlay`, sequencing its events.
 fn apply<S: Store + ?Sized>(
     overlay: &mut Overlay<'_, S>,
     next_seq: &mut u64,
     clock_ms: u64,
-    last_stream: &dyn Fn(&SessionId) -> Result<u64>,
     command: &Command,
     limits: &Limits,
-    staged: &mut Staged,
+    staged: &mut Vec<Entry>,
 ) -> Result<Outcome> {
     if let Command::Batch(commands) = command {
         limits.check(Limit::BatchCommands, commands.len() as u64)?;
@@ -193,7 +248,7 @@ fn apply<S: Store + ?Sized>(
         for (index, c) in commands.iter().enumerate() {
             let result = match c {
                 Command::Batch(_) => Err(Error::Rejected(Rejection::InvalidRequest { reason: "nested batch".into() })),
-                c => apply(overlay, next_seq, clock_ms, last_stream, c, limits, staged),
+                c => apply(overlay, next_seq, clock_ms, c, limits, staged),
             };
             match result {
                 Ok(o) => outcomes.push(o),
@@ -208,17 +263,14 @@ fn apply<S: Store + ?Sized>(
     match decide(&*overlay, command, limits)? {
         Decision::Noop(outcome) => Ok(outcome),
         Decision::Write { session, event, content } => {
-            let stream_seq = match overlay.stream_tip(&session) {
-                Some(s) => s,
-                None => last_stream(&session)?,
-            } + 1;
+            let stream_seq = next_stream_seq(&*overlay, &session)?;
             let record = Record { seq: *next_seq, session, stream_seq, committed_at_ms: clock_ms, event };
-            evolve(overlay, &record, ProjectionSet::all())?;
-            overlay.set_stream_tip(session, stream_seq);
+            let content = new_content(&*overlay, content)?;
+            let introduced: Vec<ContentId> = content.iter().map(|(id, _)| *id).collect();
+            evolve(overlay, &record, &introduced, ProjectionSet::all())?;
             *next_seq += 1;
             let outcome = outcome_of(&record);
-            staged.0.push(record);
-            staged.1.extend(content);
+            staged.push(Entry { record, content });
             Ok(outcome)
         }
     }
@@ -226,38 +278,28 @@ fn apply<S: Store + ?Sized>(
 
 type BatchResult = (Vec<Result<Outcome>>, Vec<CommitNotice>);
 
-/// What the accepted commands of a batch will write.
-#[derive(Default)]
-struct Pending {
-    records: Vec<Record>,
-    content: std::collections::BTreeMap<ContentId, Vec<u8>>,
-    streams: std::collections::BTreeMap<SessionId, u64>,
-}
-
-/// Decides and folds the batch on a read snapshot (the writer is the only writer, so the
-/// snapshot is the latest commit), then writes what was accepted in one transaction. A
-/// batch with nothing to write opens no write transaction at all, so rejections and
-/// idempotent retries leave every byte of the file alone.
+/// Decides and folds the batch on a view of the latest commit (the writer is the only
+/// writer, so the view is current), appends what was accepted to the log in one
+/// transaction, then applies the batch's rows to the delta. A batch with nothing to
+/// write opens no write transaction at all, so rejections and idempotent retries leave
+/// every byte of the file alone.
 fn commit_batch(shared: &Shared, tip: &mut Tip, commands: &[&Command]) -> Result<BatchResult> {
     let clock_ms = now_ms().max(tip.clock_ms);
     let mut next_seq = tip.seq + 1;
     let mut outcomes = Vec::with_capacity(commands.len());
     let mut notices = Vec::new();
-    let mut pending = Pending::default();
-    let snapshot = shared.db.begin_read()?;
-    let base = ReadStore::new(&snapshot);
-    let session_log = snapshot.open_table(SESSION_LOG)?;
-    let mut accepted = Overlay::new(&base);
+    let mut entries: Vec<Entry> = Vec::new();
+    let view = shared.delta.view()?;
+    if view.seq() != tip.seq {
+        return Err(Error::Storage(format!("the delta is at {} but the log at {}", view.seq(), tip.seq)));
+    }
+    let mut accepted = Overlay::new(&view);
     for command in commands {
-        let mut staged: Staged = (Vec::new(), Vec::new());
+        let mut staged = Vec::new();
         let mut seq = next_seq;
         let result = {
             let mut overlay = Overlay::new(&accepted);
-            let last_stream = |s: &SessionId| match pending.streams.get(s) {
-                Some(n) => Ok(*n),
-                None => tables::last_stream_seq(&session_log, s),
-            };
-            apply(&mut overlay, &mut seq, clock_ms, &last_stream, command, &shared.limits, &mut staged)
+            apply(&mut overlay, &mut seq, clock_ms, command, &shared.limits, &mut staged)
                 .map(|o| (o, overlay.into_writes()))
         };
         let (outcome, writes) = match result {
@@ -271,106 +313,43 @@ fn commit_batch(shared: &Shared, tip: &mut Tip, commands: &[&Command]) -> Result
         apply_writes(&mut accepted, writes)?;
         next_seq = seq;
         let mut sessions = Vec::new();
-        for record in &staged.0 {
-            pending.streams.insert(record.session, record.stream_seq);
-            if !sessions.contains(&record.session) {
-                sessions.push(record.session);
+        for entry in &staged {
+            if !sessions.contains(&entry.record.session) {
+                sessions.push(entry.record.session);
             }
         }
-        if let (Some(first), Some(last)) = (staged.0.first(), staged.0.last()) {
+        if let (Some(first), Some(last)) = (staged.first(), staged.last()) {
             notices.push(CommitNotice {
-                first_seq: first.seq,
-                last_seq: last.seq,
+                first_seq: first.record.seq,
+                last_seq: last.record.seq,
                 sessions,
                 committed_at_ms: clock_ms,
             });
         }
-        pending.records.extend(staged.0);
-        pending.content.extend(staged.1);
+        entries.extend(staged);
         outcomes.push(Ok(outcome));
     }
-    if pending.records.is_empty() {
+    if entries.is_empty() {
         return Ok((outcomes, notices));
     }
     let writes = accepted.into_writes();
-    drop(session_log);
-    drop(snapshot);
-    let heads: Vec<SessionHead> = writes
-        .get(&Table::Heads)
-        .into_iter()
-        .flatten()
-        .filter_map(|(key, value)| value.as_ref().map(|v| decode_row(Table::Heads, key, v)))
-        .collect::<Result<_>>()?;
-    *tip = write_batch(shared, *tip, clock_ms, writes, pending)?;
-    for head in heads {
-        shared.heads.offer(head, true);
-    }
+    drop(view);
+    let events = entries.len() as u64;
+    *tip = append(shared, *tip, &entries)?;
+    shared.delta.apply(writes, tip.seq, tip.hash, events);
     Ok((outcomes, notices))
 }
 
-/// Writes an accepted batch: projection rows, sealed records, the per-session index, new
-/// content objects and the meta tip, in one transaction with one commit.
-fn write_batch(
-    shared: &Shared,
-    tip: Tip,
-    clock_ms: u64,
-    writes: crate::store::Writes,
-    pending: Pending,
-) -> Result<Tip> {
-    let mut txn = shared.db.begin_write()?;
+/// Appends entries to the log in one durable transaction: the one write of a commit.
+fn append(shared: &Shared, tip: Tip, entries: &[Entry]) -> Result<Tip> {
+    let mut txn = shared.log_db.begin_write()?;
     txn.set_durability(shared.durability)?;
-    let mut next = Tip { clock_ms, ..tip };
-    {
-        RedbStore::open(&txn)?.apply(writes)?;
-        let mut log = txn.open_table(LOG)?;
-        let mut session_log = txn.open_table(SESSION_LOG)?;
-        for record in &pending.records {
-            let (bytes, hash) = encode_record(record, &next.hash, &shared.chain, shared.limits.record_bytes_max)
-                .map_err(|e| Error::Storage(format!("encode record {}: {e}", record.seq)))?;
-            log.insert(record.seq, bytes.as_slice())?;
-            session_log.insert((record.session.0, record.stream_seq), record.seq)?;
-            next.hash = hash;
-            next.seq = record.seq;
-        }
-        let mut content = txn.open_table(CONTENT)?;
-        for (id, bytes) in &pending.content {
-            if content.get(id.0)?.is_none() {
-                content.insert(id.0, bytes.as_slice())?;
-            }
-        }
-        let mut meta = txn.open_table(META)?;
-        meta.insert(tables::meta_keys::TIP, tables::encode_tip(next.seq, &next.hash).as_slice())?;
-        for p in Projection::ALL {
-            meta.insert(tables::meta_keys::cursor(p).as_str(), next.seq.to_le_bytes().as_slice())?;
-        }
-    }
+    let (next, written) = crate::log::append(&txn, tip, &shared.chain, shared.limits.record_bytes_max, entries)?;
     txn.commit()?;
+    shared.stats.log_commits.fetch_add(1, Ordering::Relaxed);
+    shared.stats.events.fetch_add(entries.len() as u64, Ordering::Relaxed);
+    shared.stats.appended_bytes.fetch_add(written.record_bytes + written.content_bytes, Ordering::Relaxed);
     Ok(next)
-}
-
-/// Reads the log tip and last commit time, checking them against `meta`.
-pub(crate) fn load_tip(db: &Database, chain: &LogChain) -> Result<Tip> {
-    let txn = db.begin_read()?;
-    let meta = txn.open_table(META)?;
-    let log = txn.open_table(LOG)?;
-    let last = log.last()?.map(|(k, v)| (k.value(), v.value().to_vec()));
-    let stored = meta.get(tables::meta_keys::TIP)?.map(|g| tables::decode_tip(g.value())).transpose()?;
-    let tip_location = || crate::error::Location::Meta { key: tables::meta_keys::TIP.into() };
-    match (last, stored) {
-        (None, None) => Ok(Tip { seq: 0, hash: chain.genesis(), clock_ms: 0 }),
-        (Some((last_seq, bytes)), Some((seq, hash))) => {
-            if last_seq != seq || annal_codec::stored_chain_hash(&bytes) != Some(hash) {
-                return Err(Error::corrupt(
-                    tip_location(),
-                    format!("meta tip {seq} does not match the last record {last_seq}"),
-                ));
-            }
-            let header =
-                annal_codec::decode_header(&bytes, u64::MAX).map_err(|source| Error::Decode { seq, source })?;
-            Ok(Tip { seq, hash, clock_ms: header.committed_at_ms })
-        }
-        _ => Err(Error::corrupt(tip_location(), "meta tip and log disagree about emptiness")),
-    }
 }
 
 fn import_error(seq: u64, reason: impl Into<String>) -> Error {
@@ -385,9 +364,7 @@ fn import(shared: &Shared, tip: &mut Tip, records: Vec<Record>, content: Vec<Vec
     if shared.poisoned.load(Ordering::Acquire) {
         return Err(Error::Poisoned);
     }
-    shared.heads.clear();
     let result = crate::error::fail_closed("import", || import_txn(shared, tip, records, content));
-    shared.heads.clear();
     if matches!(result, Err(Error::Storage(_)) | Err(Error::Corrupt { location: Location::File, .. })) {
         shared.poisoned.store(true, Ordering::Release);
     }
@@ -396,83 +373,79 @@ fn import(shared: &Shared, tip: &mut Tip, records: Vec<Record>, content: Vec<Vec
 
 fn import_txn(shared: &Shared, tip: &mut Tip, records: Vec<Record>, content: Vec<Vec<u8>>) -> Result<ImportStats> {
     let limits = &shared.limits;
-    let offered: std::collections::BTreeMap<ContentId, Vec<u8>> =
+    let offered: BTreeMap<ContentId, Vec<u8>> =
         content.into_iter().map(|bytes| (annal_codec::content_id(&bytes), bytes)).collect();
-    let mut txn = shared.db.begin_write()?;
-    txn.set_durability(shared.durability)?;
-    let mut next = *tip;
+    let view = shared.delta.view()?;
+    let mut overlay = Overlay::new(&view);
+    let mut entries = Vec::with_capacity(records.len());
+    let mut expected = *tip;
     let mut stored_objects = 0u64;
-    {
-        let mut store = RedbStore::open(&txn)?;
-        let mut log = txn.open_table(LOG)?;
-        let mut session_log = txn.open_table(SESSION_LOG)?;
-        let mut content_table = txn.open_table(CONTENT)?;
-        for record in &records {
-            let seq = record.seq;
-            if seq != next.seq + 1 {
-                return Err(import_error(seq, format!("expected seq {}", next.seq + 1)));
+    for record in records {
+        let seq = record.seq;
+        if seq != expected.seq + 1 {
+            return Err(import_error(seq, format!("expected seq {}", expected.seq + 1)));
+        }
+        if record.committed_at_ms < expected.clock_ms {
+            return Err(import_error(seq, "committed_at goes back in time"));
+        }
+        let next_stream = next_stream_seq(&overlay, &record.session)?;
+        if record.stream_seq != next_stream {
+            return Err(import_error(seq, format!("expected stream seq {next_stream}")));
+        }
+        if let annal_codec::Event::TurnCommitted(e) = &record.event {
+            let hash = annal_codec::turn_commit_hash(&e.messages, &e.usage, &e.applied_context, &e.tool_ops);
+            if hash != e.commit_hash {
+                return Err(import_error(seq, "commit hash does not recompute"));
             }
-            if record.committed_at_ms < next.clock_ms {
-                return Err(import_error(seq, "committed_at goes back in time"));
-            }
-            let last = tables::last_stream_seq(&session_log, &record.session)?;
-            if record.stream_seq != last + 1 {
-                return Err(import_error(seq, format!("expected stream seq {}", last + 1)));
-            }
-            if let annal_codec::Event::TurnCommitted(e) = &record.event {
-                let hash = annal_codec::turn_commit_hash(&e.messages, &e.usage, &e.applied_context, &e.tool_ops);
-                if hash != e.commit_hash {
-                    return Err(import_error(seq, "commit hash does not recompute"));
-                }
-            }
-            for id in record.event.content_refs() {
-                stored_objects += store_offered(&offered, &mut content_table, &id, limits).map_err(|e| match e {
-                    Error::Storage(s) => Error::Storage(s),
-                    other => import_error(seq, other.to_string()),
-                })?;
-            }
-            evolve(&mut store, record, ProjectionSet::all()).map_err(|e| match e {
+        }
+        let mut introduced = Vec::new();
+        for id in record.event.content_refs() {
+            take_offered(&offered, &overlay, &id, limits, &mut introduced).map_err(|e| match e {
                 Error::Storage(s) => Error::Storage(s),
                 other => import_error(seq, other.to_string()),
             })?;
-            let (bytes, hash) = encode_record(record, &next.hash, &shared.chain, limits.record_bytes_max)
-                .map_err(|e| import_error(seq, e.to_string()))?;
-            log.insert(seq, bytes.as_slice())?;
-            session_log.insert((record.session.0, record.stream_seq), seq)?;
-            next = Tip { seq, hash, clock_ms: record.committed_at_ms };
         }
-        let mut meta = txn.open_table(META)?;
-        meta.insert(tables::meta_keys::TIP, tables::encode_tip(next.seq, &next.hash).as_slice())?;
-        for p in Projection::ALL {
-            meta.insert(tables::meta_keys::cursor(p).as_str(), next.seq.to_le_bytes().as_slice())?;
-        }
+        stored_objects += introduced.len() as u64;
+        let ids: Vec<ContentId> = introduced.iter().map(|(id, _)| *id).collect();
+        evolve(&mut overlay, &record, &ids, ProjectionSet::all()).map_err(|e| match e {
+            Error::Storage(s) => Error::Storage(s),
+            other => import_error(seq, other.to_string()),
+        })?;
+        expected = Tip { seq, hash: expected.hash, clock_ms: record.committed_at_ms };
+        entries.push(Entry { record, content: introduced });
     }
-    txn.commit()?;
-    *tip = next;
-    Ok(ImportStats { records: records.len() as u64, content_objects: stored_objects, tip_seq: next.seq })
+    if entries.is_empty() {
+        return Ok(ImportStats { records: 0, content_objects: 0, tip_seq: tip.seq });
+    }
+    let writes = overlay.into_writes();
+    drop(view);
+    let events = entries.len() as u64;
+    *tip = append(shared, *tip, &entries)?;
+    shared.delta.apply(writes, tip.seq, tip.hash, events);
+    Ok(ImportStats { records: events, content_objects: stored_objects, tip_seq: tip.seq })
 }
 
-/// Makes sure content `id` is stored, taking it from `offered` if needed. Message
-/// objects bring their attachments along. Returns how many objects were written.
-fn store_offered(
-    offered: &std::collections::BTreeMap<ContentId, Vec<u8>>,
-    table: &mut redb::Table<[u8; 32], &[u8]>,
+/// Makes sure content `id` is stored, taking it from `offered` if it is neither stored
+/// nor already taken; message objects bring their attachments along.
+fn take_offered<S: Store + ?Sized>(
+    offered: &BTreeMap<ContentId, Vec<u8>>,
+    store: &S,
     id: &ContentId,
     limits: &Limits,
-) -> Result<u64> {
-    if table.get(id.0)?.is_some() {
-        return Ok(0);
+    taken: &mut Vec<(ContentId, Vec<u8>)>,
+) -> Result<()> {
+    if taken.iter().any(|(t, _)| t == id) || store.get(Table::ContentIndex, &id.0)?.is_some() {
+        return Ok(());
     }
     let bytes = offered.get(id).ok_or_else(|| {
         Error::Rejected(Rejection::InvalidRequest { reason: format!("content {id} is neither offered nor stored") })
     })?;
     limits.check(Limit::ContentBytes, bytes.len() as u64)?;
-    table.insert(id.0, bytes.as_slice())?;
-    let mut written = 1;
-    if let Ok(message) = annal_codec::decode_message(bytes, limits.content_bytes_max) {
+    taken.push((*id, bytes.clone()));
+    if let Ok(message) = annal_codec::decode_message(bytes, limits.content_bytes_max.saturating_add(1024)) {
         for a in &message.attachments {
-            written += store_offered(offered, table, a, limits)?;
+            take_offered(offered, store, a, limits, taken)?;
         }
     }
-    Ok(written)
+    Ok(())
 }

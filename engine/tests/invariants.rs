@@ -168,8 +168,10 @@ fn inv3_rebuild_is_byte_identical_to_the_live_projections() {
 
     // An offline fold of the log with the same `evolve`, in memory.
     let mut mem = MemStore::default();
-    for e in all_events(&engine) {
-        evolve(&mut mem, &e.record, ProjectionSet::all()).unwrap();
+    let view = engine.snapshot().unwrap();
+    for e in view.log_entries(0, engine.limits(), engine.chain()).unwrap() {
+        let e = e.unwrap();
+        evolve(&mut mem, &e.record, &e.introduced, ProjectionSet::all()).unwrap();
     }
     assert_eq!(annal::query::mem_digests(&mem), live);
 
@@ -182,14 +184,15 @@ fn inv3_rebuild_is_byte_identical_to_the_live_projections() {
 
     // Every projection stale at open: rebuilt by itself, to the same bytes.
     for p in Projection::ALL {
-        set_meta(&db.path, &meta_keys::version(p), &(p.version() + 1).to_le_bytes());
+        set_meta(&projections_path(&db.path), &meta_keys::version(p), &(p.version() + 1).to_le_bytes());
     }
     let engine = db.open();
     assert_eq!(engine.projection_digests().unwrap(), live);
     engine.close().unwrap();
     for p in Projection::ALL {
-        assert_eq!(meta_u64(&db.path, &meta_keys::version(p)), Some(p.version() as u64), "{}", p.name());
-        assert_eq!(meta_u64(&db.path, &meta_keys::cursor(p)), Some(tip), "{}", p.name());
+        let projections = projections_path(&db.path);
+        assert_eq!(meta_u64(&projections, &meta_keys::version(p)), Some(p.version() as u64), "{}", p.name());
+        assert_eq!(meta_u64(&projections, &meta_keys::cursor(p)), Some(tip), "{}", p.name());
     }
 }
 

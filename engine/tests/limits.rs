@@ -523,12 +523,7 @@ fn record_bytes_in_the_decoder() {
     let engine = db.open();
     engine.commit_turn(turn(s, "t", h).usage("provider", "model", 1, 2)).unwrap();
     for ev in engine.events(EventQuery { from_seq: 1, max_events: 5, max_bytes: 4096 }).unwrap().events {
-        let bytes = {
-            let txn = engine.snapshot().unwrap();
-            let log = txn.open_table(annal::tables::LOG).unwrap();
-            let raw = log.get(ev.record.seq).unwrap().unwrap().value().to_vec();
-            raw
-        };
+        let bytes = engine.snapshot().unwrap().raw_record(ev.record.seq).unwrap().unwrap();
         let len = bytes.len() as u64;
         assert_eq!(len, ev.size);
         assert_eq!(decode_record(&bytes, len).unwrap().record, ev.record);

@@ -958,7 +958,7 @@ fn s13_a_bumped_projection_version_rebuilds_at_open() {
     // Another projection version on disk, and the projection's rows wiped: only a
     // rebuild at open can bring them back.
     {
-        let raw = redb::Database::create(&db.path).unwrap();
+        let raw = redb::Database::create(projections_path(&db.path)).unwrap();
         let txn = raw.begin_write().unwrap();
         {
             let mut meta = txn.open_table(META).unwrap();
@@ -968,15 +968,16 @@ fn s13_a_bumped_projection_version_rebuilds_at_open() {
         }
         txn.commit().unwrap();
     }
-    assert_eq!(meta_u64(&db.path, &meta_keys::version(Projection::Usage)), Some(99));
+    assert_eq!(meta_u64(&projections_path(&db.path), &meta_keys::version(Projection::Usage)), Some(99));
 
     let engine = db.open();
     assert_eq!(engine.projection_digests().unwrap(), live);
     assert_eq!(engine.usage(sessions[0]).unwrap(), usage);
     let tip = tip_seq(&engine);
     engine.close().unwrap();
-    assert_eq!(meta_u64(&db.path, &meta_keys::version(Projection::Usage)), Some(Projection::Usage.version() as u64));
-    assert_eq!(meta_u64(&db.path, &meta_keys::cursor(Projection::Usage)), Some(tip));
+    let projections = projections_path(&db.path);
+    assert_eq!(meta_u64(&projections, &meta_keys::version(Projection::Usage)), Some(Projection::Usage.version() as u64));
+    assert_eq!(meta_u64(&projections, &meta_keys::cursor(Projection::Usage)), Some(tip));
 }
 
 // ---------------------------------------------------------------------------- S16
@@ -1031,7 +1032,7 @@ fn s16_a_record_from_a_newer_schema_is_a_typed_error_never_a_skip() {
     engine.close().unwrap();
 
     // A rebuild at open meets it too, and the open fails.
-    set_meta(&db.path, &meta_keys::version(Projection::Heads), &0u32.to_le_bytes());
+    set_meta(&projections_path(&db.path), &meta_keys::version(Projection::Heads), &0u32.to_le_bytes());
     let opened = Engine::open_with(&db.path, Options { durability: Durability::Relaxed, ..Options::default() });
     assert_newer_schema(opened, 3, EventKind::TurnCommitted);
 }

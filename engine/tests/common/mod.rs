@@ -250,7 +250,7 @@ pub fn edit_log_record(path: &std::path::Path, seq: u64, edit: impl FnOnce(&mut 
     let chain = LogChain::plain();
     let raw = redb::Database::create(path).unwrap();
     let txn = raw.begin_write().unwrap();
-    {
+    let (last, prev) = {
         let mut log = txn.open_table(LOG).unwrap();
         let last = log.last().unwrap().unwrap().0.value();
         let mut prev = match seq {
@@ -270,8 +270,25 @@ pub fn edit_log_record(path: &std::path::Path, seq: u64, edit: impl FnOnce(&mut 
         }
         let mut meta = txn.open_table(META).unwrap();
         meta.insert(meta_keys::TIP, encode_tip(last, &prev).as_slice()).unwrap();
-    }
+        (last, prev)
+    };
     txn.commit().unwrap();
+    // A projections file checkpointed at the tip stays current: only the record changed.
+    let projections = annal::projections_path(path);
+    if projections.exists() {
+        let raw = redb::Database::create(&projections).unwrap();
+        let txn = raw.begin_write().unwrap();
+        {
+            let mut meta = txn.open_table(META).unwrap();
+            let mark = meta.get(meta_keys::CHECKPOINT).unwrap().map(|g| g.value().to_vec());
+            if let Some(mark) = mark {
+                if annal::tables::decode_tip(&mark).unwrap().0 == last {
+                    meta.insert(meta_keys::CHECKPOINT, encode_tip(last, &prev).as_slice()).unwrap();
+                }
+            }
+        }
+        txn.commit().unwrap();
+    }
 }
 
 /// Writes one `meta` value through a raw redb handle. The engine must be closed.

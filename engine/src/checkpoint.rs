@@ -1,0 +1,320 @@
+//! Checkpoints: the delta's rows written into the projections file, behind the commit
+//! path, and the folds that bring the projections file up to the log (recovery at open,
+//! rebuild, read-only openers).
+//!
+//! The checkpointer is a thread of its own with its own redb database (the projections
+//! file), so its transactions never wait for, or hold up, a log commit. It takes the
+//! oldest frozen layer, writes the layer's newest rows in physical key order and moves
+//! every projection's cursor to the layer's last seq, in one transaction, then drops the
+//! layer from the delta. A crash at any point leaves the projections file at its last
+//! committed checkpoint, and the next open folds the log past it.
+
+use crate::delta::{Checkpoints, Delta};
+use crate::error::{Error, Result};
+use crate::evolve::evolve;
+use crate::limits::Limits;
+use crate::log::{hash_at, LogTail, Tip};
+use crate::projection::{Projection, ProjectionSet};
+use crate::rebuild::{Progress, RebuildStats};
+use crate::store::Overlay;
+use crate::tables::{self, meta_keys, RedbStore, LOG, META, PROJECTIONS};
+use annal_codec::{ChainHash, LogChain};
+use crossbeam_channel::{Receiver, RecvTimeoutError};
+use redb::{Database, ReadTransaction, ReadableDatabase, WriteTransaction};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// When the delta is checkpointed. A checkpoint starts when the active layer reaches
+/// `events` events or `delta_bytes` bytes, when it is `interval` old, and at close.
+/// `delta_bytes_max` bounds the whole delta: at it, the writer waits for the
+/// checkpointer before it accepts more work.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CheckpointPolicy {
+    /// Events in the active layer that start a checkpoint. Default 16,384.
+    pub events: u64,
+    /// Bytes in the active layer that start a checkpoint. Default 32 MiB.
+    pub delta_bytes: u64,
+    /// Age of the oldest unflushed batch that starts a checkpoint. Default 1 s.
+    pub interval: Duration,
+    /// Bytes the whole delta may hold; past it commits wait for the checkpointer.
+    /// Default 256 MiB.
+    pub delta_bytes_max: u64,
+}
+
+impl Default for CheckpointPolicy {
+    fn default() -> CheckpointPolicy {
+        CheckpointPolicy {
+            events: 16_384,
+            delta_bytes: 32 << 20,
+            interval: Duration::from_secs(1),
+            delta_bytes_max: 256 << 20,
+        }
+    }
+}
+
+/// What the writer tells the checkpointer.
+pub(crate) enum Signal {
+    /// A layer was frozen.
+    Work,
+    /// Close: checkpoint everything, then stop.
+    Stop,
+}
+
+/// Everything the checkpointer needs.
+pub(crate) struct Checkpointer {
+    pub delta: Arc<Delta>,
+    pub projections: Arc<crate::engine::Db>,
+    pub durability: redb::Durability,
+    pub policy: CheckpointPolicy,
+    pub poisoned: Arc<std::sync::atomic::AtomicBool>,
+    pub stats: Arc<crate::engine::EngineStats>,
+}
+
+impl Checkpointer {
+    /// The checkpointer thread: checkpoints frozen layers as they come, freezes the
+    /// active layer when it is `interval` old, and drains everything at close.
+    pub fn run(self, rx: Receiver<Signal>) {
+        let tick = self.policy.interval.min(Duration::from_millis(250)).max(Duration::from_millis(1));
+        loop {
+            let stop = match rx.recv_timeout(tick) {
+                Ok(Signal::Work) | Err(RecvTimeoutError::Timeout) => false,
+                Ok(Signal::Stop) | Err(RecvTimeoutError::Disconnected) => true,
+            };
+            let (_, _, age) = self.delta.active_stats();
+            if stop || age.is_some_and(|a| a >= self.policy.interval) {
+                self.delta.freeze();
+            }
+            if let Err(e) = crate::error::fail_closed("checkpoint", || self.drain()) {
+                if !matches!(e, Error::Poisoned) {
+                    self.poisoned.store(true, Ordering::Release);
+                }
+                self.delta.notify();
+                return;
+            }
+            if stop {
+                return;
+            }
+        }
+    }
+
+    /// Checkpoints every frozen layer, oldest first.
+    fn drain(&self) -> Result<()> {
+        while let Some(layer) = self.delta.oldest_frozen() {
+            if self.poisoned.load(Ordering::Acquire) {
+                return Err(Error::Poisoned);
+            }
+            let rows = write_layer(&self.projections, &layer.read(), self.durability)?;
+            self.delta.publish(&layer);
+            self.stats.checkpoints.fetch_add(1, Ordering::Relaxed);
+            self.stats.checkpoint_rows.fetch_add(rows, Ordering::Relaxed);
+        }
+        Ok(())
+    }
+}
+
+/// Writes a layer's newest rows and moves every cursor to its last seq, in one
+/// transaction. Returns the rows written.
+pub(crate) fn write_layer(db: &Database, layer: &crate::delta::Layer, durability: redb::Durability) -> Result<u64> {
+    let mut txn = db.begin_write()?;
+    txn.set_durability(durability)?;
+    {
+        let mut table = txn.open_table(PROJECTIONS)?;
+        for (key, value) in layer.newest() {
+            match value {
+                Some(v) => {
+                    table.insert(key, &**v)?;
+                }
+                None => {
+                    table.remove(key)?;
+                }
+            }
+        }
+        write_cursors(&txn, ProjectionSet::all(), layer.last_seq, &layer.last_hash)?;
+    }
+    txn.commit()?;
+    Ok(layer.rows() as u64)
+}
+
+/// Writes the format, the versions and cursors of `set` and the checkpoint mark.
+fn write_cursors(txn: &WriteTransaction, set: ProjectionSet, seq: u64, hash: &ChainHash) -> Result<()> {
+    let mut meta = txn.open_table(META)?;
+    meta.insert(meta_keys::FORMAT, tables::PROJECTIONS_FORMAT.to_le_bytes().as_slice())?;
+    for p in set.iter() {
+        tables::write_projection_meta(&mut meta, p, seq)?;
+    }
+    meta.insert(meta_keys::CHECKPOINT, tables::encode_tip(seq, hash).as_slice())?;
+    Ok(())
+}
+
+/// Where each projection of a projections file stands against a log.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Cursors {
+    /// Per projection (in [`Projection::ALL`] order): the last seq folded, 0 for one that
+    /// must be folded from the start.
+    pub seqs: [u64; Projection::ALL.len()],
+}
+
+impl Cursors {
+    fn all(seq: u64) -> Cursors {
+        Cursors { seqs: [seq; Projection::ALL.len()] }
+    }
+
+    /// The smallest cursor.
+    pub fn min(&self) -> u64 {
+        self.seqs.iter().copied().min().unwrap_or(0)
+    }
+
+    /// The projections whose cursor is below `seq`.
+    pub fn behind(&self, seq: u64) -> ProjectionSet {
+        Projection::ALL.iter().zip(self.seqs).filter(|(_, c)| *c < seq).map(|(p, _)| *p).collect()
+    }
+
+    /// These cursors with the projections of `set` reset to 0.
+    pub fn reset(mut self, set: ProjectionSet) -> Cursors {
+        for (i, p) in Projection::ALL.iter().enumerate() {
+            if set.contains(*p) {
+                self.seqs[i] = 0;
+            }
+        }
+        self
+    }
+}
+
+/// Reads the cursors of a projections file snapshot and checks them against the log: a
+/// projection with another version, a cursor that is not the checkpoint's, or a
+/// checkpoint that is not on this log (past its tip, or another chain hash at that seq)
+/// starts from 0.
+pub(crate) fn read_cursors(proj: &ReadTransaction, log: &ReadTransaction, chain: &LogChain, tip: &Tip) -> Result<Cursors> {
+    let Ok(meta) = proj.open_table(META) else {
+        return Ok(Cursors::all(0));
+    };
+    let format = meta.get(meta_keys::FORMAT)?.and_then(|g| tables::meta_u64(g.value()));
+    let mark = meta.get(meta_keys::CHECKPOINT)?.map(|g| tables::decode_tip(g.value())).transpose();
+    let (seq, hash) = match (format, mark) {
+        (Some(f), Ok(Some(mark))) if f == tables::PROJECTIONS_FORMAT as u64 => mark,
+        _ => return Ok(Cursors::all(0)),
+    };
+    if seq > tip.seq || hash_at(&log.open_table(LOG)?, chain, seq)? != hash {
+        return Ok(Cursors::all(0));
+    }
+    let mut cursors = Cursors::all(0);
+    for (i, p) in Projection::ALL.iter().enumerate() {
+        let version = meta.get(meta_keys::version(*p).as_str())?.and_then(|g| tables::meta_u64(g.value()));
+        let cursor = meta.get(meta_keys::cursor(*p).as_str())?.and_then(|g| tables::meta_u64(g.value()));
+        if version == Some(p.version() as u64) && cursor == Some(seq) {
+            cursors.seqs[i] = seq;
+        }
+    }
+    Ok(cursors)
+}
+
+/// Events folded between flushes of a catch-up or rebuild's write-back overlay.
+pub const FOLD_CHUNK_EVENTS: u64 = 65_536;
+
+/// Brings the projections file up to the log tip: the projections at cursor 0 are
+/// dropped, then every record past the smallest cursor is chain-checked, decoded and
+/// folded into the projections behind it, through a write-back overlay flushed in
+/// physical key order every [`FOLD_CHUNK_EVENTS`] events (bounded memory), and the
+/// cursors move to the tip, all in one durable transaction. This is the checkpointer run
+/// from the cursors: recovery at open runs it from the last checkpoint, a rebuild from 0.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn catch_up(
+    proj: &Database,
+    log: &ReadTransaction,
+    chain: &LogChain,
+    limits: &Limits,
+    tip: &Tip,
+    cursors: &Cursors,
+    durability: redb::Durability,
+    progress: Progress<'_>,
+) -> Result<RebuildStats> {
+    let started = Instant::now();
+    let mut txn = proj.begin_write()?;
+    txn.set_durability(durability)?;
+    tables::create_projection_tables(&txn)?;
+    let fresh = cursors.behind(1);
+    if fresh == ProjectionSet::all() {
+        txn.delete_table(PROJECTIONS)?;
+        tables::create_projection_tables(&txn)?;
+    } else if fresh != ProjectionSet::none() {
+        let doomed: Vec<crate::Table> = fresh.iter().flat_map(|p| p.tables().iter().copied()).collect();
+        tables::clear_projection_tables(&txn, &doomed)?;
+    }
+    let (mut events, mut bytes) = (0u64, 0u64);
+    {
+        let mut store = RedbStore::open(&txn)?;
+        let mut overlay = Overlay::new(&store);
+        let from = cursors.min();
+        let total = tip.seq.saturating_sub(from);
+        for entry in LogTail::new(log, chain, from, tip.seq, limits.record_bytes_max, limits.content_bytes_max)? {
+            let entry = entry?;
+            evolve(&mut overlay, &entry.record, &entry.introduced, cursors.behind(entry.record.seq))?;
+            events += 1;
+            bytes += entry.bytes;
+            if events % FOLD_CHUNK_EVENTS == 0 {
+                store.apply(overlay.into_writes())?;
+                overlay = Overlay::new(&store);
+                progress(events, total);
+            }
+        }
+        store.apply(overlay.into_writes())?;
+        progress(events, total);
+    }
+    write_cursors(&txn, ProjectionSet::all(), tip.seq, &tip.hash)?;
+    txn.commit()?;
+    Ok(RebuildStats { events, bytes, elapsed: started.elapsed() })
+}
+
+/// Folds the log past the delta's seq into the delta, in memory (read-only openers).
+pub(crate) fn fold_tail(delta: &Delta, log: &dyn ReadableDatabase, chain: &LogChain, limits: &Limits) -> Result<u64> {
+    let (txn, tip) = crate::log::read_tip(log, chain)?;
+    let view = delta.view()?;
+    if tip.seq <= view.seq() {
+        return Ok(0);
+    }
+    let mut overlay = Overlay::new(&view);
+    let mut events = 0;
+    for entry in LogTail::new(&txn, chain, view.seq(), tip.seq, limits.record_bytes_max, limits.content_bytes_max)? {
+        let entry = entry?;
+        evolve(&mut overlay, &entry.record, &entry.introduced, ProjectionSet::all())?;
+        events += 1;
+    }
+    let writes = overlay.into_writes();
+    drop(view);
+    delta.apply(writes, tip.seq, tip.hash, events);
+    Ok(events)
+}
+
+/// An empty projections database in memory, for a read-only opener that finds no usable
+/// projections file (it then folds the whole log).
+pub(crate) fn empty_projections() -> Result<Database> {
+    let db = redb::Builder::new().create_with_backend(redb::backends::InMemoryBackend::new())?;
+    let txn = db.begin_write()?;
+    tables::create_projection_tables(&txn)?;
+    txn.commit()?;
+    Ok(db)
+}
+
+/// A read-only delta over a pinned checkpoint snapshot, caught up with the log.
+pub(crate) fn read_only_delta(
+    log: Arc<dyn ReadableDatabase + Send + Sync>,
+    proj: &dyn ReadableDatabase,
+    fallback: &Database,
+    chain: &LogChain,
+    limits: &Limits,
+) -> Result<Delta> {
+    let (log_txn, tip) = crate::log::read_tip(&*log, chain)?;
+    let pinned = proj.begin_read()?;
+    let cursors = read_cursors(&pinned, &log_txn, chain, &tip)?;
+    let (pinned, base) = if cursors.min() > 0 && cursors.behind(cursors.min() + 1) == ProjectionSet::all() {
+        (pinned, cursors.min())
+    } else {
+        (fallback.begin_read()?, 0)
+    };
+    let hash = if base == 0 { chain.genesis() } else { hash_at(&log_txn.open_table(LOG)?, chain, base)? };
+    drop(log_txn);
+    let delta = Delta::new(log.clone(), Checkpoints::Pinned(Arc::new(pinned)), base, hash);
+    fold_tail(&delta, &*log, chain, limits)?;
+    Ok(delta)
+}

@@ -1,0 +1,402 @@
+//! The delta and the view.
+//!
+//! The delta holds every projection row `evolve` wrote since the last checkpoint, in
+//! memory, as layers of versioned rows: each row keeps one version per batch that wrote
+//! it, tagged with the batch's last seq. The newest layer is active (the writer applies
+//! each durable batch to it); older layers are frozen and wait for the checkpointer,
+//! which writes a frozen layer's newest rows into the projections file and then drops
+//! the layer.
+//!
+//! A [`View`] is what `decide` and every query read: the layers and a snapshot of the
+//! projections file, taken together under the delta's lock, read at one seq (the last
+//! published batch). A row is the newest version at or below that seq in the newest
+//! layer that has one, else the checkpoint's row. Versions above the view's seq are
+//! invisible to it, so a batch applied while a query runs does not show up half-way; a
+//! checkpoint committed while a query runs holds only rows that the query's layers also
+//! hold, so which snapshot of the projections file a view got does not change what it
+//! reads.
+
+use crate::error::{Error, Location, Result};
+use crate::store::{Store, Table, Writes};
+use crate::tables::{self, logical_key, physical_key, CONTENT, PROJECTIONS};
+use annal_codec::{ChainHash, ContentId};
+use parking_lot::{Condvar, Mutex, RwLock};
+use redb::{ReadTransaction, ReadableDatabase};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Instant;
+
+/// A row version: the value, or `None` for a removal.
+pub(crate) type Value = Option<Arc<[u8]>>;
+
+/// Bytes a row version costs beyond its key and value (map node, version entry).
+const VERSION_OVERHEAD_BYTES: u64 = 48;
+
+/// Projection rows folded from a contiguous range of the log.
+#[derive(Debug)]
+pub(crate) struct Layer {
+    /// Physical key → versions, oldest first.
+    rows: BTreeMap<Vec<u8>, Vec<(u64, Value)>>,
+    /// The last seq folded into this layer.
+    pub last_seq: u64,
+    /// `h(last_seq)`.
+    pub last_hash: ChainHash,
+    /// Events folded into this layer.
+    pub events: u64,
+    /// Approximate memory held.
+    pub bytes: u64,
+    /// When the first batch arrived.
+    pub started: Option<Instant>,
+}
+
+impl Layer {
+    fn new(last_seq: u64, last_hash: ChainHash) -> Layer {
+        Layer { rows: BTreeMap::new(), last_seq, last_hash, events: 0, bytes: 0, started: None }
+    }
+
+    /// The version of `key` visible at `seq`, if this layer has one.
+    fn get_at(&self, key: &[u8], seq: u64) -> Option<&Value> {
+        let versions = self.rows.get(key)?;
+        versions.iter().rev().find(|(s, _)| *s <= seq).map(|(_, v)| v)
+    }
+
+    /// Adds the writes of a batch that ends at `seq`.
+    fn apply(&mut self, writes: Writes, seq: u64, hash: ChainHash, events: u64) {
+        for (table, rows) in writes {
+            for (key, value) in rows {
+                let physical = physical_key(table, &key);
+                let value: Value = value.map(Arc::from);
+                self.bytes += VERSION_OVERHEAD_BYTES + value.as_ref().map_or(0, |v| v.len() as u64);
+                match self.rows.get_mut(&physical) {
+                    Some(versions) => versions.push((seq, value)),
+                    None => {
+                        self.bytes += physical.len() as u64;
+                        self.rows.insert(physical, vec![(seq, value)]);
+                    }
+                }
+            }
+        }
+        self.started.get_or_insert_with(Instant::now);
+        self.last_seq = seq;
+        self.last_hash = hash;
+        self.events += events;
+    }
+
+    /// Every row's newest version, in physical key order: what a checkpoint writes.
+    pub fn newest(&self) -> impl Iterator<Item = (&[u8], &Value)> {
+        self.rows.iter().filter_map(|(k, v)| v.last().map(|(_, v)| (k.as_slice(), v)))
+    }
+
+    /// Rows in this layer.
+    pub fn rows(&self) -> usize {
+        self.rows.len()
+    }
+}
+
+/// A layer, shared between the delta and the views that captured it.
+pub(crate) type LayerRef = Arc<RwLock<Layer>>;
+
+/// Where a view's checkpoint snapshot comes from.
+pub(crate) enum Checkpoints {
+    /// The projections file, read anew by each view (the engine).
+    Live(Arc<dyn ReadableDatabase + Send + Sync>),
+    /// One snapshot for the reader's lifetime (a read-only opener, whose delta starts at
+    /// that snapshot's cursor).
+    Pinned(Arc<ReadTransaction>),
+}
+
+struct State {
+    /// Oldest first; the last one is active.
+    layers: Vec<LayerRef>,
+    /// The seq every new view reads at: the last batch applied.
+    visible: u64,
+    /// `h(visible)`.
+    visible_hash: ChainHash,
+}
+
+/// The in-memory delta over the last checkpoint, and the source of [`View`]s.
+pub(crate) struct Delta {
+    state: RwLock<State>,
+    log: Arc<dyn ReadableDatabase + Send + Sync>,
+    checkpoints: Checkpoints,
+    /// Signalled whenever a layer is checkpointed (backpressure and drains wait on it).
+    progress: (Mutex<()>, Condvar),
+}
+
+impl Delta {
+    /// A delta with no rows over a checkpoint at `seq`.
+    pub fn new(
+        log: Arc<dyn ReadableDatabase + Send + Sync>,
+        checkpoints: Checkpoints,
+        seq: u64,
+        hash: ChainHash,
+    ) -> Delta {
+        Delta {
+            state: RwLock::new(State {
+                layers: vec![Arc::new(RwLock::new(Layer::new(seq, hash)))],
+                visible: seq,
+                visible_hash: hash,
+            }),
+            log,
+            checkpoints,
+            progress: (Mutex::new(()), Condvar::new()),
+        }
+    }
+
+    /// A consistent view at the last published batch.
+    pub fn view(&self) -> Result<View> {
+        let state = self.state.read();
+        let ckpt = match &self.checkpoints {
+            Checkpoints::Live(db) => Arc::new(db.begin_read()?),
+            Checkpoints::Pinned(txn) => txn.clone(),
+        };
+        let log = Arc::new(self.log.begin_read()?);
+        Ok(View {
+            seq: state.visible,
+            hash: state.visible_hash,
+            layers: state.layers.clone(),
+            ckpt,
+            log,
+            table: std::cell::OnceCell::new(),
+        })
+    }
+
+    /// Applies a durable batch ending at `seq` to the active layer and publishes it: new
+    /// views read it from now on.
+    pub fn apply(&self, writes: Writes, seq: u64, hash: ChainHash, events: u64) {
+        let mut state = self.state.write();
+        if let Some(active) = state.layers.last() {
+            active.write().apply(writes, seq, hash, events);
+        }
+        state.visible = seq;
+        state.visible_hash = hash;
+    }
+
+    /// (events, bytes, age) of the active layer.
+    pub fn active_stats(&self) -> (u64, u64, Option<std::time::Duration>) {
+        let state = self.state.read();
+        let active = state.layers.last().map(|l| {
+            let l = l.read();
+            (l.events, l.bytes, l.started.map(|s| s.elapsed()))
+        });
+        active.unwrap_or((0, 0, None))
+    }
+
+    /// Bytes held by every layer.
+    pub fn bytes(&self) -> u64 {
+        self.state.read().layers.iter().map(|l| l.read().bytes).sum()
+    }
+
+    /// Freezes the active layer if it holds anything, and starts a new one. Returns
+    /// whether a layer was frozen.
+    pub fn freeze(&self) -> bool {
+        let mut state = self.state.write();
+        let (seq, hash) = (state.visible, state.visible_hash);
+        let empty = state.layers.last().is_none_or(|l| l.read().events == 0);
+        if empty {
+            return false;
+        }
+        state.layers.push(Arc::new(RwLock::new(Layer::new(seq, hash))));
+        true
+    }
+
+    /// The oldest frozen layer, if any waits for a checkpoint.
+    pub fn oldest_frozen(&self) -> Option<LayerRef> {
+        let state = self.state.read();
+        (state.layers.len() > 1).then(|| state.layers[0].clone())
+    }
+
+    /// Frozen layers waiting for a checkpoint.
+    pub fn frozen(&self) -> usize {
+        self.state.read().layers.len().saturating_sub(1)
+    }
+
+    /// Drops `layer` after its checkpoint committed, and wakes whoever waits on progress.
+    pub fn publish(&self, layer: &LayerRef) {
+        {
+            let mut state = self.state.write();
+            state.layers.retain(|l| !Arc::ptr_eq(l, layer));
+        }
+        self.notify();
+    }
+
+    /// Wakes everyone waiting for progress (also on failure, so they can give up).
+    pub fn notify(&self) {
+        let _guard = self.progress.0.lock();
+        self.progress.1.notify_all();
+    }
+
+    /// Waits until `done()` holds, re-checking at each checkpoint.
+    pub fn wait_until(&self, mut done: impl FnMut(&Delta) -> bool) {
+        let mut guard = self.progress.0.lock();
+        while !done(self) {
+            self.progress.1.wait_for(&mut guard, std::time::Duration::from_millis(50));
+        }
+    }
+}
+
+/// A consistent read of the projections (checkpoint plus delta) and the log, at one seq.
+/// Implements [`Store`] for `decide` and the queries. Writes through it are refused.
+pub struct View {
+    seq: u64,
+    hash: ChainHash,
+    layers: Vec<LayerRef>,
+    ckpt: Arc<ReadTransaction>,
+    log: Arc<ReadTransaction>,
+    table: std::cell::OnceCell<redb::ReadOnlyTable<&'static [u8], &'static [u8]>>,
+}
+
+impl std::fmt::Debug for View {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("View").field("seq", &self.seq).finish_non_exhaustive()
+    }
+}
+
+impl View {
+    /// The seq this view reads at: every commit up to it, nothing after.
+    pub fn seq(&self) -> u64 {
+        self.seq
+    }
+
+    /// `h(seq)`.
+    pub fn hash(&self) -> ChainHash {
+        self.hash
+    }
+
+    /// The log file snapshot (it may hold commits past [`View::seq`]; reads stop there).
+    pub(crate) fn log(&self) -> &ReadTransaction {
+        &self.log
+    }
+
+    /// The records after `after` up to this view's seq, in order, each chain-checked
+    /// and paired with the content it introduced: what an offline fold reads.
+    pub fn log_entries(&self, after: u64, limits: &crate::Limits, chain: &annal_codec::LogChain) -> Result<crate::log::LogTail> {
+        crate::log::LogTail::new(&self.log, chain, after, self.seq, limits.record_bytes_max, limits.content_bytes_max)
+    }
+
+    /// The stored bytes of record `seq`, unchecked, if it is at or below this view's seq.
+    pub fn raw_record(&self, seq: u64) -> Result<Option<Vec<u8>>> {
+        if seq > self.seq {
+            return Ok(None);
+        }
+        Ok(self.log.open_table(tables::LOG)?.get(seq)?.map(|g| g.value().to_vec()))
+    }
+
+    fn table(&self) -> Result<&redb::ReadOnlyTable<&'static [u8], &'static [u8]>> {
+        if let Some(t) = self.table.get() {
+            return Ok(t);
+        }
+        let t = self.ckpt.open_table(PROJECTIONS)?;
+        Ok(self.table.get_or_init(|| t))
+    }
+
+    /// The delta's version of a physical key, if a layer has one at this view's seq.
+    fn delta_get(&self, physical: &[u8]) -> Option<Value> {
+        self.layers.iter().rev().find_map(|l| l.read().get_at(physical, self.seq).cloned())
+    }
+
+    /// Calls `f(logical key, value)` for the rows of `t` whose logical key starts with
+    /// `prefix`, in key order, until it returns false.
+    pub fn scan(&self, t: Table, prefix: &[u8], mut f: impl FnMut(&[u8], &[u8]) -> Result<bool>) -> Result<()> {
+        let start = if t.session_scoped() && prefix.len() < 16 { vec![0u8] } else { physical_key(t, prefix) };
+        self.scan_physical(&start, &mut |physical, value| match logical_key(physical) {
+            Some((lt, logical)) if lt == t && logical.starts_with(prefix) => f(&logical, value),
+            Some(_) => Ok(true),
+            None => Err(tables::bad_physical(physical)),
+        })
+    }
+
+    /// Every row whose physical key starts with `start`, checkpoint and delta merged, in
+    /// physical key order, until `f` returns false.
+    pub(crate) fn scan_physical(&self, start: &[u8], f: &mut dyn FnMut(&[u8], &[u8]) -> Result<bool>) -> Result<()> {
+        let mut delta: BTreeMap<Vec<u8>, Value> = BTreeMap::new();
+        for layer in &self.layers {
+            let layer = layer.read();
+            for (k, _) in layer.rows.range(start.to_vec()..) {
+                if !k.starts_with(start) {
+                    break;
+                }
+                if let Some(v) = layer.get_at(k, self.seq) {
+                    delta.insert(k.clone(), v.clone());
+                }
+            }
+        }
+        let mut delta = delta.into_iter().peekable();
+        let mut base = self.table()?.range(start..)?;
+        let mut next_base = move || -> Result<Option<(Vec<u8>, Vec<u8>)>> {
+            match base.next() {
+                Some(entry) => {
+                    let (k, v) = entry?;
+                    let k = k.value();
+                    Ok(k.starts_with(start).then(|| (k.to_vec(), v.value().to_vec())))
+                }
+                None => Ok(None),
+            }
+        };
+        let mut b = next_base()?;
+        loop {
+            let take_delta = match (&b, delta.peek()) {
+                (None, None) => return Ok(()),
+                (None, Some(_)) => true,
+                (Some(_), None) => false,
+                (Some((bk, _)), Some((dk, _))) => dk <= bk,
+            };
+            let keep_going = if take_delta {
+                let (dk, dv) = delta.next().unwrap_or_default();
+                if matches!(&b, Some((bk, _)) if *bk == dk) {
+                    b = next_base()?;
+                }
+                match dv {
+                    Some(v) => f(&dk, &v)?,
+                    None => true,
+                }
+            } else {
+                let (bk, bv) = b.take().unwrap_or_default();
+                b = next_base()?;
+                f(&bk, &bv)?
+            };
+            if !keep_going {
+                return Ok(());
+            }
+        }
+    }
+
+    /// A content object, verified against its id, if it is stored at this view's seq.
+    pub fn content(&self, id: &ContentId, object_bytes_max: u64) -> Result<Option<Vec<u8>>> {
+        let Some(seq) = self.content_seq(id)? else {
+            return Ok(None);
+        };
+        let content = self.log.open_table(CONTENT)?;
+        crate::log::read_object(&content, seq, id, object_bytes_max).map(Some)
+    }
+
+    /// The seq whose content row holds `id`, from the content-id index.
+    pub(crate) fn content_seq(&self, id: &ContentId) -> Result<Option<u64>> {
+        match self.get(Table::ContentIndex, &id.0)? {
+            None => Ok(None),
+            Some(v) => match <[u8; 8]>::try_from(v.as_slice()) {
+                Ok(b) if u64::from_be_bytes(b) <= self.seq => Ok(Some(u64::from_be_bytes(b))),
+                _ => Err(Error::corrupt(
+                    Location::Projection { table: Table::ContentIndex.name(), key: id.to_hex() },
+                    "bad content index row",
+                )),
+            },
+        }
+    }
+}
+
+impl Store for View {
+    fn get(&self, table: Table, key: &[u8]) -> Result<Option<Vec<u8>>> {
+        let physical = physical_key(table, key);
+        if let Some(v) = self.delta_get(&physical) {
+            return Ok(v.map(|v| v.to_vec()));
+        }
+        Ok(self.table()?.get(physical.as_slice())?.map(|g| g.value().to_vec()))
+    }
+    fn put(&mut self, _: Table, _: &[u8], _: &[u8]) -> Result<()> {
+        Err(Error::Storage("a view is read-only".into()))
+    }
+    fn remove(&mut self, _: Table, _: &[u8]) -> Result<()> {
+        Err(Error::Storage("a view is read-only".into()))
+    }
+}

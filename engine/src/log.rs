@@ -1,0 +1,320 @@
+//! The log: the only durable, authoritative state, written only by appending.
+//!
+//! [`append`] is the one appender: the writer's group commit and import both call it.
+//! It writes, in one transaction, each record (sealed with its chain hash) under its
+//! seq, the content row of the objects the record introduced under the same seq, and
+//! the tip in `meta`. Nothing else: every index over the log is a projection.
+//! [`open_log`] holds the open checks (format, key, tip against the last record) and
+//! [`LogTail`] reads records back, chain-checked, for recovery, rebuild and readers.
+
+use crate::error::{Error, Location, Result};
+use crate::tables::{self, meta_keys, CONTENT, LOG, META};
+use annal_codec::content::{entries, push_entry};
+use annal_codec::{decode_record, encode_record, verify_chain, ChainHash, ContentId, LogChain, Record};
+use redb::{Database, ReadTransaction, ReadableDatabase, ReadableTable, ReadableTableMetadata, WriteTransaction};
+
+/// The log tip as the writer sees it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Tip {
+    /// Last seq (0 for an empty log).
+    pub seq: u64,
+    /// `h(seq)`.
+    pub hash: ChainHash,
+    /// `committed_at` of the last record, so the clock never goes back.
+    pub clock_ms: u64,
+}
+
+/// A record and the content objects it introduces (id and canonical bytes, in the
+/// order the record first refers to them).
+#[derive(Clone, Debug)]
+pub(crate) struct Entry {
+    pub record: Record,
+    pub content: Vec<(ContentId, Vec<u8>)>,
+}
+
+/// What [`append`] wrote.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Appended {
+    /// Record bytes.
+    pub record_bytes: u64,
+    /// Content row bytes.
+    pub content_bytes: u64,
+}
+
+/// Appends `entries` after `tip` in `txn`: records, content rows and the tip. The
+/// entries' seqs must follow `tip` densely (the caller assigned them).
+pub(crate) fn append(
+    txn: &WriteTransaction,
+    tip: Tip,
+    chain: &LogChain,
+    record_bytes_max: u64,
+    entries: &[Entry],
+) -> Result<(Tip, Appended)> {
+    let mut next = tip;
+    let mut written = Appended::default();
+    let mut log = txn.open_table(LOG)?;
+    let mut content = txn.open_table(CONTENT)?;
+    let mut row = Vec::new();
+    for entry in entries {
+        let record = &entry.record;
+        if record.seq != next.seq + 1 {
+            return Err(Error::Storage(format!("append: seq {} does not follow {}", record.seq, next.seq)));
+        }
+        let (bytes, hash) = encode_record(record, &next.hash, chain, record_bytes_max)
+            .map_err(|e| Error::Storage(format!("encode record {}: {e}", record.seq)))?;
+        log.insert(record.seq, bytes.as_slice())?;
+        written.record_bytes += bytes.len() as u64;
+        if !entry.content.is_empty() {
+            row.clear();
+            for (id, bytes) in &entry.content {
+                push_entry(&mut row, id, bytes);
+            }
+            content.insert(record.seq, row.as_slice())?;
+            written.content_bytes += row.len() as u64;
+        }
+        next = Tip { seq: record.seq, hash, clock_ms: record.committed_at_ms.max(next.clock_ms) };
+    }
+    let mut meta = txn.open_table(META)?;
+    meta.insert(meta_keys::TIP, tables::encode_tip(next.seq, &next.hash).as_slice())?;
+    Ok((next, written))
+}
+
+/// Reads the log tip and last commit time, checking them against `meta`.
+pub(crate) fn load_tip(txn: &ReadTransaction, chain: &LogChain) -> Result<Tip> {
+    let meta = txn.open_table(META)?;
+    let log = txn.open_table(LOG)?;
+    let last = log.last()?.map(|(k, v)| (k.value(), v.value().to_vec()));
+    let stored = meta.get(meta_keys::TIP)?.map(|g| tables::decode_tip(g.value())).transpose()?;
+    let tip_location = || Location::Meta { key: meta_keys::TIP.into() };
+    match (last, stored) {
+        (None, None) => Ok(Tip { seq: 0, hash: chain.genesis(), clock_ms: 0 }),
+        (Some((last_seq, bytes)), Some((seq, hash))) => {
+            if last_seq != seq || annal_codec::stored_chain_hash(&bytes) != Some(hash) {
+                return Err(Error::corrupt(
+                    tip_location(),
+                    format!("meta tip {seq} does not match the last record {last_seq}"),
+                ));
+            }
+            let header =
+                annal_codec::decode_header(&bytes, u64::MAX).map_err(|source| Error::Decode { seq, source })?;
+            Ok(Tip { seq, hash, clock_ms: header.committed_at_ms })
+        }
+        _ => Err(Error::corrupt(tip_location(), "meta tip and log disagree about emptiness")),
+    }
+}
+
+/// The chain hash stored in record `seq` (`genesis` for 0).
+pub(crate) fn hash_at(log: &impl ReadableTable<u64, &'static [u8]>, chain: &LogChain, seq: u64) -> Result<ChainHash> {
+    if seq == 0 {
+        return Ok(chain.genesis());
+    }
+    match log.get(seq)? {
+        Some(g) => annal_codec::stored_chain_hash(g.value())
+            .ok_or_else(|| Error::corrupt(Location::Log { seq }, "record too short")),
+        None => Err(Error::corrupt(Location::Log { seq }, "missing record")),
+    }
+}
+
+/// The ids of the objects in content row `seq` (none if the record introduced none).
+pub(crate) fn introduced(
+    content: &impl ReadableTable<u64, &'static [u8]>,
+    seq: u64,
+    object_bytes_max: u64,
+) -> Result<Vec<ContentId>> {
+    let Some(row) = content.get(seq)? else {
+        return Ok(Vec::new());
+    };
+    entries(row.value(), object_bytes_max)
+        .map(|e| e.map(|e| e.id).map_err(|e| Error::corrupt(Location::Log { seq }, format!("content row: {e}"))))
+        .collect()
+}
+
+/// Reads object `id` from content row `seq` and checks it against its id.
+pub(crate) fn read_object(
+    content: &impl ReadableTable<u64, &'static [u8]>,
+    seq: u64,
+    id: &ContentId,
+    object_bytes_max: u64,
+) -> Result<Vec<u8>> {
+    let location = || Location::Content { id: id.to_hex() };
+    let row = content.get(seq)?.ok_or_else(|| Error::corrupt(location(), format!("content row {seq} is missing")))?;
+    let entry = annal_codec::content::find(row.value(), id, object_bytes_max)
+        .map_err(|e| Error::corrupt(location(), format!("content row {seq}: {e}")))?
+        .ok_or_else(|| Error::corrupt(location(), format!("not in content row {seq}")))?;
+    match entry.verify() {
+        Some(bytes) => Ok(bytes.to_vec()),
+        None => Err(Error::corrupt(location(), "bytes do not hash to the id")),
+    }
+}
+
+/// Reads the log after a seq, in order: each record chain-checked against the one
+/// before it, decoded, and paired with the ids of the content it introduced. Stops at
+/// the first error (a gap, a broken chain, a record that does not decode).
+pub struct LogTail {
+    log: redb::Range<'static, u64, &'static [u8]>,
+    content: redb::ReadOnlyTable<u64, &'static [u8]>,
+    chain: LogChain,
+    prev: ChainHash,
+    next_seq: u64,
+    last_seq: u64,
+    record_bytes_max: u64,
+    object_bytes_max: u64,
+    failed: bool,
+}
+
+/// One record read by [`LogTail`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LogEntry {
+    /// The decoded record.
+    pub record: Record,
+    /// The content objects stored with it (its content row), in row order.
+    pub introduced: Vec<ContentId>,
+    /// The record's stored size.
+    pub bytes: u64,
+}
+
+impl LogTail {
+    /// Reads records `after + 1 ..= last` of the log in `txn`.
+    pub(crate) fn new(
+        txn: &ReadTransaction,
+        chain: &LogChain,
+        after: u64,
+        last: u64,
+        record_bytes_max: u64,
+        object_bytes_max: u64,
+    ) -> Result<LogTail> {
+        let log = txn.open_table(LOG)?;
+        Ok(LogTail {
+            prev: hash_at(&log, chain, after)?,
+            log: log.range(after + 1..=last.max(after))?,
+            content: txn.open_table(CONTENT)?,
+            chain: chain.clone(),
+            next_seq: after + 1,
+            last_seq: last,
+            record_bytes_max,
+            object_bytes_max,
+            failed: false,
+        })
+    }
+
+    fn read(&mut self, seq: u64, raw: &[u8]) -> Result<LogEntry> {
+        if seq != self.next_seq {
+            return Err(Error::corrupt(Location::Log { seq: self.next_seq }, format!("gap: next record is {seq}")));
+        }
+        let hash = verify_chain(raw, &self.prev, &self.chain, seq).map_err(|source| Error::Decode { seq, source })?;
+        let decoded = decode_record(raw, self.record_bytes_max).map_err(|source| Error::Decode { seq, source })?;
+        if decoded.record.seq != seq {
+            return Err(Error::corrupt(Location::Log { seq }, "record seq differs from its key"));
+        }
+        let introduced = introduced(&self.content, seq, self.object_bytes_max)?;
+        self.prev = hash;
+        self.next_seq += 1;
+        Ok(LogEntry { record: decoded.record, introduced, bytes: raw.len() as u64 })
+    }
+}
+
+impl Iterator for LogTail {
+    type Item = Result<LogEntry>;
+
+    fn next(&mut self) -> Option<Result<LogEntry>> {
+        if self.failed {
+            return None;
+        }
+        let item = match self.log.next() {
+            Some(Ok((k, v))) => self.read(k.value(), v.value()),
+            Some(Err(e)) => Err(e.into()),
+            None if self.next_seq <= self.last_seq => {
+                Err(Error::corrupt(Location::Log { seq: self.next_seq }, "missing record before the tip"))
+            }
+            None => return None,
+        };
+        self.failed = item.is_err();
+        Some(item)
+    }
+}
+
+/// What the log file's `meta` says about opening it.
+pub(crate) enum LogState {
+    /// Ready: format and key check out.
+    Ready,
+    /// A new, empty file: the format (and key check) must be written.
+    New,
+}
+
+/// Checks the log file's format and key on a read snapshot.
+pub(crate) fn check_log(txn: &ReadTransaction, chain: &LogChain) -> Result<LogState> {
+    let names: Vec<String> = txn.list_tables()?.map(|t| redb::TableHandle::name(&t).to_string()).collect();
+    if !names.iter().any(|n| n == META.name_str()) {
+        return if names.is_empty() { Ok(LogState::New) } else { Err(missing_format()) };
+    }
+    let meta = txn.open_table(META)?;
+    let format = meta.get(meta_keys::FORMAT)?.map(|g| tables::meta_u64(g.value()));
+    let log_empty = !names.iter().any(|n| n == LOG.name_str()) || txn.open_table(LOG)?.is_empty()?;
+    let state = match format {
+        None if log_empty => LogState::New,
+        None => return Err(missing_format()),
+        Some(Some(v)) if v == tables::FORMAT as u64 => LogState::Ready,
+        Some(Some(1)) => return Err(Error::MigrationRequired { found: 1, supported: tables::FORMAT }),
+        Some(found) => {
+            return Err(Error::UnsupportedFormat { found: found.unwrap_or(0) as u32, supported: tables::FORMAT })
+        }
+    };
+    if matches!(state, LogState::Ready) {
+        check_key(meta.get(meta_keys::KEY_CHECK)?.map(|g| g.value().to_vec()), chain)?;
+    }
+    Ok(state)
+}
+
+fn missing_format() -> Error {
+    Error::corrupt(Location::Meta { key: meta_keys::FORMAT.into() }, "missing format version")
+}
+
+fn check_key(stored: Option<Vec<u8>>, chain: &LogChain) -> Result<()> {
+    match (stored, chain.key_check()) {
+        (Some(_), None) => Err(Error::KeyMismatch { detail: "the database has a keyed chain; supply its key".into() }),
+        (None, Some(_)) => Err(Error::KeyMismatch { detail: "the database has a plain chain; open it without a key".into() }),
+        (Some(s), Some(k)) if s[..] != k[..] => Err(Error::KeyMismatch { detail: "wrong chain key".into() }),
+        _ => Ok(()),
+    }
+}
+
+/// Opens the log of `db` for writing: checks format and key, writes them into a new
+/// file (the only write an open makes to the log file), and returns the tip.
+pub(crate) fn open_log(db: &Database, chain: &LogChain) -> Result<Tip> {
+    if let LogState::New = check_log(&db.begin_read()?, chain)? {
+        let mut txn = db.begin_write()?;
+        txn.set_durability(redb::Durability::Immediate)?;
+        tables::create_log_tables(&txn)?;
+        {
+            let mut meta = txn.open_table(META)?;
+            meta.insert(meta_keys::FORMAT, tables::FORMAT.to_le_bytes().as_slice())?;
+            if let Some(check) = chain.key_check() {
+                meta.insert(meta_keys::KEY_CHECK, check.as_slice())?;
+            }
+        }
+        txn.commit()?;
+    }
+    load_tip(&db.begin_read()?, chain)
+}
+
+/// The name of a table definition, as a `&str`.
+trait NameStr {
+    fn name_str(&self) -> &str;
+}
+
+impl<K: redb::Key, V: redb::Value> NameStr for redb::TableDefinition<'_, K, V> {
+    fn name_str(&self) -> &str {
+        redb::TableHandle::name(self)
+    }
+}
+
+/// Whether `db` is readable as a log (for read-only openers).
+pub(crate) fn read_tip(db: &dyn ReadableDatabase, chain: &LogChain) -> Result<(ReadTransaction, Tip)> {
+    let txn = db.begin_read()?;
+    match check_log(&txn, chain)? {
+        LogState::Ready => {}
+        LogState::New => return Ok((txn, Tip { seq: 0, hash: chain.genesis(), clock_ms: 0 })),
+    }
+    let tip = load_tip(&txn, chain)?;
+    Ok((txn, tip))
+}

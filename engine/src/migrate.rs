@@ -1,0 +1,126 @@
+//! Migration of files written by format 1, where the log file also held the projections,
+//! a per-session index and content keyed by id.
+//!
+//! [`migrate`] rewrites such a file in place, in one durable transaction: every record
+//! stays byte for byte (so the chain and every id stay the same), each content object
+//! moves into the content row of the first record that refers to it (a message's
+//! attachments with it), and the format-1 tables and projection metadata are dropped.
+//! The projections file is folded at the next open. An engine refuses a format-1 file
+//! with [`crate::Error::MigrationRequired`], which names `annal migrate`.
+
+use crate::error::{fail_closed, Error, Location, Result};
+use crate::projection::Projection;
+use crate::tables::{self, legacy, meta_keys, CONTENT, LOG, META};
+use annal_codec::content::push_entry;
+use annal_codec::{decode_message, decode_record, verify_chain, ContentId, Event, LogChain};
+use redb::{ReadableDatabase, ReadableTable};
+use std::collections::HashSet;
+use std::path::Path;
+
+/// What a migration did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct MigrateStats {
+    /// The format found.
+    pub from_format: u32,
+    /// Records carried over (byte for byte).
+    pub records: u64,
+    /// Content objects moved into content rows.
+    pub content_objects: u64,
+}
+
+/// Migrates the database at `path` to the current format, in place and all or nothing.
+/// A file already in the current format is left alone. No other process may have it
+/// open. `chain_key` is the key of a keyed chain: the migration verifies the chain of
+/// every record it carries over.
+pub fn migrate(path: impl AsRef<Path>, chain_key: Option<[u8; 32]>) -> Result<MigrateStats> {
+    let path = path.as_ref();
+    let chain = chain_key.map_or_else(LogChain::plain, LogChain::keyed);
+    fail_closed("migrate", || {
+        let db = redb::Database::open(path)?;
+        let format = {
+            let txn = db.begin_read()?;
+            let meta = txn.open_table(META)?;
+            let format = meta.get(meta_keys::FORMAT)?.and_then(|g| tables::meta_u64(g.value()));
+            format.ok_or_else(|| Error::corrupt(Location::Meta { key: meta_keys::FORMAT.into() }, "no format"))?
+        };
+        match format {
+            1 => migrate_v1(&db, &chain),
+            f if f == tables::FORMAT as u64 => Ok(MigrateStats { from_format: f as u32, ..MigrateStats::default() }),
+            f => Err(Error::UnsupportedFormat { found: f as u32, supported: tables::FORMAT }),
+        }
+    })
+}
+
+/// Whether a reference of `event` is to a message object (which may have attachments).
+fn message_refs(event: &Event) -> &[ContentId] {
+    match event {
+        Event::SessionCreated(e) => &e.messages,
+        Event::TurnCommitted(e) => &e.messages,
+        Event::TranscriptRewritten(e) => &e.replacement,
+        _ => &[],
+    }
+}
+
+fn migrate_v1(db: &redb::Database, chain: &LogChain) -> Result<MigrateStats> {
+    let mut stats = MigrateStats { from_format: 1, ..MigrateStats::default() };
+    let mut txn = db.begin_write()?;
+    txn.set_durability(redb::Durability::Immediate)?;
+    {
+        let log = txn.open_table(LOG)?;
+        let old = txn.open_table(legacy::CONTENT)?;
+        let mut rows = txn.open_table(CONTENT)?;
+        let mut seen: HashSet<ContentId> = HashSet::new();
+        let mut prev = chain.genesis();
+        let mut row = Vec::new();
+        for entry in log.iter()? {
+            let (k, v) = entry?;
+            let seq = k.value();
+            if seq != stats.records + 1 {
+                return Err(Error::corrupt(Location::Log { seq: stats.records + 1 }, "gap in the log"));
+            }
+            prev = verify_chain(v.value(), &prev, chain, seq).map_err(|source| Error::Decode { seq, source })?;
+            let record = decode_record(v.value(), u64::MAX).map_err(|source| Error::Decode { seq, source })?.record;
+            row.clear();
+            let messages = message_refs(&record.event);
+            for id in record.event.content_refs() {
+                let mut pending = vec![(id, messages.contains(&id))];
+                while let Some((id, is_message)) = pending.pop() {
+                    if !seen.insert(id) {
+                        continue;
+                    }
+                    let guard = old
+                        .get(id.0)?
+                        .ok_or_else(|| Error::corrupt(Location::Content { id: id.to_hex() }, "missing content object"))?;
+                    let bytes = guard.value();
+                    if annal_codec::content_id(bytes) != id {
+                        return Err(Error::corrupt(Location::Content { id: id.to_hex() }, "bytes do not hash to the id"));
+                    }
+                    push_entry(&mut row, &id, bytes);
+                    stats.content_objects += 1;
+                    if is_message {
+                        if let Ok(m) = decode_message(bytes, u64::MAX) {
+                            pending.extend(m.attachments.iter().rev().map(|a| (*a, false)));
+                        }
+                    }
+                }
+            }
+            if !row.is_empty() {
+                rows.insert(seq, row.as_slice())?;
+            }
+            stats.records += 1;
+        }
+    }
+    txn.delete_table(legacy::SESSION_LOG)?;
+    txn.delete_table(legacy::CONTENT)?;
+    txn.delete_table(legacy::PROJECTIONS)?;
+    {
+        let mut meta = txn.open_table(META)?;
+        for p in Projection::ALL {
+            meta.remove(meta_keys::version(p).as_str())?;
+            meta.remove(meta_keys::cursor(p).as_str())?;
+        }
+        meta.insert(meta_keys::FORMAT, tables::FORMAT.to_le_bytes().as_slice())?;
+    }
+    txn.commit()?;
+    Ok(stats)
+}
