@@ -185,7 +185,12 @@ impl Cursors {
 /// projection with another version, a cursor that is not the checkpoint's, or a
 /// checkpoint that is not on this log (past its tip, or another chain hash at that seq)
 /// starts from 0.
-pub(crate) fn read_cursors(proj: &ReadTransaction, log: &ReadTransaction, chain: &LogChain, tip: &Tip) -> Result<Cursors> {
+pub(crate) fn read_cursors(
+    proj: &ReadTransaction,
+    log: &ReadTransaction,
+    chain: &LogChain,
+    tip: &Tip,
+) -> Result<Cursors> {
     let Ok(meta) = proj.open_table(META) else {
         return Ok(Cursors::all(0));
     };

@@ -263,14 +263,21 @@ impl View {
         self.hash
     }
 
-    /// The log file snapshot (it may hold commits past [`View::seq`]; reads stop there).
-    pub(crate) fn log(&self) -> &ReadTransaction {
+    /// The log file's raw snapshot, for offline tools that read its tables
+    /// ([`crate::tables::LOG`], [`crate::tables::CONTENT`], [`crate::tables::META`])
+    /// directly. It may hold commits past [`View::seq`].
+    pub fn log(&self) -> &ReadTransaction {
         &self.log
     }
 
     /// The records after `after` up to this view's seq, in order, each chain-checked
     /// and paired with the content it introduced: what an offline fold reads.
-    pub fn log_entries(&self, after: u64, limits: &crate::Limits, chain: &annal_codec::LogChain) -> Result<crate::log::LogTail> {
+    pub fn log_entries(
+        &self,
+        after: u64,
+        limits: &crate::Limits,
+        chain: &annal_codec::LogChain,
+    ) -> Result<crate::log::LogTail> {
         crate::log::LogTail::new(&self.log, chain, after, self.seq, limits.record_bytes_max, limits.content_bytes_max)
     }
 

@@ -75,30 +75,30 @@ pub use annal_codec::{
     SessionId, ToolOutcome, Usage,
 };
 pub use checkpoint::CheckpointPolicy;
-pub use delta::View;
-pub use log::{LogEntry, LogTail};
 pub use command::{
     new_session_id, AppendContext, Command, CommitTurn, CreateSession, Expected, Fork, Message, Outcome, Receipt,
     RecordToolCall, RecordToolResult, Restore, Rewrite, RewriteReason, SetLabels,
 };
 pub use compact::{compact, CompactStats};
 pub use decide::{decide, materialize, outcome_of, Decision};
+pub use delta::View;
 pub use engine::{
     projections_path, ContextOutcome, Durability, Engine, EngineStats, Options, SessionReceipt, StatsSnapshot,
     ToolReceipt, TurnOutcome,
 };
-pub use migrate::migrate;
 pub use error::{Error, Limit, Location, Rejection, Result};
 pub use evolve::evolve;
 pub use limits::Limits;
+pub use log::{LogEntry, LogTail};
+pub use migrate::migrate;
 pub use projection::*;
 pub use query::{
     EventPage, EventQuery, ListQuery, Page, PageRequest, RevisionGraph, RevisionPage, StoredEvent, StoredMessage,
     TableDigest, TranscriptPage,
 };
 pub use reader::Reader;
-pub use rebuild::RebuildStats;
 pub use rebuild::rebuild_offline;
+pub use rebuild::RebuildStats;
 pub use store::{MemStore, Overlay, Store, StoreExt, Table};
 pub use writer::{CommitNotice, ImportStats, GATHER_WAIT_MAX, SUBSCRIBER_QUEUE_MAX};
 

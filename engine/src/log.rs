@@ -272,7 +272,9 @@ fn missing_format() -> Error {
 fn check_key(stored: Option<Vec<u8>>, chain: &LogChain) -> Result<()> {
     match (stored, chain.key_check()) {
         (Some(_), None) => Err(Error::KeyMismatch { detail: "the database has a keyed chain; supply its key".into() }),
-        (None, Some(_)) => Err(Error::KeyMismatch { detail: "the database has a plain chain; open it without a key".into() }),
+        (None, Some(_)) => {
+            Err(Error::KeyMismatch { detail: "the database has a plain chain; open it without a key".into() })
+        }
         (Some(s), Some(k)) if s[..] != k[..] => Err(Error::KeyMismatch { detail: "wrong chain key".into() }),
         _ => Ok(()),
     }

@@ -88,12 +88,15 @@ fn migrate_v1(db: &redb::Database, chain: &LogChain) -> Result<MigrateStats> {
                     if !seen.insert(id) {
                         continue;
                     }
-                    let guard = old
-                        .get(id.0)?
-                        .ok_or_else(|| Error::corrupt(Location::Content { id: id.to_hex() }, "missing content object"))?;
+                    let guard = old.get(id.0)?.ok_or_else(|| {
+                        Error::corrupt(Location::Content { id: id.to_hex() }, "missing content object")
+                    })?;
                     let bytes = guard.value();
                     if annal_codec::content_id(bytes) != id {
-                        return Err(Error::corrupt(Location::Content { id: id.to_hex() }, "bytes do not hash to the id"));
+                        return Err(Error::corrupt(
+                            Location::Content { id: id.to_hex() },
+                            "bytes do not hash to the id",
+                        ));
                     }
                     push_entry(&mut row, &id, bytes);
                     stats.content_objects += 1;

@@ -2,11 +2,11 @@
 //! other (MVCC) and see one consistent snapshot.
 
 use crate::decide::materialize;
+use crate::delta::View;
 use crate::error::{Error, Limit, Location, Rejection, Result};
 use crate::limits::Limits;
 use crate::projection::*;
 use crate::store::{decode_row, keys, StoreExt, Table};
-use crate::delta::View;
 use crate::tables::{self, LOG};
 use annal_codec::*;
 use redb::ReadableTable;
@@ -280,12 +280,7 @@ fn empty_page(session: SessionId, revision: RevisionId, total: u64, offset: u64,
 }
 
 /// A page of the current transcript of `session`.
-pub fn transcript(
-    view: &View,
-    limits: &Limits,
-    session: &SessionId,
-    page: PageRequest,
-) -> Result<TranscriptPage> {
+pub fn transcript(view: &View, limits: &Limits, session: &SessionId, page: PageRequest) -> Result<TranscriptPage> {
     check_page(limits, page.limit)?;
     let store = view;
     let head = head_of(&store, session)?;
@@ -337,12 +332,7 @@ pub fn transcript_at(
 }
 
 /// The revisions of `session`, oldest first.
-pub fn revisions(
-    view: &View,
-    limits: &Limits,
-    session: &SessionId,
-    page: PageRequest,
-) -> Result<RevisionPage> {
+pub fn revisions(view: &View, limits: &Limits, session: &SessionId, page: PageRequest) -> Result<RevisionPage> {
     check_page(limits, page.limit)?;
     let store = view;
     head_of(&store, session)?;
@@ -479,12 +469,7 @@ pub fn unsettled_all(view: &View, limits: &Limits, page: PageRequest) -> Result<
 }
 
 /// Tool operations of `session` in the order recorded, nested ones included.
-pub fn tool_ops(
-    view: &View,
-    limits: &Limits,
-    session: &SessionId,
-    page: PageRequest,
-) -> Result<Page<ToolOp>> {
+pub fn tool_ops(view: &View, limits: &Limits, session: &SessionId, page: PageRequest) -> Result<Page<ToolOp>> {
     check_page(limits, page.limit)?;
     let store = view;
     head_of(&store, session)?;

@@ -31,7 +31,12 @@ pub type Progress<'a> = &'a mut dyn FnMut(u64, u64);
 /// writing, and the rebuild commits in one durable transaction (readers see the old
 /// projections or the new ones). Projections outside `set` that are behind the log are
 /// brought up to it in the same pass. Returns the stats and the sessions in the heads.
-pub fn rebuild_offline(path: impl AsRef<Path>, options: &Options, set: ProjectionSet, progress: Progress<'_>) -> Result<RebuildStats> {
+pub fn rebuild_offline(
+    path: impl AsRef<Path>,
+    options: &Options,
+    set: ProjectionSet,
+    progress: Progress<'_>,
+) -> Result<RebuildStats> {
     let path = path.as_ref();
     let chain = options.chain_key.map_or_else(LogChain::plain, LogChain::keyed);
     fail_closed("rebuild", || {
@@ -46,6 +51,15 @@ pub fn rebuild_offline(path: impl AsRef<Path>, options: &Options, set: Projectio
         let projections = redb::Builder::new().create(projections_path(path))?;
         let current = checkpoint::read_cursors(&projections.begin_read()?, &log_txn, &chain, &tip)?;
         let cursors = Cursors { seqs: [tip.seq; Projection::ALL.len()] }.reset(set).reset(current.behind(tip.seq));
-        checkpoint::catch_up(&projections, &log_txn, &chain, &options.limits, &tip, &cursors, redb::Durability::Immediate, progress)
+        checkpoint::catch_up(
+            &projections,
+            &log_txn,
+            &chain,
+            &options.limits,
+            &tip,
+            &cursors,
+            redb::Durability::Immediate,
+            progress,
+        )
     })
 }

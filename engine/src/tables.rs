@@ -66,39 +66,6 @@ pub fn logical_key(physical: &[u8]) -> Option<(Table, Vec<u8>)> {
     }
 }
 
-/// A callback over (logical key, value) rows; returning false stops the scan.
-pub type RowVisitor<'a> = dyn FnMut(&[u8], &[u8]) -> Result<bool> + 'a;
-
-/// Calls `f(logical key, value)` for the rows of `t` whose logical key starts with
-/// `prefix`, in logical key order, until it returns false.
-pub fn scan<R: ReadableTable<&'static [u8], &'static [u8]>>(
-    table: &R,
-    t: Table,
-    prefix: &[u8],
-    f: &mut RowVisitor<'_>,
-) -> Result<()> {
-    // A session-scoped table scanned without a whole session id in the prefix spans the
-    // session-major area and is filtered by tag; every other scan is one key range.
-    let start = if t.session_scoped() && prefix.len() < 16 { vec![0u8] } else { physical_key(t, prefix) };
-    for entry in table.range(start.as_slice()..)? {
-        let (k, v) = entry?;
-        let physical = k.value();
-        if !physical.starts_with(&start) {
-            break;
-        }
-        match logical_key(physical) {
-            Some((lt, logical)) if lt == t && logical.starts_with(prefix) => {
-                if !f(&logical, v.value())? {
-                    break;
-                }
-            }
-            Some(_) => {}
-            None => return Err(bad_physical(physical)),
-        }
-    }
-    Ok(())
-}
-
 pub(crate) fn bad_physical(physical: &[u8]) -> Error {
     Error::corrupt(
         Location::Projection { table: PROJECTIONS.name(), key: crate::store::hex(physical) },
@@ -106,22 +73,20 @@ pub(crate) fn bad_physical(physical: &[u8]) -> Error {
     )
 }
 
-/// Every row of logical table `t`, in key order (for tools and tests).
-pub fn projection_rows(txn: &redb::ReadTransaction, t: Table) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
-    let table = txn.open_table(PROJECTIONS)?;
+/// Every row of logical table `t` at a view, in key order (for tools and tests).
+pub fn projection_rows(view: &crate::View, t: Table) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
     let mut rows = Vec::new();
-    scan(&table, t, &[], &mut |k, v| {
+    view.scan(t, &[], |k, v| {
         rows.push((k.to_vec(), v.to_vec()));
         Ok(true)
     })?;
     Ok(rows)
 }
 
-/// Rows in logical table `t`.
-pub fn projection_len(txn: &redb::ReadTransaction, t: Table) -> Result<u64> {
-    let table = txn.open_table(PROJECTIONS)?;
+/// Rows in logical table `t` at a view.
+pub fn projection_len(view: &crate::View, t: Table) -> Result<u64> {
     let mut n = 0;
-    scan(&table, t, &[], &mut |_, _| {
+    view.scan(t, &[], |_, _| {
         n += 1;
         Ok(true)
     })?;
@@ -270,44 +235,5 @@ impl Store for RedbStore<'_> {
     fn remove(&mut self, table: Table, key: &[u8]) -> Result<()> {
         self.table.remove(physical_key(table, key).as_slice())?;
         Ok(())
-    }
-}
-
-/// A read-only [`Store`] over a read transaction; the table opens on first use.
-pub struct ReadStore<'a> {
-    txn: &'a redb::ReadTransaction,
-    table: std::cell::OnceCell<redb::ReadOnlyTable<&'static [u8], &'static [u8]>>,
-}
-
-impl<'a> ReadStore<'a> {
-    /// A store over `txn`.
-    pub fn new(txn: &'a redb::ReadTransaction) -> ReadStore<'a> {
-        ReadStore { txn, table: std::cell::OnceCell::new() }
-    }
-
-    fn table(&self) -> Result<&redb::ReadOnlyTable<&'static [u8], &'static [u8]>> {
-        if let Some(table) = self.table.get() {
-            return Ok(table);
-        }
-        let table = self.txn.open_table(PROJECTIONS)?;
-        Ok(self.table.get_or_init(|| table))
-    }
-
-    /// Calls `f(logical key, value)` for the rows of `t` whose key starts with `prefix`,
-    /// in key order, until it returns false.
-    pub fn scan(&self, t: Table, prefix: &[u8], mut f: impl FnMut(&[u8], &[u8]) -> Result<bool>) -> Result<()> {
-        scan(self.table()?, t, prefix, &mut f)
-    }
-}
-
-impl Store for ReadStore<'_> {
-    fn get(&self, table: Table, key: &[u8]) -> Result<Option<Vec<u8>>> {
-        Ok(self.table()?.get(physical_key(table, key).as_slice())?.map(|g| g.value().to_vec()))
-    }
-    fn put(&mut self, _: Table, _: &[u8], _: &[u8]) -> Result<()> {
-        Err(Error::Storage("read-only store".into()))
-    }
-    fn remove(&mut self, _: Table, _: &[u8]) -> Result<()> {
-        Err(Error::Storage("read-only store".into()))
     }
 }

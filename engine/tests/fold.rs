@@ -558,7 +558,11 @@ fn evolve_reports_a_stream_gap_at_its_seq() {
     record.stream_seq = 3;
     assert_eq!(corrupt_seq(fold_one(&mut log.store.clone(), &record, ProjectionSet::all())), 2);
     record.stream_seq = 1;
-    assert_eq!(corrupt_seq(fold_one(&mut log.store.clone(), &record, ProjectionSet::all())), 2, "a repeated stream seq");
+    assert_eq!(
+        corrupt_seq(fold_one(&mut log.store.clone(), &record, ProjectionSet::all())),
+        2,
+        "a repeated stream seq"
+    );
     record.stream_seq = 2;
     fold_one(&mut log.store.clone(), &record, ProjectionSet::all()).unwrap();
 }

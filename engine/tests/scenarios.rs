@@ -976,7 +976,10 @@ fn s13_a_bumped_projection_version_rebuilds_at_open() {
     let tip = tip_seq(&engine);
     engine.close().unwrap();
     let projections = projections_path(&db.path);
-    assert_eq!(meta_u64(&projections, &meta_keys::version(Projection::Usage)), Some(Projection::Usage.version() as u64));
+    assert_eq!(
+        meta_u64(&projections, &meta_keys::version(Projection::Usage)),
+        Some(Projection::Usage.version() as u64)
+    );
     assert_eq!(meta_u64(&projections, &meta_keys::cursor(Projection::Usage)), Some(tip));
 }
 
