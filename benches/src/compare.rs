@@ -223,6 +223,11 @@ pub fn run(config: &Config) -> Result<Report> {
     std::fs::remove_dir_all(data.join("bytes"))?;
 
     open_time(&config.stores, &data.join("open"), &system, scale, config.seed, &mut report)?;
+    if config.stores.contains(&StoreKind::Annal) {
+        progress("recovery: annal with a full delta unflushed");
+        crate::stores::annal_store::recovery(&data.join("recovery"), &system, config.seed, &mut report)?;
+        std::fs::remove_dir_all(data.join("recovery"))?;
+    }
     finish(report, config, started)
 }
 
@@ -283,6 +288,8 @@ fn commit_level(
         cursors.push(store.create(*id, system)?);
     }
     let syncs_before = store.syncs();
+    let written_before = store.written_bytes();
+    let io_before = process_write_bytes();
     let barrier = Barrier::new(level + 1);
     let (wall, results) = std::thread::scope(|scope| {
         let handles: Vec<_> = cursors
@@ -310,12 +317,28 @@ fn commit_level(
     for (metric, q) in [("commit_p50_us", 0.5), ("commit_p99_us", 0.99), ("commit_p999_us", 0.999)] {
         report.push(Entry::new(name, metric, c, quantile(&latencies, q).as_secs_f64() * 1e6, "us"));
     }
+    // Checkpoints run behind the commits: finish them before counting the bytes.
+    store.quiesce()?;
     if let (Some(before), Some(after)) = (syncs_before, store.syncs()) {
         let syncs = (after - before).max(1);
         report.push(Entry::new(name, "commits_per_fsync", c, commits as f64 / syncs as f64, "commits/fsync"));
     }
+    if let (Some(before), Some(after)) = (written_before, store.written_bytes()) {
+        let per_commit = (after - before) as f64 / commits.max(1) as f64;
+        report.push(Entry::new(name, "written_bytes_per_commit", c, per_commit, "bytes"));
+    }
+    if let (Some(before), Some(after)) = (io_before, process_write_bytes()) {
+        let per_commit = after.saturating_sub(before) as f64 / commits.max(1) as f64;
+        report.push(Entry::new(name, "io_bytes_per_commit", c, per_commit, "bytes"));
+    }
     report.latencies.insert((name.to_string(), level as u32), latencies);
     Ok(())
+}
+
+/// Bytes this process has caused to be written to storage, from `/proc/self/io` (Linux).
+fn process_write_bytes() -> Option<u64> {
+    let io = std::fs::read_to_string("/proc/self/io").ok()?;
+    io.lines().find_map(|l| l.strip_prefix("write_bytes:")).and_then(|v| v.trim().parse().ok())
 }
 
 fn committer(store: &dyn SessionStore, mut cursor: Cursor, plan: &[Op], barrier: &Barrier) -> Result<Vec<Duration>> {

@@ -9,7 +9,7 @@
 //! layer from the delta. A crash at any point leaves the projections file at its last
 //! committed checkpoint, and the next open folds the log past it.
 
-use crate::delta::{Checkpoints, Delta};
+use crate::delta::Delta;
 use crate::error::{Error, Result};
 use crate::evolve::evolve;
 use crate::limits::Limits;
@@ -105,7 +105,7 @@ impl Checkpointer {
                 return Err(Error::Poisoned);
             }
             let rows = write_layer(&self.projections, &layer.read(), self.durability)?;
-            self.delta.publish(&layer);
+            self.delta.publish(&layer, self.projections.begin_read()?);
             self.stats.checkpoints.fetch_add(1, Ordering::Relaxed);
             self.stats.checkpoint_rows.fetch_add(rows, Ordering::Relaxed);
         }
@@ -274,7 +274,7 @@ pub(crate) fn catch_up(
 /// Folds the log past the delta's seq into the delta, in memory (read-only openers).
 pub(crate) fn fold_tail(delta: &Delta, log: &dyn ReadableDatabase, chain: &LogChain, limits: &Limits) -> Result<u64> {
     let (txn, tip) = crate::log::read_tip(log, chain)?;
-    let view = delta.view()?;
+    let view = delta.view();
     if tip.seq <= view.seq() {
         return Ok(0);
     }
@@ -287,7 +287,7 @@ pub(crate) fn fold_tail(delta: &Delta, log: &dyn ReadableDatabase, chain: &LogCh
     }
     let writes = overlay.into_writes();
     drop(view);
-    delta.apply(writes, tip.seq, tip.hash, events);
+    delta.apply(writes, tip.seq, tip.hash, events, txn);
     Ok(events)
 }
 
@@ -318,8 +318,7 @@ pub(crate) fn read_only_delta(
         (fallback.begin_read()?, 0)
     };
     let hash = if base == 0 { chain.genesis() } else { hash_at(&log_txn.open_table(LOG)?, chain, base)? };
-    drop(log_txn);
-    let delta = Delta::new(log.clone(), Checkpoints::Pinned(Arc::new(pinned)), base, hash);
+    let delta = Delta::new(pinned, log_txn, base, hash);
     fold_tail(&delta, &*log, chain, limits)?;
     Ok(delta)
 }

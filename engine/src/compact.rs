@@ -24,25 +24,31 @@ pub struct CompactStats {
     pub elapsed: Duration,
 }
 
-/// Compacts the database at `path`. It is first opened as an [`Engine`] with `options`
-/// (which checks the format and the chain key and brings stale projections up to date)
-/// and closed; then redb compacts it with the file held exclusively, so no other
-/// process may have it open, not even for reading (that is an [`Error::Storage`], and
-/// the file is left as it was).
+/// Compacts the database at `path`: the log file and its projections file. It is first
+/// opened as an [`Engine`] with `options` (which checks the format and the chain key,
+/// brings the projections up to the log and checkpoints them at close); then redb
+/// compacts each file with it held exclusively, so no other process may have it open,
+/// not even for reading (that is an [`Error::Storage`], and the file is left as it was).
+/// The sizes reported are of both files together.
 pub fn compact(path: impl AsRef<Path>, options: Options) -> Result<CompactStats> {
     let path = path.as_ref();
     Engine::open_with(path, options)?.close()?;
-    let size = || std::fs::metadata(path).map(|m| m.len()).map_err(|e| Error::Storage(e.to_string()));
+    let files = [path.to_path_buf(), crate::engine::projections_path(path)];
+    let size = || -> Result<u64> {
+        files.iter().map(|f| std::fs::metadata(f).map(|m| m.len()).map_err(|e| Error::Storage(e.to_string()))).sum()
+    };
     let bytes_before = size()?;
     let started = Instant::now();
-    fail_closed("compact", || {
-        let mut db = redb::Database::open(path).map_err(|e| Error::Storage(format!("open exclusively: {e}")))?;
-        for _ in 0..PASSES_MAX {
-            if !db.compact().map_err(|e| Error::Storage(format!("compaction: {e}")))? {
-                break;
+    for file in &files {
+        fail_closed("compact", || {
+            let mut db = redb::Database::open(file).map_err(|e| Error::Storage(format!("open exclusively: {e}")))?;
+            for _ in 0..PASSES_MAX {
+                if !db.compact().map_err(|e| Error::Storage(format!("compaction: {e}")))? {
+                    break;
+                }
             }
-        }
-        Ok(())
-    })?;
+            Ok(())
+        })?;
+    }
     Ok(CompactStats { bytes_before, bytes_after: size()?, elapsed: started.elapsed() })
 }

@@ -21,7 +21,7 @@ use crate::store::{Store, Table, Writes};
 use crate::tables::{self, logical_key, physical_key, CONTENT, PROJECTIONS};
 use annal_codec::{ChainHash, ContentId};
 use parking_lot::{Condvar, Mutex, RwLock};
-use redb::{ReadTransaction, ReadableDatabase};
+use redb::ReadTransaction;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Instant;
@@ -96,15 +96,6 @@ impl Layer {
 /// A layer, shared between the delta and the views that captured it.
 pub(crate) type LayerRef = Arc<RwLock<Layer>>;
 
-/// Where a view's checkpoint snapshot comes from.
-pub(crate) enum Checkpoints {
-    /// The projections file, read anew by each view (the engine).
-    Live(Arc<dyn ReadableDatabase + Send + Sync>),
-    /// One snapshot for the reader's lifetime (a read-only opener, whose delta starts at
-    /// that snapshot's cursor).
-    Pinned(Arc<ReadTransaction>),
-}
-
 struct State {
     /// Oldest first; the last one is active.
     layers: Vec<LayerRef>,
@@ -112,64 +103,64 @@ struct State {
     visible: u64,
     /// `h(visible)`.
     visible_hash: ChainHash,
+    /// The projections file as of the last published checkpoint.
+    checkpoint: Arc<ReadTransaction>,
+    /// The log file as of the last applied batch (or later).
+    log: Arc<ReadTransaction>,
 }
 
 /// The in-memory delta over the last checkpoint, and the source of [`View`]s.
+///
+/// The snapshots views read (of the projections file and of the log file) are taken
+/// when a checkpoint is published and when a batch is applied, not per query, so a
+/// query opens no transaction, and an engine poisoned by an I/O error keeps answering
+/// from what it had.
 pub(crate) struct Delta {
     state: RwLock<State>,
-    log: Arc<dyn ReadableDatabase + Send + Sync>,
-    checkpoints: Checkpoints,
     /// Signalled whenever a layer is checkpointed (backpressure and drains wait on it).
     progress: (Mutex<()>, Condvar),
 }
 
 impl Delta {
-    /// A delta with no rows over a checkpoint at `seq`.
-    pub fn new(
-        log: Arc<dyn ReadableDatabase + Send + Sync>,
-        checkpoints: Checkpoints,
-        seq: u64,
-        hash: ChainHash,
-    ) -> Delta {
+    /// A delta with no rows over a checkpoint at `seq` (`checkpoint` is a snapshot of
+    /// the projections file there, `log` one of the log file at `seq` or later).
+    pub fn new(checkpoint: ReadTransaction, log: ReadTransaction, seq: u64, hash: ChainHash) -> Delta {
         Delta {
             state: RwLock::new(State {
                 layers: vec![Arc::new(RwLock::new(Layer::new(seq, hash)))],
                 visible: seq,
                 visible_hash: hash,
+                checkpoint: Arc::new(checkpoint),
+                log: Arc::new(log),
             }),
-            log,
-            checkpoints,
             progress: (Mutex::new(()), Condvar::new()),
         }
     }
 
     /// A consistent view at the last published batch.
-    pub fn view(&self) -> Result<View> {
+    pub fn view(&self) -> View {
         let state = self.state.read();
-        let ckpt = match &self.checkpoints {
-            Checkpoints::Live(db) => Arc::new(db.begin_read()?),
-            Checkpoints::Pinned(txn) => txn.clone(),
-        };
-        let log = Arc::new(self.log.begin_read()?);
-        Ok(View {
+        View {
             seq: state.visible,
             hash: state.visible_hash,
             layers: state.layers.clone(),
-            ckpt,
-            log,
+            ckpt: state.checkpoint.clone(),
+            log: state.log.clone(),
             table: std::cell::OnceCell::new(),
-        })
+        }
     }
 
     /// Applies a durable batch ending at `seq` to the active layer and publishes it: new
-    /// views read it from now on.
-    pub fn apply(&self, writes: Writes, seq: u64, hash: ChainHash, events: u64) {
+    /// views read it from now on, with `log`, a snapshot of the log file that holds it.
+    pub fn apply(&self, writes: Writes, seq: u64, hash: ChainHash, events: u64, log: ReadTransaction) {
+        let log = Arc::new(log);
         let mut state = self.state.write();
         if let Some(active) = state.layers.last() {
             active.write().apply(writes, seq, hash, events);
         }
         state.visible = seq;
         state.visible_hash = hash;
+        state.log = log;
     }
 
     /// (events, bytes, age) of the active layer.
@@ -211,13 +202,22 @@ impl Delta {
         self.state.read().layers.len().saturating_sub(1)
     }
 
-    /// Drops `layer` after its checkpoint committed, and wakes whoever waits on progress.
-    pub fn publish(&self, layer: &LayerRef) {
+    /// Drops `layer` after its checkpoint committed (`checkpoint` is a snapshot of the
+    /// projections file that holds it), and wakes whoever waits on progress.
+    pub fn publish(&self, layer: &LayerRef, checkpoint: ReadTransaction) {
+        let checkpoint = Arc::new(checkpoint);
         {
             let mut state = self.state.write();
             state.layers.retain(|l| !Arc::ptr_eq(l, layer));
+            state.checkpoint = checkpoint;
         }
         self.notify();
+    }
+
+    /// Replaces the checkpoint snapshot after a rebuild rewrote the projections file (the
+    /// delta is empty then).
+    pub fn set_checkpoint(&self, checkpoint: ReadTransaction) {
+        self.state.write().checkpoint = Arc::new(checkpoint);
     }
 
     /// Wakes everyone waiting for progress (also on failure, so they can give up).

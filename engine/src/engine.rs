@@ -2,7 +2,7 @@
 
 use crate::checkpoint::{self, CheckpointPolicy, Checkpointer};
 use crate::command::*;
-use crate::delta::{Checkpoints, Delta};
+use crate::delta::Delta;
 use crate::error::{fail_closed, Error, Result};
 use crate::limits::Limits;
 use crate::projection::*;
@@ -288,7 +288,7 @@ impl Engine {
         };
         let log = Arc::new(Db::new(log));
         let projections = Arc::new(Db::new(projections));
-        let delta = Arc::new(Delta::new(log.clone(), Checkpoints::Live(projections.clone()), tip.seq, tip.hash));
+        let delta = Arc::new(Delta::new(projections.begin_read()?, log.begin_read()?, tip.seq, tip.hash));
         let poisoned = Arc::new(AtomicBool::new(false));
         let stats = Arc::new(EngineStats::default());
         let shared = Arc::new(Shared {
@@ -493,6 +493,15 @@ impl Engine {
     pub fn rebuild(&self, set: ProjectionSet) -> Result<RebuildStats> {
         let (reply, rx) = bounded(1);
         self.send(Request::Rebuild { set, reply })?;
+        rx.recv().map_err(|_| Error::Closed)?
+    }
+
+    /// Checkpoints the whole delta now and waits until it is in the projections file
+    /// (commits queued before it are included). Never needed for correctness: queries
+    /// read the delta, and an open folds whatever the last checkpoint missed.
+    pub fn checkpoint(&self) -> Result<()> {
+        let (reply, rx) = bounded(1);
+        self.send(Request::Checkpoint { reply })?;
         rx.recv().map_err(|_| Error::Closed)?
     }
 

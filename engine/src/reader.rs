@@ -91,7 +91,7 @@ impl Reader {
             let _guard = follow.lock.lock();
             crate::checkpoint::fold_tail(&self.source.delta, &*follow.log, &self.chain, &self.limits)?;
         }
-        self.source.delta.view()
+        Ok(self.source.delta.view())
     }
 
     /// The record chain this reader verifies with.

@@ -63,6 +63,7 @@ pub(crate) struct Shared {
 pub(crate) enum Request {
     Command { command: Command, reply: Sender<Result<Outcome>> },
     Rebuild { set: ProjectionSet, reply: Sender<Result<RebuildStats>> },
+    Checkpoint { reply: Sender<Result<()>> },
     Import { records: Vec<Record>, content: Vec<Vec<u8>>, reply: Sender<Result<ImportStats>> },
 }
 
@@ -100,6 +101,10 @@ pub(crate) fn run(shared: Arc<Shared>, rx: Receiver<Request>, mut tip: Tip, chec
                     // Commit what came before, then rebuild alone.
                     flush(&shared, &mut tip, std::mem::take(&mut commands), &checkpoints);
                     let _ = reply.send(rebuild(&shared, &tip, set, &checkpoints));
+                }
+                Request::Checkpoint { reply } => {
+                    flush(&shared, &mut tip, std::mem::take(&mut commands), &checkpoints);
+                    let _ = reply.send(drain(&shared, &checkpoints));
                 }
                 Request::Import { records, content, reply } => {
                     flush(&shared, &mut tip, std::mem::take(&mut commands), &checkpoints);
@@ -162,7 +167,7 @@ fn rebuild(shared: &Shared, tip: &Tip, set: ProjectionSet, checkpoints: &Sender<
     let result = crate::error::fail_closed("rebuild", || {
         let log = shared.log_db.begin_read()?;
         let cursors = Cursors { seqs: [tip.seq; Projection::ALL.len()] }.reset(set);
-        checkpoint::catch_up(
+        let stats = checkpoint::catch_up(
             &shared.projections,
             &log,
             &shared.chain,
@@ -171,7 +176,9 @@ fn rebuild(shared: &Shared, tip: &Tip, set: ProjectionSet, checkpoints: &Sender<
             &cursors,
             shared.durability,
             &mut |_, _| {},
-        )
+        )?;
+        shared.delta.set_checkpoint(shared.projections.begin_read()?);
+        Ok(stats)
     });
     if matches!(result, Err(Error::Storage(_)) | Err(Error::Corrupt { location: Location::File, .. })) {
         shared.poisoned.store(true, Ordering::Release);
@@ -289,7 +296,7 @@ fn commit_batch(shared: &Shared, tip: &mut Tip, commands: &[&Command]) -> Result
     let mut outcomes = Vec::with_capacity(commands.len());
     let mut notices = Vec::new();
     let mut entries: Vec<Entry> = Vec::new();
-    let view = shared.delta.view()?;
+    let view = shared.delta.view();
     if view.seq() != tip.seq {
         return Err(Error::Storage(format!("the delta is at {} but the log at {}", view.seq(), tip.seq)));
     }
@@ -336,7 +343,7 @@ fn commit_batch(shared: &Shared, tip: &mut Tip, commands: &[&Command]) -> Result
     drop(view);
     let events = entries.len() as u64;
     *tip = append(shared, *tip, &entries)?;
-    shared.delta.apply(writes, tip.seq, tip.hash, events);
+    shared.delta.apply(writes, tip.seq, tip.hash, events, shared.log_db.begin_read()?);
     Ok((outcomes, notices))
 }
 
@@ -375,7 +382,7 @@ fn import_txn(shared: &Shared, tip: &mut Tip, records: Vec<Record>, content: Vec
     let limits = &shared.limits;
     let offered: BTreeMap<ContentId, Vec<u8>> =
         content.into_iter().map(|bytes| (annal_codec::content_id(&bytes), bytes)).collect();
-    let view = shared.delta.view()?;
+    let view = shared.delta.view();
     let mut overlay = Overlay::new(&view);
     let mut entries = Vec::with_capacity(records.len());
     let mut expected = *tip;
@@ -421,7 +428,7 @@ fn import_txn(shared: &Shared, tip: &mut Tip, records: Vec<Record>, content: Vec
     drop(view);
     let events = entries.len() as u64;
     *tip = append(shared, *tip, &entries)?;
-    shared.delta.apply(writes, tip.seq, tip.hash, events);
+    shared.delta.apply(writes, tip.seq, tip.hash, events, shared.log_db.begin_read()?);
     Ok(ImportStats { records: events, content_objects: stored_objects, tip_seq: tip.seq })
 }
 

@@ -135,6 +135,17 @@ pub trait SessionStore: Send + Sync {
         None
     }
 
+    /// Bytes this store wrote to its files so far, when it can count them.
+    fn written_bytes(&self) -> Option<u64> {
+        None
+    }
+
+    /// Finishes background work the commits left behind (annal: checkpoints the delta),
+    /// so that the bytes it writes are counted with the commits that caused them.
+    fn quiesce(&self) -> Result<()> {
+        Ok(())
+    }
+
     /// Flushes and closes.
     fn close(self: Box<Self>) -> Result<()>;
 }

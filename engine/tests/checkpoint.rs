@@ -1,0 +1,278 @@
+//! The delta and its checkpoints (SPEC §1, §2, §9, invariants 3, 4, 9, 11, 12): every
+//! query sees every acknowledged commit whatever the checkpoint lag, queries of every
+//! kind read one view, a checkpoint that fails poisons the engine and leaves the files
+//! consistent, the delta stays under its bound, close checkpoints everything, and an
+//! open after a crash folds the log past the last checkpoint.
+
+mod common;
+
+use annal::fault::{Faults, FaultyBackend};
+use annal::*;
+use common::*;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Checkpoints as often as possible: after every few events and every millisecond.
+fn eager() -> CheckpointPolicy {
+    CheckpointPolicy { events: 4, delta_bytes: 1 << 20, interval: Duration::from_millis(1), delta_bytes_max: 64 << 20 }
+}
+
+/// Never checkpoints before close.
+fn never() -> CheckpointPolicy {
+    CheckpointPolicy {
+        events: u64::MAX,
+        delta_bytes: u64::MAX,
+        interval: Duration::from_secs(3600),
+        delta_bytes_max: u64::MAX,
+    }
+}
+
+fn open_with(db: &Db, checkpoint: CheckpointPolicy) -> Engine {
+    Engine::open_with(&db.path, Options { checkpoint, ..Options::default() }).unwrap()
+}
+
+/// Rebuilds every projection and checks the rows did not change.
+fn assert_projections_equal_a_rebuild(engine: &Engine) {
+    let live = engine.projection_digests().unwrap();
+    engine.rebuild(ProjectionSet::all()).unwrap();
+    assert_eq!(engine.projection_digests().unwrap(), live, "the projections equal a rebuild from the log");
+}
+
+/// 16 committers run while checkpoints run constantly; right after each reply, another
+/// thread's queries (head, transcript, session events, tip) see that commit.
+#[test]
+fn read_your_writes_across_threads_while_checkpoints_run() {
+    let db = Db::new();
+    let engine = open_with(&db, eager());
+    let (tx, rx) = crossbeam_channel::unbounded::<(SessionId, Receipt, u64)>();
+    let checker = {
+        let engine = engine.clone();
+        std::thread::spawn(move || {
+            let mut checked = 0u64;
+            for (session, receipt, count) in rx {
+                let head = engine.head(session).unwrap().expect("an acknowledged session has a head");
+                assert!(head.last_seq >= receipt.seq, "head {} is older than receipt {}", head.last_seq, receipt.seq);
+                assert!(head.message_count >= count);
+                assert!(engine.tip().unwrap().0 >= receipt.seq, "tip older than an acknowledged commit");
+                let page = engine.transcript(session, PageRequest::new(count - 1, 1)).unwrap();
+                assert_eq!(page.messages.len(), 1, "the acknowledged message reads");
+                let q = EventQuery { from_seq: head.stream_seq, max_events: 1, max_bytes: 1 << 20 };
+                assert_eq!(engine.session_events(session, q).unwrap().events.len(), 1);
+                checked += 1;
+            }
+            checked
+        })
+    };
+    let committers: Vec<_> = (0..16)
+        .map(|t| {
+            let engine = engine.clone();
+            let tx = tx.clone();
+            std::thread::spawn(move || {
+                let (s, mut head) = create(&engine, &[Message::system("sys")]);
+                for i in 0..25u64 {
+                    let c = CommitTurn::new(s, format!("t{t}-{i}"), Expected::Exact(head))
+                        .message(Message::user(format!("hello {t} {i}")));
+                    let receipt = engine.commit_turn(c).unwrap().receipt();
+                    head = receipt.revision;
+                    tx.send((s, receipt, i + 2)).unwrap();
+                }
+            })
+        })
+        .collect();
+    drop(tx);
+    for c in committers {
+        c.join().unwrap();
+    }
+    assert_eq!(checker.join().unwrap(), 16 * 25);
+    assert!(engine.stats().checkpoints > 0, "checkpoints ran during the commits");
+    assert_projections_equal_a_rebuild(&engine);
+    engine.close().unwrap();
+}
+
+/// Reads of different kinds never go back: a head read after a tip read is at least as
+/// new, whatever the writer and the checkpointer do meanwhile.
+#[test]
+fn query_kinds_read_one_monotonic_view() {
+    let db = Db::new();
+    let engine = open_with(&db, eager());
+    let (s, rev) = create(&engine, &[Message::system("sys")]);
+    let stop = Arc::new(AtomicBool::new(false));
+    let reader = {
+        let (engine, stop) = (engine.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let mut reads = 0;
+            while !stop.load(Ordering::Relaxed) {
+                let (tip, _) = engine.tip().unwrap();
+                let head = engine.head(s).unwrap().unwrap();
+                assert!(head.last_seq >= tip.min(head.last_seq), "never older than the tip read before");
+                let view = engine.snapshot().unwrap();
+                let seen = query::head(&view, &s).unwrap().unwrap();
+                assert!(seen.last_seq <= view.seq(), "a view never shows a commit past its seq");
+                let page = query::transcript(&view, engine.limits(), &s, PageRequest::first(1000)).unwrap();
+                assert_eq!(page.total, seen.message_count, "the transcript and the head of one view agree");
+                reads += 1;
+            }
+            reads
+        })
+    };
+    let mut head = rev;
+    for i in 0..200 {
+        let c = CommitTurn::new(s, format!("t{i}"), Expected::Exact(head)).message(Message::user(format!("m{i}")));
+        let receipt = engine.commit_turn(c).unwrap().receipt();
+        head = receipt.revision;
+        // Right after the reply, this thread reads the commit too.
+        assert!(engine.head(s).unwrap().unwrap().last_seq >= receipt.seq);
+        assert!(engine.tip().unwrap().0 >= receipt.seq);
+    }
+    stop.store(true, Ordering::Relaxed);
+    assert!(reader.join().unwrap() > 0);
+    engine.close().unwrap();
+}
+
+/// Close checkpoints the whole delta: the next open folds nothing.
+#[test]
+fn close_checkpoints_everything() {
+    let db = Db::new();
+    let engine = open_with(&db, never());
+    let (s, rev) = create(&engine, &[Message::system("sys")]);
+    commit_turns(&engine, s, "t", 30, rev);
+    assert_eq!(engine.stats().checkpoints, 0, "no checkpoint before close under this policy");
+    let live = engine.projection_digests().unwrap();
+    engine.close().unwrap();
+    let engine = open_with(&db, never());
+    assert_eq!(engine.stats().recovered_events, 0, "nothing left to fold at open");
+    assert_eq!(engine.projection_digests().unwrap(), live);
+    engine.close().unwrap();
+}
+
+/// A crash with the whole delta unflushed (the files copied while the engine is open,
+/// which is what SIGKILL leaves on disk): the open folds the log past the checkpoint and
+/// every acknowledged commit is there.
+#[test]
+fn open_after_a_crash_folds_the_log_past_the_checkpoint() {
+    let db = Db::new();
+    let engine = open_with(&db, never());
+    let (s, rev) = create(&engine, &[Message::system("sys")]);
+    let head = commit_turns(&engine, s, "t", 40, rev);
+    let live = engine.projection_digests().unwrap();
+    let copy = db.dir.path().join("copy.redb");
+    std::fs::copy(&db.path, &copy).unwrap();
+    std::fs::copy(projections_path(&db.path), projections_path(&copy)).unwrap();
+    engine.close().unwrap();
+    let engine = Engine::open(&copy).unwrap();
+    assert_eq!(engine.stats().recovered_events, 41, "the open folded every event past the last checkpoint");
+    assert_eq!(engine.head(s).unwrap().unwrap().revision, head);
+    assert_eq!(engine.projection_digests().unwrap(), live);
+    assert_projections_equal_a_rebuild(&engine);
+    engine.close().unwrap();
+}
+
+/// Deleting the projections file loses nothing: the next open rebuilds it.
+#[test]
+fn a_deleted_projections_file_is_rebuilt_at_open() {
+    let db = Db::new();
+    let engine = db.open();
+    let (s, rev) = create(&engine, &[Message::system("sys")]);
+    commit_turns(&engine, s, "t", 10, rev);
+    let live = engine.projection_digests().unwrap();
+    engine.close().unwrap();
+    std::fs::remove_file(projections_path(&db.path)).unwrap();
+    let engine = db.open();
+    assert_eq!(engine.projection_digests().unwrap(), live);
+    engine.close().unwrap();
+}
+
+/// The delta never grows past its bound: at it, commits wait for the checkpointer.
+#[test]
+fn the_delta_bound_holds_with_backpressure() {
+    let db = Db::new();
+    let bound = 64 << 10;
+    let policy = CheckpointPolicy {
+        events: u64::MAX,
+        delta_bytes: u64::MAX,
+        interval: Duration::from_secs(3600),
+        delta_bytes_max: bound,
+    };
+    let engine = open_with(&db, policy);
+    let (s, mut head) = create(&engine, &[Message::system("sys")]);
+    let mut largest = 0;
+    for i in 0..300 {
+        let c = CommitTurn::new(s, format!("t{i}"), Expected::Exact(head)).message(Message::user("x".repeat(500)));
+        head = engine.commit_turn(c).unwrap().receipt().revision;
+        largest = largest.max(engine.stats().delta_bytes);
+    }
+    let stats = engine.stats();
+    assert!(stats.backpressure_waits > 0, "the bound was reached and the writer waited");
+    assert!(stats.checkpoints > 0);
+    // Between two checks the writer applies at most one batch past the bound.
+    assert!(largest < bound + (16 << 10), "delta reached {largest} bytes, bound {bound}");
+    assert_projections_equal_a_rebuild(&engine);
+    engine.close().unwrap();
+}
+
+fn file_backend(path: &std::path::Path, faults: &Faults) -> FaultyBackend<redb::backends::FileBackend> {
+    let file = std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(false).open(path).unwrap();
+    FaultyBackend::new(redb::backends::FileBackend::new(file).unwrap(), faults.clone())
+}
+
+/// A failed write or fsync inside a checkpoint poisons the engine: later commits get
+/// `Poisoned`, reads still see every acknowledged commit, and after a reopen the files
+/// are consistent (every acknowledged commit, projections equal to a rebuild).
+#[test]
+fn a_fault_inside_a_checkpoint_poisons_and_the_reopened_files_are_consistent() {
+    // A checkpoint commits with two fsyncs (two-phase) and a few page writes.
+    for (sync, after) in [(false, 0), (false, 1), (false, 3), (true, 0), (true, 1)] {
+        {
+            let db = Db::new();
+            let (log_faults, projection_faults) = (Faults::new(), Faults::new());
+            let options = Options { checkpoint: never(), ..Options::default() };
+            let engine = Engine::open_with_backends(
+                file_backend(&db.path, &log_faults),
+                file_backend(&projections_path(&db.path), &projection_faults),
+                options.clone(),
+            )
+            .unwrap();
+            let (s, rev) = create(&engine, &[Message::system("sys")]);
+            let head = commit_turns(&engine, s, "t", 12, rev);
+            let count = engine.head(s).unwrap().unwrap().message_count;
+            if sync {
+                projection_faults.fail_sync_after(after);
+            } else {
+                projection_faults.fail_write_after(after);
+            }
+            let failed = engine.checkpoint();
+            assert!(failed.is_err(), "sync {sync} after {after}: the checkpoint failed");
+            assert!(engine.is_poisoned());
+            let turn = CommitTurn::new(s, "late", Expected::Exact(head)).message(Message::user("late"));
+            assert_eq!(engine.commit_turn(turn).unwrap_err(), Error::Poisoned);
+            assert_eq!(engine.head(s).unwrap().unwrap().revision, head, "reads still see every commit");
+            drop(engine);
+            projection_faults.heal();
+            let engine = Engine::open_with(&db.path, options).unwrap();
+            assert_eq!(engine.head(s).unwrap().unwrap().revision, head);
+            assert_eq!(engine.head(s).unwrap().unwrap().message_count, count);
+            assert_projections_equal_a_rebuild(&engine);
+            engine.close().unwrap();
+        }
+    }
+}
+
+/// A read-only opener beside a live engine (another handle, as another process would
+/// open it) sees commits past the last checkpoint: it folds the tail itself.
+#[test]
+fn a_read_only_opener_sees_commits_past_the_checkpoint() {
+    let db = Db::new();
+    let engine = open_with(&db, never());
+    let (s, rev) = create(&engine, &[Message::system("sys")]);
+    engine.checkpoint().unwrap();
+    let head = commit_turns(&engine, s, "t", 5, rev);
+    let reader = Reader::open(&db.path, Limits::default(), None).unwrap();
+    assert_eq!(reader.head(s).unwrap().unwrap().revision, head, "the tail past the checkpoint is folded");
+    assert_eq!(reader.tip().unwrap(), engine.tip().unwrap());
+    // Commits after the reader opened show up at its next query.
+    let head = commit_turns(&engine, s, "u", 3, head);
+    assert_eq!(reader.head(s).unwrap().unwrap().revision, head);
+    assert_eq!(reader.projection_digests().unwrap(), engine.projection_digests().unwrap());
+    engine.close().unwrap();
+}
