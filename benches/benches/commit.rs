@@ -1,10 +1,9 @@
 //! Durable turn commits per second at 1, 4 and 16 concurrent committers, and the
 //! machine's ceiling measured in the same run: a bare redb database committing one insert
 //! per durable transaction, and 64 inserts per durable transaction. A third redb baseline
-//! writes, in each durable transaction, the rows one turn commit writes in annal's table
-//! layout (SPEC §2: the record, its `session_log` entry, the message object, the
-//! projection rows, the meta tip and cursors) with no engine around it: the floor the
-//! layout itself sets for a turn commit.
+//! writes, in each durable transaction, what one turn commit appends in annal's log file
+//! (SPEC §2: the record, the content row of its message, the meta tip) with no engine
+//! around it: the floor the append-only layout itself sets for a turn commit.
 //!
 //! Every database sits on redb's `FileBackend` wrapped in [`FaultyBackend`] with no fault
 //! switched on, so the benchmark can count the fsyncs (`sync_data` calls) each variant
@@ -39,18 +38,10 @@ const RAW_VALUE_BYTES: usize = 256;
 
 const RAW: TableDefinition<u64, &[u8]> = TableDefinition::new("raw");
 
-/// The rows of one turn commit of this benchmark (one user message, no usage), in annal's
-/// tables, with the sizes annal writes: (projection tag, bytes of key after the session
-/// and tag, bytes of value) for each projection row the turn's fold writes (the head,
-/// the transcript row and tip, the revision node, its order entry, the graph tip, the
-/// turn record; sizes from `annal stats` on the replay benchmark's database).
-const TURN_PROJECTION_ROWS: [(u8, usize, usize); 7] =
-    [(1, 0, 95), (2, 8, 65), (3, 0, 33), (4, 32, 187), (5, 8, 32), (8, 0, 35), (10, 12, 75)];
-/// Bytes of the encoded turn record and of its message object.
+/// Bytes of the encoded turn record of this benchmark (one user message, no usage) and
+/// of its content row (one message object and the row's 37-byte entry header).
 const TURN_RECORD_BYTES: usize = 200;
-const TURN_MESSAGE_BYTES: usize = 70;
-/// Projections whose cursor a commit advances in `meta`.
-const PROJECTION_CURSORS: usize = 8;
+const TURN_CONTENT_ROW_BYTES: usize = 107;
 
 fn create_file(path: &Path) -> File {
     OpenOptions::new().read(true).write(true).create(true).truncate(true).open(path).expect("create database file")
@@ -152,9 +143,11 @@ impl AnnalFixture {
     fn new(committers: u64, multi_process_readers: bool) -> AnnalFixture {
         let dir = tempfile::tempdir().expect("tempdir");
         let faults = Faults::new();
-        let backend = counted_backend(&dir.path().join("annal.redb"), &faults);
+        let path = dir.path().join("annal.redb");
+        let log = counted_backend(&path, &faults);
+        let projections = counted_backend(&annal::projections_path(&path), &faults);
         let options = Options { durability: Durability::Durable, multi_process_readers, ..Options::default() };
-        let engine = Engine::open_with_backend(backend, options).expect("open engine");
+        let engine = Engine::open_with_backends(log, projections, options).expect("open engine");
         let sessions = (0..committers)
             .map(|i| {
                 let c = CreateSession::new().label("committer", i.to_string()).message(Message::system("bench"));
@@ -243,57 +236,29 @@ impl RawFixture {
         RawFixture { db, faults, next_key: 0, value, _dir: dir }
     }
 
-    /// Runs `transactions` durable transactions, each writing the rows of `turns` turn
-    /// commits, each in its own session, into annal's five tables (see
-    /// [`TURN_PROJECTION_ROWS`]).
+    /// Runs `transactions` durable transactions, each appending what `turns` turn
+    /// commits append to annal's log file: a record, a content row and the tip.
     fn run_turn_shaped(&mut self, transactions: u64, turns: u64, tally: &Tally) -> Duration {
-        use annal::tables::{CONTENT, LOG, META, PROJECTIONS, SESSION_LOG};
-        let record = vec![b'r'; TURN_RECORD_BYTES];
-        let message = vec![b'm'; TURN_MESSAGE_BYTES];
+        use annal::tables::{CONTENT, LOG, META};
         // Everything that is not a write is prepared before the clock starts, so the
         // baseline times redb alone.
-        let sessions: Vec<[u8; 16]> = (0..turns)
-            .map(|turn| {
-                *annal::codec::content_id(&turn.to_le_bytes()).as_bytes().first_chunk::<16>().expect("16 bytes")
-            })
-            .collect();
-        let values: Vec<Vec<u8>> = TURN_PROJECTION_ROWS.iter().map(|&(_, _, len)| vec![b'p'; len]).collect();
-        let cursors: Vec<String> = (0..PROJECTION_CURSORS).map(|p| format!("projection.{p}.cursor")).collect();
-        let mut key = Vec::with_capacity(64);
+        let record = vec![b'r'; TURN_RECORD_BYTES];
+        let row = vec![b'm'; TURN_CONTENT_ROW_BYTES];
         let before = counters(&self.faults);
         let start = Instant::now();
         for _ in 0..transactions {
             let mut txn = self.db.begin_write().expect("begin write");
             txn.set_durability(redb::Durability::Immediate).expect("durability");
-            let mut seq = 0;
             {
                 let mut log = txn.open_table(LOG).expect("log");
-                let mut session_log = txn.open_table(SESSION_LOG).expect("session_log");
                 let mut content = txn.open_table(CONTENT).expect("content");
-                let mut projections = txn.open_table(PROJECTIONS).expect("projections");
-                for session in &sessions {
+                for _ in 0..turns {
                     self.next_key += 1;
-                    seq = self.next_key;
-                    log.insert(seq, record.as_slice()).expect("insert");
-                    session_log.insert((*session, seq), seq).expect("insert");
-                    let id = *annal::codec::content_id(&seq.to_le_bytes()).as_bytes();
-                    content.insert(id, message.as_slice()).expect("insert");
-                    for (&(tag, rest, _), value) in TURN_PROJECTION_ROWS.iter().zip(&values) {
-                        key.clear();
-                        key.push(0);
-                        key.extend_from_slice(session);
-                        key.push(tag);
-                        // Rows keyed by position or revision are new each turn; the others
-                        // (head, tips) are rewritten in place.
-                        key.extend((0..rest).map(|i| if i < 8 { (seq >> (8 * (7 - i))) as u8 } else { id[i % 32] }));
-                        projections.insert(key.as_slice(), value.as_slice()).expect("insert");
-                    }
+                    log.insert(self.next_key, record.as_slice()).expect("insert");
+                    content.insert(self.next_key, row.as_slice()).expect("insert");
                 }
                 let mut meta = txn.open_table(META).expect("meta");
                 meta.insert("tip", [1u8; 40].as_slice()).expect("insert");
-                for cursor in &cursors {
-                    meta.insert(cursor.as_str(), seq.to_le_bytes().as_slice()).expect("insert");
-                }
             }
             txn.commit().expect("commit");
         }
@@ -343,10 +308,10 @@ fn raw_redb(c: &mut Criterion) {
         group.bench_function(name, |b| b.iter_custom(|iters| fixture.run(iters * COMMITS_PER_ITER, inserts, &tally)));
         tally.report(&format!("raw redb, {name} (a commit is a transaction)"));
     }
-    // The rows of one turn commit per durable transaction, in annal's layout, with the
-    // file held exclusively: compare with annal's `committers/1_exclusive`. Then the rows
-    // of 16 turns (16 sessions) per transaction: the best group commit can do with this
-    // layout on this disk, with no engine work at all.
+    // What one turn commit appends, per durable transaction, with the file held
+    // exclusively: compare with annal's `committers/1_exclusive`. Then 16 turns per
+    // transaction: the best group commit can do with this layout on this disk, with no
+    // engine work at all.
     for (name, turns) in [("1_turn_rows_per_txn", 1), ("16_turn_rows_per_txn", 16)] {
         let mut fixture = RawFixture::new(ConcurrencyMode::ExclusiveWriter);
         let tally = Tally::default();
@@ -354,7 +319,7 @@ fn raw_redb(c: &mut Criterion) {
         group.bench_function(name, |b| {
             b.iter_custom(|iters| fixture.run_turn_shaped(iters * COMMITS_PER_ITER / turns, turns, &tally))
         });
-        tally.report(&format!("raw redb, {name} (a commit is one turn's rows in annal's tables)"));
+        tally.report(&format!("raw redb, {name} (a commit is what one turn appends to annal's log)"));
     }
     group.finish();
 }

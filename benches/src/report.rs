@@ -246,12 +246,9 @@ impl Report {
         if let Some(r) = self.advantage("sqlite", "commits_per_s", c1) {
             out.push(("durable commits at 1 committer ≥ 1.0× SQLite".into(), r >= 1.0, format!("{r:.2}×")));
         }
-        if let (Some(a), Some(s)) = (self.get("annal", "commit_p99_us", c16), self.get("sqlite", "commit_p99_us", c16)) {
-            out.push((
-                "p99 at 16 committers ≤ SQLite's p99".into(),
-                a <= s,
-                format!("{} µs vs {} µs", fmt(a), fmt(s)),
-            ));
+        if let (Some(a), Some(s)) = (self.get("annal", "commit_p99_us", c16), self.get("sqlite", "commit_p99_us", c16))
+        {
+            out.push(("p99 at 16 committers ≤ SQLite's p99".into(), a <= s, format!("{} µs vs {} µs", fmt(a), fmt(s))));
         }
         if let (Some(p999), Some(p99)) =
             (self.get("annal", "commit_p999_us", c16), self.get("annal", "commit_p99_us", c16))

@@ -287,7 +287,7 @@ pub(crate) fn fold_tail(delta: &Delta, log: &dyn ReadableDatabase, chain: &LogCh
     }
     let writes = overlay.into_writes();
     drop(view);
-    delta.apply(writes, tip.seq, tip.hash, events, txn);
+    delta.apply(&writes, tip.seq, tip.hash, events, txn);
     Ok(events)
 }
 

@@ -26,6 +26,9 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Instant;
 
+/// A callback over (key, value) rows; returning false stops the scan.
+pub(crate) type RowVisitor<'a> = dyn FnMut(&[u8], &[u8]) -> Result<bool> + 'a;
+
 /// A row version: the value, or `None` for a removal.
 pub(crate) type Value = Option<Arc<[u8]>>;
 
@@ -61,11 +64,11 @@ impl Layer {
     }
 
     /// Adds the writes of a batch that ends at `seq`.
-    fn apply(&mut self, writes: Writes, seq: u64, hash: ChainHash, events: u64) {
+    fn apply(&mut self, writes: &Writes, seq: u64, hash: ChainHash, events: u64) {
         for (table, rows) in writes {
             for (key, value) in rows {
-                let physical = physical_key(table, &key);
-                let value: Value = value.map(Arc::from);
+                let physical = physical_key(*table, key);
+                let value: Value = value.as_deref().map(Arc::from);
                 self.bytes += VERSION_OVERHEAD_BYTES + value.as_ref().map_or(0, |v| v.len() as u64);
                 match self.rows.get_mut(&physical) {
                     Some(versions) => versions.push((seq, value)),
@@ -152,7 +155,7 @@ impl Delta {
 
     /// Applies a durable batch ending at `seq` to the active layer and publishes it: new
     /// views read it from now on, with `log`, a snapshot of the log file that holds it.
-    pub fn apply(&self, writes: Writes, seq: u64, hash: ChainHash, events: u64, log: ReadTransaction) {
+    pub fn apply(&self, writes: &Writes, seq: u64, hash: ChainHash, events: u64, log: ReadTransaction) {
         let log = Arc::new(log);
         let mut state = self.state.write();
         if let Some(active) = state.layers.last() {
@@ -315,7 +318,7 @@ impl View {
 
     /// Every row whose physical key starts with `start`, checkpoint and delta merged, in
     /// physical key order, until `f` returns false.
-    pub(crate) fn scan_physical(&self, start: &[u8], f: &mut dyn FnMut(&[u8], &[u8]) -> Result<bool>) -> Result<()> {
+    pub(crate) fn scan_physical(&self, start: &[u8], f: &mut RowVisitor<'_>) -> Result<()> {
         let mut delta: BTreeMap<Vec<u8>, Value> = BTreeMap::new();
         for layer in &self.layers {
             let layer = layer.read();

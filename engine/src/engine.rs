@@ -223,6 +223,7 @@ impl Engine {
     /// log as needed.
     pub fn open_with(path: impl AsRef<Path>, options: Options) -> Result<Engine> {
         let path = path.as_ref();
+        refuse_unreadable_format(path, &options)?;
         let log = open_file(path, &options)?;
         let projections = open_file(&projections_path(path), &options)?;
         fail_closed("open", || Engine::start(log, projections, options))
@@ -303,6 +304,7 @@ impl Engine {
             subscribers: Mutex::new(Vec::new()),
             batch_commands_max: options.batch_commands_max.max(1),
             stats: stats.clone(),
+            tip: Mutex::new(tip),
         });
         let (ckpt_tx, ckpt_rx) = bounded(64);
         let checkpointer = Checkpointer {
@@ -601,6 +603,32 @@ fn open_file(path: &Path, options: &Options) -> Result<Database> {
             Ok(b.create(path)?)
         }),
         Err(e) => Err(e),
+    }
+}
+
+/// Refuses, before anything is opened for writing, a file whose format or chain key this
+/// engine cannot use (a format-1 file names `annal migrate`), so that such an open
+/// changes no byte and creates no projections file. A file that cannot be opened
+/// read-only here (held exclusively, or not a database) is left to the normal open.
+fn refuse_unreadable_format(path: &Path, options: &Options) -> Result<()> {
+    if !path.exists() {
+        return Ok(());
+    }
+    let chain = options.chain_key.map_or_else(LogChain::plain, LogChain::keyed);
+    let mut b = redb::Builder::new();
+    b.set_concurrency_mode(ConcurrencyMode::SingleWriter);
+    let Ok(Ok(db)) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| b.open_read_only(path))) else {
+        return Ok(());
+    };
+    let txn = match db.begin_read() {
+        Ok(txn) => txn,
+        Err(_) => return Ok(()),
+    };
+    match fail_closed("open", || crate::log::check_log(&txn, &chain)) {
+        Err(e @ (Error::MigrationRequired { .. } | Error::UnsupportedFormat { .. } | Error::KeyMismatch { .. })) => {
+            Err(e)
+        }
+        _ => Ok(()),
     }
 }
 

@@ -201,7 +201,7 @@ pub fn list_sessions(view: &View, limits: &Limits, q: &ListQuery) -> Result<Page
     let mut skipped = 0u64;
     let mut has_more = false;
     let mut consider = |session: SessionId| -> Result<bool> {
-        let head = head_of(&store, &session)?;
+        let head = head_of(store, &session)?;
         if head.archived && !q.include_archived {
             return Ok(true);
         }
@@ -283,7 +283,7 @@ fn empty_page(session: SessionId, revision: RevisionId, total: u64, offset: u64,
 pub fn transcript(view: &View, limits: &Limits, session: &SessionId, page: PageRequest) -> Result<TranscriptPage> {
     check_page(limits, page.limit)?;
     let store = view;
-    let head = head_of(&store, session)?;
+    let head = head_of(store, session)?;
     let total = head.message_count;
     let from = page.offset.min(total);
     let to = from.saturating_add(page.limit).min(total);
@@ -311,7 +311,7 @@ pub fn transcript_at(
 ) -> Result<TranscriptPage> {
     check_page(limits, page.limit)?;
     let store = view;
-    let head = head_of(&store, session)?;
+    let head = head_of(store, session)?;
     if head.revision == *revision {
         return transcript(view, limits, session, page);
     }
@@ -335,7 +335,7 @@ pub fn transcript_at(
 pub fn revisions(view: &View, limits: &Limits, session: &SessionId, page: PageRequest) -> Result<RevisionPage> {
     check_page(limits, page.limit)?;
     let store = view;
-    head_of(&store, session)?;
+    head_of(store, session)?;
     let tip: GraphTip = store.row(Table::GraphTip, &keys::session(session))?.ok_or_else(|| {
         Error::corrupt(
             Location::Projection { table: Table::GraphTip.name(), key: session.to_string() },
@@ -345,7 +345,7 @@ pub fn revisions(view: &View, limits: &Limits, session: &SessionId, page: PageRe
     let offset = page.offset.min(tip.nodes);
     let mut items = Vec::new();
     for ordinal in offset..tip.nodes.min(offset.saturating_add(page.limit)) {
-        items.push(node_at(&store, session, ordinal)?);
+        items.push(node_at(store, session, ordinal)?);
     }
     let has_more = offset + (items.len() as u64) < tip.nodes;
     Ok(RevisionPage { head: tip.head, total: tip.nodes, page: Page { items, offset, limit: page.limit, has_more } })
@@ -366,7 +366,7 @@ fn node_at(store: &View, session: &SessionId, ordinal: u64) -> Result<RevisionNo
 /// The whole revision graph of `session`.
 pub fn graph(view: &View, session: &SessionId) -> Result<RevisionGraph> {
     let store = view;
-    let head = head_of(&store, session)?;
+    let head = head_of(store, session)?;
     let prefix = keys::session(session);
     let mut nodes = Vec::new();
     store.scan(Table::RevisionOrder, &prefix, |_, v| {
@@ -395,7 +395,7 @@ pub fn graph(view: &View, session: &SessionId) -> Result<RevisionGraph> {
 /// Every context entry of `session`, pending and applied, in key order.
 pub fn context(view: &View, session: &SessionId) -> Result<Vec<ContextEntry>> {
     let store = view;
-    head_of(&store, session)?;
+    head_of(store, session)?;
     let mut out = Vec::new();
     store.scan(Table::Context, &keys::session(session), |k, v| {
         out.push(decode_row(Table::Context, k, v)?);
@@ -407,7 +407,7 @@ pub fn context(view: &View, session: &SessionId) -> Result<Vec<ContextEntry>> {
 /// Usage totals of `session` per (provider, model).
 pub fn usage(view: &View, session: &SessionId) -> Result<Vec<UsageTotals>> {
     let store = view;
-    head_of(&store, session)?;
+    head_of(store, session)?;
     let mut out: Vec<UsageTotals> = Vec::new();
     store.scan(Table::Usage, &keys::session(session), |k, v| {
         out.push(decode_row(Table::Usage, k, v)?);
@@ -420,7 +420,7 @@ pub fn usage(view: &View, session: &SessionId) -> Result<Vec<UsageTotals>> {
 /// One tool operation.
 pub fn tool_op(view: &View, session: &SessionId, op_id: &str) -> Result<Option<ToolOp>> {
     let store = view;
-    head_of(&store, session)?;
+    head_of(store, session)?;
     store.row(Table::ToolOps, &keys::session_str(session, op_id))
 }
 
@@ -436,13 +436,13 @@ fn op_by_id(store: &View, session: &SessionId, op_id: &str) -> Result<ToolOp> {
 /// Unsettled operations of `session`, in call order.
 pub fn unsettled(view: &View, session: &SessionId) -> Result<Vec<ToolOp>> {
     let store = view;
-    head_of(&store, session)?;
+    head_of(store, session)?;
     let mut ids = Vec::new();
     store.scan(Table::Unsettled, &keys::session(session), |k, v| {
         ids.push(decode_row::<String>(Table::Unsettled, k, v)?);
         Ok(true)
     })?;
-    ids.iter().map(|id| op_by_id(&store, session, id)).collect()
+    ids.iter().map(|id| op_by_id(store, session, id)).collect()
 }
 
 /// Unsettled operations across all sessions, in call order.
@@ -462,7 +462,7 @@ pub fn unsettled_all(view: &View, limits: &Limits, page: PageRequest) -> Result<
             return Ok(false);
         }
         let (session, op_id): (SessionId, String) = decode_row(Table::UnsettledAll, k, v)?;
-        items.push(op_by_id(&store, &session, &op_id)?);
+        items.push(op_by_id(store, &session, &op_id)?);
         Ok(true)
     })?;
     Ok(Page { items, offset: page.offset, limit: page.limit, has_more })
@@ -472,7 +472,7 @@ pub fn unsettled_all(view: &View, limits: &Limits, page: PageRequest) -> Result<
 pub fn tool_ops(view: &View, limits: &Limits, session: &SessionId, page: PageRequest) -> Result<Page<ToolOp>> {
     check_page(limits, page.limit)?;
     let store = view;
-    head_of(&store, session)?;
+    head_of(store, session)?;
     let count = store.row::<ToolTip>(Table::ToolTip, &keys::session(session))?.unwrap_or_default().count;
     let offset = page.offset.min(count);
     let mut items = Vec::new();
@@ -484,7 +484,7 @@ pub fn tool_ops(view: &View, limits: &Limits, session: &SessionId, page: PageReq
                 "missing op",
             )
         })?;
-        items.push(op_by_id(&store, session, &op_id)?);
+        items.push(op_by_id(store, session, &op_id)?);
     }
     let has_more = offset + (items.len() as u64) < count;
     Ok(Page { items, offset, limit: page.limit, has_more })

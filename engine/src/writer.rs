@@ -19,12 +19,12 @@ use crate::limits::Limits;
 use crate::log::{Entry, Tip};
 use crate::projection::{Projection, ProjectionSet, SessionHead};
 use crate::rebuild::RebuildStats;
-use crate::store::{apply_writes, keys, Overlay, Store, StoreExt, Table};
+use crate::store::{apply_writes, keys, Overlay, Store, StoreExt, Table, Writes};
 use annal_codec::{ContentId, LogChain, Record, SessionId};
-use crossbeam_channel::{Receiver, Sender};
+use crossbeam_channel::{bounded, Receiver, Sender};
 use parking_lot::Mutex;
 use redb::ReadableDatabase;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -58,6 +58,8 @@ pub(crate) struct Shared {
     pub subscribers: Mutex<Vec<Sender<CommitNotice>>>,
     pub batch_commands_max: usize,
     pub stats: Arc<EngineStats>,
+    /// The log tip as of the last durable batch (the committer's).
+    pub tip: Mutex<Tip>,
 }
 
 pub(crate) enum Request {
@@ -88,7 +90,57 @@ fn now_ms() -> u64 {
 /// each pay a full fsync.
 pub const GATHER_WAIT_MAX: Duration = Duration::from_micros(300);
 
-pub(crate) fn run(shared: Arc<Shared>, rx: Receiver<Request>, mut tip: Tip, checkpoints: Sender<Signal>) {
+/// The sequencer's side of a batch sent to the committer.
+struct Sealed {
+    /// What the log gets, in order.
+    entries: Vec<Entry>,
+    /// The projection rows the batch folded.
+    writes: Arc<Writes>,
+    /// Each caller's outcome, decided; sent once the batch is durable.
+    replies: Vec<(Sender<Result<Outcome>>, Result<Outcome>)>,
+    /// One per accepted command that wrote.
+    notices: Vec<CommitNotice>,
+}
+
+/// What the committer thread receives.
+enum Job {
+    /// Append, apply, reply.
+    Batch(Sealed),
+    /// Reply once every batch before it is durable and applied.
+    Barrier(Sender<()>),
+}
+
+/// The writer: a sequencer and a committer, pipelined.
+///
+/// The sequencer (this thread) gathers commands and decides and folds each batch on a
+/// view of the delta plus the batches still in flight, then hands the sealed batch to the
+/// committer thread, which appends it to the log (one transaction, one commit), applies
+/// its rows to the delta and replies. So the next batch is decided while the previous
+/// one is being made durable. At most [`BATCHES_IN_FLIGHT_MAX`] batches are past the
+/// sequencer and not yet applied. Nothing is acknowledged before its batch is durable; if
+/// a commit fails, the engine is poisoned and every batch after it fails too (they were
+/// decided on top of it).
+pub(crate) fn run(shared: Arc<Shared>, rx: Receiver<Request>, tip: Tip, checkpoints: Sender<Signal>) {
+    let (jobs, job_rx) = bounded::<Job>(BATCHES_IN_FLIGHT_MAX - 1);
+    let committer = {
+        let shared = shared.clone();
+        let checkpoints = checkpoints.clone();
+        std::thread::Builder::new()
+            .name("annal-commit".into())
+            .spawn(move || commit_loop(&shared, job_rx, tip, &checkpoints))
+    };
+    let committer = match committer {
+        Ok(handle) => handle,
+        Err(e) => {
+            shared.poisoned.store(true, Ordering::Release);
+            for req in rx {
+                fail(req, Error::Storage(format!("cannot start the commit thread: {e}")));
+            }
+            let _ = checkpoints.send(Signal::Stop);
+            return;
+        }
+    };
+    let mut seq = Sequencer { next_seq: tip.seq + 1, clock_ms: tip.clock_ms, inflight: VecDeque::new() };
     let mut previous_batch = 1usize;
     while let Ok(first) = rx.recv() {
         let mut commands = Vec::new();
@@ -97,19 +149,11 @@ pub(crate) fn run(shared: Arc<Shared>, rx: Receiver<Request>, mut tip: Tip, chec
         while let Some(req) = pending.take() {
             match req {
                 Request::Command { command, reply } => commands.push((command, reply)),
-                Request::Rebuild { set, reply } => {
-                    // Commit what came before, then rebuild alone.
-                    flush(&shared, &mut tip, std::mem::take(&mut commands), &checkpoints);
-                    let _ = reply.send(rebuild(&shared, &tip, set, &checkpoints));
-                }
-                Request::Checkpoint { reply } => {
-                    flush(&shared, &mut tip, std::mem::take(&mut commands), &checkpoints);
-                    let _ = reply.send(drain(&shared, &checkpoints));
-                }
-                Request::Import { records, content, reply } => {
-                    flush(&shared, &mut tip, std::mem::take(&mut commands), &checkpoints);
-                    let _ = reply.send(import(&shared, &mut tip, records, content));
-                    after_apply(&shared, &checkpoints);
+                other => {
+                    // Everything before it goes first, then it runs alone on an idle log.
+                    seq.seal(&shared, std::mem::take(&mut commands), &jobs);
+                    barrier(&jobs);
+                    exclusive(&shared, &mut seq, other, &checkpoints);
                 }
             }
             if commands.len() >= shared.batch_commands_max {
@@ -124,9 +168,234 @@ pub(crate) fn run(shared: Arc<Shared>, rx: Receiver<Request>, mut tip: Tip, chec
         if !commands.is_empty() {
             previous_batch = commands.len();
         }
-        flush(&shared, &mut tip, commands, &checkpoints);
+        seq.seal(&shared, commands, &jobs);
     }
+    drop(jobs);
+    let _ = committer.join();
     let _ = checkpoints.send(Signal::Stop);
+}
+
+/// Batches sealed by the sequencer and not yet applied to the delta, at most.
+pub const BATCHES_IN_FLIGHT_MAX: usize = 2;
+
+/// Fails a request that cannot run.
+fn fail(req: Request, e: Error) {
+    match req {
+        Request::Command { reply, .. } => drop(reply.send(Err(e))),
+        Request::Rebuild { reply, .. } => drop(reply.send(Err(e))),
+        Request::Checkpoint { reply } => drop(reply.send(Err(e))),
+        Request::Import { reply, .. } => drop(reply.send(Err(e))),
+    }
+}
+
+/// Waits until the committer has made durable and applied everything sent before.
+fn barrier(jobs: &Sender<Job>) {
+    let (tx, rx) = bounded(1);
+    if jobs.send(Job::Barrier(tx)).is_ok() {
+        let _ = rx.recv();
+    }
+}
+
+/// Runs a request that needs the log to itself (the committer is idle).
+fn exclusive(shared: &Shared, seq: &mut Sequencer, req: Request, checkpoints: &Sender<Signal>) {
+    seq.inflight.clear();
+    let tip = *shared.tip.lock();
+    match req {
+        Request::Command { .. } => {}
+        Request::Rebuild { set, reply } => drop(reply.send(rebuild(shared, &tip, set, checkpoints))),
+        Request::Checkpoint { reply } => drop(reply.send(drain(shared, checkpoints))),
+        Request::Import { records, content, reply } => {
+            let mut tip = tip;
+            let result = import(shared, &mut tip, records, content);
+            *shared.tip.lock() = tip;
+            seq.next_seq = tip.seq + 1;
+            seq.clock_ms = seq.clock_ms.max(tip.clock_ms);
+            let _ = reply.send(result);
+            after_apply(shared, checkpoints);
+        }
+    }
+}
+
+/// The committer thread: appends each sealed batch, applies it, replies.
+fn commit_loop(shared: &Shared, jobs: Receiver<Job>, mut tip: Tip, checkpoints: &Sender<Signal>) {
+    for job in jobs {
+        let sealed = match job {
+            Job::Barrier(done) => {
+                let _ = done.send(());
+                continue;
+            }
+            Job::Batch(sealed) => sealed,
+        };
+        let Sealed { entries, writes, replies, notices } = sealed;
+        if entries.is_empty() {
+            for (reply, outcome) in replies {
+                let _ = reply.send(outcome);
+            }
+            continue;
+        }
+        let committed = if shared.poisoned.load(Ordering::Acquire) {
+            Err(Error::Poisoned)
+        } else {
+            crate::error::fail_closed("commit", || {
+                let next = append(shared, tip, &entries)?;
+                shared.delta.apply(&writes, next.seq, next.hash, entries.len() as u64, shared.log_db.begin_read()?);
+                Ok(next)
+            })
+        };
+        match committed {
+            Ok(next) => {
+                tip = next;
+                *shared.tip.lock() = next;
+                // Subscribers first: a caller that subscribes after its reply must not
+                // hear about its own commit.
+                notify(shared, notices);
+                for (reply, outcome) in replies {
+                    let _ = reply.send(outcome);
+                }
+                after_apply(shared, checkpoints);
+            }
+            Err(e) => {
+                shared.poisoned.store(true, Ordering::Release);
+                for (reply, _) in replies {
+                    let _ = reply.send(Err(e.clone()));
+                }
+            }
+        }
+    }
+}
+
+/// The sequencer's state: the next seq and the clock, and the batches in flight.
+struct Sequencer {
+    next_seq: u64,
+    clock_ms: u64,
+    /// (last seq, rows) of each batch sent to the committer and maybe not applied yet.
+    inflight: VecDeque<(u64, Arc<Writes>)>,
+}
+
+impl Sequencer {
+    /// Decides and folds `batch` and sends it to the committer.
+    fn seal(&mut self, shared: &Shared, batch: Vec<(Command, Sender<Result<Outcome>>)>, jobs: &Sender<Job>) {
+        if batch.is_empty() {
+            return;
+        }
+        if shared.poisoned.load(Ordering::Acquire) {
+            for (_, reply) in batch {
+                let _ = reply.send(Err(Error::Poisoned));
+            }
+            return;
+        }
+        let commands: Vec<&Command> = batch.iter().map(|(c, _)| c).collect();
+        match crate::error::fail_closed("commit", || self.decide_batch(shared, &commands)) {
+            Ok(decided) => {
+                let writes = Arc::new(decided.writes);
+                if let Some(last) = decided.entries.last() {
+                    self.next_seq = last.record.seq + 1;
+                    self.clock_ms = decided.clock_ms;
+                    self.inflight.push_back((last.record.seq, writes.clone()));
+                }
+                let replies = batch.into_iter().map(|(_, reply)| reply).zip(decided.outcomes).collect();
+                let sealed = Sealed { entries: decided.entries, writes, replies, notices: decided.notices };
+                if let Err(unsent) = jobs.send(Job::Batch(sealed)) {
+                    if let Job::Batch(sealed) = unsent.into_inner() {
+                        for (reply, _) in sealed.replies {
+                            let _ = reply.send(Err(Error::Closed));
+                        }
+                    }
+                }
+            }
+            Err(e) => {
+                shared.poisoned.store(true, Ordering::Release);
+                for (_, reply) in batch {
+                    let _ = reply.send(Err(e.clone()));
+                }
+            }
+        }
+    }
+
+    /// Decides and folds a batch on a view of the delta plus the batches in flight. A
+    /// rejected command's staged writes are dropped, so it consumes no sequence number.
+    fn decide_batch(&mut self, shared: &Shared, commands: &[&Command]) -> Result<Decided> {
+        let clock_ms = now_ms().max(self.clock_ms);
+        let view = shared.delta.view();
+        while self.inflight.front().is_some_and(|(last, _)| *last <= view.seq()) {
+            self.inflight.pop_front();
+        }
+        let base = InFlight { view: &view, batches: &self.inflight };
+        let mut next_seq = self.next_seq;
+        let mut outcomes = Vec::with_capacity(commands.len());
+        let mut notices = Vec::new();
+        let mut entries: Vec<Entry> = Vec::new();
+        let mut accepted = Overlay::new(&base);
+        for command in commands {
+            let mut staged = Vec::new();
+            let mut seq = next_seq;
+            let result = {
+                let mut overlay = Overlay::new(&accepted);
+                apply(&mut overlay, &mut seq, clock_ms, command, &shared.limits, &mut staged)
+                    .map(|o| (o, overlay.into_writes()))
+            };
+            let (outcome, writes) = match result {
+                Ok(ok) => ok,
+                Err(e @ Error::Storage(_)) => return Err(e),
+                Err(e) => {
+                    outcomes.push(Err(e));
+                    continue;
+                }
+            };
+            apply_writes(&mut accepted, writes)?;
+            next_seq = seq;
+            let mut sessions = Vec::new();
+            for entry in &staged {
+                if !sessions.contains(&entry.record.session) {
+                    sessions.push(entry.record.session);
+                }
+            }
+            if let (Some(first), Some(last)) = (staged.first(), staged.last()) {
+                notices.push(CommitNotice {
+                    first_seq: first.record.seq,
+                    last_seq: last.record.seq,
+                    sessions,
+                    committed_at_ms: clock_ms,
+                });
+            }
+            entries.extend(staged);
+            outcomes.push(Ok(outcome));
+        }
+        Ok(Decided { entries, writes: accepted.into_writes(), outcomes, notices, clock_ms })
+    }
+}
+
+/// A decided batch.
+struct Decided {
+    entries: Vec<Entry>,
+    writes: Writes,
+    outcomes: Vec<Result<Outcome>>,
+    notices: Vec<CommitNotice>,
+    clock_ms: u64,
+}
+
+/// The projections as the next batch must see them: the view, under the rows of the
+/// batches in flight (newest first).
+struct InFlight<'a> {
+    view: &'a crate::delta::View,
+    batches: &'a VecDeque<(u64, Arc<Writes>)>,
+}
+
+impl Store for InFlight<'_> {
+    fn get(&self, table: Table, key: &[u8]) -> Result<Option<Vec<u8>>> {
+        for (_, writes) in self.batches.iter().rev() {
+            if let Some(value) = writes.get(&table).and_then(|rows| rows.get(key)) {
+                return Ok(value.clone());
+            }
+        }
+        self.view.get(table, key)
+    }
+    fn put(&mut self, _: Table, _: &[u8], _: &[u8]) -> Result<()> {
+        Err(Error::Storage("the batches in flight are read-only".into()))
+    }
+    fn remove(&mut self, _: Table, _: &[u8]) -> Result<()> {
+        Err(Error::Storage("the batches in flight are read-only".into()))
+    }
 }
 
 /// After a batch is applied to the delta: freezes the active layer for the checkpointer
@@ -184,34 +453,6 @@ fn rebuild(shared: &Shared, tip: &Tip, set: ProjectionSet, checkpoints: &Sender<
         shared.poisoned.store(true, Ordering::Release);
     }
     result
-}
-
-fn flush(shared: &Shared, tip: &mut Tip, batch: Vec<(Command, Sender<Result<Outcome>>)>, ckpt: &Sender<Signal>) {
-    if batch.is_empty() {
-        return;
-    }
-    if shared.poisoned.load(Ordering::Acquire) {
-        for (_, reply) in batch {
-            let _ = reply.send(Err(Error::Poisoned));
-        }
-        return;
-    }
-    let commands: Vec<&Command> = batch.iter().map(|(c, _)| c).collect();
-    match crate::error::fail_closed("commit", || commit_batch(shared, tip, &commands)) {
-        Ok((outcomes, notices)) => {
-            for ((_, reply), outcome) in batch.into_iter().zip(outcomes) {
-                let _ = reply.send(outcome);
-            }
-            notify(shared, notices);
-            after_apply(shared, ckpt);
-        }
-        Err(e) => {
-            shared.poisoned.store(true, Ordering::Release);
-            for (_, reply) in batch {
-                let _ = reply.send(Err(e.clone()));
-            }
-        }
-    }
 }
 
 fn notify(shared: &Shared, notices: Vec<CommitNotice>) {
@@ -281,70 +522,6 @@ fn apply<S: Store + ?Sized>(
             Ok(outcome)
         }
     }
-}
-
-type BatchResult = (Vec<Result<Outcome>>, Vec<CommitNotice>);
-
-/// Decides and folds the batch on a view of the latest commit (the writer is the only
-/// writer, so the view is current), appends what was accepted to the log in one
-/// transaction, then applies the batch's rows to the delta. A batch with nothing to
-/// write opens no write transaction at all, so rejections and idempotent retries leave
-/// every byte of the file alone.
-fn commit_batch(shared: &Shared, tip: &mut Tip, commands: &[&Command]) -> Result<BatchResult> {
-    let clock_ms = now_ms().max(tip.clock_ms);
-    let mut next_seq = tip.seq + 1;
-    let mut outcomes = Vec::with_capacity(commands.len());
-    let mut notices = Vec::new();
-    let mut entries: Vec<Entry> = Vec::new();
-    let view = shared.delta.view();
-    if view.seq() != tip.seq {
-        return Err(Error::Storage(format!("the delta is at {} but the log at {}", view.seq(), tip.seq)));
-    }
-    let mut accepted = Overlay::new(&view);
-    for command in commands {
-        let mut staged = Vec::new();
-        let mut seq = next_seq;
-        let result = {
-            let mut overlay = Overlay::new(&accepted);
-            apply(&mut overlay, &mut seq, clock_ms, command, &shared.limits, &mut staged)
-                .map(|o| (o, overlay.into_writes()))
-        };
-        let (outcome, writes) = match result {
-            Ok(ok) => ok,
-            Err(e @ Error::Storage(_)) => return Err(e),
-            Err(e) => {
-                outcomes.push(Err(e));
-                continue;
-            }
-        };
-        apply_writes(&mut accepted, writes)?;
-        next_seq = seq;
-        let mut sessions = Vec::new();
-        for entry in &staged {
-            if !sessions.contains(&entry.record.session) {
-                sessions.push(entry.record.session);
-            }
-        }
-        if let (Some(first), Some(last)) = (staged.first(), staged.last()) {
-            notices.push(CommitNotice {
-                first_seq: first.record.seq,
-                last_seq: last.record.seq,
-                sessions,
-                committed_at_ms: clock_ms,
-            });
-        }
-        entries.extend(staged);
-        outcomes.push(Ok(outcome));
-    }
-    if entries.is_empty() {
-        return Ok((outcomes, notices));
-    }
-    let writes = accepted.into_writes();
-    drop(view);
-    let events = entries.len() as u64;
-    *tip = append(shared, *tip, &entries)?;
-    shared.delta.apply(writes, tip.seq, tip.hash, events, shared.log_db.begin_read()?);
-    Ok((outcomes, notices))
 }
 
 /// Appends entries to the log in one durable transaction: the one write of a commit.
@@ -428,7 +605,7 @@ fn import_txn(shared: &Shared, tip: &mut Tip, records: Vec<Record>, content: Vec
     drop(view);
     let events = entries.len() as u64;
     *tip = append(shared, *tip, &entries)?;
-    shared.delta.apply(writes, tip.seq, tip.hash, events, shared.log_db.begin_read()?);
+    shared.delta.apply(&writes, tip.seq, tip.hash, events, shared.log_db.begin_read()?);
     Ok(ImportStats { records: events, content_objects: stored_objects, tip_seq: tip.seq })
 }
 

@@ -1,17 +1,22 @@
-//! A demo database whose rows are tampered with through redb (records replaced, flipped
-//! or removed; content objects, `session_log` entries and meta values changed), then
-//! checked by `annal verify --deep`'s own function. Verification must report, never
-//! panic and never hang, whatever the rows hold; the untampered file must verify clean.
+//! A demo database whose rows are tampered with through redb (log records replaced,
+//! flipped, removed or added; content rows replaced, flipped, removed, added at any seq,
+//! or an object moved to another row; meta values changed; projection rows changed or
+//! removed in the projections file), then checked by `annal verify --deep`'s own
+//! function on the two files. Verification must report, never panic and never hang,
+//! whatever the rows hold; the untampered files must verify clean, with every projection
+//! table compared.
 
 #![no_main]
 
-use annal::tables::{CONTENT, LOG, META, SESSION_LOG};
-use annal::Limits;
-use annal_replay::verify::{verify_snapshot, VerifyOptions};
+use annal::codec::content::entries;
+use annal::tables::{CONTENT, LOG, META, PROJECTIONS};
+use annal_replay::verify::{verify, VerifyOptions};
 use arbitrary::Arbitrary;
 use libfuzzer_sys::fuzz_target;
-use redb::{ReadableDatabase, ReadableTable, StorageBackend};
-use std::sync::OnceLock;
+use redb::backends::InMemoryBackend;
+use redb::{ReadableTable, StorageBackend};
+use std::path::Path;
+use std::sync::{Arc, OnceLock};
 
 #[derive(Arbitrary, Debug)]
 enum Tamper {
@@ -23,28 +28,87 @@ enum Tamper {
     RemoveRecord { at: u16 },
     /// Add a record past the end.
     AppendRecord { gap: u8, bytes: Vec<u8> },
-    /// Replace a content object's bytes.
-    SetContent { at: u16, bytes: Vec<u8> },
-    /// Remove a content object.
-    RemoveContent { at: u16 },
-    /// Point a `session_log` entry somewhere else.
-    SetIndex { at: u16, seq: u64 },
-    /// Remove a `session_log` entry.
-    RemoveIndex { at: u16 },
+    /// Replace a content row's bytes.
+    SetContentRow { at: u16, bytes: Vec<u8> },
+    /// Flip one bit of a content row (its ids, lengths or bytes).
+    FlipContentRow { at: u16, offset: u16, bit: u8 },
+    /// Remove a content row.
+    RemoveContentRow { at: u16 },
+    /// Add a content row at a seq up to a few past the tip, with or without a record.
+    InsertContentRow { seq: u8, bytes: Vec<u8> },
+    /// Move the first object of one content row to the end of another row (at the seq
+    /// of a record), so it may be introduced after its first reference, or twice.
+    MoveObject { from: u16, to: u16, keep: bool },
     /// Replace a meta value.
     SetMeta { at: u8, bytes: Vec<u8> },
+    /// Replace a projection row's value in the projections file.
+    SetProjection { at: u16, bytes: Vec<u8> },
+    /// Remove a projection row.
+    RemoveProjection { at: u16 },
 }
 
-/// The pristine demo database.
-fn sample() -> &'static [u8] {
-    static SAMPLE: OnceLock<Vec<u8>> = OnceLock::new();
+/// The pristine demo database: the log file and the projections file.
+struct Sample {
+    log: Vec<u8>,
+    projections: Vec<u8>,
+}
+
+fn sample() -> &'static Sample {
+    static SAMPLE: OnceLock<Sample> = OnceLock::new();
     SAMPLE.get_or_init(|| {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("demo.redb");
         let opts = annal_replay::demo::DemoOptions { db: Some(path.clone()), sessions: 1, progress: false };
         annal_replay::demo::demo(&opts).expect("demo");
-        std::fs::read(&path).expect("read demo")
+        Sample {
+            log: std::fs::read(&path).expect("read demo"),
+            projections: std::fs::read(annal::projections_path(&path)).expect("read demo projections"),
+        }
     })
+}
+
+/// An in-memory file the test keeps a handle on, to read back what redb wrote.
+#[derive(Debug, Clone)]
+struct Shared(Arc<InMemoryBackend>);
+
+impl StorageBackend for Shared {
+    fn len(&self) -> Result<u64, std::io::Error> {
+        self.0.len()
+    }
+    fn read(&self, offset: u64, out: &mut [u8]) -> Result<(), std::io::Error> {
+        self.0.read(offset, out)
+    }
+    fn set_len(&self, len: u64) -> Result<(), std::io::Error> {
+        self.0.set_len(len)
+    }
+    fn sync_data(&self) -> Result<(), std::io::Error> {
+        self.0.sync_data()
+    }
+    fn write(&self, offset: u64, data: &[u8]) -> Result<(), std::io::Error> {
+        self.0.write(offset, data)
+    }
+}
+
+/// Opens `bytes` in memory, lets `f` change it through redb, and writes the result to
+/// `path` (no fsync: the file only has to outlive this run).
+fn edit_file(
+    bytes: &[u8],
+    path: &Path,
+    f: impl FnOnce(&redb::WriteTransaction) -> Result<(), redb::Error>,
+) -> Result<(), redb::Error> {
+    let backend = Shared(Arc::new(InMemoryBackend::new()));
+    backend.set_len(bytes.len() as u64).expect("set_len");
+    backend.write(0, bytes).expect("write");
+    {
+        let db = redb::Database::builder().create_with_backend(backend.clone())?;
+        let txn = db.begin_write()?;
+        f(&txn)?;
+        txn.commit()?;
+    }
+    let mut out = vec![0u8; backend.len().expect("len") as usize];
+    backend.read(0, &mut out).expect("read");
+    std::fs::write(path, out).expect("write the file");
+    Ok(())
 }
 
 /// The element `at` picks, modulo the length.
@@ -52,94 +116,152 @@ fn pick<T: Copy>(items: &[T], at: u16) -> Option<T> {
     (!items.is_empty()).then(|| items[at as usize % items.len()])
 }
 
-fn tamper(db: &redb::Database, tampers: &[Tamper]) -> Result<(), redb::Error> {
-    let txn = db.begin_write()?;
-    {
-        let mut log = txn.open_table(LOG)?;
-        let mut content = txn.open_table(CONTENT)?;
-        let mut index = txn.open_table(SESSION_LOG)?;
-        let mut meta = txn.open_table(META)?;
-        // The keys as they were: a tamper may pick a key an earlier one removed.
-        let seqs: Vec<u64> = log.iter()?.filter_map(Result::ok).map(|(k, _)| k.value()).collect();
-        let ids: Vec<[u8; 32]> = content.iter()?.filter_map(Result::ok).map(|(k, _)| k.value()).collect();
-        let entries: Vec<([u8; 16], u64)> = index.iter()?.filter_map(Result::ok).map(|(k, _)| k.value()).collect();
-        let names: Vec<String> = meta.iter()?.filter_map(Result::ok).map(|(k, _)| k.value().to_string()).collect();
-        for t in tampers.iter().take(8) {
-            match t {
-                Tamper::SetRecord { at, bytes } => {
-                    if let Some(seq) = pick(&seqs, *at) {
+/// The raw entries of a content row (id, encoding and length included), as far as it
+/// parses.
+fn raw_entries(row: &[u8]) -> Vec<Vec<u8>> {
+    let mut out = Vec::new();
+    let mut rest = row;
+    for entry in entries(row, u64::MAX).map_while(Result::ok) {
+        let len = annal::codec::content::ENTRY_HEADER_LEN + entry.stored.len();
+        out.push(rest[..len].to_vec());
+        rest = &rest[len..];
+    }
+    out
+}
+
+fn tamper_log(txn: &redb::WriteTransaction, tampers: &[Tamper]) -> Result<(), redb::Error> {
+    let mut log = txn.open_table(LOG)?;
+    let mut content = txn.open_table(CONTENT)?;
+    let mut meta = txn.open_table(META)?;
+    // The keys as they were: a tamper may pick a key an earlier one removed.
+    let seqs: Vec<u64> = log.iter()?.filter_map(Result::ok).map(|(k, _)| k.value()).collect();
+    let rows: Vec<u64> = content.iter()?.filter_map(Result::ok).map(|(k, _)| k.value()).collect();
+    let names: Vec<String> = meta.iter()?.filter_map(Result::ok).map(|(k, _)| k.value().to_string()).collect();
+    let tip = seqs.last().copied().unwrap_or(0);
+    for t in tampers {
+        match t {
+            Tamper::SetRecord { at, bytes } => {
+                if let Some(seq) = pick(&seqs, *at) {
+                    log.insert(seq, bytes.as_slice())?;
+                }
+            }
+            Tamper::FlipRecord { at, offset, bit } => {
+                if let Some(seq) = pick(&seqs, *at) {
+                    let mut bytes = log.get(seq)?.map(|g| g.value().to_vec()).unwrap_or_default();
+                    if !bytes.is_empty() {
+                        let i = *offset as usize % bytes.len();
+                        bytes[i] ^= 1 << (bit % 8);
                         log.insert(seq, bytes.as_slice())?;
                     }
                 }
-                Tamper::FlipRecord { at, offset, bit } => {
-                    if let Some(seq) = pick(&seqs, *at) {
-                        let mut bytes = log.get(seq)?.map(|g| g.value().to_vec()).unwrap_or_default();
-                        if !bytes.is_empty() {
-                            let i = *offset as usize % bytes.len();
-                            bytes[i] ^= 1 << (bit % 8);
-                            log.insert(seq, bytes.as_slice())?;
-                        }
-                    }
+            }
+            Tamper::RemoveRecord { at } => {
+                if let Some(seq) = pick(&seqs, *at) {
+                    log.remove(seq)?;
                 }
-                Tamper::RemoveRecord { at } => {
-                    if let Some(seq) = pick(&seqs, *at) {
-                        log.remove(seq)?;
-                    }
+            }
+            Tamper::AppendRecord { gap, bytes } => {
+                let last = log.last()?.map_or(0, |(k, _)| k.value());
+                log.insert(last + 1 + u64::from(*gap % 4), bytes.as_slice())?;
+            }
+            Tamper::SetContentRow { at, bytes } => {
+                if let Some(seq) = pick(&rows, *at) {
+                    content.insert(seq, bytes.as_slice())?;
                 }
-                Tamper::AppendRecord { gap, bytes } => {
-                    let last = log.last()?.map_or(0, |(k, _)| k.value());
-                    log.insert(last + 1 + u64::from(*gap % 4), bytes.as_slice())?;
-                }
-                Tamper::SetContent { at, bytes } => {
-                    if let Some(id) = pick(&ids, *at) {
-                        content.insert(id, bytes.as_slice())?;
-                    }
-                }
-                Tamper::RemoveContent { at } => {
-                    if let Some(id) = pick(&ids, *at) {
-                        content.remove(id)?;
-                    }
-                }
-                Tamper::SetIndex { at, seq } => {
-                    if let Some(k) = pick(&entries, *at) {
-                        index.insert(k, *seq)?;
-                    }
-                }
-                Tamper::RemoveIndex { at } => {
-                    if let Some(k) = pick(&entries, *at) {
-                        index.remove(k)?;
-                    }
-                }
-                Tamper::SetMeta { at, bytes } => {
-                    if !names.is_empty() {
-                        meta.insert(names[*at as usize % names.len()].as_str(), bytes.as_slice())?;
+            }
+            Tamper::FlipContentRow { at, offset, bit } => {
+                if let Some(seq) = pick(&rows, *at) {
+                    let mut bytes = content.get(seq)?.map(|g| g.value().to_vec()).unwrap_or_default();
+                    if !bytes.is_empty() {
+                        let i = *offset as usize % bytes.len();
+                        bytes[i] ^= 1 << (bit % 8);
+                        content.insert(seq, bytes.as_slice())?;
                     }
                 }
             }
+            Tamper::RemoveContentRow { at } => {
+                if let Some(seq) = pick(&rows, *at) {
+                    content.remove(seq)?;
+                }
+            }
+            Tamper::InsertContentRow { seq, bytes } => {
+                content.insert(u64::from(*seq) % (tip + 4), bytes.as_slice())?;
+            }
+            Tamper::MoveObject { from, to, keep } => {
+                let (Some(from), Some(to)) = (pick(&rows, *from), pick(&seqs, *to)) else {
+                    continue;
+                };
+                let source = content.get(from)?.map(|g| g.value().to_vec()).unwrap_or_default();
+                let mut objects = raw_entries(&source);
+                if objects.is_empty() {
+                    continue;
+                }
+                let moved = objects.remove(0);
+                if !keep {
+                    if objects.is_empty() {
+                        content.remove(from)?;
+                    } else {
+                        content.insert(from, objects.concat().as_slice())?;
+                    }
+                }
+                let mut target = content.get(to)?.map(|g| g.value().to_vec()).unwrap_or_default();
+                target.extend_from_slice(&moved);
+                content.insert(to, target.as_slice())?;
+            }
+            Tamper::SetMeta { at, bytes } => {
+                if !names.is_empty() {
+                    meta.insert(names[*at as usize % names.len()].as_str(), bytes.as_slice())?;
+                }
+            }
+            Tamper::SetProjection { .. } | Tamper::RemoveProjection { .. } => {}
         }
     }
-    txn.commit()?;
+    Ok(())
+}
+
+fn tamper_projections(txn: &redb::WriteTransaction, tampers: &[Tamper]) -> Result<(), redb::Error> {
+    let mut rows = txn.open_table(PROJECTIONS)?;
+    let keys: Vec<Vec<u8>> = rows.iter()?.filter_map(Result::ok).map(|(k, _)| k.value().to_vec()).collect();
+    let keys: Vec<&[u8]> = keys.iter().map(Vec::as_slice).collect();
+    for t in tampers {
+        match t {
+            Tamper::SetProjection { at, bytes } => {
+                if let Some(key) = pick(&keys, *at) {
+                    rows.insert(key, bytes.as_slice())?;
+                }
+            }
+            Tamper::RemoveProjection { at } => {
+                if let Some(key) = pick(&keys, *at) {
+                    rows.remove(key)?;
+                }
+            }
+            _ => {}
+        }
+    }
     Ok(())
 }
 
 fuzz_target!(|tampers: Vec<Tamper>| {
-    let bytes = sample();
-    let backend = redb::backends::InMemoryBackend::new();
-    backend.set_len(bytes.len() as u64).expect("set_len");
-    backend.write(0, bytes).expect("write");
-    let db = redb::Database::builder().create_with_backend(backend).expect("open the sample");
-    tamper(&db, &tampers).expect("tamper");
-    let txn = db.begin_read().expect("read");
+    let tampers = &tampers[..tampers.len().min(8)];
+    let sample = sample();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("demo.redb");
+    edit_file(&sample.log, &path, |txn| tamper_log(txn, tampers)).expect("tamper the log");
+    let projections = annal::projections_path(&path);
+    edit_file(&sample.projections, &projections, |txn| tamper_projections(txn, tampers))
+        .expect("tamper the projections");
     let opts = VerifyOptions { deep: true, ..VerifyOptions::default() };
-    match verify_snapshot(&txn, &Limits::default(), &opts) {
+    match verify(&path, &opts) {
         Ok(report) => {
             if tampers.is_empty() {
                 assert!(report.is_clean(), "the untampered demo verifies clean: {}", report.render());
+                assert_eq!(report.deep, Some(Ok(annal::Table::ALL.len())), "{}", report.render());
             }
             let _ = report.render();
             let _ = report.to_json();
         }
-        // A meta table that no longer names the chain key the same way: a usage error.
+        // A meta table that no longer names the chain key or format the same way: a usage
+        // error.
         Err(_) => {}
     }
 });

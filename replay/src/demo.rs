@@ -60,6 +60,12 @@ pub struct DemoReport {
     pub workload: Duration,
     /// Client threads.
     pub workers: u64,
+    /// What the engine wrote during the workload (log transactions, appended bytes,
+    /// checkpoints).
+    pub engine: annal::StatsSnapshot,
+    /// Bytes this process wrote to storage during the workload (both files, every
+    /// checkpoint), from `/proc/self/io`; `None` where the system does not say.
+    pub disk_bytes: Option<u64>,
     /// The offline rebuild.
     pub rebuild: RebuildReport,
     /// The deep verify after the rebuild.
@@ -101,6 +107,8 @@ impl DemoReport {
              \x20          {:.0} durable commits/s: every acknowledged commit was fsynced, group-committed\n\
              \x20          turns with usage, context appends applied by later turns, tool calls and results\n\
              \x20          (one left unsettled, one context pending), compactions, restores, forks, labels, archive, revive\n\
+             durable    {} log transactions ({:.1} commits each), {} appended per commit (records and new content);\n\
+             \x20          {} written to disk per commit, both files and {} checkpoints ({} projection rows) included\n\
              rebuild    {} projections refolded: {} events, {} sessions in {:.3} s ({:.0} events/s)\n\
              verify     --deep {verdict}: {} records, chain, content ids, revisions{tables}\n\
              storage    {} file; {} content objects stored once ({}), referenced {} times ({}):\n\
@@ -115,6 +123,12 @@ impl DemoReport {
             self.workload.as_secs_f64(),
             self.workers,
             self.commits_per_sec(),
+            self.engine.log_commits,
+            self.engine.events as f64 / self.engine.log_commits.max(1) as f64,
+            human_bytes(self.engine.appended_bytes / self.engine.events.max(1)),
+            self.disk_bytes.map_or("(unknown)".to_string(), |b| human_bytes(b / self.engine.events.max(1))),
+            self.engine.checkpoints,
+            self.engine.checkpoint_rows,
             self.rebuild.projections.len(),
             self.rebuild.events,
             self.rebuild.sessions,
@@ -362,8 +376,25 @@ fn run_session(engine: &Engine, commands: &AtomicU64, index: u64) -> Result<Sess
     Ok(a.session)
 }
 
-/// Runs the workload on `path`; returns (commands, showcase session, wall time, workers).
-fn workload(path: &Path, sessions: u64, show_progress: bool) -> Result<(u64, SessionId, Duration, u64)> {
+/// What the workload did.
+struct Workload {
+    commands: u64,
+    showcase: SessionId,
+    elapsed: Duration,
+    workers: u64,
+    engine: annal::StatsSnapshot,
+    disk_bytes: Option<u64>,
+}
+
+/// Bytes this process has written to storage, from `/proc/self/io` (Linux).
+pub fn process_write_bytes() -> Option<u64> {
+    let io = std::fs::read_to_string("/proc/self/io").ok()?;
+    io.lines().find_map(|l| l.strip_prefix("write_bytes:")).and_then(|v| v.trim().parse().ok())
+}
+
+/// Runs the workload on `path`.
+fn workload(path: &Path, sessions: u64, show_progress: bool) -> Result<Workload> {
+    let written_before = process_write_bytes();
     let engine = Engine::open(path)?;
     let commands = AtomicU64::new(0);
     let next = AtomicU64::new(0);
@@ -401,9 +432,18 @@ fn workload(path: &Path, sessions: u64, show_progress: bool) -> Result<(u64, Ses
             }
         }
     }
+    let probe = engine.clone();
     engine.close()?;
+    let written = process_write_bytes().zip(written_before).map(|(after, before)| after.saturating_sub(before));
     let showcase = showcase.ok_or_else(|| CliError::usage("the demo needs at least one session"))?;
-    Ok((commands.load(Ordering::Relaxed), showcase, elapsed, workers))
+    Ok(Workload {
+        commands: commands.load(Ordering::Relaxed),
+        showcase,
+        elapsed,
+        workers,
+        engine: probe.stats(),
+        disk_bytes: written,
+    })
 }
 
 /// Runs the demo: workload, rebuild, deep verify, statistics and a revision graph.
@@ -424,7 +464,8 @@ pub fn demo(opts: &DemoOptions) -> Result<DemoReport> {
             (Some(dir), path)
         }
     };
-    let (commands, showcase, elapsed, workers) = workload(&path, opts.sessions, opts.progress)?;
+    let Workload { commands, showcase, elapsed, workers, engine, disk_bytes } =
+        workload(&path, opts.sessions, opts.progress)?;
     let rebuild = crate::rebuild::rebuild(&path, &RebuildOptions { progress: opts.progress, ..Default::default() })?;
     let verify =
         crate::verify::verify(&path, &VerifyOptions { deep: true, progress: opts.progress, ..Default::default() })?;
@@ -440,6 +481,8 @@ pub fn demo(opts: &DemoOptions) -> Result<DemoReport> {
         events: stats.events,
         workload: elapsed,
         workers,
+        engine,
+        disk_bytes,
         rebuild,
         verify,
         stats,

@@ -251,13 +251,14 @@ pub struct ExportLine {
 
 /// Reads content objects for the export, verified against their ids.
 struct ContentSource<'a> {
-    txn: &'a redb::ReadTransaction,
+    txn: &'a annal::View,
     limits: &'a Limits,
 }
 
 impl ContentSource<'_> {
     fn bytes(&self, id: &ContentId) -> Result<Vec<u8>> {
-        query::content(self.txn, id)?.ok_or_else(|| CliError::finding(format!("content {id}: missing (cannot export)")))
+        query::content(self.txn, self.limits, id)?
+            .ok_or_else(|| CliError::finding(format!("content {id}: missing (cannot export)")))
     }
 
     fn blob(&self, id: &ContentId) -> Result<Blob> {
@@ -362,12 +363,7 @@ fn event_json(event: &Event, src: &ContentSource<'_>) -> Result<EventJson> {
 }
 
 /// The export line of a stored record, content read from `txn`.
-pub fn export_line(
-    txn: &redb::ReadTransaction,
-    limits: &Limits,
-    record: &Record,
-    chain_hash: &ChainHash,
-) -> Result<ExportLine> {
+pub fn export_line(txn: &annal::View, limits: &Limits, record: &Record, chain_hash: &ChainHash) -> Result<ExportLine> {
     let src = ContentSource { txn, limits };
     Ok(ExportLine {
         seq: record.seq,
@@ -393,7 +389,7 @@ const EXPORT_PAGE_EVENTS: u64 = 4096;
 /// its chain hash. Only records of `sessions` when it is not empty.
 pub fn for_each_record(
     reader: &Reader,
-    txn: &redb::ReadTransaction,
+    txn: &annal::View,
     from_seq: u64,
     sessions: &[SessionId],
     mut f: impl FnMut(&Record, &ChainHash) -> Result<bool>,

@@ -5,9 +5,9 @@ use crate::export::{export_line, for_each_record};
 use crate::{format_time_ms, human_bytes, CliError, Result};
 use annal::codec::decode_header;
 use annal::query::{self, ListQuery, PageRequest};
-use annal::tables::{CONTENT, LOG, META, PROJECTIONS, SESSION_LOG};
+use annal::tables::{CONTENT, LOG, META, PROJECTIONS};
 use annal::{ContentId, ContextState, Event, EventKind, Reader, RevisionId, SessionHead, SessionId, ToolState};
-use redb::{ReadableTable, ReadableTableMetadata, TableHandle};
+use redb::{ReadableDatabase, ReadableTable, ReadableTableMetadata, TableHandle};
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write as _;
@@ -51,10 +51,10 @@ pub fn sessions(reader: &Reader, labels: &[(String, String)], archived: bool) ->
     let mut q = ListQuery::new().page(0, reader.limits().page_items_max);
     q.labels = labels.to_vec();
     q.include_archived = archived;
-    let txn = reader.snapshot()?;
+    let view = reader.snapshot()?;
     let mut out = Vec::new();
     loop {
-        let page = query::list_sessions(&txn, reader.limits(), &q)?;
+        let page = query::list_sessions(&view, reader.limits(), &q)?;
         out.extend(page.items);
         if !page.has_more {
             return Ok(out);
@@ -117,15 +117,15 @@ fn not_found(session: &SessionId) -> CliError {
 
 /// Reads one session's state from one snapshot.
 pub fn inspect(reader: &Reader, session: SessionId) -> Result<Inspection> {
-    let txn = reader.snapshot()?;
+    let view = reader.snapshot()?;
     let limits = reader.limits();
-    let head = query::head(&txn, &session)?.ok_or_else(|| not_found(&session))?;
-    let graph = query::graph(&txn, &session)?;
+    let head = query::head(&view, &session)?.ok_or_else(|| not_found(&session))?;
+    let graph = query::graph(&view, &session)?;
     let total_ops = {
         let mut n = 0u64;
         let mut page = PageRequest::first(limits.page_items_max);
         loop {
-            let p = query::tool_ops(&txn, limits, &session, page)?;
+            let p = query::tool_ops(&view, limits, &session, page)?;
             n += p.items.len() as u64;
             if !p.has_more || p.items.is_empty() {
                 break n;
@@ -134,9 +134,9 @@ pub fn inspect(reader: &Reader, session: SessionId) -> Result<Inspection> {
         }
     };
     Ok(Inspection {
-        usage: query::usage(&txn, &session)?,
-        context: query::context(&txn, &session)?,
-        unsettled: query::unsettled(&txn, &session)?,
+        usage: query::usage(&view, &session)?,
+        context: query::context(&view, &session)?,
+        unsettled: query::unsettled(&view, &session)?,
         tool_ops: total_ops,
         revisions: graph.nodes.len() as u64,
         forks: graph.forks,
@@ -253,13 +253,13 @@ pub fn transcript(
     revision: Option<RevisionId>,
     page: PageRequest,
 ) -> Result<annal::TranscriptPage> {
-    let txn = reader.snapshot()?;
-    if query::head(&txn, &session)?.is_none() {
+    let view = reader.snapshot()?;
+    if query::head(&view, &session)?.is_none() {
         return Err(not_found(&session));
     }
     let result = match revision {
-        None => query::transcript(&txn, reader.limits(), &session, page),
-        Some(r) => query::transcript_at(&txn, reader.limits(), &session, &r, page),
+        None => query::transcript(&view, reader.limits(), &session, page),
+        Some(r) => query::transcript_at(&view, reader.limits(), &session, &r, page),
     };
     result.map_err(|e| match e {
         annal::Error::Rejected(r) => CliError::usage(r.to_string()),
@@ -378,7 +378,7 @@ fn summary(event: &Event) -> String {
 
 /// Writes decoded events to `out`.
 pub fn log(reader: &Reader, q: &LogQuery, out: &mut dyn std::io::Write) -> Result<u64> {
-    let txn = reader.snapshot()?;
+    let view = reader.snapshot()?;
     let sessions: Vec<SessionId> = q.session.into_iter().collect();
     let mut shown = 0u64;
     if !q.json {
@@ -388,9 +388,9 @@ pub fn log(reader: &Reader, q: &LogQuery, out: &mut dyn std::io::Write) -> Resul
             "seq", "time (UTC)", "session", "stream", "kind"
         )?;
     }
-    for_each_record(reader, &txn, q.from_seq, &sessions, |record, hash| {
+    for_each_record(reader, &view, q.from_seq, &sessions, |record, hash| {
         if q.json {
-            let line = export_line(&txn, reader.limits(), record, hash)?;
+            let line = export_line(&view, reader.limits(), record, hash)?;
             let text = serde_json::to_string(&line).map_err(|e| CliError::finding(e.to_string()))?;
             writeln!(out, "{text}")?;
         } else {
@@ -585,23 +585,35 @@ impl Stats {
     }
 }
 
-/// Counts events, content and bytes of the database at `path`.
+/// Counts events, content and bytes of the database at `path` (the log file and its
+/// projections file).
 pub fn stats(reader: &Reader, path: &Path) -> Result<Stats> {
-    let txn = reader.snapshot()?;
+    let view = reader.snapshot()?;
+    let txn = view.log();
     let limits = reader.limits();
-    let mut s = Stats { file_bytes: std::fs::metadata(path)?.len(), ..Stats::default() };
+    let projections_path = annal::projections_path(path);
+    let projections_bytes = std::fs::metadata(&projections_path).map_or(0, |m| m.len());
+    let mut s = Stats { file_bytes: std::fs::metadata(path)?.len() + projections_bytes, ..Stats::default() };
     for kind in EventKind::ALL {
         s.by_kind.insert(kind.name().to_string(), 0);
     }
     let content = txn.open_table(CONTENT).map_err(redb::Error::from)?;
     let mut sizes: HashMap<ContentId, u64> = HashMap::new();
-    for entry in content.iter().map_err(redb::Error::from)? {
-        let (k, v) = entry.map_err(redb::Error::from)?;
-        sizes.insert(ContentId(k.value()), v.value().len() as u64);
-        s.content_objects += 1;
-        s.content_bytes += v.value().len() as u64;
-    }
     let mut attachments: HashMap<ContentId, Vec<ContentId>> = HashMap::new();
+    for entry in content.iter().map_err(redb::Error::from)? {
+        let (_, v) = entry.map_err(redb::Error::from)?;
+        for object in annal::codec::content::entries(v.value(), limits.content_bytes_max.saturating_add(1024)) {
+            let Ok(object) = object else { break };
+            sizes.insert(object.id, object.stored.len() as u64);
+            s.content_objects += 1;
+            s.content_bytes += object.stored.len() as u64;
+            if let Ok(m) = annal::codec::decode_message(object.stored, limits.content_bytes_max + 1024) {
+                if !m.attachments.is_empty() {
+                    attachments.insert(object.id, m.attachments);
+                }
+            }
+        }
+    }
     let log = txn.open_table(LOG).map_err(redb::Error::from)?;
     for entry in log.iter().map_err(redb::Error::from)? {
         let (_, v) = entry.map_err(redb::Error::from)?;
@@ -621,15 +633,7 @@ pub fn stats(reader: &Reader, path: &Path) -> Result<Stats> {
         for id in decoded.record.event.content_refs() {
             let mut ids = vec![id];
             if messages {
-                let atts = attachments.entry(id).or_insert_with(|| {
-                    content
-                        .get(id.0)
-                        .ok()
-                        .flatten()
-                        .and_then(|g| annal::codec::decode_message(g.value(), limits.content_bytes_max + 1024).ok())
-                        .map_or_else(Vec::new, |m| m.attachments)
-                });
-                ids.extend(atts.iter().copied());
+                ids.extend(attachments.get(&id).into_iter().flatten().copied());
             }
             for i in ids {
                 s.content_refs += 1;
@@ -637,26 +641,31 @@ pub fn stats(reader: &Reader, path: &Path) -> Result<Stats> {
             }
         }
     }
-    s.sessions = annal::tables::projection_len(&txn, annal::Table::Heads)?;
-    let session_log = txn.open_table(SESSION_LOG).map_err(redb::Error::from)?;
+    s.sessions = annal::tables::projection_len(&view, annal::Table::Heads)?;
     let meta = txn.open_table(META).map_err(redb::Error::from)?;
-    let projections = txn.open_table(PROJECTIONS).map_err(redb::Error::from)?;
     s.tables = vec![
         TableStorage::of(LOG.name(), &log)?,
-        TableStorage::of(SESSION_LOG.name(), &session_log)?,
         TableStorage::of(CONTENT.name(), &content)?,
         TableStorage::of(META.name(), &meta)?,
-        TableStorage::of(PROJECTIONS.name(), &projections)?,
     ];
-    for t in annal::Table::ALL {
-        s.projections.insert(t.name().to_string(), (0, 0));
+    if projections_bytes > 0 {
+        let mut b = redb::Builder::new();
+        b.set_concurrency_mode(redb::ConcurrencyMode::SingleWriter);
+        if let Ok(db) = b.open_read_only(&projections_path) {
+            let ptxn = db.begin_read().map_err(redb::Error::from)?;
+            if let Ok(table) = ptxn.open_table(PROJECTIONS) {
+                s.tables.push(TableStorage::of(PROJECTIONS.name(), &table)?);
+            }
+        }
     }
-    for entry in projections.iter().map_err(redb::Error::from)? {
-        let (k, v) = entry.map_err(redb::Error::from)?;
-        let name = annal::tables::logical_key(k.value()).map_or("(not a projection key)", |(t, _)| t.name());
-        let row = s.projections.entry(name.to_string()).or_default();
-        row.0 += 1;
-        row.1 += (k.value().len() + v.value().len()) as u64;
+    for t in annal::Table::ALL {
+        let mut row = (0u64, 0u64);
+        view.scan(t, &[], |k, v| {
+            row.0 += 1;
+            row.1 += (k.len() + v.len()) as u64;
+            Ok(true)
+        })?;
+        s.projections.insert(t.name().to_string(), row);
     }
     Ok(s)
 }

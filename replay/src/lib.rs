@@ -162,8 +162,13 @@ pub fn require_file(path: &Path) -> Result<()> {
 /// Opens an existing database read-only. Works beside a live writer in another process.
 pub fn open_reader(path: &Path, key: Option<[u8; 32]>) -> Result<Reader> {
     require_file(path)?;
-    Reader::open(path, Limits::default(), key)
-        .map_err(|e| CliError::usage(format!("cannot open {} read-only: {e}", path.display())))
+    Reader::open(path, Limits::default(), key).map_err(|e| match e {
+        annal::Error::Storage(_) | annal::Error::KeyMismatch { .. } | annal::Error::MigrationRequired { .. } => {
+            CliError::usage(format!("cannot open {} read-only: {e}", path.display()))
+        }
+        // The log itself is damaged: a finding.
+        other => CliError::from(other),
+    })
 }
 
 /// Parses a session id (32 hex digits, hyphens allowed), as a usage error on failure.

@@ -2,9 +2,7 @@
 //! own `evolve`, in one durable transaction.
 
 use crate::{progress, require_file, CliError, Result};
-use annal::codec::LogChain;
-use annal::{Engine, Limits, Options, Projection, ProjectionSet, Table};
-use redb::{ReadableDatabase, ReadableTableMetadata};
+use annal::{Engine, Options, Projection, ProjectionSet, Table};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -71,37 +69,29 @@ pub fn parse_projections(names: &[String]) -> Result<Vec<Projection>> {
 /// Rebuilds the chosen projections of the database at `path`.
 ///
 /// The database is first opened as an [`Engine`], which checks the format and the key
-/// and brings stale projections up to date, then closed; the rebuild itself runs the
-/// engine's [`annal::rebuild::rebuild_db`] in one durable transaction, so readers see
-/// either the old projections or the new ones. The writing host must not be running.
+/// and brings stale projections up to date, then closed; the rebuild itself is the
+/// engine's [`annal::rebuild_offline`]: the checkpointer run from sequence 0 into the
+/// projections file, in one durable transaction, so readers see either the old
+/// projections or the new ones. The writing host must not be running.
 pub fn rebuild(path: &Path, opts: &RebuildOptions) -> Result<RebuildReport> {
     require_file(path)?;
     let set: ProjectionSet =
         if opts.projections.is_empty() { ProjectionSet::all() } else { opts.projections.iter().copied().collect() };
     let options = Options { chain_key: opts.key, ..Options::default() };
-    Engine::open_with(path, options)
+    Engine::open_with(path, options.clone())
         .map_err(|e| match e {
             annal::Error::Storage(s) => CliError::usage(format!("cannot open {} for writing: {s}", path.display())),
             other => other.into(),
         })?
         .close()?;
-    let mut builder = redb::Builder::new();
-    builder.set_concurrency_mode(redb::ConcurrencyMode::SingleWriter);
-    let db = builder.open(path).map_err(|e| CliError::usage(format!("cannot open {}: {e}", path.display())))?;
-    let total = {
-        let txn = db.begin_read().map_err(redb::Error::from)?;
-        txn.open_table(annal::tables::LOG).map_err(redb::Error::from)?.len().map_err(redb::Error::from)?
-    };
-    let chain = opts.key.map_or_else(LogChain::plain, LogChain::keyed);
+    let total = crate::open_reader(path, opts.key)?.tip()?.0;
     let bar = progress::bar(total, "rebuild", opts.progress);
     let started = Instant::now();
-    let stats = annal::rebuild::rebuild_db(&db, &chain, Limits::default().record_bytes_max, set, &mut |done, _| {
-        bar.set_position(done)
-    })?;
+    let stats = annal::rebuild_offline(path, &options, set, &mut |done, _| bar.set_position(done))?;
     let elapsed = started.elapsed();
     bar.finish_and_clear();
-    let txn = db.begin_read().map_err(redb::Error::from)?;
-    let sessions = annal::tables::projection_len(&txn, Table::Heads)?;
+    let reader = crate::open_reader(path, opts.key)?;
+    let sessions = annal::tables::projection_len(&reader.snapshot()?, Table::Heads)?;
     Ok(RebuildReport {
         projections: set.iter().map(|p| p.name()).collect(),
         events: stats.events,

@@ -1,33 +1,64 @@
 //! `annal verify`: check a database end to end and report every finding with its place.
 //!
-//! One read snapshot is checked by three threads at once. The walk reads the log in
-//! sequence order; for each record: the global sequence is dense, the chain link from
-//! the previous record holds (plain or keyed), the record decodes with a supported
-//! schema version, its per-session stream sequence is dense, and the clock never goes
-//! back. It hands the decoded records, in order, to the fold thread, where a turn's
-//! commit hash recomputes and the engine's own `evolve` folds each record into scratch
-//! state (the transcript fold, which recomputes every `revision_after`; with `deep`,
-//! every fold). The third thread scans the content table in key order, hashes every
-//! object and notes which ones decode as message objects. Then every content id the log
-//! refers to must exist and hash to its id (message references: decode as messages, and
-//! their attachments too), `session_log` must index exactly the records walked, the meta
-//! tip must name the last record, and `--expect-tip` must match it. With `deep`, every
-//! projection table is also compared byte for byte with the scratch fold.
+//! verify opens the log file read-only itself, so a damaged log is reported, never
+//! refused, and checks one read snapshot of it with three threads at once:
+//!
+//! - The walk reads `log` in sequence order and, in step with it, `content_rows` (the
+//!   ids of each row only). For each record: the global sequence is dense, the chain
+//!   link from the previous record holds (plain or keyed), the record decodes with a
+//!   supported schema version and names its own seq, its per-session stream sequence is
+//!   dense, and the clock never goes back. A content row at a seq that holds no record is
+//!   a finding. The walk hands each decoded record, with the ids its content row
+//!   introduced, to the fold.
+//! - The fold recomputes each turn's commit hash and runs the engine's own `evolve` into
+//!   scratch state: the transcript fold, which recomputes every `revision_after`, and
+//!   with `deep` every fold (the stream index and the content-id index included).
+//! - The content scan reads `content_rows` in seq order. A row that is empty or does not
+//!   parse is a finding (the entries before the damage are still checked). Every entry
+//!   must use a known encoding and its bytes must hash to its id (a damaged object is
+//!   named with the row that holds it); the scan notes which objects decode as message
+//!   objects, and their attachments. An id stored twice is a finding.
+//!
+//! Then the content references the walk gathered are sorted and merged with the scan,
+//! both in id order: every id the log refers to must be stored, hash to its id, and be
+//! introduced by a content row at or before the first record that refers to it. A
+//! message reference must name a message object, whose attachments must be stored and
+//! hash to their ids too, and be introduced with the message or earlier. A damaged
+//! object nothing refers to is a finding as well. Finally `meta` must hold format 2 and
+//! a tip that names the last record, and `--expect-tip` must match its chain hash.
+//!
+//! With `deep`, every projection table as a reader sees it is compared byte for byte
+//! with the scratch fold. The stored projections are read through `Reader::open`: the
+//! projections file's checkpoint plus the log past it, folded in memory by the engine.
+//! (Where the projections file is missing or unusable, a reader folds the whole log, so
+//! the comparison then checks that fold.) If the reader cannot be opened, that is a
+//! `storage` finding at `projections`; when the walk has already found the log itself
+//! damaged and the reader fails on the log, the failure is shown as the reason the
+//! comparison was skipped instead. The comparison is also skipped, with the reason
+//! shown and no finding, when the log does not fold cleanly, and when the reader's view
+//! is at another seq (or chain hash) than the walk's snapshot: a live writer appended
+//! records between the walk's snapshot and the reader's open, so the two states are not
+//! comparable; run verify again, or verify a copy.
 //!
 //! Every table is read sequentially, never by random lookups. Memory grows with the
-//! number of content objects (about 50 bytes each) and records (about 40 bytes each),
-//! plus the scratch fold.
+//! number of distinct content objects (about 50 bytes each) and content references
+//! (about 56 bytes each, reduced to one per id whenever the list doubles past 4 Mi
+//! entries), plus the scratch fold.
 //!
 //! Verification keeps going after a finding wherever it can, and never panics on
 //! damaged data: every decode is bounded and fallible, and a panic raised inside redb by
 //! a damaged page ends only the phase that met it, as a `storage` finding.
 
-use crate::{open_reader, progress, CliError, Result};
+use crate::{progress, require_file, CliError, Result};
+use annal::codec::content::entries;
 use annal::codec::{decode_message, decode_record, stored_chain_hash, verify_chain, DecodeError, LogChain};
 use annal::query::{mem_digests, projection_digests};
-use annal::tables::{self, meta_keys, CONTENT, LOG, META, SESSION_LOG};
-use annal::{evolve, ChainHash, ContentId, Event, EventKind, Limits, MemStore, ProjectionSet, SessionId, Table};
-use redb::{ReadTransaction, ReadableTable, ReadableTableMetadata};
+use annal::tables::{self, meta_keys, CONTENT, LOG, META};
+use annal::{
+    evolve, ChainHash, ContentId, Event, EventKind, Limits, Location, MemStore, Projection, ProjectionSet, Reader,
+    SessionId, Table, View,
+};
+use redb::{ReadTransaction, ReadableDatabase, ReadableTable, ReadableTableMetadata};
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt;
 use std::path::Path;
@@ -37,7 +68,7 @@ use std::path::Path;
 pub struct VerifyOptions {
     /// The 32-byte key of a keyed chain.
     pub key: Option<[u8; 32]>,
-    /// Also hash every content object and compare every projection table with a fold.
+    /// Also fold every projection and compare every projection table with the fold.
     pub deep: bool,
     /// The chain hash the last record must carry (detects tail truncation).
     pub expect_tip: Option<ChainHash>,
@@ -96,15 +127,6 @@ pub enum Finding {
         /// The stream sequence found.
         found: u64,
     },
-    /// `session_log` disagrees with the log.
-    SessionIndex {
-        /// The session.
-        session: SessionId,
-        /// The stream sequence.
-        stream_seq: u64,
-        /// What is wrong.
-        detail: String,
-    },
     /// `committed_at` went back in time.
     ClockBackwards {
         /// The record.
@@ -114,6 +136,27 @@ pub enum Finding {
         /// The previous record's time.
         previous_ms: u64,
     },
+    /// A content row is empty or does not parse.
+    ContentRow {
+        /// The row's seq.
+        row: u64,
+        /// What is wrong.
+        detail: String,
+    },
+    /// A content row at a seq that holds no log record.
+    StrayContentRow {
+        /// The row's seq.
+        row: u64,
+    },
+    /// A content object is stored more than once.
+    DuplicateContent {
+        /// The id.
+        id: ContentId,
+        /// The row that stores it first.
+        first_row: u64,
+        /// The row that stores it again.
+        row: u64,
+    },
     /// A content id an event refers to is not stored.
     MissingContent {
         /// The first record referring to it.
@@ -121,16 +164,33 @@ pub enum Finding {
         /// The id.
         id: ContentId,
     },
-    /// A content object's bytes do not hash to its id.
+    /// A content object is introduced after something refers to it: after the first
+    /// record that refers to it, or (an attachment) after its message object.
+    ContentAfterReference {
+        /// The id.
+        id: ContentId,
+        /// The content row that introduces it.
+        row: u64,
+        /// The first record referring to it; for an attachment, the content row of its
+        /// message.
+        seq: u64,
+        /// For an attachment, the message object that names it.
+        message: Option<ContentId>,
+    },
+    /// A content object's bytes do not hash to its id (or use an unknown encoding).
     ContentHash {
         /// The first record referring to it, if any.
         seq: Option<u64>,
         /// The id.
         id: ContentId,
+        /// The content row that holds the bytes.
+        row: u64,
+        /// The stored encoding byte (0 is raw).
+        encoding: u8,
     },
     /// A message reference points at bytes that are not a message object.
     NotAMessage {
-        /// The first record referring to it.
+        /// The first record referring to it as a message.
         seq: u64,
         /// The id.
         id: ContentId,
@@ -199,10 +259,12 @@ impl Finding {
             Finding::StreamGap { seq, session, .. } | Finding::Fold { seq, session, .. } => {
                 format!("log seq {seq} (session {session})")
             }
-            Finding::SessionIndex { session, stream_seq, .. } => format!("session_log {session}/{stream_seq}"),
-            Finding::MissingContent { id, .. } | Finding::ContentHash { id, .. } | Finding::NotAMessage { id, .. } => {
-                format!("content {id}")
-            }
+            Finding::ContentRow { row, .. } | Finding::StrayContentRow { row } => format!("content row {row}"),
+            Finding::MissingContent { id, .. }
+            | Finding::DuplicateContent { id, .. }
+            | Finding::ContentAfterReference { id, .. }
+            | Finding::ContentHash { id, .. }
+            | Finding::NotAMessage { id, .. } => format!("content {id}"),
             Finding::Meta { key, .. } => format!("meta {key}"),
             Finding::ExpectedTip { seq, .. } => format!("log tip (seq {seq})"),
             Finding::Projection { table, key, .. } => format!("projection {table} key {key}"),
@@ -210,7 +272,8 @@ impl Finding {
         }
     }
 
-    /// The log record the finding is about, if it is about one.
+    /// The log seq the finding is about, if it is about one: the record, the record
+    /// that refers to an object, or the seq of a content row.
     pub fn seq(&self) -> Option<u64> {
         match self {
             Finding::Gap { expected: seq, .. }
@@ -220,7 +283,11 @@ impl Finding {
             | Finding::SeqMismatch { seq, .. }
             | Finding::StreamGap { seq, .. }
             | Finding::ClockBackwards { seq, .. }
+            | Finding::ContentRow { row: seq, .. }
+            | Finding::StrayContentRow { row: seq }
+            | Finding::DuplicateContent { row: seq, .. }
             | Finding::MissingContent { seq, .. }
+            | Finding::ContentAfterReference { seq, .. }
             | Finding::NotAMessage { seq, .. }
             | Finding::CommitHash { seq }
             | Finding::Fold { seq, .. } => Some(*seq),
@@ -238,9 +305,12 @@ impl Finding {
             Finding::Undecodable { .. } => "undecodable",
             Finding::SeqMismatch { .. } => "seq_mismatch",
             Finding::StreamGap { .. } => "stream_gap",
-            Finding::SessionIndex { .. } => "session_index",
             Finding::ClockBackwards { .. } => "clock_backwards",
+            Finding::ContentRow { .. } => "content_row",
+            Finding::StrayContentRow { .. } => "stray_content_row",
+            Finding::DuplicateContent { .. } => "duplicate_content",
             Finding::MissingContent { .. } => "missing_content",
+            Finding::ContentAfterReference { .. } => "content_after_reference",
             Finding::ContentHash { .. } => "content_hash",
             Finding::NotAMessage { .. } => "not_a_message",
             Finding::CommitHash { .. } => "commit_hash",
@@ -267,15 +337,34 @@ impl Finding {
             Finding::Undecodable { error, .. } => format!("does not decode: {error}"),
             Finding::SeqMismatch { inner, .. } => format!("record says seq {inner}"),
             Finding::StreamGap { expected, found, .. } => format!("stream seq {found}, expected {expected}"),
-            Finding::SessionIndex { detail, .. } | Finding::Meta { detail, .. } => detail.clone(),
             Finding::ClockBackwards { at_ms, previous_ms, .. } => {
                 format!("committed_at {at_ms} ms is before the previous record's {previous_ms} ms")
             }
-            Finding::MissingContent { seq, .. } => format!("missing, referred to by log seq {seq}"),
-            Finding::ContentHash { seq: Some(seq), .. } => {
-                format!("bytes do not hash to the id (referred to by log seq {seq})")
+            Finding::ContentRow { detail, .. } | Finding::Meta { detail, .. } => detail.clone(),
+            Finding::StrayContentRow { .. } => "no log record has this seq".into(),
+            Finding::DuplicateContent { first_row, row, .. } if first_row == row => {
+                format!("stored twice in content row {row}")
             }
-            Finding::ContentHash { seq: None, .. } => "bytes do not hash to the id".into(),
+            Finding::DuplicateContent { first_row, row, .. } => {
+                format!("stored again in content row {row} (first stored in content row {first_row})")
+            }
+            Finding::MissingContent { seq, .. } => format!("missing, referred to by log seq {seq}"),
+            Finding::ContentAfterReference { row, seq, message: None, .. } => {
+                format!("introduced by content row {row}, after log seq {seq} refers to it")
+            }
+            Finding::ContentAfterReference { row, seq, message: Some(m), .. } => {
+                format!("attachment introduced by content row {row}, after its message {m} (content row {seq})")
+            }
+            Finding::ContentHash { seq, row, encoding, .. } => {
+                let what = match encoding {
+                    0 => "bytes do not hash to the id".to_string(),
+                    e => format!("unknown encoding {e}"),
+                };
+                match seq {
+                    Some(seq) => format!("{what} (content row {row}, referred to by log seq {seq})"),
+                    None => format!("{what} (content row {row})"),
+                }
+            }
             Finding::NotAMessage { seq, detail, .. } => {
                 format!("not a message object (referred to by log seq {seq}): {detail}")
             }
@@ -290,7 +379,6 @@ impl Finding {
         }
     }
 }
-
 impl fmt::Display for Finding {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}: {}", self.location(), self.detail())
@@ -372,11 +460,56 @@ impl VerifyReport {
     }
 }
 
-/// Verifies the database at `path`, read-only (works beside a live writer).
+/// Verifies the database at `path`, read-only (works beside a live writer). The log file
+/// is opened here, not through the engine, so a log the engine would refuse is still
+/// walked and its damage reported; with `deep`, the stored projections are read through
+/// [`Reader::open`].
 pub fn verify(path: &Path, opts: &VerifyOptions) -> Result<VerifyReport> {
-    let reader = open_reader(path, opts.key)?;
-    let txn = reader.snapshot()?;
-    verify_snapshot(&txn, &Limits::default(), opts)
+    require_file(path)?;
+    let limits = Limits::default();
+    let (_db, txn) = match open_log(path) {
+        Ok(opened) => opened,
+        Err(Refused::Usage(e)) => return Err(e),
+        Err(Refused::Damaged(finding)) => {
+            let mut report = VerifyReport { keyed: opts.key.is_some(), ..VerifyReport::default() };
+            report.findings.push(finding);
+            if opts.deep {
+                report.deep = Some(Err("the log file cannot be opened".into()));
+            }
+            return Ok(report);
+        }
+    };
+    let stored = || Reader::open(path, limits.clone(), opts.key)?.snapshot();
+    verify_snapshot(&txn, &limits, opts, &stored)
+}
+
+/// Why the log file was not opened.
+enum Refused {
+    /// Not something verify can read: a usage error.
+    Usage(CliError),
+    /// redb found the file damaged: a finding.
+    Damaged(Finding),
+}
+
+/// Opens the log file read-only, as a reader beside a live writer does, and takes the
+/// snapshot verify checks.
+fn open_log(path: &Path) -> std::result::Result<(redb::ReadOnlyDatabase, ReadTransaction), Refused> {
+    let opened = guarded("file", || -> std::result::Result<_, redb::Error> {
+        let mut builder = redb::Builder::new();
+        builder.set_concurrency_mode(redb::ConcurrencyMode::SingleWriter);
+        builder.set_cache_size(annal::reader::READER_CACHE_BYTES);
+        let db = builder.open_read_only(path)?;
+        let txn = db.begin_read()?;
+        Ok((db, txn))
+    });
+    match opened {
+        Ok(Ok(opened)) => Ok(opened),
+        Ok(Err(redb::Error::Corrupted(detail))) => {
+            Err(Refused::Damaged(storage("file", format!("cannot be opened: {detail}"))))
+        }
+        Ok(Err(e)) => Err(Refused::Usage(CliError::usage(format!("cannot open {} read-only: {e}", path.display())))),
+        Err(finding) => Err(Refused::Damaged(finding)),
+    }
 }
 
 /// Runs one phase of verification. redb panics on some damaged pages; such a panic
@@ -391,11 +524,30 @@ fn storage(location: &str, e: impl fmt::Display) -> Finding {
     Finding::Storage { location: location.to_string(), detail: e.to_string() }
 }
 
-/// Checks the chain key against the one the file recognises. A keyed database without a
-/// key, or a key for a plain one, is a usage error.
-fn check_key(txn: &ReadTransaction, chain: &LogChain) -> Result<()> {
+/// Checks what makes the file unreadable for this verify rather than damaged: a
+/// projections file instead of a log file, no `meta` table, format 1 (which `annal
+/// migrate` upgrades), or a chain key other than the one the file recognises. Anything else wrong in `meta` is left to the meta check.
+fn check_file(txn: &ReadTransaction, chain: &LogChain) -> Result<()> {
+    let names: Vec<String> = match txn.list_tables() {
+        Ok(tables) => tables.map(|t| redb::TableHandle::name(&t).to_string()).collect(),
+        Err(_) => Vec::new(),
+    };
+    let has = |t: &str| names.iter().any(|n| n == t);
+    if has(redb::TableHandle::name(&tables::PROJECTIONS)) && !has(redb::TableHandle::name(&LOG)) {
+        return Err(CliError::usage("this is a projections file: verify the log file beside it"));
+    }
     let meta = txn.open_table(META).map_err(|e| CliError::usage(format!("not an annal database: {e}")))?;
-    let stored = meta.get(meta_keys::KEY_CHECK).map_err(|e| CliError::finding(format!("meta: {e}")))?;
+    if let Ok(Some(g)) = meta.get(meta_keys::FORMAT) {
+        if tables::meta_u64(g.value()) == Some(1) {
+            return Err(CliError::usage(format!(
+                "the database is in format 1; `annal migrate` upgrades it to format {}",
+                tables::FORMAT
+            )));
+        }
+    }
+    let Ok(stored) = meta.get(meta_keys::KEY_CHECK) else {
+        return Ok(());
+    };
     match (stored.map(|g| g.value().to_vec()), chain.key_check()) {
         (None, None) => Ok(()),
         (Some(_), None) => Err(CliError::usage("the database has a keyed chain: pass --key-file")),
@@ -405,22 +557,32 @@ fn check_key(txn: &ReadTransaction, chain: &LogChain) -> Result<()> {
     }
 }
 
-/// Verifies one read snapshot. Errors only for usage problems (wrong key, not an annal
-/// database); everything wrong with the data is a finding in the report.
-pub fn verify_snapshot(txn: &ReadTransaction, limits: &Limits, opts: &VerifyOptions) -> Result<VerifyReport> {
+/// Where `--deep` gets the stored projections: a view at the tip, as a reader sees it.
+pub type StoredProjections<'a> = &'a dyn Fn() -> annal::Result<View>;
+
+/// Verifies one read snapshot of a log file. `stored` is called only with `deep`, once
+/// the scratch fold is done, for the projections to compare with it ([`verify`] opens a
+/// [`Reader`] on the same path). Errors only for usage problems (wrong key, not an annal
+/// database, format 1); everything wrong with the data is a finding in the report.
+pub fn verify_snapshot(
+    txn: &ReadTransaction,
+    limits: &Limits,
+    opts: &VerifyOptions,
+    stored: StoredProjections<'_>,
+) -> Result<VerifyReport> {
     let chain = opts.key.map_or_else(LogChain::plain, LogChain::keyed);
-    let mut walk = Walk::new(txn, limits, chain.clone(), opts)?;
-    match guarded("table meta", || check_key(txn, &chain)) {
+    let mut walk = Walk::new(txn, limits, chain.clone(), opts);
+    match guarded("table meta", || check_file(txn, &chain)) {
         Ok(checked) => checked?,
         Err(finding) => {
             walk.find(finding);
-            return Ok(walk.report);
+            return Ok(walk.finish());
         }
     }
     let fold = Fold::new(walk.fold_set);
     let (batches, folded) = std::sync::mpsc::sync_channel::<Vec<Item>>(FOLD_QUEUE);
     let (walked, scan, fold) = std::thread::scope(|s| {
-        let scan = s.spawn(|| guarded("table content", || scan_content(txn, limits)));
+        let scan = s.spawn(|| guarded("table content_rows", || scan_content(txn, limits)));
         let fold = s.spawn(move || fold.run(folded));
         let walked = guarded("table log", || walk.run(batches));
         (walked, scan.join(), fold.join())
@@ -438,32 +600,34 @@ pub fn verify_snapshot(txn: &ReadTransaction, limits: &Limits, opts: &VerifyOpti
     }
     match scan {
         Ok(Ok(scan)) => {
-            if let Err(finding) = guarded("table content", || walk.check_content(&scan)) {
+            if let Err(finding) = guarded("table content_rows", || walk.check_content(&scan)) {
                 walk.find(finding);
             }
         }
         Ok(Err(finding)) => walk.find(finding),
-        Err(_) => walk.find(storage("table content", "the content scan failed")),
-    }
-    if let Err(finding) = guarded("table session_log", || walk.check_session_index()) {
-        walk.find(finding);
+        Err(_) => walk.find(storage("table content_rows", "the content scan failed")),
     }
     if let Err(finding) = guarded("table meta", || walk.check_meta()) {
         walk.find(finding);
     }
-    if opts.deep {
-        if let Err(finding) = guarded("projections", || walk.deep()) {
+    if let Some(finding) = walk.content_fold_error.take() {
+        // The content checks above explain every way the content-id fold can fail; if
+        // they found nothing, the fold's own reason is the finding.
+        if walk.report.findings.is_empty() {
             walk.find(finding);
         }
     }
-    let mut report = walk.report;
-    report.keyed = opts.key.is_some();
-    report.sessions = walk.streams.len() as u64;
-    Ok(report)
+    if opts.deep {
+        if let Err(finding) = guarded("projections", || walk.deep(stored)) {
+            walk.report.deep.get_or_insert_with(|| Err("the comparison failed (see the findings above)".into()));
+            walk.find(finding);
+        }
+    }
+    Ok(walk.finish())
 }
 
 /// Which stored bytes a content reference must be. `Message` sorts first, so among the
-/// references to one id, sorted by (id, shape, seq), the first is the one that decides.
+/// references to one id, sorted, the first is the one that decides.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 enum Shape {
     Message,
@@ -477,35 +641,82 @@ fn ref_shape(event: &Event) -> Shape {
     }
 }
 
+/// A content reference of the log, or (reduced) every reference to one id.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+struct Ref {
+    id: ContentId,
+    /// What the deciding reference needs the object to be.
+    shape: Shape,
+    /// The deciding reference: the first record that needs a message if any does, else
+    /// the first record.
+    seq: u64,
+    /// The first record that refers to the id at all.
+    first: u64,
+}
+
+/// Content references gathered before the first reduction to one per id: a log with
+/// fewer references is sorted once, at the end.
+const REFS_REDUCE_MIN: usize = 1 << 22;
+
+/// Sorts content references by (id, shape, seq) and keeps one per id: the first record
+/// that needs the id to be a message if any does, else the first record, with the first
+/// record of all. Reducing an already reduced list again keeps the same entries, so it
+/// can run at any time.
+fn reduce_refs(refs: &mut Vec<Ref>) {
+    refs.sort_unstable();
+    refs.dedup_by(|later, kept| {
+        if later.id != kept.id {
+            return false;
+        }
+        kept.first = kept.first.min(later.first);
+        true
+    });
+}
+
 /// What the content scan learnt about one stored object.
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, Debug)]
 struct Object {
-    /// The bytes hash to the key.
+    /// The seq of the content row that holds it (its first copy, if stored twice).
+    row: u64,
+    /// The stored encoding byte.
+    encoding: u8,
+    /// The encoding is known and the bytes hash to the id.
     hash_ok: bool,
     /// The bytes decode as a message object.
     message: bool,
 }
 
-/// The result of scanning the content table once, in key order.
+/// The result of scanning `content_rows` once, in seq order.
 #[derive(Default)]
 struct ContentScan {
-    /// Every stored object, in key order (the order the scan reads them).
+    /// Every stored object once, in id order.
     objects: Vec<(ContentId, Object)>,
-    /// Attachments of message objects that have any.
-    attachments: HashMap<ContentId, Vec<ContentId>>,
-    /// Objects whose bytes do not hash to their id, in key order.
-    bad: Vec<ContentId>,
-    /// Storage errors met on the way.
+    /// Attachments of message objects that have any, by (id, row).
+    attachments: HashMap<(ContentId, u64), Vec<ContentId>>,
+    /// Every damaged copy: (id, row, encoding).
+    bad: Vec<(ContentId, u64, u8)>,
+    /// Rows that do not parse, ids stored twice, storage errors met on the way.
     findings: Vec<Finding>,
 }
 
-/// Scans every content object: hashes it, and notes whether it decodes as a message.
+impl ContentScan {
+    fn object(&self, id: &ContentId) -> Option<Object> {
+        self.objects.binary_search_by(|(k, _)| k.cmp(id)).ok().map(|i| self.objects[i].1)
+    }
+
+    fn attachments(&self, id: &ContentId, object: &Object) -> &[ContentId] {
+        self.attachments.get(&(*id, object.row)).map_or(&[], Vec::as_slice)
+    }
+}
+
+/// Scans every content row: parses it, checks every object against its id, and notes
+/// which objects decode as messages.
 fn scan_content(txn: &ReadTransaction, limits: &Limits) -> ContentScan {
     let mut scan = ContentScan::default();
     let table = match txn.open_table(CONTENT) {
         Ok(t) => t,
         Err(e) => {
-            scan.findings.push(storage("table content", e));
+            scan.findings.push(storage("table content_rows", e));
             return scan;
         }
     };
@@ -513,7 +724,7 @@ fn scan_content(txn: &ReadTransaction, limits: &Limits) -> ContentScan {
     let iter = match table.iter() {
         Ok(i) => i,
         Err(e) => {
-            scan.findings.push(storage("table content", e));
+            scan.findings.push(storage("table content_rows", e));
             return scan;
         }
     };
@@ -522,45 +733,52 @@ fn scan_content(txn: &ReadTransaction, limits: &Limits) -> ContentScan {
         let (k, v) = match entry {
             Ok(kv) => kv,
             Err(e) => {
-                scan.findings.push(storage("table content", e));
+                scan.findings.push(storage("table content_rows", e));
                 break;
             }
         };
-        let (id, bytes) = (ContentId(k.value()), v.value());
-        let hash_ok = annal::codec::content_id(bytes) == id;
-        if !hash_ok {
-            scan.bad.push(id);
+        let (row, bytes) = (k.value(), v.value());
+        if bytes.is_empty() {
+            scan.findings.push(Finding::ContentRow { row, detail: "empty row".into() });
+            continue;
         }
-        let message = match decode_message(bytes, message_max) {
-            Ok(m) => {
-                if !m.attachments.is_empty() {
-                    scan.attachments.insert(id, m.attachments);
+        for (n, entry) in entries(bytes, limits.content_bytes_max).enumerate() {
+            let entry = match entry {
+                Ok(e) => e,
+                Err(e) => {
+                    let detail = format!("does not parse after {n} object{}: {e}", if n == 1 { "" } else { "s" });
+                    scan.findings.push(Finding::ContentRow { row, detail });
+                    break;
                 }
-                true
+            };
+            let (id, encoding) = (entry.id, entry.encoding);
+            let canonical = entry.verify();
+            if canonical.is_none() {
+                scan.bad.push((id, row, encoding));
             }
-            Err(_) => false,
-        };
-        scan.objects.push((id, Object { hash_ok, message }));
+            let message = match (encoding, decode_message(entry.stored, message_max)) {
+                (annal::codec::content::ENCODING_RAW, Ok(m)) => {
+                    if !m.attachments.is_empty() {
+                        scan.attachments.entry((id, row)).or_insert(m.attachments);
+                    }
+                    true
+                }
+                _ => false,
+            };
+            scan.objects.push((id, Object { row, encoding, hash_ok: canonical.is_some(), message }));
+        }
     }
+    // In id order, each id's copies in the order stored; the first copy is the one kept.
+    scan.objects.sort_by_key(|(id, o)| (*id, o.row));
+    let findings = &mut scan.findings;
+    scan.objects.dedup_by(|later, kept| {
+        if later.0 != kept.0 {
+            return false;
+        }
+        findings.push(Finding::DuplicateContent { id: kept.0, first_row: kept.1.row, row: later.1.row });
+        true
+    });
     scan
-}
-
-/// Content references gathered before the first reduction to one per id: a log with
-/// fewer references is sorted once, at the end.
-const REFS_REDUCE_MIN: usize = 1 << 22;
-
-/// Sorts content references by (id, shape, seq) and keeps the first per id: the first
-/// record that needs the id to be a message if any does, else the first record. Reducing
-/// an already reduced list again keeps the same entries, so it can run at any time.
-fn reduce_refs(refs: &mut Vec<(ContentId, Shape, u64)>) {
-    refs.sort_unstable();
-    refs.dedup_by(|later, first| later.0 == first.0);
-}
-
-impl ContentScan {
-    fn object(&self, id: &ContentId) -> Option<Object> {
-        self.objects.binary_search_by(|(k, _)| k.cmp(id)).ok().map(|i| self.objects[i].1)
-    }
 }
 
 /// Decoded records handed from the log walk to the fold, per message.
@@ -572,8 +790,8 @@ const FOLD_QUEUE: usize = 8;
 // Nearly every item is a record; boxing it would add an allocation per record.
 #[allow(clippy::large_enum_variant)]
 enum Item {
-    /// A decoded record, in log order.
-    Record(annal::Record),
+    /// A decoded record, in log order, with the ids of its content row.
+    Record(annal::Record, Vec<ContentId>),
     /// A session whose record did not decode: it is not folded further.
     Broken(SessionId),
 }
@@ -585,20 +803,34 @@ struct Fold {
     /// Sessions whose fold failed: their later records are not folded (no cascades).
     broken: HashSet<SessionId>,
     failed: bool,
+    /// The session-scoped folds.
     set: ProjectionSet,
+    /// Whether the content-id index is folded. It is global, so it folds every record,
+    /// broken session or not, and its failures are explained by the content checks.
+    content: bool,
+    /// Why the content-id fold first failed.
+    content_error: Option<Finding>,
     findings: Vec<Finding>,
 }
 
 impl Fold {
     fn new(set: ProjectionSet) -> Fold {
-        Fold { store: MemStore::default(), broken: HashSet::new(), failed: false, set, findings: Vec::new() }
+        Fold {
+            store: MemStore::default(),
+            broken: HashSet::new(),
+            failed: false,
+            set: set.iter().filter(|p| *p != Projection::Content).collect(),
+            content: set.contains(Projection::Content),
+            content_error: None,
+            findings: Vec::new(),
+        }
     }
 
     fn run(mut self, batches: std::sync::mpsc::Receiver<Vec<Item>>) -> Fold {
         for batch in batches {
             for item in batch {
                 match item {
-                    Item::Record(r) => self.record(r),
+                    Item::Record(r, introduced) => self.record(r, &introduced),
                     Item::Broken(session) => {
                         self.broken.insert(session);
                     }
@@ -608,11 +840,20 @@ impl Fold {
         self
     }
 
-    fn record(&mut self, r: annal::Record) {
+    fn record(&mut self, r: annal::Record, introduced: &[ContentId]) {
         let seq = r.seq;
         if let Event::TurnCommitted(e) = &r.event {
             if annal::codec::turn_commit_hash(&e.messages, &e.usage, &e.applied_context, &e.tool_ops) != e.commit_hash {
                 self.findings.push(Finding::CommitHash { seq });
+            }
+        }
+        if self.content {
+            let content = ProjectionSet::none().with(Projection::Content);
+            if let Err(e) = evolve(&mut self.store, &r, introduced, content) {
+                self.failed = true;
+                if self.content_error.is_none() {
+                    self.content_error = Some(Finding::Fold { seq, session: r.session, detail: fold_detail(e) });
+                }
             }
         }
         if let Event::SessionCreated(annal::codec::SessionCreated { forked_from: Some(f), .. }) = &r.event {
@@ -624,14 +865,95 @@ impl Fold {
         if self.broken.contains(&r.session) {
             return;
         }
-        if let Err(e) = evolve(&mut self.store, &r, self.set) {
+        if let Err(e) = evolve(&mut self.store, &r, introduced, self.set) {
             self.failed = true;
             self.broken.insert(r.session);
-            let detail = match e {
-                annal::Error::Corrupt { detail, .. } => detail,
-                other => other.to_string(),
-            };
-            self.findings.push(Finding::Fold { seq, session: r.session, detail });
+            self.findings.push(Finding::Fold { seq, session: r.session, detail: fold_detail(e) });
+        }
+    }
+}
+
+fn fold_detail(e: annal::Error) -> String {
+    match e {
+        annal::Error::Corrupt { detail, .. } => detail,
+        other => other.to_string(),
+    }
+}
+
+/// The walk's reader of `content_rows`, in step with the log: the ids of the row at each
+/// record's seq, and the rows at seqs the log does not hold. It stops quietly at the
+/// first error (the content scan reports it) and says so in `lost`.
+struct ContentRows {
+    iter: Option<redb::Range<'static, u64, &'static [u8]>>,
+    /// The next row not yet matched to a record.
+    next: Option<(u64, Vec<ContentId>)>,
+    object_bytes_max: u64,
+    lost: bool,
+}
+
+impl ContentRows {
+    fn open(txn: &ReadTransaction, object_bytes_max: u64) -> ContentRows {
+        let iter = guarded("table content_rows", || txn.open_table(CONTENT).and_then(|t| Ok(t.range::<u64>(..)?)));
+        let (iter, lost) = match iter {
+            Ok(Ok(iter)) => (Some(iter), false),
+            _ => (None, true),
+        };
+        ContentRows { iter, next: None, object_bytes_max, lost }
+    }
+
+    /// Reads the next row into `next`, if there is one.
+    fn advance(&mut self) {
+        let Some(iter) = self.iter.as_mut() else {
+            return;
+        };
+        let max = self.object_bytes_max;
+        let read = guarded("table content_rows", || {
+            iter.next().map(|entry| {
+                entry.map(|(k, v)| {
+                    let ids = entries(v.value(), max).map_while(|e| e.ok()).map(|e| e.id).collect();
+                    (k.value(), ids)
+                })
+            })
+        });
+        match read {
+            Ok(Some(Ok(row))) => self.next = Some(row),
+            Ok(None) => self.iter = None,
+            Ok(Some(Err(_))) | Err(_) => {
+                self.iter = None;
+                self.lost = true;
+            }
+        }
+    }
+
+    /// The ids of the row at `seq` (none if it has no row). Rows before it hold no
+    /// record: their seqs go to `strays`.
+    fn at(&mut self, seq: u64, strays: &mut Vec<u64>) -> Vec<ContentId> {
+        loop {
+            if self.next.is_none() {
+                self.advance();
+            }
+            match self.next.take() {
+                None => return Vec::new(),
+                Some((row, _)) if row < seq => strays.push(row),
+                Some((row, ids)) if row == seq => return ids,
+                later => {
+                    self.next = later;
+                    return Vec::new();
+                }
+            }
+        }
+    }
+
+    /// The seqs of every row not matched yet.
+    fn rest(&mut self, strays: &mut Vec<u64>) {
+        loop {
+            if self.next.is_none() {
+                self.advance();
+            }
+            match self.next.take() {
+                Some((row, _)) => strays.push(row),
+                None => return,
+            }
         }
     }
 }
@@ -645,15 +967,17 @@ struct Walk<'a> {
     /// The scratch fold, once the fold thread is done.
     store: MemStore,
     fold_failed: bool,
+    /// The content rows could not all be read in step with the log, so the content-id
+    /// fold is incomplete.
+    rows_lost: bool,
+    /// Why the content-id fold failed, if it did (see [`Fold::content`]).
+    content_fold_error: Option<Finding>,
     /// Records decoded and not yet handed to the fold thread.
     batch: Vec<Item>,
     streams: HashMap<SessionId, u64>,
-    /// (seq, session, stream seq) of every record that names them, in seq order.
-    walked: Vec<(u64, SessionId, u64)>,
-    /// Every content reference in the log: (id, how, the record that makes it). Sorted
-    /// and merged with the content scan once both are done: a join of two sorted lists
-    /// instead of a hash lookup per reference.
-    refs: Vec<(ContentId, Shape, u64)>,
+    /// Every content reference in the log. Sorted and merged with the content scan once
+    /// both are done: a join of two sorted lists instead of a hash lookup per reference.
+    refs: Vec<Ref>,
     /// `refs` is reduced to one entry per id when it reaches this length.
     refs_reduce_at: usize,
     /// The projections folded: the transcript alone recomputes the revisions; `deep`
@@ -664,32 +988,38 @@ struct Walk<'a> {
 }
 
 impl<'a> Walk<'a> {
-    fn new(txn: &'a ReadTransaction, limits: &'a Limits, chain: LogChain, opts: &'a VerifyOptions) -> Result<Walk<'a>> {
-        Ok(Walk {
+    fn new(txn: &'a ReadTransaction, limits: &'a Limits, chain: LogChain, opts: &'a VerifyOptions) -> Walk<'a> {
+        Walk {
             txn,
             limits,
             chain,
             opts,
-            report: VerifyReport::default(),
+            report: VerifyReport { keyed: opts.key.is_some(), ..VerifyReport::default() },
             store: MemStore::default(),
             fold_failed: false,
+            rows_lost: false,
+            content_fold_error: None,
             batch: Vec::with_capacity(FOLD_BATCH),
             streams: HashMap::new(),
-            walked: Vec::new(),
             refs: Vec::new(),
             refs_reduce_at: REFS_REDUCE_MIN,
             fold_set: if opts.deep {
                 ProjectionSet::all()
             } else {
                 // The transcript fold is the one that recomputes every revision_after.
-                ProjectionSet::none().with(annal::Projection::Transcript)
+                ProjectionSet::none().with(Projection::Transcript)
             },
             last_seq: None,
-        })
+        }
     }
 
     fn find(&mut self, f: Finding) {
         self.report.findings.push(f);
+    }
+
+    fn finish(mut self) -> VerifyReport {
+        self.report.sessions = self.streams.len() as u64;
+        self.report
     }
 
     /// Hands the current batch to the fold thread (which stops early only if it died).
@@ -705,6 +1035,7 @@ impl<'a> Walk<'a> {
     fn merge_fold(&mut self, fold: Fold) {
         self.store = fold.store;
         self.fold_failed |= fold.failed;
+        self.content_fold_error = fold.content_error;
         self.report.findings.extend(fold.findings);
         self.report.findings.sort_by_key(|f| f.seq().unwrap_or(u64::MAX));
     }
@@ -715,25 +1046,30 @@ impl<'a> Walk<'a> {
             Err(e) => return self.find(storage("table log", e)),
         };
         let total = log.len().unwrap_or(0);
-        self.walked.reserve(total as usize);
         let bar = progress::bar(total, "verify", self.opts.progress);
         let iter = match log.iter() {
             Ok(i) => i,
             Err(e) => return self.find(storage("table log", e)),
         };
+        let mut rows = ContentRows::open(self.txn, self.limits.content_bytes_max);
+        let mut strays = Vec::new();
         let mut expected = 1u64;
         let mut prev: Option<ChainHash> = Some(self.chain.genesis());
         let mut clock = 0u64;
+        let mut complete = true;
         for entry in iter {
             let (key, value) = match entry {
                 Ok(kv) => kv,
                 Err(e) => {
                     self.find(storage(&format!("log after seq {}", expected - 1), e));
+                    complete = false;
                     break;
                 }
             };
             let seq = key.value();
             let bytes = value.value();
+            let introduced = rows.at(seq, &mut strays);
+            self.report.findings.extend(strays.drain(..).map(|row| Finding::StrayContentRow { row }));
             if seq != expected {
                 self.find(Finding::Gap { expected, found: seq });
                 // The link across a gap cannot be checked; resume from this record's hash.
@@ -751,7 +1087,7 @@ impl<'a> Walk<'a> {
             }
             prev = stored_chain_hash(bytes);
             self.last_seq = Some((seq, prev));
-            self.record(seq, bytes, &mut clock);
+            self.record(seq, bytes, &mut clock, introduced);
             if self.batch.len() >= FOLD_BATCH {
                 self.hand_over(&fold);
             }
@@ -759,17 +1095,22 @@ impl<'a> Walk<'a> {
                 bar.set_position(self.report.records);
             }
         }
+        if complete {
+            rows.rest(&mut strays);
+            self.report.findings.extend(strays.drain(..).map(|row| Finding::StrayContentRow { row }));
+        }
+        self.rows_lost = rows.lost;
         self.hand_over(&fold);
         bar.finish_and_clear();
         self.report.tip = self.last_seq.and_then(|(seq, h)| h.map(|h| (seq, h)));
     }
 
-    fn record(&mut self, seq: u64, bytes: &[u8], clock: &mut u64) {
+    fn record(&mut self, seq: u64, bytes: &[u8], clock: &mut u64, introduced: Vec<ContentId>) {
         let decoded = match decode_record(bytes, self.limits.record_bytes_max) {
             Ok(d) => d,
             Err(error) => {
                 self.fold_failed = true;
-                self.undecodable(seq, bytes);
+                self.undecodable(bytes);
                 return self.find(match error {
                     DecodeError::UnsupportedVersion { kind, found, supported } => {
                         Finding::UnsupportedSchema { seq, kind, found, supported }
@@ -790,25 +1131,24 @@ impl<'a> Walk<'a> {
         } else {
             *last = r.stream_seq;
         }
-        self.walked.push((seq, r.session, r.stream_seq));
         if r.committed_at_ms < *clock {
             self.find(Finding::ClockBackwards { seq, at_ms: r.committed_at_ms, previous_ms: *clock });
         }
         *clock = (*clock).max(r.committed_at_ms);
         let shape = ref_shape(&r.event);
-        self.refs.extend(r.event.content_refs().into_iter().map(|id| (id, shape, seq)));
+        self.refs.extend(r.event.content_refs().into_iter().map(|id| Ref { id, shape, seq, first: seq }));
         if self.refs.len() >= self.refs_reduce_at {
             // Keep memory in proportion to the distinct ids, not to every reference.
             reduce_refs(&mut self.refs);
             self.refs_reduce_at = (2 * self.refs.len()).max(REFS_REDUCE_MIN);
         }
-        self.batch.push(Item::Record(r));
+        self.batch.push(Item::Record(r, introduced));
     }
 
     /// A record that does not decode: if its envelope still names a session and stream
     /// sequence, account for them, so the session's later records are checked against
     /// the right stream position and its fold is not blamed again for this record.
-    fn undecodable(&mut self, seq: u64, bytes: &[u8]) {
+    fn undecodable(&mut self, bytes: &[u8]) {
         if bytes.len() < annal::codec::HEADER_LEN || bytes[..4] != annal::codec::MAGIC {
             return;
         }
@@ -820,105 +1160,95 @@ impl<'a> Walk<'a> {
         let last = self.streams.entry(session).or_insert(0);
         if stream_seq == *last + 1 {
             *last = stream_seq;
-            self.walked.push((seq, session, stream_seq));
             self.batch.push(Item::Broken(session));
         }
     }
 
-    /// Every content id the log refers to against the scan: present, hashing to its id,
-    /// and for message references a message object whose attachments pass too. Then
-    /// every damaged object nothing refers to.
+    /// Every content id the log refers to against the scan: stored, hashing to its id,
+    /// introduced no later than its first reference, and for message references a
+    /// message object whose attachments pass too and are introduced with it or earlier.
+    /// Then every damaged copy nothing refers to.
     fn check_content(&mut self, scan: &ContentScan) {
-        self.report.findings.extend(scan.findings.iter().cloned());
         self.report.content_objects = scan.objects.len() as u64;
         // A message reference to an object first referred to as plain bytes must still be
         // a message: `reduce_refs` keeps the reference that decides.
         let mut refs = std::mem::take(&mut self.refs);
         reduce_refs(&mut refs);
-        let referenced = |id: &ContentId| refs.binary_search_by(|r| r.0.cmp(id)).is_ok();
-        let mut found = Vec::new();
+        let referenced = |id: &ContentId| refs.binary_search_by(|r| r.id.cmp(id)).is_ok();
+        let mut found = scan.findings.clone();
         let mut attachments_checked = HashSet::new();
+        let mut late_attachments = HashSet::new();
+        let mut reported_bad = HashSet::new();
         let mut objects = scan.objects.iter().peekable();
-        for &(id, shape, seq) in &refs {
+        for r in &refs {
             // Both lists are in id order: advance the scan to this id.
-            while objects.next_if(|(k, _)| *k < id).is_some() {}
-            let object = objects.peek().filter(|(k, _)| *k == id).map(|(_, o)| *o);
-            let mut pending = vec![(id, shape, object)];
-            while let Some((id, shape, object)) = pending.pop() {
+            while objects.next_if(|(k, _)| *k < r.id).is_some() {}
+            let object = objects.peek().filter(|(k, _)| *k == r.id).map(|(_, o)| *o);
+            // (id, shape, object, whether the log refers to it directly)
+            let mut pending = vec![(r.id, r.shape, object, true)];
+            while let Some((id, shape, object, direct)) = pending.pop() {
                 let Some(object) = object else {
-                    found.push(Finding::MissingContent { seq, id });
+                    found.push(Finding::MissingContent { seq: r.first, id });
                     continue;
                 };
+                if direct && object.row > r.first {
+                    found.push(Finding::ContentAfterReference { id, row: object.row, seq: r.first, message: None });
+                }
                 if !object.hash_ok {
-                    found.push(Finding::ContentHash { seq: Some(seq), id });
+                    reported_bad.insert((id, object.row));
+                    let (row, encoding) = (object.row, object.encoding);
+                    found.push(Finding::ContentHash { seq: Some(r.first), id, row, encoding });
                     continue;
                 }
                 if shape != Shape::Message {
                     continue;
                 }
                 if !object.message {
-                    let detail = self.message_error(id);
-                    found.push(Finding::NotAMessage { seq, id, detail });
+                    let detail = self.message_error(id, object.row);
+                    found.push(Finding::NotAMessage { seq: r.seq, id, detail });
                     continue;
                 }
-                for a in scan.attachments.get(&id).into_iter().flatten() {
+                for a in scan.attachments(&id, &object) {
+                    let attachment = scan.object(a);
+                    if let Some(o) = attachment.filter(|o| o.row > object.row) {
+                        if late_attachments.insert(*a) {
+                            let message = Some(id);
+                            found.push(Finding::ContentAfterReference { id: *a, row: o.row, seq: object.row, message });
+                        }
+                    }
                     if !referenced(a) && attachments_checked.insert(*a) {
-                        pending.push((*a, Shape::Bytes, scan.object(a)));
+                        pending.push((*a, Shape::Bytes, attachment, false));
                     }
                 }
             }
         }
-        for id in &scan.bad {
-            if !referenced(id) && !attachments_checked.contains(id) {
-                found.push(Finding::ContentHash { seq: None, id: *id });
+        for &(id, row, encoding) in &scan.bad {
+            if !reported_bad.contains(&(id, row)) {
+                found.push(Finding::ContentHash { seq: None, id, row, encoding });
             }
         }
-        // In log order; objects nothing refers to last, in key order.
+        // In log order; damaged objects nothing refers to last, in id order.
         found.sort_by_key(|f| f.seq().unwrap_or(u64::MAX));
         self.report.findings.extend(found);
     }
 
-    /// Why the object `id` does not decode as a message (read again: findings are rare).
-    fn message_error(&self, id: ContentId) -> String {
+    /// Why the object `id` in content row `row` does not decode as a message (read
+    /// again: findings are rare).
+    fn message_error(&self, id: ContentId, row: u64) -> String {
         let limit = self.limits.content_bytes_max.saturating_add(1024);
-        match self.txn.open_table(CONTENT).map(|t| t.get(id.0)) {
-            Ok(Ok(Some(g))) => decode_message(g.value(), limit).err().map_or_else(String::new, |e| e.to_string()),
-            Ok(Ok(None)) => "missing".into(),
-            Ok(Err(e)) => e.to_string(),
-            Err(e) => e.to_string(),
-        }
-    }
-
-    /// `session_log` must index exactly the records walked: every entry points at a
-    /// record of that session and stream seq, and every record has its entry.
-    fn check_session_index(&mut self) {
-        let table = match self.txn.open_table(SESSION_LOG) {
+        let table = match self.txn.open_table(CONTENT) {
             Ok(t) => t,
-            Err(e) => return self.find(storage("table session_log", e)),
+            Err(e) => return e.to_string(),
         };
-        let iter = match table.iter() {
-            Ok(i) => i,
-            Err(e) => return self.find(storage("table session_log", e)),
+        let bytes = match table.get(row) {
+            Ok(Some(g)) => g,
+            Ok(None) => return "missing".into(),
+            Err(e) => return e.to_string(),
         };
-        let walked = std::mem::take(&mut self.walked);
-        let mut indexed = vec![false; walked.len()];
-        for entry in iter {
-            let (k, v) = match entry {
-                Ok(kv) => kv,
-                Err(e) => return self.find(storage("table session_log", e)),
-            };
-            let (session, stream_seq, points_to) = (SessionId(k.value().0), k.value().1, v.value());
-            match walked.binary_search_by_key(&points_to, |w| w.0) {
-                Ok(i) if walked[i].1 == session && walked[i].2 == stream_seq => indexed[i] = true,
-                _ => self.find(Finding::SessionIndex {
-                    session,
-                    stream_seq,
-                    detail: format!("points to seq {points_to}, which holds no such record"),
-                }),
-            }
-        }
-        for (&(seq, session, stream_seq), _) in walked.iter().zip(&indexed).filter(|(_, done)| !**done) {
-            self.find(Finding::SessionIndex { session, stream_seq, detail: format!("missing (record seq {seq})") });
+        match annal::codec::content::find(bytes.value(), &id, self.limits.content_bytes_max) {
+            Ok(Some(entry)) => decode_message(entry.stored, limit).err().map_or_else(String::new, |e| e.to_string()),
+            Ok(None) => "missing".into(),
+            Err(e) => e.to_string(),
         }
     }
 
@@ -967,24 +1297,58 @@ impl<'a> Walk<'a> {
         }
     }
 
-    fn deep(&mut self) {
+    /// Compares the stored projections, as a reader sees them, with the scratch fold.
+    fn deep(&mut self, stored: StoredProjections<'_>) {
         if self.fold_failed {
             self.report.deep = Some(Err("the log does not fold cleanly (see the findings above)".into()));
             return;
         }
-        let stored = match projection_digests(self.txn) {
-            Ok(d) => d,
-            Err(e) => {
-                self.report.deep = Some(Err(format!("cannot read the projections: {e}")));
-                return self.find(storage("projections", e));
+        if self.rows_lost {
+            let why = "the content rows could not be read with the log (see the findings above)";
+            self.report.deep = Some(Err(why.into()));
+            return;
+        }
+        let view = match guarded("projections", stored) {
+            Ok(Ok(view)) => view,
+            Ok(Err(e)) => return self.unreadable(&e),
+            Err(finding) => {
+                self.report.deep = Some(Err("the stored projections cannot be read (see the findings above)".into()));
+                return self.find(finding);
             }
+        };
+        let walked = self.report.tip.unwrap_or((0, self.chain.genesis()));
+        if (view.seq(), view.hash()) != walked {
+            let why = if view.seq() > walked.0 {
+                format!(
+                    "a writer appended records {}..={} while verify ran, so the stored projections (at seq {}) \
+                     and the fresh fold (at seq {}) are not comparable; run verify again, or verify a copy",
+                    walked.0 + 1,
+                    view.seq(),
+                    view.seq(),
+                    walked.0
+                )
+            } else {
+                format!(
+                    "the stored projections are read at seq {} ({}), the walk ended at seq {} ({})",
+                    view.seq(),
+                    view.hash(),
+                    walked.0,
+                    walked.1
+                )
+            };
+            self.report.deep = Some(Err(why));
+            return;
+        }
+        let stored = match projection_digests(&view) {
+            Ok(d) => d,
+            Err(e) => return self.unreadable(&e),
         };
         let fresh = mem_digests(&self.store);
         for (s, f) in stored.iter().zip(&fresh) {
             if s != f {
                 let table = Table::ALL.into_iter().find(|t| t.name() == s.table);
                 match table {
-                    Some(t) => self.first_difference(t),
+                    Some(t) => self.first_difference(&view, t),
                     None => self.find(Finding::Projection { table: s.table, key: String::new(), detail: "differs" }),
                 }
             }
@@ -992,13 +1356,34 @@ impl<'a> Walk<'a> {
         self.report.deep = Some(Ok(stored.len()));
     }
 
+    /// The stored projections cannot be read. A finding, unless the reader failed on the
+    /// log and the walk has already reported the log damaged: then it is why the
+    /// comparison was skipped.
+    fn unreadable(&mut self, e: &annal::Error) {
+        let on_the_log = match e {
+            annal::Error::Decode { .. } | annal::Error::OversizedRecord { .. } => true,
+            annal::Error::Corrupt { location, .. } => {
+                matches!(location, Location::Log { .. } | Location::Content { .. } | Location::Meta { .. })
+            }
+            _ => false,
+        };
+        if on_the_log && !self.report.findings.is_empty() {
+            let why =
+                format!("the stored projections cannot be read over the damaged log (see the findings above): {e}");
+            self.report.deep = Some(Err(why));
+        } else {
+            self.report.deep = Some(Err(format!("the stored projections cannot be read: {e}")));
+            self.find(storage("projections", format!("cannot be read: {e}")));
+        }
+    }
+
     /// Reports the first key where the stored table and the fresh fold differ.
-    fn first_difference(&mut self, t: Table) {
+    fn first_difference(&mut self, view: &View, t: Table) {
         let empty = BTreeMap::new();
         let fresh = self.store.tables.get(&t).unwrap_or(&empty);
-        let stored = match tables::projection_rows(self.txn, t) {
+        let stored = match tables::projection_rows(view, t) {
             Ok(rows) => rows,
-            Err(e) => return self.find(storage(t.name(), e)),
+            Err(e) => return self.find(storage(&format!("projection {}", t.name()), e)),
         };
         let mut fresh_iter = fresh.iter();
         let mut stored_iter = stored.into_iter();
@@ -1029,20 +1414,66 @@ impl<'a> Walk<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use annal::{CommitTurn, CreateSession, Engine, Expected, Message};
+
+    #[test]
+    fn deep_is_skipped_when_the_reader_sees_another_tip() {
+        let dir = tempfile::tempdir().unwrap();
+        let (db, ahead) = (dir.path().join("db.redb"), dir.path().join("ahead.redb"));
+        let engine = Engine::open(&db).unwrap();
+        let session = engine.create_session(CreateSession::new().message(Message::system("hi"))).unwrap().session;
+        engine.commit_turn(CommitTurn::new(session, "t1", Expected::Any).message(Message::user("one"))).unwrap();
+        engine.close().unwrap();
+        // The same log, two records further on: what a reader opened after a live writer
+        // appended would see.
+        std::fs::copy(&db, &ahead).unwrap();
+        std::fs::copy(annal::projections_path(&db), annal::projections_path(&ahead)).unwrap();
+        let engine = Engine::open(&ahead).unwrap();
+        for turn in ["t2", "t3"] {
+            engine.commit_turn(CommitTurn::new(session, turn, Expected::Any).message(Message::user(turn))).unwrap();
+        }
+        engine.close().unwrap();
+
+        let Ok((_log, txn)) = open_log(&db) else { panic!("the log opens") };
+        let limits = Limits::default();
+        let opts = VerifyOptions { deep: true, ..VerifyOptions::default() };
+        let stored = || Reader::open(&ahead, limits.clone(), None)?.snapshot();
+        let report = verify_snapshot(&txn, &limits, &opts, &stored).unwrap();
+        assert!(report.is_clean(), "{}", report.render());
+        let why = match &report.deep {
+            Some(Err(why)) => why.clone(),
+            other => panic!("the comparison is skipped: {other:?}"),
+        };
+        assert!(why.starts_with("a writer appended records 3..=4 while verify ran"), "{why}");
+        assert!(report.render().contains("deep: comparison skipped: a writer appended"), "{}", report.render());
+
+        // The same snapshot against its own projections compares every table.
+        let stored = || Reader::open(&db, limits.clone(), None)?.snapshot();
+        let report = verify_snapshot(&txn, &limits, &opts, &stored).unwrap();
+        assert!(report.is_clean(), "{}", report.render());
+        assert_eq!(report.deep, Some(Ok(Table::ALL.len())));
+    }
+
+    fn r(id: ContentId, shape: Shape, seq: u64) -> Ref {
+        Ref { id, shape, seq, first: seq }
+    }
 
     #[test]
     fn reducing_references_keeps_the_deciding_one_per_id_at_any_time() {
         let (a, b) = (annal::codec::content_id(b"a"), annal::codec::content_id(b"b"));
         let refs = vec![
-            (a, Shape::Bytes, 3),
-            (b, Shape::Bytes, 9),
-            (a, Shape::Message, 7),
-            (b, Shape::Bytes, 4),
-            (a, Shape::Message, 5),
+            r(a, Shape::Bytes, 3),
+            r(b, Shape::Bytes, 9),
+            r(a, Shape::Message, 7),
+            r(b, Shape::Bytes, 4),
+            r(a, Shape::Message, 5),
         ];
         let mut once = refs.clone();
         reduce_refs(&mut once);
-        let mut expected = vec![(a, Shape::Message, 5), (b, Shape::Bytes, 4)];
+        let mut expected = vec![
+            Ref { id: a, shape: Shape::Message, seq: 5, first: 3 },
+            Ref { id: b, shape: Shape::Bytes, seq: 4, first: 4 },
+        ];
         expected.sort_unstable();
         assert_eq!(once, expected, "a message reference decides over an earlier plain one; else the first");
         // Reducing part of the list, appending the rest and reducing again gives the same.

@@ -21,6 +21,7 @@ pub const FILE: &str = "annal.redb";
 
 /// annal behind the [`SessionStore`] trait.
 pub struct AnnalStore {
+    kind: StoreKind,
     engine: Engine,
     faults: Faults,
     forks: AtomicU64,
@@ -53,6 +54,12 @@ impl AnnalStore {
     /// options. Both files sit behind one [`Faults`], so its counters (fsyncs, bytes
     /// written) cover the log and every checkpoint.
     pub fn open(dir: &Path) -> Result<AnnalStore> {
+        AnnalStore::open_with(dir, Options::default())
+    }
+
+    /// Opens (or creates) the store with `options`.
+    pub fn open_with(dir: &Path, options: Options) -> Result<AnnalStore> {
+        let options_other_mode = options.multi_process_readers != Options::default().multi_process_readers;
         let faults = Faults::new();
         let backend = |path: &Path| -> Result<FaultyBackend<redb::backends::FileBackend>> {
             let file = std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(false).open(path)?;
@@ -60,8 +67,9 @@ impl AnnalStore {
         };
         let log = backend(&dir.join(FILE))?;
         let projections = backend(&annal::projections_path(dir.join(FILE)))?;
-        let engine = Engine::open_with_backends(log, projections, Options::default())?;
-        Ok(AnnalStore { engine, faults, forks: AtomicU64::new(0) })
+        let engine = Engine::open_with_backends(log, projections, options)?;
+        let kind = if options_other_mode { StoreKind::AnnalOtherMode } else { StoreKind::Annal };
+        Ok(AnnalStore { kind, engine, faults, forks: AtomicU64::new(0) })
     }
 }
 
@@ -94,7 +102,7 @@ pub fn bulk_load(dir: &Path, ids: &[[u8; 16]], system: &Msg, turns: &[Vec<Turn>]
 
 impl SessionStore for AnnalStore {
     fn kind(&self) -> StoreKind {
-        StoreKind::Annal
+        self.kind
     }
 
     fn create(&self, id: [u8; 16], system: &Msg) -> Result<Cursor> {

@@ -16,8 +16,11 @@ use std::path::{Path, PathBuf};
 /// Which store.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum StoreKind {
-    /// annal.
+    /// annal, default options.
     Annal,
+    /// annal with the other concurrency mode than the default (multi-process readers
+    /// on or off), to measure what the choice costs.
+    AnnalOtherMode,
     /// SQLite event table plus projection tables.
     Sqlite,
     /// One JSON Lines file per session.
@@ -28,12 +31,14 @@ pub enum StoreKind {
 
 impl StoreKind {
     /// Every store, annal first.
-    pub const ALL: [StoreKind; 4] = [StoreKind::Annal, StoreKind::Sqlite, StoreKind::Jsonl, StoreKind::NaiveRedb];
+    pub const ALL: [StoreKind; 5] =
+        [StoreKind::Annal, StoreKind::AnnalOtherMode, StoreKind::Sqlite, StoreKind::Jsonl, StoreKind::NaiveRedb];
 
     /// The name used in results.
     pub fn name(self) -> &'static str {
         match self {
             StoreKind::Annal => "annal",
+            StoreKind::AnnalOtherMode => "annal_other_mode",
             StoreKind::Sqlite => "sqlite",
             StoreKind::Jsonl => "jsonl",
             StoreKind::NaiveRedb => "naive_redb",
@@ -45,6 +50,11 @@ impl StoreKind {
         std::fs::create_dir_all(dir)?;
         Ok(match self {
             StoreKind::Annal => Box::new(annal_store::AnnalStore::open(dir)?),
+            StoreKind::AnnalOtherMode => {
+                let default = annal::Options::default();
+                let options = annal::Options { multi_process_readers: !default.multi_process_readers, ..default };
+                Box::new(annal_store::AnnalStore::open_with(dir, options)?)
+            }
             StoreKind::Sqlite => Box::new(sqlite::SqliteStore::open(dir)?),
             StoreKind::Jsonl => Box::new(jsonl::JsonlStore::open(dir)?),
             StoreKind::NaiveRedb => Box::new(naive_redb::NaiveRedbStore::open(dir)?),
@@ -56,7 +66,7 @@ impl StoreKind {
     /// checkpoint; JSON Lines files have none.
     pub fn compact(self, dir: &Path) -> Result<()> {
         match self {
-            StoreKind::Annal => {
+            StoreKind::Annal | StoreKind::AnnalOtherMode => {
                 annal::compact(dir.join(annal_store::FILE), annal::Options::default())?;
                 Ok(())
             }
@@ -73,7 +83,7 @@ impl StoreKind {
     pub fn bulk_load(self, dir: &Path, ids: &[[u8; 16]], system: &Msg, turns: &[Vec<Turn>]) -> Result<()> {
         std::fs::create_dir_all(dir)?;
         match self {
-            StoreKind::Annal => annal_store::bulk_load(dir, ids, system, turns),
+            StoreKind::Annal | StoreKind::AnnalOtherMode => annal_store::bulk_load(dir, ids, system, turns),
             StoreKind::Sqlite => sqlite::bulk_load(dir, ids, system, turns),
             StoreKind::Jsonl => jsonl::bulk_load(dir, ids, system, turns),
             StoreKind::NaiveRedb => naive_redb::bulk_load(dir, ids, system, turns),
