@@ -292,7 +292,7 @@ pub enum Error {
         supported: u32,
     },
     /// The file was written by an older release in a format this binary upgrades
-    /// offline: run `annal migrate` on it (or [`crate::migrate`]).
+    /// offline: run `annal migrate` on it (or [`crate::migrate()`]).
     #[error("database format {found} must be migrated to format {supported}: run `annal migrate <path>`")]
     MigrationRequired {
         /// Found in the file.

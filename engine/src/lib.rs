@@ -9,8 +9,13 @@
 //! ledger. The live writer and offline replay run the same `evolve`, so projections are
 //! disposable: [`Engine::rebuild`] refolds them from the log at any time.
 //!
-//! One writer thread owns redb write transactions and group-commits whatever is queued
-//! into one transaction and one fsync. Reads use MVCC snapshots and never block.
+//! The log is the database. The writer group-commits whatever is queued into one
+//! append (records and the bytes of new content, nothing else), one transaction and one
+//! fsync, and folds each durable batch into an in-memory delta; a checkpointer writes the
+//! delta into a projections file beside the log, behind the commits, and an open after a
+//! crash folds the log past the last checkpoint. Every query reads one [`View`]
+//! (checkpoint plus delta at one sequence number), so it sees every acknowledged commit
+//! and never blocks the writer.
 //!
 //! ```
 //! use annal::{CommitTurn, CreateSession, Engine, Expected, Message, PageRequest, Rejection, Error};
