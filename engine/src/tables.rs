@@ -1,5 +1,8 @@
-//! The redb tables, each defined exactly once, and the [`Store`] over a write
-//! transaction.
+//! The redb tables, each defined exactly once: annal's on-disk format. The definitions,
+//! the meta keys and the key and tip encodings are public so that offline tools and
+//! tests can read (and, for tamper tests, damage) the files the way `docs/design.md` §5
+//! describes them; writing goes through the engine (the appender in the log module, the
+//! checkpointer, rebuild and migrate), whose storage internals are private.
 //!
 //! The log file holds what is authoritative, written only by appending: [`LOG`],
 //! [`CONTENT`] and [`META`]. The projections file beside it holds what is disposable:
@@ -28,7 +31,7 @@ pub const META: TableDefinition<&str, &[u8]> = TableDefinition::new("meta");
 pub const PROJECTIONS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("projections");
 
 /// The tables of format 1 files, read only by the migration.
-pub mod legacy {
+pub(crate) mod legacy {
     use redb::TableDefinition;
     /// (session id, stream sequence) → global sequence.
     pub const SESSION_LOG: TableDefinition<([u8; 16], u64), u64> = TableDefinition::new("session_log");
@@ -168,14 +171,14 @@ pub fn meta_u64(bytes: &[u8]) -> Option<u64> {
 }
 
 /// Writes the version and cursor of `p`.
-pub fn write_projection_meta(meta: &mut redb::Table<&str, &[u8]>, p: Projection, cursor: u64) -> Result<()> {
+pub(crate) fn write_projection_meta(meta: &mut redb::Table<&str, &[u8]>, p: Projection, cursor: u64) -> Result<()> {
     meta.insert(meta_keys::version(p).as_str(), p.version().to_le_bytes().as_slice())?;
     meta.insert(meta_keys::cursor(p).as_str(), cursor.to_le_bytes().as_slice())?;
     Ok(())
 }
 
 /// Creates every table of the log file that does not exist yet.
-pub fn create_log_tables(txn: &WriteTransaction) -> Result<()> {
+pub(crate) fn create_log_tables(txn: &WriteTransaction) -> Result<()> {
     txn.open_table(LOG)?;
     txn.open_table(CONTENT)?;
     txn.open_table(META)?;
@@ -183,14 +186,14 @@ pub fn create_log_tables(txn: &WriteTransaction) -> Result<()> {
 }
 
 /// Creates every table of the projections file that does not exist yet.
-pub fn create_projection_tables(txn: &WriteTransaction) -> Result<()> {
+pub(crate) fn create_projection_tables(txn: &WriteTransaction) -> Result<()> {
     txn.open_table(PROJECTIONS)?;
     txn.open_table(META)?;
     Ok(())
 }
 
 /// The fold's [`Store`] over the projection rows of a write transaction.
-pub struct RedbStore<'txn> {
+pub(crate) struct RedbStore<'txn> {
     table: redb::Table<'txn, &'static [u8], &'static [u8]>,
 }
 
