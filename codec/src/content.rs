@@ -6,14 +6,22 @@
 //! ```text
 //! offset  size  field
 //!  0      32    content id = blake3(canonical bytes)
-//! 32       1    encoding: 0 = raw (the stored bytes are the canonical bytes)
+//! 32       1    encoding: 0 = raw (the stored bytes are the canonical bytes),
+//!               1 = lz4 (below)
 //! 33       4    stored length n, u32 little-endian
 //! 37       n    stored bytes
 //! ```
 //!
+//! An lz4 object's stored bytes are the canonical length (u32 little-endian) and an lz4
+//! block (`lz4_flex::block`). An object is stored compressed only when that saves at least
+//! an eighth of its size ([`encode_object`]); small objects and incompressible ones stay
+//! raw. The id is always over the canonical bytes.
+//!
 //! An empty row never exists: a record that introduces nothing has no content row.
 //! Parsing checks every length against the row and the configured limit, so it never
-//! panics and never allocates more than the row it was given.
+//! panics and never allocates more than the row it was given; decompression checks the
+//! declared canonical length against the limit before it allocates, and the decompressor
+//! never writes past it (a decompression bomb is `TooLarge`).
 
 use crate::ids::ContentId;
 use crate::record::DecodeError;
@@ -23,6 +31,50 @@ pub const ENTRY_HEADER_LEN: usize = 37;
 
 /// Encoding byte of an object stored as its canonical bytes.
 pub const ENCODING_RAW: u8 = 0;
+/// Encoding byte of an object stored as its canonical length and an lz4 block.
+pub const ENCODING_LZ4: u8 = 1;
+
+/// Objects smaller than this are stored raw: compressing them saves too little.
+pub const COMPRESS_BYTES_MIN: usize = 128;
+
+/// How an object is stored: its encoding byte and stored bytes. lz4 when that saves at
+/// least an eighth of the canonical size, raw otherwise.
+pub fn encode_object(canonical: &[u8]) -> (u8, Vec<u8>) {
+    if canonical.len() >= COMPRESS_BYTES_MIN && canonical.len() <= u32::MAX as usize {
+        let mut stored = Vec::with_capacity(4 + lz4_flex::block::get_maximum_output_size(canonical.len()));
+        stored.extend_from_slice(&(canonical.len() as u32).to_le_bytes());
+        stored.extend_from_slice(&lz4_flex::block::compress(canonical));
+        if stored.len() <= canonical.len() - canonical.len() / 8 {
+            return (ENCODING_LZ4, stored);
+        }
+    }
+    (ENCODING_RAW, canonical.to_vec())
+}
+
+/// The canonical bytes of a stored object, at most `max` of them.
+pub fn decode_object(encoding: u8, stored: &[u8], max: u64) -> Result<std::borrow::Cow<'_, [u8]>, DecodeError> {
+    match encoding {
+        ENCODING_RAW => Ok(std::borrow::Cow::Borrowed(stored)),
+        ENCODING_LZ4 => {
+            let Some((len, block)) = stored.split_first_chunk::<4>() else {
+                return Err(DecodeError::Truncated { needed: 4, found: stored.len() as u64 });
+            };
+            let len = u32::from_le_bytes(*len) as u64;
+            if len > max {
+                return Err(DecodeError::TooLarge { size: len, max });
+            }
+            let canonical = lz4_flex::block::decompress(block, len as usize)
+                .map_err(|e| DecodeError::BadContent { detail: format!("lz4: {e}") })?;
+            if canonical.len() as u64 != len {
+                return Err(DecodeError::BadContent {
+                    detail: format!("lz4: {} bytes, declared {len}", canonical.len()),
+                });
+            }
+            Ok(std::borrow::Cow::Owned(canonical))
+        }
+        other => Err(DecodeError::BadContent { detail: format!("unknown content encoding {other}") }),
+    }
+}
 
 /// One object of a content row, borrowed from the row.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -36,19 +88,30 @@ pub struct ContentEntry<'a> {
 }
 
 impl<'a> ContentEntry<'a> {
-    /// The canonical bytes, if they hash to the stored id.
-    pub fn verify(&self) -> Option<&'a [u8]> {
-        (self.encoding == ENCODING_RAW && crate::content_id(self.stored) == self.id).then_some(self.stored)
+    /// The canonical bytes (decompressed, at most `max`), unchecked.
+    pub fn canonical(&self, max: u64) -> Result<std::borrow::Cow<'a, [u8]>, DecodeError> {
+        decode_object(self.encoding, self.stored, max)
+    }
+
+    /// The canonical bytes, if they decode (at most `max` of them) and hash to the
+    /// stored id.
+    pub fn verify(&self, max: u64) -> Option<std::borrow::Cow<'a, [u8]>> {
+        self.canonical(max).ok().filter(|bytes| crate::content_id(bytes) == self.id)
     }
 }
 
 /// Appends one raw entry to `row`.
 pub fn push_entry(row: &mut Vec<u8>, id: &ContentId, bytes: &[u8]) {
-    row.reserve(ENTRY_HEADER_LEN + bytes.len());
+    push_stored(row, id, ENCODING_RAW, bytes);
+}
+
+/// Appends one entry to `row`, stored as `encoding` (see [`encode_object`]).
+pub fn push_stored(row: &mut Vec<u8>, id: &ContentId, encoding: u8, stored: &[u8]) {
+    row.reserve(ENTRY_HEADER_LEN + stored.len());
     row.extend_from_slice(&id.0);
-    row.push(ENCODING_RAW);
-    row.extend_from_slice(&(bytes.len() as u32).to_le_bytes());
-    row.extend_from_slice(bytes);
+    row.push(encoding);
+    row.extend_from_slice(&(stored.len() as u32).to_le_bytes());
+    row.extend_from_slice(stored);
 }
 
 /// Iterates the entries of a content row. Each item is an entry or the structural error
@@ -124,8 +187,8 @@ mod tests {
         push_entry(&mut row, &crate::content_id(b), b);
         let parsed: Vec<_> = entries(&row, 1 << 20).collect::<Result<_, _>>().unwrap();
         assert_eq!(parsed.len(), 2);
-        assert_eq!(parsed[0].verify(), Some(a));
-        assert_eq!(parsed[1].verify(), Some(b));
+        assert_eq!(parsed[0].verify(1 << 20).as_deref(), Some(a));
+        assert_eq!(parsed[1].verify(1 << 20).as_deref(), Some(b));
         assert_eq!(find(&row, &crate::content_id(b), 1 << 20).unwrap().unwrap().stored, b);
     }
 
@@ -138,7 +201,45 @@ mod tests {
             assert!(cut == 0 || parsed.last().unwrap().is_err(), "cut {cut}");
         }
         assert!(matches!(entries(&row, 0).next(), Some(Err(DecodeError::TooLarge { .. }))));
-        row[40] ^= 1;
-        assert_eq!(entries(&row, 1 << 20).next().unwrap().unwrap().verify(), None);
+        row[ENTRY_HEADER_LEN] ^= 1;
+        assert_eq!(entries(&row, 1 << 20).next().unwrap().unwrap().verify(1 << 20), None);
+    }
+
+    #[test]
+    fn compressed_objects_round_trip_and_small_or_random_ones_stay_raw() {
+        let text = b"the agent reads the file and writes the diff ".repeat(40);
+        let (encoding, stored) = encode_object(&text);
+        assert_eq!(encoding, ENCODING_LZ4);
+        assert!(stored.len() < text.len() / 4, "{} of {}", stored.len(), text.len());
+        let mut row = Vec::new();
+        push_stored(&mut row, &crate::content_id(&text), encoding, &stored);
+        let entry = entries(&row, 1 << 20).next().unwrap().unwrap();
+        assert_eq!(entry.verify(1 << 20).as_deref(), Some(text.as_slice()));
+        assert_eq!(encode_object(b"short").0, ENCODING_RAW);
+        let mut noise = vec![0u8; 4096];
+        blake3::Hasher::new().update(b"noise").finalize_xof().fill(&mut noise);
+        let (encoding, stored) = encode_object(&noise);
+        assert_eq!((encoding, stored.as_slice()), (ENCODING_RAW, noise.as_slice()), "incompressible stays raw");
+    }
+
+    #[test]
+    fn a_decompression_bomb_fails_closed() {
+        let big = vec![0u8; 1 << 20];
+        let (encoding, stored) = encode_object(&big);
+        assert_eq!(encoding, ENCODING_LZ4);
+        assert!(stored.len() < 8 << 10);
+        assert_eq!(
+            decode_object(encoding, &stored, 1 << 16).unwrap_err(),
+            DecodeError::TooLarge { size: 1 << 20, max: 1 << 16 }
+        );
+        // A declared length that lies about the block is refused, not trusted.
+        let mut lying = stored.clone();
+        lying[..4].copy_from_slice(&(1u32 << 10).to_le_bytes());
+        assert!(matches!(decode_object(encoding, &lying, 1 << 20), Err(DecodeError::BadContent { .. })));
+        assert!(matches!(decode_object(7, &stored, 1 << 20), Err(DecodeError::BadContent { .. })));
+        let mut flipped = stored;
+        let last = flipped.len() - 1;
+        flipped[last] ^= 0xff;
+        assert!(decode_object(encoding, &flipped, 1 << 20).map_or(true, |b| b.as_ref() != big.as_slice()));
     }
 }

@@ -119,6 +119,12 @@ pub enum DecodeError {
         /// The record's sequence number.
         seq: u64,
     },
+    /// A stored content object does not decode (bad compressed block, unknown encoding).
+    #[error("bad content: {detail}")]
+    BadContent {
+        /// What is wrong.
+        detail: String,
+    },
     /// The payload does not decode as its kind.
     #[error("{kind}: malformed payload: {detail}")]
     Malformed {

@@ -134,6 +134,25 @@ fn message_object_golden_vector() {
     assert_eq!(decode_message(&bytes, LIMIT).unwrap(), m);
 }
 
+/// A content row with one raw object and one lz4 object: the layout of rows and the
+/// compressed encoding (a change to either, or to how lz4 blocks are written, fails here).
+#[test]
+fn content_row_golden_vector() {
+    use annal_codec::content::{encode_object, entries, push_stored, ENCODING_LZ4, ENCODING_RAW};
+    let small = b"a short tool result".to_vec();
+    let text = b"{\"role\":\"assistant\",\"text\":\"the agent reads the file and writes the diff\"}\n".repeat(8);
+    let mut row = Vec::new();
+    for object in [&small, &text] {
+        let (encoding, stored) = encode_object(object);
+        push_stored(&mut row, &annal_codec::content_id(object), encoding, &stored);
+    }
+    check("ContentRow.bin", &row);
+    let parsed: Vec<_> = entries(&row, LIMIT).collect::<Result<_, _>>().unwrap();
+    assert_eq!((parsed[0].encoding, parsed[1].encoding), (ENCODING_RAW, ENCODING_LZ4));
+    assert_eq!(parsed[0].verify(LIMIT).unwrap().as_ref(), small.as_slice());
+    assert_eq!(parsed[1].verify(LIMIT).unwrap().as_ref(), text.as_slice());
+}
+
 /// Builds the v0 fixture: a ContextAppended written before `source` existed.
 fn v0_fixture_bytes() -> Vec<u8> {
     let payload = wire::to_bytes(&ContextAppendedV0 { key: "k".into(), content: cid("ctx") }, LIMIT).unwrap();

@@ -77,6 +77,31 @@ impl ContentSet {
     }
 }
 
+/// Every content object `command` brings (message objects with their attachments,
+/// context texts, tool arguments and results), with its id, encoded exactly as `decide`
+/// encodes it. Objects over a limit are left out: `decide` rejects them.
+pub(crate) fn content_objects(command: &Command, limits: &Limits) -> Vec<(ContentId, Vec<u8>)> {
+    fn walk(set: &mut ContentSet, command: &Command, limits: &Limits) {
+        let messages: &[Message] = match command {
+            Command::CreateSession(c) => &c.messages,
+            Command::CommitTurn(c) => &c.messages,
+            Command::Rewrite(c) => &c.replacement,
+            Command::Fork(c) => c.replacement.as_slice(),
+            Command::AppendContext(c) => return drop(set.add(limits, c.content.clone())),
+            Command::RecordToolCall(c) => return drop(set.add(limits, c.args.clone())),
+            Command::RecordToolResult(c) => return drop(set.add(limits, c.result.clone())),
+            Command::Batch(commands) => return commands.iter().for_each(|c| walk(set, c, limits)),
+            Command::Restore(_) | Command::Archive { .. } | Command::Revive { .. } | Command::SetLabels(_) => &[],
+        };
+        for m in messages {
+            let _ = set.message(limits, m);
+        }
+    }
+    let mut set = ContentSet::default();
+    walk(&mut set, command, limits);
+    set.into_vec()
+}
+
 fn check_note(limits: &Limits, note: &str) -> Result<()> {
     Ok(limits.check(Limit::NoteBytes, note.len() as u64)?)
 }

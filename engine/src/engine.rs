@@ -60,6 +60,10 @@ pub struct Options {
     pub multi_process_readers: bool,
     /// When the delta is checkpointed into the projections file, and its bound.
     pub checkpoint: CheckpointPolicy,
+    /// Store content objects lz4-compressed when that saves at least an eighth of their
+    /// size (small and incompressible objects stay raw). Ids are always over the
+    /// canonical bytes. On by default; files may mix both encodings.
+    pub compress_content: bool,
 }
 
 impl Default for Options {
@@ -74,6 +78,7 @@ impl Default for Options {
             multi_process_readers: true,
             check_integrity_on_open: false,
             checkpoint: CheckpointPolicy::default(),
+            compress_content: true,
         }
     }
 }
@@ -305,6 +310,7 @@ impl Engine {
             batch_commands_max: options.batch_commands_max.max(1),
             stats: stats.clone(),
             tip: Mutex::new(tip),
+            compress_content: options.compress_content,
         });
         let (ckpt_tx, ckpt_rx) = bounded(64);
         let checkpointer = Checkpointer {
@@ -368,7 +374,13 @@ impl Engine {
     /// Runs any command and waits for its durable outcome.
     pub fn execute(&self, command: Command) -> Result<Outcome> {
         let (reply, rx) = bounded(1);
-        self.send(Request::Command { command, reply })?;
+        // Compression runs here, on the caller's thread, so callers compress in parallel
+        // and the writer does not.
+        let compressed = match self.inner.shared.compress_content {
+            true => writer::compress(&command, &self.inner.shared.limits),
+            false => Default::default(),
+        };
+        self.send(Request::Command { command, reply, compressed })?;
         rx.recv().map_err(|_| Error::Closed)?
     }
 

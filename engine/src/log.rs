@@ -9,7 +9,7 @@
 
 use crate::error::{Error, Location, Result};
 use crate::tables::{self, meta_keys, CONTENT, LOG, META};
-use annal_codec::content::{entries, push_entry};
+use annal_codec::content::{entries, push_stored};
 use annal_codec::{decode_record, encode_record, verify_chain, ChainHash, ContentId, LogChain, Record};
 use redb::{Database, ReadTransaction, ReadableDatabase, ReadableTable, ReadableTableMetadata, WriteTransaction};
 
@@ -24,12 +24,33 @@ pub(crate) struct Tip {
     pub clock_ms: u64,
 }
 
-/// A record and the content objects it introduces (id and canonical bytes, in the
-/// order the record first refers to them).
+/// A content object as its content row stores it.
+#[derive(Clone, Debug)]
+pub(crate) struct StoredObject {
+    pub id: ContentId,
+    /// `annal_codec::content::ENCODING_*`.
+    pub encoding: u8,
+    pub bytes: Vec<u8>,
+}
+
+impl StoredObject {
+    /// `canonical` stored as is.
+    pub fn raw(id: ContentId, canonical: Vec<u8>) -> StoredObject {
+        StoredObject { id, encoding: annal_codec::content::ENCODING_RAW, bytes: canonical }
+    }
+
+    /// `canonical` stored the way `encode_object` chooses (compressed when it pays).
+    pub fn encoded(id: ContentId, canonical: &[u8]) -> StoredObject {
+        let (encoding, bytes) = annal_codec::content::encode_object(canonical);
+        StoredObject { id, encoding, bytes }
+    }
+}
+
+/// A record and the content objects it introduces, in content-id order.
 #[derive(Clone, Debug)]
 pub(crate) struct Entry {
     pub record: Record,
-    pub content: Vec<(ContentId, Vec<u8>)>,
+    pub content: Vec<StoredObject>,
 }
 
 /// What [`append`] wrote.
@@ -66,8 +87,8 @@ pub(crate) fn append(
         written.record_bytes += bytes.len() as u64;
         if !entry.content.is_empty() {
             row.clear();
-            for (id, bytes) in &entry.content {
-                push_entry(&mut row, id, bytes);
+            for object in &entry.content {
+                push_stored(&mut row, &object.id, object.encoding, &object.bytes);
             }
             content.insert(record.seq, row.as_slice())?;
             written.content_bytes += row.len() as u64;
@@ -141,10 +162,11 @@ pub(crate) fn read_object(
     let entry = annal_codec::content::find(row.value(), id, object_bytes_max)
         .map_err(|e| Error::corrupt(location(), format!("content row {seq}: {e}")))?
         .ok_or_else(|| Error::corrupt(location(), format!("not in content row {seq}")))?;
-    match entry.verify() {
-        Some(bytes) => Ok(bytes.to_vec()),
-        None => Err(Error::corrupt(location(), "bytes do not hash to the id")),
+    let bytes = entry.canonical(object_bytes_max).map_err(|e| Error::corrupt(location(), e.to_string()))?;
+    if annal_codec::content_id(&bytes) != *id {
+        return Err(Error::corrupt(location(), "bytes do not hash to the id"));
     }
+    Ok(bytes.into_owned())
 }
 
 /// Reads the log after a seq, in order: each record chain-checked against the one

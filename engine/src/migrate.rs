@@ -4,14 +4,15 @@
 //! [`migrate`] rewrites such a file in place, in one durable transaction: every record
 //! stays byte for byte (so the chain and every id stay the same), each content object
 //! moves into the content row of the first record that refers to it (a message's
-//! attachments with it), and the format-1 tables and projection metadata are dropped.
+//! attachments with it), compressed where that pays, and the format-1 tables and
+//! projection metadata are dropped.
 //! The projections file is folded at the next open. An engine refuses a format-1 file
 //! with [`crate::Error::MigrationRequired`], which names `annal migrate`.
 
 use crate::error::{fail_closed, Error, Location, Result};
 use crate::projection::Projection;
 use crate::tables::{self, legacy, meta_keys, CONTENT, LOG, META};
-use annal_codec::content::push_entry;
+use annal_codec::content::{encode_object, push_stored};
 use annal_codec::{decode_message, decode_record, verify_chain, ContentId, Event, LogChain};
 use redb::{ReadableDatabase, ReadableTable};
 use std::collections::HashSet;
@@ -81,6 +82,7 @@ fn migrate_v1(db: &redb::Database, chain: &LogChain) -> Result<MigrateStats> {
             prev = verify_chain(v.value(), &prev, chain, seq).map_err(|source| Error::Decode { seq, source })?;
             let record = decode_record(v.value(), u64::MAX).map_err(|source| Error::Decode { seq, source })?.record;
             row.clear();
+            let mut objects = std::collections::BTreeMap::new();
             let messages = message_refs(&record.event);
             for id in record.event.content_refs() {
                 let mut pending = vec![(id, messages.contains(&id))];
@@ -98,7 +100,7 @@ fn migrate_v1(db: &redb::Database, chain: &LogChain) -> Result<MigrateStats> {
                             "bytes do not hash to the id",
                         ));
                     }
-                    push_entry(&mut row, &id, bytes);
+                    objects.insert(id, encode_object(bytes));
                     stats.content_objects += 1;
                     if is_message {
                         if let Ok(m) = decode_message(bytes, u64::MAX) {
@@ -106,6 +108,9 @@ fn migrate_v1(db: &redb::Database, chain: &LogChain) -> Result<MigrateStats> {
                         }
                     }
                 }
+            }
+            for (id, (encoding, stored)) in &objects {
+                push_stored(&mut row, id, *encoding, stored);
             }
             if !row.is_empty() {
                 rows.insert(seq, row.as_slice())?;

@@ -16,10 +16,11 @@ use crate::engine::EngineStats;
 use crate::error::{Error, Limit, Location, Rejection, Result};
 use crate::evolve::evolve;
 use crate::limits::Limits;
-use crate::log::{Entry, Tip};
+use crate::log::{Entry, StoredObject, Tip};
 use crate::projection::{Projection, ProjectionSet, SessionHead};
 use crate::rebuild::RebuildStats;
 use crate::store::{apply_writes, keys, Overlay, Store, StoreExt, Table, Writes};
+use annal_codec::content::ENCODING_LZ4;
 use annal_codec::{ContentId, LogChain, Record, SessionId};
 use crossbeam_channel::{bounded, Receiver, Sender};
 use parking_lot::Mutex;
@@ -60,10 +61,28 @@ pub(crate) struct Shared {
     pub stats: Arc<EngineStats>,
     /// The log tip as of the last durable batch (the committer's).
     pub tip: Mutex<Tip>,
+    /// Whether callers compress content (`Options::compress_content`).
+    pub compress_content: bool,
+}
+
+/// The compressed form of a command's content objects that compress (id → stored
+/// bytes, lz4), computed on the caller's thread so the writer does not compress.
+pub(crate) type Compressed = BTreeMap<ContentId, Vec<u8>>;
+
+/// Compresses the content objects of `command` that compress (see
+/// `annal_codec::content::encode_object`).
+pub(crate) fn compress(command: &Command, limits: &Limits) -> Compressed {
+    crate::decide::content_objects(command, limits)
+        .into_iter()
+        .filter_map(|(id, canonical)| match annal_codec::content::encode_object(&canonical) {
+            (annal_codec::content::ENCODING_LZ4, stored) => Some((id, stored)),
+            _ => None,
+        })
+        .collect()
 }
 
 pub(crate) enum Request {
-    Command { command: Command, reply: Sender<Result<Outcome>> },
+    Command { command: Command, reply: Sender<Result<Outcome>>, compressed: Compressed },
     Rebuild { set: ProjectionSet, reply: Sender<Result<RebuildStats>> },
     Checkpoint { reply: Sender<Result<()>> },
     Import { records: Vec<Record>, content: Vec<Vec<u8>>, reply: Sender<Result<ImportStats>> },
@@ -148,7 +167,7 @@ pub(crate) fn run(shared: Arc<Shared>, rx: Receiver<Request>, tip: Tip, checkpoi
         let deadline = Instant::now() + GATHER_WAIT_MAX;
         while let Some(req) = pending.take() {
             match req {
-                Request::Command { command, reply } => commands.push((command, reply)),
+                Request::Command { command, reply, compressed } => commands.push((command, reply, compressed)),
                 other => {
                     // Everything before it goes first, then it runs alone on an idle log.
                     seq.seal(&shared, std::mem::take(&mut commands), &jobs);
@@ -274,17 +293,22 @@ struct Sequencer {
 
 impl Sequencer {
     /// Decides and folds `batch` and sends it to the committer.
-    fn seal(&mut self, shared: &Shared, batch: Vec<(Command, Sender<Result<Outcome>>)>, jobs: &Sender<Job>) {
+    fn seal(
+        &mut self,
+        shared: &Shared,
+        batch: Vec<(Command, Sender<Result<Outcome>>, Compressed)>,
+        jobs: &Sender<Job>,
+    ) {
         if batch.is_empty() {
             return;
         }
         if shared.poisoned.load(Ordering::Acquire) {
-            for (_, reply) in batch {
+            for (_, reply, _) in batch {
                 let _ = reply.send(Err(Error::Poisoned));
             }
             return;
         }
-        let commands: Vec<&Command> = batch.iter().map(|(c, _)| c).collect();
+        let commands: Vec<(&Command, &Compressed)> = batch.iter().map(|(c, _, z)| (c, z)).collect();
         match crate::error::fail_closed("commit", || self.decide_batch(shared, &commands)) {
             Ok(decided) => {
                 let writes = Arc::new(decided.writes);
@@ -293,7 +317,7 @@ impl Sequencer {
                     self.clock_ms = decided.clock_ms;
                     self.inflight.push_back((last.record.seq, writes.clone()));
                 }
-                let replies = batch.into_iter().map(|(_, reply)| reply).zip(decided.outcomes).collect();
+                let replies = batch.into_iter().map(|(_, reply, _)| reply).zip(decided.outcomes).collect();
                 let sealed = Sealed { entries: decided.entries, writes, replies, notices: decided.notices };
                 if let Err(unsent) = jobs.send(Job::Batch(sealed)) {
                     if let Job::Batch(sealed) = unsent.into_inner() {
@@ -305,7 +329,7 @@ impl Sequencer {
             }
             Err(e) => {
                 shared.poisoned.store(true, Ordering::Release);
-                for (_, reply) in batch {
+                for (_, reply, _) in batch {
                     let _ = reply.send(Err(e.clone()));
                 }
             }
@@ -314,7 +338,7 @@ impl Sequencer {
 
     /// Decides and folds a batch on a view of the delta plus the batches in flight. A
     /// rejected command's staged writes are dropped, so it consumes no sequence number.
-    fn decide_batch(&mut self, shared: &Shared, commands: &[&Command]) -> Result<Decided> {
+    fn decide_batch(&mut self, shared: &Shared, commands: &[(&Command, &Compressed)]) -> Result<Decided> {
         let clock_ms = now_ms().max(self.clock_ms);
         let view = shared.delta.view();
         while self.inflight.front().is_some_and(|(last, _)| *last <= view.seq()) {
@@ -326,13 +350,14 @@ impl Sequencer {
         let mut notices = Vec::new();
         let mut entries: Vec<Entry> = Vec::new();
         let mut accepted = Overlay::new(&base);
-        for command in commands {
+        for (command, compressed) in commands {
             let mut staged = Vec::new();
             let mut seq = next_seq;
             let result = {
                 let mut overlay = Overlay::new(&accepted);
-                apply(&mut overlay, &mut seq, clock_ms, command, &shared.limits, &mut staged)
-                    .map(|o| (o, overlay.into_writes()))
+                let to =
+                    Staging { next_seq: &mut seq, clock_ms, limits: &shared.limits, compressed, entries: &mut staged };
+                apply(&mut overlay, command, to).map(|o| (o, overlay.into_writes()))
             };
             let (outcome, writes) = match result {
                 Ok(ok) => ok,
@@ -480,15 +505,19 @@ fn next_stream_seq<S: Store + ?Sized>(store: &S, session: &SessionId) -> Result<
     Ok(store.row::<SessionHead>(Table::Heads, &keys::session(session))?.map_or(0, |h| h.stream_seq) + 1)
 }
 
-/// Decides and folds one command (or a batch) into `overlay`, sequencing its events.
-fn apply<S: Store + ?Sized>(
-    overlay: &mut Overlay<'_, S>,
-    next_seq: &mut u64,
+/// Where `apply` puts what a command writes.
+struct Staging<'a> {
+    next_seq: &'a mut u64,
     clock_ms: u64,
-    command: &Command,
-    limits: &Limits,
-    staged: &mut Vec<Entry>,
-) -> Result<Outcome> {
+    limits: &'a Limits,
+    /// The command's objects that compress, compressed by the caller.
+    compressed: &'a Compressed,
+    entries: &'a mut Vec<Entry>,
+}
+
+/// Decides and folds one command (or a batch) into `overlay`, sequencing its events.
+fn apply<S: Store + ?Sized>(overlay: &mut Overlay<'_, S>, command: &Command, to: Staging<'_>) -> Result<Outcome> {
+    let Staging { next_seq, clock_ms, limits, compressed, entries } = to;
     if let Command::Batch(commands) = command {
         limits.check(Limit::BatchCommands, commands.len() as u64)?;
         limits.check(Limit::CommandBytes, command.approx_bytes())?;
@@ -496,7 +525,10 @@ fn apply<S: Store + ?Sized>(
         for (index, c) in commands.iter().enumerate() {
             let result = match c {
                 Command::Batch(_) => Err(Error::Rejected(Rejection::InvalidRequest { reason: "nested batch".into() })),
-                c => apply(overlay, next_seq, clock_ms, c, limits, staged),
+                c => {
+                    let to = Staging { next_seq: &mut *next_seq, clock_ms, limits, compressed, entries: &mut *entries };
+                    apply(overlay, c, to)
+                }
             };
             match result {
                 Ok(o) => outcomes.push(o),
@@ -513,12 +545,18 @@ fn apply<S: Store + ?Sized>(
         Decision::Write { session, event, content } => {
             let stream_seq = next_stream_seq(&*overlay, &session)?;
             let record = Record { seq: *next_seq, session, stream_seq, committed_at_ms: clock_ms, event };
-            let content = new_content(&*overlay, content)?;
-            let introduced: Vec<ContentId> = content.iter().map(|(id, _)| *id).collect();
+            let content: Vec<StoredObject> = new_content(&*overlay, content)?
+                .into_iter()
+                .map(|(id, canonical)| match compressed.get(&id) {
+                    Some(stored) => StoredObject { id, encoding: ENCODING_LZ4, bytes: stored.clone() },
+                    None => StoredObject::raw(id, canonical),
+                })
+                .collect();
+            let introduced: Vec<ContentId> = content.iter().map(|o| o.id).collect();
             evolve(overlay, &record, &introduced, ProjectionSet::all())?;
             *next_seq += 1;
             let outcome = outcome_of(&record);
-            staged.push(Entry { record, content });
+            entries.push(Entry { record, content });
             Ok(outcome)
         }
     }
@@ -590,7 +628,8 @@ fn import_txn(shared: &Shared, tip: &mut Tip, records: Vec<Record>, content: Vec
             })?;
         }
         stored_objects += introduced.len() as u64;
-        let ids: Vec<ContentId> = introduced.iter().map(|(id, _)| *id).collect();
+        introduced.sort_by_key(|o| o.id);
+        let ids: Vec<ContentId> = introduced.iter().map(|o| o.id).collect();
         evolve(&mut overlay, &record, &ids, ProjectionSet::all()).map_err(|e| match e {
             Error::Storage(s) => Error::Storage(s),
             other => import_error(seq, other.to_string()),
@@ -616,16 +655,16 @@ fn take_offered<S: Store + ?Sized>(
     store: &S,
     id: &ContentId,
     limits: &Limits,
-    taken: &mut Vec<(ContentId, Vec<u8>)>,
+    taken: &mut Vec<StoredObject>,
 ) -> Result<()> {
-    if taken.iter().any(|(t, _)| t == id) || store.get(Table::ContentIndex, &id.0)?.is_some() {
+    if taken.iter().any(|t| t.id == *id) || store.get(Table::ContentIndex, &id.0)?.is_some() {
         return Ok(());
     }
     let bytes = offered.get(id).ok_or_else(|| {
         Error::Rejected(Rejection::InvalidRequest { reason: format!("content {id} is neither offered nor stored") })
     })?;
     limits.check(Limit::ContentBytes, bytes.len() as u64)?;
-    taken.push((*id, bytes.clone()));
+    taken.push(StoredObject::encoded(*id, bytes));
     if let Ok(message) = annal_codec::decode_message(bytes, limits.content_bytes_max.saturating_add(1024)) {
         for a in &message.attachments {
             take_offered(offered, store, a, limits, taken)?;

@@ -163,3 +163,44 @@ fn compact_gives_back_what_a_rebuild_freed_and_changes_no_row() {
     assert_eq!(std::fs::metadata(&path).unwrap().len(), size);
     engine.close().unwrap();
 }
+
+/// Content compresses where it pays and reads back byte for byte either way; the ids
+/// are over the canonical bytes, so the same message has the same id in both files.
+#[test]
+fn compressed_and_raw_content_round_trip_with_the_same_ids() {
+    let mut ids = Vec::new();
+    let mut sizes = Vec::new();
+    for compress_content in [true, false] {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.redb");
+        let options = Options { compress_content, durability: Durability::Relaxed, ..Options::default() };
+        let engine = Engine::open_with(&path, options).unwrap();
+        let long = "the agent reads the file, runs the tests and writes the diff\n".repeat(200);
+        let created = engine
+            .create_session(CreateSession::new().message(Message::user(long.clone())).message(Message::user("hi")))
+            .unwrap();
+        let ctx = AppendContext {
+            session: created.session,
+            key: "notes".into(),
+            content: long.clone().into_bytes(),
+            source: "memory".into(),
+        };
+        engine.append_context(ctx).unwrap();
+        let page = engine.transcript(created.session, PageRequest::first(10)).unwrap();
+        assert_eq!(page.messages[0].message.body, long.as_bytes());
+        assert_eq!(page.messages[1].message.body, b"hi");
+        let entry = engine.context(created.session).unwrap().remove(0);
+        assert_eq!(engine.content(entry.content).unwrap().unwrap(), long.as_bytes());
+        ids.push((page.messages[0].content_id, entry.content, created.receipt.revision));
+        engine.close().unwrap();
+        let view = Reader::open(&path, Limits::default(), None).unwrap();
+        let stored: usize = {
+            let snapshot = view.snapshot().unwrap();
+            let table = snapshot.log().open_table(annal::tables::CONTENT).unwrap();
+            redb::ReadableTable::iter(&table).unwrap().map(|e| e.unwrap().1.value().len()).sum()
+        };
+        sizes.push(stored);
+    }
+    assert_eq!(ids[0], ids[1], "ids are over the canonical bytes");
+    assert!(sizes[0] * 5 < sizes[1], "compressed {} vs raw {}", sizes[0], sizes[1]);
+}

@@ -177,7 +177,8 @@ pub enum Finding {
         /// For an attachment, the message object that names it.
         message: Option<ContentId>,
     },
-    /// A content object's bytes do not hash to its id (or use an unknown encoding).
+    /// A content object's bytes, decompressed if they are stored compressed, do not hash to
+    /// its id (or it uses an unknown encoding).
     ContentHash {
         /// The first record referring to it, if any.
         seq: Option<u64>,
@@ -358,6 +359,7 @@ impl Finding {
             Finding::ContentHash { seq, row, encoding, .. } => {
                 let what = match encoding {
                     0 => "bytes do not hash to the id".to_string(),
+                    1 => "lz4 object does not decompress to bytes that hash to the id".to_string(),
                     e => format!("unknown encoding {e}"),
                 };
                 match seq {
@@ -752,12 +754,12 @@ fn scan_content(txn: &ReadTransaction, limits: &Limits) -> ContentScan {
                 }
             };
             let (id, encoding) = (entry.id, entry.encoding);
-            let canonical = entry.verify();
+            let canonical = entry.verify(limits.content_bytes_max.saturating_add(1024));
             if canonical.is_none() {
                 scan.bad.push((id, row, encoding));
             }
-            let message = match (encoding, decode_message(entry.stored, message_max)) {
-                (annal::codec::content::ENCODING_RAW, Ok(m)) => {
+            let message = match canonical.as_deref().map(|bytes| decode_message(bytes, message_max)) {
+                Some(Ok(m)) => {
                     if !m.attachments.is_empty() {
                         scan.attachments.entry((id, row)).or_insert(m.attachments);
                     }
@@ -1246,7 +1248,10 @@ impl<'a> Walk<'a> {
             Err(e) => return e.to_string(),
         };
         match annal::codec::content::find(bytes.value(), &id, self.limits.content_bytes_max) {
-            Ok(Some(entry)) => decode_message(entry.stored, limit).err().map_or_else(String::new, |e| e.to_string()),
+            Ok(Some(entry)) => match entry.canonical(limit) {
+                Ok(canonical) => decode_message(&canonical, limit).err().map_or_else(String::new, |e| e.to_string()),
+                Err(e) => e.to_string(),
+            },
             Ok(None) => "missing".into(),
             Err(e) => e.to_string(),
         }

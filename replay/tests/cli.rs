@@ -183,8 +183,9 @@ fn edit_content_rows<T>(db: &Path, f: impl FnOnce(&mut ContentRows) -> T) -> T {
         let mut rows = ContentRows::new();
         for entry in table.iter().unwrap() {
             let (k, v) = entry.unwrap();
+            // Canonical bytes: edited rows are written back with every object raw.
             let objects = annal::codec::content::entries(v.value(), u64::MAX)
-                .map(|e| e.map(|e| (e.id, e.stored.to_vec())).unwrap())
+                .map(|e| e.map(|e| (e.id, e.canonical(u64::MAX).unwrap().into_owned())).unwrap())
                 .collect();
             rows.insert(k.value(), objects);
         }
@@ -211,6 +212,58 @@ fn records(db: &Path) -> Vec<annal::Record> {
     let reader = Reader::open(db, Limits::default(), None).unwrap();
     let page = reader.events(annal::EventQuery { from_seq: 1, max_events: 10_000, max_bytes: 1 << 26 }).unwrap();
     page.events.into_iter().map(|e| e.record).collect()
+}
+
+/// A compressed object with one flipped byte in its stored (compressed) bytes is named at
+/// its id, and reading it fails closed.
+#[test]
+fn a_damaged_compressed_object_is_named_at_its_id() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = demo_db(&dir, 1);
+    let engine = Engine::open(&db).unwrap();
+    let session = sessions(&db)[0];
+    let long = "the agent reads the file, runs the tests and writes the diff\n".repeat(50);
+    let turn = CommitTurn::new(session, "long", Expected::Any).message(Message::assistant(long));
+    engine.commit_turn(turn).unwrap();
+    engine.close().unwrap();
+    let (row, damaged) = {
+        let database = redb::Database::open(&db).unwrap();
+        let txn = database.begin_write().unwrap();
+        let found = {
+            let mut table = txn.open_table(annal::tables::CONTENT).unwrap();
+            let mut found = None;
+            let rows: Vec<(u64, Vec<u8>)> =
+                table.iter().unwrap().map(|e| e.unwrap()).map(|(k, v)| (k.value(), v.value().to_vec())).collect();
+            'rows: for (seq, mut bytes) in rows {
+                let mut at = 0;
+                for entry in annal::codec::content::entries(&bytes.clone(), u64::MAX) {
+                    let entry = entry.unwrap();
+                    let header = annal::codec::content::ENTRY_HEADER_LEN;
+                    if entry.encoding == annal::codec::content::ENCODING_LZ4 {
+                        // Past the declared length: a byte of the lz4 block.
+                        bytes[at + header + 4 + entry.stored.len() / 2] ^= 0x5a;
+                        table.insert(seq, bytes.as_slice()).unwrap();
+                        found = Some((seq, entry.id));
+                        break 'rows;
+                    }
+                    at += header + entry.stored.len();
+                }
+            }
+            found.expect("the demo stores compressible objects compressed")
+        };
+        txn.commit().unwrap();
+        found
+    };
+    let (rc, report) = verify_json(&db, &[]);
+    assert_eq!(rc, 1, "{report}");
+    let f = findings(&report);
+    let location = format!("content {}", damaged.to_hex());
+    assert!(
+        f.iter().any(|(k, l, d)| k == "content_hash" && *l == location && d.contains(&format!("content row {row}"))),
+        "{f:?}"
+    );
+    let reader = Reader::open(&db, Limits::default(), None).unwrap();
+    assert!(matches!(reader.content(damaged), Err(annal::Error::Corrupt { .. })), "reads fail closed");
 }
 
 #[test]
