@@ -41,6 +41,13 @@ struct Counters {
     conflicts: AtomicU64,
 }
 
+/// Resident set size of this process now, in KiB.
+fn rss_kib() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").expect("/proc/self/status");
+    let line = status.lines().find(|l| l.starts_with("VmRSS:")).expect("VmRSS line");
+    line.split_whitespace().nth(1).and_then(|v| v.parse().ok()).expect("VmRSS value")
+}
+
 /// Peak resident set size of this process, in KiB.
 fn peak_rss_kib() -> u64 {
     let status = std::fs::read_to_string("/proc/self/status").expect("/proc/self/status");
@@ -167,6 +174,18 @@ fn soak_64_threads_10k_sessions() {
     let counters = Arc::new(Counters::default());
     let started = Instant::now();
     let until = started + Duration::from_secs(secs);
+    // Every second: the resident set and the delta's size, which must stay under its bound.
+    let monitor = {
+        let engine = engine.clone();
+        std::thread::spawn(move || {
+            let mut samples = Vec::new();
+            while Instant::now() < until {
+                std::thread::sleep(Duration::from_secs(1));
+                samples.push((rss_kib(), engine.stats().delta_bytes));
+            }
+            samples
+        })
+    };
     let handles: Vec<_> = (0..THREADS)
         .map(|t| {
             let (engine, sessions, counters) = (engine.clone(), sessions.clone(), counters.clone());
@@ -175,6 +194,15 @@ fn soak_64_threads_10k_sessions() {
         .collect();
     let mut latencies: Vec<u32> = handles.into_iter().flat_map(|h| h.join().expect("worker")).collect();
     let elapsed = started.elapsed();
+    let samples = monitor.join().expect("monitor");
+    let bound = Options::default().checkpoint.delta_bytes_max;
+    let delta_max = samples.iter().map(|s| s.1).max().unwrap_or(0);
+    assert!(delta_max <= bound + (16 << 20), "the delta reached {delta_max} bytes, bound {bound}");
+    let rss = |at: usize| samples.get(at.min(samples.len().saturating_sub(1))).map_or(0, |s| s.0);
+    let (third, end) = (rss(samples.len() / 3), rss(samples.len()));
+    // Flat: after the first third (caches warm, delta at its working size), the resident
+    // set grows by at most half.
+    assert!(end <= third + third / 2 + (64 << 10), "RSS grew from {third} KiB to {end} KiB");
     latencies.sort_unstable();
 
     let turns = counters.turns.load(Ordering::Relaxed);
@@ -229,4 +257,11 @@ fn soak_64_threads_10k_sessions() {
         file_bytes >> 20
     );
     println!("soak: peak RSS (VmHWM) {} MiB", peak_rss_kib() >> 10);
+    let quarters: Vec<String> = (1..=4).map(|q| format!("{} MiB", rss(samples.len() * q / 4) >> 10)).collect();
+    println!(
+        "soak: RSS at each quarter of the run {}; delta at most {} MiB (bound {} MiB)",
+        quarters.join(", "),
+        delta_max >> 20,
+        bound >> 20
+    );
 }
