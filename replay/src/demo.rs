@@ -108,7 +108,7 @@ impl DemoReport {
              \x20          turns with usage, context appends applied by later turns, tool calls and results\n\
              \x20          (one left unsettled, one context pending), compactions, restores, forks, labels, archive, revive\n\
              durable    {} log transactions ({:.1} commits each), {} appended per commit (records and new content);\n\
-             \x20          {} written to disk per commit, both files and {} checkpoints ({} projection rows) included\n\
+             \x20          {} written to disk per commit, both files and {} checkpoint{} ({} projection rows) included\n\
              rebuild    {} projections refolded: {} events, {} sessions in {:.3} s ({:.0} events/s)\n\
              verify     --deep {verdict}: {} records, chain, content ids, revisions{tables}\n\
              storage    {} file; {} content objects stored once ({}), referenced {} times ({}):\n\
@@ -128,6 +128,7 @@ impl DemoReport {
             human_bytes(self.engine.appended_bytes / self.engine.events.max(1)),
             self.disk_bytes.map_or("(unknown)".to_string(), |b| human_bytes(b / self.engine.events.max(1))),
             self.engine.checkpoints,
+            if self.engine.checkpoints == 1 { "" } else { "s" },
             self.engine.checkpoint_rows,
             self.rebuild.projections.len(),
             self.rebuild.events,
