@@ -3,10 +3,10 @@
 
 use annal::codec::{content_id, decode_record, encode_record, turn_commit_hash, LogChain, TurnCommitted};
 use annal::{
-    decide, evolve, new_session_id, AppendContext, Command, CommitTurn, CreateSession, Decision, Durability, Engine,
-    Event, Expected, Limits, MemStore, Message, Options, ProjectionSet, Record, RecordToolCall, RecordToolResult,
-    Recovery, RevisionId, Rewrite, RewriteReason, SessionHead, SessionId, SetLabels, StoreExt, Table, ToolOutcome,
-    Usage,
+    decide, evolve, new_session_id, AppendContext, Command, CommitTurn, ContentId, CreateSession, Decision, Durability,
+    Engine, Event, Expected, Limits, MemStore, Message, Options, ProjectionSet, Record, RecordToolCall,
+    RecordToolResult, Recovery, RevisionId, Rewrite, RewriteReason, SessionHead, SessionId, SetLabels, Store, StoreExt,
+    Table, ToolOutcome, Usage,
 };
 use criterion::{black_box, criterion_group, criterion_main, BatchSize, BenchmarkId, Criterion, Throughput};
 use std::collections::{BTreeMap, BTreeSet};
@@ -89,25 +89,35 @@ impl Folded {
         Folded { store: MemStore::default(), next_seq: 1, limits: Limits::default() }
     }
 
-    /// Decides `command` and sequences its event, without folding it.
-    fn record(&self, command: &Command) -> Record {
-        let Decision::Write { session, event, .. } = decide(&self.store, command, &self.limits).expect("decide") else {
+    /// Decides `command` and sequences its event, without folding it. Returns the record
+    /// and the content objects it introduces: those of the decision that the content-id
+    /// index does not hold yet, as the writer computes them.
+    fn record(&self, command: &Command) -> (Record, Vec<ContentId>) {
+        let Decision::Write { session, event, content } = decide(&self.store, command, &self.limits).expect("decide")
+        else {
             panic!("command {command:?} writes nothing");
         };
+        let mut introduced = Vec::with_capacity(content.len());
+        for (id, _) in content {
+            if self.store.get(Table::ContentIndex, &id.0).expect("content index").is_none() {
+                introduced.push(id);
+            }
+        }
         let head: Option<SessionHead> = self.store.row(Table::Heads, session.as_bytes()).expect("head");
-        Record {
+        let record = Record {
             seq: self.next_seq,
             session,
             stream_seq: head.map_or(0, |h| h.stream_seq) + 1,
             committed_at_ms: 1_750_000_000_000 + self.next_seq,
             event,
-        }
+        };
+        (record, introduced)
     }
 
     /// Decides and folds `command`; returns its record.
     fn apply(&mut self, command: Command) -> Record {
-        let record = self.record(&command);
-        evolve(&mut self.store, &record, ProjectionSet::all()).expect("evolve");
+        let (record, introduced) = self.record(&command);
+        evolve(&mut self.store, &record, &introduced, ProjectionSet::all()).expect("evolve");
         self.next_seq += 1;
         record
     }
@@ -223,12 +233,12 @@ fn evolve_per_kind(c: &mut Criterion) {
     let mut group = c.benchmark_group("evolve");
     group.throughput(Throughput::Elements(1));
     for (kind, command) in commands(&f, session, archived) {
-        let record = f.record(&command);
+        let (record, introduced) = f.record(&command);
         assert_eq!(record.event.kind().name(), kind);
         group.bench_with_input(BenchmarkId::from_parameter(kind), &record, |b, record| {
             b.iter_batched_ref(
                 || f.store.clone(),
-                |store| evolve(store, record, ProjectionSet::all()).expect("evolve"),
+                |store| evolve(store, record, &introduced, ProjectionSet::all()).expect("evolve"),
                 BatchSize::SmallInput,
             )
         });

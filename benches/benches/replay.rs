@@ -7,20 +7,24 @@
 //!
 //! Beside them, the floors of the work each pass must do, in the same run:
 //! - the log read with every record's chain hash checked (part of verify's work);
-//! - the content table read with every object hashed (verify must check that every
-//!   object hashes to its id);
-//! - the rebuild's output alone: every projection row the rebuild wrote, copied in key
-//!   order into an empty redb file in one durable transaction, with no fold at all (the
-//!   best order redb can be given).
+//! - the content rows read, every entry parsed, decoded (decompressed if it is stored
+//!   compressed) and hashed (verify must check that every object hashes to its id);
+//! - the rebuild's output alone: every projection row the rebuild wrote, read through a
+//!   view and copied in physical key order into the projection table of an empty redb
+//!   file in one durable transaction, with no fold at all (the best order redb can be
+//!   given; the projections file a rebuild writes has the same layout).
 //!
 //! Verify must decode and hash every record and hash every content object; with two
 //! cores its floor in wall time is (read-and-decode + chain hashing + content) / 2 before
 //! any fold. The rebuild's floor is read-and-decode plus writing its rows.
 //!
+//! The database is two files: the log and, beside it, the projections file
+//! ([`annal::projections_path`]); both sizes are printed.
+//!
 //! `cargo bench -p annal-benches --bench replay`
 
 use annal::codec::{decode_record, verify_chain, LogChain};
-use annal::tables::{CONTENT, LOG, PROJECTIONS};
+use annal::tables::{physical_key, projection_rows, CONTENT, LOG, PROJECTIONS};
 use annal::*;
 use redb::ReadableTable;
 use std::path::Path;
@@ -111,16 +115,21 @@ fn build(path: &Path, events: u64) -> Duration {
     started.elapsed()
 }
 
-/// Runs `f` on one read snapshot of `path`, opened the way the offline tools open it.
-fn with_snapshot<T>(path: &Path, f: impl FnOnce(&redb::ReadTransaction) -> T) -> T {
+/// Runs `f` on one view of `path`, opened the way the offline tools open it.
+fn with_view<T>(path: &Path, f: impl FnOnce(&View) -> T) -> T {
     let reader = Reader::open(path, Limits::default(), None).expect("reader");
-    let txn = reader.snapshot().expect("snapshot");
-    f(&txn)
+    let view = reader.snapshot().expect("snapshot");
+    f(&view)
+}
+
+/// Runs `f` on the raw snapshot of the log file of one view of `path`.
+fn with_log<T>(path: &Path, f: impl FnOnce(&redb::ReadTransaction) -> T) -> T {
+    with_view(path, |view| f(view.log()))
 }
 
 /// Reads and decodes every record: the floor every replay pays.
 fn read_decode(path: &Path) -> (u64, u64) {
-    with_snapshot(path, |txn| {
+    with_log(path, |txn| {
         let log = txn.open_table(LOG).expect("log");
         let (mut events, mut bytes) = (0u64, 0u64);
         for entry in log.iter().expect("iter") {
@@ -137,7 +146,7 @@ fn read_decode(path: &Path) -> (u64, u64) {
 /// Reads every record, and with `chain` checks its chain hash (one part of verify's
 /// work); without, only touches its first byte, so the difference is the hashing.
 fn read_chain(path: &Path, chain: bool) -> u64 {
-    with_snapshot(path, |txn| {
+    with_log(path, |txn| {
         let log = txn.open_table(LOG).expect("log");
         let plain = LogChain::plain();
         let mut prev = plain.genesis();
@@ -155,33 +164,42 @@ fn read_chain(path: &Path, chain: bool) -> u64 {
     })
 }
 
-/// Reads every content object and hashes it: another part of verify's work.
+/// Reads every content row, parses its entries, decodes every object (decompressing the
+/// compressed ones) and hashes it against its id: another part of verify's work.
+/// Returns (objects, canonical bytes of the objects).
 fn read_hash_content(path: &Path) -> (u64, u64) {
-    with_snapshot(path, |txn| {
+    let max = Limits::default().content_bytes_max;
+    with_log(path, |txn| {
         let content = txn.open_table(CONTENT).expect("content");
         let (mut objects, mut bytes) = (0u64, 0u64);
-        for entry in content.iter().expect("iter") {
-            let (k, v) = entry.expect("row");
-            assert_eq!(annal::codec::content_id(v.value()).0, k.value(), "content hashes to its id");
-            objects += 1;
-            bytes += v.value().len() as u64;
+        for row in content.iter().expect("iter") {
+            let (seq, row) = row.expect("row");
+            for entry in annal::codec::content::entries(row.value(), max) {
+                let entry = entry.unwrap_or_else(|e| panic!("content row {}: {e}", seq.value()));
+                let canonical = entry.verify(max);
+                let canonical = canonical.unwrap_or_else(|| panic!("content in row {} hashes to its id", seq.value()));
+                objects += 1;
+                bytes += canonical.len() as u64;
+            }
         }
         (objects, bytes)
     })
 }
 
-/// Copies every projection row of `path`, in key order, into an empty redb file in one
-/// durable transaction: the cost of writing the rebuild's output with no fold. Returns
-/// (rows, bytes, time spent writing and committing).
+/// Copies every projection row of `path`, read through a view and sorted in physical key
+/// order, into an empty redb file in one durable transaction: the cost of writing the
+/// rebuild's output with no fold. Returns (rows, bytes, time spent writing and
+/// committing).
 fn write_rows_floor(path: &Path, scratch: &Path) -> (u64, u64, Duration) {
-    let rows: Vec<(Vec<u8>, Vec<u8>)> = with_snapshot(path, |txn| {
-        let table = txn.open_table(PROJECTIONS).expect("projections");
-        table
-            .iter()
-            .expect("iter")
-            .map(|e| e.map(|(k, v)| (k.value().to_vec(), v.value().to_vec())).expect("row"))
-            .collect()
+    let mut rows: Vec<(Vec<u8>, Vec<u8>)> = with_view(path, |view| {
+        let mut rows = Vec::new();
+        for t in Table::ALL {
+            let table = projection_rows(view, t).expect("projection rows");
+            rows.extend(table.into_iter().map(|(k, v)| (physical_key(t, &k), v)));
+        }
+        rows
     });
+    rows.sort_unstable();
     let bytes = rows.iter().map(|(k, v)| (k.len() + v.len()) as u64).sum();
     let db = redb::Database::create(scratch).expect("scratch database");
     let started = Instant::now();
@@ -228,12 +246,12 @@ fn main() {
         let built = build(&path, events);
         println!("built {events} events in {:.1} s", built.as_secs_f64());
     }
-    let size = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
-    println!("database: {:.0} MiB", size as f64 / (1 << 20) as f64);
+    let mib = |p: &Path| std::fs::metadata(p).map_or(0.0, |m| m.len() as f64 / (1 << 20) as f64);
+    println!("database: log {:.0} MiB, projections {:.0} MiB", mib(&path), mib(&projections_path(&path)));
 
     let repeats = std::env::var("ANNAL_REPLAY_REPEATS").ok().and_then(|v| v.parse().ok()).unwrap_or(3usize).max(1);
     let (mut reads, mut verifies) = (Vec::new(), Vec::new());
-    let (mut n, mut bytes) = (0, 0);
+    let (mut n, mut bytes, mut verified_objects) = (0, 0, 0);
     for _ in 0..repeats {
         let ((read_events, read_bytes), t) = timed(|| read_decode(&path));
         assert_eq!(read_events, events, "the log holds every event");
@@ -243,6 +261,7 @@ fn main() {
             annal_replay::verify::verify(&path, &annal_replay::verify::VerifyOptions::default()).expect("verify")
         });
         assert!(report.findings.is_empty(), "verify is clean");
+        verified_objects = report.content_objects;
         verifies.push(t);
     }
     let (t_read, t_verify) = (median(reads), median(verifies));
@@ -250,6 +269,7 @@ fn main() {
     let (raw, t_raw) = timed(|| read_chain(&path, false));
     assert_eq!((chained, raw), (events, events));
     let ((objects, content_bytes), t_content) = timed(|| read_hash_content(&path));
+    assert_eq!(objects, verified_objects, "the floor hashes every object verify checks");
     let opts = annal_replay::rebuild::RebuildOptions { projections: Vec::new(), key: None, progress: false };
     let (rebuilt, t_rebuild) = timed(|| annal_replay::rebuild::rebuild(&path, &opts).expect("rebuild"));
     assert_eq!(rebuilt.events, events);

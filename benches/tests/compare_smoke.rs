@@ -18,6 +18,14 @@ fn tiny_compare_writes_every_store_and_metric() {
     let results = results.as_array().unwrap();
     for store in StoreKind::ALL {
         for metric in METRICS {
+            // Only annal's backend counts its own bytes, and recovery is timed for the
+            // default options alone.
+            let annal_only = ["written_bytes_per_commit"].contains(&metric);
+            if (annal_only && !store.name().starts_with("annal"))
+                || (metric.starts_with("recovery") && store != StoreKind::Annal)
+            {
+                continue;
+            }
             let found = results.iter().filter(|r| r["store"] == store.name() && r["metric"] == metric).count();
             assert!(found > 0, "no {metric} for {}", store.name());
         }

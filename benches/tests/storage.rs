@@ -2,19 +2,32 @@
 //!
 //! One session of 400 turns (a user message of about 300 B and an assistant message of
 //! about 1 KiB, deterministic pseudo-random text) is committed with and without
-//! rewrites. The bytes annal stores are the keys and values of the `log` and `content`
-//! tables, read with a raw redb read of the closed file. What the rewrites add is what
-//! keeping rewrite history costs. A naive audit trail would keep one record per rewrite
-//! holding the full bodies of the transcript before and after it; annal stores only the
-//! splice and the new content, so its history must cost at most 1/20 of the naive one.
+//! rewrites. The bytes annal stores are the keys and values of the log file's two
+//! authoritative tables, read with a raw redb read of the closed file: `log` (seq →
+//! record) and the content rows (seq → the objects that record introduced, each behind
+//! a 37-byte entry header, its bytes compressed when that pays). The projections file
+//! beside it is disposable (a rebuild recreates it from the log), so it is reported but
+//! not counted. What the rewrites add is what keeping rewrite history costs. A naive
+//! audit trail would keep one record per rewrite holding the full bodies of the
+//! transcript before and after it; annal stores only the splice and the new content, so
+//! its history must cost at most 1/20 of the naive one.
+//!
+//! The test also checks the layout those figures rest on: the log file holds only the
+//! log, the content rows and meta; every content row parses and every object in it
+//! decodes and hashes to its id; each distinct object is stored exactly once (a rewrite
+//! stores only the replacement objects not stored before, so eighty redactions store one
+//! `[redacted]` object per role); and the content-id index, a projection, points every
+//! stored object at the row that holds it.
 //!
 //! Run with `--nocapture` to see the figures.
 
-use annal::tables::{CONTENT, LOG};
+use annal::tables::{projection_rows, CONTENT, LOG, META};
 use annal::{
-    CommitTurn, CreateSession, Durability, Engine, Expected, Message, Options, RevisionId, Rewrite, RewriteReason,
+    CommitTurn, ContentId, CreateSession, Durability, Engine, Expected, Limits, Message, Options, Reader, RevisionId,
+    Rewrite, RewriteReason, Role, Table,
 };
-use redb::{ReadableDatabase, ReadableTable, TableDefinition};
+use redb::{ReadableDatabase, ReadableTable, TableDefinition, TableHandle};
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
 /// Turns in the session.
@@ -120,7 +133,12 @@ struct Measured {
     rewrites: u64,
     log_bytes: u64,
     content_bytes: u64,
+    /// Content objects stored (entries across every content row).
+    content_objects: u64,
+    /// Distinct replacement messages the rewrites wrote (role, type, body).
+    distinct_replacements: u64,
     file_bytes: u64,
+    projections_file_bytes: u64,
     naive_audit_bytes: u64,
 }
 
@@ -142,6 +160,8 @@ struct Session<'a> {
     transcript: Vec<Message>,
     rewrites: u64,
     naive_audit_bytes: u64,
+    /// Every replacement message written, as (role, content type, body).
+    replacements: BTreeSet<(Role, String, Vec<u8>)>,
 }
 
 impl Session<'_> {
@@ -163,6 +183,7 @@ impl Session<'_> {
             })
             .expect("rewrite");
         self.revision = receipt.revision;
+        self.replacements.insert((replacement.role, replacement.content_type.clone(), replacement.body.clone()));
         self.transcript.splice(start..end, [replacement]);
         self.naive_audit_bytes += before + body_bytes(&self.transcript);
         self.rewrites += 1;
@@ -200,6 +221,7 @@ fn run(path: &Path, rewrites: Rewrites) -> Measured {
         transcript: Vec::new(),
         rewrites: 0,
         naive_audit_bytes: 0,
+        replacements: BTreeSet::new(),
     };
     // Separate generators: the turns are the same bytes whatever rewrites run.
     let mut turn_rng = Rng(0x5eed_0001);
@@ -224,17 +246,69 @@ fn run(path: &Path, rewrites: Rewrites) -> Measured {
     assert_eq!(head.message_count, session.transcript.len() as u64, "the engine's head follows the host's mirror");
     assert_eq!(head.revision, session.revision);
     let (rewrite_count, naive_audit_bytes) = (session.rewrites, session.naive_audit_bytes);
+    let distinct_replacements = session.replacements.len() as u64;
     engine.close().expect("close");
 
-    let db = redb::Database::open(path).expect("reopen raw");
-    let txn = db.begin_read().expect("read");
-    Measured {
-        rewrites: rewrite_count,
-        log_bytes: table_bytes(&txn, LOG),
-        content_bytes: table_bytes(&txn, CONTENT),
-        file_bytes: std::fs::metadata(path).expect("file size").len(),
-        naive_audit_bytes,
+    let (measured, objects) = {
+        let db = redb::Database::open(path).expect("reopen raw");
+        let txn = db.begin_read().expect("read");
+        let tables: BTreeSet<String> = txn.list_tables().expect("list tables").map(|t| t.name().to_string()).collect();
+        let expected: BTreeSet<String> = [LOG.name(), CONTENT.name(), META.name()].map(String::from).into();
+        assert_eq!(tables, expected, "the log file holds only the log, the content rows and meta");
+        let objects = content_objects(&txn);
+        let measured = Measured {
+            rewrites: rewrite_count,
+            log_bytes: table_bytes(&txn, LOG),
+            content_bytes: table_bytes(&txn, CONTENT),
+            content_objects: objects.len() as u64,
+            distinct_replacements,
+            file_bytes: std::fs::metadata(path).expect("file size").len(),
+            projections_file_bytes: std::fs::metadata(annal::projections_path(path))
+                .expect("projections file size")
+                .len(),
+            naive_audit_bytes,
+        };
+        (measured, objects)
+    };
+    check_content_index(path, &objects);
+    measured
+}
+
+/// The content-id index (a projection, read through a reader of the closed database) has
+/// one row per stored object, pointing at the content row that holds it.
+fn check_content_index(path: &Path, objects: &BTreeMap<ContentId, u64>) {
+    let reader = Reader::open(path, Limits::default(), None).expect("open reader");
+    let view = reader.snapshot().expect("view");
+    let index: BTreeMap<ContentId, u64> = projection_rows(&view, Table::ContentIndex)
+        .expect("content index rows")
+        .into_iter()
+        .map(|(k, v)| {
+            let id = ContentId(k.try_into().expect("content index key is an id"));
+            (id, u64::from_be_bytes(v.try_into().expect("content index value is a seq")))
+        })
+        .collect();
+    assert_eq!(&index, objects, "the content-id index points every stored object at its row");
+}
+
+/// Every object in the content rows, by id, with the seq of the row that holds it. Every
+/// row must parse, every object must hash to its id, and no id may be stored twice.
+fn content_objects(txn: &redb::ReadTransaction) -> BTreeMap<ContentId, u64> {
+    let table = txn.open_table(CONTENT).expect("open content rows");
+    let mut objects = BTreeMap::new();
+    for row in table.iter().expect("iterate") {
+        let (seq, row) = row.expect("row");
+        let seq = seq.value();
+        let mut entries = 0;
+        for entry in annal::codec::content::entries(row.value(), Limits::default().content_bytes_max) {
+            let entry = entry.unwrap_or_else(|e| panic!("content row {seq}: {e}"));
+            let canonical = entry.verify(Limits::default().content_bytes_max);
+            assert!(canonical.is_some(), "content row {seq}: object {} decodes and hashes to its id", entry.id);
+            assert!(objects.insert(entry.id, seq).is_none(), "object {} is stored twice", entry.id);
+            entries += 1;
+        }
+        assert!(entries > 0, "content row {seq} is empty");
     }
+    objects
 }
 
 /// Bytes of every key and value in a table.
@@ -256,19 +330,28 @@ fn rewrite_history_costs_a_small_fraction_of_a_naive_audit_trail() {
     let dir = tempfile::tempdir().expect("tempdir");
     let baseline = run(&dir.path().join("none.redb"), Rewrites::NONE);
     assert_eq!(baseline.rewrites, 0);
+    assert_eq!(baseline.content_objects, 2 * TURNS, "every turn stores its two messages, once");
     println!(
-        "{:<42} | {:>8} | {:>12} | {:>12} | {:>12} | {:>12} | {:>10}",
-        "workload (400 turns)", "rewrites", "log+content", "history", "naive audit", "naive/annal", "file"
+        "{:<42} | {:>8} | {:>12} | {:>12} | {:>12} | {:>12} | {:>10} | {:>10}",
+        "workload (400 turns)",
+        "rewrites",
+        "log+content",
+        "history",
+        "naive audit",
+        "naive/annal",
+        "log file",
+        "proj file"
     );
     println!(
-        "{:<42} | {:>8} | {:>12} | {:>12} | {:>12} | {:>12} | {:>10}",
+        "{:<42} | {:>8} | {:>12} | {:>12} | {:>12} | {:>12} | {:>10} | {:>10}",
         Rewrites::NONE.name(),
         0,
         baseline.stored_bytes(),
         0,
         0,
         "-",
-        baseline.file_bytes
+        baseline.file_bytes,
+        baseline.projections_file_bytes
     );
     let variants = [
         Rewrites { compaction: true, redaction: false },
@@ -278,20 +361,32 @@ fn rewrite_history_costs_a_small_fraction_of_a_naive_audit_trail() {
     for (i, rewrites) in variants.into_iter().enumerate() {
         let m = run(&dir.path().join(format!("variant{i}.redb")), rewrites);
         assert!(m.rewrites > 0);
+        assert_eq!(
+            m.content_objects,
+            baseline.content_objects + m.distinct_replacements,
+            "{}: the rewrites store each distinct replacement once, and nothing else",
+            rewrites.name()
+        );
         let history = m.stored_bytes().checked_sub(baseline.stored_bytes()).expect("rewrites never shrink the log");
         println!(
-            "{:<42} | {:>8} | {:>12} | {:>12} | {:>12} | {:>11.1}x | {:>10}",
+            "{:<42} | {:>8} | {:>12} | {:>12} | {:>12} | {:>11.1}x | {:>10} | {:>10}",
             rewrites.name(),
             m.rewrites,
             m.stored_bytes(),
             history,
             m.naive_audit_bytes,
             m.naive_audit_bytes as f64 / history.max(1) as f64,
-            m.file_bytes
+            m.file_bytes,
+            m.projections_file_bytes
         );
         println!(
-            "    log {} B (baseline {} B), content {} B (baseline {} B)",
-            m.log_bytes, baseline.log_bytes, m.content_bytes, baseline.content_bytes
+            "    log {} B (baseline {} B), content {} B in {} objects (baseline {} B in {})",
+            m.log_bytes,
+            baseline.log_bytes,
+            m.content_bytes,
+            m.content_objects,
+            baseline.content_bytes,
+            baseline.content_objects
         );
         assert!(
             history * NAIVE_OVER_ANNAL_MIN <= m.naive_audit_bytes,

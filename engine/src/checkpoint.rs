@@ -310,8 +310,17 @@ pub(crate) fn read_only_delta(
     limits: &Limits,
 ) -> Result<Delta> {
     let (log_txn, tip) = crate::log::read_tip(&*log, chain)?;
-    let pinned = proj.begin_read()?;
-    let cursors = read_cursors(&pinned, &log_txn, chain, &tip)?;
+    // A projections file that cannot be read is treated as absent: fold from nothing.
+    let pinned = proj.begin_read().ok();
+    let cursors = match &pinned {
+        Some(txn) => crate::error::fail_closed("read projections", || read_cursors(txn, &log_txn, chain, &tip))
+            .unwrap_or(Cursors::all(0)),
+        None => Cursors::all(0),
+    };
+    let pinned = match pinned {
+        Some(txn) => txn,
+        None => fallback.begin_read()?,
+    };
     let (pinned, base) = if cursors.min() > 0 && cursors.behind(cursors.min() + 1) == ProjectionSet::all() {
         (pinned, cursors.min())
     } else {

@@ -230,7 +230,7 @@ impl Engine {
         let path = path.as_ref();
         refuse_unreadable_format(path, &options)?;
         let log = open_file(path, &options)?;
-        let projections = open_file(&projections_path(path), &options)?;
+        let projections = open_projections(&projections_path(path), &options)?;
         fail_closed("open", || Engine::start(log, projections, options))
     }
 
@@ -612,6 +612,38 @@ fn open_file(path: &Path, options: &Options) -> Result<Database> {
             b.set_check_integrity_on_open(true);
             Ok(b.create(path)?)
         }),
+        Err(e) => Err(e),
+    }
+}
+
+/// Opens the projections file, or, if it is damaged (it does not open, or its metadata
+/// does not read), deletes it and starts a new one: it is only a cache of folds of the
+/// log, which the open then folds again. Called with the log file already open for
+/// writing, so no other writer can hold the projections file (a read-only opener that
+/// has it open keeps reading its unlinked copy).
+fn open_projections(path: &Path, options: &Options) -> Result<Database> {
+    let readable = |db: &Database| -> Result<()> {
+        fail_closed("open projections", || {
+            let txn = db.begin_read()?;
+            if let Ok(meta) = txn.open_table(crate::tables::META) {
+                for key in [crate::tables::meta_keys::FORMAT, crate::tables::meta_keys::CHECKPOINT] {
+                    meta.get(key)?;
+                }
+            }
+            Ok(())
+        })
+    };
+    match open_file(path, options) {
+        Ok(db) if readable(&db).is_ok() => Ok(db),
+        Ok(db) => {
+            drop(Db::new(db));
+            std::fs::remove_file(path)?;
+            open_file(path, options)
+        }
+        Err(Error::Corrupt { .. }) | Err(Error::Storage(_)) if path.exists() => {
+            std::fs::remove_file(path)?;
+            open_file(path, options)
+        }
         Err(e) => Err(e),
     }
 }

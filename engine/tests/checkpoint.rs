@@ -276,3 +276,27 @@ fn a_read_only_opener_sees_commits_past_the_checkpoint() {
     assert_eq!(reader.projection_digests().unwrap(), engine.projection_digests().unwrap());
     engine.close().unwrap();
 }
+
+/// A damaged projections file is a cache miss, not a failure: the open replaces it and
+/// folds the log again.
+#[test]
+fn a_damaged_projections_file_is_replaced_at_open() {
+    let db = Db::new();
+    let engine = db.open();
+    let (s, rev) = create(&engine, &[Message::system("sys")]);
+    commit_turns(&engine, s, "t", 10, rev);
+    let live = engine.projection_digests().unwrap();
+    engine.close().unwrap();
+    let path = projections_path(&db.path);
+    let pristine = std::fs::read(&path).unwrap();
+    for at in [0, 1, 64, 4096, 4100, pristine.len() / 2, pristine.len() - 1] {
+        let mut bytes = pristine.clone();
+        for b in bytes.iter_mut().skip(at).take(64) {
+            *b ^= 0xa5;
+        }
+        std::fs::write(&path, &bytes).unwrap();
+        let engine = db.open();
+        assert_eq!(engine.projection_digests().unwrap(), live, "damage at {at}");
+        engine.close().unwrap();
+    }
+}

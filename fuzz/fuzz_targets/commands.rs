@@ -1,5 +1,6 @@
-//! Arbitrary command sequences against a fresh in-memory engine (relaxed durability,
-//! small limits), with ids, sizes and indexes that include the absurd. No reference
+//! Arbitrary command sequences against a fresh engine whose log and projections files
+//! are two in-memory backends (relaxed durability, small limits), with ids, sizes and
+//! indexes that include the absurd, and explicit checkpoints between them. No reference
 //! model is needed for the invariants checked:
 //!
 //! - an accepted command that writes moves the tip densely by the events it wrote, and
@@ -7,8 +8,13 @@
 //! - an accepted command that writes nothing, and every rejection, leave the tip and the
 //!   projection digests unchanged;
 //! - no command fails with anything but a typed rejection;
+//! - a checkpoint (the delta written into the projections file) succeeds and changes
+//!   neither the tip nor the digests;
 //! - every query on every session answers or is a typed rejection;
-//! - after the sequence, `rebuild(ProjectionSet::all())` reproduces the digests.
+//! - after the sequence, the engine closes (checkpointing the whole delta); reopened on
+//!   the same two backends, it has nothing to fold and the same tip and digests;
+//! - `rebuild(ProjectionSet::all())` (a fold of the whole log into emptied projections)
+//!   then reproduces the digests.
 
 #![no_main]
 
@@ -19,6 +25,9 @@ use annal::{
 };
 use arbitrary::Arbitrary;
 use libfuzzer_sys::fuzz_target;
+use redb::backends::InMemoryBackend;
+use redb::StorageBackend;
+use std::sync::Arc;
 
 /// Sessions the commands address; most ids come from this pool so that commands meet.
 const POOL: usize = 4;
@@ -166,6 +175,8 @@ enum Op {
         remove: Vec<Text>,
     },
     Batch(Vec<Op>),
+    /// Not a command: `Engine::checkpoint` (inside a batch, an empty nested batch).
+    Checkpoint,
 }
 
 const WORDS: [&str; 8] = ["a", "k", "op-1", "op-2", "turn-1", "turn-2", "model", ""];
@@ -350,7 +361,7 @@ impl Ctx {
             Op::Batch(ops) if depth < 2 => {
                 Command::Batch(ops.iter().take(8).map(|o| self.command(o, depth + 1)).collect())
             }
-            Op::Batch(_) => Command::Batch(Vec::new()),
+            Op::Batch(_) | Op::Checkpoint => Command::Batch(Vec::new()),
         }
     }
 }
@@ -429,19 +440,60 @@ fn query_everything(engine: &Engine, sessions: &[SessionId]) {
     }
 }
 
+/// An in-memory file that outlives the engine that opened it, so the engine can be
+/// reopened on it.
+#[derive(Clone, Debug, Default)]
+struct Shared(Arc<InMemoryBackend>);
+
+impl StorageBackend for Shared {
+    fn len(&self) -> Result<u64, std::io::Error> {
+        self.0.len()
+    }
+    fn read(&self, offset: u64, out: &mut [u8]) -> Result<(), std::io::Error> {
+        self.0.read(offset, out)
+    }
+    fn set_len(&self, len: u64) -> Result<(), std::io::Error> {
+        self.0.set_len(len)
+    }
+    fn sync_data(&self) -> Result<(), std::io::Error> {
+        self.0.sync_data()
+    }
+    fn write(&self, offset: u64, data: &[u8]) -> Result<(), std::io::Error> {
+        self.0.write(offset, data)
+    }
+}
+
+fn options() -> Options {
+    Options { limits: limits(), durability: Durability::Relaxed, cache_bytes: 1 << 20, ..Options::default() }
+}
+
+/// Reopens the engine on `log` and `projections`, and checks that it reads the same tip
+/// and projections as before it closed.
+fn reopen(log: &Shared, projections: &Shared, tip: u64, digests: &[annal::TableDigest]) -> Engine {
+    let engine = Engine::open_with_backends(log.clone(), projections.clone(), options()).expect("reopen");
+    assert_eq!(engine.tip().expect("tip").0, tip, "reopened: the same tip");
+    assert_eq!(engine.projection_digests().expect("digests"), digests, "reopened: the same projections");
+    engine
+}
+
 fuzz_target!(|ops: Vec<Op>| {
-    let options =
-        Options { limits: limits(), durability: Durability::Relaxed, cache_bytes: 1 << 20, ..Options::default() };
-    let engine = Engine::open_with_backend(redb::backends::InMemoryBackend::new(), options).expect("open in memory");
+    let (log, projections) = (Shared::default(), Shared::default());
+    let engine = Engine::open_with_backends(log.clone(), projections.clone(), options()).expect("open in memory");
     let mut pool = [SessionId([0; 16]); POOL];
     for (i, s) in pool.iter_mut().enumerate() {
         s.0[15] = i as u8 + 1;
     }
     let ctx = Ctx { engine, pool };
     for op in ops.iter().take(COMMANDS_MAX) {
-        let command = ctx.command(op, 0);
         let (tip, _) = ctx.engine.tip().expect("tip");
         let digests = ctx.engine.projection_digests().expect("digests");
+        if let Op::Checkpoint = op {
+            ctx.engine.checkpoint().expect("checkpoint");
+            assert_eq!(ctx.engine.tip().expect("tip").0, tip, "a checkpoint writes no event");
+            assert_eq!(ctx.engine.projection_digests().expect("digests"), digests, "a checkpoint changes no row");
+            continue;
+        }
+        let command = ctx.command(op, 0);
         match ctx.engine.execute(command) {
             Ok(outcome) => {
                 let (after, _) = ctx.engine.tip().expect("tip");
@@ -477,7 +529,10 @@ fuzz_target!(|ops: Vec<Op>| {
     let count = events_from(&ctx.engine, 1).len() as u64;
     assert_eq!(count, tip, "the log is dense up to the tip");
     let live = ctx.engine.projection_digests().expect("digests");
-    ctx.engine.rebuild(ProjectionSet::all()).expect("rebuild");
-    assert_eq!(ctx.engine.projection_digests().expect("digests"), live, "rebuild reproduces the live projections");
     ctx.engine.close().expect("close");
+    let engine = reopen(&log, &projections, tip, &live);
+    assert_eq!(engine.stats().recovered_events, 0, "close checkpointed the whole delta");
+    engine.rebuild(ProjectionSet::all()).expect("rebuild");
+    assert_eq!(engine.projection_digests().expect("digests"), live, "rebuild reproduces the live projections");
+    engine.close().expect("close");
 });

@@ -1,14 +1,25 @@
-//! A small valid database file, damaged by arbitrary byte edits (and truncation), opened
-//! with `Engine::open_with_backend` on an in-memory copy. Opening, every query on every
-//! session, a rebuild and a write must each return an answer or an error: never panic,
-//! never hang.
+//! A small valid database, damaged by arbitrary byte edits (and truncation), opened with
+//! `Engine::open_with_backends` on in-memory copies of its two files: the log file and
+//! the projections file beside it, which holds a checkpoint at the log's tip. Each input
+//! runs twice, the same edits applied to one file at a time:
+//!
+//! 1. the log file damaged, beside its pristine projections file: the open checks the
+//!    checkpoint against the damaged log (and folds, or refuses, what it cannot trust),
+//!    and the rebuild folds the damaged log from the start;
+//! 2. the pristine log beside a damaged projections file: projections are disposable, so
+//!    besides never panicking, a rebuild that succeeds must reproduce exactly the
+//!    projections of the pristine database. (An open that refuses the damaged file with
+//!    an error is allowed.)
+//!
+//! In both passes, opening, every query on every session, a rebuild and a write must
+//! each return an answer or an error: never panic, never hang.
 
 #![no_main]
 
 use annal::{
     AppendContext, CommitTurn, CreateSession, Durability, Engine, EventQuery, Expected, ListQuery, Message, Options,
     PageRequest, ProjectionSet, RecordToolCall, RecordToolResult, Recovery, Restore, Rewrite, RewriteReason, SessionId,
-    SetLabels, ToolOutcome,
+    SetLabels, TableDigest, ToolOutcome,
 };
 use arbitrary::Arbitrary;
 use libfuzzer_sys::fuzz_target;
@@ -25,10 +36,12 @@ enum Edit {
     Truncate { len: u32 },
 }
 
-/// The pristine file and the sessions in it.
+/// The pristine files, the sessions in them and their projection digests.
 struct Sample {
-    bytes: Vec<u8>,
+    log: Vec<u8>,
+    projections: Vec<u8>,
     sessions: Vec<SessionId>,
+    digests: Vec<TableDigest>,
 }
 
 /// The configuration for files that may be damaged: redb's integrity check at open.
@@ -120,13 +133,38 @@ fn sample() -> &'static Sample {
             })
             .unwrap();
         engine.archive(f.session, "done").unwrap();
+        let digests = engine.projection_digests().unwrap();
         engine.close().unwrap();
-        Sample { bytes: std::fs::read(&path).expect("read sample"), sessions: vec![s, f.session] }
+        let sample = Sample {
+            log: std::fs::read(&path).expect("read sample log"),
+            projections: std::fs::read(annal::projections_path(&path)).expect("read sample projections"),
+            sessions: vec![s, f.session],
+            digests,
+        };
+        // The pristine pair opens with nothing to fold: the projections file holds a
+        // checkpoint at the log's tip, so the first pass starts from a real checkpoint.
+        let engine = open(&sample.log, &sample.projections).expect("the pristine copies open");
+        assert_eq!(engine.stats().recovered_events, 0, "the sample's projections are checkpointed at its tip");
+        assert_eq!(engine.projection_digests().unwrap(), sample.digests);
+        engine.close().unwrap();
+        sample
     })
 }
 
-fn damaged(edits: &[Edit]) -> Vec<u8> {
-    let mut bytes = sample().bytes.clone();
+/// An in-memory copy of a file.
+fn backend(bytes: &[u8]) -> Option<redb::backends::InMemoryBackend> {
+    let backend = redb::backends::InMemoryBackend::new();
+    (backend.set_len(bytes.len() as u64).is_ok() && backend.write(0, bytes).is_ok()).then_some(backend)
+}
+
+/// Opens an engine on in-memory copies of a log file and a projections file.
+fn open(log: &[u8], projections: &[u8]) -> Option<Engine> {
+    Engine::open_with_backends(backend(log)?, backend(projections)?, options()).ok()
+}
+
+/// `pristine` with `edits` applied.
+fn damaged(pristine: &[u8], edits: &[Edit]) -> Vec<u8> {
+    let mut bytes = pristine.to_vec();
     for edit in edits.iter().take(16) {
         if bytes.is_empty() {
             break;
@@ -183,7 +221,10 @@ fn exercise(engine: &Engine, sessions: &[SessionId]) {
             }
         }
     }
-    let _ = engine.rebuild(ProjectionSet::all());
+}
+
+/// A write after everything else.
+fn write(engine: &Engine, sessions: &[SessionId]) {
     if let Some(s) = sessions.first() {
         let _ = engine.commit_turn(CommitTurn::new(*s, "after", Expected::Any).message(Message::user("x")));
     }
@@ -204,13 +245,22 @@ fn let_storage_panics_unwind() {
 }
 
 fuzz_target!(init: let_storage_panics_unwind(), |edits: Vec<Edit>| {
-    let bytes = damaged(&edits);
-    let backend = redb::backends::InMemoryBackend::new();
-    if backend.set_len(bytes.len() as u64).is_err() || backend.write(0, &bytes).is_err() {
-        return;
+    let sample = sample();
+    // Pass 1: the log damaged, the projections file pristine.
+    if let Some(engine) = open(&damaged(&sample.log, &edits), &sample.projections) {
+        exercise(&engine, &sample.sessions);
+        let _ = engine.rebuild(ProjectionSet::all());
+        write(&engine, &sample.sessions);
+        let _ = engine.close();
     }
-    if let Ok(engine) = Engine::open_with_backend(backend, options()) {
-        exercise(&engine, &sample().sessions);
+    // Pass 2: the log pristine, the projections file damaged.
+    if let Some(engine) = open(&sample.log, &damaged(&sample.projections, &edits)) {
+        exercise(&engine, &sample.sessions);
+        if engine.rebuild(ProjectionSet::all()).is_ok() {
+            let digests = engine.projection_digests().expect("digests after a rebuild");
+            assert_eq!(digests, sample.digests, "a rebuild from the pristine log repairs any damaged projection");
+        }
+        write(&engine, &sample.sessions);
         let _ = engine.close();
     }
 });
