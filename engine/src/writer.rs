@@ -129,18 +129,18 @@ enum Job {
     Barrier(Sender<()>),
 }
 
-/// The writer: a sequencer and a committer, pipelined.
+/// The writer: a sequencer and a committer.
 ///
 /// The sequencer (this thread) gathers commands and decides and folds each batch on a
 /// view of the delta plus the batches still in flight, then hands the sealed batch to the
 /// committer thread, which appends it to the log (one transaction, one commit), applies
-/// its rows to the delta and replies. So the next batch is decided while the previous
-/// one is being made durable. At most [`BATCHES_IN_FLIGHT_MAX`] batches are past the
-/// sequencer and not yet applied. Nothing is acknowledged before its batch is durable; if
+/// its rows to the delta and replies. At most [`BATCHES_IN_FLIGHT_MAX`] batches are past
+/// the sequencer and not yet applied; with more than one, the next batch is decided
+/// while the previous one is being made durable. Nothing is acknowledged before its batch is durable; if
 /// a commit fails, the engine is poisoned and every batch after it fails too (they were
 /// decided on top of it).
 pub(crate) fn run(shared: Arc<Shared>, rx: Receiver<Request>, tip: Tip, checkpoints: Sender<Signal>) {
-    let (jobs, job_rx) = bounded::<Job>(BATCHES_IN_FLIGHT_MAX - 1);
+    let (jobs, job_rx) = bounded::<Job>(BATCHES_IN_FLIGHT_MAX.saturating_sub(1));
     let committer = {
         let shared = shared.clone();
         let checkpoints = checkpoints.clone();
@@ -188,14 +188,23 @@ pub(crate) fn run(shared: Arc<Shared>, rx: Receiver<Request>, tip: Tip, checkpoi
             previous_batch = commands.len();
         }
         seq.seal(&shared, commands, &jobs);
+        if BATCHES_IN_FLIGHT_MAX == 1 {
+            barrier(&jobs);
+        }
     }
     drop(jobs);
     let _ = committer.join();
     let _ = checkpoints.send(Signal::Stop);
 }
 
-/// Batches sealed by the sequencer and not yet applied to the delta, at most.
-pub const BATCHES_IN_FLIGHT_MAX: usize = 2;
+/// Batches sealed by the sequencer and not yet applied to the delta, at most. With 2, the
+/// next batch is decided while the previous one is made durable; with 1, the sequencer
+/// waits for each batch before it gathers the next. Measured on the comparison workload
+/// (`docs/benchmarks.md`), overlapping gained no throughput on this machine's disk and
+/// split 16 committers into batches half as large, which wrote 17% more bytes per commit
+/// (13.0 against 11.1 KiB): so 1. The committer thread stays, so a disk where deciding
+/// costs more than the fsync can set 2.
+pub const BATCHES_IN_FLIGHT_MAX: usize = 1;
 
 /// Fails a request that cannot run.
 fn fail(req: Request, e: Error) {
