@@ -105,7 +105,7 @@ impl Checkpointer {
                 return Err(Error::Poisoned);
             }
             let rows = write_layer(&self.projections, &layer.read(), self.durability)?;
-            self.delta.publish(&layer, self.projections.begin_read()?);
+            self.delta.publish(&layer, self.projections.begin_read()?)?;
             self.stats.checkpoints.fetch_add(1, Ordering::Relaxed);
             self.stats.checkpoint_rows.fetch_add(rows, Ordering::Relaxed);
         }
@@ -327,7 +327,7 @@ pub(crate) fn read_only_delta(
         (fallback.begin_read()?, 0)
     };
     let hash = if base == 0 { chain.genesis() } else { hash_at(&log_txn.open_table(LOG)?, chain, base)? };
-    let delta = Delta::new(pinned, log_txn, base, hash);
+    let delta = Delta::new(pinned, log_txn, base, hash)?;
     fold_tail(&delta, &*log, chain, limits)?;
     Ok(delta)
 }

@@ -106,10 +106,30 @@ struct State {
     visible: u64,
     /// `h(visible)`.
     visible_hash: ChainHash,
-    /// The projections file as of the last published checkpoint.
-    checkpoint: Arc<ReadTransaction>,
+    /// The projections file as of the last published checkpoint, and its projections
+    /// table opened once (a view reads it without opening anything).
+    checkpoint: Arc<Checkpoint>,
     /// The log file as of the last applied batch (or later).
     log: Arc<ReadTransaction>,
+}
+
+/// A snapshot of the projections file with its projections table open.
+pub(crate) struct Checkpoint {
+    /// `None` when the file has no projections table yet (it reads as empty).
+    table: Option<redb::ReadOnlyTable<&'static [u8], &'static [u8]>>,
+    /// Keeps the snapshot the table reads.
+    _txn: ReadTransaction,
+}
+
+impl Checkpoint {
+    fn new(txn: ReadTransaction) -> Result<Checkpoint> {
+        let table = match txn.open_table(PROJECTIONS) {
+            Ok(t) => Some(t),
+            Err(redb::TableError::TableDoesNotExist(_)) => None,
+            Err(e) => return Err(e.into()),
+        };
+        Ok(Checkpoint { table, _txn: txn })
+    }
 }
 
 /// The in-memory delta over the last checkpoint, and the source of [`View`]s.
@@ -127,17 +147,17 @@ pub(crate) struct Delta {
 impl Delta {
     /// A delta with no rows over a checkpoint at `seq` (`checkpoint` is a snapshot of
     /// the projections file there, `log` one of the log file at `seq` or later).
-    pub fn new(checkpoint: ReadTransaction, log: ReadTransaction, seq: u64, hash: ChainHash) -> Delta {
-        Delta {
+    pub fn new(checkpoint: ReadTransaction, log: ReadTransaction, seq: u64, hash: ChainHash) -> Result<Delta> {
+        Ok(Delta {
             state: RwLock::new(State {
                 layers: vec![Arc::new(RwLock::new(Layer::new(seq, hash)))],
                 visible: seq,
                 visible_hash: hash,
-                checkpoint: Arc::new(checkpoint),
+                checkpoint: Arc::new(Checkpoint::new(checkpoint)?),
                 log: Arc::new(log),
             }),
             progress: (Mutex::new(()), Condvar::new()),
-        }
+        })
     }
 
     /// A consistent view at the last published batch.
@@ -149,7 +169,6 @@ impl Delta {
             layers: state.layers.clone(),
             ckpt: state.checkpoint.clone(),
             log: state.log.clone(),
-            table: std::cell::OnceCell::new(),
         }
     }
 
@@ -207,20 +226,22 @@ impl Delta {
 
     /// Drops `layer` after its checkpoint committed (`checkpoint` is a snapshot of the
     /// projections file that holds it), and wakes whoever waits on progress.
-    pub fn publish(&self, layer: &LayerRef, checkpoint: ReadTransaction) {
-        let checkpoint = Arc::new(checkpoint);
+    pub fn publish(&self, layer: &LayerRef, checkpoint: ReadTransaction) -> Result<()> {
+        let checkpoint = Arc::new(Checkpoint::new(checkpoint)?);
         {
             let mut state = self.state.write();
             state.layers.retain(|l| !Arc::ptr_eq(l, layer));
             state.checkpoint = checkpoint;
         }
         self.notify();
+        Ok(())
     }
 
     /// Replaces the checkpoint snapshot after a rebuild rewrote the projections file (the
     /// delta is empty then).
-    pub fn set_checkpoint(&self, checkpoint: ReadTransaction) {
-        self.state.write().checkpoint = Arc::new(checkpoint);
+    pub fn set_checkpoint(&self, checkpoint: ReadTransaction) -> Result<()> {
+        self.state.write().checkpoint = Arc::new(Checkpoint::new(checkpoint)?);
+        Ok(())
     }
 
     /// Wakes everyone waiting for progress (also on failure, so they can give up).
@@ -244,9 +265,8 @@ pub struct View {
     seq: u64,
     hash: ChainHash,
     layers: Vec<LayerRef>,
-    ckpt: Arc<ReadTransaction>,
+    ckpt: Arc<Checkpoint>,
     log: Arc<ReadTransaction>,
-    table: std::cell::OnceCell<redb::ReadOnlyTable<&'static [u8], &'static [u8]>>,
 }
 
 impl std::fmt::Debug for View {
@@ -292,13 +312,6 @@ impl View {
         Ok(self.log.open_table(tables::LOG)?.get(seq)?.map(|g| g.value().to_vec()))
     }
 
-    fn table(&self) -> Result<&redb::ReadOnlyTable<&'static [u8], &'static [u8]>> {
-        if let Some(t) = self.table.get() {
-            return Ok(t);
-        }
-        let t = self.ckpt.open_table(PROJECTIONS)?;
-        Ok(self.table.get_or_init(|| t))
-    }
 
     /// The delta's version of a physical key, if a layer has one at this view's seq.
     fn delta_get(&self, physical: &[u8]) -> Option<Value> {
@@ -332,9 +345,12 @@ impl View {
             }
         }
         let mut delta = delta.into_iter().peekable();
-        let mut base = self.table()?.range(start..)?;
+        let mut base = match &self.ckpt.table {
+            Some(table) => Some(table.range(start..)?),
+            None => None,
+        };
         let mut next_base = move || -> Result<Option<(Vec<u8>, Vec<u8>)>> {
-            match base.next() {
+            match base.as_mut().and_then(|b| b.next()) {
                 Some(entry) => {
                     let (k, v) = entry?;
                     let k = k.value();
@@ -401,7 +417,10 @@ impl Store for View {
         if let Some(v) = self.delta_get(&physical) {
             return Ok(v.map(|v| v.to_vec()));
         }
-        Ok(self.table()?.get(physical.as_slice())?.map(|g| g.value().to_vec()))
+        match &self.ckpt.table {
+            Some(table) => Ok(table.get(physical.as_slice())?.map(|g| g.value().to_vec())),
+            None => Ok(None),
+        }
     }
     fn put(&mut self, _: Table, _: &[u8], _: &[u8]) -> Result<()> {
         Err(Error::Storage("a view is read-only".into()))

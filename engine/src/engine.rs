@@ -292,7 +292,7 @@ impl Engine {
         };
         let log = Arc::new(Db::new(log));
         let projections = Arc::new(Db::new(projections));
-        let delta = Arc::new(Delta::new(projections.begin_read()?, log.begin_read()?, tip.seq, tip.hash));
+        let delta = Arc::new(Delta::new(projections.begin_read()?, log.begin_read()?, tip.seq, tip.hash)?);
         let poisoned = Arc::new(AtomicBool::new(false));
         let stats = Arc::new(EngineStats::default());
         let shared = Arc::new(Shared {

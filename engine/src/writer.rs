@@ -480,7 +480,7 @@ fn rebuild(shared: &Shared, tip: &Tip, set: ProjectionSet, checkpoints: &Sender<
             shared.durability,
             &mut |_, _| {},
         )?;
-        shared.delta.set_checkpoint(shared.projections.begin_read()?);
+        shared.delta.set_checkpoint(shared.projections.begin_read()?)?;
         Ok(stats)
     });
     if matches!(result, Err(Error::Storage(_)) | Err(Error::Corrupt { location: Location::File, .. })) {
