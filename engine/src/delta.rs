@@ -17,12 +17,13 @@
 //! reads.
 
 use crate::error::{Error, Location, Result};
-use crate::store::{Store, Table, Writes};
+use crate::projection::SessionHead;
+use crate::store::{decode_row, Store, StoreExt, Table, Writes};
 use crate::tables::{self, logical_key, physical_key, CONTENT, PROJECTIONS};
 use annal_codec::{ChainHash, ContentId};
 use parking_lot::{Condvar, Mutex, RwLock};
 use redb::ReadTransaction;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -111,7 +112,15 @@ struct State {
     checkpoint: Arc<Checkpoint>,
     /// The log file as of the last applied batch (or later).
     log: Arc<ReadTransaction>,
+    /// The heads rows as of `visible`, for the sessions read or written lately: a head
+    /// read is a map lookup. Updated with every batch under this lock, so it always
+    /// agrees with the views taken at `visible`.
+    heads: HashMap<[u8; 16], Arc<SessionHead>>,
 }
+
+/// Sessions whose head row the delta keeps in memory at most; past it the map starts
+/// over (the rows stay readable through views).
+pub const HEAD_CACHE_ENTRIES_MAX: usize = 65_536;
 
 /// A snapshot of the projections file with its projections table open.
 pub(crate) struct Checkpoint {
@@ -155,6 +164,7 @@ impl Delta {
                 visible_hash: hash,
                 checkpoint: Arc::new(Checkpoint::new(checkpoint)?),
                 log: Arc::new(log),
+                heads: HashMap::new(),
             }),
             progress: (Mutex::new(()), Condvar::new()),
         })
@@ -180,9 +190,36 @@ impl Delta {
         if let Some(active) = state.layers.last() {
             active.write().apply(writes, seq, hash, events);
         }
+        for (key, row) in writes.get(&Table::Heads).into_iter().flatten() {
+            let Ok(session) = <[u8; 16]>::try_from(key.as_slice()) else { continue };
+            match row.as_ref().map(|row| decode_row::<SessionHead>(Table::Heads, key, row)) {
+                Some(Ok(head)) => cache_head(&mut state.heads, session, Arc::new(head)),
+                // A row that does not decode is not cached: a read meets it in the view.
+                Some(Err(_)) | None => drop(state.heads.remove(&session)),
+            }
+        }
         state.visible = seq;
         state.visible_hash = hash;
         state.log = log;
+    }
+
+    /// The head of `session` at the last published batch, from memory when it is there;
+    /// otherwise read through a view and remembered, unless a batch was published
+    /// meanwhile.
+    pub fn head(&self, session: &[u8; 16]) -> Result<Option<Arc<SessionHead>>> {
+        if let Some(head) = self.state.read().heads.get(session) {
+            return Ok(Some(head.clone()));
+        }
+        let view = self.view();
+        let Some(head) = view.row::<SessionHead>(Table::Heads, session)? else {
+            return Ok(None);
+        };
+        let head = Arc::new(head);
+        let mut state = self.state.write();
+        if state.visible == view.seq() {
+            cache_head(&mut state.heads, *session, head.clone());
+        }
+        Ok(Some(head))
     }
 
     /// (events, bytes, age) of the active layer.
@@ -240,7 +277,9 @@ impl Delta {
     /// Replaces the checkpoint snapshot after a rebuild rewrote the projections file (the
     /// delta is empty then).
     pub fn set_checkpoint(&self, checkpoint: ReadTransaction) -> Result<()> {
-        self.state.write().checkpoint = Arc::new(Checkpoint::new(checkpoint)?);
+        let mut state = self.state.write();
+        state.checkpoint = Arc::new(Checkpoint::new(checkpoint)?);
+        state.heads.clear();
         Ok(())
     }
 
@@ -257,6 +296,13 @@ impl Delta {
             self.progress.1.wait_for(&mut guard, std::time::Duration::from_millis(50));
         }
     }
+}
+
+fn cache_head(heads: &mut HashMap<[u8; 16], Arc<SessionHead>>, session: [u8; 16], row: Arc<SessionHead>) {
+    if heads.len() >= HEAD_CACHE_ENTRIES_MAX && !heads.contains_key(&session) {
+        heads.clear();
+    }
+    heads.insert(session, row);
 }
 
 /// A consistent read of the projections (checkpoint plus delta) and the log, at one seq.
@@ -311,7 +357,6 @@ impl View {
         }
         Ok(self.log.open_table(tables::LOG)?.get(seq)?.map(|g| g.value().to_vec()))
     }
-
 
     /// The delta's version of a physical key, if a layer has one at this view's seq.
     fn delta_get(&self, physical: &[u8]) -> Option<Value> {

@@ -86,7 +86,7 @@ pub use command::{
 };
 pub use compact::{compact, CompactStats};
 pub use decide::{decide, materialize, outcome_of, Decision};
-pub use delta::View;
+pub use delta::{View, HEAD_CACHE_ENTRIES_MAX};
 pub use engine::{
     projections_path, ContextOutcome, Durability, Engine, EngineStats, Options, SessionReceipt, StatsSnapshot,
     ToolReceipt, TurnOutcome,

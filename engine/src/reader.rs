@@ -105,8 +105,16 @@ impl Reader {
     }
 
     /// The head of `session`, if it exists.
+    /// Served from the heads rows the engine keeps in memory, which every batch updates
+    /// as it is published, so a head read agrees with every other query.
     pub fn head(&self, session: SessionId) -> Result<Option<SessionHead>> {
-        fail_closed("head", || query::head(&self.snapshot()?, &session))
+        fail_closed("head", || {
+            if let Some(follow) = &self.source.follow {
+                let _guard = follow.lock.lock();
+                crate::checkpoint::fold_tail(&self.source.delta, &*follow.log, &self.chain, &self.limits)?;
+            }
+            Ok(self.source.delta.head(&session.0)?.map(|head| (*head).clone()))
+        })
     }
 
     /// Lists sessions in creation order.
