@@ -17,6 +17,16 @@
 //! - every session head equals the fold of its events and the chain over its transcript
 //!   pages, and the unsettled tool list is exactly the calls without a durable result;
 //! - `rebuild(ProjectionSet::all())` reproduces the projections byte for byte.
+//!
+//! The checkpoint tests (`kill_during_checkpoints*`) open most children with an eager
+//! checkpoint policy (a checkpoint every 2 events and every millisecond), so that kills
+//! land in every phase of a checkpoint: while the checkpointer folds, writes or commits
+//! the projections file. One child in four never checkpoints before it is killed, runs
+//! longer than the others, and leaves its whole run as an unflushed delta. The parent
+//! verifies a copy of the files, so the next child's open finds what the kill left and
+//! recovers it (folds the log past the last checkpoint); the early kills of these tests
+//! wait until the child starts to open and then kill it within a few milliseconds, while
+//! it opens the files and recovers.
 
 use annal::codec::{encode_record, LogChain};
 use annal::*;
@@ -33,8 +43,14 @@ const ENV_DB: &str = "ANNAL_CRASH_DB";
 const ENV_SEED: &str = "ANNAL_CRASH_SEED";
 /// Set in the child: `mixed` or `tools`.
 const ENV_MODE: &str = "ANNAL_CRASH_MODE";
+/// Set in the child: its checkpoint policy, `default`, `eager` or `lazy`.
+const ENV_POLICY: &str = "ANNAL_CRASH_POLICY";
 
-/// The line the child prints once the database is open and recovered.
+/// The line the child prints just before it opens the database.
+const OPENING: &str = "OPENING";
+
+/// The line the child prints once the database is open and recovered, followed by the
+/// events its open folded and how long that took, in microseconds.
 const READY: &str = "READY";
 /// Writer threads in the child, so that group commits carry several callers.
 const CHILD_THREADS: u64 = 3;
@@ -47,6 +63,14 @@ const KILL_DELAY_MS_MAX: u64 = 80;
 /// Every this many kills, the child is killed without waiting for it to be ready, so that
 /// some kills land while it opens (and recovers) the database.
 const KILL_EARLY_EVERY: u64 = 7;
+/// In the checkpoint tests, an early kill comes this long at most after the child says it
+/// is opening the database.
+const KILL_OPENING_DELAY_US_MAX: u64 = 20_000;
+/// In the checkpoint tests, one child in this many never checkpoints before the kill.
+const LAZY_CHILD_EVERY: u64 = 4;
+/// Longest random delay between a child that never checkpoints reporting ready and the
+/// kill: longer than the others', so that it leaves a larger delta to recover.
+const KILL_DELAY_LAZY_MS_MAX: u64 = 250;
 /// How long a child may take to open the database before the test gives up on it.
 const CHILD_READY_WAIT: Duration = Duration::from_secs(120);
 /// Events per `events()` page when reading the log back.
@@ -89,6 +113,64 @@ impl Mode {
             Mode::Tools => "tools",
         }
     }
+}
+
+/// A child's checkpoint policy.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Policy {
+    /// [`CheckpointPolicy::default`].
+    Default,
+    /// A checkpoint every 2 events and every millisecond: the checkpointer is nearly
+    /// always folding, writing or committing.
+    Eager,
+    /// No checkpoint before the kill: the whole run is an unflushed delta, which the next
+    /// open folds from the log.
+    Lazy,
+}
+
+impl Policy {
+    fn name(self) -> &'static str {
+        match self {
+            Policy::Default => "default",
+            Policy::Eager => "eager",
+            Policy::Lazy => "lazy",
+        }
+    }
+
+    fn from_name(name: &str) -> Policy {
+        match name {
+            "eager" => Policy::Eager,
+            "lazy" => Policy::Lazy,
+            _ => Policy::Default,
+        }
+    }
+
+    fn checkpoint(self) -> CheckpointPolicy {
+        match self {
+            Policy::Default => CheckpointPolicy::default(),
+            Policy::Eager => {
+                CheckpointPolicy { events: 2, interval: Duration::from_millis(1), ..CheckpointPolicy::default() }
+            }
+            Policy::Lazy => CheckpointPolicy {
+                events: u64::MAX,
+                delta_bytes: u64::MAX,
+                interval: Duration::from_secs(3600),
+                ..CheckpointPolicy::default()
+            },
+        }
+    }
+}
+
+/// How a kill loop checkpoints and verifies.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Checkpoints {
+    /// Children use the default policy; the parent verifies the database itself, and its
+    /// open recovers what the kill left.
+    Default,
+    /// Children mostly checkpoint eagerly, now and then never; the parent verifies a
+    /// copy, so the next child's open recovers what the kill left, and early kills land
+    /// during that open.
+    Eager,
 }
 
 // ---------------------------------------------------------------------------------------
@@ -349,17 +431,25 @@ fn exit_when_orphaned() {
     });
 }
 
+/// Prints a line of its own (libtest may have printed the test's name without a newline).
+fn say(line: &str) {
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "\n{line}").and_then(|_| out.flush()).expect("write to the parent");
+}
+
 /// Runs the workload until killed.
 fn child_main(path: &str) -> ! {
     exit_when_orphaned();
     let seed: u64 = std::env::var(ENV_SEED).expect("seed").parse().expect("numeric seed");
     let mode = if std::env::var(ENV_MODE).as_deref() == Ok("tools") { Mode::Tools } else { Mode::Mixed };
-    let engine = Engine::open(path).expect("child opens the database");
+    let policy = Policy::from_name(&std::env::var(ENV_POLICY).unwrap_or_default());
+    say(OPENING);
+    let options = Options { checkpoint: policy.checkpoint(), ..Options::default() };
+    let engine = Engine::open_with(path, options).expect("child opens the database");
     let mut rng = Rng::new(seed);
     settle_leftovers(&engine, &mut rng);
-    let mut out = std::io::stdout().lock();
-    writeln!(out, "\n{READY}").and_then(|_| out.flush()).expect("write ready");
-    drop(out);
+    let stats = engine.stats();
+    say(&format!("{READY} {} {}", stats.recovered_events, stats.recovery_us));
     let threads: Vec<_> = (0..CHILD_THREADS)
         .map(|t| {
             let engine = engine.clone();
@@ -445,12 +535,13 @@ fn test_binary() -> PathBuf {
     }
 }
 
-fn spawn_child(test_name: &str, path: &Path, seed: u64, mode: Mode) -> Child {
+fn spawn_child(test_name: &str, path: &Path, seed: u64, mode: Mode, policy: Policy) -> Child {
     Process::new(test_binary())
         .args(["--exact", test_name, "--nocapture", "--include-ignored", "--test-threads", "1"])
         .env(ENV_DB, path)
         .env(ENV_SEED, seed.to_string())
         .env(ENV_MODE, mode.name())
+        .env(ENV_POLICY, policy.name())
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -466,28 +557,71 @@ fn child_stderr(child: &mut Child) -> String {
     err
 }
 
-/// Runs one child until the kill and returns the events it acknowledged.
-fn run_and_kill(test_name: &str, path: &Path, rng: &mut Rng, iteration: u64, mode: Mode) -> Vec<(u64, Acked)> {
-    let mut child = spawn_child(test_name, path, rng.next(), mode);
-    let (lines, reader) = spawn_line_reader(child.stdout.take().expect("stdout"));
-    let mut seen = Vec::new();
-    if iteration % KILL_EARLY_EVERY != KILL_EARLY_EVERY - 1 {
-        let deadline = Instant::now() + CHILD_READY_WAIT;
-        loop {
-            let wait = deadline.saturating_duration_since(Instant::now());
-            match lines.recv_timeout(wait) {
-                // libtest may print the test's name on the same line first.
-                Ok(line) if line.trim_end().ends_with(READY) => break,
-                Ok(line) => seen.push(line),
-                Err(_) => {
-                    let _ = child.kill();
-                    let _ = child.wait();
-                    panic!("child never became ready: {}", child_stderr(&mut child));
-                }
+/// The events and microseconds of the open's recovery, if `line` is the ready line.
+fn parse_ready(line: &str) -> Option<(u64, u64)> {
+    let mut words = line.split_whitespace();
+    if words.next()? != READY {
+        return None;
+    }
+    Some((words.next()?.parse().ok()?, words.next()?.parse().ok()?))
+}
+
+/// What one child did before its kill.
+struct Killed {
+    /// The events it acknowledged.
+    acked: Vec<(u64, Acked)>,
+    /// Whether it had started to open the database.
+    opening: bool,
+    /// Events its open folded, and how long that took in microseconds, if it got as far
+    /// as ready.
+    recovered: Option<(u64, u64)>,
+}
+
+/// Waits for the child's line that satisfies `wanted`, collecting the lines before it.
+fn wait_for_line(
+    child: &mut Child,
+    lines: &mpsc::Receiver<String>,
+    seen: &mut Vec<String>,
+    wanted: impl Fn(&str) -> bool,
+) -> String {
+    let deadline = Instant::now() + CHILD_READY_WAIT;
+    loop {
+        let wait = deadline.saturating_duration_since(Instant::now());
+        match lines.recv_timeout(wait) {
+            Ok(line) if wanted(&line) => return line,
+            Ok(line) => seen.push(line),
+            Err(_) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("child never became ready: {}", child_stderr(child));
             }
         }
     }
-    std::thread::sleep(Duration::from_millis(rng.below(KILL_DELAY_MS_MAX + 1)));
+}
+
+/// Runs one child until the kill and returns what it did.
+fn run_and_kill(test_name: &str, path: &Path, rng: &mut Rng, iteration: u64, mode: Mode, ckpt: Checkpoints) -> Killed {
+    let policy = match ckpt {
+        Checkpoints::Default => Policy::Default,
+        Checkpoints::Eager if rng.below(LAZY_CHILD_EVERY) == 0 => Policy::Lazy,
+        Checkpoints::Eager => Policy::Eager,
+    };
+    let mut child = spawn_child(test_name, path, rng.next(), mode, policy);
+    let (lines, reader) = spawn_line_reader(child.stdout.take().expect("stdout"));
+    let mut seen = Vec::new();
+    let early = iteration % KILL_EARLY_EVERY == KILL_EARLY_EVERY - 1;
+    if !early {
+        let ready = wait_for_line(&mut child, &lines, &mut seen, |l| parse_ready(l).is_some());
+        seen.push(ready);
+        let max = if policy == Policy::Lazy { KILL_DELAY_LAZY_MS_MAX } else { KILL_DELAY_MS_MAX };
+        std::thread::sleep(Duration::from_millis(rng.below(max + 1)));
+    } else if ckpt == Checkpoints::Eager {
+        let opening = wait_for_line(&mut child, &lines, &mut seen, |l| l.trim() == OPENING);
+        seen.push(opening);
+        std::thread::sleep(Duration::from_micros(rng.below(KILL_OPENING_DELAY_US_MAX + 1)));
+    } else {
+        std::thread::sleep(Duration::from_millis(rng.below(KILL_DELAY_MS_MAX + 1)));
+    }
     if let Some(status) = child.try_wait().expect("try_wait") {
         panic!("child exited by itself with {status}: {}", child_stderr(&mut child));
     }
@@ -495,7 +629,11 @@ fn run_and_kill(test_name: &str, path: &Path, rng: &mut Rng, iteration: u64, mod
     child.wait().expect("wait");
     reader.join().expect("reader thread");
     seen.extend(lines.try_iter());
-    seen.iter().filter_map(|l| parse_ack(l)).collect()
+    Killed {
+        acked: seen.iter().filter_map(|l| parse_ack(l)).collect(),
+        opening: seen.iter().any(|l| l.trim() == OPENING),
+        recovered: seen.iter().find_map(|l| parse_ready(l)),
+    }
 }
 
 fn all_events(engine: &Engine) -> Vec<StoredEvent> {
@@ -659,12 +797,56 @@ fn verify_after_kill(path: &Path, acked: &BTreeMap<u64, Acked>, content_checked:
     events.len() as u64
 }
 
+/// Verifies a copy of the database and its projections file as the kill left them, and
+/// leaves the originals alone for the next child to recover.
+fn verify_copy_after_kill(path: &Path, acked: &BTreeMap<u64, Acked>, content_checked: u64) -> u64 {
+    let dir = tempfile::tempdir_in(path.parent().expect("a directory")).expect("tempdir");
+    let copy = dir.path().join("copy.redb");
+    std::fs::copy(path, &copy).expect("copy the log file");
+    if projections_path(path).exists() {
+        std::fs::copy(projections_path(path), projections_path(&copy)).expect("copy the projections file");
+    }
+    verify_after_kill(&copy, acked, content_checked)
+}
+
 fn db_path(dir: &tempfile::TempDir) -> PathBuf {
     dir.path().join("crash.redb")
 }
 
+/// What the children's opens did, over a kill loop.
+#[derive(Default)]
+struct Opens {
+    /// Children that got as far as ready.
+    ready: u64,
+    /// Of those, the ones whose open folded events past the last checkpoint.
+    recovering: u64,
+    /// Events folded by those opens, and the most one open folded.
+    recovered_events: u64,
+    recovered_events_max: u64,
+    /// The longest recovery, in microseconds.
+    recovery_us_max: u64,
+    /// Children killed after they started to open the database and before they were
+    /// ready (during the open, its recovery, or the settling of leftover tool calls).
+    killed_opening: u64,
+}
+
+impl Opens {
+    fn count(&mut self, killed: &Killed) {
+        match killed.recovered {
+            Some((events, us)) => {
+                self.ready += 1;
+                self.recovering += u64::from(events > 0);
+                self.recovered_events += events;
+                self.recovered_events_max = self.recovered_events_max.max(events);
+                self.recovery_us_max = self.recovery_us_max.max(us);
+            }
+            None => self.killed_opening += u64::from(killed.opening),
+        }
+    }
+}
+
 /// Kills a child `kills` times on one database file and verifies after every kill.
-fn kill_loop(test_name: &str, mode: Mode, kills: u64, seed: u64) {
+fn kill_loop(test_name: &str, mode: Mode, ckpt: Checkpoints, kills: u64, seed: u64) {
     if let Ok(path) = std::env::var(ENV_DB) {
         child_main(&path);
     }
@@ -672,14 +854,20 @@ fn kill_loop(test_name: &str, mode: Mode, kills: u64, seed: u64) {
     let path = db_path(&dir);
     let mut rng = Rng::new(seed);
     let mut acked: BTreeMap<u64, Acked> = BTreeMap::new();
+    let mut opens = Opens::default();
     let mut tip = 0;
     for iteration in 0..kills {
-        for (seq, a) in run_and_kill(test_name, &path, &mut rng, iteration, mode) {
+        let killed = run_and_kill(test_name, &path, &mut rng, iteration, mode, ckpt);
+        opens.count(&killed);
+        for (seq, a) in killed.acked {
             if let Some(before) = acked.insert(seq, a.clone()) {
                 panic!("seq {seq} acknowledged twice: {before:?} and {a:?}");
             }
         }
-        let now = verify_after_kill(&path, &acked, tip);
+        let now = match ckpt {
+            Checkpoints::Default => verify_after_kill(&path, &acked, tip),
+            Checkpoints::Eager => verify_copy_after_kill(&path, &acked, tip),
+        };
         assert!(now >= tip, "the log never shrinks ({tip} -> {now})");
         tip = now;
         if (iteration + 1) % 100 == 0 {
@@ -687,27 +875,52 @@ fn kill_loop(test_name: &str, mode: Mode, kills: u64, seed: u64) {
         }
     }
     assert!(!acked.is_empty(), "the children acknowledged commits before being killed");
-    eprintln!("{test_name}: {kills} kills, {} acknowledged events, log tip {tip}", acked.len());
+    eprintln!(
+        "{test_name}: {kills} kills, {} acknowledged events, log tip {tip}; {} children ready, {} of whose \
+         opens folded {} events past the last checkpoint (at most {} in one open; longest recovery {} us); \
+         {} killed while opening",
+        acked.len(),
+        opens.ready,
+        opens.recovering,
+        opens.recovered_events,
+        opens.recovered_events_max,
+        opens.recovery_us_max,
+        opens.killed_opening,
+    );
+    if ckpt == Checkpoints::Eager {
+        assert!(opens.recovering > 0, "some child's open folded the log past the last checkpoint");
+    }
 }
 
 #[test]
 fn kill_during_mixed_workload() {
-    kill_loop("kill_during_mixed_workload", Mode::Mixed, KILLS_DEFAULT, 0x5eed_0001);
+    kill_loop("kill_during_mixed_workload", Mode::Mixed, Checkpoints::Default, KILLS_DEFAULT, 0x5eed_0001);
 }
 
 #[test]
 fn kill_during_tool_batches() {
-    kill_loop("kill_during_tool_batches", Mode::Tools, KILLS_DEFAULT, 0x5eed_0002);
+    kill_loop("kill_during_tool_batches", Mode::Tools, Checkpoints::Default, KILLS_DEFAULT, 0x5eed_0002);
+}
+
+#[test]
+fn kill_during_checkpoints() {
+    kill_loop("kill_during_checkpoints", Mode::Mixed, Checkpoints::Eager, KILLS_DEFAULT, 0x5eed_0005);
 }
 
 #[test]
 #[ignore = "long: 1,000 kills; run with --ignored"]
 fn kill_during_mixed_workload_long() {
-    kill_loop("kill_during_mixed_workload_long", Mode::Mixed, KILLS_LONG, 0x5eed_0003);
+    kill_loop("kill_during_mixed_workload_long", Mode::Mixed, Checkpoints::Default, KILLS_LONG, 0x5eed_0003);
 }
 
 #[test]
 #[ignore = "long: 1,000 kills; run with --ignored"]
 fn kill_during_tool_batches_long() {
-    kill_loop("kill_during_tool_batches_long", Mode::Tools, KILLS_LONG, 0x5eed_0004);
+    kill_loop("kill_during_tool_batches_long", Mode::Tools, Checkpoints::Default, KILLS_LONG, 0x5eed_0004);
+}
+
+#[test]
+#[ignore = "long: 1,000 kills; run with --ignored"]
+fn kill_during_checkpoints_long() {
+    kill_loop("kill_during_checkpoints_long", Mode::Mixed, Checkpoints::Eager, KILLS_LONG, 0x5eed_0006);
 }

@@ -7,6 +7,16 @@
 //! are rebuilt from the log and must be byte-identical, and so must they be after a
 //! close and a reopen.
 //!
+//! Each case opens the engine with a random checkpoint policy (eager, lazy, the default,
+//! or a delta bound small enough that the writer waits for the checkpointer), so queries
+//! read every mix of checkpoint and delta. Sequences also hold checkpoint points
+//! ([`Engine::checkpoint`]: the delta empties, every query still agrees) and reopen
+//! points: close, then keep the projections file, delete it (the open rebuilds it), or
+//! put back a copy taken at an earlier close (the open folds the log past it, as after a
+//! crash that left the delta since then unflushed), and open again with another random
+//! policy. After a reopen the open must have folded exactly the events the projections
+//! file lacked, every query agrees, and the projections equal a rebuild from the log.
+//!
 //! `PROPTEST_CASES` overrides the number of cases (64 by default).
 
 #[path = "model/ops.rs"]
@@ -15,13 +25,15 @@ mod ops;
 mod reference;
 
 use annal::*;
-use ops::{in_universe, limits, resolve, sequence, sid, unknown_revision, History, Op, SESSIONS};
+use ops::{
+    in_universe, limits, policy, resolve, sequence, sid, unknown_revision, AtOpen, History, Op, Policy, SESSIONS,
+};
 use proptest::prelude::*;
 use proptest::test_runner::TestCaseError;
 use reference::{carried_content, revision_view, GraphView, Model};
 use std::collections::BTreeSet;
 use std::fmt::{Debug, Display};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 type Checked<T = ()> = Result<T, TestCaseError>;
 
@@ -43,12 +55,16 @@ fn same<T: PartialEq + Debug>(got: T, want: T, what: impl Display) -> Checked {
     Ok(())
 }
 
-fn options() -> Options {
-    Options { limits: limits(), durability: Durability::Relaxed, ..Options::default() }
+fn options(policy: Policy) -> Options {
+    Options { limits: limits(), durability: Durability::Relaxed, checkpoint: policy.checkpoint(), ..Options::default() }
 }
 
-fn open(path: &Path) -> Checked<Engine> {
-    ok(Engine::open_with(path, options()), "open")
+fn open(path: &Path, policy: Policy) -> Checked<Engine> {
+    ok(Engine::open_with(path, options(policy)), "open")
+}
+
+fn io<T>(r: std::io::Result<T>, what: &str) -> Checked<T> {
+    r.map_err(|e| TestCaseError::fail(format!("{what}: {e}")))
 }
 
 const EVENT_PAGE_ITEMS: u64 = 100;
@@ -230,10 +246,69 @@ fn compare_all(engine: &Engine, model: &Model, never_stored: &BTreeSet<ContentId
     Ok(())
 }
 
-fn run(ops: &[Op]) -> Checked {
+/// Checks the projections against a rebuild from the log (which leaves them rebuilt).
+fn equal_a_rebuild(engine: &Engine, when: &str) -> Checked {
+    let digests = ok(engine.projection_digests(), "digests")?;
+    ok(engine.rebuild(ProjectionSet::all()), "rebuild")?;
+    same(ok(engine.projection_digests(), "digests")?, digests, format_args!("{when}: projections equal a rebuild"))
+}
+
+/// A case's database file, and the copies of its projections file taken at each close.
+struct Files {
+    path: PathBuf,
+    saved: Vec<Saved>,
+}
+
+/// A copy of the projections file taken at a close, and the log tip it holds.
+struct Saved {
+    path: PathBuf,
+    seq: u64,
+}
+
+/// Closes `engine`, does `at_open` to the projections file, opens the database again
+/// with `policy`, and checks that the open folded exactly the events the file lacked,
+/// every query, and the projections against a rebuild. Returns the new engine.
+fn reopen(
+    engine: Engine,
+    files: &mut Files,
+    policy: Policy,
+    at_open: AtOpen,
+    model: &Model,
+    never_stored: &BTreeSet<ContentId>,
+    when: &str,
+) -> Checked<Engine> {
+    ok(engine.close(), "close")?;
+    let file = projections_path(&files.path);
+    // Close checkpointed the whole delta: the file holds every event.
+    let copy = files.path.with_extension(format!("projections.{}", files.saved.len()));
+    io(std::fs::copy(&file, &copy), "copy the projections file")?;
+    let folded = match at_open {
+        AtOpen::Keep => 0,
+        AtOpen::Delete => {
+            io(std::fs::remove_file(&file), "delete the projections file")?;
+            model.seq
+        }
+        AtOpen::Stale(_) if files.saved.is_empty() => 0,
+        AtOpen::Stale(n) => {
+            let old = &files.saved[n as usize % files.saved.len()];
+            io(std::fs::copy(&old.path, &file), "put back an old projections file")?;
+            model.seq - old.seq
+        }
+    };
+    files.saved.push(Saved { path: copy, seq: model.seq });
+    let engine = open(&files.path, policy)?;
+    same(engine.stats().recovered_events, folded, format_args!("{when}: events folded at open"))?;
+    same(ok(engine.tip(), "tip")?.0, model.seq, format_args!("{when}: log tip"))?;
+    compare_all(&engine, model, never_stored, when)?;
+    equal_a_rebuild(&engine, when)?;
+    Ok(engine)
+}
+
+fn run(first: Policy, ops: &[Op]) -> Checked {
     let dir = tempfile::tempdir().map_err(|e| TestCaseError::fail(e.to_string()))?;
-    let path = dir.path().join("model.redb");
-    let engine = open(&path)?;
+    let mut files = Files { path: dir.path().join("model.redb"), saved: Vec::new() };
+    let mut policy = first;
+    let mut engine = open(&files.path, policy)?;
     let mut model = Model::new(limits());
     let mut history = History::default();
     let mut never_stored = BTreeSet::new();
@@ -241,8 +316,21 @@ fn run(ops: &[Op]) -> Checked {
         if matches!(op, Op::Check) || (step + 1) % CHECK_EVERY_OPS == 0 {
             compare_all(&engine, &model, &never_stored, &format!("before step {step}"))?;
         }
-        if matches!(op, Op::Check) {
-            continue;
+        match op {
+            Op::Check => continue,
+            Op::Checkpoint => {
+                ok(engine.checkpoint(), "checkpoint")?;
+                same(engine.stats().delta_bytes, 0, format_args!("step {step}: delta bytes after a checkpoint"))?;
+                compare_all(&engine, &model, &never_stored, &format!("after the checkpoint at step {step}"))?;
+                continue;
+            }
+            Op::Reopen { policy: next, projections } => {
+                let when = format!("after the reopen at step {step} ({projections:?}, {policy:?} -> {next:?})");
+                engine = reopen(engine, &mut files, *next, *projections, &model, &never_stored, &when)?;
+                policy = *next;
+                continue;
+            }
+            _ => {}
         }
         let command = resolve(op, &model, &history);
         let (command, got) = execute(&engine, command);
@@ -261,7 +349,7 @@ fn run(ops: &[Op]) -> Checked {
     same(ok(engine.projection_digests(), "digests")?, digests.clone(), "projections after a rebuild")?;
     compare_all(&engine, &model, &never_stored, "after a rebuild")?;
     ok(engine.close(), "close")?;
-    let engine = open(&path)?;
+    let engine = open(&files.path, policy)?;
     same(ok(engine.projection_digests(), "digests")?, digests, "projections after a reopen")?;
     compare_all(&engine, &model, &never_stored, "after a reopen")?;
     ok(engine.close(), "close")
@@ -276,7 +364,7 @@ proptest! {
     #![proptest_config(config())]
 
     #[test]
-    fn engine_agrees_with_the_model(ops in sequence(OPS_MAX)) {
-        run(&ops)?;
+    fn engine_agrees_with_the_model(first in policy(), ops in sequence(OPS_MAX)) {
+        run(first, &ops)?;
     }
 }

@@ -7,12 +7,17 @@
 //! four turn ids (so retries and `TurnConflict` come up), three context keys, three
 //! tool op ids, a handful of tiny message bodies (so revisions repeat and content is
 //! shared), and now and then an empty or over-limit id, body, note or label.
+//!
+//! Besides commands, a sequence holds comparisons, checkpoints and reopens; a reopen
+//! names the checkpoint policy of the next open and what happens to the projections
+//! file while the engine is closed.
 
 use super::reference::Model;
 use annal::*;
 use proptest::collection::vec;
 use proptest::prelude::*;
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 /// Sessions in the universe.
 pub const SESSIONS: u8 = 5;
@@ -121,6 +126,61 @@ pub enum Op {
     Batch(Vec<Op>),
     /// Compare every query now.
     Check,
+    /// Checkpoint the whole delta now ([`Engine::checkpoint`]).
+    Checkpoint,
+    /// Close the engine, do `projections` to its projections file, and open the same
+    /// file again with `policy`.
+    Reopen { policy: Policy, projections: AtOpen },
+}
+
+/// When the engine checkpoints its delta.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Policy {
+    /// [`CheckpointPolicy::default`].
+    Default,
+    /// A checkpoint every `events` events (1 to 7) and every millisecond.
+    Eager { events: u8 },
+    /// No checkpoint before close.
+    Lazy,
+    /// No checkpoint by count or age, but a delta bound of `bytes`, which most commits
+    /// cross: the writer then waits for the checkpointer (backpressure).
+    Bounded { bytes: u16 },
+}
+
+impl Policy {
+    /// The engine's policy.
+    pub fn checkpoint(self) -> CheckpointPolicy {
+        let never = CheckpointPolicy {
+            events: u64::MAX,
+            delta_bytes: u64::MAX,
+            interval: Duration::from_secs(3600),
+            delta_bytes_max: u64::MAX,
+        };
+        match self {
+            Policy::Default => CheckpointPolicy::default(),
+            Policy::Eager { events } => CheckpointPolicy {
+                events: u64::from(events),
+                interval: Duration::from_millis(1),
+                ..CheckpointPolicy::default()
+            },
+            Policy::Lazy => never,
+            Policy::Bounded { bytes } => CheckpointPolicy { delta_bytes_max: u64::from(bytes), ..never },
+        }
+    }
+}
+
+/// What happens to the projections file while the engine is closed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AtOpen {
+    /// Nothing: the open folds nothing (close checkpointed the whole delta).
+    Keep,
+    /// It is deleted: the open rebuilds it from the whole log.
+    Delete,
+    /// It is replaced by a copy taken at an earlier close (the `n`th, modulo their
+    /// number), as a crash with the delta since then unflushed would leave it: the open
+    /// folds the log past that copy's checkpoint. Without an earlier close, nothing
+    /// happens.
+    Stale(u8),
 }
 
 /// How much likelier each common choice is than each rare one.
@@ -369,6 +429,27 @@ pub fn single() -> impl Strategy<Value = Op> {
     ]
 }
 
+/// A checkpoint policy: mostly eager or lazy, now and then the default or a tight
+/// delta bound.
+pub fn policy() -> impl Strategy<Value = Policy> {
+    prop_oneof![
+        2 => Just(Policy::Default),
+        4 => (1u8..8).prop_map(|events| Policy::Eager { events }),
+        3 => Just(Policy::Lazy),
+        1 => (128u16..2048).prop_map(|bytes| Policy::Bounded { bytes }),
+    ]
+}
+
+/// A close and an open, with a policy and what happens to the projections file between.
+fn reopen() -> impl Strategy<Value = Op> {
+    let at_open = prop_oneof![
+        3 => Just(AtOpen::Keep),
+        2 => Just(AtOpen::Delete),
+        3 => any::<u8>().prop_map(AtOpen::Stale),
+    ];
+    (policy(), at_open).prop_map(|(policy, projections)| Op::Reopen { policy, projections })
+}
+
 /// One operation of a sequence.
 pub fn op() -> impl Strategy<Value = Op> {
     let member = prop_oneof![20 => single(), 1 => Just(Op::Batch(Vec::new()))];
@@ -377,6 +458,8 @@ pub fn op() -> impl Strategy<Value = Op> {
         30 => single(),
         4 => members.prop_map(Op::Batch),
         1 => Just(Op::Check),
+        1 => Just(Op::Checkpoint),
+        1 => reopen(),
     ]
 }
 
@@ -502,7 +585,7 @@ pub fn resolve(op: &Op, model: &Model, history: &History) -> Command {
             let mut commands = Vec::with_capacity(members.len());
             for m in members {
                 let c = match m {
-                    Op::Batch(_) | Op::Check => Command::Batch(Vec::new()),
+                    Op::Batch(_) | Op::Check | Op::Checkpoint | Op::Reopen { .. } => Command::Batch(Vec::new()),
                     single => resolve(single, &scratch, history),
                 };
                 let _ = scratch.apply(&c);
@@ -510,7 +593,7 @@ pub fn resolve(op: &Op, model: &Model, history: &History) -> Command {
             }
             Command::Batch(commands)
         }
-        Op::Check => Command::Batch(Vec::new()),
+        Op::Check | Op::Checkpoint | Op::Reopen { .. } => Command::Batch(Vec::new()),
         Op::Create { s, labels: l, metadata, messages } => Command::CreateSession(CreateSession {
             session: new_id(*s),
             labels: labels(l),
