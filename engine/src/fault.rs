@@ -201,3 +201,34 @@ impl<B: StorageBackend> StorageBackend for FaultyBackend<B> {
         self.inner.query_lock_range(start, end)
     }
 }
+
+/// An in-memory storage backend whose clones share the same bytes, so that a database can
+/// be closed and opened again on it, or read back after the engine that wrote it is gone
+/// (tests and fuzz targets).
+#[derive(Clone, Debug, Default)]
+pub struct SharedMemory(Arc<redb::backends::InMemoryBackend>);
+
+impl SharedMemory {
+    /// An empty file.
+    pub fn new() -> SharedMemory {
+        SharedMemory::default()
+    }
+}
+
+impl StorageBackend for SharedMemory {
+    fn len(&self) -> Result<u64, std::io::Error> {
+        self.0.len()
+    }
+    fn read(&self, offset: u64, out: &mut [u8]) -> Result<(), std::io::Error> {
+        self.0.read(offset, out)
+    }
+    fn set_len(&self, len: u64) -> Result<(), std::io::Error> {
+        self.0.set_len(len)
+    }
+    fn sync_data(&self) -> Result<(), std::io::Error> {
+        self.0.sync_data()
+    }
+    fn write(&self, offset: u64, data: &[u8]) -> Result<(), std::io::Error> {
+        self.0.write(offset, data)
+    }
+}

@@ -25,9 +25,7 @@ use annal::{
 };
 use arbitrary::Arbitrary;
 use libfuzzer_sys::fuzz_target;
-use redb::backends::InMemoryBackend;
-use redb::StorageBackend;
-use std::sync::Arc;
+use annal::fault::SharedMemory;
 
 /// Sessions the commands address; most ids come from this pool so that commands meet.
 const POOL: usize = 4;
@@ -440,36 +438,13 @@ fn query_everything(engine: &Engine, sessions: &[SessionId]) {
     }
 }
 
-/// An in-memory file that outlives the engine that opened it, so the engine can be
-/// reopened on it.
-#[derive(Clone, Debug, Default)]
-struct Shared(Arc<InMemoryBackend>);
-
-impl StorageBackend for Shared {
-    fn len(&self) -> Result<u64, std::io::Error> {
-        self.0.len()
-    }
-    fn read(&self, offset: u64, out: &mut [u8]) -> Result<(), std::io::Error> {
-        self.0.read(offset, out)
-    }
-    fn set_len(&self, len: u64) -> Result<(), std::io::Error> {
-        self.0.set_len(len)
-    }
-    fn sync_data(&self) -> Result<(), std::io::Error> {
-        self.0.sync_data()
-    }
-    fn write(&self, offset: u64, data: &[u8]) -> Result<(), std::io::Error> {
-        self.0.write(offset, data)
-    }
-}
-
 fn options() -> Options {
     Options { limits: limits(), durability: Durability::Relaxed, cache_bytes: 1 << 20, ..Options::default() }
 }
 
 /// Reopens the engine on `log` and `projections`, and checks that it reads the same tip
 /// and projections as before it closed.
-fn reopen(log: &Shared, projections: &Shared, tip: u64, digests: &[annal::TableDigest]) -> Engine {
+fn reopen(log: &SharedMemory, projections: &SharedMemory, tip: u64, digests: &[annal::TableDigest]) -> Engine {
     let engine = Engine::open_with_backends(log.clone(), projections.clone(), options()).expect("reopen");
     assert_eq!(engine.tip().expect("tip").0, tip, "reopened: the same tip");
     assert_eq!(engine.projection_digests().expect("digests"), digests, "reopened: the same projections");
@@ -477,7 +452,7 @@ fn reopen(log: &Shared, projections: &Shared, tip: u64, digests: &[annal::TableD
 }
 
 fuzz_target!(|ops: Vec<Op>| {
-    let (log, projections) = (Shared::default(), Shared::default());
+    let (log, projections) = (SharedMemory::new(), SharedMemory::new());
     let engine = Engine::open_with_backends(log.clone(), projections.clone(), options()).expect("open in memory");
     let mut pool = [SessionId([0; 16]); POOL];
     for (i, s) in pool.iter_mut().enumerate() {

@@ -11,32 +11,7 @@
 
 use annal::{Durability, Engine, Error, EventQuery, Options, ProjectionSet};
 use libfuzzer_sys::fuzz_target;
-use redb::backends::InMemoryBackend;
-use redb::StorageBackend;
-use std::sync::Arc;
-
-/// An in-memory file that outlives the engine that opened it, so the engine can be
-/// reopened on it.
-#[derive(Clone, Debug, Default)]
-struct Shared(Arc<InMemoryBackend>);
-
-impl StorageBackend for Shared {
-    fn len(&self) -> Result<u64, std::io::Error> {
-        self.0.len()
-    }
-    fn read(&self, offset: u64, out: &mut [u8]) -> Result<(), std::io::Error> {
-        self.0.read(offset, out)
-    }
-    fn set_len(&self, len: u64) -> Result<(), std::io::Error> {
-        self.0.set_len(len)
-    }
-    fn sync_data(&self) -> Result<(), std::io::Error> {
-        self.0.sync_data()
-    }
-    fn write(&self, offset: u64, data: &[u8]) -> Result<(), std::io::Error> {
-        self.0.write(offset, data)
-    }
-}
+use annal::fault::SharedMemory;
 
 fn options() -> Options {
     Options { durability: Durability::Relaxed, cache_bytes: 1 << 20, ..Options::default() }
@@ -46,7 +21,7 @@ fuzz_target!(|data: &[u8]| {
     let Ok(parsed) = annal_replay::export::parse_import(&mut &data[..]) else {
         return;
     };
-    let (log, projections) = (Shared::default(), Shared::default());
+    let (log, projections) = (SharedMemory::new(), SharedMemory::new());
     let engine = Engine::open_with_backends(log.clone(), projections.clone(), options()).expect("open in memory");
     let empty = engine.projection_digests().expect("digests");
     let count = parsed.records.len() as u64;

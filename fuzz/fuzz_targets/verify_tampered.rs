@@ -13,10 +13,10 @@ use annal::tables::{CONTENT, LOG, META, PROJECTIONS};
 use annal_replay::verify::{verify, VerifyOptions};
 use arbitrary::Arbitrary;
 use libfuzzer_sys::fuzz_target;
-use redb::backends::InMemoryBackend;
+use annal::fault::SharedMemory;
 use redb::{ReadableTable, StorageBackend};
 use std::path::Path;
-use std::sync::{Arc, OnceLock};
+use std::sync::OnceLock;
 
 #[derive(Arbitrary, Debug)]
 enum Tamper {
@@ -67,28 +67,6 @@ fn sample() -> &'static Sample {
     })
 }
 
-/// An in-memory file the test keeps a handle on, to read back what redb wrote.
-#[derive(Debug, Clone)]
-struct Shared(Arc<InMemoryBackend>);
-
-impl StorageBackend for Shared {
-    fn len(&self) -> Result<u64, std::io::Error> {
-        self.0.len()
-    }
-    fn read(&self, offset: u64, out: &mut [u8]) -> Result<(), std::io::Error> {
-        self.0.read(offset, out)
-    }
-    fn set_len(&self, len: u64) -> Result<(), std::io::Error> {
-        self.0.set_len(len)
-    }
-    fn sync_data(&self) -> Result<(), std::io::Error> {
-        self.0.sync_data()
-    }
-    fn write(&self, offset: u64, data: &[u8]) -> Result<(), std::io::Error> {
-        self.0.write(offset, data)
-    }
-}
-
 /// Opens `bytes` in memory, lets `f` change it through redb, and writes the result to
 /// `path` (no fsync: the file only has to outlive this run).
 fn edit_file(
@@ -96,7 +74,7 @@ fn edit_file(
     path: &Path,
     f: impl FnOnce(&redb::WriteTransaction) -> Result<(), redb::Error>,
 ) -> Result<(), redb::Error> {
-    let backend = Shared(Arc::new(InMemoryBackend::new()));
+    let backend = SharedMemory::new();
     backend.set_len(bytes.len() as u64).expect("set_len");
     backend.write(0, bytes).expect("write");
     {
