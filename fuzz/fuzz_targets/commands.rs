@@ -18,6 +18,7 @@
 
 #![no_main]
 
+use annal::fault::SharedMemory;
 use annal::{
     AppendContext, Command, CommitTurn, CreateSession, Durability, Engine, Error, EventQuery, Expected, Fork, Limits,
     ListQuery, Message, Options, Outcome, PageRequest, ProjectionSet, RecordToolCall, RecordToolResult, Recovery,
@@ -25,7 +26,6 @@ use annal::{
 };
 use arbitrary::Arbitrary;
 use libfuzzer_sys::fuzz_target;
-use annal::fault::SharedMemory;
 
 /// Sessions the commands address; most ids come from this pool so that commands meet.
 const POOL: usize = 4;

@@ -9,9 +9,9 @@
 
 #![no_main]
 
+use annal::fault::SharedMemory;
 use annal::{Durability, Engine, Error, EventQuery, Options, ProjectionSet};
 use libfuzzer_sys::fuzz_target;
-use annal::fault::SharedMemory;
 
 fn options() -> Options {
     Options { durability: Durability::Relaxed, cache_bytes: 1 << 20, ..Options::default() }

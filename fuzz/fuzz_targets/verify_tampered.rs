@@ -9,11 +9,11 @@
 #![no_main]
 
 use annal::codec::content::entries;
+use annal::fault::SharedMemory;
 use annal::tables::{CONTENT, LOG, META, PROJECTIONS};
 use annal_replay::verify::{verify, VerifyOptions};
 use arbitrary::Arbitrary;
 use libfuzzer_sys::fuzz_target;
-use annal::fault::SharedMemory;
 use redb::{ReadableTable, StorageBackend};
 use std::path::Path;
 use std::sync::OnceLock;
