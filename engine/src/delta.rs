@@ -179,6 +179,7 @@ impl Delta {
             layers: state.layers.clone(),
             ckpt: state.checkpoint.clone(),
             log: state.log.clone(),
+            content: std::cell::OnceCell::new(),
         }
     }
 
@@ -313,6 +314,8 @@ pub struct View {
     layers: Vec<LayerRef>,
     ckpt: Arc<Checkpoint>,
     log: Arc<ReadTransaction>,
+    /// The log file's content table, opened at the first content read of this view.
+    content: std::cell::OnceCell<redb::ReadOnlyTable<u64, &'static [u8]>>,
 }
 
 impl std::fmt::Debug for View {
@@ -437,8 +440,14 @@ impl View {
         let Some(seq) = self.content_seq(id)? else {
             return Ok(None);
         };
-        let content = self.log.open_table(CONTENT)?;
-        crate::log::read_object(&content, seq, id, object_bytes_max).map(Some)
+        let content = match self.content.get() {
+            Some(table) => table,
+            None => {
+                let table = self.log.open_table(CONTENT)?;
+                self.content.get_or_init(|| table)
+            }
+        };
+        crate::log::read_object(content, seq, id, object_bytes_max).map(Some)
     }
 
     /// The seq whose content row holds `id`, from the content-id index.
