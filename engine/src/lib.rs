@@ -63,6 +63,7 @@ pub mod engine;
 pub mod error;
 pub mod evolve;
 pub mod fault;
+mod import;
 pub mod limits;
 mod log;
 pub mod migrate;
@@ -93,6 +94,7 @@ pub use engine::{
 };
 pub use error::{Error, Limit, Location, Rejection, Result};
 pub use evolve::evolve;
+pub use import::ImportStats;
 pub use limits::Limits;
 pub use log::{LogEntry, LogTail};
 pub use migrate::migrate;
@@ -105,7 +107,7 @@ pub use reader::Reader;
 pub use rebuild::rebuild_offline;
 pub use rebuild::RebuildStats;
 pub use store::{MemStore, Overlay, Store, StoreExt, Table};
-pub use writer::{CommitNotice, ImportStats, GATHER_WAIT_MAX, SUBSCRIBER_QUEUE_MAX};
+pub use writer::{CommitNotice, GATHER_WAIT_MAX, SUBSCRIBER_QUEUE_MAX};
 
 #[doc = include_str!("../../README.md")]
 #[cfg(doctest)]

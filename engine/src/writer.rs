@@ -85,18 +85,7 @@ pub(crate) enum Request {
     Command { command: Command, reply: Sender<Result<Outcome>>, compressed: Compressed },
     Rebuild { set: ProjectionSet, reply: Sender<Result<RebuildStats>> },
     Checkpoint { reply: Sender<Result<()>> },
-    Import { records: Vec<Record>, content: Vec<Vec<u8>>, reply: Sender<Result<ImportStats>> },
-}
-
-/// What an import appended.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct ImportStats {
-    /// Records appended.
-    pub records: u64,
-    /// New content objects stored.
-    pub content_objects: u64,
-    /// The log tip after the import.
-    pub tip_seq: u64,
+    Import { records: Vec<Record>, content: Vec<Vec<u8>>, reply: Sender<Result<crate::import::ImportStats>> },
 }
 
 fn now_ms() -> u64 {
@@ -234,7 +223,7 @@ fn exclusive(shared: &Shared, seq: &mut Sequencer, req: Request, checkpoints: &S
         Request::Checkpoint { reply } => drop(reply.send(drain(shared, checkpoints))),
         Request::Import { records, content, reply } => {
             let mut tip = tip;
-            let result = import(shared, &mut tip, records, content);
+            let result = crate::import::import(shared, &mut tip, records, content);
             *shared.tip.lock() = tip;
             seq.next_seq = tip.seq + 1;
             seq.clock_ms = seq.clock_ms.max(tip.clock_ms);
@@ -510,7 +499,7 @@ fn new_content<S: Store + ?Sized>(store: &S, content: Vec<(ContentId, Vec<u8>)>)
 }
 
 /// The stream seq the session's next event gets: its head's, plus one.
-fn next_stream_seq<S: Store + ?Sized>(store: &S, session: &SessionId) -> Result<u64> {
+pub(crate) fn next_stream_seq<S: Store + ?Sized>(store: &S, session: &SessionId) -> Result<u64> {
     Ok(store.row::<SessionHead>(Table::Heads, &keys::session(session))?.map_or(0, |h| h.stream_seq) + 1)
 }
 
@@ -572,7 +561,7 @@ fn apply<S: Store + ?Sized>(overlay: &mut Overlay<'_, S>, command: &Command, to:
 }
 
 /// Appends entries to the log in one durable transaction: the one write of a commit.
-fn append(shared: &Shared, tip: Tip, entries: &[Entry]) -> Result<Tip> {
+pub(crate) fn append(shared: &Shared, tip: Tip, entries: &[Entry]) -> Result<Tip> {
     let mut txn = shared.log_db.begin_write()?;
     txn.set_durability(shared.durability)?;
     let (next, written) = crate::log::append(&txn, tip, &shared.chain, shared.limits.record_bytes_max, entries)?;
@@ -581,103 +570,4 @@ fn append(shared: &Shared, tip: Tip, entries: &[Entry]) -> Result<Tip> {
     shared.stats.events.fetch_add(entries.len() as u64, Ordering::Relaxed);
     shared.stats.appended_bytes.fetch_add(written.record_bytes + written.content_bytes, Ordering::Relaxed);
     Ok(next)
-}
-
-fn import_error(seq: u64, reason: impl Into<String>) -> Error {
-    Error::Rejected(Rejection::InvalidImport { seq, reason: reason.into() })
-}
-
-/// Appends exported records as they are, in one transaction: same seqs, stream seqs,
-/// timestamps and so the same chain (under this database's key). Each record must follow
-/// the tip densely, keep the clock monotonic, refer only to content it brings or that is
-/// stored, and fold cleanly (the fold recomputes every `revision_after`). All or nothing.
-fn import(shared: &Shared, tip: &mut Tip, records: Vec<Record>, content: Vec<Vec<u8>>) -> Result<ImportStats> {
-    if shared.poisoned.load(Ordering::Acquire) {
-        return Err(Error::Poisoned);
-    }
-    let result = crate::error::fail_closed("import", || import_txn(shared, tip, records, content));
-    if matches!(result, Err(Error::Storage(_)) | Err(Error::Corrupt { location: Location::File, .. })) {
-        shared.poisoned.store(true, Ordering::Release);
-    }
-    result
-}
-
-fn import_txn(shared: &Shared, tip: &mut Tip, records: Vec<Record>, content: Vec<Vec<u8>>) -> Result<ImportStats> {
-    let limits = &shared.limits;
-    let offered: BTreeMap<ContentId, Vec<u8>> =
-        content.into_iter().map(|bytes| (annal_codec::content_id(&bytes), bytes)).collect();
-    let view = shared.delta.view();
-    let mut overlay = Overlay::new(&view);
-    let mut entries = Vec::with_capacity(records.len());
-    let mut expected = *tip;
-    let mut stored_objects = 0u64;
-    for record in records {
-        let seq = record.seq;
-        if seq != expected.seq + 1 {
-            return Err(import_error(seq, format!("expected seq {}", expected.seq + 1)));
-        }
-        if record.committed_at_ms < expected.clock_ms {
-            return Err(import_error(seq, "committed_at goes back in time"));
-        }
-        let next_stream = next_stream_seq(&overlay, &record.session)?;
-        if record.stream_seq != next_stream {
-            return Err(import_error(seq, format!("expected stream seq {next_stream}")));
-        }
-        if let annal_codec::Event::TurnCommitted(e) = &record.event {
-            let hash = annal_codec::turn_commit_hash(&e.messages, &e.usage, &e.applied_context, &e.tool_ops);
-            if hash != e.commit_hash {
-                return Err(import_error(seq, "commit hash does not recompute"));
-            }
-        }
-        let mut introduced = Vec::new();
-        for id in record.event.content_refs() {
-            take_offered(&offered, &overlay, &id, limits, &mut introduced).map_err(|e| match e {
-                Error::Storage(s) => Error::Storage(s),
-                other => import_error(seq, other.to_string()),
-            })?;
-        }
-        stored_objects += introduced.len() as u64;
-        introduced.sort_by_key(|o| o.id);
-        let ids: Vec<ContentId> = introduced.iter().map(|o| o.id).collect();
-        evolve(&mut overlay, &record, &ids, ProjectionSet::all()).map_err(|e| match e {
-            Error::Storage(s) => Error::Storage(s),
-            other => import_error(seq, other.to_string()),
-        })?;
-        expected = Tip { seq, hash: expected.hash, clock_ms: record.committed_at_ms };
-        entries.push(Entry { record, content: introduced });
-    }
-    if entries.is_empty() {
-        return Ok(ImportStats { records: 0, content_objects: 0, tip_seq: tip.seq });
-    }
-    let writes = overlay.into_writes();
-    drop(view);
-    let events = entries.len() as u64;
-    *tip = append(shared, *tip, &entries)?;
-    shared.delta.apply(&writes, tip.seq, tip.hash, events, shared.log_db.begin_read()?);
-    Ok(ImportStats { records: events, content_objects: stored_objects, tip_seq: tip.seq })
-}
-
-/// Makes sure content `id` is stored, taking it from `offered` if it is neither stored
-/// nor already taken; message objects bring their attachments along.
-fn take_offered<S: Store + ?Sized>(
-    offered: &BTreeMap<ContentId, Vec<u8>>,
-    store: &S,
-    id: &ContentId,
-    limits: &Limits,
-    taken: &mut Vec<StoredObject>,
-) -> Result<()> {
-    if taken.iter().any(|t| t.id == *id) || store.get(Table::ContentIndex, &id.0)?.is_some() {
-        return Ok(());
-    }
-    let bytes = offered.get(id).ok_or_else(|| {
-        Error::Rejected(Rejection::InvalidRequest { reason: format!("content {id} is neither offered nor stored") })
-    })?;
-    limits.check(Limit::ContentBytes, bytes.len() as u64)?;
-    taken.push(StoredObject::encoded(*id, bytes));
-    if let Ok(message) = annal_codec::decode_message(bytes, limits.content_bytes_max.saturating_add(1024)) {
-        for a in &message.attachments {
-            take_offered(offered, store, a, limits, taken)?;
-        }
-    }
-    Ok(())
 }
