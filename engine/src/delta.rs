@@ -23,7 +23,7 @@ use crate::tables::{self, logical_key, physical_key, CONTENT, PROJECTIONS};
 use annal_codec::{ChainHash, ContentId};
 use parking_lot::{Condvar, Mutex, RwLock};
 use redb::ReadTransaction;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -39,8 +39,10 @@ const VERSION_OVERHEAD_BYTES: u64 = 48;
 /// Projection rows folded from a contiguous range of the log.
 #[derive(Debug)]
 pub(crate) struct Layer {
-    /// Physical key → versions, oldest first.
-    rows: BTreeMap<Vec<u8>, Vec<(u64, Value)>>,
+    /// Physical key → versions, oldest first: point reads are one hash lookup.
+    rows: HashMap<Arc<[u8]>, Vec<(u64, Value)>>,
+    /// The same keys in physical order, for scans and checkpoints.
+    order: BTreeSet<Arc<[u8]>>,
     /// The last seq folded into this layer.
     pub last_seq: u64,
     /// `h(last_seq)`.
@@ -55,7 +57,7 @@ pub(crate) struct Layer {
 
 impl Layer {
     fn new(last_seq: u64, last_hash: ChainHash) -> Layer {
-        Layer { rows: BTreeMap::new(), last_seq, last_hash, events: 0, bytes: 0, started: None }
+        Layer { rows: HashMap::new(), order: BTreeSet::new(), last_seq, last_hash, events: 0, bytes: 0, started: None }
     }
 
     /// The version of `key` visible at `seq`, if this layer has one.
@@ -71,10 +73,12 @@ impl Layer {
                 let physical = physical_key(*table, key);
                 let value: Value = value.as_deref().map(Arc::from);
                 self.bytes += VERSION_OVERHEAD_BYTES + value.as_ref().map_or(0, |v| v.len() as u64);
-                match self.rows.get_mut(&physical) {
+                match self.rows.get_mut(physical.as_slice()) {
                     Some(versions) => versions.push((seq, value)),
                     None => {
-                        self.bytes += physical.len() as u64;
+                        self.bytes += 2 * physical.len() as u64;
+                        let physical: Arc<[u8]> = Arc::from(physical);
+                        self.order.insert(physical.clone());
                         self.rows.insert(physical, vec![(seq, value)]);
                     }
                 }
@@ -88,7 +92,7 @@ impl Layer {
 
     /// Every row's newest version, in physical key order: what a checkpoint writes.
     pub fn newest(&self) -> impl Iterator<Item = (&[u8], &Value)> {
-        self.rows.iter().filter_map(|(k, v)| v.last().map(|(_, v)| (k.as_slice(), v)))
+        self.order.iter().filter_map(|k| self.rows.get(k).and_then(|v| v.last()).map(|(_, v)| (&**k, v)))
     }
 
     /// Rows in this layer.
@@ -383,12 +387,13 @@ impl View {
         let mut delta: BTreeMap<Vec<u8>, Value> = BTreeMap::new();
         for layer in &self.layers {
             let layer = layer.read();
-            for (k, _) in layer.rows.range(start.to_vec()..) {
+            let from: Arc<[u8]> = Arc::from(start);
+            for k in layer.order.range(from..) {
                 if !k.starts_with(start) {
                     break;
                 }
                 if let Some(v) = layer.get_at(k, self.seq) {
-                    delta.insert(k.clone(), v.clone());
+                    delta.insert(k.to_vec(), v.clone());
                 }
             }
         }
