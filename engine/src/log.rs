@@ -332,7 +332,8 @@ impl<K: redb::Key, V: redb::Value> NameStr for redb::TableDefinition<'_, K, V> {
     }
 }
 
-/// Whether `db` is readable as a log (for read-only openers).
+/// A read snapshot of `db` and its log tip, checked (a new, empty file has tip 0); for
+/// read-only openers.
 pub(crate) fn read_tip(db: &dyn ReadableDatabase, chain: &LogChain) -> Result<(ReadTransaction, Tip)> {
     let txn = db.begin_read()?;
     match check_log(&txn, chain)? {

@@ -30,7 +30,7 @@ pub type Progress<'a> = &'a mut dyn FnMut(u64, u64);
 /// may have open for writing: the log is opened read-only, the projections file for
 /// writing, and the rebuild commits in one durable transaction (readers see the old
 /// projections or the new ones). Projections outside `set` that are behind the log are
-/// brought up to it in the same pass. Returns the stats and the sessions in the heads.
+/// brought up to it in the same pass. Returns what the fold read.
 pub fn rebuild_offline(
     path: impl AsRef<Path>,
     options: &Options,

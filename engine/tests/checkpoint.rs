@@ -168,15 +168,21 @@ fn open_after_a_crash_folds_the_log_past_the_checkpoint() {
     engine.close().unwrap();
 }
 
-/// Deleting the projections file loses nothing: the next open rebuilds it.
-#[test]
-fn a_deleted_projections_file_is_rebuilt_at_open() {
+/// A closed database of one session with ten turns, and its projections' digests.
+fn closed_database_of_ten_turns() -> (Db, Vec<TableDigest>) {
     let db = Db::new();
     let engine = db.open();
     let (s, rev) = create(&engine, &[Message::system("sys")]);
     commit_turns(&engine, s, "t", 10, rev);
     let live = engine.projection_digests().unwrap();
     engine.close().unwrap();
+    (db, live)
+}
+
+/// Deleting the projections file loses nothing: the next open rebuilds it.
+#[test]
+fn a_deleted_projections_file_is_rebuilt_at_open() {
+    let (db, live) = closed_database_of_ten_turns();
     std::fs::remove_file(projections_path(&db.path)).unwrap();
     let engine = db.open();
     assert_eq!(engine.projection_digests().unwrap(), live);
@@ -281,12 +287,7 @@ fn a_read_only_opener_sees_commits_past_the_checkpoint() {
 /// folds the log again.
 #[test]
 fn a_damaged_projections_file_is_replaced_at_open() {
-    let db = Db::new();
-    let engine = db.open();
-    let (s, rev) = create(&engine, &[Message::system("sys")]);
-    commit_turns(&engine, s, "t", 10, rev);
-    let live = engine.projection_digests().unwrap();
-    engine.close().unwrap();
+    let (db, live) = closed_database_of_ten_turns();
     let path = projections_path(&db.path);
     let pristine = std::fs::read(&path).unwrap();
     for at in [0, 1, 64, 4096, 4100, pristine.len() / 2, pristine.len() - 1] {
