@@ -123,7 +123,7 @@ pub(crate) fn write_layer(db: &Database, layer: &crate::delta::Layer, durability
         for (key, value) in layer.newest() {
             match value {
                 Some(v) => {
-                    table.insert(key, &**v)?;
+                    table.insert(key, v.as_slice())?;
                 }
                 None => {
                     table.remove(key)?;
@@ -287,7 +287,7 @@ pub(crate) fn fold_tail(delta: &Delta, log: &dyn ReadableDatabase, chain: &LogCh
     }
     let writes = overlay.into_writes();
     drop(view);
-    delta.apply(&writes, tip.seq, tip.hash, events, txn);
+    delta.apply(writes, tip.seq, tip.hash, events, txn);
     Ok(events)
 }
 

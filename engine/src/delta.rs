@@ -31,7 +31,11 @@ use std::time::Instant;
 pub(crate) type RowVisitor<'a> = dyn FnMut(&[u8], &[u8]) -> Result<bool> + 'a;
 
 /// A row version: the value, or `None` for a removal.
-pub(crate) type Value = Option<Arc<[u8]>>;
+pub(crate) type Value = Option<Arc<Vec<u8>>>;
+
+/// The layers' and the head cache's hasher: keys are physical keys and session ids,
+/// which no outside party chooses to collide (foldhash's fast, seeded hasher).
+type Hasher = foldhash::fast::RandomState;
 
 /// Bytes a row version costs beyond its key and value (map node, version entry).
 const VERSION_OVERHEAD_BYTES: u64 = 48;
@@ -40,7 +44,7 @@ const VERSION_OVERHEAD_BYTES: u64 = 48;
 #[derive(Debug)]
 pub(crate) struct Layer {
     /// Physical key → versions, oldest first: point reads are one hash lookup.
-    rows: HashMap<Arc<[u8]>, Vec<(u64, Value)>>,
+    rows: HashMap<Arc<[u8]>, Vec<(u64, Value)>, Hasher>,
     /// The same keys in physical order, for scans and checkpoints.
     order: BTreeSet<Arc<[u8]>>,
     /// The last seq folded into this layer.
@@ -57,7 +61,15 @@ pub(crate) struct Layer {
 
 impl Layer {
     fn new(last_seq: u64, last_hash: ChainHash) -> Layer {
-        Layer { rows: HashMap::new(), order: BTreeSet::new(), last_seq, last_hash, events: 0, bytes: 0, started: None }
+        Layer {
+            rows: HashMap::default(),
+            order: BTreeSet::new(),
+            last_seq,
+            last_hash,
+            events: 0,
+            bytes: 0,
+            started: None,
+        }
     }
 
     /// The version of `key` visible at `seq`, if this layer has one.
@@ -67,11 +79,11 @@ impl Layer {
     }
 
     /// Adds the writes of a batch that ends at `seq`.
-    fn apply(&mut self, writes: &Writes, seq: u64, hash: ChainHash, events: u64) {
+    fn apply(&mut self, writes: Writes, seq: u64, hash: ChainHash, events: u64) {
         for (table, rows) in writes {
             for (key, value) in rows {
-                let physical = physical_key(*table, key);
-                let value: Value = value.as_deref().map(Arc::from);
+                let physical = physical_key(table, &key);
+                let value: Value = value.map(Arc::new);
                 self.bytes += VERSION_OVERHEAD_BYTES + value.as_ref().map_or(0, |v| v.len() as u64);
                 match self.rows.get_mut(physical.as_slice()) {
                     Some(versions) => versions.push((seq, value)),
@@ -119,7 +131,7 @@ struct State {
     /// The heads rows as of `visible`, for the sessions read or written lately: a head
     /// read is a map lookup. Updated with every batch under this lock, so it always
     /// agrees with the views taken at `visible`.
-    heads: HashMap<[u8; 16], Arc<SessionHead>>,
+    heads: HashMap<[u8; 16], Arc<SessionHead>, Hasher>,
 }
 
 /// Sessions whose head row the delta keeps in memory at most; past it the map starts
@@ -168,7 +180,7 @@ impl Delta {
                 visible_hash: hash,
                 checkpoint: Arc::new(Checkpoint::new(checkpoint)?),
                 log: Arc::new(log),
-                heads: HashMap::new(),
+                heads: HashMap::default(),
             }),
             progress: (Mutex::new(()), Condvar::new()),
         })
@@ -189,18 +201,28 @@ impl Delta {
 
     /// Applies a durable batch ending at `seq` to the active layer and publishes it: new
     /// views read it from now on, with `log`, a snapshot of the log file that holds it.
-    pub fn apply(&self, writes: &Writes, seq: u64, hash: ChainHash, events: u64, log: ReadTransaction) {
+    pub fn apply(&self, writes: Writes, seq: u64, hash: ChainHash, events: u64, log: ReadTransaction) {
         let log = Arc::new(log);
+        // Decoded before the lock is taken; a row that does not decode is not cached (a
+        // read meets it in the view).
+        let heads: Vec<([u8; 16], Option<Arc<SessionHead>>)> = writes
+            .get(&Table::Heads)
+            .into_iter()
+            .flatten()
+            .filter_map(|(key, row)| {
+                let session = <[u8; 16]>::try_from(key.as_slice()).ok()?;
+                let head = row.as_ref().and_then(|row| decode_row::<SessionHead>(Table::Heads, key, row).ok());
+                Some((session, head.map(Arc::new)))
+            })
+            .collect();
         let mut state = self.state.write();
         if let Some(active) = state.layers.last() {
             active.write().apply(writes, seq, hash, events);
         }
-        for (key, row) in writes.get(&Table::Heads).into_iter().flatten() {
-            let Ok(session) = <[u8; 16]>::try_from(key.as_slice()) else { continue };
-            match row.as_ref().map(|row| decode_row::<SessionHead>(Table::Heads, key, row)) {
-                Some(Ok(head)) => cache_head(&mut state.heads, session, Arc::new(head)),
-                // A row that does not decode is not cached: a read meets it in the view.
-                Some(Err(_)) | None => drop(state.heads.remove(&session)),
+        for (session, head) in heads {
+            match head {
+                Some(head) => cache_head(&mut state.heads, session, head),
+                None => drop(state.heads.remove(&session)),
             }
         }
         state.visible = seq;
@@ -303,7 +325,7 @@ impl Delta {
     }
 }
 
-fn cache_head(heads: &mut HashMap<[u8; 16], Arc<SessionHead>>, session: [u8; 16], row: Arc<SessionHead>) {
+fn cache_head(heads: &mut HashMap<[u8; 16], Arc<SessionHead>, Hasher>, session: [u8; 16], row: Arc<SessionHead>) {
     if heads.len() >= HEAD_CACHE_ENTRIES_MAX && !heads.contains_key(&session) {
         heads.clear();
     }

@@ -232,6 +232,19 @@ impl<'a, S: Store + ?Sized> Overlay<'a, S> {
         self.writes
     }
 
+    /// Takes `writes` (another overlay's, staged on top of this one) as its own, moving
+    /// their rows rather than copying them.
+    pub fn absorb(&mut self, writes: Writes) {
+        for (table, rows) in writes {
+            let mine = self.writes.entry(table).or_default();
+            if mine.is_empty() {
+                *mine = rows;
+            } else {
+                mine.extend(rows);
+            }
+        }
+    }
+
     /// The stream tip this overlay has assigned for `session`, if any.
     pub fn stream_tip(&self, session: &SessionId) -> Option<u64> {
         self.streams.get(session).copied()

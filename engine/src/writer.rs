@@ -19,13 +19,13 @@ use crate::limits::Limits;
 use crate::log::{Entry, StoredObject, Tip};
 use crate::projection::{Projection, ProjectionSet, SessionHead};
 use crate::rebuild::RebuildStats;
-use crate::store::{apply_writes, keys, Overlay, Store, StoreExt, Table, Writes};
+use crate::store::{keys, Overlay, Store, StoreExt, Table, Writes};
 use annal_codec::content::ENCODING_LZ4;
 use annal_codec::{ContentId, LogChain, Record, SessionId};
-use crossbeam_channel::{bounded, Receiver, Sender};
+use crossbeam_channel::{Receiver, Sender};
 use parking_lot::Mutex;
 use redb::ReadableDatabase;
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -59,7 +59,7 @@ pub(crate) struct Shared {
     pub subscribers: Mutex<Vec<Sender<CommitNotice>>>,
     pub batch_commands_max: usize,
     pub stats: Arc<EngineStats>,
-    /// The log tip as of the last durable batch (the committer's).
+    /// The log tip as of the last durable batch (the writer's).
     pub tip: Mutex<Tip>,
     /// Whether callers compress content (`Options::compress_content`).
     pub compress_content: bool,
@@ -98,57 +98,17 @@ fn now_ms() -> u64 {
 /// each pay a full fsync.
 pub const GATHER_WAIT_MAX: Duration = Duration::from_micros(300);
 
-/// The sequencer's side of a batch sent to the committer.
-struct Sealed {
-    /// What the log gets, in order.
-    entries: Vec<Entry>,
-    /// The projection rows the batch folded.
-    writes: Arc<Writes>,
-    /// Each caller's outcome, decided; sent once the batch is durable.
-    replies: Vec<(Sender<Result<Outcome>>, Result<Outcome>)>,
-    /// One per accepted command that wrote.
-    notices: Vec<CommitNotice>,
-}
-
-/// What the committer thread receives.
-enum Job {
-    /// Append, apply, reply.
-    Batch(Sealed),
-    /// Reply once every batch before it is durable and applied.
-    Barrier(Sender<()>),
-}
-
-/// The writer: a sequencer and a committer.
+/// The writer thread: gathers a batch, decides and folds it, appends it, publishes it.
 ///
-/// The sequencer (this thread) gathers commands and decides and folds each batch on a
-/// view of the delta plus the batches still in flight, then hands the sealed batch to the
-/// committer thread, which appends it to the log (one transaction, one commit), applies
-/// its rows to the delta and replies. At most [`BATCHES_IN_FLIGHT_MAX`] batches are past
-/// the sequencer and not yet applied; with more than one, the next batch is decided
-/// while the previous one is being made durable. Nothing is acknowledged before its batch is durable; if
-/// a commit fails, the engine is poisoned and every batch after it fails too (they were
-/// decided on top of it).
+/// One thread does it all, in order: it gathers whatever is queued (waiting up to
+/// [`GATHER_WAIT_MAX`] for as many committers as the previous batch had), decides and
+/// folds each command on a view of the delta (a rejected command's staged writes are
+/// dropped), appends the batch to the log in one transaction and one fsync, applies its
+/// rows to the delta, and only then notifies subscribers and replies. Nothing is
+/// acknowledged before its batch is durable; if a commit fails, the engine is poisoned
+/// and every caller of the batch gets the error.
 pub(crate) fn run(shared: Arc<Shared>, rx: Receiver<Request>, tip: Tip, checkpoints: Sender<Signal>) {
-    let (jobs, job_rx) = bounded::<Job>(BATCHES_IN_FLIGHT_MAX.saturating_sub(1));
-    let committer = {
-        let shared = shared.clone();
-        let checkpoints = checkpoints.clone();
-        std::thread::Builder::new()
-            .name("annal-commit".into())
-            .spawn(move || commit_loop(&shared, job_rx, tip, &checkpoints))
-    };
-    let committer = match committer {
-        Ok(handle) => handle,
-        Err(e) => {
-            shared.poisoned.store(true, Ordering::Release);
-            for req in rx {
-                fail(req, Error::Storage(format!("cannot start the commit thread: {e}")));
-            }
-            let _ = checkpoints.send(Signal::Stop);
-            return;
-        }
-    };
-    let mut seq = Sequencer { next_seq: tip.seq + 1, clock_ms: tip.clock_ms, inflight: VecDeque::new() };
+    let mut seq = Sequencer { next_seq: tip.seq + 1, clock_ms: tip.clock_ms };
     let mut previous_batch = 1usize;
     while let Ok(first) = rx.recv() {
         let mut commands = Vec::new();
@@ -159,8 +119,7 @@ pub(crate) fn run(shared: Arc<Shared>, rx: Receiver<Request>, tip: Tip, checkpoi
                 Request::Command { command, reply, compressed } => commands.push((command, reply, compressed)),
                 other => {
                     // Everything before it goes first, then it runs alone on an idle log.
-                    seq.seal(&shared, std::mem::take(&mut commands), &jobs);
-                    barrier(&jobs);
+                    seq.commit(&shared, std::mem::take(&mut commands), &checkpoints);
                     exclusive(&shared, &mut seq, other, &checkpoints);
                 }
             }
@@ -176,24 +135,10 @@ pub(crate) fn run(shared: Arc<Shared>, rx: Receiver<Request>, tip: Tip, checkpoi
         if !commands.is_empty() {
             previous_batch = commands.len();
         }
-        seq.seal(&shared, commands, &jobs);
-        if BATCHES_IN_FLIGHT_MAX == 1 {
-            barrier(&jobs);
-        }
+        seq.commit(&shared, commands, &checkpoints);
     }
-    drop(jobs);
-    let _ = committer.join();
     let _ = checkpoints.send(Signal::Stop);
 }
-
-/// Batches sealed by the sequencer and not yet applied to the delta, at most. With 2, the
-/// next batch is decided while the previous one is made durable; with 1, the sequencer
-/// waits for each batch before it gathers the next. Measured on the comparison workload
-/// (`docs/benchmarks.md`), overlapping gained no throughput on this machine's disk and
-/// split 16 committers into batches half as large, which wrote 17% more bytes per commit
-/// (13.0 against 11.1 KiB): so 1. The committer thread stays, so a disk where deciding
-/// costs more than the fsync can set 2.
-pub const BATCHES_IN_FLIGHT_MAX: usize = 1;
 
 /// Fails a request that cannot run.
 fn fail(req: Request, e: Error) {
@@ -205,17 +150,11 @@ fn fail(req: Request, e: Error) {
     }
 }
 
-/// Waits until the committer has made durable and applied everything sent before.
-fn barrier(jobs: &Sender<Job>) {
-    let (tx, rx) = bounded(1);
-    if jobs.send(Job::Barrier(tx)).is_ok() {
-        let _ = rx.recv();
-    }
-}
-
-/// Runs a request that needs the log to itself (the committer is idle).
+/// Runs a request that needs the log to itself (every batch before it is applied).
 fn exclusive(shared: &Shared, seq: &mut Sequencer, req: Request, checkpoints: &Sender<Signal>) {
-    seq.inflight.clear();
+    if shared.poisoned.load(Ordering::Acquire) {
+        return fail(req, Error::Poisoned);
+    }
     let tip = *shared.tip.lock();
     match req {
         Request::Command { .. } => {}
@@ -233,70 +172,19 @@ fn exclusive(shared: &Shared, seq: &mut Sequencer, req: Request, checkpoints: &S
     }
 }
 
-/// The committer thread: appends each sealed batch, applies it, replies.
-fn commit_loop(shared: &Shared, jobs: Receiver<Job>, mut tip: Tip, checkpoints: &Sender<Signal>) {
-    for job in jobs {
-        let sealed = match job {
-            Job::Barrier(done) => {
-                let _ = done.send(());
-                continue;
-            }
-            Job::Batch(sealed) => sealed,
-        };
-        let Sealed { entries, writes, replies, notices } = sealed;
-        if entries.is_empty() {
-            for (reply, outcome) in replies {
-                let _ = reply.send(outcome);
-            }
-            continue;
-        }
-        let committed = if shared.poisoned.load(Ordering::Acquire) {
-            Err(Error::Poisoned)
-        } else {
-            crate::error::fail_closed("commit", || {
-                let next = append(shared, tip, &entries)?;
-                shared.delta.apply(&writes, next.seq, next.hash, entries.len() as u64, shared.log_db.begin_read()?);
-                Ok(next)
-            })
-        };
-        match committed {
-            Ok(next) => {
-                tip = next;
-                *shared.tip.lock() = next;
-                // Subscribers first: a caller that subscribes after its reply must not
-                // hear about its own commit.
-                notify(shared, notices);
-                for (reply, outcome) in replies {
-                    let _ = reply.send(outcome);
-                }
-                after_apply(shared, checkpoints);
-            }
-            Err(e) => {
-                shared.poisoned.store(true, Ordering::Release);
-                for (reply, _) in replies {
-                    let _ = reply.send(Err(e.clone()));
-                }
-            }
-        }
-    }
-}
-
-/// The sequencer's state: the next seq and the clock, and the batches in flight.
+/// The writer's state: the next seq and the clock.
 struct Sequencer {
     next_seq: u64,
     clock_ms: u64,
-    /// (last seq, rows) of each batch sent to the committer and maybe not applied yet.
-    inflight: VecDeque<(u64, Arc<Writes>)>,
 }
 
+/// A batch of commands with their callers' reply channels.
+type Batch = Vec<(Command, Sender<Result<Outcome>>, Compressed)>;
+
 impl Sequencer {
-    /// Decides and folds `batch` and sends it to the committer.
-    fn seal(
-        &mut self,
-        shared: &Shared,
-        batch: Vec<(Command, Sender<Result<Outcome>>, Compressed)>,
-        jobs: &Sender<Job>,
-    ) {
+    /// Decides and folds `batch`, appends it durably, applies it to the delta, then
+    /// notifies subscribers and replies.
+    fn commit(&mut self, shared: &Shared, batch: Batch, checkpoints: &Sender<Signal>) {
         if batch.is_empty() {
             return;
         }
@@ -307,47 +195,63 @@ impl Sequencer {
             return;
         }
         let commands: Vec<(&Command, &Compressed)> = batch.iter().map(|(c, _, z)| (c, z)).collect();
-        match crate::error::fail_closed("commit", || self.decide_batch(shared, &commands)) {
-            Ok(decided) => {
-                let writes = Arc::new(decided.writes);
-                if let Some(last) = decided.entries.last() {
-                    self.next_seq = last.record.seq + 1;
-                    self.clock_ms = decided.clock_ms;
-                    self.inflight.push_back((last.record.seq, writes.clone()));
+        let decided = crate::error::fail_closed("commit", || self.decide_batch(shared, &commands));
+        drop(commands);
+        let replies = batch.into_iter().map(|(_, reply, _)| reply);
+        let Decided { entries, writes, outcomes, notices, clock_ms } = match decided {
+            Ok(decided) => decided,
+            Err(e) => {
+                shared.poisoned.store(true, Ordering::Release);
+                for reply in replies {
+                    let _ = reply.send(Err(e.clone()));
                 }
-                let replies = batch.into_iter().map(|(_, reply, _)| reply).zip(decided.outcomes).collect();
-                let sealed = Sealed { entries: decided.entries, writes, replies, notices: decided.notices };
-                if let Err(unsent) = jobs.send(Job::Batch(sealed)) {
-                    if let Job::Batch(sealed) = unsent.into_inner() {
-                        for (reply, _) in sealed.replies {
-                            let _ = reply.send(Err(Error::Closed));
-                        }
-                    }
+                return;
+            }
+        };
+        if entries.is_empty() {
+            for (reply, outcome) in replies.zip(outcomes) {
+                let _ = reply.send(outcome);
+            }
+            return;
+        }
+        let tip = *shared.tip.lock();
+        let committed = crate::error::fail_closed("commit", || {
+            let next = append(shared, tip, &entries)?;
+            shared.delta.apply(writes, next.seq, next.hash, entries.len() as u64, shared.log_db.begin_read()?);
+            Ok(next)
+        });
+        match committed {
+            Ok(next) => {
+                *shared.tip.lock() = next;
+                self.next_seq = next.seq + 1;
+                self.clock_ms = clock_ms;
+                // Subscribers first: a caller that subscribes after its reply must not
+                // hear about its own commit.
+                notify(shared, notices);
+                for (reply, outcome) in replies.zip(outcomes) {
+                    let _ = reply.send(outcome);
                 }
+                after_apply(shared, checkpoints);
             }
             Err(e) => {
                 shared.poisoned.store(true, Ordering::Release);
-                for (_, reply, _) in batch {
+                for reply in replies {
                     let _ = reply.send(Err(e.clone()));
                 }
             }
         }
     }
 
-    /// Decides and folds a batch on a view of the delta plus the batches in flight. A
-    /// rejected command's staged writes are dropped, so it consumes no sequence number.
+    /// Decides and folds a batch on a view of the delta. A rejected command's staged
+    /// writes are dropped, so it consumes no sequence number.
     fn decide_batch(&mut self, shared: &Shared, commands: &[(&Command, &Compressed)]) -> Result<Decided> {
         let clock_ms = now_ms().max(self.clock_ms);
         let view = shared.delta.view();
-        while self.inflight.front().is_some_and(|(last, _)| *last <= view.seq()) {
-            self.inflight.pop_front();
-        }
-        let base = InFlight { view: &view, batches: &self.inflight };
         let mut next_seq = self.next_seq;
         let mut outcomes = Vec::with_capacity(commands.len());
         let mut notices = Vec::new();
         let mut entries: Vec<Entry> = Vec::new();
-        let mut accepted = Overlay::new(&base);
+        let mut accepted = Overlay::new(&view);
         for (command, compressed) in commands {
             let mut staged = Vec::new();
             let mut seq = next_seq;
@@ -365,7 +269,7 @@ impl Sequencer {
                     continue;
                 }
             };
-            apply_writes(&mut accepted, writes)?;
+            accepted.absorb(writes);
             next_seq = seq;
             let mut sessions = Vec::new();
             for entry in &staged {
@@ -395,30 +299,6 @@ struct Decided {
     outcomes: Vec<Result<Outcome>>,
     notices: Vec<CommitNotice>,
     clock_ms: u64,
-}
-
-/// The projections as the next batch must see them: the view, under the rows of the
-/// batches in flight (newest first).
-struct InFlight<'a> {
-    view: &'a crate::delta::View,
-    batches: &'a VecDeque<(u64, Arc<Writes>)>,
-}
-
-impl Store for InFlight<'_> {
-    fn get(&self, table: Table, key: &[u8]) -> Result<Option<Vec<u8>>> {
-        for (_, writes) in self.batches.iter().rev() {
-            if let Some(value) = writes.get(&table).and_then(|rows| rows.get(key)) {
-                return Ok(value.clone());
-            }
-        }
-        self.view.get(table, key)
-    }
-    fn put(&mut self, _: Table, _: &[u8], _: &[u8]) -> Result<()> {
-        Err(Error::Storage("the batches in flight are read-only".into()))
-    }
-    fn remove(&mut self, _: Table, _: &[u8]) -> Result<()> {
-        Err(Error::Storage("the batches in flight are read-only".into()))
-    }
 }
 
 /// After a batch is applied to the delta: freezes the active layer for the checkpointer
