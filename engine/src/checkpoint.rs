@@ -252,7 +252,9 @@ pub(crate) fn catch_up(
         let mut overlay = Overlay::new(&store);
         let from = cursors.min();
         let total = tip.seq.saturating_sub(from);
-        for entry in LogTail::new(log, chain, from, tip.seq, limits.record_bytes_max, limits.content_bytes_max)? {
+        for entry in
+            LogTail::new(log, chain, from, tip.seq, limits.record_bytes_max, limits.message_object_bytes_max())?
+        {
             let entry = entry?;
             evolve(&mut overlay, &entry.record, &entry.introduced, cursors.behind(entry.record.seq))?;
             events += 1;
@@ -280,7 +282,9 @@ pub(crate) fn fold_tail(delta: &Delta, log: &dyn ReadableDatabase, chain: &LogCh
     }
     let mut overlay = Overlay::new(&view);
     let mut events = 0;
-    for entry in LogTail::new(&txn, chain, view.seq(), tip.seq, limits.record_bytes_max, limits.content_bytes_max)? {
+    for entry in
+        LogTail::new(&txn, chain, view.seq(), tip.seq, limits.record_bytes_max, limits.message_object_bytes_max())?
+    {
         let entry = entry?;
         evolve(&mut overlay, &entry.record, &entry.introduced, ProjectionSet::all())?;
         events += 1;

@@ -54,17 +54,16 @@ impl ContentSet {
         for a in &m.attachments {
             attachments.push(self.add(limits, a.clone())?);
         }
+        // The limit applies to what the host sends, the body; the stored object adds at
+        // most `message_object_bytes_max() - content_bytes_max` bytes to it.
         limits.check(Limit::ContentBytes, m.body.len() as u64)?;
         let object =
             MessageObject { role: m.role, content_type: m.content_type.clone(), body: m.body.clone(), attachments };
-        // The limit applies to the message object as stored, so measure that (without
-        // allocating) and report its size.
-        let size = wire::encoded_len(&object, u64::MAX)
+        let bytes = encode_message(&object, limits.message_object_bytes_max())
             .map_err(|e| Error::Rejected(Rejection::InvalidRequest { reason: format!("message: {e}") }))?;
-        limits.check(Limit::ContentBytes, size)?;
-        let bytes = encode_message(&object, size)
-            .map_err(|e| Error::Rejected(Rejection::InvalidRequest { reason: format!("message: {e}") }))?;
-        self.add(limits, bytes)
+        let id = content_id(&bytes);
+        self.0.entry(id).or_insert(bytes);
+        Ok(id)
     }
 
     fn messages(&mut self, limits: &Limits, ms: &[Message]) -> Result<Vec<ContentId>> {
@@ -131,10 +130,16 @@ fn head<S: Store + ?Sized>(store: &S, session: &SessionId) -> Result<SessionHead
 
 fn live_head<S: Store + ?Sized>(store: &S, session: &SessionId) -> Result<SessionHead> {
     let h = head(store, session)?;
+    live(&h, session)?;
+    Ok(h)
+}
+
+/// `Archived` unless `h` is live.
+fn live(h: &SessionHead, session: &SessionId) -> Result<()> {
     if h.archived {
         return reject(Rejection::Archived { session: *session });
     }
-    Ok(h)
+    Ok(())
 }
 
 fn expect_revision(head: &SessionHead, expected: &RevisionId) -> Result<()> {
@@ -471,11 +476,14 @@ fn append_context<S: Store + ?Sized>(store: &S, c: &AppendContext, limits: &Limi
     }
     let mut content = ContentSet::default();
     let id = content.add(limits, c.content.clone())?;
-    live_head(store, &c.session)?;
-    if let Some(entry) = store.row::<ContextEntry>(Table::Context, &keys::session_str(&c.session, &c.key))? {
-        if entry.content == id {
-            return Ok(Decision::Noop(Outcome::Duplicate));
-        }
+    let h = head(store, &c.session)?;
+    let entry = store.row::<ContextEntry>(Table::Context, &keys::session_str(&c.session, &c.key))?;
+    // An exact retry answers as a retry whatever the session's state (§6 retries).
+    if entry.as_ref().is_some_and(|e| e.content == id) {
+        return Ok(Decision::Noop(Outcome::Duplicate));
+    }
+    live(&h, &c.session)?;
+    if entry.is_some() {
         return reject(Rejection::ContextConflict { key: c.key.clone() });
     }
     let event = Event::ContextAppended(ContextAppended { key: c.key.clone(), content: id, source: c.source.clone() });
@@ -497,8 +505,22 @@ fn tool_call<S: Store + ?Sized>(store: &S, c: &RecordToolCall, limits: &Limits) 
     }
     let mut content = ContentSet::default();
     let args = content.add(limits, c.args.clone())?;
-    live_head(store, &c.session)?;
-    if let Some(op) = store.row::<ToolOp>(Table::ToolOps, &keys::session_str(&c.session, &c.op_id))? {
+    let h = head(store, &c.session)?;
+    let existing = store.row::<ToolOp>(Table::ToolOps, &keys::session_str(&c.session, &c.op_id))?;
+    let exact = |op: &ToolOp| {
+        op.tool_name == c.tool_name
+            && op.args == args
+            && op.parent_op == c.parent_op
+            && op.call_id == c.call_id
+            && op.turn_id == c.turn_id
+            && op.recovery == c.recovery
+    };
+    // An exact retry answers as a retry whatever the session's state (§6 retries).
+    if existing.as_ref().is_some_and(exact) {
+        return Ok(Decision::Noop(Outcome::Tool { created: false, seq: None }));
+    }
+    live(&h, &c.session)?;
+    if let Some(op) = existing {
         let field = if op.tool_name != c.tool_name {
             Some("tool_name")
         } else if op.args != args {
@@ -540,14 +562,19 @@ fn tool_result<S: Store + ?Sized>(store: &S, c: &RecordToolResult, limits: &Limi
     limits.check_id("op id", &c.op_id)?;
     let mut content = ContentSet::default();
     let result = content.add(limits, c.result.clone())?;
-    live_head(store, &c.session)?;
-    let Some(op) = store.row::<ToolOp>(Table::ToolOps, &keys::session_str(&c.session, &c.op_id))? else {
-        return reject(Rejection::ToolOrphan { op_id: c.op_id.clone() });
-    };
-    if let ToolState::Settled { outcome, result: stored, .. } = op.state {
-        if outcome == c.outcome && stored == result {
+    let h = head(store, &c.session)?;
+    let op = store.row::<ToolOp>(Table::ToolOps, &keys::session_str(&c.session, &c.op_id))?;
+    // An exact retry answers as a retry whatever the session's state (§6 retries).
+    if let Some(ToolState::Settled { outcome, result: stored, .. }) = op.as_ref().map(|op| &op.state) {
+        if *outcome == c.outcome && *stored == result {
             return Ok(Decision::Noop(Outcome::Tool { created: false, seq: None }));
         }
+    }
+    live(&h, &c.session)?;
+    let Some(op) = op else {
+        return reject(Rejection::ToolOrphan { op_id: c.op_id.clone() });
+    };
+    if let ToolState::Settled { outcome, .. } = op.state {
         let field = if outcome != c.outcome { "outcome" } else { "result" };
         return reject(Rejection::ToolConflict { op_id: c.op_id.clone(), field });
     }
@@ -563,13 +590,16 @@ fn set_labels<S: Store + ?Sized>(store: &S, c: &SetLabels, limits: &Limits) -> R
     if c.set.keys().any(|k| c.remove.contains(k)) {
         return invalid("a label key is both set and removed");
     }
-    let h = live_head(store, &c.session)?;
+    let h = head(store, &c.session)?;
     let set: BTreeMap<String, String> =
         c.set.iter().filter(|(k, v)| h.labels.get(*k) != Some(*v)).map(|(k, v)| (k.clone(), v.clone())).collect();
     let remove: BTreeSet<String> = c.remove.iter().filter(|k| h.labels.contains_key(*k)).cloned().collect();
+    // A request that changes nothing (an exact retry) answers as a retry whatever the
+    // session's state (§6 retries).
     if set.is_empty() && remove.is_empty() {
         return Ok(Decision::Noop(Outcome::Labels { seq: None }));
     }
+    live(&h, &c.session)?;
     let mut after = h.labels.clone();
     remove.iter().for_each(|k| {
         after.remove(k);

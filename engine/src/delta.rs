@@ -376,7 +376,14 @@ impl View {
         limits: &crate::Limits,
         chain: &annal_codec::LogChain,
     ) -> Result<crate::log::LogTail> {
-        crate::log::LogTail::new(&self.log, chain, after, self.seq, limits.record_bytes_max, limits.content_bytes_max)
+        crate::log::LogTail::new(
+            &self.log,
+            chain,
+            after,
+            self.seq,
+            limits.record_bytes_max,
+            limits.message_object_bytes_max(),
+        )
     }
 
     /// The stored bytes of record `seq`, unchecked, if it is at or below this view's seq.

@@ -229,6 +229,7 @@ impl Engine {
     /// log as needed.
     pub fn open_with(path: impl AsRef<Path>, options: Options) -> Result<Engine> {
         let path = path.as_ref();
+        options.limits.validate()?;
         refuse_unreadable_format(path, &options)?;
         let log = open_file(path, &options)?;
         let projections = open_projections(&projections_path(path), &options)?;
@@ -239,6 +240,7 @@ impl Engine {
     /// example the fault-injecting one in [`crate::fault`]. The projections live in
     /// memory and are folded from the log at every open.
     pub fn open_with_backend(backend: impl redb::StorageBackend, options: Options) -> Result<Engine> {
+        options.limits.validate()?;
         let log = fail_closed("open", || Ok(builder(&options).create_with_backend(backend)?))?;
         // Memory is private to this process: it needs no multi-process locking.
         let mut b = builder(&options);
@@ -254,6 +256,7 @@ impl Engine {
         projections: impl redb::StorageBackend,
         options: Options,
     ) -> Result<Engine> {
+        options.limits.validate()?;
         let log = fail_closed("open", || Ok(builder(&options).create_with_backend(log)?))?;
         let projections = fail_closed("open", || Ok(builder(&options).create_with_backend(projections)?))?;
         fail_closed("open", || Engine::start(log, projections, options))

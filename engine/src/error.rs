@@ -267,6 +267,25 @@ pub enum Error {
         /// The budget.
         max_bytes: u64,
     },
+    /// A message in a transcript page is larger than the page's byte budget by itself.
+    #[error("message at position {position} has a {size}-byte body, over the page budget of {max_bytes}")]
+    OversizedMessage {
+        /// Its position in the transcript.
+        position: u64,
+        /// Its body's size in bytes.
+        size: u64,
+        /// The budget.
+        max_bytes: u64,
+    },
+    /// The configured [`crate::Limits`] cannot be used (see [`crate::Limits::validate`]);
+    /// nothing was opened.
+    #[error("invalid limits: {limit} {detail}")]
+    InvalidLimits {
+        /// The limit at fault.
+        limit: Limit,
+        /// Why.
+        detail: String,
+    },
     /// Stored data failed verification.
     #[error("corrupt data at {location}: {detail}")]
     Corrupt {

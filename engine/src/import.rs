@@ -119,9 +119,19 @@ fn take_offered<S: Store + ?Sized>(
     let bytes = offered.get(id).ok_or_else(|| {
         Error::Rejected(Rejection::InvalidRequest { reason: format!("content {id} is neither offered nor stored") })
     })?;
-    limits.check(Limit::ContentBytes, bytes.len() as u64)?;
+    // An imported object is stored as it is: bounded by the largest object a command could
+    // have stored (a message object with its body at `content_bytes_max`).
+    let size = bytes.len() as u64;
+    if size > limits.message_object_bytes_max() {
+        let rejection = Rejection::LimitExceeded {
+            limit: Limit::ContentBytes,
+            actual: size,
+            max: limits.message_object_bytes_max(),
+        };
+        return Err(Error::Rejected(rejection));
+    }
     taken.push(StoredObject::encoded(*id, bytes));
-    if let Ok(message) = annal_codec::decode_message(bytes, limits.content_bytes_max.saturating_add(1024)) {
+    if let Ok(message) = annal_codec::decode_message(bytes, limits.message_object_bytes_max()) {
         for a in &message.attachments {
             take_offered(offered, store, a, limits, taken)?;
         }

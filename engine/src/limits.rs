@@ -1,12 +1,15 @@
 //! Every size the engine accepts is bounded (SPEC §7.10, §8).
 
-use crate::error::{Limit, Rejection};
+use crate::error::{Error, Limit, Rejection};
 
 /// The configurable limits. Each one has a typed error, [`Rejection::LimitExceeded`]
 /// naming the [`Limit`].
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Limits {
-    /// Bytes of one content object. Default 16 MiB.
+    /// Bytes of one content object as the host sends it: a message body, an attachment,
+    /// a context text, tool arguments or a result. Default 16 MiB. A stored message
+    /// object adds its role, content type and attachment ids to the body (see
+    /// [`Limits::message_object_bytes_max`]).
     pub content_bytes_max: u64,
     /// Bytes of one command. Default 64 MiB.
     pub command_bytes_max: u64,
@@ -22,7 +25,8 @@ pub struct Limits {
     pub id_bytes_max: u64,
     /// Items in one page. Default 10,000.
     pub page_items_max: u64,
-    /// Bytes in one page. Default 64 MiB.
+    /// Bytes in one page: event records, or message bodies in a transcript page. Default
+    /// 64 MiB; at least [`Limits::message_object_bytes_max`], so any message fits a page.
     pub page_bytes_max: u64,
     /// Bytes of one decoded record. Default 128 MiB.
     pub record_bytes_max: u64,
@@ -63,7 +67,79 @@ impl Default for Limits {
     }
 }
 
+/// The largest value a length that a key or a content row encodes can hold: ids, label
+/// keys and values are stored behind a u16 length in projection keys.
+pub const KEY_COMPONENT_BYTES_MAX: u64 = u16::MAX as u64;
+
+/// The largest stored content object a content row can hold (its length is a u32).
+pub const OBJECT_BYTES_MAX: u64 = u32::MAX as u64;
+
 impl Limits {
+    /// Bytes of the largest message object a message within these limits encodes to:
+    /// the body (`content_bytes_max`) plus the role tag (at most 5 bytes), the content
+    /// type (a length of at most 9 bytes and `id_bytes_max`), the body's length (9), the
+    /// attachment count (9) and 32 bytes per attachment id. Readers bound a message's
+    /// decoding by it.
+    pub fn message_object_bytes_max(&self) -> u64 {
+        let overhead = 5 + 9 + 9 + 9;
+        self.content_bytes_max
+            .saturating_add(overhead)
+            .saturating_add(self.id_bytes_max)
+            .saturating_add(self.attachments_per_message_max.saturating_mul(32))
+    }
+
+    /// Checks that the storage format can represent every value these limits allow, and
+    /// that they are usable; every open checks it before it touches a file.
+    ///
+    /// Refused with [`Error::InvalidLimits`]: a zero for a size or count that every
+    /// command needs (`content_bytes_max`, `command_bytes_max`, `messages_per_command_max`,
+    /// `id_bytes_max`, `page_items_max`, `page_bytes_max`, `record_bytes_max`,
+    /// `batch_commands_max`); an id, label key or label value limit over
+    /// [`KEY_COMPONENT_BYTES_MAX`]; a message object limit over [`OBJECT_BYTES_MAX`]; a
+    /// page byte budget smaller than the largest message.
+    pub fn validate(&self) -> Result<(), Error> {
+        let invalid = |limit: Limit, detail: String| Err(Error::InvalidLimits { limit, detail });
+        for limit in [
+            Limit::ContentBytes,
+            Limit::CommandBytes,
+            Limit::MessagesPerCommand,
+            Limit::IdBytes,
+            Limit::PageItems,
+            Limit::PageBytes,
+            Limit::RecordBytes,
+            Limit::BatchCommands,
+        ] {
+            if self.max(limit) == 0 {
+                return invalid(limit, "must be at least 1".into());
+            }
+        }
+        for limit in [Limit::IdBytes, Limit::LabelKeyBytes, Limit::LabelValueBytes] {
+            if self.max(limit) > KEY_COMPONENT_BYTES_MAX {
+                let detail = format!(
+                    "{} is over {KEY_COMPONENT_BYTES_MAX}, the largest length a projection key can encode",
+                    self.max(limit)
+                );
+                return invalid(limit, detail);
+            }
+        }
+        if self.message_object_bytes_max() > OBJECT_BYTES_MAX {
+            let detail = format!(
+                "a message within these limits encodes to {} bytes, over {OBJECT_BYTES_MAX}, the largest object a content row can hold",
+                self.message_object_bytes_max()
+            );
+            return invalid(Limit::ContentBytes, detail);
+        }
+        if self.page_bytes_max < self.message_object_bytes_max() {
+            let detail = format!(
+                "{} is smaller than the largest message ({} bytes), which could never be read",
+                self.page_bytes_max,
+                self.message_object_bytes_max()
+            );
+            return invalid(Limit::PageBytes, detail);
+        }
+        Ok(())
+    }
+
     /// The maximum for `limit`.
     pub fn max(&self, limit: Limit) -> u64 {
         match limit {

@@ -18,17 +18,39 @@ pub struct PageRequest {
     pub offset: u64,
     /// Items to return at most (at most `page_items_max`).
     pub limit: u64,
+    /// Bytes of message bodies a transcript page returns at most (at most
+    /// `page_bytes_max`, which `None` stands for). Other lists ignore it.
+    pub max_bytes: Option<u64>,
 }
 
 impl PageRequest {
     /// `limit` items from `offset`.
     pub fn new(offset: u64, limit: u64) -> PageRequest {
-        PageRequest { offset, limit }
+        PageRequest { offset, limit, max_bytes: None }
     }
 
     /// The first `limit` items.
     pub fn first(limit: u64) -> PageRequest {
-        PageRequest { offset: 0, limit }
+        PageRequest { offset: 0, limit, max_bytes: None }
+    }
+
+    /// The same request with a transcript byte budget of its own, below the configured
+    /// `page_bytes_max`: a page stops before the message that would take it over, and a
+    /// first message larger than it is [`Error::OversizedMessage`].
+    pub fn with_max_bytes(self, max_bytes: u64) -> PageRequest {
+        PageRequest { max_bytes: Some(max_bytes), ..self }
+    }
+
+    /// The byte budget of a transcript page: the request's, which may not exceed the
+    /// configured one.
+    fn byte_budget(&self, limits: &Limits) -> Result<u64> {
+        match self.max_bytes {
+            None => Ok(limits.page_bytes_max),
+            Some(n) => {
+                limits.check(Limit::PageBytes, n)?;
+                Ok(n)
+            }
+        }
     }
 }
 
@@ -247,17 +269,19 @@ pub fn list_sessions(view: &View, limits: &Limits, q: &ListQuery) -> Result<Page
 
 fn load_message(view: &View, limits: &Limits, id: &ContentId) -> Result<MessageObject> {
     let bytes = view
-        .content(id, limits.content_bytes_max.saturating_add(1024))?
+        .content(id, limits.message_object_bytes_max())?
         .ok_or_else(|| Error::corrupt(Location::Content { id: id.to_hex() }, "missing content object"))?;
-    decode_message(&bytes, limits.content_bytes_max.saturating_add(1024))
+    decode_message(&bytes, limits.message_object_bytes_max())
         .map_err(|e| Error::corrupt(Location::Content { id: id.to_hex() }, format!("not a message: {e}")))
 }
 
-/// Loads the messages of `rows` (position, content id, chain) into `page`, stopping at
-/// the byte budget (the first message always fits: content objects are smaller).
+/// Loads the messages of `rows` (position, content id, chain) into `page`, stopping
+/// before the message whose body would take the page over `max_bytes`; a first message
+/// over it by itself is `OversizedMessage`.
 fn fill_page(
     view: &View,
     limits: &Limits,
+    max_bytes: u64,
     mut page: TranscriptPage,
     rows: Vec<(u64, ContentId, RevisionId)>,
 ) -> Result<TranscriptPage> {
@@ -265,7 +289,10 @@ fn fill_page(
     for (position, content_id, chain) in rows {
         let message = load_message(view, limits, &content_id)?;
         let size = message.body.len() as u64;
-        if !page.messages.is_empty() && bytes + size > limits.page_bytes_max {
+        if bytes + size > max_bytes {
+            if page.messages.is_empty() {
+                return Err(Error::OversizedMessage { position, size, max_bytes });
+            }
             break;
         }
         bytes += size;
@@ -298,7 +325,13 @@ pub fn transcript(view: &View, limits: &Limits, session: &SessionId, page: PageR
         })?;
         rows.push((position, row.content, row.chain));
     }
-    fill_page(view, limits, empty_page(*session, head.revision, total, from, page.limit), rows)
+    fill_page(
+        view,
+        limits,
+        page.byte_budget(limits)?,
+        empty_page(*session, head.revision, total, from, page.limit),
+        rows,
+    )
 }
 
 /// A page of any revision `session` has held.
@@ -328,7 +361,7 @@ pub fn transcript_at(
             (p, id, chain)
         })
         .collect();
-    fill_page(view, limits, empty_page(*session, *revision, total, from, page.limit), rows)
+    fill_page(view, limits, page.byte_budget(limits)?, empty_page(*session, *revision, total, from, page.limit), rows)
 }
 
 /// The revisions of `session`, oldest first.
@@ -638,7 +671,7 @@ fn bad_stream_row(session: &SessionId, key: &[u8]) -> Error {
 
 /// A verified content object.
 pub fn content(view: &View, limits: &Limits, id: &ContentId) -> Result<Option<Vec<u8>>> {
-    view.content(id, limits.content_bytes_max.saturating_add(1024))
+    view.content(id, limits.message_object_bytes_max())
 }
 
 /// Digest of one projection table: row count and blake3 over every key and value.

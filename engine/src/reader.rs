@@ -59,6 +59,7 @@ impl Reader {
     /// durable commit; each query first folds whatever was committed since.
     /// `chain_key` is needed to verify event pages of a keyed database.
     pub fn open(path: impl AsRef<Path>, limits: Limits, chain_key: Option<[u8; 32]>) -> Result<Reader> {
+        limits.validate()?;
         let path = path.as_ref();
         let builder = || {
             let mut b = redb::Builder::new();
@@ -197,7 +198,7 @@ impl Reader {
 
     /// A content object, verified against its id.
     pub fn content(&self, id: ContentId) -> Result<Option<Vec<u8>>> {
-        fail_closed("content", || self.snapshot()?.content(&id, self.limits.content_bytes_max))
+        fail_closed("content", || self.snapshot()?.content(&id, self.limits.message_object_bytes_max()))
     }
 
     /// The log tip as queries see it: the last durable commit, and `h(seq)`.

@@ -315,8 +315,14 @@ fn archive_revive_and_labels_change_the_head_and_the_index() {
     assert_eq!(log.ok(archive.clone()), Outcome::Archived { seq: Some(2) });
     assert!(log.head(s).archived);
     assert_eq!(log.decide(&archive).unwrap(), Decision::Noop(Outcome::Archived { seq: None }));
-    let labels = Command::SetLabels(SetLabels { session: s, set: BTreeMap::new(), remove: BTreeSet::new() });
-    assert!(matches!(log.run(labels), Err(Error::Rejected(Rejection::Archived { .. }))));
+    // A label change that changes nothing answers as a retry even when archived; one
+    // that changes something is refused.
+    let nothing = Command::SetLabels(SetLabels { session: s, set: BTreeMap::new(), remove: BTreeSet::new() });
+    assert_eq!(log.decide(&nothing).unwrap(), Decision::Noop(Outcome::Labels { seq: None }));
+    let set = BTreeMap::from([("archived-label".to_string(), "x".to_string())]);
+    let labels = Command::SetLabels(SetLabels { session: s, set, remove: BTreeSet::new() });
+    let got = log.run(labels);
+    assert!(matches!(got, Err(Error::Rejected(Rejection::Archived { .. }))), "{got:?}");
     assert_eq!(log.ok(Command::Revive { session: s, reason: "again".into() }), Outcome::Revived { seq: 3 });
     assert!(!log.head(s).archived);
 

@@ -362,20 +362,14 @@ fn inv10_content_bytes() {
         )
     };
     at_and_over(&engine, Limit::ContentBytes, 64, attachment(64), attachment(65));
-    // A message is one content object: its encoded form is what the limit bounds.
-    let encoded = |body: usize| {
-        let m = MessageObject {
-            role: Role::User,
-            content_type: "text/plain".into(),
-            body: vec![b'x'; body],
-            attachments: vec![],
-        };
-        wire::encoded_len(&m, u64::MAX).unwrap()
-    };
-    let body = (0..64).find(|b| encoded(*b) == 64).expect("a body whose message object is 64 bytes");
+    // The limit bounds what the host sends: a message body of exactly the limit is
+    // accepted (its stored object is larger), one byte more is refused with the host's
+    // own number.
     let message =
         |n| Command::CommitTurn(CommitTurn::new(s, format!("m{n}"), Expected::Any).message(Message::user(text(n))));
-    at_and_over(&engine, Limit::ContentBytes, 64, message(body), message(body + 1));
+    at_and_over(&engine, Limit::ContentBytes, 64, message(64), message(65));
+    let page = engine.transcript(s, PageRequest::first(10)).unwrap();
+    assert_eq!(page.messages.last().unwrap().message.body.len(), 64);
 }
 
 #[test]
@@ -483,6 +477,9 @@ fn inv10_page_items_and_page_bytes() {
     let (_db, engine) = limited(|l| {
         l.page_items_max = 5;
         l.page_bytes_max = 1000;
+        // A page budget must hold the largest message (`Limits::validate`).
+        l.content_bytes_max = 200;
+        l.attachments_per_message_max = 8;
     });
     let (s, rev) = create(&engine, &vec![Message::user("m"); 7]);
     let over = |r: Result<()>| {
@@ -510,6 +507,46 @@ fn inv10_page_items_and_page_bytes() {
     );
     assert_eq!(
         rejected(engine.session_events(s, q(5, 1001))),
+        Rejection::LimitExceeded { limit: Limit::PageBytes, actual: 1001, max: 1000 }
+    );
+}
+
+/// A transcript page's byte budget: the configured `page_bytes_max`, or a request's own
+/// below it. A page stops before the message that would take it over; a first message
+/// over the budget by itself is `OversizedMessage` with its position and size, never a
+/// page silently over budget.
+#[test]
+fn inv10_transcript_page_byte_budget() {
+    let (_db, engine) = limited(|l| {
+        l.page_bytes_max = 1000;
+        l.content_bytes_max = 200;
+        l.attachments_per_message_max = 8;
+    });
+    let bodies = [100usize, 150, 200, 50];
+    let messages: Vec<Message> = bodies.iter().map(|n| Message::user(text(*n))).collect();
+    let (s, rev) = create(&engine, &messages);
+    let sizes = |p: &TranscriptPage| p.messages.iter().map(|m| m.message.body.len()).collect::<Vec<_>>();
+
+    // The whole transcript fits the configured budget.
+    assert_eq!(sizes(&engine.transcript(s, PageRequest::first(10)).unwrap()), bodies);
+    // A request's own budget: 100 + 150 fit in 300, 200 more would not.
+    let page = engine.transcript(s, PageRequest::first(10).with_max_bytes(300)).unwrap();
+    assert_eq!(sizes(&page), [100, 150]);
+    assert!(page.has_more);
+    let page = engine.transcript_at(s, rev, PageRequest::first(10).with_max_bytes(450)).unwrap();
+    assert_eq!(sizes(&page), [100, 150, 200]);
+    // A first message over the budget by itself is a typed error naming it.
+    assert_eq!(
+        engine.transcript(s, PageRequest::new(2, 10).with_max_bytes(199)).unwrap_err(),
+        Error::OversizedMessage { position: 2, size: 200, max_bytes: 199 }
+    );
+    assert_eq!(
+        engine.transcript_at(s, rev, PageRequest::new(1, 10).with_max_bytes(149)).unwrap_err(),
+        Error::OversizedMessage { position: 1, size: 150, max_bytes: 149 }
+    );
+    // A request may not raise the configured budget.
+    assert_eq!(
+        rejected(engine.transcript(s, PageRequest::first(10).with_max_bytes(1001)).map(drop)),
         Rejection::LimitExceeded { limit: Limit::PageBytes, actual: 1001, max: 1000 }
     );
 }

@@ -8,7 +8,7 @@
 //! files. Queries that break a page limit are rejected the same way and write nothing.
 //! The record-size limit is checked in the codec's decoder.
 
-use annal::codec::{decode_record, encode_message, encode_record, DecodeError, LogChain, MessageObject};
+use annal::codec::{decode_record, encode_record, DecodeError, LogChain};
 use annal::*;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -151,26 +151,6 @@ fn tool_call(session: SessionId, op: &str, args: Vec<u8>) -> RecordToolCall {
     }
 }
 
-/// The body length whose canonical message object (text/plain, no attachments) is
-/// exactly `object_bytes`.
-fn body_for_object(object_bytes: u64) -> u64 {
-    let encoded = |body: u64| {
-        let m = MessageObject {
-            role: Role::User,
-            content_type: "text/plain".into(),
-            body: vec![0; body as usize],
-            attachments: vec![],
-        };
-        encode_message(&m, u64::MAX).expect("encode").len() as u64
-    };
-    let mut body = object_bytes;
-    while encoded(body) > object_bytes {
-        body -= 1;
-    }
-    assert_eq!(encoded(body), object_bytes, "some body fills the object exactly");
-    body
-}
-
 #[test]
 fn content_bytes() {
     let limits = small();
@@ -204,8 +184,9 @@ fn content_bytes() {
         Limit::ContentBytes,
     );
     accept(&db, Command::CommitTurn(CommitTurn::new(s, "t1", Expected::Exact(h)).message(with_attachment(max))));
-    // A message is one content object: its canonical encoding is what is bounded.
-    let body = body_for_object(max);
+    // A message's limit is on its body, what the host sends (SPEC §8): a body of exactly
+    // the limit is accepted, though its stored object is larger.
+    let body = max;
     let h = head(&db, s);
     let msg = |len: u64| Message::new(Role::User, "text/plain", vec![b'm'; len as usize]);
     reject_without_trace(
@@ -601,7 +582,7 @@ fn default_content_limit_is_16_mib() {
     };
     reject_without_trace(&db, Command::AppendContext(ctx("big", max + 1)), Limit::ContentBytes);
     accept(&db, Command::AppendContext(ctx("big", max)));
-    let body = body_for_object(max);
+    let body = max;
     let msg = |len: u64| Message::new(Role::User, "text/plain", vec![b'm'; len as usize]);
     let t = |len| Command::CommitTurn(CommitTurn::new(s, "t", Expected::Exact(h)).message(msg(len)));
     reject_without_trace(&db, t(body + 1), Limit::ContentBytes);
@@ -610,4 +591,53 @@ fn default_content_limit_is_16_mib() {
     let page = engine.transcript(s, PageRequest::first(2)).unwrap();
     assert_eq!(page.messages[1].message.body.len() as u64, body);
     engine.close().unwrap();
+}
+
+/// A configuration the storage format cannot represent, or that could never be used, is
+/// refused when the engine (or a reader) opens, with a typed error naming the limit, and
+/// nothing is created.
+#[test]
+fn limits_that_cannot_be_represented_are_refused_before_anything_is_opened() {
+    type Case = (Limit, Box<dyn Fn(&mut Limits)>);
+    let cases: Vec<Case> = vec![
+        (Limit::LabelKeyBytes, Box::new(|l| l.label_key_bytes_max = 65_536)),
+        (Limit::LabelValueBytes, Box::new(|l| l.label_value_bytes_max = 1 << 20)),
+        (Limit::IdBytes, Box::new(|l| l.id_bytes_max = 70_000)),
+        (Limit::IdBytes, Box::new(|l| l.id_bytes_max = 0)),
+        (Limit::ContentBytes, Box::new(|l| l.content_bytes_max = 0)),
+        (Limit::ContentBytes, Box::new(|l| l.content_bytes_max = u32::MAX as u64)),
+        (Limit::PageItems, Box::new(|l| l.page_items_max = 0)),
+        (Limit::RecordBytes, Box::new(|l| l.record_bytes_max = 0)),
+        (Limit::BatchCommands, Box::new(|l| l.batch_commands_max = 0)),
+        // Smaller than the largest message: content 512 + 32 + ids 12 + 2 attachments.
+        (Limit::PageBytes, Box::new(|l| l.page_bytes_max = 600)),
+    ];
+    let dir = tempfile::tempdir().expect("tempdir");
+    for (n, (limit, set)) in cases.into_iter().enumerate() {
+        let mut limits = small();
+        set(&mut limits);
+        let found = match limits.validate() {
+            Err(Error::InvalidLimits { limit, .. }) => limit,
+            other => panic!("case {n}: expected InvalidLimits({limit}), got {other:?}"),
+        };
+        assert_eq!(found, limit, "case {n}");
+        let path = dir.path().join(format!("refused-{n}.redb"));
+        match Engine::open_with(&path, options(limits.clone())) {
+            Err(Error::InvalidLimits { limit: found, .. }) => assert_eq!(found, limit, "case {n}"),
+            other => panic!("case {n}: open gave {:?}", other.map(drop)),
+        }
+        assert!(!path.exists(), "case {n}: a refused open created the file");
+        assert!(!annal::projections_path(&path).exists(), "case {n}: a refused open created the projections file");
+        let backend = redb::backends::InMemoryBackend::new();
+        assert!(matches!(
+            Engine::open_with_backend(backend, options(limits.clone())).map(drop),
+            Err(Error::InvalidLimits { .. })
+        ));
+        assert!(matches!(Reader::open(&path, limits, None).map(drop), Err(Error::InvalidLimits { .. })));
+    }
+    // The page budget may equal the largest message exactly.
+    let mut limits = small();
+    limits.page_bytes_max = limits.message_object_bytes_max();
+    limits.validate().expect("a page that holds exactly the largest message");
+    Limits::default().validate().expect("the defaults");
 }

@@ -404,6 +404,58 @@ fn s6_fork_with_replacement_and_rejections() {
 
 // ---------------------------------------------------------------------------- S7
 
+/// A lost acknowledgement followed by an archive must not look like a failure: an exact
+/// retry answers as a retry whatever the session's state, and anything else is
+/// `Archived`.
+#[test]
+fn s7_exact_retries_after_archive_answer_as_retries() {
+    let db = Db::new();
+    let engine = db.open();
+    let (s, rev0) = create(&engine, &[Message::system("sys")]);
+    let t1 = turn(s, "t1", rev0);
+    engine.commit_turn(t1.clone()).unwrap();
+    engine.append_context(context(s, "k", "v")).unwrap();
+    engine.record_tool_call(tool_call(s, "op1", "bash", "ls")).unwrap();
+    engine.record_tool_result(tool_result(s, "op1", "ok")).unwrap();
+    engine.record_tool_call(tool_call(s, "op2", "bash", "pwd")).unwrap();
+    engine.set_labels(set_labels(s, &[("a", "b")], &[])).unwrap();
+    assert!(engine.archive(s, "finished").unwrap());
+    let (tip, digests) = (tip_seq(&engine), engine.projection_digests().unwrap());
+
+    assert!(matches!(engine.commit_turn(t1).unwrap(), TurnOutcome::AlreadyCommitted(_)));
+    assert_eq!(engine.append_context(context(s, "k", "v")).unwrap(), ContextOutcome::Duplicate);
+    assert_eq!(
+        engine.record_tool_call(tool_call(s, "op1", "bash", "ls")).unwrap(),
+        ToolReceipt { created: false, seq: None }
+    );
+    assert_eq!(
+        engine.record_tool_result(tool_result(s, "op1", "ok")).unwrap(),
+        ToolReceipt { created: false, seq: None }
+    );
+    assert_eq!(engine.set_labels(set_labels(s, &[("a", "b")], &[])).unwrap(), None);
+    assert_unchanged(&engine, tip, &digests);
+
+    // Not retries: the session's state answers.
+    let archived = Rejection::Archived { session: s };
+    assert_eq!(rejected(engine.append_context(context(s, "k", "other"))), archived);
+    assert_eq!(rejected(engine.record_tool_call(tool_call(s, "op1", "bash", "rm"))), archived);
+    assert_eq!(rejected(engine.record_tool_result(tool_result(s, "op1", "other"))), archived);
+    assert_eq!(rejected(engine.record_tool_result(tool_result(s, "op2", "ok"))), archived);
+    assert_eq!(rejected(engine.record_tool_result(tool_result(s, "op9", "ok"))), archived);
+    assert_eq!(rejected(engine.set_labels(set_labels(s, &[("a", "c")], &[]))), archived);
+    assert_unchanged(&engine, tip, &digests);
+
+    // Revived, the conflicts are conflicts again.
+    engine.revive(s, "back").unwrap();
+    let conflict = Rejection::ContextConflict { key: "k".into() };
+    assert_eq!(rejected(engine.append_context(context(s, "k", "other"))), conflict);
+    let op1 = "op1".to_string();
+    assert_eq!(
+        rejected(engine.record_tool_result(tool_result(s, "op1", "other"))),
+        Rejection::ToolConflict { op_id: op1, field: "result" }
+    );
+}
+
 #[test]
 fn s7_archive_refuses_every_mutation_and_revive_reenables_writes() {
     let db = Db::new();
@@ -768,13 +820,15 @@ fn s11_transcript_paging_clamps_echoes_and_reports_more() {
 #[test]
 fn s11_transcript_pages_respect_the_byte_budget() {
     let db = Db::new();
-    let engine = db.open_limits(Limits { page_bytes_max: 100, ..Limits::default() });
+    // The configured budget must hold the largest message (`Limits::validate`); a request
+    // carries a smaller one of its own.
+    let engine = db.open();
     let bodies: Vec<Message> = (0..9).map(|i| Message::user(format!("{i}").repeat(40))).collect();
     let (s, rev) = create(&engine, &bodies);
     let mut read = Vec::new();
     let mut offset = 0;
     loop {
-        let page = engine.transcript(s, PageRequest::new(offset, 10)).unwrap();
+        let page = engine.transcript(s, PageRequest::new(offset, 10).with_max_bytes(100)).unwrap();
         assert_eq!(page.limit, 10);
         assert!(!page.messages.is_empty());
         let bytes: usize = page.messages.iter().map(|m| m.message.body.len()).sum();
@@ -791,7 +845,7 @@ fn s11_transcript_pages_respect_the_byte_budget() {
         read.into_iter().map(|m| m.message.body).collect::<Vec<_>>(),
         bodies.iter().map(|m| m.body.clone()).collect::<Vec<_>>()
     );
-    let old = engine.transcript_at(s, rev, PageRequest::new(3, 10)).unwrap();
+    let old = engine.transcript_at(s, rev, PageRequest::new(3, 10).with_max_bytes(100)).unwrap();
     assert_eq!((old.messages.len(), old.has_more), (2, true));
 }
 

@@ -267,7 +267,7 @@ impl ContentSource<'_> {
 
     fn message(&self, id: &ContentId) -> Result<MessageJson> {
         let bytes = self.bytes(id)?;
-        let m = annal::codec::decode_message(&bytes, self.limits.content_bytes_max.saturating_add(1024))
+        let m = annal::codec::decode_message(&bytes, self.limits.message_object_bytes_max())
             .map_err(|e| CliError::finding(format!("content {id}: not a message object: {e}")))?;
         Ok(MessageJson {
             id: id.to_hex(),

@@ -602,12 +602,12 @@ pub fn stats(reader: &Reader, path: &Path) -> Result<Stats> {
     let mut attachments: HashMap<ContentId, Vec<ContentId>> = HashMap::new();
     for entry in content.iter().map_err(redb::Error::from)? {
         let (_, v) = entry.map_err(redb::Error::from)?;
-        for object in annal::codec::content::entries(v.value(), limits.content_bytes_max.saturating_add(1024)) {
+        for object in annal::codec::content::entries(v.value(), limits.message_object_bytes_max()) {
             let Ok(object) = object else { break };
             sizes.insert(object.id, object.stored.len() as u64);
             s.content_objects += 1;
             s.content_bytes += object.stored.len() as u64;
-            if let Ok(m) = annal::codec::decode_message(object.stored, limits.content_bytes_max + 1024) {
+            if let Ok(m) = annal::codec::decode_message(object.stored, limits.message_object_bytes_max()) {
                 if !m.attachments.is_empty() {
                     attachments.insert(object.id, m.attachments);
                 }

@@ -730,7 +730,7 @@ fn scan_content(txn: &ReadTransaction, limits: &Limits) -> ContentScan {
             return scan;
         }
     };
-    let message_max = limits.content_bytes_max.saturating_add(1024);
+    let message_max = limits.message_object_bytes_max();
     for entry in iter {
         let (k, v) = match entry {
             Ok(kv) => kv,
@@ -744,7 +744,7 @@ fn scan_content(txn: &ReadTransaction, limits: &Limits) -> ContentScan {
             scan.findings.push(Finding::ContentRow { row, detail: "empty row".into() });
             continue;
         }
-        for (n, entry) in entries(bytes, limits.content_bytes_max).enumerate() {
+        for (n, entry) in entries(bytes, limits.message_object_bytes_max()).enumerate() {
             let entry = match entry {
                 Ok(e) => e,
                 Err(e) => {
@@ -754,7 +754,7 @@ fn scan_content(txn: &ReadTransaction, limits: &Limits) -> ContentScan {
                 }
             };
             let (id, encoding) = (entry.id, entry.encoding);
-            let canonical = entry.verify(limits.content_bytes_max.saturating_add(1024));
+            let canonical = entry.verify(limits.message_object_bytes_max());
             if canonical.is_none() {
                 scan.bad.push((id, row, encoding));
             }
@@ -1053,7 +1053,7 @@ impl<'a> Walk<'a> {
             Ok(i) => i,
             Err(e) => return self.find(storage("table log", e)),
         };
-        let mut rows = ContentRows::open(self.txn, self.limits.content_bytes_max);
+        let mut rows = ContentRows::open(self.txn, self.limits.message_object_bytes_max());
         let mut strays = Vec::new();
         let mut expected = 1u64;
         let mut prev: Option<ChainHash> = Some(self.chain.genesis());
@@ -1237,7 +1237,7 @@ impl<'a> Walk<'a> {
     /// Why the object `id` in content row `row` does not decode as a message (read
     /// again: findings are rare).
     fn message_error(&self, id: ContentId, row: u64) -> String {
-        let limit = self.limits.content_bytes_max.saturating_add(1024);
+        let limit = self.limits.message_object_bytes_max();
         let table = match self.txn.open_table(CONTENT) {
             Ok(t) => t,
             Err(e) => return e.to_string(),
@@ -1247,7 +1247,7 @@ impl<'a> Walk<'a> {
             Ok(None) => return "missing".into(),
             Err(e) => return e.to_string(),
         };
-        match annal::codec::content::find(bytes.value(), &id, self.limits.content_bytes_max) {
+        match annal::codec::content::find(bytes.value(), &id, self.limits.message_object_bytes_max()) {
             Ok(Some(entry)) => match entry.canonical(limit) {
                 Ok(canonical) => decode_message(&canonical, limit).err().map_or_else(String::new, |e| e.to_string()),
                 Err(e) => e.to_string(),

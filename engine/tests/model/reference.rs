@@ -5,8 +5,9 @@
 //! give, and every query with the page the engine must return.
 //!
 //! Rejections are checked in the order `decide` checks them: the command's byte size,
-//! then the shape of the request (ids, limits, content), then the session
-//! (`NotFound`, `Archived`), then the state-dependent rules.
+//! then the shape of the request (ids, limits, content), then the session (`NotFound`),
+//! then whether it is an exact retry (answered as one even when the session is
+//! archived), then `Archived`, then the state-dependent rules.
 //!
 //! Commit times come from the writer's clock, which the model cannot predict; the
 //! harness tells it the time of every seq it reads back from the log (`clock`).
@@ -434,10 +435,9 @@ impl Model {
         for a in &m.attachments {
             self.blob(a, staged)?;
         }
+        // The limit bounds the body the host sends, not the stored object.
         self.limit(Limit::ContentBytes, m.body.len() as u64)?;
         let (object, bytes) = message_object(m);
-        // The limit bounds the message object as stored.
-        self.limit(Limit::ContentBytes, bytes.len() as u64)?;
         let id = content_id(&bytes);
         staged.push((id, bytes));
         Ok(Msg { id, object })
@@ -776,11 +776,12 @@ impl Model {
         }
         let mut staged = Staged::new();
         let content = self.blob(&c.content, &mut staged)?;
+        // Retries first: an exact retry answers as one even after archive.
+        if self.existing(&c.session)?.context.get(&c.key).is_some_and(|ctx| ctx.content == content) {
+            return Ok(Outcome::Duplicate);
+        }
         let s = self.live(&c.session)?;
-        if let Some(ctx) = s.context.get(&c.key) {
-            if ctx.content == content {
-                return Ok(Outcome::Duplicate);
-            }
+        if s.context.contains_key(&c.key) {
             return Err(Rejection::ContextConflict { key: c.key.clone() });
         }
         let ctx = Ctx { content, source: c.source.clone(), appended_seq: self.seq + 1, applied: None };
@@ -805,6 +806,17 @@ impl Model {
         }
         let mut staged = Staged::new();
         let args = self.blob(&c.args, &mut staged)?;
+        let exact = self.existing(&c.session)?.tool(&c.op_id).is_some_and(|op| {
+            op.tool_name == c.tool_name
+                && op.args == args
+                && op.parent_op == c.parent_op
+                && op.call_id == c.call_id
+                && op.turn_id == c.turn_id
+                && op.recovery == c.recovery
+        });
+        if exact {
+            return Ok(Outcome::Tool { created: false, seq: None });
+        }
         let s = self.live(&c.session)?;
         if let Some(op) = s.tool(&c.op_id) {
             let drift = [
@@ -844,6 +856,10 @@ impl Model {
         self.id("op id", &c.op_id)?;
         let mut staged = Staged::new();
         let result = self.blob(&c.result, &mut staged)?;
+        let settled = self.existing(&c.session)?.tool(&c.op_id).and_then(|op| op.settled);
+        if settled.is_some_and(|(outcome, stored, _)| outcome == c.outcome && stored == result) {
+            return Ok(Outcome::Tool { created: false, seq: None });
+        }
         let s = self.live(&c.session)?;
         let Some(op) = s.tool(&c.op_id) else {
             return Err(Rejection::ToolOrphan { op_id: c.op_id.clone() });
@@ -872,7 +888,7 @@ impl Model {
         if c.set.keys().any(|k| c.remove.contains(k)) {
             return invalid("a label key is both set and removed");
         }
-        let s = self.live(&c.session)?;
+        let s = self.existing(&c.session)?;
         let mut after = s.labels.clone();
         for k in &c.remove {
             after.remove(k);
@@ -881,6 +897,7 @@ impl Model {
         if after == s.labels {
             return Ok(Outcome::Labels { seq: None });
         }
+        self.live(&c.session)?;
         self.limit(Limit::LabelsPerSession, after.len() as u64)?;
         self.session_mut(&c.session).labels = after;
         Ok(Outcome::Labels { seq: Some(self.emit(c.session, EventKind::LabelsChanged)) })
