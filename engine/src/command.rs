@@ -54,10 +54,21 @@ impl Message {
 }
 
 /// Which head a write expects.
+///
+/// `Exact(revision)` compares the transcript's content: it holds again after a restore
+/// brings the same messages back, and events that do not touch the transcript (context,
+/// tool calls, labels, archive, usage-only turns) do not move it. `Version(n)` compares
+/// the session's stream sequence number ([`crate::SessionHead::stream_seq`]), which every
+/// event of the session moves and nothing ever moves back: use it as a fence when the
+/// host must know that nothing at all happened to the session since it read it (a
+/// restore between the read and the write, the ABA case, fails it).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Expected {
     /// Exactly this revision; otherwise `RevisionConflict`.
     Exact(RevisionId),
+    /// Exactly this stream sequence number (the head's `stream_seq`); otherwise
+    /// `VersionConflict`.
+    Version(u64),
     /// Whatever the head is.
     Any,
 }

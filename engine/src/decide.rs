@@ -142,6 +142,18 @@ fn live(h: &SessionHead, session: &SessionId) -> Result<()> {
     Ok(())
 }
 
+/// Checks a write's expectation against the head: the revision, the stream seq, or
+/// nothing.
+fn expect(head: &SessionHead, expected: &Expected) -> Result<()> {
+    match expected {
+        Expected::Exact(revision) => expect_revision(head, revision),
+        Expected::Version(version) if *version != head.stream_seq => {
+            reject(Rejection::VersionConflict { expected: *version, actual: head.stream_seq })
+        }
+        Expected::Version(_) | Expected::Any => Ok(()),
+    }
+}
+
 fn expect_revision(head: &SessionHead, expected: &RevisionId) -> Result<()> {
     if *expected != head.revision {
         return reject(Rejection::RevisionConflict { expected: *expected, actual: head.revision });
@@ -308,8 +320,8 @@ fn check_unique(what: &str, items: &[String]) -> Result<()> {
 
 fn commit_turn<S: Store + ?Sized>(store: &S, c: &CommitTurn, limits: &Limits) -> Result<Decision> {
     limits.check_id("turn id", &c.turn_id)?;
-    if c.messages.is_empty() {
-        return invalid("a turn needs at least one message");
+    if c.messages.is_empty() && c.usage.is_empty() && c.applied_context.is_empty() && c.tool_ops.is_empty() {
+        return invalid("a turn with no messages must record usage, apply context or reference tool operations");
     }
     if let Some(run) = &c.run_id {
         limits.check_id("run id", run)?;
@@ -338,9 +350,7 @@ fn commit_turn<S: Store + ?Sized>(store: &S, c: &CommitTurn, limits: &Limits) ->
     if h.archived {
         return reject(Rejection::Archived { session: c.session });
     }
-    if let Expected::Exact(expected) = c.expected {
-        expect_revision(&h, &expected)?;
-    }
+    expect(&h, &c.expected)?;
     for key in &c.applied_context {
         let entry: Option<ContextEntry> = store.row(Table::Context, &keys::session_str(&c.session, key))?;
         if !matches!(entry, Some(ContextEntry { state: ContextState::Pending, .. })) {

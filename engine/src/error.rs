@@ -103,6 +103,14 @@ pub enum Rejection {
         /// The current head.
         actual: RevisionId,
     },
+    /// The expected stream sequence number is not the session's (`Expected::Version`).
+    #[error("version conflict: expected stream seq {expected}, the session is at {actual}")]
+    VersionConflict {
+        /// What the caller expected.
+        expected: u64,
+        /// The session's stream sequence number.
+        actual: u64,
+    },
     /// The turn id was committed with different content.
     #[error("turn {turn_id} was already committed with different content")]
     TurnConflict {

@@ -198,6 +198,9 @@ fn fold_graph<S: Store + ?Sized>(store: &mut S, r: &Record) -> Result<()> {
             let recipe = Recipe::Root { fork: e.forked_from.clone(), messages: e.messages.clone() };
             (None, NodeOrigin::Created, recipe, e.revision_after, len)
         }
+        // A turn with no messages (usage, applied context or tool references only)
+        // leaves the revision where it is: no node, no edge.
+        Event::TurnCommitted(e) if e.messages.is_empty() => return Ok(()),
         Event::TurnCommitted(e) => {
             let tip: GraphTip = need(r, store.row(Table::GraphTip, &tip_key)?, "graph")?;
             let recipe =

@@ -52,6 +52,45 @@
 //! assert_eq!(page.messages[2].message.body, b"4");
 //! engine.close().unwrap();
 //! ```
+//!
+//! ## Host guide: fences, retries and turns without messages
+//!
+//! - **Retries.** Every command is idempotent by its key (turn id, context key, tool op
+//!   id). Send the same request again after a lost acknowledgement: an exact retry
+//!   answers as one (`AlreadyCommitted` with the original receipt, `Duplicate`,
+//!   `created: false`), even if the session was archived meanwhile. The same key with
+//!   other content is a conflict (`TurnConflict`, `ContextConflict`, `ToolConflict`).
+//! - **Fences.** `Expected::Exact(revision)` compares the transcript's content: use it
+//!   when the write depends on the messages the host read (a model call's context). It
+//!   passes again after a restore brings the same messages back, and events that do not
+//!   touch the transcript do not move it. `Expected::Version(stream_seq)` compares the
+//!   session's stream sequence number, which every event moves and nothing moves back:
+//!   use it when the write depends on anything about the session (context, tool state,
+//!   labels) or must not pass after an undo (`VersionConflict { expected, actual }`).
+//! - **Turns without messages.** A failed or cancelled model call still used tokens: a
+//!   turn may carry usage, applied context or tool references and no message. It moves
+//!   the ledgers and the stream, not the revision; a turn with none of these is
+//!   `InvalidRequest`.
+//!
+//! ```
+//! use annal::{CommitTurn, CreateSession, Engine, Error, Expected, Message, Rejection};
+//!
+//! let dir = tempfile::tempdir().unwrap();
+//! let engine = Engine::open(dir.path().join("sessions.redb")).unwrap();
+//! let created = engine.create_session(CreateSession::new().message(Message::system("Be brief."))).unwrap();
+//! let session = created.session;
+//! let read = engine.head(session).unwrap().unwrap();
+//!
+//! // The model call failed after it used tokens: record them, fenced on what was read.
+//! let failed = CommitTurn::new(session, "turn-1", Expected::Version(read.stream_seq)).usage("acme", "m1", 900, 0);
+//! let receipt = engine.commit_turn(failed).unwrap().receipt();
+//! assert_eq!(receipt.revision, read.revision);
+//!
+//! // A second writer that read the same head is fenced out.
+//! let late = CommitTurn::new(session, "turn-2", Expected::Version(read.stream_seq)).message(Message::user("hi"));
+//! assert!(matches!(engine.commit_turn(late), Err(Error::Rejected(Rejection::VersionConflict { .. }))));
+//! engine.close().unwrap();
+//! ```
 #![deny(missing_docs)]
 
 pub mod checkpoint;

@@ -402,6 +402,102 @@ fn s6_fork_with_replacement_and_rejections() {
     assert_unchanged(&engine, tip, &digests);
 }
 
+/// A turn with no messages: a failed or cancelled model call still used tokens, and a
+/// host may mark context applied or reference tool operations without adding a message.
+/// It moves the stream and the ledgers, never the revision; with nothing to do it is
+/// `InvalidRequest`; it is idempotent by turn id like any turn.
+#[test]
+fn s3_turns_without_messages_record_usage_apply_context_or_reference_tools() {
+    let db = Db::new();
+    let engine = db.open();
+    let (s, rev0) = create(&engine, &[Message::system("sys")]);
+    let rev = commit_turns(&engine, s, "t", 1, rev0);
+    let revisions_before = engine.revisions(s, PageRequest::first(100)).unwrap().total;
+    let messages_before = head(&engine, s).message_count;
+
+    // Usage only: the call failed after it used tokens.
+    let failed = CommitTurn::new(s, "failed-call", Expected::Exact(rev)).usage("acme", "m1", 120, 0);
+    let receipt = match engine.commit_turn(failed.clone()).unwrap() {
+        TurnOutcome::Committed(r) => r,
+        other => panic!("expected a commit, got {other:?}"),
+    };
+    assert_eq!(receipt.revision, rev, "usage alone does not move the revision");
+    let h = head(&engine, s);
+    assert_eq!((h.revision, h.message_count, h.last_seq), (rev, messages_before, receipt.seq));
+    let usage = engine.usage(s).unwrap();
+    assert_eq!((usage[0].input, usage[0].output, usage[0].turns), (120, 0, 1));
+    // Idempotent by turn id; the same id with other content is a conflict.
+    assert!(matches!(engine.commit_turn(failed).unwrap(), TurnOutcome::AlreadyCommitted(r) if r == receipt));
+    let other = CommitTurn::new(s, "failed-call", Expected::Any).usage("acme", "m1", 121, 0);
+    assert_eq!(rejected(engine.commit_turn(other)), Rejection::TurnConflict { turn_id: "failed-call".into() });
+
+    // Context only, and tool references only.
+    engine.append_context(context(s, "k", "injected")).unwrap();
+    engine.commit_turn(CommitTurn::new(s, "apply", Expected::Exact(rev)).apply_context("k")).unwrap();
+    assert!(engine.pending_context(s).unwrap().is_empty());
+    engine.record_tool_call(tool_call(s, "op1", "bash", "ls")).unwrap();
+    let mut refs = CommitTurn::new(s, "refs", Expected::Exact(rev));
+    refs.tool_ops = vec!["op1".into()];
+    engine.commit_turn(refs).unwrap();
+
+    // The revision graph did not move, and the transcript is what it was.
+    assert_eq!(head(&engine, s).revision, rev);
+    assert_eq!(engine.revisions(s, PageRequest::first(100)).unwrap().total, revisions_before);
+    assert_eq!(transcript(&engine, s).len() as u64, messages_before);
+
+    // Nothing to do: refused, nothing written.
+    let (tip, digests) = (tip_seq(&engine), engine.projection_digests().unwrap());
+    assert!(matches!(
+        rejected(engine.commit_turn(CommitTurn::new(s, "empty", Expected::Any))),
+        Rejection::InvalidRequest { .. }
+    ));
+    assert_unchanged(&engine, tip, &digests);
+    // The fold agrees with a rebuild.
+    let before = engine.projection_digests().unwrap();
+    engine.rebuild(ProjectionSet::all()).unwrap();
+    assert_eq!(engine.projection_digests().unwrap(), before);
+}
+
+/// `Expected::Version` is a monotonic fence: every event of the session moves it, so a
+/// stale expectation fails even after a restore brought the same revision back (where
+/// `Exact(revision)` would pass: the ABA case), and after events that do not touch the
+/// transcript.
+#[test]
+fn s3_the_version_fence_sees_every_event_and_never_goes_back() {
+    let db = Db::new();
+    let engine = db.open();
+    let (s, rev0) = create(&engine, &[Message::system("sys"), Message::user("a"), Message::user("b")]);
+    let read = head(&engine, s);
+    assert_eq!(read.stream_seq, 1);
+
+    // Compact, then restore: the revision is back where the host read it.
+    let summary = vec![Message::system("summary")];
+    let compacted = engine.rewrite(rewrite(s, rev0, 1, 3, summary, RewriteReason::Compaction)).unwrap().revision;
+    engine.restore(restore(s, compacted, rev0)).unwrap();
+    assert_eq!(head(&engine, s).revision, read.revision);
+    let (tip, digests) = (tip_seq(&engine), engine.projection_digests().unwrap());
+    // The version fence sees both events; the revision check cannot.
+    let stale = CommitTurn::new(s, "t1", Expected::Version(read.stream_seq)).message(Message::user("c"));
+    assert_eq!(rejected(engine.commit_turn(stale)), Rejection::VersionConflict { expected: 1, actual: 3 });
+    assert_unchanged(&engine, tip, &digests);
+    let ahead = CommitTurn::new(s, "t1", Expected::Version(4)).message(Message::user("c"));
+    assert_eq!(rejected(engine.commit_turn(ahead)), Rejection::VersionConflict { expected: 4, actual: 3 });
+
+    // Events that leave the transcript alone move it too.
+    engine.append_context(context(s, "k", "v")).unwrap();
+    engine.set_labels(set_labels(s, &[("a", "b")], &[])).unwrap();
+    let h = head(&engine, s);
+    assert_eq!((h.revision, h.stream_seq), (rev0, 5));
+    let stale = CommitTurn::new(s, "t1", Expected::Version(3)).message(Message::user("c"));
+    assert_eq!(rejected(engine.commit_turn(stale)), Rejection::VersionConflict { expected: 3, actual: 5 });
+    let exact = CommitTurn::new(s, "t1", Expected::Exact(rev0)).message(Message::user("c"));
+    let fresh = CommitTurn { expected: Expected::Version(5), ..exact.clone() };
+    let committed = engine.commit_turn(fresh.clone()).unwrap();
+    assert_eq!(head(&engine, s).stream_seq, 6);
+    // An exact retry answers as a retry even though the fence has moved since.
+    assert_eq!(engine.commit_turn(fresh).unwrap(), TurnOutcome::AlreadyCommitted(committed.receipt()));
+}
+
 // ---------------------------------------------------------------------------- S7
 
 /// A lost acknowledgement followed by an archive must not look like a failure: an exact

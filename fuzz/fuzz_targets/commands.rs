@@ -80,6 +80,8 @@ enum Exp {
     Head,
     Empty,
     Raw([u8; 32]),
+    /// `Expected::Version`: the session's stream seq plus this (wrapping) offset.
+    Version(i8),
 }
 
 #[derive(Arbitrary, Debug)]
@@ -221,13 +223,17 @@ impl Ctx {
             Exp::Head => Expected::Exact(self.head(s).unwrap_or_else(RevisionId::empty)),
             Exp::Empty => Expected::Exact(RevisionId::empty()),
             Exp::Raw(r) => Expected::Exact(RevisionId(*r)),
+            Exp::Version(off) => {
+                let at = self.engine.head(s).ok().flatten().map_or(0, |h| h.stream_seq);
+                Expected::Version(at.wrapping_add_signed(i64::from(*off)))
+            }
         }
     }
 
     fn exact(&self, s: SessionId, e: &Exp) -> RevisionId {
         match self.exp(s, e) {
             Expected::Exact(r) => r,
-            Expected::Any => self.head(s).unwrap_or_else(RevisionId::empty),
+            Expected::Any | Expected::Version(_) => self.head(s).unwrap_or_else(RevisionId::empty),
         }
     }
 

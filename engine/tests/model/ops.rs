@@ -75,6 +75,9 @@ pub enum Rev {
     Foreign(u8),
     /// A revision nobody holds.
     Unknown,
+    /// `Expected::Version`: the session's stream seq, or (for 1 in 4) one off it (for
+    /// turns; the head elsewhere).
+    Version(u8),
 }
 
 /// A message: role, body, content type and attachment choices.
@@ -292,6 +295,7 @@ fn rev() -> impl Strategy<Value = Rev> {
         3 => any::<u8>().prop_map(Rev::Own),
         1 => any::<u8>().prop_map(Rev::Foreign),
         1 => Just(Rev::Unknown),
+        2 => any::<u8>().prop_map(Rev::Version),
     ]
 }
 
@@ -334,7 +338,7 @@ pub fn single() -> impl Strategy<Value = Op> {
         .prop_map(|(s, labels, metadata, messages)| Op::Create { s, labels, metadata, messages });
     let commit = (
         (session(), any::<u8>(), rev()),
-        msgs(1..=3),
+        msgs(0..=3),
         vec((any::<u8>(), any::<u8>(), any::<u8>()), 0..=2),
         refs(),
         refs(),
@@ -552,6 +556,14 @@ fn range(len: u64, start: u8, end: u8) -> (u64, u64) {
 fn expected_of(model: &Model, s: &SessionId, r: &Rev) -> Expected {
     match r {
         Rev::Any => Expected::Any,
+        Rev::Version(off) => {
+            let at = model.sessions.get(s).map_or(0, |x| x.stream_seq);
+            Expected::Version(match off % 8 {
+                0 => at + 1,
+                1 => at.saturating_sub(1),
+                _ => at,
+            })
+        }
         other => Expected::Exact(revision(model, s, other)),
     }
 }
@@ -561,7 +573,7 @@ fn revision(model: &Model, s: &SessionId, r: &Rev) -> RevisionId {
         return unknown_revision();
     };
     match r {
-        Rev::Head | Rev::Any => session.revision(),
+        Rev::Head | Rev::Any | Rev::Version(_) => session.revision(),
         Rev::Own(i) => session.nodes[*i as usize % session.nodes.len()].id,
         Rev::Past(i) => {
             let head = session.revision();

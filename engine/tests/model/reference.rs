@@ -585,8 +585,8 @@ impl Model {
 
     fn commit(&mut self, c: &CommitTurn) -> Reply<Outcome> {
         self.id("turn id", &c.turn_id)?;
-        if c.messages.is_empty() {
-            return invalid("a turn needs at least one message");
+        if c.messages.is_empty() && c.usage.is_empty() && c.applied_context.is_empty() && c.tool_ops.is_empty() {
+            return invalid("a turn with no messages must record usage, apply context or reference tool operations");
         }
         if let Some(run) = &c.run_id {
             self.id("run id", run)?;
@@ -624,10 +624,14 @@ impl Model {
         if s.archived {
             return Err(Rejection::Archived { session: c.session });
         }
-        if let Expected::Exact(expected) = c.expected {
-            if expected != s.revision() {
+        match c.expected {
+            Expected::Exact(expected) if expected != s.revision() => {
                 return Err(Rejection::RevisionConflict { expected, actual: s.revision() });
             }
+            Expected::Version(expected) if expected != s.stream_seq => {
+                return Err(Rejection::VersionConflict { expected, actual: s.stream_seq });
+            }
+            _ => {}
         }
         for key in &c.applied_context {
             if !matches!(s.context.get(key), Some(Ctx { applied: None, .. })) {
@@ -639,9 +643,14 @@ impl Model {
         }
         let seq = self.seq + 1;
         let s = self.session_mut(&c.session);
-        let mut after = s.messages.clone();
-        after.extend(messages);
-        let revision = s.advance(seq, NodeOrigin::Turn { turn_id: c.turn_id.clone() }, after);
+        // A turn without messages moves the stream, not the revision.
+        let revision = if messages.is_empty() {
+            s.revision()
+        } else {
+            let mut after = s.messages.clone();
+            after.extend(messages);
+            s.advance(seq, NodeOrigin::Turn { turn_id: c.turn_id.clone() }, after)
+        };
         for key in &c.applied_context {
             let ctx = s.context.get_mut(key).expect("checked pending above");
             ctx.applied = Some((seq, c.turn_id.clone()));
