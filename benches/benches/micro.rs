@@ -49,6 +49,7 @@ fn typical_turn_record() -> Record {
             tool_ops: Vec::new(),
             run_id: Some("run-7f3a".into()),
             revision_after,
+            state: Default::default(),
         }),
     }
 }

@@ -27,11 +27,15 @@ pub enum EventKind {
     ToolResultRecorded = 8,
     /// [`LabelsChanged`]
     LabelsChanged = 9,
+    /// [`MetadataSet`]
+    MetadataSet = 10,
+    /// [`HostStateChanged`]
+    HostStateChanged = 11,
 }
 
 impl EventKind {
     /// Every kind, in kind-byte order.
-    pub const ALL: [EventKind; 9] = [
+    pub const ALL: [EventKind; 11] = [
         EventKind::SessionCreated,
         EventKind::TurnCommitted,
         EventKind::TranscriptRewritten,
@@ -41,6 +45,8 @@ impl EventKind {
         EventKind::ToolCallRecorded,
         EventKind::ToolResultRecorded,
         EventKind::LabelsChanged,
+        EventKind::MetadataSet,
+        EventKind::HostStateChanged,
     ];
 
     /// The kind for a kind byte, if this binary knows it.
@@ -55,7 +61,11 @@ impl EventKind {
 
     /// The schema version this binary writes for the kind.
     pub fn current_version(self) -> u16 {
-        1
+        match self {
+            // 2: a turn may set and remove host state entries (`TurnCommitted::state`).
+            EventKind::TurnCommitted => 2,
+            _ => 1,
+        }
     }
 
     /// The oldest schema version this binary can read (older ones are upcast).
@@ -78,6 +88,8 @@ impl EventKind {
             EventKind::ToolCallRecorded => "ToolCallRecorded",
             EventKind::ToolResultRecorded => "ToolResultRecorded",
             EventKind::LabelsChanged => "LabelsChanged",
+            EventKind::MetadataSet => "MetadataSet",
+            EventKind::HostStateChanged => "HostStateChanged",
         }
     }
 
@@ -156,6 +168,62 @@ pub struct TurnCommitted {
     pub run_id: Option<String>,
     /// The revision after the turn.
     pub revision_after: RevisionId,
+    /// Host state entries the turn set and removed (schema 2; empty when read from 1).
+    pub state: StateDelta,
+}
+
+/// Schema version 1 of [`TurnCommitted`], before `state` existed. Upcast on read.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TurnCommittedV1 {
+    /// Host-chosen turn id, the idempotency key.
+    pub turn_id: String,
+    /// Hash of the turn's semantic content.
+    pub commit_hash: CommitHash,
+    /// Appended messages.
+    pub messages: Vec<ContentId>,
+    /// Usage deltas.
+    pub usage: Vec<Usage>,
+    /// Context keys this turn applied.
+    pub applied_context: Vec<String>,
+    /// Tool operations this turn settled or referenced.
+    pub tool_ops: Vec<String>,
+    /// Optional host run id.
+    pub run_id: Option<String>,
+    /// The revision after the turn.
+    pub revision_after: RevisionId,
+}
+
+impl From<TurnCommittedV1> for TurnCommitted {
+    fn from(v1: TurnCommittedV1) -> TurnCommitted {
+        TurnCommitted {
+            turn_id: v1.turn_id,
+            commit_hash: v1.commit_hash,
+            messages: v1.messages,
+            usage: v1.usage,
+            applied_context: v1.applied_context,
+            tool_ops: v1.tool_ops,
+            run_id: v1.run_id,
+            revision_after: v1.revision_after,
+            state: StateDelta::default(),
+        }
+    }
+}
+
+/// Changes to a session's host state: named entries (tool, plugin or execution state,
+/// model configuration) whose values are content objects.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StateDelta {
+    /// Entries set (added or replaced): name → content id of the value.
+    pub set: BTreeMap<String, ContentId>,
+    /// Entry names removed.
+    pub remove: BTreeSet<String>,
+}
+
+impl StateDelta {
+    /// Whether it changes nothing.
+    pub fn is_empty(&self) -> bool {
+        self.set.is_empty() && self.remove.is_empty()
+    }
 }
 
 /// Why a transcript was rewritten.
@@ -311,6 +379,21 @@ pub struct LabelsChanged {
     pub remove: BTreeSet<String>,
 }
 
+/// The session's metadata blob was replaced (every version stays in the log).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MetadataSet {
+    /// The new metadata.
+    #[serde(with = "serde_bytes")]
+    pub metadata: Vec<u8>,
+}
+
+/// Host state entries were set or removed by the dedicated command.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HostStateChanged {
+    /// The change.
+    pub state: StateDelta,
+}
+
 /// One event of the catalogue.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Event {
@@ -332,6 +415,10 @@ pub enum Event {
     ToolResultRecorded(ToolResultRecorded),
     /// See [`LabelsChanged`].
     LabelsChanged(LabelsChanged),
+    /// See [`MetadataSet`].
+    MetadataSet(MetadataSet),
+    /// See [`HostStateChanged`].
+    HostStateChanged(HostStateChanged),
 }
 
 impl Event {
@@ -347,6 +434,8 @@ impl Event {
             Event::ToolCallRecorded(_) => EventKind::ToolCallRecorded,
             Event::ToolResultRecorded(_) => EventKind::ToolResultRecorded,
             Event::LabelsChanged(_) => EventKind::LabelsChanged,
+            Event::MetadataSet(_) => EventKind::MetadataSet,
+            Event::HostStateChanged(_) => EventKind::HostStateChanged,
         }
     }
 
@@ -354,12 +443,15 @@ impl Event {
     pub fn content_refs(&self) -> Vec<ContentId> {
         match self {
             Event::SessionCreated(e) => e.messages.clone(),
-            Event::TurnCommitted(e) => e.messages.clone(),
+            Event::TurnCommitted(e) => e.messages.iter().chain(e.state.set.values()).copied().collect(),
             Event::TranscriptRewritten(e) => e.replacement.clone(),
             Event::ContextAppended(e) => vec![e.content],
             Event::ToolCallRecorded(e) => vec![e.args],
             Event::ToolResultRecorded(e) => vec![e.result],
-            Event::SessionArchived(_) | Event::SessionRevived(_) | Event::LabelsChanged(_) => Vec::new(),
+            Event::HostStateChanged(e) => e.state.set.values().copied().collect(),
+            Event::SessionArchived(_) | Event::SessionRevived(_) | Event::LabelsChanged(_) | Event::MetadataSet(_) => {
+                Vec::new()
+            }
         }
     }
 

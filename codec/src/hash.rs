@@ -129,6 +129,31 @@ pub fn turn_commit_hash(
     CommitHash(*h.finalize().as_bytes())
 }
 
+/// Domain of [`turn_commit_hash_with_state`] when a turn changes host state.
+const TURN_STATE_DOMAIN: &[u8] = b"annal.turn.state.v1";
+
+/// The commit hash of a turn that may also set and remove host state entries: the
+/// [`turn_commit_hash`] of its other content when `state` is empty (so a turn without
+/// state hashes as it always has), else `blake3(domain ‖ that hash ‖ canonical(state))`.
+pub fn turn_commit_hash_with_state(
+    messages: &[ContentId],
+    usage: &[Usage],
+    applied_context: &[String],
+    tool_ops: &[String],
+    state: &crate::event::StateDelta,
+) -> CommitHash {
+    let base = turn_commit_hash(messages, usage, applied_context, tool_ops);
+    if state.is_empty() {
+        return base;
+    }
+    let bytes = crate::wire::to_bytes(state, u64::MAX).unwrap_or_default();
+    let mut h = blake3::Hasher::new();
+    h.update(TURN_STATE_DOMAIN);
+    h.update(&base.0);
+    h.update(&bytes);
+    CommitHash(*h.finalize().as_bytes())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

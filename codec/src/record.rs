@@ -149,6 +149,8 @@ macro_rules! with_payload {
             Event::ToolCallRecorded($e) => $body,
             Event::ToolResultRecorded($e) => $body,
             Event::LabelsChanged($e) => $body,
+            Event::MetadataSet($e) => $body,
+            Event::HostStateChanged($e) => $body,
         }
     };
 }
@@ -280,6 +282,10 @@ pub fn decode_payload(kind: EventKind, schema_version: u16, payload: &[u8], limi
             let v0: ContextAppendedV0 = decode_as(kind, payload, limit)?;
             Event::ContextAppended(ContextAppended { key: v0.key, content: v0.content, source: String::new() })
         }
+        (EventKind::TurnCommitted, 1) => {
+            let v1: TurnCommittedV1 = decode_as(kind, payload, limit)?;
+            Event::TurnCommitted(v1.into())
+        }
         (EventKind::SessionCreated, _) => Event::SessionCreated(decode_as(kind, payload, limit)?),
         (EventKind::TurnCommitted, _) => Event::TurnCommitted(decode_as(kind, payload, limit)?),
         (EventKind::TranscriptRewritten, _) => Event::TranscriptRewritten(decode_as(kind, payload, limit)?),
@@ -289,6 +295,8 @@ pub fn decode_payload(kind: EventKind, schema_version: u16, payload: &[u8], limi
         (EventKind::ToolCallRecorded, _) => Event::ToolCallRecorded(decode_as(kind, payload, limit)?),
         (EventKind::ToolResultRecorded, _) => Event::ToolResultRecorded(decode_as(kind, payload, limit)?),
         (EventKind::LabelsChanged, _) => Event::LabelsChanged(decode_as(kind, payload, limit)?),
+        (EventKind::MetadataSet, _) => Event::MetadataSet(decode_as(kind, payload, limit)?),
+        (EventKind::HostStateChanged, _) => Event::HostStateChanged(decode_as(kind, payload, limit)?),
     })
 }
 

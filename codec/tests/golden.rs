@@ -32,11 +32,12 @@ fn examples() -> Vec<Event> {
         }),
         Event::TurnCommitted(TurnCommitted {
             turn_id: "turn-1".into(),
-            commit_hash: turn_commit_hash(
+            commit_hash: turn_commit_hash_with_state(
                 &[cid("m3")],
                 std::slice::from_ref(&usage),
                 &["ctx".into()],
                 &["op-1".into()],
+                &state(),
             ),
             messages: vec![cid("m3")],
             usage: vec![usage],
@@ -44,6 +45,7 @@ fn examples() -> Vec<Event> {
             tool_ops: vec!["op-1".into()],
             run_id: Some("run-7".into()),
             revision_after: rev.extend(&cid("m3")),
+            state: state(),
         }),
         Event::TranscriptRewritten(TranscriptRewritten {
             parent_revision: rev,
@@ -76,7 +78,16 @@ fn examples() -> Vec<Event> {
             set: BTreeMap::from([("a".into(), "1".into())]),
             remove: BTreeSet::from(["b".into()]),
         }),
+        Event::MetadataSet(MetadataSet { metadata: b"{\"v\":2}".to_vec() }),
+        Event::HostStateChanged(HostStateChanged { state: state() }),
     ]
+}
+
+fn state() -> StateDelta {
+    StateDelta {
+        set: BTreeMap::from([("model".into(), cid("{\"name\":\"m1\"}")), ("plugin.fs".into(), cid("cwd=/src"))]),
+        remove: BTreeSet::from(["scratch".into()]),
+    }
 }
 
 fn record(i: u64, event: Event) -> Record {
@@ -188,6 +199,24 @@ fn v0_context_appended_is_upcast() {
     );
     let chain = LogChain::plain();
     verify_chain(&bytes, &chain.genesis(), &chain, 1).unwrap();
+}
+
+/// A turn written before host state existed (schema 1, checked in from the format it
+/// was written in): read as schema 2 with no state change, and its chain still holds.
+#[test]
+fn v1_turn_committed_is_upcast() {
+    let bytes = std::fs::read(golden_path("TurnCommitted.v1.bin")).unwrap();
+    let decoded = decode_record(&bytes, LIMIT).unwrap();
+    assert_eq!(decoded.schema_version, 1);
+    let Event::TurnCommitted(turn) = &decoded.record.event else { panic!("not a turn: {:?}", decoded.record) };
+    assert_eq!(turn.state, StateDelta::default());
+    assert_eq!(turn.turn_id, "turn-1");
+    assert_eq!(turn.commit_hash, turn_commit_hash(&turn.messages, &turn.usage, &turn.applied_context, &turn.tool_ops));
+    // It followed the SessionCreated vector in the chain.
+    let chain = LogChain::plain();
+    let created = std::fs::read(golden_path("SessionCreated.bin")).unwrap();
+    let prev = verify_chain(&created, &chain.genesis(), &chain, 1).unwrap();
+    verify_chain(&bytes, &prev, &chain, 2).unwrap();
 }
 
 #[test]

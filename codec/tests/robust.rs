@@ -19,6 +19,10 @@ fn valid_record() -> Vec<u8> {
             tool_ops: vec![],
             run_id: None,
             revision_after: RevisionId::of(&[content_id(b"x")]),
+            state: StateDelta {
+                set: std::collections::BTreeMap::from([("tool".into(), content_id(b"state"))]),
+                remove: Default::default(),
+            },
         }),
     };
     encode_record(&rec, &chain.genesis(), &chain, 1 << 20).unwrap().0

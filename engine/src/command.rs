@@ -146,6 +146,72 @@ pub struct CommitTurn {
     pub tool_ops: Vec<String>,
     /// Optional host run id.
     pub run_id: Option<String>,
+    /// Host state entries the turn sets and removes, atomically with it.
+    pub state: StateChanges,
+}
+
+/// Changes to a session's host state: small named blobs a runtime keeps beside the
+/// transcript (tool state, plugin state, execution state, model configuration). Each
+/// value is stored as a content object and addressed by its name.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct StateChanges {
+    /// Entries to set (added or replaced): name → value.
+    pub set: BTreeMap<String, Vec<u8>>,
+    /// Entry names to remove (a name the session does not hold is ignored).
+    pub remove: BTreeSet<String>,
+}
+
+impl StateChanges {
+    /// Whether it asks for nothing.
+    pub fn is_empty(&self) -> bool {
+        self.set.is_empty() && self.remove.is_empty()
+    }
+
+    fn approx_bytes(&self) -> u64 {
+        self.set.iter().map(|(k, v)| (k.len() + v.len()) as u64).sum::<u64>()
+            + self.remove.iter().map(|k| k.len() as u64).sum::<u64>()
+    }
+}
+
+/// Replace a session's metadata blob (every version stays in the log).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SetMetadata {
+    /// The session.
+    pub session: SessionId,
+    /// The new metadata.
+    pub metadata: Vec<u8>,
+    /// The head this change was made against.
+    pub expected: Expected,
+}
+
+/// Set and remove host state entries of a session.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SetHostState {
+    /// The session.
+    pub session: SessionId,
+    /// The changes.
+    pub state: StateChanges,
+    /// The head this change was made against.
+    pub expected: Expected,
+}
+
+impl SetHostState {
+    /// No changes yet, against `expected`.
+    pub fn new(session: SessionId, expected: Expected) -> SetHostState {
+        SetHostState { session, state: StateChanges::default(), expected }
+    }
+
+    /// Sets entry `name` to `value`.
+    pub fn set(mut self, name: impl Into<String>, value: impl Into<Vec<u8>>) -> SetHostState {
+        self.state.set.insert(name.into(), value.into());
+        self
+    }
+
+    /// Removes entry `name`.
+    pub fn remove(mut self, name: impl Into<String>) -> SetHostState {
+        self.state.remove.insert(name.into());
+        self
+    }
 }
 
 impl CommitTurn {
@@ -160,7 +226,20 @@ impl CommitTurn {
             applied_context: Vec::new(),
             tool_ops: Vec::new(),
             run_id: None,
+            state: StateChanges::default(),
         }
+    }
+
+    /// Sets host state entry `name` to `value` with this turn.
+    pub fn set_state(mut self, name: impl Into<String>, value: impl Into<Vec<u8>>) -> CommitTurn {
+        self.state.set.insert(name.into(), value.into());
+        self
+    }
+
+    /// Removes host state entry `name` with this turn.
+    pub fn remove_state(mut self, name: impl Into<String>) -> CommitTurn {
+        self.state.remove.insert(name.into());
+        self
     }
 
     /// Appends a message.
@@ -357,6 +436,10 @@ pub enum Command {
     RecordToolResult(RecordToolResult),
     /// Change labels.
     SetLabels(SetLabels),
+    /// Replace the metadata blob.
+    SetMetadata(SetMetadata),
+    /// Set and remove host state entries.
+    SetHostState(SetHostState),
     /// Several commands, in order, all or nothing.
     Batch(Vec<Command>),
 }
@@ -373,6 +456,7 @@ impl Command {
                     + c.turn_id.len() as u64
                     + c.applied_context.iter().chain(&c.tool_ops).map(|s| s.len() as u64).sum::<u64>()
                     + c.usage.iter().map(|u| (u.provider.len() + u.model.len() + 32) as u64).sum::<u64>()
+                    + c.state.approx_bytes()
             }
             Command::Rewrite(c) => msgs(&c.replacement) + (c.note.len() + c.actor.len()) as u64,
             Command::Restore(c) => (c.note.len() + c.actor.len()) as u64,
@@ -384,6 +468,8 @@ impl Command {
             Command::RecordToolCall(c) => (c.args.len() + c.op_id.len() + c.call_id.len() + c.tool_name.len()) as u64,
             Command::RecordToolResult(c) => (c.result.len() + c.op_id.len()) as u64,
             Command::SetLabels(c) => labels(&c.set) + c.remove.iter().map(|k| k.len() as u64).sum::<u64>(),
+            Command::SetMetadata(c) => c.metadata.len() as u64,
+            Command::SetHostState(c) => c.state.approx_bytes(),
             Command::Batch(cs) => cs.iter().map(Command::approx_bytes).sum(),
         }
     }
@@ -401,6 +487,8 @@ impl Command {
             Command::RecordToolCall(c) => Some(c.session),
             Command::RecordToolResult(c) => Some(c.session),
             Command::SetLabels(c) => Some(c.session),
+            Command::SetMetadata(c) => Some(c.session),
+            Command::SetHostState(c) => Some(c.session),
             Command::Batch(_) => None,
         }
     }
@@ -459,6 +547,16 @@ pub enum Outcome {
     },
     /// Labels changed; `seq` is `None` when nothing changed.
     Labels {
+        /// The event, if one was written.
+        seq: Option<u64>,
+    },
+    /// The metadata was replaced; `seq` is `None` when it already was this.
+    Metadata {
+        /// The event, if one was written.
+        seq: Option<u64>,
+    },
+    /// Host state changed; `seq` is `None` when nothing changed.
+    HostState {
         /// The event, if one was written.
         seq: Option<u64>,
     },

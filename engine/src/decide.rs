@@ -13,6 +13,9 @@ use std::collections::{BTreeMap, BTreeSet};
 
 /// What a command leads to.
 #[derive(Clone, Debug, PartialEq, Eq)]
+// A decision lives for one command on the writer's stack; boxing the event would cost an
+// allocation per event for nothing.
+#[allow(clippy::large_enum_variant)]
 pub enum Decision {
     /// Append `event` to `session`'s stream; `content` holds objects it refers to.
     Write {
@@ -83,14 +86,22 @@ pub(crate) fn content_objects(command: &Command, limits: &Limits) -> Vec<(Conten
     fn walk(set: &mut ContentSet, command: &Command, limits: &Limits) {
         let messages: &[Message] = match command {
             Command::CreateSession(c) => &c.messages,
-            Command::CommitTurn(c) => &c.messages,
+            Command::CommitTurn(c) => {
+                c.state.set.values().for_each(|v| drop(set.add(limits, v.clone())));
+                &c.messages
+            }
+            Command::SetHostState(c) => return c.state.set.values().for_each(|v| drop(set.add(limits, v.clone()))),
             Command::Rewrite(c) => &c.replacement,
             Command::Fork(c) => c.replacement.as_slice(),
             Command::AppendContext(c) => return drop(set.add(limits, c.content.clone())),
             Command::RecordToolCall(c) => return drop(set.add(limits, c.args.clone())),
             Command::RecordToolResult(c) => return drop(set.add(limits, c.result.clone())),
             Command::Batch(commands) => return commands.iter().for_each(|c| walk(set, c, limits)),
-            Command::Restore(_) | Command::Archive { .. } | Command::Revive { .. } | Command::SetLabels(_) => &[],
+            Command::Restore(_)
+            | Command::Archive { .. }
+            | Command::Revive { .. }
+            | Command::SetLabels(_)
+            | Command::SetMetadata(_) => &[],
         };
         for m in messages {
             let _ = set.message(limits, m);
@@ -288,6 +299,8 @@ fn decide_command<S: Store + ?Sized>(store: &S, command: &Command, limits: &Limi
         Command::RecordToolCall(c) => tool_call(store, c, limits),
         Command::RecordToolResult(c) => tool_result(store, c, limits),
         Command::SetLabels(c) => set_labels(store, c, limits),
+        Command::SetMetadata(c) => set_metadata(store, c, limits),
+        Command::SetHostState(c) => set_host_state(store, c, limits),
         Command::Batch(_) => invalid("a batch cannot be decided as one command; nested batches are not allowed"),
     }
 }
@@ -320,8 +333,15 @@ fn check_unique(what: &str, items: &[String]) -> Result<()> {
 
 fn commit_turn<S: Store + ?Sized>(store: &S, c: &CommitTurn, limits: &Limits) -> Result<Decision> {
     limits.check_id("turn id", &c.turn_id)?;
-    if c.messages.is_empty() && c.usage.is_empty() && c.applied_context.is_empty() && c.tool_ops.is_empty() {
-        return invalid("a turn with no messages must record usage, apply context or reference tool operations");
+    if c.messages.is_empty()
+        && c.usage.is_empty()
+        && c.applied_context.is_empty()
+        && c.tool_ops.is_empty()
+        && c.state.is_empty()
+    {
+        return invalid(
+            "a turn with no messages must record usage, apply context, reference tool operations or change host state",
+        );
     }
     if let Some(run) = &c.run_id {
         limits.check_id("run id", run)?;
@@ -339,8 +359,9 @@ fn commit_turn<S: Store + ?Sized>(store: &S, c: &CommitTurn, limits: &Limits) ->
     }
     let mut content = ContentSet::default();
     let messages = content.messages(limits, &c.messages)?;
+    let state = state_delta(limits, &mut content, &c.state)?;
     let h = head(store, &c.session)?;
-    let commit_hash = turn_commit_hash(&messages, &c.usage, &c.applied_context, &c.tool_ops);
+    let commit_hash = turn_commit_hash_with_state(&messages, &c.usage, &c.applied_context, &c.tool_ops, &state);
     if let Some(rec) = store.row::<TurnRecord>(Table::Turns, &keys::session_str(&c.session, &c.turn_id))? {
         if rec.commit_hash == commit_hash {
             return Ok(Decision::Noop(Outcome::AlreadyCommitted(rec.receipt)));
@@ -362,6 +383,7 @@ fn commit_turn<S: Store + ?Sized>(store: &S, c: &CommitTurn, limits: &Limits) ->
             return reject(Rejection::UnknownToolOp { op_id: op.clone() });
         }
     }
+    check_state_count(limits, &h, &state)?;
     let event = Event::TurnCommitted(TurnCommitted {
         turn_id: c.turn_id.clone(),
         commit_hash,
@@ -371,6 +393,7 @@ fn commit_turn<S: Store + ?Sized>(store: &S, c: &CommitTurn, limits: &Limits) ->
         applied_context: c.applied_context.clone(),
         tool_ops: c.tool_ops.clone(),
         run_id: c.run_id.clone(),
+        state,
     });
     Ok(Decision::Write { session: c.session, event, content: content.into_vec() })
 }
@@ -620,6 +643,81 @@ fn set_labels<S: Store + ?Sized>(store: &S, c: &SetLabels, limits: &Limits) -> R
     Ok(Decision::Write { session: c.session, event, content: Vec::new() })
 }
 
+/// Validates host state changes and adds their values to `content`: names of 1 to
+/// `host_state_name_bytes_max` bytes, at most `host_state_entries_max` of each kind, no
+/// name both set and removed. Returns the delta as the event records it.
+fn state_delta(limits: &Limits, content: &mut ContentSet, changes: &StateChanges) -> Result<StateDelta> {
+    limits.check(Limit::HostStateEntries, changes.set.len() as u64)?;
+    limits.check(Limit::HostStateEntries, changes.remove.len() as u64)?;
+    for name in changes.set.keys().chain(&changes.remove) {
+        if name.is_empty() {
+            return invalid("host state names must not be empty");
+        }
+        limits.check(Limit::HostStateNameBytes, name.len() as u64)?;
+    }
+    if changes.set.keys().any(|k| changes.remove.contains(k)) {
+        return invalid("a host state entry is both set and removed");
+    }
+    let mut set = BTreeMap::new();
+    for (name, value) in &changes.set {
+        set.insert(name.clone(), content.add(limits, value.clone())?);
+    }
+    Ok(StateDelta { set, remove: changes.remove.clone() })
+}
+
+/// The host state `h` holds after `delta`.
+pub(crate) fn state_after(h: &SessionHead, delta: &StateDelta) -> BTreeMap<String, ContentId> {
+    let mut after = h.host_state.clone();
+    for name in &delta.remove {
+        after.remove(name);
+    }
+    after.extend(delta.set.iter().map(|(k, v)| (k.clone(), *v)));
+    after
+}
+
+fn check_state_count(limits: &Limits, h: &SessionHead, delta: &StateDelta) -> Result<()> {
+    if delta.is_empty() {
+        return Ok(());
+    }
+    Ok(limits.check(Limit::HostStateEntries, state_after(h, delta).len() as u64)?)
+}
+
+fn set_metadata<S: Store + ?Sized>(store: &S, c: &SetMetadata, limits: &Limits) -> Result<Decision> {
+    limits.check(Limit::MetadataBytes, c.metadata.len() as u64)?;
+    let h = head(store, &c.session)?;
+    // Metadata that is already the session's (an exact retry) answers as a retry
+    // whatever the session's state (§6 retries).
+    if h.metadata == c.metadata {
+        return Ok(Decision::Noop(Outcome::Metadata { seq: None }));
+    }
+    live(&h, &c.session)?;
+    expect(&h, &c.expected)?;
+    let event = Event::MetadataSet(MetadataSet { metadata: c.metadata.clone() });
+    Ok(Decision::Write { session: c.session, event, content: Vec::new() })
+}
+
+fn set_host_state<S: Store + ?Sized>(store: &S, c: &SetHostState, limits: &Limits) -> Result<Decision> {
+    let mut content = ContentSet::default();
+    let requested = state_delta(limits, &mut content, &c.state)?;
+    let h = head(store, &c.session)?;
+    // Only what changes is recorded; a request that changes nothing (an exact retry)
+    // answers as a retry whatever the session's state (§6 retries).
+    let set: BTreeMap<String, ContentId> =
+        requested.set.into_iter().filter(|(k, v)| h.host_state.get(k) != Some(v)).collect();
+    let remove: BTreeSet<String> = requested.remove.into_iter().filter(|k| h.host_state.contains_key(k)).collect();
+    let delta = StateDelta { set, remove };
+    if delta.is_empty() {
+        return Ok(Decision::Noop(Outcome::HostState { seq: None }));
+    }
+    live(&h, &c.session)?;
+    expect(&h, &c.expected)?;
+    check_state_count(limits, &h, &delta)?;
+    let content: Vec<(ContentId, Vec<u8>)> =
+        content.into_vec().into_iter().filter(|(id, _)| delta.set.values().any(|v| v == id)).collect();
+    let event = Event::HostStateChanged(HostStateChanged { state: delta });
+    Ok(Decision::Write { session: c.session, event, content })
+}
+
 /// The outcome of a command whose event was committed as `record`.
 pub fn outcome_of(record: &Record) -> Outcome {
     let receipt = |rev: RevisionId| Receipt { seq: record.seq, revision: rev, committed_at_ms: record.committed_at_ms };
@@ -634,5 +732,7 @@ pub fn outcome_of(record: &Record) -> Outcome {
             Outcome::Tool { created: true, seq: Some(record.seq) }
         }
         Event::LabelsChanged(_) => Outcome::Labels { seq: Some(record.seq) },
+        Event::MetadataSet(_) => Outcome::Metadata { seq: Some(record.seq) },
+        Event::HostStateChanged(_) => Outcome::HostState { seq: Some(record.seq) },
     }
 }

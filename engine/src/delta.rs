@@ -410,15 +410,40 @@ impl View {
         })
     }
 
+    /// Calls `f(logical key, value)` for the rows of `t` whose logical key starts with
+    /// `prefix`, from the first at or after `from` (which starts with `prefix`), in key
+    /// order, until it returns false.
+    pub fn scan_from(
+        &self,
+        t: Table,
+        prefix: &[u8],
+        from: &[u8],
+        mut f: impl FnMut(&[u8], &[u8]) -> Result<bool>,
+    ) -> Result<()> {
+        let (physical_prefix, start) = (physical_key(t, prefix), physical_key(t, from));
+        self.scan_range(&physical_prefix, &start, &mut |physical, value| match logical_key(physical) {
+            Some((lt, logical)) if lt == t && logical.starts_with(prefix) => f(&logical, value),
+            Some(_) => Ok(true),
+            None => Err(tables::bad_physical(physical)),
+        })
+    }
+
     /// Every row whose physical key starts with `start`, checkpoint and delta merged, in
     /// physical key order, until `f` returns false.
     pub(crate) fn scan_physical(&self, start: &[u8], f: &mut RowVisitor<'_>) -> Result<()> {
+        self.scan_range(start, start, f)
+    }
+
+    /// Every row whose physical key starts with `prefix`, from the first at or after
+    /// `start`, checkpoint and delta merged, in physical key order, until `f` returns
+    /// false.
+    fn scan_range(&self, prefix: &[u8], start: &[u8], f: &mut RowVisitor<'_>) -> Result<()> {
         let mut delta: BTreeMap<Vec<u8>, Value> = BTreeMap::new();
         for layer in &self.layers {
             let layer = layer.read();
             let from: Arc<[u8]> = Arc::from(start);
             for k in layer.order.range(from..) {
-                if !k.starts_with(start) {
+                if !k.starts_with(prefix) {
                     break;
                 }
                 if let Some(v) = layer.get_at(k, self.seq) {
@@ -436,7 +461,7 @@ impl View {
                 Some(entry) => {
                     let (k, v) = entry?;
                     let k = k.value();
-                    Ok(k.starts_with(start).then(|| (k.to_vec(), v.value().to_vec())))
+                    Ok(k.starts_with(prefix).then(|| (k.to_vec(), v.value().to_vec())))
                 }
                 None => Ok(None),
             }

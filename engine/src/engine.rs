@@ -382,7 +382,7 @@ impl Engine {
             true => writer::compress(&command, &self.inner.shared.limits),
             false => Default::default(),
         };
-        self.send(Request::Command { command, reply, compressed })?;
+        self.send(Request::Command { command: Box::new(command), reply, compressed })?;
         rx.recv().map_err(|_| Error::Closed)?
     }
 
@@ -492,6 +492,24 @@ impl Engine {
     pub fn set_labels(&self, c: SetLabels) -> Result<Option<u64>> {
         match self.execute(Command::SetLabels(c))? {
             Outcome::Labels { seq } => Ok(seq),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// Replaces the session's metadata blob (`MetadataSet`; the log keeps every
+    /// version). Returns the event's seq, or `None` if the metadata already was this.
+    pub fn set_metadata(&self, c: SetMetadata) -> Result<Option<u64>> {
+        match self.execute(Command::SetMetadata(c))? {
+            Outcome::Metadata { seq } => Ok(seq),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// Sets and removes host state entries (`HostStateChanged`, holding only what
+    /// changes). Returns the event's seq, or `None` if nothing changed.
+    pub fn set_host_state(&self, c: SetHostState) -> Result<Option<u64>> {
+        match self.execute(Command::SetHostState(c))? {
+            Outcome::HostState { seq } => Ok(seq),
             other => Err(unexpected(other)),
         }
     }

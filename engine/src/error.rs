@@ -43,6 +43,10 @@ pub enum Limit {
     ListItems,
     /// Bytes of a note, reason, actor or source.
     NoteBytes,
+    /// Bytes of a host state entry's name.
+    HostStateNameBytes,
+    /// Host state entries on one session (and changes in one command).
+    HostStateEntries,
 }
 
 impl fmt::Display for Limit {
@@ -63,6 +67,8 @@ impl fmt::Display for Limit {
             Limit::AttachmentsPerMessage => "attachments_per_message_max",
             Limit::ListItems => "list_items_max",
             Limit::NoteBytes => "note_bytes_max",
+            Limit::HostStateNameBytes => "host_state_name_bytes_max",
+            Limit::HostStateEntries => "host_state_entries_max",
         };
         f.write_str(name)
     }

@@ -7,7 +7,7 @@ use crate::command::Receipt;
 use crate::error::{Error, Location, Result};
 use crate::projection::*;
 use crate::store::{keys, Store, StoreExt, Table};
-use annal_codec::{ContentId, Event, Record, RevisionId, SessionId};
+use annal_codec::{ContentId, Event, Record, RevisionId, SessionId, StateDelta};
 
 /// Folds one record into the projections in `set`. `introduced` lists the content
 /// objects stored with the record (its content row, in order): the content-id index
@@ -63,6 +63,7 @@ fn fold_heads<S: Store + ?Sized>(store: &mut S, r: &Record) -> Result<()> {
                 last_seq: r.seq,
                 stream_seq: 0,
                 updated_at_ms: r.committed_at_ms,
+                host_state: Default::default(),
             }
         }
         event => {
@@ -71,7 +72,10 @@ fn fold_heads<S: Store + ?Sized>(store: &mut S, r: &Record) -> Result<()> {
                 Event::TurnCommitted(e) => {
                     head.revision = e.revision_after;
                     head.message_count += e.messages.len() as u64;
+                    fold_state(store, r, &mut head, &e.state)?;
                 }
+                Event::HostStateChanged(e) => fold_state(store, r, &mut head, &e.state)?,
+                Event::MetadataSet(e) => head.metadata = e.metadata.clone(),
                 Event::TranscriptRewritten(e) => {
                     if e.start > e.end || e.end > head.message_count {
                         return Err(corrupt(r, "rewrite range outside the transcript"));
@@ -99,6 +103,27 @@ fn fold_heads<S: Store + ?Sized>(store: &mut S, r: &Record) -> Result<()> {
     head.last_seq = r.seq;
     head.updated_at_ms = r.committed_at_ms;
     store.put_row(Table::Heads, &key, &head)
+}
+
+/// Applies a host state change to the head and records each changed entry in the
+/// history, under the event's stream seq. Removing a name the session does not hold
+/// changes nothing (a turn records the removals its host asked for).
+fn fold_state<S: Store + ?Sized>(store: &mut S, r: &Record, head: &mut SessionHead, delta: &StateDelta) -> Result<()> {
+    for name in &delta.remove {
+        if head.host_state.remove(name).is_none() {
+            continue;
+        }
+        let none: Option<ContentId> = None;
+        store.put_row(Table::HostStateLog, &keys::host_state_log(&r.session, name, r.stream_seq), &none)?;
+    }
+    for (name, id) in &delta.set {
+        if delta.remove.contains(name) {
+            return Err(corrupt(r, format!("host state entry {name:?} both set and removed")));
+        }
+        head.host_state.insert(name.clone(), *id);
+        store.put_row(Table::HostStateLog, &keys::host_state_log(&r.session, name, r.stream_seq), &Some(*id))?;
+    }
+    Ok(())
 }
 
 fn transcript_row<S: Store + ?Sized>(store: &S, r: &Record, session: &SessionId, pos: u64) -> Result<TranscriptRow> {
@@ -329,30 +354,63 @@ fn fold_usage<S: Store + ?Sized>(store: &mut S, r: &Record) -> Result<()> {
 
 fn fold_labels<S: Store + ?Sized>(store: &mut S, r: &Record) -> Result<()> {
     let key = keys::session(&r.session);
-    match &r.event {
+    let mut ls = match &r.event {
         Event::SessionCreated(e) => {
+            if store.get(Table::LabelSessions, &key)?.is_some() {
+                return Err(corrupt(r, "session created twice"));
+            }
             for (k, v) in &e.labels {
                 store.put(Table::LabelIndex, &keys::label_index(k, v, r.seq, &r.session), &[])?;
+                count_label(store, k, v, 1)?;
             }
             store.put_row(Table::CreationOrder, &keys::u64(r.seq), &r.session)?;
-            store.put_row(Table::LabelSessions, &key, &LabelSession { created_seq: r.seq, labels: e.labels.clone() })
+            LabelSession { created_seq: r.seq, labels: e.labels.clone(), last_seq: r.seq }
         }
-        Event::LabelsChanged(e) => {
+        event => {
             let mut ls: LabelSession = need(r, store.row(Table::LabelSessions, &key)?, "labels")?;
-            for k in &e.remove {
-                if let Some(v) = ls.labels.remove(k) {
-                    store.remove(Table::LabelIndex, &keys::label_index(k, &v, ls.created_seq, &r.session))?;
+            if let Event::LabelsChanged(e) = event {
+                for k in &e.remove {
+                    if let Some(v) = ls.labels.remove(k) {
+                        store.remove(Table::LabelIndex, &keys::label_index(k, &v, ls.created_seq, &r.session))?;
+                        count_label(store, k, &v, -1)?;
+                    }
+                }
+                for (k, v) in &e.set {
+                    match ls.labels.insert(k.clone(), v.clone()) {
+                        Some(old) if old == *v => continue,
+                        Some(old) => {
+                            store.remove(Table::LabelIndex, &keys::label_index(k, &old, ls.created_seq, &r.session))?;
+                            count_label(store, k, &old, -1)?;
+                        }
+                        None => {}
+                    }
+                    store.put(Table::LabelIndex, &keys::label_index(k, v, ls.created_seq, &r.session), &[])?;
+                    count_label(store, k, v, 1)?;
                 }
             }
-            for (k, v) in &e.set {
-                if let Some(old) = ls.labels.insert(k.clone(), v.clone()) {
-                    store.remove(Table::LabelIndex, &keys::label_index(k, &old, ls.created_seq, &r.session))?;
-                }
-                store.put(Table::LabelIndex, &keys::label_index(k, v, ls.created_seq, &r.session), &[])?;
-            }
-            store.put_row(Table::LabelSessions, &key, &ls)
+            // Every event moves the session to the front of the recency order.
+            store.remove(Table::RecencyOrder, &keys::recency(ls.last_seq, &r.session))?;
+            ls.last_seq = r.seq;
+            ls
         }
-        _ => Ok(()),
+    };
+    ls.last_seq = r.seq;
+    store.put(Table::RecencyOrder, &keys::recency(r.seq, &r.session), &[])?;
+    store.put_row(Table::LabelSessions, &key, &ls)
+}
+
+/// Adds `delta` to the count of sessions holding label `key = value`; a count that
+/// reaches zero is removed.
+fn count_label<S: Store + ?Sized>(store: &mut S, key: &str, value: &str, delta: i64) -> Result<()> {
+    let count_key = keys::label_prefix(key, value);
+    let count: u64 = store.row(Table::LabelCounts, &count_key)?.unwrap_or(0);
+    match count.checked_add_signed(delta) {
+        Some(0) => store.remove(Table::LabelCounts, &count_key),
+        Some(n) => store.put_row(Table::LabelCounts, &count_key, &n),
+        None => Err(Error::corrupt(
+            Location::Projection { table: Table::LabelCounts.name(), key: crate::store::hex(&count_key) },
+            "label count below zero",
+        )),
     }
 }
 

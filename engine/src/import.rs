@@ -71,7 +71,13 @@ fn import_txn(shared: &Shared, tip: &mut Tip, records: Vec<Record>, content: Vec
             return Err(import_error(seq, format!("expected stream seq {next_stream}")));
         }
         if let annal_codec::Event::TurnCommitted(e) = &record.event {
-            let hash = annal_codec::turn_commit_hash(&e.messages, &e.usage, &e.applied_context, &e.tool_ops);
+            let hash = annal_codec::turn_commit_hash_with_state(
+                &e.messages,
+                &e.usage,
+                &e.applied_context,
+                &e.tool_ops,
+                &e.state,
+            );
             if hash != e.commit_hash {
                 return Err(import_error(seq, "commit hash does not recompute"));
             }

@@ -122,7 +122,8 @@ pub use annal_codec::{
 pub use checkpoint::CheckpointPolicy;
 pub use command::{
     new_session_id, AppendContext, Command, CommitTurn, CreateSession, Expected, Fork, Message, Outcome, Receipt,
-    RecordToolCall, RecordToolResult, Restore, Rewrite, RewriteReason, SetLabels,
+    RecordToolCall, RecordToolResult, Restore, Rewrite, RewriteReason, SetHostState, SetLabels, SetMetadata,
+    StateChanges,
 };
 pub use compact::{compact, CompactStats};
 pub use decide::{decide, materialize, outcome_of, Decision};
@@ -139,8 +140,8 @@ pub use log::{LogEntry, LogTail};
 pub use migrate::migrate;
 pub use projection::*;
 pub use query::{
-    EventPage, EventQuery, ListQuery, Page, PageRequest, RevisionGraph, RevisionPage, StoredEvent, StoredMessage,
-    TableDigest, TranscriptPage,
+    EventPage, EventQuery, ListOrder, ListQuery, Page, PageRequest, RevisionGraph, RevisionPage, StoredEvent,
+    StoredMessage, TableDigest, TranscriptPage,
 };
 pub use reader::Reader;
 pub use rebuild::rebuild_offline;

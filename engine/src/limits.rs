@@ -40,6 +40,10 @@ pub struct Limits {
     pub list_items_max: u64,
     /// Bytes of a free-form note, reason, actor or source. Default 4 KiB.
     pub note_bytes_max: u64,
+    /// Bytes of a host state entry's name. Default 128.
+    pub host_state_name_bytes_max: u64,
+    /// Host state entries on one session, and changes in one command. Default 64.
+    pub host_state_entries_max: u64,
 }
 
 const KIB: u64 = 1024;
@@ -63,6 +67,8 @@ impl Default for Limits {
             attachments_per_message_max: 64,
             list_items_max: 1024,
             note_bytes_max: 4 * KIB,
+            host_state_name_bytes_max: 128,
+            host_state_entries_max: 64,
         }
     }
 }
@@ -94,7 +100,7 @@ impl Limits {
     /// Refused with [`Error::InvalidLimits`]: a zero for a size or count that every
     /// command needs (`content_bytes_max`, `command_bytes_max`, `messages_per_command_max`,
     /// `id_bytes_max`, `page_items_max`, `page_bytes_max`, `record_bytes_max`,
-    /// `batch_commands_max`); an id, label key or label value limit over
+    /// `batch_commands_max`); an id, label key, label value or host state name limit over
     /// [`KEY_COMPONENT_BYTES_MAX`]; a message object limit over [`OBJECT_BYTES_MAX`]; a
     /// page byte budget smaller than the largest message.
     pub fn validate(&self) -> Result<(), Error> {
@@ -113,7 +119,7 @@ impl Limits {
                 return invalid(limit, "must be at least 1".into());
             }
         }
-        for limit in [Limit::IdBytes, Limit::LabelKeyBytes, Limit::LabelValueBytes] {
+        for limit in [Limit::IdBytes, Limit::LabelKeyBytes, Limit::LabelValueBytes, Limit::HostStateNameBytes] {
             if self.max(limit) > KEY_COMPONENT_BYTES_MAX {
                 let detail = format!(
                     "{} is over {KEY_COMPONENT_BYTES_MAX}, the largest length a projection key can encode",
@@ -158,6 +164,8 @@ impl Limits {
             Limit::AttachmentsPerMessage => self.attachments_per_message_max,
             Limit::ListItems => self.list_items_max,
             Limit::NoteBytes => self.note_bytes_max,
+            Limit::HostStateNameBytes => self.host_state_name_bytes_max,
+            Limit::HostStateEntries => self.host_state_entries_max,
         }
     }
 

@@ -75,6 +75,10 @@ impl Projection {
             Projection::Usage => 2,
             // 2: the transition that first produces a node is not stored as an edge.
             Projection::Graph => 2,
+            // 2: heads carry the host state; the host state history table.
+            Projection::Heads => 2,
+            // 2: the recency order and the label counts.
+            Projection::Labels => 2,
             _ => 1,
         }
     }
@@ -82,7 +86,7 @@ impl Projection {
     /// The tables this projection owns.
     pub fn tables(self) -> &'static [Table] {
         match self {
-            Projection::Heads => &[Table::Heads],
+            Projection::Heads => &[Table::Heads, Table::HostStateLog],
             Projection::Transcript => &[Table::Transcript, Table::TranscriptTip],
             Projection::Graph => {
                 &[Table::Revisions, Table::RevisionOrder, Table::RevisionEdges, Table::Forks, Table::GraphTip]
@@ -90,7 +94,13 @@ impl Projection {
             Projection::Context => &[Table::Context],
             Projection::Turns => &[Table::Turns],
             Projection::Usage => &[Table::Usage],
-            Projection::Labels => &[Table::LabelSessions, Table::LabelIndex, Table::CreationOrder],
+            Projection::Labels => &[
+                Table::LabelSessions,
+                Table::LabelIndex,
+                Table::CreationOrder,
+                Table::RecencyOrder,
+                Table::LabelCounts,
+            ],
             Projection::Tools => {
                 &[Table::ToolOps, Table::ToolOrder, Table::Unsettled, Table::UnsettledAll, Table::ToolTip]
             }
@@ -169,6 +179,8 @@ pub struct SessionHead {
     pub stream_seq: u64,
     /// Time of the latest event, unix ms.
     pub updated_at_ms: u64,
+    /// Host state entries: name → content id of the value.
+    pub host_state: BTreeMap<String, ContentId>,
 }
 
 /// One row of the current transcript.
@@ -370,6 +382,8 @@ pub struct LabelSession {
     pub created_seq: u64,
     /// Current labels.
     pub labels: BTreeMap<String, String>,
+    /// Seq of the session's latest event (its place in the recency order).
+    pub last_seq: u64,
 }
 
 /// The state of a tool operation.

@@ -78,9 +78,27 @@ pub struct ListQuery {
     pub offset: u64,
     /// Matches to return at most; 0 means `page_items_max`.
     pub limit: u64,
+    /// The order of the list.
+    pub order: ListOrder,
+}
+
+/// The order sessions are listed in.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ListOrder {
+    /// Oldest first, by the creating event.
+    #[default]
+    Created,
+    /// Most recently updated first, by the session's last event (for resume pickers).
+    RecentlyUpdated,
 }
 
 impl ListQuery {
+    /// Lists most recently updated first.
+    pub fn recently_updated(mut self) -> ListQuery {
+        self.order = ListOrder::RecentlyUpdated;
+        self
+    }
+
     /// Every live session, first page of 100.
     pub fn new() -> ListQuery {
         ListQuery { limit: 100, ..ListQuery::default() }
@@ -214,7 +232,72 @@ pub fn head(view: &View, session: &SessionId) -> Result<Option<SessionHead>> {
     view.row(Table::Heads, &keys::session(session))
 }
 
-/// Lists sessions in creation order.
+/// The value of host state entry `name` of `session` at its head, or as of stream seq
+/// `at`: what the session's events up to and including `at` left it (`None` if it was
+/// not set then, or had been removed). A stream seq past the head reads the head.
+pub fn host_state(
+    view: &View,
+    limits: &Limits,
+    session: &SessionId,
+    name: &str,
+    at: Option<u64>,
+) -> Result<Option<Vec<u8>>> {
+    let head = head_of(view, session)?;
+    let id = match at {
+        Some(at) if at < head.stream_seq => {
+            let mut found: Option<ContentId> = None;
+            let prefix = keys::host_state_name(session, name);
+            view.scan_from(Table::HostStateLog, &prefix, &keys::host_state_log(session, name, at), |k, v| {
+                found = decode_row::<Option<ContentId>>(Table::HostStateLog, k, v)?;
+                Ok(false)
+            })?;
+            found
+        }
+        _ => head.host_state.get(name).copied(),
+    };
+    match id {
+        None => Ok(None),
+        Some(id) => Ok(Some(
+            content(view, limits, &id)?
+                .ok_or_else(|| Error::corrupt(Location::Content { id: id.to_hex() }, "missing host state value"))?,
+        )),
+    }
+}
+
+/// Sessions holding label `key = value`, from its count row.
+fn label_count(store: &View, key: &str, value: &str) -> Result<u64> {
+    Ok(store.row::<u64>(Table::LabelCounts, &keys::label_prefix(key, value))?.unwrap_or(0))
+}
+
+/// Calls `f` for every session holding label `key = value`, in creation order.
+fn scan_label(store: &View, key: &str, value: &str, f: &mut dyn FnMut(SessionId) -> Result<bool>) -> Result<()> {
+    let prefix = keys::label_prefix(key, value);
+    store.scan(Table::LabelIndex, &prefix, |k, _| {
+        let tail = &k[prefix.len()..];
+        if tail.len() != 24 {
+            return Err(Error::corrupt(
+                Location::Projection { table: Table::LabelIndex.name(), key: crate::store::hex(k) },
+                "bad index key",
+            ));
+        }
+        let mut s = [0u8; 16];
+        s.copy_from_slice(&tail[8..]);
+        f(SessionId(s))
+    })
+}
+
+/// The session of a recency index key (`!last_seq ‖ session`).
+fn recency_session(key: &[u8]) -> Result<SessionId> {
+    match <[u8; 16]>::try_from(key.get(8..).unwrap_or_default()) {
+        Ok(s) if key.len() == 24 => Ok(SessionId(s)),
+        _ => Err(Error::corrupt(
+            Location::Projection { table: Table::RecencyOrder.name(), key: crate::store::hex(key) },
+            "bad index key",
+        )),
+    }
+}
+
+/// Lists sessions, in creation order or most recently updated first.
 pub fn list_sessions(view: &View, limits: &Limits, q: &ListQuery) -> Result<Page<SessionHead>> {
     let limit = if q.limit == 0 { limits.page_items_max } else { q.limit };
     check_page(limits, limit)?;
@@ -241,27 +324,47 @@ pub fn list_sessions(view: &View, limits: &Limits, q: &ListQuery) -> Result<Page
         items.push(head);
         Ok(true)
     };
-    match q.labels.first() {
-        None => {
+    // The most selective label filter drives (its index holds the fewest sessions); the
+    // others are checked on each candidate's head.
+    let mut driver: Option<(&(String, String), u64)> = None;
+    for label in &q.labels {
+        let count = label_count(store, &label.0, &label.1)?;
+        if driver.is_none_or(|(_, best)| count < best) {
+            driver = Some((label, count));
+        }
+    }
+    match (q.order, driver) {
+        (_, Some((_, 0))) => {}
+        (ListOrder::Created, None) => {
             store.scan(Table::CreationOrder, &[], |k, v| {
                 let session: SessionId = decode_row(Table::CreationOrder, k, v)?;
                 consider(session)
             })?;
         }
-        Some((k, v)) => {
-            let prefix = keys::label_prefix(k, v);
-            store.scan(Table::LabelIndex, &prefix, |key, _| {
-                let tail = &key[prefix.len()..];
-                if tail.len() != 24 {
-                    return Err(Error::corrupt(
-                        Location::Projection { table: Table::LabelIndex.name(), key: crate::store::hex(key) },
-                        "bad index key",
-                    ));
-                }
-                let mut s = [0u8; 16];
-                s.copy_from_slice(&tail[8..]);
-                consider(SessionId(s))
+        (ListOrder::RecentlyUpdated, None) => {
+            store.scan(Table::RecencyOrder, &[], |k, _| consider(recency_session(k)?))?;
+        }
+        (ListOrder::Created, Some(((k, v), _))) => {
+            scan_label(store, k, v, &mut |s| consider(s))?;
+        }
+        (ListOrder::RecentlyUpdated, Some(((k, v), _))) => {
+            // The label's index is in creation order: gather its sessions, newest update
+            // first, then page. O(sessions with the most selective label).
+            let mut found = Vec::new();
+            scan_label(store, k, v, &mut |s| {
+                found.push(s);
+                Ok(true)
             })?;
+            let mut heads = Vec::with_capacity(found.len());
+            for s in found {
+                heads.push(head_of(store, &s)?);
+            }
+            heads.sort_by_key(|h| std::cmp::Reverse(h.last_seq));
+            for h in heads {
+                if !consider(h.session)? {
+                    break;
+                }
+            }
         }
     }
     Ok(Page { items, offset: q.offset, limit, has_more })

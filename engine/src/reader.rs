@@ -118,6 +118,20 @@ impl Reader {
         })
     }
 
+    /// The value of host state entry `name` at the session's head, if it is set.
+    pub fn host_state(&self, session: SessionId, name: &str) -> Result<Option<Vec<u8>>> {
+        fail_closed("host_state", || query::host_state(&self.snapshot()?, &self.limits, &session, name, None))
+    }
+
+    /// The value of host state entry `name` as of the session's stream seq `stream_seq`
+    /// (what its events up to that one left it); a stream seq past the head reads the
+    /// head.
+    pub fn host_state_at(&self, session: SessionId, name: &str, stream_seq: u64) -> Result<Option<Vec<u8>>> {
+        fail_closed("host_state_at", || {
+            query::host_state(&self.snapshot()?, &self.limits, &session, name, Some(stream_seq))
+        })
+    }
+
     /// Lists sessions in creation order.
     pub fn list_sessions(&self, q: &ListQuery) -> Result<Page<SessionHead>> {
         fail_closed("list_sessions", || query::list_sessions(&self.snapshot()?, &self.limits, q))

@@ -54,11 +54,17 @@ pub enum Table {
     StreamIndex,
     /// content id → seq of the content row that holds the object
     ContentIndex,
+    /// (session, name, !stream seq) → the entry's value from that event on (or its removal)
+    HostStateLog,
+    /// !last seq ‖ session → (): every session, most recently updated first
+    RecencyOrder,
+    /// (key, value) → sessions holding the label
+    LabelCounts,
 }
 
 impl Table {
     /// Every projection table.
-    pub const ALL: [Table; 21] = [
+    pub const ALL: [Table; 24] = [
         Table::Heads,
         Table::Transcript,
         Table::TranscriptTip,
@@ -80,6 +86,9 @@ impl Table {
         Table::ToolTip,
         Table::StreamIndex,
         Table::ContentIndex,
+        Table::HostStateLog,
+        Table::RecencyOrder,
+        Table::LabelCounts,
     ];
 
     /// The redb table name.
@@ -106,6 +115,9 @@ impl Table {
             Table::ToolTip => "p.tool_tip",
             Table::StreamIndex => "p.stream_index",
             Table::ContentIndex => "p.content_index",
+            Table::HostStateLog => "p.host_state_log",
+            Table::RecencyOrder => "p.recency_order",
+            Table::LabelCounts => "p.label_counts",
         }
     }
 
@@ -127,7 +139,15 @@ impl Table {
     /// Whether every key of the table starts with a 16-byte session id. Such rows are
     /// stored session-major, so one commit's rows for a session sit together.
     pub fn session_scoped(self) -> bool {
-        !matches!(self, Table::LabelIndex | Table::CreationOrder | Table::UnsettledAll | Table::ContentIndex)
+        !matches!(
+            self,
+            Table::LabelIndex
+                | Table::CreationOrder
+                | Table::UnsettledAll
+                | Table::ContentIndex
+                | Table::RecencyOrder
+                | Table::LabelCounts
+        )
     }
 }
 
@@ -354,6 +374,28 @@ pub mod keys {
         let mut k = s.0.to_vec();
         push_str(&mut k, provider);
         k.extend_from_slice(model.as_bytes());
+        k
+    }
+
+    /// `session ‖ len ‖ name`: the prefix of every history row of one host state entry.
+    pub fn host_state_name(s: &SessionId, name: &str) -> Vec<u8> {
+        let mut k = s.0.to_vec();
+        push_str(&mut k, name);
+        k
+    }
+
+    /// `session ‖ len ‖ name ‖ !stream_seq`: newest first, so the first row at or after
+    /// `host_state_log(s, name, n)` is the entry as of stream seq `n`.
+    pub fn host_state_log(s: &SessionId, name: &str, stream_seq: u64) -> Vec<u8> {
+        let mut k = host_state_name(s, name);
+        k.extend_from_slice(&(!stream_seq).to_be_bytes());
+        k
+    }
+
+    /// `!last_seq ‖ session`: ascending key order is most recent first.
+    pub fn recency(last_seq: u64, s: &SessionId) -> Vec<u8> {
+        let mut k = (!last_seq).to_be_bytes().to_vec();
+        k.extend_from_slice(&s.0);
         k
     }
 

@@ -82,10 +82,24 @@ pub(crate) fn compress(command: &Command, limits: &Limits) -> Compressed {
 }
 
 pub(crate) enum Request {
-    Command { command: Command, reply: Sender<Result<Outcome>>, compressed: Compressed },
-    Rebuild { set: ProjectionSet, reply: Sender<Result<RebuildStats>> },
-    Checkpoint { reply: Sender<Result<()>> },
-    Import { records: Vec<Record>, content: Vec<Vec<u8>>, reply: Sender<Result<crate::import::ImportStats>> },
+    /// Boxed: the queue's slots are preallocated, and a command is large.
+    Command {
+        command: Box<Command>,
+        reply: Sender<Result<Outcome>>,
+        compressed: Compressed,
+    },
+    Rebuild {
+        set: ProjectionSet,
+        reply: Sender<Result<RebuildStats>>,
+    },
+    Checkpoint {
+        reply: Sender<Result<()>>,
+    },
+    Import {
+        records: Vec<Record>,
+        content: Vec<Vec<u8>>,
+        reply: Sender<Result<crate::import::ImportStats>>,
+    },
 }
 
 fn now_ms() -> u64 {
@@ -116,7 +130,7 @@ pub(crate) fn run(shared: Arc<Shared>, rx: Receiver<Request>, tip: Tip, checkpoi
         let deadline = Instant::now() + GATHER_WAIT_MAX;
         while let Some(req) = pending.take() {
             match req {
-                Request::Command { command, reply, compressed } => commands.push((command, reply, compressed)),
+                Request::Command { command, reply, compressed } => commands.push((*command, reply, compressed)),
                 other => {
                     // Everything before it goes first, then it runs alone on an idle log.
                     seq.commit(&shared, std::mem::take(&mut commands), &checkpoints);

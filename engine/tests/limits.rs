@@ -32,6 +32,8 @@ fn small() -> Limits {
         attachments_per_message_max: 2,
         list_items_max: 3,
         note_bytes_max: 20,
+        host_state_name_bytes_max: 16,
+        host_state_entries_max: 3,
     }
 }
 
@@ -539,6 +541,7 @@ fn turn_record_len(turn_id: &str, models: &[String]) -> u64 {
             tool_ops: vec![],
             run_id: None,
             revision_after: RevisionId([0; 32]),
+            state: Default::default(),
         }),
     };
     let chain = LogChain::plain();

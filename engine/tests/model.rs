@@ -182,6 +182,13 @@ fn list_queries() -> Vec<ListQuery> {
         ListQuery::new().include_archived().page(7, 3),
         ListQuery::new().page(0, 0),
         ListQuery::new().page(0, 101),
+        ListQuery::new().recently_updated(),
+        ListQuery::new().recently_updated().include_archived().page(1, 2),
+        ListQuery::new().recently_updated().label("a", "1"),
+        ListQuery::new().recently_updated().label("b", "2").label("a", "1").include_archived(),
+        ListQuery::new().label("b", "2").label("a", "1"),
+        ListQuery::new().label("a", "1").label("a", "2"),
+        ListQuery::new().recently_updated().label("c", "1").page(1, 1),
     ]
 }
 
@@ -221,6 +228,17 @@ fn session_agrees(engine: &Engine, model: &Model, s: SessionId, when: &str) -> C
     same(engine.unsettled(s), model.unsettled(&s), format_args!("{when}: unsettled of {s}"))?;
     for op in ["o0", "o1", "o2", "o9"] {
         same(engine.tool_op(s, op), model.tool_op(&s, op), format_args!("{when}: tool op {op} of {s}"))?;
+    }
+    let stream = model.head(&s).map_or(0, |h| h.stream_seq);
+    let mut names = model.state_names(&s);
+    names.insert("never".into());
+    for name in names {
+        let what = format_args!("{when}: host state {name:?} of {s}");
+        same(engine.host_state(s, &name), model.host_state(&s, &name, None), what)?;
+        for at in 0..=stream + 1 {
+            let what = format_args!("{when}: host state {name:?} of {s} at {at}");
+            same(engine.host_state_at(s, &name, at), model.host_state(&s, &name, Some(at)), what)?;
+        }
     }
     Ok(())
 }

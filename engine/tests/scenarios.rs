@@ -498,6 +498,135 @@ fn s3_the_version_fence_sees_every_event_and_never_goes_back() {
     assert_eq!(engine.commit_turn(fresh).unwrap(), TurnOutcome::AlreadyCommitted(committed.receipt()));
 }
 
+/// Mutable metadata: replaced as an event (every version stays in the log), a no-op
+/// when unchanged, fenced like any write, bounded, refused when archived.
+#[test]
+fn s3_metadata_is_replaced_by_events_and_every_version_stays_in_the_log() {
+    let db = Db::new();
+    let engine = db.open();
+    let created = engine.create_session(CreateSession::new().metadata(b"v1".to_vec())).unwrap();
+    let s = created.session;
+    let set = |bytes: &[u8], expected| SetMetadata { session: s, metadata: bytes.to_vec(), expected };
+    let seq = engine.set_metadata(set(b"v2", Expected::Version(1))).unwrap().expect("an event");
+    assert_eq!(head(&engine, s).metadata, b"v2");
+    assert_eq!(head(&engine, s).revision, created.receipt.revision, "metadata does not move the revision");
+    // Unchanged: nothing written, whatever the fence says.
+    let (tip, digests) = (tip_seq(&engine), engine.projection_digests().unwrap());
+    assert_eq!(engine.set_metadata(set(b"v2", Expected::Version(99))).unwrap(), None);
+    assert_unchanged(&engine, tip, &digests);
+    // Fenced, bounded.
+    assert_eq!(
+        rejected(engine.set_metadata(set(b"v3", Expected::Version(1)))),
+        Rejection::VersionConflict { expected: 1, actual: 2 }
+    );
+    let big = vec![b'm'; 64 * 1024 + 1];
+    assert!(matches!(
+        rejected(engine.set_metadata(set(&big, Expected::Any))),
+        Rejection::LimitExceeded { limit: Limit::MetadataBytes, .. }
+    ));
+    assert_unchanged(&engine, tip, &digests);
+    // Every version is in the log.
+    let versions: Vec<Vec<u8>> = session_events(&engine, s)
+        .into_iter()
+        .filter_map(|e| match e.record.event {
+            Event::SessionCreated(c) => Some(c.metadata),
+            Event::MetadataSet(m) => Some(m.metadata),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(versions, vec![b"v1".to_vec(), b"v2".to_vec()]);
+    assert_eq!(session_events(&engine, s).last().unwrap().record.seq, seq);
+    // Archived: refused, except the exact retry.
+    engine.archive(s, "done").unwrap();
+    assert_eq!(engine.set_metadata(set(b"v2", Expected::Any)).unwrap(), None);
+    assert_eq!(rejected(engine.set_metadata(set(b"v4", Expected::Any))), Rejection::Archived { session: s });
+}
+
+/// Host state: named blobs beside the transcript, set and removed by a turn (atomically
+/// with it) or by the dedicated command, shown on the head, readable by name at the head
+/// and as of any earlier stream seq, bounded by their own limits.
+#[test]
+fn s3_host_state_entries_are_versioned_by_stream_seq() {
+    let db = Db::new();
+    let engine = db.open();
+    let (s, rev0) = create(&engine, &[Message::system("sys")]);
+    // Stream seq 2: a turn sets two entries with its messages.
+    let t1 = CommitTurn::new(s, "t1", Expected::Exact(rev0))
+        .message(Message::user("hi"))
+        .set_state("model", b"{\"name\":\"m1\"}".to_vec())
+        .set_state("tool.fs", b"cwd=/src".to_vec());
+    let rev1 = engine.commit_turn(t1.clone()).unwrap().receipt().revision;
+    // Stream seq 3: the command replaces one and removes the other.
+    let change =
+        SetHostState::new(s, Expected::Version(2)).set("model", b"{\"name\":\"m2\"}".to_vec()).remove("tool.fs");
+    assert!(engine.set_host_state(change.clone()).unwrap().is_some());
+    // Stream seq 4: a turn with no messages changes state only.
+    let t2 = CommitTurn::new(s, "t2", Expected::Exact(rev1)).set_state("plugin", b"on".to_vec());
+    assert_eq!(engine.commit_turn(t2).unwrap().receipt().revision, rev1);
+
+    let h = head(&engine, s);
+    assert_eq!(h.stream_seq, 4);
+    assert_eq!(h.host_state.keys().cloned().collect::<Vec<_>>(), ["model", "plugin"]);
+    assert_eq!(engine.host_state(s, "model").unwrap().unwrap(), b"{\"name\":\"m2\"}");
+    assert_eq!(engine.host_state(s, "tool.fs").unwrap(), None);
+    let at = |name: &str, n: u64| engine.host_state_at(s, name, n).unwrap();
+    assert_eq!(at("model", 1), None);
+    assert_eq!(at("model", 2).unwrap(), b"{\"name\":\"m1\"}");
+    assert_eq!(at("tool.fs", 2).unwrap(), b"cwd=/src");
+    assert_eq!(at("tool.fs", 3), None);
+    assert_eq!(at("model", 3).unwrap(), b"{\"name\":\"m2\"}");
+    assert_eq!(at("plugin", 3), None);
+    assert_eq!(at("plugin", 4).unwrap(), b"on");
+    assert_eq!(at("plugin", 400).unwrap(), b"on");
+
+    // Retries: the same turn (state included) and the same change answer as retries.
+    let (tip, digests) = (tip_seq(&engine), engine.projection_digests().unwrap());
+    assert!(matches!(engine.commit_turn(t1.clone()).unwrap(), TurnOutcome::AlreadyCommitted(_)));
+    assert_eq!(engine.set_host_state(change).unwrap(), None);
+    assert_unchanged(&engine, tip, &digests);
+    // The same turn id with other state is a conflict.
+    let other = CommitTurn { state: StateChanges::default(), ..t1 };
+    assert_eq!(rejected(engine.commit_turn(other)), Rejection::TurnConflict { turn_id: "t1".into() });
+
+    // Typed errors, nothing written.
+    let names_over = SetHostState::new(s, Expected::Any).set("n".repeat(129), b"x".to_vec());
+    assert!(matches!(
+        rejected(engine.set_host_state(names_over)),
+        Rejection::LimitExceeded { limit: Limit::HostStateNameBytes, .. }
+    ));
+    let empty_name = SetHostState::new(s, Expected::Any).set("", b"x".to_vec());
+    assert!(matches!(rejected(engine.set_host_state(empty_name)), Rejection::InvalidRequest { .. }));
+    let both = SetHostState::new(s, Expected::Any).set("a", b"x".to_vec()).remove("a");
+    assert!(matches!(rejected(engine.set_host_state(both)), Rejection::InvalidRequest { .. }));
+    let mut many = SetHostState::new(s, Expected::Any);
+    for i in 0..63 {
+        many = many.set(format!("k{i}"), vec![b'v'; 3]);
+    }
+    assert_eq!(
+        rejected(engine.set_host_state(many)),
+        Rejection::LimitExceeded { limit: Limit::HostStateEntries, actual: 65, max: 64 }
+    );
+    let stale = SetHostState::new(s, Expected::Version(3)).set("a", b"x".to_vec());
+    assert_eq!(rejected(engine.set_host_state(stale)), Rejection::VersionConflict { expected: 3, actual: 4 });
+    assert_unchanged(&engine, tip, &digests);
+    assert_eq!(
+        rejected(engine.host_state(SessionId([7; 16]), "model").map(drop)),
+        Rejection::NotFound { session: SessionId([7; 16]) }
+    );
+
+    // Archived: refused; the fold agrees with a rebuild, and a reopen reads the same.
+    engine.archive(s, "done").unwrap();
+    let refused = SetHostState::new(s, Expected::Any).set("a", b"x".to_vec());
+    assert_eq!(rejected(engine.set_host_state(refused)), Rejection::Archived { session: s });
+    let before = engine.projection_digests().unwrap();
+    engine.rebuild(ProjectionSet::all()).unwrap();
+    assert_eq!(engine.projection_digests().unwrap(), before);
+    engine.close().unwrap();
+    let engine = db.open();
+    assert_eq!(engine.host_state_at(s, "tool.fs", 2).unwrap().unwrap(), b"cwd=/src");
+    assert_eq!(head(&engine, s).host_state.len(), 2);
+}
+
 // ---------------------------------------------------------------------------- S7
 
 /// A lost acknowledgement followed by an archive must not look like a failure: an exact
@@ -838,6 +967,60 @@ fn s10_listing_filters_pages_hides_archived_and_keeps_creation_order() {
     assert_eq!(listed(&engine, &q.clone().label("team", "x")), (vec![ids[3], ids[4], newer], false));
 }
 
+/// Recency listing for resume pickers: newest update first, with the same filters and
+/// paging; every event of a session moves it to the front. A label filter on any label
+/// is answered from that label's index (the most selective filter drives), whatever the
+/// order the filters are given in.
+#[test]
+fn s10_listing_by_recent_update() {
+    let db = Db::new();
+    let engine = db.open();
+    let mut ids = Vec::new();
+    for i in 0..6u8 {
+        let team = if i % 2 == 0 { "core" } else { "web" };
+        let env = if i == 4 { "staging" } else { "prod" };
+        let c = CreateSession::with_id(SessionId([i + 1; 16])).label("team", team).label("env", env);
+        ids.push(engine.create_session(c.message(Message::system("sys"))).unwrap().session);
+    }
+    let recent = ListQuery::new().recently_updated();
+    let newest_first: Vec<SessionId> = ids.iter().rev().copied().collect();
+    assert_eq!(listed(&engine, &recent), (newest_first, false));
+
+    // Any event moves a session to the front: a turn, context, labels, host state.
+    let rev = head(&engine, ids[1]).revision;
+    engine.commit_turn(turn(ids[1], "t", rev)).unwrap();
+    engine.append_context(context(ids[3], "k", "v")).unwrap();
+    engine.set_host_state(SetHostState::new(ids[0], Expected::Any).set("model", b"m".to_vec())).unwrap();
+    let order = vec![ids[0], ids[3], ids[1], ids[5], ids[4], ids[2]];
+    assert_eq!(listed(&engine, &recent), (order.clone(), false));
+    assert_eq!(listed(&engine, &recent.clone().page(1, 2)), (order[1..3].to_vec(), true));
+    assert_eq!(listed(&engine, &recent.clone().page(4, 9)), (order[4..].to_vec(), false));
+
+    // Filters, in either order, with paging; archived sessions hidden unless asked for.
+    let core = recent.clone().label("team", "core");
+    assert_eq!(listed(&engine, &core), (vec![ids[0], ids[4], ids[2]], false));
+    let core_prod = recent.clone().label("env", "prod").label("team", "core");
+    assert_eq!(listed(&engine, &core_prod), (vec![ids[0], ids[2]], false));
+    let prod_core = recent.clone().label("team", "core").label("env", "prod");
+    assert_eq!(listed(&engine, &prod_core), (vec![ids[0], ids[2]], false));
+    assert_eq!(listed(&engine, &core.clone().page(1, 1)), (vec![ids[4]], true));
+    engine.archive(ids[4], "done").unwrap();
+    assert_eq!(listed(&engine, &core), (vec![ids[0], ids[2]], false));
+    assert_eq!(listed(&engine, &core.clone().include_archived()), (vec![ids[4], ids[0], ids[2]], false));
+    assert_eq!(listed(&engine, &recent.clone().label("team", "nobody")), (vec![], false));
+    // The creation order still answers the same way for multi-label filters.
+    let created = ListQuery::new().label("env", "prod").label("team", "web");
+    assert_eq!(listed(&engine, &created), (vec![ids[1], ids[3], ids[5]], false));
+
+    // A rebuild and a reopen give the same answers.
+    let before = listed(&engine, &recent.clone().include_archived());
+    engine.rebuild(ProjectionSet::all()).unwrap();
+    assert_eq!(listed(&engine, &recent.clone().include_archived()), before);
+    engine.close().unwrap();
+    let engine = db.open();
+    assert_eq!(listed(&engine, &recent.clone().include_archived()), before);
+}
+
 #[test]
 fn s10_set_labels_contract() {
     let db = Db::new();
@@ -1136,13 +1319,17 @@ fn s13_a_bumped_projection_version_rebuilds_at_open() {
 // ---------------------------------------------------------------------------- S16
 
 /// Gives the record at `seq` schema version `version`, re-sealing the chain after it.
-fn bump_schema_version(path: &std::path::Path, seq: u64, version: u16) {
+/// Rewrites record `seq` as if a newer binary had written its kind: schema version one
+/// past this binary's.
+fn bump_schema_version(path: &std::path::Path, seq: u64, kind: EventKind) {
+    let version = kind.current_version() + 1;
     edit_log_record(path, seq, |bytes| bytes[6..8].copy_from_slice(&version.to_le_bytes()));
 }
 
 #[track_caller]
 fn assert_newer_schema(result: Result<impl std::fmt::Debug>, seq: u64, kind: EventKind) {
-    let expected = annal::codec::DecodeError::UnsupportedVersion { kind, found: 2, supported: 1 };
+    let supported = kind.current_version();
+    let expected = annal::codec::DecodeError::UnsupportedVersion { kind, found: supported + 1, supported };
     match result {
         Err(Error::Decode { seq: at, source }) => {
             assert_eq!((at, source), (seq, expected));
@@ -1158,7 +1345,7 @@ fn s16_a_record_from_a_newer_schema_is_a_typed_error_never_a_skip() {
     let (s, rev0) = create(&engine, &[Message::system("sys")]);
     commit_turns(&engine, s, "t", 3, rev0);
     engine.close().unwrap();
-    bump_schema_version(&db.path, 3, 2);
+    bump_schema_version(&db.path, 3, EventKind::TurnCommitted);
 
     let engine = db.open();
     // Records before it read; a page that reaches it fails rather than skipping it.
@@ -1181,7 +1368,14 @@ fn s16_a_record_from_a_newer_schema_is_a_typed_error_never_a_skip() {
     );
     assert_newer_schema(engine.rebuild(ProjectionSet::all()), 3, EventKind::TurnCommitted);
     let message = engine.events(EventQuery { from_seq: 3, max_events: 1, max_bytes: 1 << 20 }).unwrap_err().to_string();
-    assert!(message.contains("TurnCommitted") && message.contains('2') && message.contains('1'), "{message}");
+    let (found, supported) =
+        (EventKind::TurnCommitted.current_version() + 1, EventKind::TurnCommitted.current_version());
+    assert!(
+        message.contains("TurnCommitted")
+            && message.contains(&found.to_string())
+            && message.contains(&supported.to_string()),
+        "{message}"
+    );
     engine.close().unwrap();
 
     // A rebuild at open meets it too, and the open fails.
@@ -1198,7 +1392,7 @@ fn s16_a_newer_schema_at_the_tip_fails_the_open() {
     commit_turns(&engine, s, "t", 1, rev0);
     engine.archive(s, "done").unwrap();
     engine.close().unwrap();
-    bump_schema_version(&db.path, 3, 2);
+    bump_schema_version(&db.path, 3, EventKind::SessionArchived);
     let opened = Engine::open_with(&db.path, Options { durability: Durability::Relaxed, ..Options::default() });
     match opened {
         Err(e) => assert_newer_schema(Err::<(), _>(e), 3, EventKind::SessionArchived),

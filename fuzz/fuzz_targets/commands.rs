@@ -22,7 +22,8 @@ use annal::fault::SharedMemory;
 use annal::{
     AppendContext, Command, CommitTurn, CreateSession, Durability, Engine, Error, EventQuery, Expected, Fork, Limits,
     ListQuery, Message, Options, Outcome, PageRequest, ProjectionSet, RecordToolCall, RecordToolResult, Recovery,
-    Restore, RevisionId, Rewrite, RewriteReason, Role, SessionId, SetLabels, ToolOutcome, Usage,
+    Restore, RevisionId, Rewrite, RewriteReason, Role, SessionId, SetHostState, SetLabels, SetMetadata, StateChanges,
+    ToolOutcome, Usage,
 };
 use arbitrary::Arbitrary;
 use libfuzzer_sys::fuzz_target;
@@ -51,6 +52,8 @@ fn limits() -> Limits {
         attachments_per_message_max: 2,
         list_items_max: 4,
         note_bytes_max: 40,
+        host_state_name_bytes_max: 16,
+        host_state_entries_max: 3,
     }
 }
 
@@ -115,6 +118,8 @@ enum Op {
         ctx: Vec<Text>,
         ops: Vec<Text>,
         run: Option<Text>,
+        state: Vec<(Text, Bytes)>,
+        unstate: Vec<Text>,
     },
     Rewrite {
         s: Sid,
@@ -174,6 +179,17 @@ enum Op {
         set: Vec<(Text, Text)>,
         remove: Vec<Text>,
     },
+    Metadata {
+        s: Sid,
+        metadata: Bytes,
+        expected: Exp,
+    },
+    HostState {
+        s: Sid,
+        set: Vec<(Text, Bytes)>,
+        remove: Vec<Text>,
+        expected: Exp,
+    },
     Batch(Vec<Op>),
     /// Not a command: `Engine::checkpoint` (inside a batch, an empty nested batch).
     Checkpoint,
@@ -202,6 +218,13 @@ impl Ctx {
                 std::iter::repeat_n(c, (*len as u32 % SIZE_MAX) as usize).collect()
             }
             Text::Raw(s) => s.chars().take(SIZE_MAX as usize).collect(),
+        }
+    }
+
+    fn state(&self, set: &[(Text, Bytes)], remove: &[Text]) -> StateChanges {
+        StateChanges {
+            set: set.iter().take(6).map(|(n, v)| (self.text(n), self.bytes(v))).collect(),
+            remove: remove.iter().take(6).map(|n| self.text(n)).collect(),
         }
     }
 
@@ -278,7 +301,7 @@ impl Ctx {
                 metadata: self.bytes(metadata),
                 messages: self.messages(messages),
             }),
-            Op::Turn { s, turn, expected, messages, usage, ctx, ops, run } => {
+            Op::Turn { s, turn, expected, messages, usage, ctx, ops, run, state, unstate } => {
                 let s = self.sid(s);
                 Command::CommitTurn(CommitTurn {
                     session: s,
@@ -300,6 +323,7 @@ impl Ctx {
                     applied_context: ctx.iter().take(8).map(|t| self.text(t)).collect(),
                     tool_ops: ops.iter().take(8).map(|t| self.text(t)).collect(),
                     run_id: run.as_ref().map(|t| self.text(t)),
+                    state: self.state(state, unstate),
                 })
             }
             Op::Rewrite { s, expected, start, end, replacement, reason, note, actor } => {
@@ -362,6 +386,22 @@ impl Ctx {
                 set: self.labels(set),
                 remove: remove.iter().take(8).map(|t| self.text(t)).collect(),
             }),
+            Op::Metadata { s, metadata, expected } => {
+                let s = self.sid(s);
+                Command::SetMetadata(SetMetadata {
+                    session: s,
+                    metadata: self.bytes(metadata),
+                    expected: self.exp(s, expected),
+                })
+            }
+            Op::HostState { s, set, remove, expected } => {
+                let s = self.sid(s);
+                Command::SetHostState(SetHostState {
+                    session: s,
+                    state: self.state(set, remove),
+                    expected: self.exp(s, expected),
+                })
+            }
             Op::Batch(ops) if depth < 2 => {
                 Command::Batch(ops.iter().take(8).map(|o| self.command(o, depth + 1)).collect())
             }
@@ -375,7 +415,10 @@ fn wrote(outcome: &Outcome) -> bool {
     match outcome {
         Outcome::Created { .. } | Outcome::Committed(_) | Outcome::Rewritten(_) => true,
         Outcome::Revived { .. } | Outcome::Staged { .. } => true,
-        Outcome::Archived { seq } | Outcome::Labels { seq } => seq.is_some(),
+        Outcome::Archived { seq }
+        | Outcome::Labels { seq }
+        | Outcome::Metadata { seq }
+        | Outcome::HostState { seq } => seq.is_some(),
         Outcome::Tool { created, .. } => *created,
         Outcome::AlreadyCommitted(_) | Outcome::Duplicate => false,
         Outcome::Batch(outcomes) => outcomes.iter().any(wrote),
@@ -389,7 +432,10 @@ fn seqs(outcome: &Outcome, out: &mut Vec<u64>) {
             out.push(receipt.seq)
         }
         Outcome::Revived { seq } | Outcome::Staged { seq } => out.push(*seq),
-        Outcome::Archived { seq: Some(seq) } | Outcome::Labels { seq: Some(seq) } => out.push(*seq),
+        Outcome::Archived { seq: Some(seq) }
+        | Outcome::Labels { seq: Some(seq) }
+        | Outcome::Metadata { seq: Some(seq) }
+        | Outcome::HostState { seq: Some(seq) } => out.push(*seq),
         Outcome::Tool { seq: Some(seq), .. } => out.push(*seq),
         Outcome::Batch(outcomes) => outcomes.iter().for_each(|o| seqs(o, out)),
         _ => {}

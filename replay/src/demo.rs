@@ -236,6 +236,8 @@ impl Agent<'_> {
         for op in tools {
             t = t.tool_op(*op);
         }
+        // The host keeps the model it used last beside the transcript (host state).
+        t = t.set_state("model", format!("{{\"provider\":\"anthropic\",\"name\":\"{model}\"}}").into_bytes());
         self.head = self.engine.commit_turn(t)?.receipt().revision;
         self.count();
         Ok(())

@@ -89,6 +89,23 @@ pub struct Blob {
     pub bytes: Bytes,
 }
 
+/// Host state changes, values inlined.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StateJson {
+    /// Entries set: name → value.
+    pub set: BTreeMap<String, Blob>,
+    /// Entry names removed.
+    pub remove: BTreeSet<String>,
+}
+
+impl StateJson {
+    /// Whether it changes nothing (then a turn's export line leaves it out).
+    pub fn is_empty(&self) -> bool {
+        self.set.is_empty() && self.remove.is_empty()
+    }
+}
+
 /// A message object, inlined.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -197,6 +214,9 @@ pub enum EventJson {
         tool_ops: Vec<String>,
         run_id: Option<String>,
         revision_after: String,
+        /// Absent in exports of turns that change no host state (and in older exports).
+        #[serde(default, skip_serializing_if = "StateJson::is_empty")]
+        state: StateJson,
     },
     /// See [`annal::codec::TranscriptRewritten`].
     TranscriptRewritten {
@@ -229,6 +249,10 @@ pub enum EventJson {
     ToolResultRecorded { op_id: String, outcome: OutcomeJson, result: Blob },
     /// See [`annal::codec::LabelsChanged`].
     LabelsChanged { set: BTreeMap<String, String>, remove: BTreeSet<String> },
+    /// See [`annal::codec::MetadataSet`].
+    MetadataSet { metadata: Bytes },
+    /// See [`annal::codec::HostStateChanged`].
+    HostStateChanged { state: StateJson },
 }
 
 /// One line of an export.
@@ -263,6 +287,11 @@ impl ContentSource<'_> {
 
     fn blob(&self, id: &ContentId) -> Result<Blob> {
         Ok(Blob { id: id.to_hex(), bytes: Bytes::of(&self.bytes(id)?) })
+    }
+
+    fn state(&self, delta: &annal::codec::StateDelta) -> Result<StateJson> {
+        let set = delta.set.iter().map(|(k, id)| Ok((k.clone(), self.blob(id)?))).collect::<Result<_>>()?;
+        Ok(StateJson { set, remove: delta.remove.clone() })
     }
 
     fn message(&self, id: &ContentId) -> Result<MessageJson> {
@@ -316,6 +345,7 @@ fn event_json(event: &Event, src: &ContentSource<'_>) -> Result<EventJson> {
             tool_ops: e.tool_ops.clone(),
             run_id: e.run_id.clone(),
             revision_after: e.revision_after.to_hex(),
+            state: src.state(&e.state)?,
         },
         Event::TranscriptRewritten(e) => EventJson::TranscriptRewritten {
             parent_revision: e.parent_revision.to_hex(),
@@ -359,6 +389,8 @@ fn event_json(event: &Event, src: &ContentSource<'_>) -> Result<EventJson> {
             result: src.blob(&e.result)?,
         },
         Event::LabelsChanged(e) => EventJson::LabelsChanged { set: e.set.clone(), remove: e.remove.clone() },
+        Event::MetadataSet(e) => EventJson::MetadataSet { metadata: Bytes::of(&e.metadata) },
+        Event::HostStateChanged(e) => EventJson::HostStateChanged { state: src.state(&e.state)? },
     })
 }
 
@@ -485,6 +517,12 @@ impl ContentSink<'_> {
         self.keep(&b.id, b.bytes.decode()?)
     }
 
+    fn state(&mut self, s: &StateJson) -> std::result::Result<annal::codec::StateDelta, String> {
+        let set =
+            s.set.iter().map(|(k, b)| Ok((k.clone(), self.blob(b)?))).collect::<std::result::Result<_, String>>()?;
+        Ok(annal::codec::StateDelta { set, remove: s.remove.clone() })
+    }
+
     fn message(&mut self, m: &MessageJson) -> std::result::Result<ContentId, String> {
         let role = Role::from_name(&m.role).ok_or_else(|| format!("unknown role {:?}", m.role))?;
         let attachments = m.attachments.iter().map(|a| self.blob(a)).collect::<std::result::Result<_, _>>()?;
@@ -526,6 +564,7 @@ fn event_of(json: &EventJson, sink: &mut ContentSink<'_>) -> std::result::Result
             tool_ops,
             run_id,
             revision_after,
+            state,
         } => Event::TurnCommitted(c::TurnCommitted {
             turn_id: turn_id.clone(),
             commit_hash: parse_hex(commit_hash, "commit hash")?,
@@ -545,6 +584,7 @@ fn event_of(json: &EventJson, sink: &mut ContentSink<'_>) -> std::result::Result
             tool_ops: tool_ops.clone(),
             run_id: run_id.clone(),
             revision_after: parse_hex(revision_after, "revision")?,
+            state: sink.state(state)?,
         }),
         EventJson::TranscriptRewritten {
             parent_revision,
@@ -604,6 +644,10 @@ fn event_of(json: &EventJson, sink: &mut ContentSink<'_>) -> std::result::Result
         }),
         EventJson::LabelsChanged { set, remove } => {
             Event::LabelsChanged(c::LabelsChanged { set: set.clone(), remove: remove.clone() })
+        }
+        EventJson::MetadataSet { metadata } => Event::MetadataSet(c::MetadataSet { metadata: metadata.decode()? }),
+        EventJson::HostStateChanged { state } => {
+            Event::HostStateChanged(c::HostStateChanged { state: sink.state(state)? })
         }
     })
 }
@@ -755,6 +799,8 @@ pub fn kind_of(line: &ExportLine) -> EventKind {
         EventJson::ToolCallRecorded { .. } => EventKind::ToolCallRecorded,
         EventJson::ToolResultRecorded { .. } => EventKind::ToolResultRecorded,
         EventJson::LabelsChanged { .. } => EventKind::LabelsChanged,
+        EventJson::MetadataSet { .. } => EventKind::MetadataSet,
+        EventJson::HostStateChanged { .. } => EventKind::HostStateChanged,
     }
 }
 

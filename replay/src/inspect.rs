@@ -24,6 +24,8 @@ fn head_json(h: &SessionHead) -> Value {
         "message_count": h.message_count,
         "archived": h.archived,
         "labels": h.labels,
+        "metadata": crate::export::Bytes::of(&h.metadata),
+        "host_state": h.host_state.iter().map(|(k, v)| (k.clone(), v.to_hex())).collect::<BTreeMap<_, _>>(),
         "forked_from": h.forked_from.as_ref().map(|f| json!({
             "session": f.session.to_string(), "revision": f.revision.to_hex(), "message_count": f.message_count,
         })),
@@ -46,9 +48,18 @@ pub fn parse_labels(pairs: &[String]) -> Result<Vec<(String, String)>> {
         .collect()
 }
 
-/// Every session matching the label filters (AND, exact), in creation order.
-pub fn sessions(reader: &Reader, labels: &[(String, String)], archived: bool) -> Result<Vec<SessionHead>> {
+/// Every session matching the label filters (AND, exact), in creation order or (with
+/// `recent`) most recently updated first.
+pub fn sessions(
+    reader: &Reader,
+    labels: &[(String, String)],
+    archived: bool,
+    recent: bool,
+) -> Result<Vec<SessionHead>> {
     let mut q = ListQuery::new().page(0, reader.limits().page_items_max);
+    if recent {
+        q = q.recently_updated();
+    }
     q.labels = labels.to_vec();
     q.include_archived = archived;
     let view = reader.snapshot()?;
@@ -109,6 +120,8 @@ pub struct Inspection {
     pub revisions: u64,
     /// Sessions forked from this one.
     pub forks: Vec<annal::ForkEdge>,
+    /// Host state entries at the head: name, value.
+    pub host_state: Vec<(String, Vec<u8>)>,
 }
 
 fn not_found(session: &SessionId) -> CliError {
@@ -133,7 +146,13 @@ pub fn inspect(reader: &Reader, session: SessionId) -> Result<Inspection> {
             page.offset += p.items.len() as u64;
         }
     };
+    let mut host_state = Vec::new();
+    for name in head.host_state.keys() {
+        let value = query::host_state(&view, limits, &session, name, None)?.unwrap_or_default();
+        host_state.push((name.clone(), value));
+    }
     Ok(Inspection {
+        host_state,
         usage: query::usage(&view, &session)?,
         context: query::context(&view, &session)?,
         unsettled: query::unsettled(&view, &session)?,
@@ -167,6 +186,9 @@ impl Inspection {
         }
         if !h.metadata.is_empty() {
             let _ = writeln!(out, "metadata   {}", preview(&h.metadata, 80));
+        }
+        for (name, value) in &self.host_state {
+            let _ = writeln!(out, "host state {name} = {}", preview(value, 60));
         }
         for f in &self.forks {
             let _ = writeln!(out, "fork       {} took {} messages at {}", f.child, f.message_count, f.revision.short());
@@ -352,7 +374,13 @@ fn summary(event: &Event) -> String {
             } else {
                 format!(", applies {}", e.applied_context.join(","))
             };
-            format!("{}: +{} msgs, {tokens} tokens{ctx} → {}", e.turn_id, e.messages.len(), e.revision_after.short())
+            let state = if e.state.is_empty() { String::new() } else { format!(", state {}", state_text(&e.state)) };
+            format!(
+                "{}: +{} msgs, {tokens} tokens{ctx}{state} → {}",
+                e.turn_id,
+                e.messages.len(),
+                e.revision_after.short()
+            )
         }
         Event::TranscriptRewritten(e) => format!(
             "{} {}..{} → {} msgs by {}: {} → {}",
@@ -373,7 +401,16 @@ fn summary(event: &Event) -> String {
             let removed: Vec<_> = e.remove.iter().cloned().collect();
             format!("set {} remove {}", labels_text(&e.set), removed.join(","))
         }
+        Event::MetadataSet(e) => format!("{} bytes", e.metadata.len()),
+        Event::HostStateChanged(e) => state_text(&e.state),
     }
+}
+
+/// `set a=<id>,b=<id> remove c`.
+fn state_text(state: &annal::codec::StateDelta) -> String {
+    let set: Vec<String> = state.set.iter().map(|(k, v)| format!("{k}={}", v.short())).collect();
+    let removed: Vec<_> = state.remove.iter().cloned().collect();
+    format!("set {} remove {}", set.join(","), removed.join(","))
 }
 
 /// Writes decoded events to `out`.

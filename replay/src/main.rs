@@ -132,6 +132,9 @@ enum Command {
         /// Include archived sessions.
         #[arg(long)]
         archived: bool,
+        /// Most recently updated first (default: creation order).
+        #[arg(long)]
+        recent: bool,
         /// Print JSON.
         #[arg(long)]
         json: bool,
@@ -292,9 +295,9 @@ fn run(cli: Cli) -> Result<Exit> {
             ))?;
             Ok(Exit::Ok)
         }
-        Command::Sessions { db, labels, archived, json } => {
+        Command::Sessions { db, labels, archived, recent, json } => {
             let labels = inspect::parse_labels(&labels)?;
-            let heads = inspect::sessions(&open_reader(&db, None)?, &labels, archived)?;
+            let heads = inspect::sessions(&open_reader(&db, None)?, &labels, archived, recent)?;
             if json {
                 print_json(&inspect::sessions_json(&heads))?;
             } else {

@@ -636,11 +636,19 @@ enum Shape {
     Bytes,
 }
 
-fn ref_shape(event: &Event) -> Shape {
-    match event {
-        Event::SessionCreated(_) | Event::TurnCommitted(_) | Event::TranscriptRewritten(_) => Shape::Message,
-        _ => Shape::Bytes,
-    }
+/// Every content reference of `event`, with the shape it needs: message lists refer to
+/// message objects; context, tool payloads and host state values are raw bytes.
+fn shaped_refs(event: &Event) -> Vec<(ContentId, Shape)> {
+    let messages: &[ContentId] = match event {
+        Event::SessionCreated(e) => &e.messages,
+        Event::TurnCommitted(e) => &e.messages,
+        Event::TranscriptRewritten(e) => &e.replacement,
+        _ => &[],
+    };
+    let mut refs: Vec<(ContentId, Shape)> = messages.iter().map(|id| (*id, Shape::Message)).collect();
+    // The rest of the event's references (`content_refs` lists messages first) are bytes.
+    refs.extend(event.content_refs().into_iter().skip(messages.len()).map(|id| (id, Shape::Bytes)));
+    refs
 }
 
 /// A content reference of the log, or (reduced) every reference to one id.
@@ -845,7 +853,14 @@ impl Fold {
     fn record(&mut self, r: annal::Record, introduced: &[ContentId]) {
         let seq = r.seq;
         if let Event::TurnCommitted(e) = &r.event {
-            if annal::codec::turn_commit_hash(&e.messages, &e.usage, &e.applied_context, &e.tool_ops) != e.commit_hash {
+            if annal::codec::turn_commit_hash_with_state(
+                &e.messages,
+                &e.usage,
+                &e.applied_context,
+                &e.tool_ops,
+                &e.state,
+            ) != e.commit_hash
+            {
                 self.findings.push(Finding::CommitHash { seq });
             }
         }
@@ -1137,8 +1152,7 @@ impl<'a> Walk<'a> {
             self.find(Finding::ClockBackwards { seq, at_ms: r.committed_at_ms, previous_ms: *clock });
         }
         *clock = (*clock).max(r.committed_at_ms);
-        let shape = ref_shape(&r.event);
-        self.refs.extend(r.event.content_refs().into_iter().map(|id| Ref { id, shape, seq, first: seq }));
+        self.refs.extend(shaped_refs(&r.event).into_iter().map(|(id, shape)| Ref { id, shape, seq, first: seq }));
         if self.refs.len() >= self.refs_reduce_at {
             // Keep memory in proportion to the distinct ids, not to every reference.
             reduce_refs(&mut self.refs);

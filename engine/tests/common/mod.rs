@@ -215,6 +215,9 @@ pub fn workload(engine: &Engine) -> Vec<SessionId> {
         if i == 2 {
             t = t.usage("openai", "gpt", 7, 3);
         }
+        if i == 3 {
+            t = t.set_state("model", b"{\"name\":\"claude\"}".to_vec()).set_state("tool.fs", b"cwd=/src".to_vec());
+        }
         rev = engine.commit_turn(t).unwrap().receipt().revision;
     }
     let before = rev;
@@ -237,6 +240,9 @@ pub fn workload(engine: &Engine) -> Vec<SessionId> {
     engine.revive(fork, "more work").unwrap();
     engine.record_tool_result(tool_result(s, "op1", "a b c")).unwrap();
     engine.record_tool_call(tool_call(fork, "op9", "web", "q")).unwrap();
+    let state = SetHostState::new(s, Expected::Any).set("model", b"{\"name\":\"claude-2\"}".to_vec()).remove("tool.fs");
+    engine.set_host_state(state).unwrap();
+    engine.set_metadata(SetMetadata { session: fork, metadata: b"meta-2".to_vec(), expected: Expected::Any }).unwrap();
     vec![s, fork, branch]
 }
 

@@ -39,6 +39,8 @@ pub fn limits() -> Limits {
         attachments_per_message_max: 1,
         list_items_max: 3,
         note_bytes_max: 12,
+        host_state_name_bytes_max: 16,
+        host_state_entries_max: 3,
         ..Limits::default()
     }
 }
@@ -89,6 +91,25 @@ pub struct Msg {
     attachment: u8,
 }
 
+/// Host state changes: (name, value) pairs to set, names to remove.
+pub type State = (Vec<(u8, u8)>, Vec<u8>);
+
+fn state() -> impl Strategy<Value = State> {
+    (vec((any::<u8>(), any::<u8>()), 0..=2), vec(any::<u8>(), 0..=1))
+}
+
+/// Host state name `i`: mostly one of a few, now and then empty or over the limit.
+fn state_name(i: u8) -> String {
+    pick(i, &["tool", "model", "plugin"], &["", "a-name-over-16-bytes"])
+}
+
+fn state_changes((set, remove): &State) -> StateChanges {
+    StateChanges {
+        set: set.iter().map(|(n, v)| (state_name(*n), blob(*v, &["on", "off"]))).collect(),
+        remove: remove.iter().map(|n| state_name(*n)).collect(),
+    }
+}
+
 /// One abstract operation.
 #[derive(Clone, Debug)]
 pub enum Op {
@@ -104,7 +125,12 @@ pub enum Op {
         context: Vec<u8>,
         tools: Vec<u8>,
         run: Option<u8>,
+        state: State,
     },
+    /// Replace the metadata.
+    Metadata { s: u8, metadata: u8, expected: Rev },
+    /// Set and remove host state entries.
+    HostState { s: u8, state: State, expected: Rev },
     /// Send again a turn sent before, verbatim or against another head.
     Retry { pick: u8, expected: Option<Rev> },
     /// Rewrite a range.
@@ -343,8 +369,9 @@ pub fn single() -> impl Strategy<Value = Op> {
         refs(),
         refs(),
         proptest::option::weighted(0.2, any::<u8>()),
+        prop_oneof![4 => Just((Vec::new(), Vec::new())), 1 => state()],
     )
-        .prop_map(|((s, turn, expected), messages, usage, context, tools, run)| Op::Commit {
+        .prop_map(|((s, turn, expected), messages, usage, context, tools, run, state)| Op::Commit {
             s,
             turn,
             expected,
@@ -353,7 +380,11 @@ pub fn single() -> impl Strategy<Value = Op> {
             context,
             tools,
             run,
+            state,
         });
+    let metadata =
+        (session(), any::<u8>(), rev()).prop_map(|(s, metadata, expected)| Op::Metadata { s, metadata, expected });
+    let host_state = (session(), state(), rev()).prop_map(|(s, state, expected)| Op::HostState { s, state, expected });
     let retry =
         (any::<u8>(), proptest::option::weighted(0.4, rev())).prop_map(|(pick, expected)| Op::Retry { pick, expected });
     let rewrite = (session(), rev(), any::<u8>(), any::<u8>(), msgs(0..=2), any::<u8>(), any::<u8>()).prop_map(
@@ -430,6 +461,8 @@ pub fn single() -> impl Strategy<Value = Op> {
         3 => call,
         3 => result,
         2 => set_labels,
+        1 => metadata,
+        3 => host_state,
     ]
 }
 
@@ -616,7 +649,28 @@ pub fn resolve(op: &Op, model: &Model, history: &History) -> Command {
             },
             messages: messages.iter().map(message).collect(),
         }),
-        Op::Commit { s, turn, expected, messages, usage, context, tools, run } => {
+        Op::Metadata { s, metadata, expected } => {
+            let session = target(model, *s);
+            Command::SetMetadata(SetMetadata {
+                session,
+                metadata: match metadata % 8 {
+                    0 => Vec::new(),
+                    1..=3 => b"meta".to_vec(),
+                    4..=6 => b"meta-2".to_vec(),
+                    _ => b"metadata!".to_vec(),
+                },
+                expected: expected_of(model, &session, expected),
+            })
+        }
+        Op::HostState { s, state, expected } => {
+            let session = target(model, *s);
+            Command::SetHostState(SetHostState {
+                session,
+                state: state_changes(state),
+                expected: expected_of(model, &session, expected),
+            })
+        }
+        Op::Commit { s, turn, expected, messages, usage, context, tools, run, state } => {
             let session = target(model, *s);
             Command::CommitTurn(CommitTurn {
                 session,
@@ -637,6 +691,7 @@ pub fn resolve(op: &Op, model: &Model, history: &History) -> Command {
                 applied_context: context.iter().map(|k| apply_key(model, &session, *k)).collect(),
                 tool_ops: tools.iter().map(|o| known_op(model, &session, *o)).collect(),
                 run_id: run.map(|r| pick(r, &["run-1"], &["", "run-id-is-too-long"])),
+                state: state_changes(state),
             })
         }
         Op::Retry { pick: i, expected } => {

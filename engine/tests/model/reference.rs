@@ -69,6 +69,7 @@ struct TurnContent {
     usage: Vec<Usage>,
     applied_context: Vec<String>,
     tool_ops: Vec<String>,
+    state: (BTreeMap<String, ContentId>, BTreeSet<String>),
 }
 
 #[derive(Clone, Debug)]
@@ -125,6 +126,10 @@ pub struct Session {
     usage: BTreeMap<(String, String), Totals>,
     /// In call order.
     tools: Vec<Tool>,
+    /// Host state entries: name → value id.
+    host_state: BTreeMap<String, ContentId>,
+    /// Every change of a host state entry: (stream seq, name, value or removal).
+    state_history: Vec<(u64, String, Option<ContentId>)>,
 }
 
 fn ids(messages: &[Msg]) -> Vec<ContentId> {
@@ -162,6 +167,29 @@ impl Session {
         self.transitions.push(Transition { seq, from: Some(from), to, origin });
         self.messages = messages;
         to
+    }
+
+    /// Applies a host state change made by the event at `stream_seq`.
+    fn apply_state(&mut self, stream_seq: u64, state: &(BTreeMap<String, ContentId>, BTreeSet<String>)) {
+        for name in &state.1 {
+            if self.host_state.remove(name).is_some() {
+                self.state_history.push((stream_seq, name.clone(), None));
+            }
+        }
+        for (name, id) in &state.0 {
+            self.host_state.insert(name.clone(), *id);
+            self.state_history.push((stream_seq, name.clone(), Some(*id)));
+        }
+    }
+
+    /// The value id of entry `name` as of `stream_seq`.
+    pub fn state_at(&self, name: &str, stream_seq: u64) -> Option<ContentId> {
+        self.state_history.iter().rev().find(|(at, n, _)| *at <= stream_seq && n == name).and_then(|(_, _, v)| *v)
+    }
+
+    /// Host state entry names the session has ever held.
+    pub fn state_names(&self) -> BTreeSet<String> {
+        self.state_history.iter().map(|(_, n, _)| n.clone()).collect()
     }
 
     /// Context keys staged and not yet applied.
@@ -297,6 +325,20 @@ fn blank(bytes: &[u8]) -> bool {
     }
 }
 
+/// Checks a write's expectation against the session: its revision, its stream seq, or
+/// nothing.
+fn expect(s: &Session, expected: &Expected) -> Reply<()> {
+    match *expected {
+        Expected::Exact(expected) if expected != s.revision() => {
+            Err(Rejection::RevisionConflict { expected, actual: s.revision() })
+        }
+        Expected::Version(expected) if expected != s.stream_seq => {
+            Err(Rejection::VersionConflict { expected, actual: s.stream_seq })
+        }
+        _ => Ok(()),
+    }
+}
+
 /// The message object a host message becomes, and its canonical bytes.
 pub fn message_object(m: &Message) -> (MessageObject, Vec<u8>) {
     let attachments = m.attachments.iter().map(|a| content_id(a)).collect();
@@ -317,16 +359,29 @@ pub fn carried_content(command: &Command) -> Vec<ContentId> {
     };
     match command {
         Command::CreateSession(c) => messages(&c.messages, &mut out),
-        Command::CommitTurn(c) => messages(&c.messages, &mut out),
+        Command::CommitTurn(c) => {
+            messages(&c.messages, &mut out);
+            out.extend(c.state.set.values().map(|v| content_id(v)));
+        }
+        Command::SetHostState(c) => out.extend(c.state.set.values().map(|v| content_id(v))),
         Command::Rewrite(c) => messages(&c.replacement, &mut out),
         Command::Fork(c) => messages(c.replacement.as_slice(), &mut out),
         Command::AppendContext(c) => out.push(content_id(&c.content)),
         Command::RecordToolCall(c) => out.push(content_id(&c.args)),
         Command::RecordToolResult(c) => out.push(content_id(&c.result)),
         Command::Batch(cs) => cs.iter().for_each(|c| out.extend(carried_content(c))),
-        Command::Restore(_) | Command::Archive { .. } | Command::Revive { .. } | Command::SetLabels(_) => {}
+        Command::Restore(_)
+        | Command::Archive { .. }
+        | Command::Revive { .. }
+        | Command::SetLabels(_)
+        | Command::SetMetadata(_) => {}
     }
     out
+}
+
+fn state_bytes(state: &StateChanges) -> u64 {
+    state.set.iter().map(|(k, v)| (k.len() + v.len()) as u64).sum::<u64>()
+        + state.remove.iter().map(|k| k.len() as u64).sum::<u64>()
 }
 
 fn message_bytes(m: &Message) -> u64 {
@@ -349,7 +404,10 @@ pub fn command_bytes(command: &Command) -> u64 {
                 + strings(&c.applied_context)
                 + strings(&c.tool_ops)
                 + c.usage.iter().map(|u| (u.provider.len() + u.model.len() + 32) as u64).sum::<u64>()
+                + state_bytes(&c.state)
         }
+        Command::SetMetadata(c) => c.metadata.len() as u64,
+        Command::SetHostState(c) => state_bytes(&c.state),
         Command::Rewrite(c) => messages(&c.replacement) + (c.note.len() + c.actor.len()) as u64,
         Command::Restore(c) => (c.note.len() + c.actor.len()) as u64,
         Command::Fork(c) => messages(c.replacement.as_slice()) + c.labels.as_ref().map_or(0, label_bytes),
@@ -462,6 +520,22 @@ impl Model {
         Ok(s)
     }
 
+    /// Host state entry `name` of `id` at its head (`at` is `None`) or as of stream seq
+    /// `at`, as `Reader::host_state_at` answers.
+    pub fn host_state(&self, id: &SessionId, name: &str, at: Option<u64>) -> annal::Result<Option<Vec<u8>>> {
+        let s = self.found_session(id)?;
+        let value = match at {
+            Some(at) if at < s.stream_seq => s.state_at(name, at),
+            _ => s.host_state.get(name).copied(),
+        };
+        Ok(value.map(|v| self.content.get(&v).expect("a stored value").clone()))
+    }
+
+    /// Host state entry names `id` has ever held.
+    pub fn state_names(&self, id: &SessionId) -> BTreeSet<String> {
+        self.sessions.get(id).map(Session::state_names).unwrap_or_default()
+    }
+
     fn session_mut(&mut self, id: &SessionId) -> &mut Session {
         self.sessions.get_mut(id).expect("the command was validated against this session")
     }
@@ -529,6 +603,8 @@ impl Model {
             Command::RecordToolCall(c) => self.tool_call(c),
             Command::RecordToolResult(c) => self.tool_result(c),
             Command::SetLabels(c) => self.set_labels(c),
+            Command::SetMetadata(c) => self.set_metadata(c),
+            Command::SetHostState(c) => self.set_host_state(c),
             Command::Batch(_) => invalid("a batch cannot be decided as one command; nested batches are not allowed"),
         }
     }
@@ -564,6 +640,8 @@ impl Model {
             turns: BTreeMap::new(),
             usage: BTreeMap::new(),
             tools: Vec::new(),
+            host_state: BTreeMap::new(),
+            state_history: Vec::new(),
         };
         self.sessions.insert(id, session);
         self.emit(id, EventKind::SessionCreated);
@@ -585,8 +663,15 @@ impl Model {
 
     fn commit(&mut self, c: &CommitTurn) -> Reply<Outcome> {
         self.id("turn id", &c.turn_id)?;
-        if c.messages.is_empty() && c.usage.is_empty() && c.applied_context.is_empty() && c.tool_ops.is_empty() {
-            return invalid("a turn with no messages must record usage, apply context or reference tool operations");
+        if c.messages.is_empty()
+            && c.usage.is_empty()
+            && c.applied_context.is_empty()
+            && c.tool_ops.is_empty()
+            && c.state.is_empty()
+        {
+            return invalid(
+                "a turn with no messages must record usage, apply context, reference tool operations or change host state",
+            );
         }
         if let Some(run) = &c.run_id {
             self.id("run id", run)?;
@@ -608,12 +693,14 @@ impl Model {
         }
         let mut staged = Staged::new();
         let messages = self.messages(&c.messages, &mut staged)?;
+        let state = self.state(&c.state, &mut staged)?;
         let s = self.existing(&c.session)?;
         let content = TurnContent {
             messages: ids(&messages),
             usage: c.usage.clone(),
             applied_context: c.applied_context.clone(),
             tool_ops: c.tool_ops.clone(),
+            state: state.clone(),
         };
         if let Some(turn) = s.turns.get(&c.turn_id) {
             if turn.content == content {
@@ -624,15 +711,7 @@ impl Model {
         if s.archived {
             return Err(Rejection::Archived { session: c.session });
         }
-        match c.expected {
-            Expected::Exact(expected) if expected != s.revision() => {
-                return Err(Rejection::RevisionConflict { expected, actual: s.revision() });
-            }
-            Expected::Version(expected) if expected != s.stream_seq => {
-                return Err(Rejection::VersionConflict { expected, actual: s.stream_seq });
-            }
-            _ => {}
-        }
+        expect(s, &c.expected)?;
         for key in &c.applied_context {
             if !matches!(s.context.get(key), Some(Ctx { applied: None, .. })) {
                 return Err(Rejection::ContextNotPending { key: key.clone() });
@@ -641,6 +720,7 @@ impl Model {
         if let Some(op) = c.tool_ops.iter().find(|op| s.tool(op).is_none()) {
             return Err(Rejection::UnknownToolOp { op_id: op.clone() });
         }
+        self.state_fits(s, &state)?;
         let seq = self.seq + 1;
         let s = self.session_mut(&c.session);
         // A turn without messages moves the stream, not the revision.
@@ -667,6 +747,8 @@ impl Model {
             }
         }
         s.turns.insert(c.turn_id.clone(), Turn { content, seq, revision });
+        let stream_seq = s.stream_seq + 1;
+        s.apply_state(stream_seq, &state);
         self.emit(c.session, EventKind::TurnCommitted);
         self.keep(staged);
         Ok(Outcome::Committed(self.receipt(seq, revision)))
@@ -889,6 +971,77 @@ impl Model {
         Ok(Outcome::Tool { created: true, seq: Some(seq) })
     }
 
+    /// Validates host state changes in `decide`'s order and stages their values.
+    fn state(
+        &self,
+        changes: &StateChanges,
+        staged: &mut Staged,
+    ) -> Reply<(BTreeMap<String, ContentId>, BTreeSet<String>)> {
+        self.limit(Limit::HostStateEntries, changes.set.len() as u64)?;
+        self.limit(Limit::HostStateEntries, changes.remove.len() as u64)?;
+        for name in changes.set.keys().chain(&changes.remove) {
+            if name.is_empty() {
+                return invalid("host state names must not be empty");
+            }
+            self.limit(Limit::HostStateNameBytes, name.len() as u64)?;
+        }
+        if changes.set.keys().any(|k| changes.remove.contains(k)) {
+            return invalid("a host state entry is both set and removed");
+        }
+        let mut set = BTreeMap::new();
+        for (name, value) in &changes.set {
+            set.insert(name.clone(), self.blob(value, staged)?);
+        }
+        Ok((set, changes.remove.clone()))
+    }
+
+    /// `LimitExceeded` if the session would hold more entries than allowed.
+    fn state_fits(&self, s: &Session, state: &(BTreeMap<String, ContentId>, BTreeSet<String>)) -> Reply<()> {
+        if state.0.is_empty() && state.1.is_empty() {
+            return Ok(());
+        }
+        let mut after = s.host_state.clone();
+        for k in &state.1 {
+            after.remove(k);
+        }
+        after.extend(state.0.clone());
+        self.limit(Limit::HostStateEntries, after.len() as u64)
+    }
+
+    fn set_metadata(&mut self, c: &SetMetadata) -> Reply<Outcome> {
+        self.limit(Limit::MetadataBytes, c.metadata.len() as u64)?;
+        if self.existing(&c.session)?.metadata == c.metadata {
+            return Ok(Outcome::Metadata { seq: None });
+        }
+        let s = self.live(&c.session)?;
+        expect(s, &c.expected)?;
+        self.session_mut(&c.session).metadata = c.metadata.clone();
+        Ok(Outcome::Metadata { seq: Some(self.emit(c.session, EventKind::MetadataSet)) })
+    }
+
+    fn set_host_state(&mut self, c: &SetHostState) -> Reply<Outcome> {
+        let mut staged = Staged::new();
+        let (set, remove) = self.state(&c.state, &mut staged)?;
+        let s = self.existing(&c.session)?;
+        let set: BTreeMap<String, ContentId> =
+            set.into_iter().filter(|(k, v)| s.host_state.get(k) != Some(v)).collect();
+        let remove: BTreeSet<String> = remove.into_iter().filter(|k| s.host_state.contains_key(k)).collect();
+        if set.is_empty() && remove.is_empty() {
+            return Ok(Outcome::HostState { seq: None });
+        }
+        let s = self.live(&c.session)?;
+        expect(s, &c.expected)?;
+        let state = (set, remove);
+        self.state_fits(s, &state)?;
+        let s = self.session_mut(&c.session);
+        let stream_seq = s.stream_seq + 1;
+        s.apply_state(stream_seq, &state);
+        let seq = self.emit(c.session, EventKind::HostStateChanged);
+        staged.retain(|(id, _)| state.0.values().any(|v| v == id));
+        self.keep(staged);
+        Ok(Outcome::HostState { seq: Some(seq) })
+    }
+
     fn set_labels(&mut self, c: &SetLabels) -> Reply<Outcome> {
         self.limit(Limit::LabelsPerSession, c.set.len() as u64)?;
         self.limit(Limit::LabelsPerSession, c.remove.len() as u64)?;
@@ -938,6 +1091,7 @@ impl Model {
             last_seq: s.last_seq,
             stream_seq: s.stream_seq,
             updated_at_ms: self.ms(s.last_seq),
+            host_state: s.host_state.clone(),
         })
     }
 
@@ -951,7 +1105,10 @@ impl Model {
             .filter(|s| q.include_archived || !s.archived)
             .filter(|s| q.labels.iter().all(|(k, v)| s.labels.get(k) == Some(v)))
             .collect();
-        matching.sort_by_key(|s| s.created_seq);
+        match q.order {
+            ListOrder::Created => matching.sort_by_key(|s| s.created_seq),
+            ListOrder::RecentlyUpdated => matching.sort_by_key(|s| std::cmp::Reverse(s.last_seq)),
+        }
         let rest: Vec<&Session> = matching.into_iter().skip(q.offset as usize).collect();
         let items = rest.iter().take(limit as usize).filter_map(|s| self.head(&s.id)).collect();
         Ok(Page { items, offset: q.offset, limit, has_more: rest.len() as u64 > limit })
