@@ -326,7 +326,7 @@ impl Sim {
     fn run(&mut self) -> Checked<Stats> {
         let mut engine = self.open()?;
         let first = ops::valid_create().new_tree(&mut self.runner).expect("generate").current();
-        engine = self.command(engine, 0, &first)?;
+        engine = self.command(engine, 0, &first, 0)?;
         let steps = STEPS_MAX / 2 + self.rng.below(STEPS_MAX / 2);
         for step in 0..steps {
             let client = self.rng.below(self.clients.len() as u64) as usize;
@@ -351,7 +351,7 @@ impl Sim {
                 }
                 _ => {
                     let op = self.next_op();
-                    self.command(engine, client, &op)?
+                    self.command(engine, client, &op, step)?
                 }
             };
         }
@@ -364,18 +364,18 @@ impl Sim {
     }
 
     /// Runs one generated operation for `client`.
-    fn command(&mut self, engine: Engine, client: usize, op: &Op) -> Checked<Engine> {
+    fn command(&mut self, engine: Engine, client: usize, op: &Op, step: u64) -> Checked<Engine> {
         match op {
             Op::Check => {
                 paused(&self.disk, || compare_all(&engine, &self.model, &self.never_stored, "at a check"))?;
                 Ok(engine)
             }
-            Op::Checkpoint => self.checkpoint(engine, 0),
+            Op::Checkpoint => self.checkpoint(engine, step),
             Op::Reopen { projections, .. } => self.reopen(engine, Down::Clean, Some(*projections), "a clean reopen"),
             op => {
                 let mut command = resolve(op, &self.model, &self.clients[client].history);
                 pin_ids(&mut command, &mut self.ids);
-                self.execute(engine, client, command, 0)
+                self.execute(engine, client, command, step)
             }
         }
     }

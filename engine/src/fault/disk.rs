@@ -258,7 +258,9 @@ impl World {
         }
     }
 
-    fn lose_power(&mut self) -> PowerLoss {
+    /// Cuts the power; `armed` says whether an armed call did it (then
+    /// [`SimDisk::take_power_loss`] reports it).
+    fn lose_power(&mut self, armed: bool) -> PowerLoss {
         let mut loss = PowerLoss { call: self.calls, ..PowerLoss::default() };
         let mut survivors = Vec::with_capacity(self.files.len());
         for i in 0..self.files.len() {
@@ -266,7 +268,9 @@ impl World {
             survivors.push(survivor);
         }
         self.detach_all(survivors);
-        self.power_lost = Some(loss.clone());
+        if armed {
+            self.power_lost = Some(loss.clone());
+        }
         loss
     }
 
@@ -377,7 +381,8 @@ impl SimDisk {
         self.0.lock().fired.take()
     }
 
-    /// The power loss that happened since the last call, if one did.
+    /// The power loss an armed call ([`SimDisk::lose_power_at_call`]) caused since the
+    /// last call, if one did.
     pub fn take_power_loss(&self) -> Option<PowerLoss> {
         self.0.lock().power_lost.take()
     }
@@ -385,7 +390,7 @@ impl SimDisk {
     /// Cuts the power now: every file keeps its durable image and a seed-chosen part of
     /// the writes since its last sync, and the handles open now are detached.
     pub fn lose_power(&self) -> PowerLoss {
-        self.0.lock().lose_power()
+        self.0.lock().lose_power(false)
     }
 
     /// Kills the process now: every write survives (the kernel holds it), and the
@@ -456,7 +461,7 @@ impl SimFile {
             world.trace(self.index, kind, offset, len);
             if world.power_at == Some(call) {
                 world.power_at = None;
-                world.lose_power();
+                world.lose_power(true);
                 // This call, and every later one of this handle, runs detached.
                 return f(world.detached_image(self.index, self.generation));
             }
