@@ -28,6 +28,10 @@ for target in $(cargo +nightly fuzz list); do
         # The decoders run under a 64 KiB limit: no allocation may come near 64 MiB.
         flags+=(-malloc_limit_mb=64 -max_len=8192)
     fi
+    if [ "$target" = commands ]; then
+        # Each input is a list of steps (a few bytes each): room for hundreds of commands.
+        flags+=(-max_len=4096)
+    fi
     if [ "$target" = verify_tampered ]; then
         # Each input is a list of tamperings: let lists grow long from the start.
         flags+=(-len_control=0 -max_len=1024)

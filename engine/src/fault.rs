@@ -12,6 +12,11 @@
 //! assert!(matches!(err, annal::Error::Storage(_)));
 //! assert!(engine.is_poisoned());
 //! ```
+//!
+//! [`disk`] holds the simulated disk of the deterministic simulation (power loss, torn
+//! and reordered writes, failing calls), and [`SharedMemory`] a plain in-memory file.
+
+pub mod disk;
 
 use redb::StorageBackend;
 use std::io;
