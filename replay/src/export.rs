@@ -802,8 +802,9 @@ fn check_sequence(parsed: &ParsedImport, tip: (u64, ChainHash), chain: &LogChain
     for ((record, claimed), line) in parsed.records.iter().zip(&parsed.chain_hashes).zip(&parsed.lines) {
         if record.seq != seq + 1 {
             return Err(CliError::finding(format!(
-                "line {line}: seq {} does not follow seq {seq}: only a full export imports \
-                 (an export of selected sessions is for reading), into a database whose tip it follows",
+                "line {line}: seq {} does not follow seq {seq}: only a full export imports as it is, into a \
+                 database whose tip it follows (to copy sessions into a database that holds others, export them \
+                 with --session)",
                 record.seq
             )));
         }
