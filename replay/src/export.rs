@@ -991,6 +991,24 @@ mod tests {
     }
 
     #[test]
+    fn a_session_header_is_read_from_the_first_line_only() {
+        let header = r#"{"annal":"sessions","version":1,"ancestry":false,"sessions":[]}"#;
+        let parsed = parse_import(&mut format!("{header}\n").as_bytes()).unwrap();
+        assert_eq!(parsed.header.unwrap().annal, SESSIONS_MARK);
+        assert!(parsed.records.is_empty());
+        assert!(parse_import(&mut "".as_bytes()).unwrap().header.is_none());
+
+        let newer = header.replace("\"version\":1", "\"version\":2");
+        let err = parse_import(&mut format!("{newer}\n").as_bytes()).unwrap_err();
+        assert!(err.message.starts_with("line 1:") && err.message.contains("version 2"), "{}", err.message);
+        let unknown = header.replace("\"ancestry\"", "\"extra\":0,\"ancestry\"");
+        assert!(parse_import(&mut format!("{unknown}\n").as_bytes()).unwrap_err().message.starts_with("line 1:"));
+        // A second header is not a record line.
+        let twice = format!("{header}\n{header}\n");
+        assert!(parse_import(&mut twice.as_bytes()).unwrap_err().message.starts_with("line 2:"));
+    }
+
+    #[test]
     fn a_malformed_line_names_its_number() {
         let text = "{\"seq\":1}\n";
         let err = parse_import(&mut text.as_bytes()).unwrap_err();
