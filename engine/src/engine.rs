@@ -2,6 +2,7 @@
 
 use crate::checkpoint::{self, CheckpointPolicy, Checkpointer};
 use crate::command::*;
+use crate::copy::{CopyOutcome, SessionExport};
 use crate::delta::Delta;
 use crate::error::{fail_closed, Error, Result};
 use crate::import::ImportStats;
@@ -549,6 +550,34 @@ impl Engine {
     pub fn import(&self, records: Vec<annal_codec::Record>, content: Vec<Vec<u8>>) -> Result<ImportStats> {
         let (reply, rx) = bounded(1);
         self.send(Request::Import { records, content, reply })?;
+        rx.recv().map_err(|_| Error::Closed)?
+    }
+
+    /// Copies whole sessions exported from another database (by
+    /// [`Reader::export_sessions`], or `annal export --session`) into this one, which may
+    /// hold other sessions. Each copied record gets the next global sequence number here
+    /// and keeps its session id, stream sequence number and event byte for byte, so the
+    /// fold recomputes the same revision ids; its `committed_at` is the original, or this
+    /// database's clock where the original would go back in time. Content objects this
+    /// database holds already are not stored again.
+    ///
+    /// A session held here with exactly the same events is skipped and reported in
+    /// [`CopyOutcome::already_present`], so copying the same export twice writes nothing
+    /// the second time. A session held here with any other history is
+    /// [`Rejection::SessionConflict`]; a fork whose parent is neither here nor in the
+    /// export is [`Rejection::ForkParentMissing`], and one whose parent here has moved
+    /// past the fork's revision [`Rejection::ForkParentMoved`]; a record that does not
+    /// fold is [`Rejection::InvalidImport`] at its seq in the export. The copy runs on
+    /// the writer in one transaction and one fsync: on any error nothing is written.
+    /// Subscribers hear one notice for the records appended.
+    ///
+    /// [`Rejection::SessionConflict`]: crate::Rejection::SessionConflict
+    /// [`Rejection::ForkParentMissing`]: crate::Rejection::ForkParentMissing
+    /// [`Rejection::ForkParentMoved`]: crate::Rejection::ForkParentMoved
+    /// [`Rejection::InvalidImport`]: crate::Rejection::InvalidImport
+    pub fn copy_in(&self, export: SessionExport) -> Result<CopyOutcome> {
+        let (reply, rx) = bounded(1);
+        self.send(Request::Copy { export, reply })?;
         rx.recv().map_err(|_| Error::Closed)?
     }
 

@@ -206,6 +206,33 @@ pub enum Rejection {
         /// Why.
         reason: String,
     },
+    /// A session handed to [`crate::Engine::copy_in`] exists in this database with
+    /// another history (other events, or more or fewer of them). Nothing was written.
+    #[error("session {session} exists here with another history")]
+    SessionConflict {
+        /// The session id.
+        session: SessionId,
+    },
+    /// A forked session handed to [`crate::Engine::copy_in`] names a parent that is
+    /// neither in this database nor in the copy (export it with its ancestry). Nothing
+    /// was written.
+    #[error("session {session} is a fork of {parent}, which is neither here nor in the copy")]
+    ForkParentMissing {
+        /// The forked session.
+        session: SessionId,
+        /// Its parent.
+        parent: SessionId,
+    },
+    /// A forked session handed to [`crate::Engine::copy_in`] names a parent that is in
+    /// this database, but whose head is no longer the revision the fork was taken from,
+    /// so the fork cannot be folded after it. Nothing was written.
+    #[error("session {session} is a fork of {parent}, whose head here is no longer the revision it was forked from")]
+    ForkParentMoved {
+        /// The forked session.
+        session: SessionId,
+        /// Its parent.
+        parent: SessionId,
+    },
     /// A command inside a batch was rejected; nothing in the batch was written.
     #[error("batch command {index} rejected: {rejection}")]
     Batch {

@@ -70,34 +70,11 @@ fn import_txn(shared: &Shared, tip: &mut Tip, records: Vec<Record>, content: Vec
         if record.stream_seq != next_stream {
             return Err(import_error(seq, format!("expected stream seq {next_stream}")));
         }
-        if let annal_codec::Event::TurnCommitted(e) = &record.event {
-            let hash = annal_codec::turn_commit_hash_with_state(
-                &e.messages,
-                &e.usage,
-                &e.applied_context,
-                &e.tool_ops,
-                &e.state,
-            );
-            if hash != e.commit_hash {
-                return Err(import_error(seq, "commit hash does not recompute"));
-            }
-        }
-        let mut introduced = Vec::new();
-        for id in record.event.content_refs() {
-            take_offered(&offered, &overlay, &id, limits, &mut introduced).map_err(|e| match e {
-                Error::Storage(s) => Error::Storage(s),
-                other => import_error(seq, other.to_string()),
-            })?;
-        }
-        stored_objects += introduced.len() as u64;
-        introduced.sort_by_key(|o| o.id);
-        let ids: Vec<ContentId> = introduced.iter().map(|o| o.id).collect();
-        evolve(&mut overlay, &record, &ids, ProjectionSet::all()).map_err(|e| match e {
-            Error::Storage(s) => Error::Storage(s),
-            other => import_error(seq, other.to_string()),
-        })?;
-        expected = Tip { seq, hash: expected.hash, clock_ms: record.committed_at_ms };
-        entries.push(Entry { record, content: introduced });
+        let clock_ms = record.committed_at_ms;
+        let entry = fold_foreign(&mut overlay, &offered, record, seq, limits)?;
+        stored_objects += entry.content.len() as u64;
+        expected = Tip { seq, hash: expected.hash, clock_ms };
+        entries.push(entry);
     }
     if entries.is_empty() {
         return Ok(ImportStats { records: 0, content_objects: 0, tip_seq: tip.seq });
@@ -108,6 +85,41 @@ fn import_txn(shared: &Shared, tip: &mut Tip, records: Vec<Record>, content: Vec
     *tip = append(shared, *tip, &entries)?;
     shared.delta.apply(writes, tip.seq, tip.hash, events, shared.log_db.begin_read()?);
     Ok(ImportStats { records: events, content_objects: stored_objects, tip_seq: tip.seq })
+}
+
+/// Checks a record that comes from another database and folds it into `store`: a
+/// turn's commit hash must recompute, every content object it refers to must be stored
+/// or offered (the offered ones it is the first to refer to become its content row,
+/// compressed when that pays), and `evolve` must accept it. Any failure but a storage
+/// error is [`Rejection::InvalidImport`] at `source_seq`, the record's seq in the export.
+pub(crate) fn fold_foreign<S: Store + ?Sized>(
+    store: &mut S,
+    offered: &BTreeMap<ContentId, Vec<u8>>,
+    record: Record,
+    source_seq: u64,
+    limits: &Limits,
+) -> Result<Entry> {
+    let invalid = |e: Error| match e {
+        Error::Storage(s) => Error::Storage(s),
+        Error::Corrupt { detail, .. } => import_error(source_seq, detail),
+        Error::Rejected(Rejection::InvalidRequest { reason }) => import_error(source_seq, reason),
+        other => import_error(source_seq, other.to_string()),
+    };
+    if let annal_codec::Event::TurnCommitted(e) = &record.event {
+        let hash =
+            annal_codec::turn_commit_hash_with_state(&e.messages, &e.usage, &e.applied_context, &e.tool_ops, &e.state);
+        if hash != e.commit_hash {
+            return Err(import_error(source_seq, "commit hash does not recompute"));
+        }
+    }
+    let mut introduced = Vec::new();
+    for id in record.event.content_refs() {
+        take_offered(offered, &*store, &id, limits, &mut introduced).map_err(invalid)?;
+    }
+    introduced.sort_by_key(|o| o.id);
+    let ids: Vec<ContentId> = introduced.iter().map(|o| o.id).collect();
+    evolve(store, &record, &ids, ProjectionSet::all()).map_err(invalid)?;
+    Ok(Entry { record, content: introduced })
 }
 
 /// Makes sure content `id` is stored, taking it from `offered` if it is neither stored

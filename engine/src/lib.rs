@@ -96,6 +96,7 @@
 pub mod checkpoint;
 pub mod command;
 pub mod compact;
+pub mod copy;
 pub mod decide;
 pub mod delta;
 pub mod engine;
@@ -126,6 +127,7 @@ pub use command::{
     StateChanges,
 };
 pub use compact::{compact, CompactStats};
+pub use copy::{CopyOutcome, SessionExport};
 pub use decide::{decide, materialize, outcome_of, Decision};
 pub use delta::{View, HEAD_CACHE_ENTRIES_MAX};
 pub use engine::{

@@ -2,6 +2,7 @@
 //! own `Reader`; [`Reader::open`] opens a database read-only, even beside a live writer
 //! in another process.
 
+use crate::copy::SessionExport;
 use crate::delta::{Delta, View};
 use crate::error::{fail_closed, Result};
 use crate::limits::Limits;
@@ -220,6 +221,21 @@ impl Reader {
         fail_closed("tip", || {
             let view = self.snapshot()?;
             Ok((view.seq(), view.hash()))
+        })
+    }
+
+    /// Reads `session` (and with `ancestry` the sessions it was forked from, parent
+    /// before child) for a copy into another database with [`crate::Engine::copy_in`]:
+    /// every record, chain-verified, and every content object they refer to, attachments
+    /// included. An unknown session is [`crate::Rejection::NotFound`].
+    pub fn export_session(&self, session: SessionId, ancestry: bool) -> Result<SessionExport> {
+        self.export_sessions(&[session], ancestry)
+    }
+
+    /// [`Reader::export_session`] for several sessions at once, read from one view.
+    pub fn export_sessions(&self, sessions: &[SessionId], ancestry: bool) -> Result<SessionExport> {
+        fail_closed("export_sessions", || {
+            crate::copy::export(&self.snapshot()?, &self.chain, &self.limits, sessions, ancestry)
         })
     }
 

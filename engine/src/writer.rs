@@ -100,6 +100,10 @@ pub(crate) enum Request {
         content: Vec<Vec<u8>>,
         reply: Sender<Result<crate::import::ImportStats>>,
     },
+    Copy {
+        export: crate::copy::SessionExport,
+        reply: Sender<Result<crate::copy::CopyOutcome>>,
+    },
 }
 
 fn now_ms() -> u64 {
@@ -161,6 +165,7 @@ fn fail(req: Request, e: Error) {
         Request::Rebuild { reply, .. } => drop(reply.send(Err(e))),
         Request::Checkpoint { reply } => drop(reply.send(Err(e))),
         Request::Import { reply, .. } => drop(reply.send(Err(e))),
+        Request::Copy { reply, .. } => drop(reply.send(Err(e))),
     }
 }
 
@@ -180,6 +185,19 @@ fn exclusive(shared: &Shared, seq: &mut Sequencer, req: Request, checkpoints: &S
             *shared.tip.lock() = tip;
             seq.next_seq = tip.seq + 1;
             seq.clock_ms = seq.clock_ms.max(tip.clock_ms);
+            let _ = reply.send(result);
+            after_apply(shared, checkpoints);
+        }
+        Request::Copy { export, reply } => {
+            let mut tip = tip;
+            let result = crate::copy::copy_in(shared, &mut tip, seq.clock_ms, export);
+            *shared.tip.lock() = tip;
+            seq.next_seq = tip.seq + 1;
+            seq.clock_ms = seq.clock_ms.max(tip.clock_ms);
+            let result = result.map(|(outcome, notice)| {
+                notify(shared, notice.into_iter().collect());
+                outcome
+            });
             let _ = reply.send(result);
             after_apply(shared, checkpoints);
         }
@@ -372,7 +390,8 @@ fn rebuild(shared: &Shared, tip: &Tip, set: ProjectionSet, checkpoints: &Sender<
     result
 }
 
-fn notify(shared: &Shared, notices: Vec<CommitNotice>) {
+/// Sends `notices` to every subscriber, dropping those that fell too far behind.
+pub(crate) fn notify(shared: &Shared, notices: Vec<CommitNotice>) {
     if notices.is_empty() {
         return;
     }

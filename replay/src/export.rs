@@ -31,8 +31,24 @@
 //! before writing anything; a chain that does not reproduce (another key, an edited
 //! file) is refused unless `rechain` is set.
 //!
-//! An export of selected sessions (`--session`) is for reading: its sequence numbers are
-//! not dense, and import refuses it with the line of the first missing record.
+//! # Session exports
+//!
+//! An export of selected sessions ([`export_sessions`], `annal export --session ID
+//! [--ancestry]`) copies them into another database. Its first line is a header that
+//! marks it as such and says what it holds, parents before forks:
+//!
+//! ```text
+//! {"annal":"sessions","version":1,"ancestry":true,
+//!  "sessions":[{"id":"<uuid>","events":12},{"id":"<uuid>","events":3}]}
+//! ```
+//!
+//! Every other line is a record line as above, the source's `seq` and `chain_hash`
+//! included (for reading; a copy assigns new ones). [`import`] of such a file copies the
+//! sessions in with [`annal::Engine::copy_in`]: appended at the target's tip, whatever
+//! else it holds; sessions it holds with the same events are reported as already
+//! present; any other history of the same id is refused, as is a fork whose parent is
+//! missing. A file whose lines do not match its header (cut short, or edited) is refused
+//! before anything is written.
 
 use crate::{open_reader, progress, CliError, Result};
 use annal::codec::{encode_message, encode_record, LogChain, Record};
@@ -449,8 +465,10 @@ pub fn for_each_record(
     }
 }
 
-/// Writes every event (or the events of `sessions`) of the database at `path` to `out`
-/// as JSON Lines.
+/// Writes every event of the database at `path` to `out` as JSON Lines: a full export,
+/// which [`import`] appends as it is. With `sessions`, only their events, for reading
+/// (their sequence numbers are not dense, so [`import`] refuses it); [`export_sessions`]
+/// writes sessions to copy into another database.
 pub fn export(
     path: &Path,
     key: Option<[u8; 32]>,
@@ -478,6 +496,88 @@ pub fn export(
     Ok(ExportStats { events })
 }
 
+/// One session of a session export's header.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HeaderSession {
+    /// The session id, UUID form.
+    pub id: String,
+    /// How many record lines of the file belong to it: its whole stream.
+    pub events: u64,
+}
+
+/// The first line of a session export (see the module docs).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SessionsHeader {
+    /// Always [`SESSIONS_MARK`]: names the kind of file.
+    pub annal: String,
+    /// The version of the session export format, [`SESSIONS_VERSION`].
+    pub version: u32,
+    /// Whether the sessions the requested ones were forked from are included.
+    pub ancestry: bool,
+    /// Every session the file holds, in creation order (parents before forks).
+    pub sessions: Vec<HeaderSession>,
+}
+
+/// The `annal` field of a session export's header.
+pub const SESSIONS_MARK: &str = "sessions";
+
+/// The session export format this binary writes and reads.
+pub const SESSIONS_VERSION: u32 = 1;
+
+/// Writes `sessions` of the database at `path` (and with `ancestry` the sessions they
+/// were forked from, transitively) to `out` as a session export: the header line, then
+/// every record of those sessions in sequence order, chain-verified, content inlined. It
+/// reads the sessions' own records (through the stream index), not the whole log.
+pub fn export_sessions(
+    path: &Path,
+    key: Option<[u8; 32]>,
+    sessions: &[SessionId],
+    ancestry: bool,
+    out: &mut dyn Write,
+    show_progress: bool,
+) -> Result<ExportStats> {
+    let reader = open_reader(path, key)?;
+    let view = reader.snapshot()?;
+    let not_found = |e: annal::Error| match e {
+        annal::Error::Rejected(annal::Rejection::NotFound { session }) => {
+            CliError::usage(format!("session {session} not found"))
+        }
+        other => other.into(),
+    };
+    let set = annal::copy::lineage(&view, sessions, ancestry).map_err(not_found)?;
+    let events = annal::copy::session_events(&view, reader.chain(), reader.limits(), &set)?;
+    let mut counts: BTreeMap<SessionId, u64> = BTreeMap::new();
+    for e in &events {
+        *counts.entry(e.record.session).or_default() += 1;
+    }
+    let header = SessionsHeader {
+        annal: SESSIONS_MARK.into(),
+        version: SESSIONS_VERSION,
+        ancestry,
+        sessions: set
+            .iter()
+            .map(|s| HeaderSession { id: s.to_string(), events: counts.get(s).copied().unwrap_or(0) })
+            .collect(),
+    };
+    let text = serde_json::to_string(&header).map_err(|e| CliError::finding(e.to_string()))?;
+    writeln!(out, "{text}")?;
+    let bar = progress::bar(events.len() as u64, "export", show_progress);
+    for (i, e) in events.iter().enumerate() {
+        let line = export_line(&view, reader.limits(), &e.record, &e.chain_hash)?;
+        let text =
+            serde_json::to_string(&line).map_err(|err| CliError::finding(format!("seq {}: {err}", e.record.seq)))?;
+        writeln!(out, "{text}")?;
+        if (i as u64 + 1).is_multiple_of(progress::TICK_ITEMS) {
+            bar.set_position(i as u64 + 1);
+        }
+    }
+    bar.finish_and_clear();
+    out.flush()?;
+    Ok(ExportStats { events: events.len() as u64 })
+}
+
 /// A parsed import: records, the content they bring, and each record's line.
 #[derive(Clone, Debug, Default)]
 pub struct ParsedImport {
@@ -489,6 +589,8 @@ pub struct ParsedImport {
     pub lines: Vec<u64>,
     /// The canonical bytes of every content object, once each.
     pub content: Vec<Vec<u8>>,
+    /// The header of a session export (its first line), or `None` for a full export.
+    pub header: Option<SessionsHeader>,
 }
 
 fn parse_hex<T: std::str::FromStr>(text: &str, what: &str) -> std::result::Result<T, String> {
@@ -687,6 +789,17 @@ pub fn parse_import(input: &mut dyn BufRead) -> Result<ParsedImport> {
         if body.trim().is_empty() {
             return Err(malformed("empty line".into()));
         }
+        if line_no == 1 && is_header(body) {
+            let header: SessionsHeader = serde_json::from_str(body).map_err(|e| malformed(e.to_string()))?;
+            if header.annal != SESSIONS_MARK || header.version != SESSIONS_VERSION {
+                return Err(malformed(format!(
+                    "a header of kind {:?} version {}; this binary reads {SESSIONS_MARK:?} version {SESSIONS_VERSION}",
+                    header.annal, header.version
+                )));
+            }
+            parsed.header = Some(header);
+            continue;
+        }
         let line: ExportLine = serde_json::from_str(body).map_err(|e| malformed(e.to_string()))?;
         let mut sink = ContentSink { seen: &mut seen, content: &mut parsed.content };
         let (record, hash) = record_of(&line, &mut sink).map_err(malformed)?;
@@ -695,6 +808,12 @@ pub fn parse_import(input: &mut dyn BufRead) -> Result<ParsedImport> {
         parsed.lines.push(line_no);
     }
     Ok(parsed)
+}
+
+/// Whether a first line is a session export's header: an object with an `annal` field
+/// (record lines never have one).
+fn is_header(body: &str) -> bool {
+    matches!(serde_json::from_str::<serde_json::Value>(body), Ok(serde_json::Value::Object(o)) if o.contains_key("annal"))
 }
 
 /// How to import.
@@ -727,8 +846,9 @@ fn check_sequence(parsed: &ParsedImport, tip: (u64, ChainHash), chain: &LogChain
     for ((record, claimed), line) in parsed.records.iter().zip(&parsed.chain_hashes).zip(&parsed.lines) {
         if record.seq != seq + 1 {
             return Err(CliError::finding(format!(
-                "line {line}: seq {} does not follow seq {seq}: only a full export imports \
-                 (an export of selected sessions is for reading), into a database whose tip it follows",
+                "line {line}: seq {} does not follow seq {seq}: only a full export imports as it is, into a \
+                 database whose tip it follows (to copy sessions into a database that holds others, export them \
+                 with --session)",
                 record.seq
             )));
         }
@@ -741,19 +861,98 @@ fn check_sequence(parsed: &ParsedImport, tip: (u64, ChainHash), chain: &LogChain
     Ok(reproduced)
 }
 
-/// Imports an export into the database at `path` (created if missing). Nothing is
-/// written unless every line parses, every content id matches its bytes, the records
-/// follow the tip densely, the chain reproduces (or `rechain`), and the engine accepts
-/// every record.
-pub fn import(path: &Path, input: &mut dyn BufRead, opts: &ImportOptions) -> Result<ImportReport> {
+/// What [`import`] did, by the kind of file.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Imported {
+    /// A full export, appended as it is.
+    Log(ImportReport),
+    /// A session export, copied in.
+    Sessions(annal::CopyOutcome),
+}
+
+impl Imported {
+    /// The report for a human, one or more lines.
+    pub fn render(&self) -> String {
+        match self {
+            Imported::Log(report) => format!(
+                "imported {} records and {} content objects; tip seq {}; chain {}\n",
+                report.records,
+                report.content_objects,
+                report.tip_seq,
+                if report.chain_reproduced { "reproduced exactly" } else { "rewritten under the target's key" }
+            ),
+            Imported::Sessions(outcome) => {
+                let mut text = format!(
+                    "copied {} sessions ({} records, {} new content objects), {} already present; tip seq {}\n",
+                    outcome.copied.len(),
+                    outcome.records,
+                    outcome.content_objects,
+                    outcome.already_present.len(),
+                    outcome.tip_seq
+                );
+                for s in &outcome.copied {
+                    text.push_str(&format!("copied           {s}\n"));
+                }
+                for s in &outcome.already_present {
+                    text.push_str(&format!("already present  {s}\n"));
+                }
+                text
+            }
+        }
+    }
+}
+
+/// Checks that the records of a session export are what its header lists: the same
+/// sessions, each with its count of events.
+fn check_header(parsed: &ParsedImport, header: &SessionsHeader) -> Result<()> {
+    let mut counts: Vec<(SessionId, u64)> = Vec::new();
+    for r in &parsed.records {
+        match counts.iter_mut().find(|(s, _)| *s == r.session) {
+            Some((_, n)) => *n += 1,
+            None => counts.push((r.session, 1)),
+        }
+    }
+    let mut listed = Vec::with_capacity(header.sessions.len());
+    for s in &header.sessions {
+        let id: SessionId = s.id.parse().map_err(|e| CliError::finding(format!("line 1: session {:?}: {e}", s.id)))?;
+        listed.push((id, s.events));
+    }
+    counts.sort();
+    listed.sort();
+    if counts != listed {
+        return Err(CliError::finding(
+            "the records do not match the header's sessions and event counts (the file was cut short or edited)",
+        ));
+    }
+    Ok(())
+}
+
+/// Imports an export into the database at `path` (created if missing).
+///
+/// A full export is appended as it is: nothing is written unless every line parses,
+/// every content id matches its bytes, the records follow the tip densely, the chain
+/// reproduces (or `rechain`), and the engine accepts every record.
+///
+/// A session export (see the module docs) is copied in with
+/// [`annal::Engine::copy_in`], whatever else the database holds: nothing is written
+/// unless every line parses, every content id matches its bytes, the records match the
+/// header, and the engine accepts the copy. `rechain` does not apply: a copy is always
+/// chained under the target's key.
+pub fn import(path: &Path, input: &mut dyn BufRead, opts: &ImportOptions) -> Result<Imported> {
     let parsed = parse_import(input)?;
+    if let Some(header) = &parsed.header {
+        check_header(&parsed, header)?;
+    }
     let existed = path.exists();
     let options = Options { chain_key: opts.key, ..Options::default() };
     let engine = Engine::open_with(path, options).map_err(|e| match e {
         annal::Error::Storage(s) => CliError::usage(format!("cannot open {}: {s}", path.display())),
         other => other.into(),
     })?;
-    let result = import_into(&engine, parsed, opts);
+    let result = match parsed.header {
+        Some(_) => copy_into(&engine, parsed).map(Imported::Sessions),
+        None => import_into(&engine, parsed, opts).map(Imported::Log),
+    };
     engine.close()?;
     if result.is_err() && !existed {
         // Nothing was imported: leave no empty database behind.
@@ -784,6 +983,18 @@ fn import_into(engine: &Engine, parsed: ParsedImport, opts: &ImportOptions) -> R
         content_objects: stats.content_objects,
         tip_seq: stats.tip_seq,
         chain_reproduced: reproduced,
+    })
+}
+
+fn copy_into(engine: &Engine, parsed: ParsedImport) -> Result<annal::CopyOutcome> {
+    let lines: BTreeMap<u64, u64> = parsed.records.iter().zip(&parsed.lines).map(|(r, l)| (r.seq, *l)).collect();
+    let export = annal::SessionExport { records: parsed.records, content: parsed.content };
+    engine.copy_in(export).map_err(|e| match &e {
+        annal::Error::Rejected(annal::Rejection::InvalidImport { seq, reason }) => match lines.get(seq) {
+            Some(line) => CliError::finding(format!("line {line} (seq {seq}): {reason}")),
+            None => CliError::from(e.clone()),
+        },
+        _ => CliError::from(e.clone()),
     })
 }
 
@@ -823,6 +1034,24 @@ mod tests {
         assert!(serde_json::from_str::<ExportLine>(&line.replace('\n', "")).is_err());
         let ok = line.replace(",\"extra\":1", "");
         assert!(serde_json::from_str::<ExportLine>(&ok.replace('\n', "")).is_ok());
+    }
+
+    #[test]
+    fn a_session_header_is_read_from_the_first_line_only() {
+        let header = r#"{"annal":"sessions","version":1,"ancestry":false,"sessions":[]}"#;
+        let parsed = parse_import(&mut format!("{header}\n").as_bytes()).unwrap();
+        assert_eq!(parsed.header.unwrap().annal, SESSIONS_MARK);
+        assert!(parsed.records.is_empty());
+        assert!(parse_import(&mut "".as_bytes()).unwrap().header.is_none());
+
+        let newer = header.replace("\"version\":1", "\"version\":2");
+        let err = parse_import(&mut format!("{newer}\n").as_bytes()).unwrap_err();
+        assert!(err.message.starts_with("line 1:") && err.message.contains("version 2"), "{}", err.message);
+        let unknown = header.replace("\"ancestry\"", "\"extra\":0,\"ancestry\"");
+        assert!(parse_import(&mut format!("{unknown}\n").as_bytes()).unwrap_err().message.starts_with("line 1:"));
+        // A second header is not a record line.
+        let twice = format!("{header}\n{header}\n");
+        assert!(parse_import(&mut twice.as_bytes()).unwrap_err().message.starts_with("line 2:"));
     }
 
     #[test]

@@ -12,7 +12,8 @@
 //!   the first one and never panics on damaged data.
 //! - [`rebuild::rebuild`]: drop projections and fold them again from the log.
 //! - [`export::export`] and [`export::import`]: JSON Lines with content inlined, exact
-//!   round trip.
+//!   round trip; [`export::export_sessions`] writes whole sessions that [`export::import`]
+//!   copies into a database holding others.
 //! - [`inspect`]: sessions, one session's state, transcripts, the decoded log, stats.
 //! - [`graph`]: a session's revision graph as DOT, SVG or text.
 //! - [`demo::demo`]: a realistic agent workload through the public API.
@@ -95,7 +96,12 @@ impl From<annal::Error> for CliError {
         let exit = match &e {
             Error::Corrupt { .. } | Error::Decode { .. } | Error::OversizedRecord { .. } => Exit::Finding,
             Error::UnsupportedFormat { .. } => Exit::Finding,
-            Error::Rejected(Rejection::InvalidImport { .. }) => Exit::Finding,
+            Error::Rejected(
+                Rejection::InvalidImport { .. }
+                | Rejection::SessionConflict { .. }
+                | Rejection::ForkParentMissing { .. }
+                | Rejection::ForkParentMoved { .. },
+            ) => Exit::Finding,
             _ => Exit::Usage,
         };
         CliError { exit, message: e.to_string() }

@@ -101,15 +101,20 @@ enum Command {
     Export {
         /// The database file.
         db: PathBuf,
-        /// Only this session's events (repeatable). Such an export is for reading: it
-        /// cannot be imported, because its sequence numbers are not dense.
+        /// Only this session (repeatable): a session export, which `annal import` copies
+        /// into a database that holds other sessions.
         #[arg(long = "session", value_name = "ID")]
         sessions: Vec<String>,
+        /// With --session: also the sessions it was forked from, transitively, so the
+        /// copy has the parents its forks need.
+        #[arg(long, requires = "sessions")]
+        ancestry: bool,
         /// Key of a keyed chain: 32 raw bytes or 64 hex digits.
         #[arg(long)]
         key_file: Option<PathBuf>,
     },
-    /// Append a full export to a database (created if missing), all or nothing.
+    /// Append a full export to a database (created if missing), or copy the sessions of
+    /// a session export into it; all or nothing.
     Import {
         /// The JSON Lines file, or - for standard input.
         file: PathBuf,
@@ -118,7 +123,8 @@ enum Command {
         /// Key of the target's keyed chain: 32 raw bytes or 64 hex digits.
         #[arg(long)]
         key_file: Option<PathBuf>,
-        /// Accept chain hashes that differ from the export's (another key).
+        /// Accept chain hashes that differ from the export's (another key). A session
+        /// export is always chained under the target's key.
         #[arg(long)]
         rechain: bool,
     },
@@ -272,10 +278,13 @@ fn run(cli: Cli) -> Result<Exit> {
             print(&report.render())?;
             Ok(Exit::Ok)
         }
-        Command::Export { db, sessions, key_file } => {
+        Command::Export { db, sessions, ancestry, key_file } => {
             let sessions = sessions.iter().map(|s| parse_session(s)).collect::<Result<Vec<_>>>()?;
             let mut out = std::io::BufWriter::new(std::io::stdout().lock());
-            export::export(&db, key(&key_file)?, &sessions, &mut out, true)?;
+            match sessions.is_empty() {
+                true => export::export(&db, key(&key_file)?, &[], &mut out, true)?,
+                false => export::export_sessions(&db, key(&key_file)?, &sessions, ancestry, &mut out, true)?,
+            };
             Ok(Exit::Ok)
         }
         Command::Import { file, db, key_file, rechain } => {
@@ -286,13 +295,7 @@ fn run(cli: Cli) -> Result<Exit> {
                 let f = std::fs::File::open(&file).map_err(|e| CliError::usage(format!("{}: {e}", file.display())))?;
                 export::import(&db, &mut BufReader::new(f), &opts)?
             };
-            print(&format!(
-                "imported {} records and {} content objects; tip seq {}; chain {}\n",
-                report.records,
-                report.content_objects,
-                report.tip_seq,
-                if report.chain_reproduced { "reproduced exactly" } else { "rewritten under the target's key" }
-            ))?;
+            print(&report.render())?;
             Ok(Exit::Ok)
         }
         Command::Sessions { db, labels, archived, recent, json } => {

@@ -657,16 +657,23 @@ fn a_malformed_line_names_its_number_and_imports_nothing() {
     assert!(stderr(&out).contains("does not match its bytes"), "{}", stderr(&out));
     assert!(!target.exists());
 
-    // An export of one session has gaps in its sequence numbers: for reading only.
+    // A full export cut in the middle has gaps in its sequence numbers.
+    let out =
+        annal(&["import", p(&write("gap.jsonl", lines[..2].iter().chain(&lines[3..]).cloned().collect())), p(&target)]);
+    assert_eq!(code(&out), 1);
+    assert!(stderr(&out).contains("line 3: seq 4 does not follow seq 2"), "{}", stderr(&out));
+    assert!(stderr(&out).contains("only a full export imports"), "{}", stderr(&out));
+    assert!(!target.exists());
+
+    // A session export cut short no longer matches its header.
     let session = sessions(&db)[1];
     let partial = export(&db, &["--session", &session.to_string()]);
-    assert!(partial.lines().all(|l| l.contains(&session.to_string())));
-    let f = dir.path().join("partial.jsonl");
-    std::fs::write(&f, &partial).unwrap();
-    let out = annal(&["import", p(&f), p(&target)]);
+    assert!(partial.lines().skip(1).all(|l| l.contains(&session.to_string())));
+    let mut cut: Vec<String> = partial.lines().map(str::to_string).collect();
+    cut.pop();
+    let out = annal(&["import", p(&write("cut.jsonl", cut)), p(&target)]);
     assert_eq!(code(&out), 1);
-    assert!(stderr(&out).contains("line 1: seq 2 does not follow seq 0"), "{}", stderr(&out));
-    assert!(stderr(&out).contains("only a full export imports"), "{}", stderr(&out));
+    assert!(stderr(&out).contains("cut short"), "{}", stderr(&out));
     assert!(!target.exists());
 }
 

@@ -1,11 +1,16 @@
-//! Files written by the previous release (format 1) keep working: `annal migrate` upgrades
-//! them in place, the records survive byte for byte (so the chain still verifies and every
-//! chain hash is the same), and every query gives the same answer before and after.
+//! Files written by earlier releases keep working, and every query gives the same answer.
 //!
-//! `tests/fixtures/format1/v1.redb` was written by the previous release's `annal demo
-//! --sessions 2` (then compacted). `expected/` holds what that release's `annal` printed
-//! for it: `export`, `sessions --archived --json`, and for every session `inspect --json`,
-//! `transcript --limit 10000 --json` and `graph --format dot`.
+//! - `tests/fixtures/format1/v1.redb` was written by the format-1 release's `annal demo
+//!   --sessions 2` (then compacted): `annal migrate` upgrades it in place, and the records
+//!   survive byte for byte (so the chain still verifies and every chain hash is the same).
+//! - `tests/fixtures/format2-before-host-state/` holds a format-2 log and its projections
+//!   file written by the release before host state, metadata events and the recency
+//!   order (its turns are `TurnCommitted` schema 1, its heads and labels projections
+//!   version 1): it opens as it is, its projections rebuild, and it takes new writes.
+//!
+//! Each `expected/` holds what the release that wrote the file printed for it: `export`,
+//! `sessions --archived --json`, and for every session `inspect --json`, `transcript
+//! --limit 10000 --json` and `graph --format dot`.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -15,7 +20,11 @@ fn annal(args: &[&str]) -> Output {
 }
 
 fn fixture() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/format1")
+    fixture_dir("format1")
+}
+
+fn fixture_dir(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(name)
 }
 
 fn stdout_of(args: &[&str]) -> String {
@@ -25,7 +34,36 @@ fn stdout_of(args: &[&str]) -> String {
 }
 
 fn expected(name: &str) -> String {
-    std::fs::read_to_string(fixture().join("expected").join(name)).expect("expected output")
+    expected_in(&fixture(), name)
+}
+
+fn expected_in(dir: &Path, name: &str) -> String {
+    std::fs::read_to_string(dir.join("expected").join(name)).expect("expected output")
+}
+
+/// Every answer the release that wrote `dir`'s fixture printed for it, printed again for
+/// the database at `path`: the export byte for byte, the session list and each session's
+/// inspection, transcript and graph (head fields added since are left out).
+fn every_answer_is_the_same(dir: &Path, path: &str) {
+    assert_eq!(stdout_of(&["export", path]), expected_in(dir, "export.jsonl"));
+    let sessions = stdout_of(&["sessions", path, "--archived", "--json"]);
+    let old: serde_json::Value = serde_json::from_str(&expected_in(dir, "sessions.json")).unwrap();
+    assert_eq!(without_new_head_fields(&sessions), old);
+    let listed: serde_json::Value = serde_json::from_str(&sessions).unwrap();
+    let ids: Vec<&str> = listed.as_array().unwrap().iter().map(|h| h["session"].as_str().unwrap()).collect();
+    assert_eq!(ids.len(), 3, "two sessions and a fork");
+    for id in ids {
+        let inspected = stdout_of(&["inspect", path, id, "--json"]);
+        let old: serde_json::Value = serde_json::from_str(&expected_in(dir, &format!("inspect-{id}.json"))).unwrap();
+        assert_eq!(without_new_head_fields(&inspected), old, "{id}");
+        assert_eq!(
+            stdout_of(&["transcript", path, id, "--limit", "10000", "--json"]),
+            expected_in(dir, &format!("transcript-{id}.json")),
+            "{id}"
+        );
+        let graph = stdout_of(&["graph", path, id, "--format", "dot"]);
+        assert_eq!(graph, expected_in(dir, &format!("graph-{id}.dot")), "{id}");
+    }
 }
 
 fn copy_fixture(dir: &Path) -> PathBuf {
@@ -86,24 +124,7 @@ fn migration_keeps_every_record_and_every_answer() {
 
     // Every answer is what the previous release gave, byte for byte: the export carries
     // every record with its chain hash and its content inlined.
-    assert_eq!(stdout_of(&["export", path]), expected("export.jsonl"));
-    let sessions = stdout_of(&["sessions", path, "--archived", "--json"]);
-    let old: serde_json::Value = serde_json::from_str(&expected("sessions.json")).unwrap();
-    assert_eq!(without_new_head_fields(&sessions), old);
-    let listed: serde_json::Value = serde_json::from_str(&sessions).unwrap();
-    let ids: Vec<&str> = listed.as_array().unwrap().iter().map(|h| h["session"].as_str().unwrap()).collect();
-    assert_eq!(ids.len(), 3, "two sessions and a fork");
-    for id in ids {
-        let inspected = stdout_of(&["inspect", path, id, "--json"]);
-        let old: serde_json::Value = serde_json::from_str(&expected(&format!("inspect-{id}.json"))).unwrap();
-        assert_eq!(without_new_head_fields(&inspected), old, "{id}");
-        assert_eq!(
-            stdout_of(&["transcript", path, id, "--limit", "10000", "--json"]),
-            expected(&format!("transcript-{id}.json")),
-            "{id}"
-        );
-        assert_eq!(stdout_of(&["graph", path, id, "--format", "dot"]), expected(&format!("graph-{id}.dot")), "{id}");
-    }
+    every_answer_is_the_same(&fixture(), path);
 
     // A second migration is a no-op.
     let stats = annal::migrate(&db, None).unwrap();
@@ -120,4 +141,46 @@ fn migration_keeps_every_record_and_every_answer() {
     engine.close().unwrap();
     let verify = annal(&["verify", path, "--deep"]);
     assert_eq!(verify.status.code(), Some(0), "{}", String::from_utf8_lossy(&verify.stdout));
+}
+
+/// A format-2 file from before host state: schema-1 turns are read as schema 2 with no
+/// state change, the heads and labels projections (version 1 on disk) rebuild at open,
+/// every answer stays the same, and the file takes commits with host state, metadata and
+/// a version fence.
+#[test]
+fn a_file_from_before_host_state_opens_rebuilds_and_writes_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = fixture_dir("format2-before-host-state");
+    let db = dir.path().join("v2.redb");
+    std::fs::copy(src.join("v2-before.redb"), &db).expect("copy the log");
+    std::fs::copy(src.join("v2-before.redb.projections"), annal::projections_path(&db)).expect("copy projections");
+    let path = db.to_str().unwrap();
+
+    // Read-only, beside nothing: the old projections are not used, the log is folded.
+    let verify = annal(&["verify", path, "--deep"]);
+    assert_eq!(verify.status.code(), Some(0), "{}", String::from_utf8_lossy(&verify.stdout));
+    every_answer_is_the_same(&src, path);
+
+    // Opened for writing: the projections rebuild, then new kinds of writes land.
+    let engine = annal::Engine::open(&db).unwrap();
+    let heads = engine.list_sessions(&annal::ListQuery::new().include_archived().recently_updated()).unwrap().items;
+    assert_eq!(heads.len(), 3);
+    assert!(heads.windows(2).all(|w| w[0].last_seq > w[1].last_seq), "most recent first");
+    let h = heads[0].clone();
+    assert!(h.host_state.is_empty());
+    let turn = annal::CommitTurn::new(h.session, "after-upgrade", annal::Expected::Version(h.stream_seq))
+        .message(annal::Message::user("still here"))
+        .set_state("model", b"m2".to_vec());
+    engine.commit_turn(turn).unwrap();
+    let meta = annal::SetMetadata { session: h.session, metadata: b"v2".to_vec(), expected: annal::Expected::Any };
+    assert!(engine.set_metadata(meta).unwrap().is_some());
+    assert_eq!(engine.host_state(h.session, "model").unwrap().unwrap(), b"m2");
+    let digests = engine.projection_digests().unwrap();
+    engine.rebuild(annal::ProjectionSet::all()).unwrap();
+    assert_eq!(engine.projection_digests().unwrap(), digests, "a rebuild gives the same projections");
+    engine.close().unwrap();
+    let verify = annal(&["verify", path, "--deep"]);
+    assert_eq!(verify.status.code(), Some(0), "{}", String::from_utf8_lossy(&verify.stdout));
+    let rebuilt = annal(&["rebuild", path]);
+    assert_eq!(rebuilt.status.code(), Some(0), "{}", String::from_utf8_lossy(&rebuilt.stderr));
 }
