@@ -33,10 +33,6 @@ fn stdout_of(args: &[&str]) -> String {
     String::from_utf8(out.stdout).expect("utf-8")
 }
 
-fn expected(name: &str) -> String {
-    expected_in(&fixture(), name)
-}
-
 fn expected_in(dir: &Path, name: &str) -> String {
     std::fs::read_to_string(dir.join("expected").join(name)).expect("expected output")
 }
