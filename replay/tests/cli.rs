@@ -7,34 +7,14 @@ use annal::{CommitTurn, Engine, Expected, Limits, ListQuery, Message, Reader, Se
 use redb::{ReadableDatabase, ReadableTable};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
 
-fn annal(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_annal")).args(args).output().expect("run the annal binary")
-}
+mod common;
 
-fn code(o: &Output) -> i32 {
-    o.status.code().expect("exit code")
-}
-
-fn stdout(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
-
-fn p(path: &Path) -> &str {
-    path.to_str().expect("utf-8 path")
-}
+use common::{annal, code, p, stderr, stdout};
 
 /// A demo database with `sessions` top-level sessions.
 fn demo_db(dir: &tempfile::TempDir, sessions: u64) -> PathBuf {
-    let db = dir.path().join("demo.redb");
-    let out = annal(&["demo", "--db", p(&db), "--sessions", &sessions.to_string()]);
-    assert_eq!(code(&out), 0, "demo failed: {}{}", stdout(&out), stderr(&out));
-    db
+    common::demo_db_named(dir, "demo.redb", sessions)
 }
 
 fn verify_json(db: &Path, extra: &[&str]) -> (i32, Value) {
