@@ -127,7 +127,7 @@ pub struct PowerLoss {
 #[derive(Clone, Debug)]
 enum Pending {
     Write { offset: u64, data: Vec<u8> },
-    SetLen,
+    SetLen(u64),
 }
 
 /// One file: what reads see, what survives a power loss, and what happened in between.
@@ -154,12 +154,20 @@ impl Image {
 
     fn set_len(&mut self, len: u64) {
         self.current.resize(len as usize, 0);
-        self.pending.push(Pending::SetLen);
+        self.pending.push(Pending::SetLen(len));
     }
 
+    /// Makes every pending change durable: applied in order to the durable image, which
+    /// then equals what reads see. Costs what was written since the last sync, not the
+    /// file's size.
     fn sync(&mut self) {
-        self.durable.clone_from(&self.current);
-        self.pending.clear();
+        for p in self.pending.drain(..) {
+            match p {
+                Pending::Write { offset, data } => put(&mut self.durable, offset, &data),
+                Pending::SetLen(len) => self.durable.resize(len as usize, 0),
+            }
+        }
+        debug_assert_eq!(self.durable.len(), self.current.len());
     }
 
     /// What survives a power loss: the durable image, the pending writes the seed keeps
@@ -170,11 +178,11 @@ impl Image {
             .iter()
             .filter_map(|p| match p {
                 Pending::Write { offset, data } => Some((*offset, data.as_slice())),
-                Pending::SetLen => None,
+                Pending::SetLen(_) => None,
             })
             .collect();
         loss.pending += writes.len() as u64;
-        let resized = self.pending.iter().any(|p| matches!(p, Pending::SetLen));
+        let resized = self.pending.iter().any(|p| matches!(p, Pending::SetLen(_)));
         let len = if resized && rng.chance(1, 2) { self.durable.len() } else { self.current.len() };
         // How likely each write is to have reached the disk, for this file and this loss.
         let keep = [0, 1, 2, 3, 4][rng.below(5) as usize];
