@@ -658,6 +658,13 @@ fn builder(options: &Options) -> redb::Builder {
 fn open_file(path: &Path, options: &Options) -> Result<Database> {
     match fail_closed("open", || Ok(builder(options).create(path)?)) {
         Ok(db) => Ok(db),
+        // A power loss while the file was first being created can leave its new length
+        // on disk without redb's header: zeros only. Nothing was ever committed in such a
+        // file, so it starts again as a new database.
+        Err(e) if never_written(path).unwrap_or(false) => {
+            reset_unwritten(path).map_err(|io| Error::Storage(format!("{e}; and resetting the empty file: {io}")))?;
+            fail_closed("open", || Ok(builder(options).create(path)?))
+        }
         Err(Error::Corrupt { .. }) => fail_closed("open with integrity check", || {
             let mut b = builder(options);
             b.set_check_integrity_on_open(true);
@@ -665,6 +672,37 @@ fn open_file(path: &Path, options: &Options) -> Result<Database> {
         }),
         Err(e) => Err(e),
     }
+}
+
+/// Whether the file at `path` holds zeros only (or nothing): no redb header, so no commit
+/// was ever made in it. Reads until the first non-zero byte, which for a real database
+/// is its first.
+fn never_written(path: &Path) -> std::io::Result<bool> {
+    use std::io::Read;
+    let mut file = std::fs::File::open(path)?;
+    let mut buf = vec![0u8; 64 << 10];
+    loop {
+        let n = file.read(&mut buf)?;
+        if n == 0 {
+            return Ok(true);
+        }
+        if buf[..n].iter().any(|b| *b != 0) {
+            return Ok(false);
+        }
+    }
+}
+
+/// Truncates a never-written file to nothing, under the same exclusive lock redb takes,
+/// and only if it still holds zeros only once the lock is held (another process may have
+/// created the database meanwhile).
+fn reset_unwritten(path: &Path) -> std::io::Result<()> {
+    let file = std::fs::OpenOptions::new().read(true).write(true).open(path)?;
+    file.try_lock().map_err(std::io::Error::other)?;
+    if never_written(path)? {
+        file.set_len(0)?;
+        file.sync_all()?;
+    }
+    file.unlock()
 }
 
 /// Opens the projections file, or, if it is damaged (it does not open, or its metadata

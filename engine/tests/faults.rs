@@ -522,3 +522,29 @@ fn open_fails_closed_on_a_failing_disk() {
         verify_reopened(&db.path, &ledger);
     }
 }
+
+/// A power loss while the log file was first being created can leave its new length on
+/// disk without redb's header: zeros only, and nothing was ever committed in it. Such a
+/// file opens as a new database. A file with any other bytes is never touched.
+#[test]
+fn a_log_file_that_was_never_written_opens_as_a_new_database() {
+    let dir = tempfile::tempdir().unwrap();
+    for (name, len) in [("empty.redb", 0usize), ("zeros.redb", 1 << 20), ("odd.redb", 4097)] {
+        let path = dir.path().join(name);
+        std::fs::write(&path, vec![0u8; len]).unwrap();
+        let engine = Engine::open(&path).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let created = engine.create_session(CreateSession::new().message(Message::system("hi"))).unwrap();
+        engine.close().unwrap();
+        let engine = Engine::open(&path).unwrap();
+        assert_eq!(engine.head(created.session).unwrap().unwrap().message_count, 1, "{name}");
+        engine.close().unwrap();
+    }
+    // One non-zero byte anywhere: not a file this rule may reset; the open fails and the
+    // file keeps every byte.
+    let path = dir.path().join("garbage.redb");
+    let mut bytes = vec![0u8; 1 << 20];
+    bytes[(1 << 20) - 1] = 7;
+    std::fs::write(&path, &bytes).unwrap();
+    assert!(Engine::open(&path).is_err());
+    assert_eq!(std::fs::read(&path).unwrap(), bytes);
+}
