@@ -354,7 +354,7 @@ fn fold_usage<S: Store + ?Sized>(store: &mut S, r: &Record) -> Result<()> {
 
 fn fold_labels<S: Store + ?Sized>(store: &mut S, r: &Record) -> Result<()> {
     let key = keys::session(&r.session);
-    let mut ls = match &r.event {
+    match &r.event {
         Event::SessionCreated(e) => {
             if store.get(Table::LabelSessions, &key)?.is_some() {
                 return Err(corrupt(r, "session created twice"));
@@ -364,11 +364,27 @@ fn fold_labels<S: Store + ?Sized>(store: &mut S, r: &Record) -> Result<()> {
                 count_label(store, k, v, 1)?;
             }
             store.put_row(Table::CreationOrder, &keys::u64(r.seq), &r.session)?;
-            LabelSession { created_seq: r.seq, labels: e.labels.clone(), last_seq: r.seq }
+            store.put_row(
+                Table::LabelSessions,
+                &key,
+                &LabelSession { created_seq: r.seq, labels: e.labels.clone() },
+            )?;
         }
         event => {
-            let mut ls: LabelSession = need(r, store.row(Table::LabelSessions, &key)?, "labels")?;
+            // Every event moves the session to the front of the recency order; only the
+            // session's last seq is read for it (a row of its own, not the labels).
+            let last = match store.get(Table::RecencyTip, &key)? {
+                Some(v) => <[u8; 8]>::try_from(v.as_slice()).map(u64::from_be_bytes).map_err(|_| {
+                    Error::corrupt(
+                        Location::Projection { table: Table::RecencyTip.name(), key: crate::store::hex(&key) },
+                        "bad recency tip",
+                    )
+                })?,
+                None => return Err(corrupt(r, format!("{} event for a session with no recency tip", event.kind()))),
+            };
+            store.remove(Table::RecencyOrder, &keys::recency(last, &r.session))?;
             if let Event::LabelsChanged(e) = event {
+                let mut ls: LabelSession = need(r, store.row(Table::LabelSessions, &key)?, "labels")?;
                 for k in &e.remove {
                     if let Some(v) = ls.labels.remove(k) {
                         store.remove(Table::LabelIndex, &keys::label_index(k, &v, ls.created_seq, &r.session))?;
@@ -387,16 +403,12 @@ fn fold_labels<S: Store + ?Sized>(store: &mut S, r: &Record) -> Result<()> {
                     store.put(Table::LabelIndex, &keys::label_index(k, v, ls.created_seq, &r.session), &[])?;
                     count_label(store, k, v, 1)?;
                 }
+                store.put_row(Table::LabelSessions, &key, &ls)?;
             }
-            // Every event moves the session to the front of the recency order.
-            store.remove(Table::RecencyOrder, &keys::recency(ls.last_seq, &r.session))?;
-            ls.last_seq = r.seq;
-            ls
         }
-    };
-    ls.last_seq = r.seq;
+    }
     store.put(Table::RecencyOrder, &keys::recency(r.seq, &r.session), &[])?;
-    store.put_row(Table::LabelSessions, &key, &ls)
+    store.put(Table::RecencyTip, &key, &r.seq.to_be_bytes())
 }
 
 /// Adds `delta` to the count of sessions holding label `key = value`; a count that

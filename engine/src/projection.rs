@@ -100,6 +100,7 @@ impl Projection {
                 Table::CreationOrder,
                 Table::RecencyOrder,
                 Table::LabelCounts,
+                Table::RecencyTip,
             ],
             Projection::Tools => {
                 &[Table::ToolOps, Table::ToolOrder, Table::Unsettled, Table::UnsettledAll, Table::ToolTip]
@@ -382,8 +383,6 @@ pub struct LabelSession {
     pub created_seq: u64,
     /// Current labels.
     pub labels: BTreeMap<String, String>,
-    /// Seq of the session's latest event (its place in the recency order).
-    pub last_seq: u64,
 }
 
 /// The state of a tool operation.

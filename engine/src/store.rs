@@ -60,11 +60,13 @@ pub enum Table {
     RecencyOrder,
     /// (key, value) → sessions holding the label
     LabelCounts,
+    /// session → seq of its latest event (its place in the recency order), u64 BE
+    RecencyTip,
 }
 
 impl Table {
     /// Every projection table.
-    pub const ALL: [Table; 24] = [
+    pub const ALL: [Table; 25] = [
         Table::Heads,
         Table::Transcript,
         Table::TranscriptTip,
@@ -89,6 +91,7 @@ impl Table {
         Table::HostStateLog,
         Table::RecencyOrder,
         Table::LabelCounts,
+        Table::RecencyTip,
     ];
 
     /// The redb table name.
@@ -118,6 +121,7 @@ impl Table {
             Table::HostStateLog => "p.host_state_log",
             Table::RecencyOrder => "p.recency_order",
             Table::LabelCounts => "p.label_counts",
+            Table::RecencyTip => "p.recency_tip",
         }
     }
 
