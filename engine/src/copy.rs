@@ -31,7 +31,6 @@ use crate::writer::{append, CommitNotice, Shared};
 use annal_codec::{ContentId, Event, LogChain, Record, SessionId};
 use redb::ReadableDatabase;
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::sync::atomic::Ordering;
 
 /// Whole sessions read from one database, to be copied into another with
 /// [`crate::Engine::copy_in`].
@@ -162,14 +161,7 @@ pub(crate) fn copy_in(
     clock_ms: u64,
     export: SessionExport,
 ) -> Result<(CopyOutcome, Option<CommitNotice>)> {
-    if shared.poisoned.load(Ordering::Acquire) {
-        return Err(Error::Poisoned);
-    }
-    let result = crate::error::fail_closed("copy", || copy_txn(shared, tip, clock_ms, export));
-    if matches!(result, Err(Error::Storage(_)) | Err(Error::Corrupt { location: Location::File, .. })) {
-        shared.poisoned.store(true, Ordering::Release);
-    }
-    result
+    crate::writer::alone_on_the_log(shared, "copy", || copy_txn(shared, tip, clock_ms, export))
 }
 
 fn invalid(seq: u64, reason: impl Into<String>) -> Error {

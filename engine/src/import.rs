@@ -2,7 +2,7 @@
 //! appended exactly as they are, through the log's one appender, and folded by the same
 //! `evolve`. Runs on the writer with the log to itself.
 
-use crate::error::{Error, Limit, Location, Rejection, Result};
+use crate::error::{Error, Limit, Rejection, Result};
 use crate::evolve::evolve;
 use crate::limits::Limits;
 use crate::log::{Entry, StoredObject, Tip};
@@ -12,7 +12,6 @@ use crate::writer::{append, next_stream_seq, Shared};
 use annal_codec::{ContentId, Record};
 use redb::ReadableDatabase;
 use std::collections::BTreeMap;
-use std::sync::atomic::Ordering;
 
 /// What an import appended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -39,14 +38,7 @@ pub(crate) fn import(
     records: Vec<Record>,
     content: Vec<Vec<u8>>,
 ) -> Result<ImportStats> {
-    if shared.poisoned.load(Ordering::Acquire) {
-        return Err(Error::Poisoned);
-    }
-    let result = crate::error::fail_closed("import", || import_txn(shared, tip, records, content));
-    if matches!(result, Err(Error::Storage(_)) | Err(Error::Corrupt { location: Location::File, .. })) {
-        shared.poisoned.store(true, Ordering::Release);
-    }
-    result
+    crate::writer::alone_on_the_log(shared, "import", || import_txn(shared, tip, records, content))
 }
 
 fn import_txn(shared: &Shared, tip: &mut Tip, records: Vec<Record>, content: Vec<Vec<u8>>) -> Result<ImportStats> {

@@ -364,11 +364,8 @@ fn drain(shared: &Shared, checkpoints: &Sender<Signal>) -> Result<()> {
 }
 
 fn rebuild(shared: &Shared, tip: &Tip, set: ProjectionSet, checkpoints: &Sender<Signal>) -> Result<RebuildStats> {
-    if shared.poisoned.load(Ordering::Acquire) {
-        return Err(Error::Poisoned);
-    }
-    drain(shared, checkpoints)?;
-    let result = crate::error::fail_closed("rebuild", || {
+    alone_on_the_log(shared, "rebuild", || {
+        drain(shared, checkpoints)?;
         let log = shared.log_db.begin_read()?;
         let cursors = Cursors { seqs: [tip.seq; Projection::ALL.len()] }.reset(set);
         let stats = checkpoint::catch_up(
@@ -383,7 +380,17 @@ fn rebuild(shared: &Shared, tip: &Tip, set: ProjectionSet, checkpoints: &Sender<
         )?;
         shared.delta.set_checkpoint(shared.projections.begin_read()?)?;
         Ok(stats)
-    });
+    })
+}
+
+/// Runs `f`, a request that has the log to itself (rebuild, import, copy): refused on a
+/// poisoned engine; a panic inside fails closed; a storage failure, or damage found in a
+/// file, poisons the engine, as a failed commit does.
+pub(crate) fn alone_on_the_log<T>(shared: &Shared, what: &'static str, f: impl FnOnce() -> Result<T>) -> Result<T> {
+    if shared.poisoned.load(Ordering::Acquire) {
+        return Err(Error::Poisoned);
+    }
+    let result = crate::error::fail_closed(what, f);
     if matches!(result, Err(Error::Storage(_)) | Err(Error::Corrupt { location: Location::File, .. })) {
         shared.poisoned.store(true, Ordering::Release);
     }
