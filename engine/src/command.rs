@@ -563,3 +563,35 @@ pub enum Outcome {
     /// Every command of a batch, in order.
     Batch(Vec<Outcome>),
 }
+
+impl Outcome {
+    /// The seqs of the events this outcome wrote, in commit order (a batch's members in
+    /// order); empty for a retry or a no-op. A host can tell from it whether a command
+    /// wrote and where each event landed.
+    pub fn seqs(&self) -> Vec<u64> {
+        let mut out = Vec::new();
+        self.push_seqs(&mut out);
+        out
+    }
+
+    /// Whether this outcome wrote at least one event.
+    pub fn wrote(&self) -> bool {
+        !self.seqs().is_empty()
+    }
+
+    fn push_seqs(&self, out: &mut Vec<u64>) {
+        match self {
+            Outcome::Created { receipt, .. } | Outcome::Committed(receipt) | Outcome::Rewritten(receipt) => {
+                out.push(receipt.seq)
+            }
+            Outcome::Revived { seq } | Outcome::Staged { seq } => out.push(*seq),
+            Outcome::Archived { seq }
+            | Outcome::Labels { seq }
+            | Outcome::Metadata { seq }
+            | Outcome::HostState { seq }
+            | Outcome::Tool { seq, .. } => out.extend(*seq),
+            Outcome::AlreadyCommitted(_) | Outcome::Duplicate => {}
+            Outcome::Batch(outcomes) => outcomes.iter().for_each(|o| o.push_seqs(out)),
+        }
+    }
+}

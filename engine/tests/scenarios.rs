@@ -1467,3 +1467,21 @@ fn s17_usage_accumulates_per_provider_and_model_and_replay_agrees() {
         engine.usage(s).unwrap().into_iter().map(|u| (u.provider, u.model)).collect();
     assert_eq!(keys.len(), 3);
 }
+
+/// `Outcome::seqs` names the events a command wrote, in order, and nothing for a retry.
+#[test]
+fn outcomes_name_the_events_they_wrote() {
+    let db = Db::new();
+    let engine = db.open();
+    let (s, rev) = create(&engine, &[Message::system("sys")]);
+    let batch = Command::Batch(vec![
+        Command::AppendContext(context(s, "k", "v")),
+        Command::CommitTurn(turn(s, "t1", rev)),
+        Command::RecordToolCall(tool_call(s, "op1", "bash", "ls")),
+    ]);
+    let outcome = engine.execute(batch.clone()).unwrap();
+    assert_eq!(outcome.seqs(), vec![2, 3, 4]);
+    assert!(outcome.wrote());
+    let again = engine.execute(Command::CommitTurn(turn(s, "t1", rev))).unwrap();
+    assert_eq!((again.seqs(), again.wrote()), (vec![], false));
+}

@@ -426,7 +426,7 @@ impl Sim {
                 learn_clock(&engine, &mut self.model)?;
                 let want = self.model.apply(&command).map_err(Error::Rejected);
                 same(&got, &want, format_args!("step {step}: {command:#?}"))?;
-                if want.as_ref().is_ok_and(wrote) {
+                if want.as_ref().is_ok_and(Outcome::wrote) {
                     self.stats.acked_writes += 1;
                 }
                 self.clients[client].history.record(&command, want.as_ref().ok());
@@ -439,7 +439,7 @@ impl Sim {
         }
         self.log(|| format!("step {step}: command interrupted ({fired:?}, {lost:?}): {got:?}"));
         if let (Some(f), None) = (&fired, &lost) {
-            if matches!(f.kind, IoKind::Write | IoKind::Sync) && got.as_ref().is_ok_and(wrote) {
+            if matches!(f.kind, IoKind::Write | IoKind::Sync) && got.as_ref().is_ok_and(Outcome::wrote) {
                 return Err(fail(format!("a command was acknowledged through a failed {:?}: {got:?}", f.kind)));
             }
         }
@@ -612,21 +612,6 @@ fn integrity(bytes: Vec<u8>) -> Result<(), String> {
     copy.set_image("f", bytes);
     let mut db = redb::Builder::new().create_with_backend(copy.file("f")).map_err(|e| format!("redb open: {e}"))?;
     db.check_integrity().map(|_| ()).map_err(|e| format!("redb integrity check: {e}"))
-}
-
-/// Whether an accepted outcome wrote an event.
-fn wrote(outcome: &Outcome) -> bool {
-    match outcome {
-        Outcome::Created { .. } | Outcome::Committed(_) | Outcome::Rewritten(_) => true,
-        Outcome::Revived { .. } | Outcome::Staged { .. } => true,
-        Outcome::Archived { seq }
-        | Outcome::Labels { seq }
-        | Outcome::Metadata { seq }
-        | Outcome::HostState { seq } => seq.is_some(),
-        Outcome::Tool { created, .. } => *created,
-        Outcome::AlreadyCommitted(_) | Outcome::Duplicate => false,
-        Outcome::Batch(outcomes) => outcomes.iter().any(wrote),
-    }
 }
 
 fn replay_line(seed: u64) -> String {

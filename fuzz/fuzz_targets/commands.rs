@@ -263,38 +263,6 @@ fn opens(bytes: Vec<u8>) -> bool {
     redb::Builder::new().create_with_backend(file).is_ok()
 }
 
-/// Whether an accepted outcome wrote an event.
-fn wrote(outcome: &Outcome) -> bool {
-    match outcome {
-        Outcome::Created { .. } | Outcome::Committed(_) | Outcome::Rewritten(_) => true,
-        Outcome::Revived { .. } | Outcome::Staged { .. } => true,
-        Outcome::Archived { seq }
-        | Outcome::Labels { seq }
-        | Outcome::Metadata { seq }
-        | Outcome::HostState { seq } => seq.is_some(),
-        Outcome::Tool { created, .. } => *created,
-        Outcome::AlreadyCommitted(_) | Outcome::Duplicate => false,
-        Outcome::Batch(outcomes) => outcomes.iter().any(wrote),
-    }
-}
-
-/// Sequence numbers of the events an accepted outcome wrote.
-fn seqs(outcome: &Outcome, out: &mut Vec<u64>) {
-    match outcome {
-        Outcome::Created { receipt, .. } | Outcome::Committed(receipt) | Outcome::Rewritten(receipt) => {
-            out.push(receipt.seq)
-        }
-        Outcome::Revived { seq } | Outcome::Staged { seq } => out.push(*seq),
-        Outcome::Archived { seq: Some(seq) }
-        | Outcome::Labels { seq: Some(seq) }
-        | Outcome::Metadata { seq: Some(seq) }
-        | Outcome::HostState { seq: Some(seq) } => out.push(*seq),
-        Outcome::Tool { created: true, seq: Some(seq) } => out.push(*seq),
-        Outcome::Batch(outcomes) => outcomes.iter().for_each(|o| seqs(o, out)),
-        _ => {}
-    }
-}
-
 fn events(engine: &Engine, from: u64) -> Vec<annal::StoredEvent> {
     let mut out = Vec::new();
     let mut from = from;
@@ -608,11 +576,10 @@ impl Run {
                 };
                 match (interrupted, got) {
                     (None, Ok(outcome)) => {
-                        let mut named = Vec::new();
-                        seqs(&outcome, &mut named);
+                        let named = outcome.seqs();
                         let expected: Vec<u64> = (self.acked.seq + 1..=tip).collect();
                         assert_eq!(named, expected, "receipts name the events written, in order: {outcome:?}");
-                        assert_eq!(wrote(&outcome), tip > self.acked.seq, "{outcome:?}");
+                        assert_eq!(outcome.wrote(), tip > self.acked.seq, "{outcome:?}");
                         self.acked = Acked { seq: tip, hash };
                     }
                     (None, Err(Error::Rejected(_))) => assert_eq!(tip, self.acked.seq, "a rejection writes nothing"),
@@ -621,7 +588,7 @@ impl Run {
                         if let (Some(f), Down::PowerLoss) = (&fired, down) {
                             let through = matches!(f.kind, IoKind::Write | IoKind::Sync);
                             assert!(
-                                !(through && got.as_ref().is_ok_and(wrote)),
+                                !(through && got.as_ref().is_ok_and(Outcome::wrote)),
                                 "a command was acknowledged through a failed {:?}: {got:?}",
                                 f.kind
                             );
