@@ -31,11 +31,13 @@ pub enum EventKind {
     MetadataSet = 10,
     /// [`HostStateChanged`]
     HostStateChanged = 11,
+    /// [`SessionPurged`]
+    SessionPurged = 20,
 }
 
 impl EventKind {
     /// Every kind, in kind-byte order.
-    pub const ALL: [EventKind; 11] = [
+    pub const ALL: [EventKind; 12] = [
         EventKind::SessionCreated,
         EventKind::TurnCommitted,
         EventKind::TranscriptRewritten,
@@ -47,11 +49,12 @@ impl EventKind {
         EventKind::LabelsChanged,
         EventKind::MetadataSet,
         EventKind::HostStateChanged,
+        EventKind::SessionPurged,
     ];
 
     /// The kind for a kind byte, if this binary knows it.
     pub fn from_byte(b: u8) -> Option<EventKind> {
-        EventKind::ALL.get((b as usize).wrapping_sub(1)).copied()
+        EventKind::ALL.into_iter().find(|k| k.byte() == b)
     }
 
     /// The kind byte.
@@ -90,6 +93,7 @@ impl EventKind {
             EventKind::LabelsChanged => "LabelsChanged",
             EventKind::MetadataSet => "MetadataSet",
             EventKind::HostStateChanged => "HostStateChanged",
+            EventKind::SessionPurged => "SessionPurged",
         }
     }
 
@@ -394,6 +398,36 @@ pub struct HostStateChanged {
     pub state: StateDelta,
 }
 
+/// The session was purged: every record of it before this one is erased (its payload
+/// removed, its header and payload digest kept), and so is every content object no
+/// record of a session that is not purged reaches. The tombstone itself keeps only
+/// what the host gave the purge.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SessionPurged {
+    /// Why (for example `gdpr-art17`). Kept: it must not hold the erased data.
+    pub reason: String,
+    /// Who asked for it. Kept, like the reason.
+    pub actor: String,
+    /// The purged ancestor whose purge took this session with it, when it was purged as
+    /// a fork descendant.
+    pub with_ancestor: Option<SessionId>,
+}
+
+/// What is left of a record whose payload was erased by a purge: its header fields
+/// (kept byte for byte, since the chain covers them) and the digest of the payload that
+/// was there. Never written by a command; read back from an erased record.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Erased {
+    /// The kind of the event that was there.
+    pub kind: EventKind,
+    /// Its schema version.
+    pub schema_version: u16,
+    /// Its payload's length.
+    pub payload_len: u32,
+    /// `LogChain::payload_digest` of its payload.
+    pub payload_digest: [u8; 32],
+}
+
 /// One event of the catalogue.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Event {
@@ -419,6 +453,10 @@ pub enum Event {
     MetadataSet(MetadataSet),
     /// See [`HostStateChanged`].
     HostStateChanged(HostStateChanged),
+    /// See [`SessionPurged`].
+    SessionPurged(SessionPurged),
+    /// A record of a purged session, its payload erased. See [`Erased`].
+    Erased(Erased),
 }
 
 impl Event {
@@ -436,7 +474,14 @@ impl Event {
             Event::LabelsChanged(_) => EventKind::LabelsChanged,
             Event::MetadataSet(_) => EventKind::MetadataSet,
             Event::HostStateChanged(_) => EventKind::HostStateChanged,
+            Event::SessionPurged(_) => EventKind::SessionPurged,
+            Event::Erased(e) => e.kind,
         }
+    }
+
+    /// Whether this is what is left of an erased record.
+    pub fn is_erased(&self) -> bool {
+        matches!(self, Event::Erased(_))
     }
 
     /// Every content id this event refers to, in field order.
@@ -449,9 +494,12 @@ impl Event {
             Event::ToolCallRecorded(e) => vec![e.args],
             Event::ToolResultRecorded(e) => vec![e.result],
             Event::HostStateChanged(e) => e.state.set.values().copied().collect(),
-            Event::SessionArchived(_) | Event::SessionRevived(_) | Event::LabelsChanged(_) | Event::MetadataSet(_) => {
-                Vec::new()
-            }
+            Event::SessionArchived(_)
+            | Event::SessionRevived(_)
+            | Event::LabelsChanged(_)
+            | Event::MetadataSet(_)
+            | Event::SessionPurged(_)
+            | Event::Erased(_) => Vec::new(),
         }
     }
 

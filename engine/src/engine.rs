@@ -232,6 +232,7 @@ impl Engine {
         let path = path.as_ref();
         options.limits.validate()?;
         refuse_unreadable_format(path, &options)?;
+        crate::purge::finish_if_unfinished(path)?;
         let log = open_file(path, &options)?;
         let projections = open_projections(&projections_path(path), &options)?;
         fail_closed("open", || Engine::start(log, projections, options))

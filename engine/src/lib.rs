@@ -108,6 +108,7 @@ pub mod limits;
 mod log;
 pub mod migrate;
 pub mod projection;
+pub mod purge;
 pub mod query;
 pub mod reader;
 pub mod rebuild;
@@ -141,6 +142,7 @@ pub use limits::Limits;
 pub use log::{LogEntry, LogTail};
 pub use migrate::migrate;
 pub use projection::*;
+pub use purge::{collect_garbage, purge, ErasureReport, PurgeRequest, Reclaimed};
 pub use query::{
     EventPage, EventQuery, ListOrder, ListQuery, Page, PageRequest, RevisionGraph, RevisionPage, StoredEvent,
     StoredMessage, TableDigest, TranscriptPage,

@@ -62,11 +62,16 @@ pub enum Table {
     LabelCounts,
     /// session → seq of its latest event (its place in the recency order), u64 BE
     RecencyTip,
+    /// session → the tombstone of a purged session
+    Purged,
 }
+
+/// The tag of [`Table::Purged`].
+const PURGED_TAG: u8 = 40;
 
 impl Table {
     /// Every projection table.
-    pub const ALL: [Table; 25] = [
+    pub const ALL: [Table; 26] = [
         Table::Heads,
         Table::Transcript,
         Table::TranscriptTip,
@@ -92,6 +97,7 @@ impl Table {
         Table::RecencyOrder,
         Table::LabelCounts,
         Table::RecencyTip,
+        Table::Purged,
     ];
 
     /// The redb table name.
@@ -122,6 +128,7 @@ impl Table {
             Table::RecencyOrder => "p.recency_order",
             Table::LabelCounts => "p.label_counts",
             Table::RecencyTip => "p.recency_tip",
+            Table::Purged => "p.purged",
         }
     }
 
@@ -130,14 +137,21 @@ impl Table {
         Table::ALL.iter().position(|t| *t == self).unwrap_or(0)
     }
 
-    /// The table's tag byte in the physical key (1..=21; stable on disk).
+    /// The table's tag byte in the physical key (1 to 25, then 40 for [`Table::Purged`];
+    /// stable on disk).
     pub fn tag(self) -> u8 {
-        self.index() as u8 + 1
+        match self {
+            Table::Purged => PURGED_TAG,
+            t => t.index() as u8 + 1,
+        }
     }
 
     /// The table with this tag.
     pub fn from_tag(tag: u8) -> Option<Table> {
-        Table::ALL.get((tag as usize).wrapping_sub(1)).copied()
+        match tag {
+            PURGED_TAG => Some(Table::Purged),
+            _ => Table::ALL.get((tag as usize).wrapping_sub(1)).copied().filter(|t| *t != Table::Purged),
+        }
     }
 
     /// Whether every key of the table starts with a 16-byte session id. Such rows are

@@ -420,7 +420,33 @@ fn new_content<S: Store + ?Sized>(store: &S, content: Vec<(ContentId, Vec<u8>)>)
 
 /// The stream seq the session's next event gets: its head's, plus one.
 pub(crate) fn next_stream_seq<S: Store + ?Sized>(store: &S, session: &SessionId) -> Result<u64> {
-    Ok(store.row::<SessionHead>(Table::Heads, &keys::session(session))?.map_or(0, |h| h.stream_seq) + 1)
+    match store.row::<SessionHead>(Table::Heads, &keys::session(session))? {
+        Some(h) => Ok(h.stream_seq + 1),
+        // No head: a new session, or a purged one (its creation erased), whose stream the
+        // stream index still has: find its end in O(log n) lookups (it is dense from 1).
+        None => {
+            let has = |n: u64| -> Result<bool> {
+                Ok(store.get(Table::StreamIndex, &keys::session_u64(session, n))?.is_some())
+            };
+            if !has(1)? {
+                return Ok(1);
+            }
+            let mut lo = 1u64;
+            while has(lo.saturating_mul(2))? && lo < u64::MAX / 2 {
+                lo *= 2;
+            }
+            let mut hi = lo.saturating_mul(2);
+            while hi - lo > 1 {
+                let mid = lo + (hi - lo) / 2;
+                if has(mid)? {
+                    lo = mid
+                } else {
+                    hi = mid
+                }
+            }
+            Ok(lo + 1)
+        }
+    }
 }
 
 /// Where `apply` puts what a command writes.

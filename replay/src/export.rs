@@ -269,6 +269,12 @@ pub enum EventJson {
     MetadataSet { metadata: Bytes },
     /// See [`annal::codec::HostStateChanged`].
     HostStateChanged { state: StateJson },
+    /// See [`annal::codec::SessionPurged`].
+    SessionPurged { reason: String, actor: String, with_ancestor: Option<String> },
+    /// An erased record of a purged session (see [`annal::codec::Erased`]): the kind,
+    /// schema version and payload length of the event that was there, and its payload
+    /// digest (hex). It is imported as the same erased record, so the chain reproduces.
+    Erased { erased_kind: String, schema_version: u16, payload_len: u32, payload_digest: String },
 }
 
 /// One line of an export.
@@ -407,6 +413,17 @@ fn event_json(event: &Event, src: &ContentSource<'_>) -> Result<EventJson> {
         Event::LabelsChanged(e) => EventJson::LabelsChanged { set: e.set.clone(), remove: e.remove.clone() },
         Event::MetadataSet(e) => EventJson::MetadataSet { metadata: Bytes::of(&e.metadata) },
         Event::HostStateChanged(e) => EventJson::HostStateChanged { state: src.state(&e.state)? },
+        Event::SessionPurged(e) => EventJson::SessionPurged {
+            reason: e.reason.clone(),
+            actor: e.actor.clone(),
+            with_ancestor: e.with_ancestor.map(|s| s.to_string()),
+        },
+        Event::Erased(e) => EventJson::Erased {
+            erased_kind: e.kind.name().to_string(),
+            schema_version: e.schema_version,
+            payload_len: e.payload_len,
+            payload_digest: annal::codec::hex(&e.payload_digest),
+        },
     })
 }
 
@@ -751,6 +768,25 @@ fn event_of(json: &EventJson, sink: &mut ContentSink<'_>) -> std::result::Result
         EventJson::HostStateChanged { state } => {
             Event::HostStateChanged(c::HostStateChanged { state: sink.state(state)? })
         }
+        EventJson::SessionPurged { reason, actor, with_ancestor } => Event::SessionPurged(c::SessionPurged {
+            reason: reason.clone(),
+            actor: actor.clone(),
+            with_ancestor: with_ancestor.as_deref().map(|s| parse_hex::<SessionId>(s, "session")).transpose()?,
+        }),
+        EventJson::Erased { erased_kind, schema_version, payload_len, payload_digest } => {
+            let kind =
+                EventKind::from_name(erased_kind).ok_or_else(|| format!("unknown event kind {erased_kind:?}"))?;
+            let digest: ChainHash = parse_hex(payload_digest, "payload digest")?;
+            if *schema_version > kind.current_version() || *schema_version < kind.oldest_version() {
+                return Err(format!("{kind}: unsupported schema version {schema_version}"));
+            }
+            Event::Erased(c::Erased {
+                kind,
+                schema_version: *schema_version,
+                payload_len: *payload_len,
+                payload_digest: digest.0,
+            })
+        }
     })
 }
 
@@ -1012,6 +1048,10 @@ pub fn kind_of(line: &ExportLine) -> EventKind {
         EventJson::LabelsChanged { .. } => EventKind::LabelsChanged,
         EventJson::MetadataSet { .. } => EventKind::MetadataSet,
         EventJson::HostStateChanged { .. } => EventKind::HostStateChanged,
+        EventJson::SessionPurged { .. } => EventKind::SessionPurged,
+        EventJson::Erased { ref erased_kind, .. } => {
+            EventKind::from_name(erased_kind).unwrap_or(EventKind::SessionPurged)
+        }
     }
 }
 
