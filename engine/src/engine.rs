@@ -232,8 +232,14 @@ impl Engine {
         let path = path.as_ref();
         options.limits.validate()?;
         refuse_unreadable_format(path, &options)?;
-        crate::purge::finish_if_unfinished(path)?;
-        let log = open_file(path, &options)?;
+        let mut log = open_file(path, &options)?;
+        // An erasure a crash interrupted is finished before anything else (the check needs
+        // the file open for writing: after a crash only such an open recovers it).
+        if log.begin_read().map(|txn| crate::purge::unfinished_in(&txn)).unwrap_or(false) {
+            drop(log);
+            crate::purge::finish(path)?;
+            log = open_file(path, &options)?;
+        }
         let projections = open_projections(&projections_path(path), &options)?;
         fail_closed("open", || Engine::start(log, projections, options))
     }

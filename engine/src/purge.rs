@@ -391,30 +391,16 @@ fn collect_refs(event: &Event, messages: &mut HashSet<ContentId>, others: &mut H
     others.extend(event.content_refs().into_iter().filter(|id| !message_refs.contains(id)));
 }
 
-/// Whether the log file at `path` carries the mark of an erasure whose scrub did not
-/// finish. A file that cannot be read here is left to the normal open.
-pub fn erasure_unfinished(path: &Path) -> bool {
-    if !path.exists() {
-        return false;
-    }
-    let mut b = redb::Builder::new();
-    b.set_concurrency_mode(redb::ConcurrencyMode::SingleWriter);
-    let Ok(Ok(db)) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| b.open_read_only(path))) else {
-        return false;
-    };
-    let Ok(txn) = db.begin_read() else { return false };
+/// Whether a read transaction of a log file sees the mark of an unfinished erasure.
+pub fn unfinished_in(txn: &redb::ReadTransaction) -> bool {
     let Ok(meta) = txn.open_table(META) else { return false };
     matches!(meta.get(meta_keys::ERASURE_UNFINISHED), Ok(Some(_)))
 }
 
-/// Finishes an interrupted erasure (steps 3 and 4) if the log file at `path` carries the
-/// mark. Called by every open for writing before anything else.
-pub(crate) fn finish_if_unfinished(path: &Path) -> Result<bool> {
-    if !erasure_unfinished(path) {
-        return Ok(false);
-    }
-    scrub(path)?;
-    Ok(true)
+/// Finishes an interrupted erasure (steps 3 and 4): [`Engine::open`] calls it when the
+/// log file carries the mark, before anything else.
+pub(crate) fn finish(path: &Path) -> Result<()> {
+    scrub(path)
 }
 
 fn io(what: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> Error {

@@ -71,7 +71,10 @@ impl Reader {
         let log: Arc<dyn ReadableDatabase + Send + Sync> =
             Arc::new(fail_closed("open read-only", || Ok(builder().open_read_only(path)?))?);
         let projections_path = crate::engine::projections_path(path);
-        let projections = match projections_path.exists() {
+        // While an erasure is unfinished the projections file may still hold what the
+        // purge erased from the log: fold the whole log instead.
+        let unfinished = log.begin_read().map(|txn| crate::purge::unfinished_in(&txn)).unwrap_or(false);
+        let projections = match projections_path.exists() && !unfinished {
             true => builder().open_read_only(&projections_path).ok(),
             false => None,
         };
