@@ -434,6 +434,9 @@ pub fn scrub_path(path: &Path) -> PathBuf {
     PathBuf::from(name)
 }
 
+/// Compaction passes at most on the rewritten log file.
+const COMPACT_PASSES_MAX: usize = 8;
+
 /// Bytes of rows copied per transaction when the log is rewritten.
 const SCRUB_TXN_BYTES: u64 = 64 << 20;
 
@@ -453,7 +456,8 @@ fn scrub(path: &Path) -> Result<()> {
     }
     fail_closed("scrub", || {
         let old = open_exclusive(path)?;
-        let new = redb::Database::create(&tmp).map_err(|e| Error::Storage(format!("create {}: {e}", tmp.display())))?;
+        let mut new =
+            redb::Database::create(&tmp).map_err(|e| Error::Storage(format!("create {}: {e}", tmp.display())))?;
         let read = old.begin_read()?;
         copy_table(&read, &new, LOG)?;
         copy_table(&read, &new, CONTENT)?;
@@ -469,6 +473,13 @@ fn scrub(path: &Path) -> Result<()> {
             }
         }
         txn.commit()?;
+        // Bulk inserts leave free pages in the new file (holding only copies of what it
+        // keeps); compaction gives them back, so the file is no larger than it must be.
+        for _ in 0..COMPACT_PASSES_MAX {
+            if !new.compact().map_err(|e| Error::Storage(format!("compaction: {e}")))? {
+                break;
+            }
+        }
         Ok(())
     })?;
     // The new file is durable (its last commit synced it); keep a handle on the old one,
@@ -481,8 +492,9 @@ fn scrub(path: &Path) -> Result<()> {
 }
 
 /// Copies every row of `table` into `new`, in transactions of about
-/// [`SCRUB_TXN_BYTES`]; only the last one is durable, which is enough: the file is not
-/// used before it is complete.
+/// [`SCRUB_TXN_BYTES`]. Each is durable: redb reuses the pages a transaction frees only
+/// after a durable commit, so non-durable ones would grow the new file (measured: a
+/// 48.5 MB log was rewritten into 71 MB), and a sync per 64 MiB costs little.
 fn copy_table(
     read: &redb::ReadTransaction,
     new: &redb::Database,
@@ -491,7 +503,7 @@ fn copy_table(
     let source = read.open_table(table)?;
     let mut rows = source.iter()?.peekable();
     loop {
-        let mut txn = new.begin_write()?;
+        let txn = new.begin_write()?;
         let last = {
             let mut out = txn.open_table(table)?;
             let mut bytes = 0u64;
@@ -503,9 +515,6 @@ fn copy_table(
             }
             rows.peek().is_none()
         };
-        if !last {
-            txn.set_durability(redb::Durability::None)?;
-        }
         txn.commit()?;
         if last {
             return Ok(());

@@ -20,7 +20,10 @@
 //!
 //! A rewrite's kind is `{"type":"compaction"}` (or `edit`, `redaction`) or
 //! `{"type":"restore","target":"<revision>"}`. Recovery is `replay_safe` or
-//! `not_replay_safe`; a tool outcome is `ok`, `error` or `cancelled`.
+//! `not_replay_safe`; a tool outcome is `ok`, `error` or `cancelled`. An erased record
+//! of a purged session is `{"kind":"Erased","erased_kind":..,"schema_version":..,
+//! "payload_len":..,"payload_digest":"<64 hex>"}`, and it imports as the same erased
+//! record.
 //!
 //! # Round trip
 //!
