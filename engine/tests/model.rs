@@ -17,6 +17,12 @@
 //! policy. After a reopen the open must have folded exactly the events the projections
 //! file lacked, every query agrees, and the projections equal a rebuild from the log.
 //!
+//! Purge points close the engine and purge a session (with or without its fork
+//! descendants) through [`annal::purge()`]: the engine's report or rejection must equal
+//! the model's (`NotFound`, `Purged`, `HasForks`, the tombstones' seqs), and after the
+//! reopen the purged sessions answer `Purged { session, seq }`, every other query and the
+//! content the remaining sessions reach agree, and the projections equal a rebuild.
+//!
 //! `PROPTEST_CASES` overrides the number of cases (64 by default).
 
 #[path = "model/check.rs"]
@@ -164,6 +170,30 @@ fn run(first: Policy, ops: &[Op]) -> Checked {
                 ok(engine.checkpoint(), "checkpoint")?;
                 same(engine.stats().delta_bytes, 0, format_args!("step {step}: delta bytes after a checkpoint"))?;
                 compare_all(&engine, &model, &never_stored, &format!("after the checkpoint at step {step}"))?;
+                continue;
+            }
+            Op::Purge { s, descendants, policy: next } => {
+                let id = ops::target(&model, *s);
+                ok(engine.close(), "close")?;
+                let mut request = PurgeRequest::new(id, "model", "model");
+                request.descendants = *descendants;
+                let got = annal::purge(&files.path, options(*next), &request).map(|r| r.purged);
+                // The purge's open rebuilt the projections file; copies saved before it
+                // hold erased rows and belong to another log.
+                files.saved.clear();
+                engine = open(&files.path, *next)?;
+                policy = *next;
+                learn_clock(&engine, &mut model)?;
+                let want = model.purge(&id, *descendants).map_err(Error::Rejected);
+                same(&got, &want, format_args!("step {step}: purge {id} (descendants: {descendants})"))?;
+                same(ok(engine.tip(), "tip")?.0, model.seq, format_args!("step {step}: log tip after a purge"))?;
+                for (purged, seq) in want.iter().flatten() {
+                    let answer = engine.head(*purged).map(|_| ());
+                    let expected = Err(Error::Rejected(Rejection::Purged { session: *purged, seq: *seq }));
+                    same(&answer, &expected, format_args!("step {step}: head of purged {purged}"))?;
+                }
+                compare_all(&engine, &model, &never_stored, &format!("after the purge at step {step}"))?;
+                equal_a_rebuild(&engine, &format!("after the purge at step {step}"))?;
                 continue;
             }
             Op::Reopen { policy: next, projections } => {

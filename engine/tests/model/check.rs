@@ -133,7 +133,12 @@ pub fn pages() -> [PageRequest; 6] {
 
 /// Every query about session `s` agrees with the model.
 pub fn session_agrees(engine: &Engine, model: &Model, s: SessionId, when: &str) -> Checked {
-    same(ok(engine.head(s), "head")?, model.head(&s), format_args!("{when}: head of {s}"))?;
+    // A purged session's head is `Purged { session, seq }`; any other absent one is `None`.
+    let want = match model.purged.get(&s) {
+        Some(seq) => Err(Error::Rejected(Rejection::Purged { session: s, seq: *seq })),
+        None => Ok(model.head(&s)),
+    };
+    same(engine.head(s), want, format_args!("{when}: head of {s}"))?;
     for p in pages() {
         same(engine.transcript(s, p), model.transcript(&s, p), format_args!("{when}: transcript of {s} {p:?}"))?;
         let got = engine.revisions(s, p).map(revision_view);
