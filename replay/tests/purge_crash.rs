@@ -5,9 +5,10 @@
 //! The child loops: it creates a session whose every field carries a marker unique to
 //! it, plus a turn against a message every session shares, prints `CREATED <id> <mark>`,
 //! purges it (with the database closed, as a purge requires) and prints `PURGED <id>`.
-//! The parent kills it with SIGKILL after a seeded random delay, so kills land in every
-//! step of a purge: the erasing transaction, the shredding of the projections file, the
-//! rewrite of the log file and the rebuild. Then it reopens the database (which finishes
+//! The parent kills it with SIGKILL after a seeded random delay, so kills land in the
+//! steps of a purge (the erasing transaction, the shredding of the projections file, the
+//! rewrite of the log file, the refold) or between purges; most land after the erasing
+//! transaction, which is the short part. Then it reopens the database (which finishes
 //! an erasure the kill interrupted) and checks every session the child created:
 //!
 //! - one it reported purged is purged; one whose purge was in flight is either whole
