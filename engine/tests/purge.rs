@@ -241,3 +241,31 @@ fn a_purged_database_rebuilds_to_the_same_projections_and_writes_on() {
     engine.commit_turn(turn(live, "after-purge", rev)).unwrap();
     engine.close().unwrap();
 }
+
+/// With a chain key, the payload digests are keyed, the purge needs the key, and every
+/// chain link (the erased records' included) verifies under it; without the key the
+/// purge is refused and nothing changes.
+#[test]
+fn a_keyed_database_is_purged_under_its_key() {
+    let db = Db::new();
+    let keyed = Options { chain_key: Some([7; 32]), ..plain_options() };
+    let engine = Engine::open_with(&db.path, keyed.clone()).unwrap();
+    let s = marked_session(&engine, &Message::system("shared"));
+    let (live, _) = create(&engine, &[Message::system("shared")]);
+    engine.close().unwrap();
+    let before = std::fs::read(&db.path).unwrap();
+    assert!(matches!(
+        purge(&db.path, plain_options(), &PurgeRequest::new(s, "", "ops")),
+        Err(Error::KeyMismatch { .. })
+    ));
+    assert_eq!(std::fs::read(&db.path).unwrap(), before, "a refused purge changes no byte of the log");
+    let report = purge(&db.path, keyed.clone(), &PurgeRequest::new(s, "", "ops")).unwrap();
+    assert!(!db_holds(&db.path, MARK));
+    let engine = Engine::open_with(&db.path, keyed).unwrap();
+    let page = engine.events(EventQuery { from_seq: 1, max_events: 1000, max_bytes: 1 << 24 }).unwrap();
+    let erased = page.events.iter().filter(|e| e.record.event.is_erased()).count() as u64;
+    assert_eq!(erased, report.records_erased);
+    assert!(engine.head(live).unwrap().is_some());
+    engine.rebuild(ProjectionSet::all()).unwrap();
+    engine.close().unwrap();
+}
