@@ -94,7 +94,8 @@ impl Folded {
     /// and the content objects it introduces: those of the decision that the content-id
     /// index does not hold yet, as the writer computes them.
     fn record(&self, command: &Command) -> (Record, Vec<ContentId>) {
-        let Decision::Write { session, event, content } = decide(&self.store, command, &self.limits).expect("decide")
+        let Decision::Write { session, event, content } =
+            decide(&self.store, command, &self.limits, &annal::Now::at(0)).expect("decide")
         else {
             panic!("command {command:?} writes nothing");
         };

@@ -31,11 +31,15 @@ pub enum EventKind {
     MetadataSet = 10,
     /// [`HostStateChanged`]
     HostStateChanged = 11,
+    /// [`LeaseAcquired`]
+    LeaseAcquired = 12,
+    /// [`LeaseReleased`]
+    LeaseReleased = 13,
 }
 
 impl EventKind {
     /// Every kind, in kind-byte order.
-    pub const ALL: [EventKind; 11] = [
+    pub const ALL: [EventKind; 13] = [
         EventKind::SessionCreated,
         EventKind::TurnCommitted,
         EventKind::TranscriptRewritten,
@@ -47,6 +51,8 @@ impl EventKind {
         EventKind::LabelsChanged,
         EventKind::MetadataSet,
         EventKind::HostStateChanged,
+        EventKind::LeaseAcquired,
+        EventKind::LeaseReleased,
     ];
 
     /// The kind for a kind byte, if this binary knows it.
@@ -90,6 +96,8 @@ impl EventKind {
             EventKind::LabelsChanged => "LabelsChanged",
             EventKind::MetadataSet => "MetadataSet",
             EventKind::HostStateChanged => "HostStateChanged",
+            EventKind::LeaseAcquired => "LeaseAcquired",
+            EventKind::LeaseReleased => "LeaseReleased",
         }
     }
 
@@ -394,6 +402,26 @@ pub struct HostStateChanged {
     pub state: StateDelta,
 }
 
+/// An execution lease on the session was granted: `owner` may drive the session until
+/// `expires_at_ms` (writer clock), and commands fenced with `token` are accepted until a
+/// larger token is granted. Tokens of a session start at 1 and grow by one per grant.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LeaseAcquired {
+    /// Who holds the lease (a worker id).
+    pub owner: String,
+    /// The fencing token.
+    pub token: u64,
+    /// When the lease expires unless renewed, unix ms of the writer's clock.
+    pub expires_at_ms: u64,
+}
+
+/// The holder of the lease with `token` gave it up before it expired.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LeaseReleased {
+    /// The token of the lease released.
+    pub token: u64,
+}
+
 /// One event of the catalogue.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Event {
@@ -419,6 +447,10 @@ pub enum Event {
     MetadataSet(MetadataSet),
     /// See [`HostStateChanged`].
     HostStateChanged(HostStateChanged),
+    /// See [`LeaseAcquired`].
+    LeaseAcquired(LeaseAcquired),
+    /// See [`LeaseReleased`].
+    LeaseReleased(LeaseReleased),
 }
 
 impl Event {
@@ -436,6 +468,8 @@ impl Event {
             Event::LabelsChanged(_) => EventKind::LabelsChanged,
             Event::MetadataSet(_) => EventKind::MetadataSet,
             Event::HostStateChanged(_) => EventKind::HostStateChanged,
+            Event::LeaseAcquired(_) => EventKind::LeaseAcquired,
+            Event::LeaseReleased(_) => EventKind::LeaseReleased,
         }
     }
 
@@ -449,9 +483,12 @@ impl Event {
             Event::ToolCallRecorded(e) => vec![e.args],
             Event::ToolResultRecorded(e) => vec![e.result],
             Event::HostStateChanged(e) => e.state.set.values().copied().collect(),
-            Event::SessionArchived(_) | Event::SessionRevived(_) | Event::LabelsChanged(_) | Event::MetadataSet(_) => {
-                Vec::new()
-            }
+            Event::SessionArchived(_)
+            | Event::SessionRevived(_)
+            | Event::LabelsChanged(_)
+            | Event::MetadataSet(_)
+            | Event::LeaseAcquired(_)
+            | Event::LeaseReleased(_) => Vec::new(),
         }
     }
 

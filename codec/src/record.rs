@@ -151,6 +151,8 @@ macro_rules! with_payload {
             Event::LabelsChanged($e) => $body,
             Event::MetadataSet($e) => $body,
             Event::HostStateChanged($e) => $body,
+            Event::LeaseAcquired($e) => $body,
+            Event::LeaseReleased($e) => $body,
         }
     };
 }
@@ -297,6 +299,8 @@ pub fn decode_payload(kind: EventKind, schema_version: u16, payload: &[u8], limi
         (EventKind::LabelsChanged, _) => Event::LabelsChanged(decode_as(kind, payload, limit)?),
         (EventKind::MetadataSet, _) => Event::MetadataSet(decode_as(kind, payload, limit)?),
         (EventKind::HostStateChanged, _) => Event::HostStateChanged(decode_as(kind, payload, limit)?),
+        (EventKind::LeaseAcquired, _) => Event::LeaseAcquired(decode_as(kind, payload, limit)?),
+        (EventKind::LeaseReleased, _) => Event::LeaseReleased(decode_as(kind, payload, limit)?),
     })
 }
 

@@ -80,6 +80,8 @@ fn examples() -> Vec<Event> {
         }),
         Event::MetadataSet(MetadataSet { metadata: b"{\"v\":2}".to_vec() }),
         Event::HostStateChanged(HostStateChanged { state: state() }),
+        Event::LeaseAcquired(LeaseAcquired { owner: "worker-3".into(), token: 7, expires_at_ms: 1_767_225_630_000 }),
+        Event::LeaseReleased(LeaseReleased { token: 7 }),
     ]
 }
 

@@ -400,6 +400,52 @@ pub struct SetLabels {
     pub remove: BTreeSet<String>,
 }
 
+/// Take the session's execution lease for `owner` for `ttl_ms` (writer clock). Granted
+/// when nobody holds a live lease, with a token one larger than any the session had; a
+/// holder asking again renews its lease in memory and keeps its token.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AcquireLease {
+    /// The session.
+    pub session: SessionId,
+    /// Who asks (a worker id, not empty).
+    pub owner: String,
+    /// How long the lease lasts unless renewed, in ms (1 ..= [`LEASE_TTL_MS_MAX`]).
+    pub ttl_ms: u64,
+}
+
+/// Extend a live lease: the holder presents its token and a new time to live. Renewals
+/// are held in the writer's memory, not in the log: after a restart a lease expires at
+/// the time its grant recorded, and a takeover then fences the old holder.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RenewLease {
+    /// The session.
+    pub session: SessionId,
+    /// The holder's token.
+    pub token: u64,
+    /// The new time to live from now, in ms (1 ..= [`LEASE_TTL_MS_MAX`]).
+    pub ttl_ms: u64,
+}
+
+/// The longest time to live a lease may ask for: one day.
+pub const LEASE_TTL_MS_MAX: u64 = 24 * 60 * 60 * 1000;
+
+/// A fencing token presented with a command: the command is accepted only while `token`
+/// is `session`'s current lease token.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Fence {
+    /// The session whose lease fences the command (for a fork: the parent).
+    pub session: SessionId,
+    /// The token the worker holds.
+    pub token: u64,
+}
+
+impl Fence {
+    /// A fence on `session` with `token`.
+    pub fn new(session: SessionId, token: u64) -> Fence {
+        Fence { session, token }
+    }
+}
+
 /// Every mutation. Hosts usually call the typed methods on [`crate::Engine`]; a
 /// [`Command::Batch`] runs several commands all or nothing.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -442,6 +488,25 @@ pub enum Command {
     SetHostState(SetHostState),
     /// Several commands, in order, all or nothing.
     Batch(Vec<Command>),
+    /// Take (or, for its holder, renew) the session's execution lease.
+    AcquireLease(AcquireLease),
+    /// Renew a held lease (in memory; writes nothing to the log).
+    RenewLease(RenewLease),
+    /// Give up a held lease.
+    ReleaseLease {
+        /// The session.
+        session: SessionId,
+        /// The holder's token.
+        token: u64,
+    },
+    /// `command`, accepted only while `fence.token` is the current lease token of
+    /// `fence.session`; otherwise [`crate::Rejection::Fenced`] and nothing is written.
+    Fenced {
+        /// The fence.
+        fence: Fence,
+        /// The command it guards.
+        command: Box<Command>,
+    },
 }
 
 impl Command {
@@ -471,6 +536,17 @@ impl Command {
             Command::SetMetadata(c) => c.metadata.len() as u64,
             Command::SetHostState(c) => c.state.approx_bytes(),
             Command::Batch(cs) => cs.iter().map(Command::approx_bytes).sum(),
+            Command::AcquireLease(c) => c.owner.len() as u64,
+            Command::RenewLease(_) | Command::ReleaseLease { .. } => 0,
+            Command::Fenced { command, .. } => command.approx_bytes(),
+        }
+    }
+
+    /// The command inside any fences.
+    pub fn unfenced(&self) -> &Command {
+        match self {
+            Command::Fenced { command, .. } => command.unfenced(),
+            other => other,
         }
     }
 
@@ -489,6 +565,10 @@ impl Command {
             Command::SetLabels(c) => Some(c.session),
             Command::SetMetadata(c) => Some(c.session),
             Command::SetHostState(c) => Some(c.session),
+            Command::AcquireLease(c) => Some(c.session),
+            Command::RenewLease(c) => Some(c.session),
+            Command::ReleaseLease { session, .. } => Some(*session),
+            Command::Fenced { command, .. } => command.session(),
             Command::Batch(_) => None,
         }
     }
@@ -562,6 +642,39 @@ pub enum Outcome {
     },
     /// Every command of a batch, in order.
     Batch(Vec<Outcome>),
+    /// A lease was granted or renewed.
+    Lease {
+        /// The lease.
+        lease: Lease,
+        /// The `LeaseAcquired` event, when the lease was granted now (`None` for a
+        /// renewal).
+        seq: Option<u64>,
+    },
+    /// A lease was released; `seq` is `None` if it already was.
+    LeaseReleased {
+        /// The `LeaseReleased` event, if one was written.
+        seq: Option<u64>,
+    },
+}
+
+/// An execution lease as its holder sees it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Lease {
+    /// The session.
+    pub session: SessionId,
+    /// The holder.
+    pub owner: String,
+    /// The fencing token: present it with [`Fence`] on every command.
+    pub token: u64,
+    /// When it expires unless renewed (writer clock, unix ms).
+    pub expires_at_ms: u64,
+}
+
+impl Lease {
+    /// The fence for commands made under this lease.
+    pub fn fence(&self) -> Fence {
+        Fence { session: self.session, token: self.token }
+    }
 }
 
 impl Outcome {
@@ -589,7 +702,9 @@ impl Outcome {
             | Outcome::Labels { seq }
             | Outcome::Metadata { seq }
             | Outcome::HostState { seq }
-            | Outcome::Tool { seq, .. } => out.extend(*seq),
+            | Outcome::Tool { seq, .. }
+            | Outcome::Lease { seq, .. }
+            | Outcome::LeaseReleased { seq } => out.extend(*seq),
             Outcome::AlreadyCommitted(_) | Outcome::Duplicate => {}
             Outcome::Batch(outcomes) => outcomes.iter().for_each(|o| o.push_seqs(out)),
         }

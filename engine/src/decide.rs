@@ -9,7 +9,7 @@ use crate::limits::Limits;
 use crate::projection::*;
 use crate::store::{keys, Store, StoreExt, Table};
 use annal_codec::*;
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 /// What a command leads to.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -28,6 +28,47 @@ pub enum Decision {
     },
     /// Nothing to write; the command is already satisfied.
     Noop(Outcome),
+    /// Renew a held lease: the writer keeps the new expiry in memory (nothing is
+    /// written to the log).
+    Renew(Lease),
+}
+
+/// A lease renewal the writer holds in memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Renewal {
+    /// The token renewed.
+    pub token: u64,
+    /// Its new expiry (writer clock, unix ms).
+    pub expires_at_ms: u64,
+}
+
+/// Lease renewals by session.
+pub type Renewals = HashMap<SessionId, Renewal>;
+
+/// What `decide` is given beside the store: the writer's clock (never decreasing) and
+/// the lease renewals the writer holds. Time is an input, so `decide` stays pure.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Now<'a> {
+    /// The writer's clock, unix ms.
+    pub ms: u64,
+    /// Renewals held in memory, if any.
+    pub renewals: Option<&'a Renewals>,
+}
+
+impl Now<'_> {
+    /// At `ms`, with no renewals.
+    pub fn at(ms: u64) -> Now<'static> {
+        Now { ms, renewals: None }
+    }
+
+    /// When `lease` of `session` expires: its granted expiry, or a later renewal of the
+    /// same token.
+    pub fn expiry(&self, session: &SessionId, lease: &LeaseState) -> u64 {
+        match self.renewals.and_then(|r| r.get(session)) {
+            Some(r) if r.token == lease.token => r.expires_at_ms.max(lease.expires_at_ms),
+            _ => lease.expires_at_ms,
+        }
+    }
 }
 
 fn reject<T>(r: Rejection) -> Result<T> {
@@ -97,6 +138,8 @@ pub(crate) fn content_objects(command: &Command, limits: &Limits) -> Vec<(Conten
             Command::RecordToolCall(c) => return drop(set.add(limits, c.args.clone())),
             Command::RecordToolResult(c) => return drop(set.add(limits, c.result.clone())),
             Command::Batch(commands) => return commands.iter().for_each(|c| walk(set, c, limits)),
+            Command::Fenced { command, .. } => return walk(set, command, limits),
+            Command::AcquireLease(_) | Command::RenewLease(_) | Command::ReleaseLease { .. } => &[],
             Command::Restore(_)
             | Command::Archive { .. }
             | Command::Revive { .. }
@@ -260,9 +303,9 @@ pub fn materialize<S: Store + ?Sized>(
     Ok(Some(list))
 }
 
-/// Decides one non-batch command.
-pub fn decide<S: Store + ?Sized>(store: &S, command: &Command, limits: &Limits) -> Result<Decision> {
-    let decision = decide_command(store, command, limits)?;
+/// Decides one non-batch command at the writer's time `now`.
+pub fn decide<S: Store + ?Sized>(store: &S, command: &Command, limits: &Limits, now: &Now<'_>) -> Result<Decision> {
+    let decision = decide_command(store, command, limits, now)?;
     if let Decision::Write { event, .. } = &decision {
         let size = record_len(event)
             .map_err(|e| Error::Rejected(Rejection::InvalidRequest { reason: format!("{}: {e}", event.kind()) }))?;
@@ -271,9 +314,16 @@ pub fn decide<S: Store + ?Sized>(store: &S, command: &Command, limits: &Limits) 
     Ok(decision)
 }
 
-fn decide_command<S: Store + ?Sized>(store: &S, command: &Command, limits: &Limits) -> Result<Decision> {
+fn decide_command<S: Store + ?Sized>(store: &S, command: &Command, limits: &Limits, now: &Now<'_>) -> Result<Decision> {
     limits.check(Limit::CommandBytes, command.approx_bytes())?;
     match command {
+        Command::Fenced { fence, command } => {
+            check_fence(store, fence)?;
+            decide_command(store, command, limits, now)
+        }
+        Command::AcquireLease(c) => acquire_lease(store, c, limits, now),
+        Command::RenewLease(c) => renew_lease(store, c, now),
+        Command::ReleaseLease { session, token } => release_lease(store, session, *token),
         Command::CreateSession(c) => create(store, c, limits),
         Command::CommitTurn(c) => commit_turn(store, c, limits),
         Command::Rewrite(c) => rewrite(store, c, limits),
@@ -718,6 +768,75 @@ fn set_host_state<S: Store + ?Sized>(store: &S, c: &SetHostState, limits: &Limit
     Ok(Decision::Write { session: c.session, event, content })
 }
 
+/// `Fenced` unless `fence.token` is the current lease token of `fence.session`.
+pub fn check_fence<S: Store + ?Sized>(store: &S, fence: &Fence) -> Result<()> {
+    let current = head(store, &fence.session)?.lease.map_or(0, |l| l.token);
+    if fence.token != current {
+        return reject(Rejection::Fenced { presented: fence.token, current });
+    }
+    Ok(())
+}
+
+fn check_ttl(ttl_ms: u64) -> Result<()> {
+    if ttl_ms == 0 || ttl_ms > LEASE_TTL_MS_MAX {
+        return invalid(format!("lease ttl {ttl_ms} ms is outside 1..={LEASE_TTL_MS_MAX}"));
+    }
+    Ok(())
+}
+
+fn acquire_lease<S: Store + ?Sized>(store: &S, c: &AcquireLease, limits: &Limits, now: &Now<'_>) -> Result<Decision> {
+    limits.check_id("lease owner", &c.owner)?;
+    check_ttl(c.ttl_ms)?;
+    let h = live_head(store, &c.session)?;
+    let expires_at_ms = now.ms.saturating_add(c.ttl_ms);
+    if let Some(lease) = &h.lease {
+        let until = now.expiry(&c.session, lease);
+        if lease.holds(until, now.ms) {
+            if lease.owner != c.owner {
+                return reject(Rejection::Busy { holder: lease.owner.clone(), expires_at_ms: until });
+            }
+            let renewed = Lease {
+                session: c.session,
+                owner: c.owner.clone(),
+                token: lease.token,
+                expires_at_ms: expires_at_ms.max(until),
+            };
+            return Ok(Decision::Renew(renewed));
+        }
+    }
+    let token = h.lease.as_ref().map_or(0, |l| l.token) + 1;
+    let event = Event::LeaseAcquired(LeaseAcquired { owner: c.owner.clone(), token, expires_at_ms });
+    Ok(Decision::Write { session: c.session, event, content: Vec::new() })
+}
+
+fn renew_lease<S: Store + ?Sized>(store: &S, c: &RenewLease, now: &Now<'_>) -> Result<Decision> {
+    check_ttl(c.ttl_ms)?;
+    let h = head(store, &c.session)?;
+    match &h.lease {
+        Some(lease) if lease.token == c.token && !lease.released => Ok(Decision::Renew(Lease {
+            session: c.session,
+            owner: lease.owner.clone(),
+            token: lease.token,
+            expires_at_ms: now.ms.saturating_add(c.ttl_ms).max(now.expiry(&c.session, lease)),
+        })),
+        lease => reject(Rejection::Fenced { presented: c.token, current: lease.as_ref().map_or(0, |l| l.token) }),
+    }
+}
+
+fn release_lease<S: Store + ?Sized>(store: &S, session: &SessionId, token: u64) -> Result<Decision> {
+    let h = head(store, session)?;
+    match &h.lease {
+        Some(lease) if lease.token == token && lease.released => {
+            Ok(Decision::Noop(Outcome::LeaseReleased { seq: None }))
+        }
+        Some(lease) if lease.token == token => {
+            let event = Event::LeaseReleased(LeaseReleased { token });
+            Ok(Decision::Write { session: *session, event, content: Vec::new() })
+        }
+        lease => reject(Rejection::Fenced { presented: token, current: lease.as_ref().map_or(0, |l| l.token) }),
+    }
+}
+
 /// The outcome of a command whose event was committed as `record`.
 pub fn outcome_of(record: &Record) -> Outcome {
     let receipt = |rev: RevisionId| Receipt { seq: record.seq, revision: rev, committed_at_ms: record.committed_at_ms };
@@ -734,5 +853,15 @@ pub fn outcome_of(record: &Record) -> Outcome {
         Event::LabelsChanged(_) => Outcome::Labels { seq: Some(record.seq) },
         Event::MetadataSet(_) => Outcome::Metadata { seq: Some(record.seq) },
         Event::HostStateChanged(_) => Outcome::HostState { seq: Some(record.seq) },
+        Event::LeaseAcquired(e) => Outcome::Lease {
+            lease: Lease {
+                session: record.session,
+                owner: e.owner.clone(),
+                token: e.token,
+                expires_at_ms: e.expires_at_ms,
+            },
+            seq: Some(record.seq),
+        },
+        Event::LeaseReleased(_) => Outcome::LeaseReleased { seq: Some(record.seq) },
     }
 }

@@ -19,6 +19,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
+use std::time::Duration;
 
 /// How commits reach the disk.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -66,6 +67,9 @@ pub struct Options {
     /// size (small and incompressible objects stay raw). Ids are always over the
     /// canonical bytes. On by default; files may mix both encodings.
     pub compress_content: bool,
+    /// The writer's clock: commit times and lease expiries. The system clock by
+    /// default; tests pass a [`crate::ManualClock`]. The writer never lets time go back.
+    pub clock: Arc<dyn crate::clock::Clock>,
 }
 
 impl Default for Options {
@@ -81,6 +85,7 @@ impl Default for Options {
             check_integrity_on_open: false,
             checkpoint: CheckpointPolicy::default(),
             compress_content: true,
+            clock: Arc::new(crate::clock::SystemClock),
         }
     }
 }
@@ -207,12 +212,19 @@ impl Drop for Inner {
 #[derive(Clone)]
 pub struct Engine {
     inner: Arc<Inner>,
+    /// Set on a handle from [`Engine::fenced`]: every command it sends is fenced.
+    fence: Option<crate::command::Fence>,
 }
 
 impl std::fmt::Debug for Engine {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Engine").finish_non_exhaustive()
     }
+}
+
+/// A duration in whole ms, saturating.
+fn ttl_ms(ttl: Duration) -> u64 {
+    ttl.as_millis().min(u64::MAX as u128) as u64
 }
 
 fn unexpected(outcome: Outcome) -> Error {
@@ -300,6 +312,7 @@ impl Engine {
         let delta = Arc::new(Delta::new(projections.begin_read()?, log.begin_read()?, tip.seq, tip.hash)?);
         let poisoned = Arc::new(AtomicBool::new(false));
         let stats = Arc::new(EngineStats::default());
+        let renewals = Arc::new(Mutex::new(crate::decide::Renewals::new()));
         let shared = Arc::new(Shared {
             log_db: log.clone(),
             projections: projections.clone(),
@@ -314,6 +327,8 @@ impl Engine {
             stats: stats.clone(),
             tip: Mutex::new(tip),
             compress_content: options.compress_content,
+            clock: options.clock.clone(),
+            renewals: renewals.clone(),
         });
         let (ckpt_tx, ckpt_rx) = bounded(64);
         let checkpointer = Checkpointer {
@@ -332,8 +347,9 @@ impl Engine {
             .name("annal-writer".into())
             .spawn(move || writer::run(writer_shared, rx, tip, ckpt_tx))?;
         Ok(Engine {
+            fence: None,
             inner: Arc::new(Inner {
-                reader: Reader::live(delta, options.limits, chain),
+                reader: Reader::live(delta, options.limits, chain, Some(renewals)),
                 shared,
                 sender: RwLock::new(Some(tx)),
                 writer: Mutex::new(Some(handle)),
@@ -374,8 +390,28 @@ impl Engine {
         sender.send(request).map_err(|_| Error::Closed)
     }
 
-    /// Runs any command and waits for its durable outcome.
+    /// A handle to the same engine whose every command carries `fence`
+    /// ([`Command::Fenced`]): it is accepted only while `fence.token` is the current lease
+    /// token of `fence.session`, and refused with [`Rejection::Fenced`] otherwise, writing
+    /// nothing. Queries are not fenced.
+    ///
+    /// [`Rejection::Fenced`]: crate::Rejection::Fenced
+    pub fn fenced(&self, fence: crate::command::Fence) -> Engine {
+        Engine { inner: self.inner.clone(), fence: Some(fence) }
+    }
+
+    /// The fence this handle puts on its commands, if it is a [`Engine::fenced`] handle.
+    pub fn fence(&self) -> Option<crate::command::Fence> {
+        self.fence
+    }
+
+    /// Runs any command and waits for its durable outcome (fenced, on a
+    /// [`Engine::fenced`] handle).
     pub fn execute(&self, command: Command) -> Result<Outcome> {
+        let command = match self.fence {
+            Some(fence) => Command::Fenced { fence, command: Box::new(command) },
+            None => command,
+        };
         let (reply, rx) = bounded(1);
         // Compression runs here, on the caller's thread, so callers compress in parallel
         // and the writer does not.
@@ -511,6 +547,48 @@ impl Engine {
     pub fn set_host_state(&self, c: SetHostState) -> Result<Option<u64>> {
         match self.execute(Command::SetHostState(c))? {
             Outcome::HostState { seq } => Ok(seq),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// Takes the execution lease of `session` for `owner`, for `ttl` (writer clock;
+    /// 1 ms ..= [`crate::LEASE_TTL_MS_MAX`]). Granted, with a token one larger than any
+    /// the session had (the grant is a `LeaseAcquired` event, so tokens survive
+    /// restarts), when nobody holds a live lease; [`Rejection::Busy`] while another owner
+    /// does. The holder asking again renews its lease and keeps its token. A lease on an
+    /// archived session is refused (`Archived`).
+    ///
+    /// [`Rejection::Busy`]: crate::Rejection::Busy
+    pub fn acquire_lease(&self, session: SessionId, owner: impl Into<String>, ttl: Duration) -> Result<Lease> {
+        let c = AcquireLease { session, owner: owner.into(), ttl_ms: ttl_ms(ttl) };
+        match self.execute(Command::AcquireLease(c))? {
+            Outcome::Lease { lease, .. } => Ok(lease),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// Renews a held lease for `ttl` from now. Renewals are kept in the writer's memory,
+    /// not in the log: they cost no write, and after a restart the lease expires when
+    /// its grant said, after which a takeover fences the old holder. A token that is not
+    /// the session's current one, or a released lease, gets [`Rejection::Fenced`].
+    ///
+    /// [`Rejection::Fenced`]: crate::Rejection::Fenced
+    pub fn renew_lease(&self, lease: &Lease, ttl: Duration) -> Result<Lease> {
+        let c = RenewLease { session: lease.session, token: lease.token, ttl_ms: ttl_ms(ttl) };
+        match self.execute(Command::RenewLease(c))? {
+            Outcome::Lease { lease, .. } => Ok(lease),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// Releases a held lease (a `LeaseReleased` event), so another owner may take it at
+    /// once. Returns false if it was released already; a token that is not the session's
+    /// current one gets [`Rejection::Fenced`].
+    ///
+    /// [`Rejection::Fenced`]: crate::Rejection::Fenced
+    pub fn release_lease(&self, lease: &Lease) -> Result<bool> {
+        match self.execute(Command::ReleaseLease { session: lease.session, token: lease.token })? {
+            Outcome::LeaseReleased { seq } => Ok(seq.is_some()),
             other => Err(unexpected(other)),
         }
     }

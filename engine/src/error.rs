@@ -117,6 +117,23 @@ pub enum Rejection {
         /// The session's stream sequence number.
         actual: u64,
     },
+    /// Another owner holds the session's execution lease.
+    #[error("the session's lease is held by {holder} until {expires_at_ms}")]
+    Busy {
+        /// The owner that holds it.
+        holder: String,
+        /// When it expires unless renewed (writer clock, unix ms).
+        expires_at_ms: u64,
+    },
+    /// A fenced command (or a lease renewal or release) presented a token that is not the
+    /// session's current lease token: a worker that lost its lease must stop.
+    #[error("fenced: token {presented} is not the session's current lease token {current}")]
+    Fenced {
+        /// The token presented.
+        presented: u64,
+        /// The session's current token (0: no lease was ever granted).
+        current: u64,
+    },
     /// The turn id was committed with different content.
     #[error("turn {turn_id} was already committed with different content")]
     TurnConflict {

@@ -64,6 +64,7 @@ fn fold_heads<S: Store + ?Sized>(store: &mut S, r: &Record) -> Result<()> {
                 stream_seq: 0,
                 updated_at_ms: r.committed_at_ms,
                 host_state: Default::default(),
+                lease: None,
             }
         }
         event => {
@@ -76,6 +77,22 @@ fn fold_heads<S: Store + ?Sized>(store: &mut S, r: &Record) -> Result<()> {
                 }
                 Event::HostStateChanged(e) => fold_state(store, r, &mut head, &e.state)?,
                 Event::MetadataSet(e) => head.metadata = e.metadata.clone(),
+                Event::LeaseAcquired(e) => {
+                    let last = head.lease.as_ref().map_or(0, |l| l.token);
+                    if e.token != last + 1 {
+                        return Err(corrupt(r, format!("lease token {} does not follow {last}", e.token)));
+                    }
+                    head.lease = Some(LeaseState {
+                        owner: e.owner.clone(),
+                        token: e.token,
+                        expires_at_ms: e.expires_at_ms,
+                        released: false,
+                    });
+                }
+                Event::LeaseReleased(e) => match head.lease.as_mut() {
+                    Some(lease) if lease.token == e.token && !lease.released => lease.released = true,
+                    _ => return Err(corrupt(r, format!("release of lease token {} that is not held", e.token))),
+                },
                 Event::TranscriptRewritten(e) => {
                     if e.start > e.end || e.end > head.message_count {
                         return Err(corrupt(r, "rewrite range outside the transcript"));

@@ -94,6 +94,7 @@
 #![deny(missing_docs)]
 
 pub mod checkpoint;
+pub mod clock;
 pub mod command;
 pub mod compact;
 pub mod copy;
@@ -121,14 +122,15 @@ pub use annal_codec::{
     SessionId, ToolOutcome, Usage,
 };
 pub use checkpoint::CheckpointPolicy;
+pub use clock::{Clock, ManualClock, SystemClock};
 pub use command::{
-    new_session_id, AppendContext, Command, CommitTurn, CreateSession, Expected, Fork, Message, Outcome, Receipt,
-    RecordToolCall, RecordToolResult, Restore, Rewrite, RewriteReason, SetHostState, SetLabels, SetMetadata,
-    StateChanges,
+    new_session_id, AcquireLease, AppendContext, Command, CommitTurn, CreateSession, Expected, Fence, Fork, Lease,
+    Message, Outcome, Receipt, RecordToolCall, RecordToolResult, RenewLease, Restore, Rewrite, RewriteReason,
+    SetHostState, SetLabels, SetMetadata, StateChanges, LEASE_TTL_MS_MAX,
 };
 pub use compact::{compact, CompactStats};
 pub use copy::{CopyOutcome, SessionExport};
-pub use decide::{decide, materialize, outcome_of, Decision};
+pub use decide::{check_fence, decide, materialize, outcome_of, Decision, Now, Renewal, Renewals};
 pub use delta::{View, HEAD_CACHE_ENTRIES_MAX};
 pub use engine::{
     projections_path, ContextOutcome, Durability, Engine, EngineStats, Options, SessionReceipt, StatsSnapshot,

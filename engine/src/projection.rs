@@ -76,7 +76,8 @@ impl Projection {
             // 2: the transition that first produces a node is not stored as an edge.
             Projection::Graph => 2,
             // 2: heads carry the host state; the host state history table.
-            Projection::Heads => 2,
+            // 3: heads carry the execution lease.
+            Projection::Heads => 3,
             // 2: the recency order and the label counts.
             Projection::Labels => 2,
             _ => 1,
@@ -182,6 +183,31 @@ pub struct SessionHead {
     pub updated_at_ms: u64,
     /// Host state entries: name → content id of the value.
     pub host_state: BTreeMap<String, ContentId>,
+    /// The session's execution lease, as last granted or released in the log (renewals
+    /// live in the writer's memory: [`crate::Reader::lease`] shows them).
+    pub lease: Option<LeaseState>,
+}
+
+/// A session's execution lease as the log records it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LeaseState {
+    /// Who holds (or last held) it.
+    pub owner: String,
+    /// Its fencing token: the session's current one. Commands fenced with a smaller token
+    /// are refused.
+    pub token: u64,
+    /// When it expires unless renewed (writer clock, unix ms).
+    pub expires_at_ms: u64,
+    /// Whether its holder released it.
+    pub released: bool,
+}
+
+impl LeaseState {
+    /// Whether the lease still excludes other owners at `now_ms`, given the expiry
+    /// `expires_at_ms` it has (its granted one, or a later renewal).
+    pub fn holds(&self, expires_at_ms: u64, now_ms: u64) -> bool {
+        !self.released && now_ms < expires_at_ms
+    }
 }
 
 /// One row of the current transcript.

@@ -25,6 +25,8 @@ pub struct Reader {
 /// Where a reader's views come from.
 struct Source {
     delta: Arc<Delta>,
+    /// The writer's lease renewals, for an engine's own reader.
+    renewals: Option<Arc<Mutex<crate::decide::Renewals>>>,
     /// For a read-only opener: the log it follows, folded into its own delta before each
     /// view, and the databases it keeps open.
     follow: Option<Follow>,
@@ -49,8 +51,13 @@ pub const READER_CACHE_BYTES: usize = 64 << 20;
 
 impl Reader {
     /// The engine's own reader, over its live delta.
-    pub(crate) fn live(delta: Arc<Delta>, limits: Limits, chain: LogChain) -> Reader {
-        Reader { source: Arc::new(Source { delta, follow: None }), limits, chain }
+    pub(crate) fn live(
+        delta: Arc<Delta>,
+        limits: Limits,
+        chain: LogChain,
+        renewals: Option<Arc<Mutex<crate::decide::Renewals>>>,
+    ) -> Reader {
+        Reader { source: Arc::new(Source { delta, follow: None, renewals }), limits, chain }
     }
 
     /// Opens `path` read-only, with a page cache of [`READER_CACHE_BYTES`]. Works while
@@ -82,7 +89,11 @@ impl Reader {
             None => crate::checkpoint::read_only_delta(log.clone(), &empty, &empty, &chain, &limits),
         })?;
         let follow = Follow { log, _projections: projections, _empty: empty, lock: Mutex::new(()) };
-        Ok(Reader { source: Arc::new(Source { delta: Arc::new(delta), follow: Some(follow) }), limits, chain })
+        Ok(Reader {
+            source: Arc::new(Source { delta: Arc::new(delta), follow: Some(follow), renewals: None }),
+            limits,
+            chain,
+        })
     }
 
     /// A consistent view at the last durable commit: the projections (checkpoint plus
@@ -117,6 +128,23 @@ impl Reader {
             }
             Ok(self.source.delta.head(&session.0)?.map(|head| (*head).clone()))
         })
+    }
+
+    /// The execution lease of `session`, if one was ever granted: its holder, its token
+    /// (the session's current one) and its expiry, including renewals when this is an
+    /// engine's own reader (renewals are held in the writer's memory; a reader in another
+    /// process sees the expiry the grant recorded). Whether it is live depends on the
+    /// writer's clock: see [`LeaseState::holds`].
+    pub fn lease(&self, session: SessionId) -> Result<Option<LeaseState>> {
+        let Some(head) = self.head(session)? else { return Ok(None) };
+        Ok(head.lease.map(|mut lease| {
+            if let Some(renewals) = &self.source.renewals {
+                let renewals = renewals.lock();
+                let now = crate::decide::Now { ms: 0, renewals: Some(&renewals) };
+                lease.expires_at_ms = now.expiry(&session, &lease);
+            }
+            lease
+        }))
     }
 
     /// The value of host state entry `name` at the session's head, if it is set.

@@ -10,7 +10,7 @@
 
 use crate::checkpoint::{self, CheckpointPolicy, Cursors, Signal};
 use crate::command::{Command, Outcome};
-use crate::decide::{decide, outcome_of, Decision};
+use crate::decide::{check_fence, decide, outcome_of, Decision, Now, Renewal, Renewals};
 use crate::delta::Delta;
 use crate::engine::EngineStats;
 use crate::error::{Error, Limit, Location, Rejection, Result};
@@ -28,7 +28,7 @@ use redb::ReadableDatabase;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 /// A durable commit, announced to subscribers once per accepted command that wrote.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -63,6 +63,10 @@ pub(crate) struct Shared {
     pub tip: Mutex<Tip>,
     /// Whether callers compress content (`Options::compress_content`).
     pub compress_content: bool,
+    /// The writer's clock.
+    pub clock: Arc<dyn crate::clock::Clock>,
+    /// Lease renewals, held in memory (the writer's; readers look).
+    pub renewals: Arc<Mutex<Renewals>>,
 }
 
 /// The compressed form of a command's content objects that compress (id → stored
@@ -104,10 +108,6 @@ pub(crate) enum Request {
         export: crate::copy::SessionExport,
         reply: Sender<Result<crate::copy::CopyOutcome>>,
     },
-}
-
-fn now_ms() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
 
 /// How long the writer waits, at most, for committers to come back before it starts a
@@ -277,7 +277,8 @@ impl Sequencer {
     /// Decides and folds a batch on a view of the delta. A rejected command's staged
     /// writes are dropped, so it consumes no sequence number.
     fn decide_batch(&mut self, shared: &Shared, commands: &[(&Command, &Compressed)]) -> Result<Decided> {
-        let clock_ms = now_ms().max(self.clock_ms);
+        let clock_ms = shared.clock.now_ms().max(self.clock_ms);
+        let mut renewals = shared.renewals.lock();
         let view = shared.delta.view();
         let mut next_seq = self.next_seq;
         let mut outcomes = Vec::with_capacity(commands.len());
@@ -286,11 +287,18 @@ impl Sequencer {
         let mut accepted = Overlay::new(&view);
         for (command, compressed) in commands {
             let mut staged = Vec::new();
+            let mut renewed = Vec::new();
             let mut seq = next_seq;
             let result = {
                 let mut overlay = Overlay::new(&accepted);
-                let to =
-                    Staging { next_seq: &mut seq, clock_ms, limits: &shared.limits, compressed, entries: &mut staged };
+                let to = Staging {
+                    next_seq: &mut seq,
+                    now: Now { ms: clock_ms, renewals: Some(&renewals) },
+                    limits: &shared.limits,
+                    compressed,
+                    entries: &mut staged,
+                    renewed: &mut renewed,
+                };
                 apply(&mut overlay, command, to).map(|o| (o, overlay.into_writes()))
             };
             let (outcome, writes) = match result {
@@ -303,6 +311,9 @@ impl Sequencer {
             };
             accepted.absorb(writes);
             next_seq = seq;
+            for lease in renewed {
+                renewals.insert(lease.session, Renewal { token: lease.token, expires_at_ms: lease.expires_at_ms });
+            }
             let mut sessions = Vec::new();
             for entry in &staged {
                 if !sessions.contains(&entry.record.session) {
@@ -426,25 +437,42 @@ pub(crate) fn next_stream_seq<S: Store + ?Sized>(store: &S, session: &SessionId)
 /// Where `apply` puts what a command writes.
 struct Staging<'a> {
     next_seq: &'a mut u64,
-    clock_ms: u64,
+    now: Now<'a>,
     limits: &'a Limits,
     /// The command's objects that compress, compressed by the caller.
     compressed: &'a Compressed,
     entries: &'a mut Vec<Entry>,
+    /// Leases the command renews (kept in memory once it is accepted).
+    renewed: &'a mut Vec<crate::command::Lease>,
 }
 
 /// Decides and folds one command (or a batch) into `overlay`, sequencing its events.
 fn apply<S: Store + ?Sized>(overlay: &mut Overlay<'_, S>, command: &Command, to: Staging<'_>) -> Result<Outcome> {
-    let Staging { next_seq, clock_ms, limits, compressed, entries } = to;
+    let Staging { next_seq, now, limits, compressed, entries, renewed } = to;
+    if let Command::Fenced { fence, command } = command {
+        limits.check(Limit::CommandBytes, command.approx_bytes())?;
+        check_fence(&*overlay, fence)?;
+        return apply(overlay, command, Staging { next_seq, now, limits, compressed, entries, renewed });
+    }
     if let Command::Batch(commands) = command {
         limits.check(Limit::BatchCommands, commands.len() as u64)?;
         limits.check(Limit::CommandBytes, command.approx_bytes())?;
         let mut outcomes = Vec::with_capacity(commands.len());
         for (index, c) in commands.iter().enumerate() {
-            let result = match c {
+            let result = match c.unfenced() {
                 Command::Batch(_) => Err(Error::Rejected(Rejection::InvalidRequest { reason: "nested batch".into() })),
-                c => {
-                    let to = Staging { next_seq: &mut *next_seq, clock_ms, limits, compressed, entries: &mut *entries };
+                Command::AcquireLease(_) | Command::RenewLease(_) => Err(Error::Rejected(Rejection::InvalidRequest {
+                    reason: "lease acquisitions and renewals cannot be part of a batch".into(),
+                })),
+                _ => {
+                    let to = Staging {
+                        next_seq: &mut *next_seq,
+                        now,
+                        limits,
+                        compressed,
+                        entries: &mut *entries,
+                        renewed: &mut *renewed,
+                    };
                     apply(overlay, c, to)
                 }
             };
@@ -458,11 +486,15 @@ fn apply<S: Store + ?Sized>(overlay: &mut Overlay<'_, S>, command: &Command, to:
         }
         return Ok(Outcome::Batch(outcomes));
     }
-    match decide(&*overlay, command, limits)? {
+    match decide(&*overlay, command, limits, &now)? {
         Decision::Noop(outcome) => Ok(outcome),
+        Decision::Renew(lease) => {
+            renewed.push(lease.clone());
+            Ok(Outcome::Lease { lease, seq: None })
+        }
         Decision::Write { session, event, content } => {
             let stream_seq = next_stream_seq(&*overlay, &session)?;
-            let record = Record { seq: *next_seq, session, stream_seq, committed_at_ms: clock_ms, event };
+            let record = Record { seq: *next_seq, session, stream_seq, committed_at_ms: now.ms, event };
             let content: Vec<StoredObject> = new_content(&*overlay, content)?
                 .into_iter()
                 .map(|(id, canonical)| match compressed.get(&id) {

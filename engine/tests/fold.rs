@@ -54,13 +54,14 @@ impl Log {
     }
 
     fn decide(&self, command: &Command) -> Result<Decision> {
-        decide(&self.store, command, &self.limits)
+        decide(&self.store, command, &self.limits, &annal::Now::at(0))
     }
 
     /// Decides `command` and, if it writes, folds its event.
     fn run(&mut self, command: Command) -> Result<Outcome> {
         match self.decide(&command)? {
             Decision::Noop(outcome) => Ok(outcome),
+            Decision::Renew(lease) => Ok(Outcome::Lease { lease, seq: None }),
             Decision::Write { session, event, .. } => {
                 let record = self.next_record(session, event);
                 let outcome = outcome_of(&record);

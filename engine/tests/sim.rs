@@ -8,7 +8,7 @@
 //! (a client's several commands as one `Command::Batch` when the generator says so),
 //! and the checkpoint policy never fires by itself, so the engine's threads do their I/O
 //! in one order, and the I/O calls, which the disk counts, are the same for a seed at
-//! every run. (Commit times still come from the wall clock; they are learned from the
+//! every run. (Commit times come from the model's manual clock; they are also learned from the
 //! log, as in the model test, and they change no I/O call.)
 //!
 //! After every reopen:
@@ -102,6 +102,13 @@ fn pin_ids(command: &mut Command, map: &mut BTreeMap<SessionId, SessionId>) {
         Command::SetLabels(c) => pin(&mut c.session),
         Command::SetMetadata(c) => pin(&mut c.session),
         Command::SetHostState(c) => pin(&mut c.session),
+        Command::AcquireLease(c) => pin(&mut c.session),
+        Command::RenewLease(c) => pin(&mut c.session),
+        Command::ReleaseLease { session, .. } => pin(session),
+        Command::Fenced { fence, command } => {
+            pin(&mut fence.session);
+            pin_ids(command, map);
+        }
     }
 }
 
@@ -202,8 +209,10 @@ impl Sim {
             Config { failure_persistence: None, ..Config::default() },
             TestRng::from_seed(RngAlgorithm::ChaCha, &bytes),
         );
+        let model = Model::new(limits());
         let options = Options {
             limits: limits(),
+            clock: std::sync::Arc::new(model.time.clone()),
             durability: Durability::Durable,
             multi_process_readers: rng.chance(1, 2),
             compress_content: rng.chance(1, 2),
@@ -219,7 +228,7 @@ impl Sim {
             runner,
             ops: ops::op().boxed(),
             options,
-            model: Model::new(limits()),
+            model,
             clients,
             ids: BTreeMap::new(),
             never_stored: BTreeSet::new(),
@@ -374,6 +383,10 @@ impl Sim {
             }
             Op::Checkpoint => self.checkpoint(engine, step),
             Op::Reopen { projections, .. } => self.reopen(engine, Down::Clean, Some(*projections), "a clean reopen"),
+            Op::Advance { ms } => {
+                self.model.time.advance(u64::from(*ms));
+                Ok(engine)
+            }
             op => {
                 let mut command = resolve(op, &self.model, &self.clients[client].history);
                 pin_ids(&mut command, &mut self.ids);
@@ -496,6 +509,8 @@ impl Sim {
             Down::Gone => drop(engine),
         }
         self.disk.forget_detached();
+        // Lease renewals lived in the writer's memory.
+        self.model.renewals.clear();
         self.log(|| format!("{when}: reopen after {down:?}"));
         let engine = self.open()?;
         if at_open == Some(AtOpen::Keep) && down != Down::Clean {

@@ -269,6 +269,10 @@ pub enum EventJson {
     MetadataSet { metadata: Bytes },
     /// See [`annal::codec::HostStateChanged`].
     HostStateChanged { state: StateJson },
+    /// See [`annal::codec::LeaseAcquired`].
+    LeaseAcquired { owner: String, token: u64, expires_at_ms: u64 },
+    /// See [`annal::codec::LeaseReleased`].
+    LeaseReleased { token: u64 },
 }
 
 /// One line of an export.
@@ -407,6 +411,10 @@ fn event_json(event: &Event, src: &ContentSource<'_>) -> Result<EventJson> {
         Event::LabelsChanged(e) => EventJson::LabelsChanged { set: e.set.clone(), remove: e.remove.clone() },
         Event::MetadataSet(e) => EventJson::MetadataSet { metadata: Bytes::of(&e.metadata) },
         Event::HostStateChanged(e) => EventJson::HostStateChanged { state: src.state(&e.state)? },
+        Event::LeaseAcquired(e) => {
+            EventJson::LeaseAcquired { owner: e.owner.clone(), token: e.token, expires_at_ms: e.expires_at_ms }
+        }
+        Event::LeaseReleased(e) => EventJson::LeaseReleased { token: e.token },
     })
 }
 
@@ -751,6 +759,12 @@ fn event_of(json: &EventJson, sink: &mut ContentSink<'_>) -> std::result::Result
         EventJson::HostStateChanged { state } => {
             Event::HostStateChanged(c::HostStateChanged { state: sink.state(state)? })
         }
+        EventJson::LeaseAcquired { owner, token, expires_at_ms } => Event::LeaseAcquired(c::LeaseAcquired {
+            owner: owner.clone(),
+            token: *token,
+            expires_at_ms: *expires_at_ms,
+        }),
+        EventJson::LeaseReleased { token } => Event::LeaseReleased(c::LeaseReleased { token: *token }),
     })
 }
 
@@ -1012,6 +1026,8 @@ pub fn kind_of(line: &ExportLine) -> EventKind {
         EventJson::LabelsChanged { .. } => EventKind::LabelsChanged,
         EventJson::MetadataSet { .. } => EventKind::MetadataSet,
         EventJson::HostStateChanged { .. } => EventKind::HostStateChanged,
+        EventJson::LeaseAcquired { .. } => EventKind::LeaseAcquired,
+        EventJson::LeaseReleased { .. } => EventKind::LeaseReleased,
     }
 }
 

@@ -403,6 +403,8 @@ fn summary(event: &Event) -> String {
         }
         Event::MetadataSet(e) => format!("{} bytes", e.metadata.len()),
         Event::HostStateChanged(e) => state_text(&e.state),
+        Event::LeaseAcquired(e) => format!("{} token {} until {}", e.owner, e.token, e.expires_at_ms),
+        Event::LeaseReleased(e) => format!("token {}", e.token),
     }
 }
 

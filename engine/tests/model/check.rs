@@ -134,6 +134,7 @@ pub fn pages() -> [PageRequest; 6] {
 /// Every query about session `s` agrees with the model.
 pub fn session_agrees(engine: &Engine, model: &Model, s: SessionId, when: &str) -> Checked {
     same(ok(engine.head(s), "head")?, model.head(&s), format_args!("{when}: head of {s}"))?;
+    same(ok(engine.lease(s), "lease")?, model.lease(&s), format_args!("{when}: lease of {s}"))?;
     for p in pages() {
         same(engine.transcript(s, p), model.transcript(&s, p), format_args!("{when}: transcript of {s} {p:?}"))?;
         let got = engine.revisions(s, p).map(revision_view);

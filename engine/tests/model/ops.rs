@@ -151,6 +151,16 @@ pub enum Op {
     ToolResult { s: u8, op: u8, outcome: u8, result: u8 },
     /// Set and remove labels.
     Labels { s: u8, set: Vec<(u8, u8)>, remove: Vec<u8> },
+    /// Take (or, for the holder, renew) the lease of `s` as owner `owner`.
+    Acquire { s: u8, owner: u8, ttl: u8 },
+    /// Renew the lease of `s` with a token near its current one.
+    Renew { s: u8, token: u8, ttl: u8 },
+    /// Release the lease of `s` with a token near its current one.
+    Release { s: u8, token: u8 },
+    /// `op`, fenced on the session it writes (or another) with a token near the current.
+    Fenced { s: u8, token: u8, op: Box<Op> },
+    /// Move the writer's clock forward by `ms`.
+    Advance { ms: u16 },
     /// A batch (inside a batch: an empty nested batch).
     Batch(Vec<Op>),
     /// Compare every query now.
@@ -463,7 +473,47 @@ pub fn single() -> impl Strategy<Value = Op> {
         2 => set_labels,
         1 => metadata,
         3 => host_state,
+        3 => leases(),
     ]
+}
+
+/// A lease owner: mostly one of two workers, now and then an empty or over-long id.
+fn owner(i: u8) -> String {
+    pick(i, &["w1", "w2"], &["", "owner-id-too-long"])
+}
+
+/// A lease time to live: mostly short or long, now and then zero or over the maximum.
+fn ttl(i: u8) -> u64 {
+    match i % 16 {
+        0 => 0,
+        1 => LEASE_TTL_MS_MAX + 1,
+        2..=8 => 100,
+        _ => 5_000,
+    }
+}
+
+/// A token near the current one of `s`: mostly it, now and then one above or below.
+fn token(model: &Model, s: &SessionId, i: u8) -> u64 {
+    let current = model.lease_token(s);
+    match i % 8 {
+        0 => current + 1,
+        1 => current.saturating_sub(1),
+        _ => current,
+    }
+}
+
+/// Lease commands.
+fn leases() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        3 => (session(), any::<u8>(), any::<u8>()).prop_map(|(s, owner, ttl)| Op::Acquire { s, owner, ttl }),
+        2 => (session(), any::<u8>(), any::<u8>()).prop_map(|(s, token, ttl)| Op::Renew { s, token, ttl }),
+        1 => (session(), any::<u8>()).prop_map(|(s, token)| Op::Release { s, token }),
+    ]
+}
+
+/// A command fenced with a token near the current one.
+fn fenced() -> impl Strategy<Value = Op> {
+    (session(), any::<u8>(), single()).prop_map(|(s, token, op)| Op::Fenced { s, token, op: Box::new(op) })
 }
 
 /// A checkpoint policy: mostly eager or lazy, now and then the default or a tight
@@ -489,10 +539,12 @@ fn reopen() -> impl Strategy<Value = Op> {
 
 /// One operation of a sequence.
 pub fn op() -> impl Strategy<Value = Op> {
-    let member = prop_oneof![20 => single(), 1 => Just(Op::Batch(Vec::new()))];
+    let member = prop_oneof![20 => single(), 2 => fenced(), 1 => Just(Op::Batch(Vec::new()))];
     let members = prop_oneof![12 => vec(member.clone(), 0..=4), 1 => vec(member, 5..=5)];
     prop_oneof![
         30 => single(),
+        4 => fenced(),
+        2 => (0u16..4000).prop_map(|ms| Op::Advance { ms }),
         4 => members.prop_map(Op::Batch),
         1 => Just(Op::Check),
         1 => Just(Op::Checkpoint),
@@ -630,7 +682,9 @@ pub fn resolve(op: &Op, model: &Model, history: &History) -> Command {
             let mut commands = Vec::with_capacity(members.len());
             for m in members {
                 let c = match m {
-                    Op::Batch(_) | Op::Check | Op::Checkpoint | Op::Reopen { .. } => Command::Batch(Vec::new()),
+                    Op::Batch(_) | Op::Check | Op::Checkpoint | Op::Reopen { .. } | Op::Advance { .. } => {
+                        Command::Batch(Vec::new())
+                    }
                     single => resolve(single, &scratch, history),
                 };
                 let _ = scratch.apply(&c);
@@ -638,7 +692,32 @@ pub fn resolve(op: &Op, model: &Model, history: &History) -> Command {
             }
             Command::Batch(commands)
         }
-        Op::Check | Op::Checkpoint | Op::Reopen { .. } => Command::Batch(Vec::new()),
+        Op::Check | Op::Checkpoint | Op::Reopen { .. } | Op::Advance { .. } => Command::Batch(Vec::new()),
+        Op::Acquire { s, owner: o, ttl: t } => {
+            Command::AcquireLease(AcquireLease { session: target(model, *s), owner: owner(*o), ttl_ms: ttl(*t) })
+        }
+        Op::Renew { s, token: t, ttl: l } => {
+            let session = target(model, *s);
+            Command::RenewLease(RenewLease { session, token: token(model, &session, *t), ttl_ms: ttl(*l) })
+        }
+        Op::Release { s, token: t } => {
+            let session = target(model, *s);
+            Command::ReleaseLease { session, token: token(model, &session, *t) }
+        }
+        Op::Fenced { s, token: t, op } => {
+            let command = resolve(op, model, history);
+            // Mostly the session the command writes (a fork's parent), now and then another.
+            let own = match command.unfenced() {
+                Command::Fork(f) => Some(f.parent),
+                c => c.session(),
+            };
+            let session = match own {
+                Some(own) if *s < 200 => own,
+                _ => target(model, *s),
+            };
+            let fence = Fence { session, token: token(model, &session, *t) };
+            Command::Fenced { fence, command: Box::new(command) }
+        }
         Op::Create { s, labels: l, metadata, messages } => Command::CreateSession(CreateSession {
             session: new_id(*s),
             labels: labels(l),

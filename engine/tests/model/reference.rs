@@ -130,6 +130,8 @@ pub struct Session {
     host_state: BTreeMap<String, ContentId>,
     /// Every change of a host state entry: (stream seq, name, value or removal).
     state_history: Vec<(u64, String, Option<ContentId>)>,
+    /// The execution lease as the log records it.
+    lease: Option<LeaseState>,
 }
 
 fn ids(messages: &[Msg]) -> Vec<ContentId> {
@@ -305,7 +307,15 @@ pub struct Model {
     pub content: BTreeMap<ContentId, Vec<u8>>,
     /// Commit time of each seq, as the log reports it.
     pub clock: BTreeMap<u64, u64>,
+    /// The writer's clock: the harness gives the engine this clock and moves it.
+    pub time: ManualClock,
+    /// Lease renewals the writer holds in memory: session → (token, expiry). A reopen
+    /// forgets them.
+    pub renewals: BTreeMap<SessionId, (u64, u64)>,
 }
+
+/// Where the writer's clock starts in a model run.
+pub const EPOCH_MS: u64 = 1_767_225_600_000;
 
 type Staged = Vec<(ContentId, Vec<u8>)>;
 
@@ -370,6 +380,8 @@ pub fn carried_content(command: &Command) -> Vec<ContentId> {
         Command::RecordToolCall(c) => out.push(content_id(&c.args)),
         Command::RecordToolResult(c) => out.push(content_id(&c.result)),
         Command::Batch(cs) => cs.iter().for_each(|c| out.extend(carried_content(c))),
+        Command::Fenced { command, .. } => out.extend(carried_content(command)),
+        Command::AcquireLease(_) | Command::RenewLease(_) | Command::ReleaseLease { .. } => {}
         Command::Restore(_)
         | Command::Archive { .. }
         | Command::Revive { .. }
@@ -417,6 +429,9 @@ pub fn command_bytes(command: &Command) -> u64 {
         Command::RecordToolResult(c) => (c.result.len() + c.op_id.len()) as u64,
         Command::SetLabels(c) => label_bytes(&c.set) + c.remove.iter().map(|k| k.len() as u64).sum::<u64>(),
         Command::Batch(cs) => cs.iter().map(command_bytes).sum(),
+        Command::AcquireLease(c) => c.owner.len() as u64,
+        Command::RenewLease(_) | Command::ReleaseLease { .. } => 0,
+        Command::Fenced { command, .. } => command_bytes(command),
     }
 }
 
@@ -430,6 +445,8 @@ impl Model {
             log: Vec::new(),
             content: BTreeMap::new(),
             clock: BTreeMap::new(),
+            time: ManualClock::new(EPOCH_MS),
+            renewals: BTreeMap::new(),
         }
     }
 
@@ -574,9 +591,12 @@ impl Model {
         let before = self.clone();
         let mut outcomes = Vec::with_capacity(members.len());
         for (index, member) in members.iter().enumerate() {
-            let result = match member {
+            let result = match member.unfenced() {
                 Command::Batch(_) => invalid("nested batch"),
-                single => self.single(single),
+                Command::AcquireLease(_) | Command::RenewLease(_) => {
+                    invalid("lease acquisitions and renewals cannot be part of a batch")
+                }
+                _ => self.single(member),
             };
             match result {
                 Ok(o) => outcomes.push(o),
@@ -605,8 +625,121 @@ impl Model {
             Command::SetLabels(c) => self.set_labels(c),
             Command::SetMetadata(c) => self.set_metadata(c),
             Command::SetHostState(c) => self.set_host_state(c),
+            Command::AcquireLease(c) => self.acquire_lease(c),
+            Command::RenewLease(c) => self.renew_lease(c),
+            Command::ReleaseLease { session, token } => self.release_lease(session, *token),
+            Command::Fenced { fence, command } => {
+                self.fence(fence)?;
+                self.apply(command)
+            }
             Command::Batch(_) => invalid("a batch cannot be decided as one command; nested batches are not allowed"),
         }
+    }
+
+    // ----- leases -------------------------------------------------------------------
+
+    /// When the lease of `id` expires: its granted expiry, or a later renewal of its token.
+    fn expiry(&self, id: &SessionId, lease: &LeaseState) -> u64 {
+        match self.renewals.get(id) {
+            Some((token, until)) if *token == lease.token => (*until).max(lease.expires_at_ms),
+            _ => lease.expires_at_ms,
+        }
+    }
+
+    fn current_token(s: &Session) -> u64 {
+        s.lease.as_ref().map_or(0, |l| l.token)
+    }
+
+    fn fence(&self, fence: &Fence) -> Reply<()> {
+        let current = Model::current_token(self.existing(&fence.session)?);
+        if fence.token != current {
+            return Err(Rejection::Fenced { presented: fence.token, current });
+        }
+        Ok(())
+    }
+
+    fn ttl(ttl_ms: u64) -> Reply<()> {
+        if ttl_ms == 0 || ttl_ms > LEASE_TTL_MS_MAX {
+            return invalid(&format!("lease ttl {ttl_ms} ms is outside 1..={LEASE_TTL_MS_MAX}"));
+        }
+        Ok(())
+    }
+
+    fn acquire_lease(&mut self, c: &AcquireLease) -> Reply<Outcome> {
+        self.id("lease owner", &c.owner)?;
+        Model::ttl(c.ttl_ms)?;
+        let now = self.time.now_ms();
+        let s = self.live(&c.session)?;
+        let expires_at_ms = now.saturating_add(c.ttl_ms);
+        if let Some(lease) = &s.lease {
+            let until = self.expiry(&c.session, lease);
+            if !lease.released && now < until {
+                if lease.owner != c.owner {
+                    return Err(Rejection::Busy { holder: lease.owner.clone(), expires_at_ms: until });
+                }
+                let lease = Lease {
+                    session: c.session,
+                    owner: c.owner.clone(),
+                    token: lease.token,
+                    expires_at_ms: expires_at_ms.max(until),
+                };
+                self.renewals.insert(c.session, (lease.token, lease.expires_at_ms));
+                return Ok(Outcome::Lease { lease, seq: None });
+            }
+        }
+        let token = Model::current_token(s) + 1;
+        self.session_mut(&c.session).lease =
+            Some(LeaseState { owner: c.owner.clone(), token, expires_at_ms, released: false });
+        let seq = self.emit(c.session, EventKind::LeaseAcquired);
+        let lease = Lease { session: c.session, owner: c.owner.clone(), token, expires_at_ms };
+        Ok(Outcome::Lease { lease, seq: Some(seq) })
+    }
+
+    fn renew_lease(&mut self, c: &RenewLease) -> Reply<Outcome> {
+        Model::ttl(c.ttl_ms)?;
+        let now = self.time.now_ms();
+        let s = self.existing(&c.session)?;
+        match &s.lease {
+            Some(lease) if lease.token == c.token && !lease.released => {
+                let lease = Lease {
+                    session: c.session,
+                    owner: lease.owner.clone(),
+                    token: lease.token,
+                    expires_at_ms: now.saturating_add(c.ttl_ms).max(self.expiry(&c.session, lease)),
+                };
+                self.renewals.insert(c.session, (lease.token, lease.expires_at_ms));
+                Ok(Outcome::Lease { lease, seq: None })
+            }
+            _ => Err(Rejection::Fenced { presented: c.token, current: Model::current_token(s) }),
+        }
+    }
+
+    fn release_lease(&mut self, session: &SessionId, token: u64) -> Reply<Outcome> {
+        let s = self.existing(session)?;
+        match &s.lease {
+            Some(lease) if lease.token == token && lease.released => Ok(Outcome::LeaseReleased { seq: None }),
+            Some(lease) if lease.token == token => {
+                if let Some(lease) = self.session_mut(session).lease.as_mut() {
+                    lease.released = true;
+                }
+                Ok(Outcome::LeaseReleased { seq: Some(self.emit(*session, EventKind::LeaseReleased)) })
+            }
+            _ => Err(Rejection::Fenced { presented: token, current: Model::current_token(s) }),
+        }
+    }
+
+    /// The current lease token of `id` (0 when it has none or does not exist).
+    pub fn lease_token(&self, id: &SessionId) -> u64 {
+        self.sessions.get(id).map_or(0, Model::current_token)
+    }
+
+    /// The lease of `id` as the engine's reader shows it (renewals included).
+    pub fn lease(&self, id: &SessionId) -> Option<LeaseState> {
+        let s = self.sessions.get(id)?;
+        s.lease.clone().map(|mut lease| {
+            lease.expires_at_ms = self.expiry(id, &lease);
+            lease
+        })
     }
 
     /// Creates a session holding `messages`; returns the creating seq and revision.
@@ -642,6 +775,7 @@ impl Model {
             tools: Vec::new(),
             host_state: BTreeMap::new(),
             state_history: Vec::new(),
+            lease: None,
         };
         self.sessions.insert(id, session);
         self.emit(id, EventKind::SessionCreated);
@@ -1092,6 +1226,7 @@ impl Model {
             stream_seq: s.stream_seq,
             updated_at_ms: self.ms(s.last_seq),
             host_state: s.host_state.clone(),
+            lease: s.lease.clone(),
         })
     }
 
