@@ -24,7 +24,7 @@
 
 use annal::fault::disk::{IoKind, SimDisk};
 use annal::{
-    AppendContext, Command, CommitTurn, CreateSession, Durability, Engine, Error, EventQuery, Expected, Fork, Limits,
+    AcquireLease, AppendContext, Command, Fence, ManualClock, RenewLease, CommitTurn, CreateSession, Durability, Engine, Error, EventQuery, Expected, Fork, Limits,
     Message, Options, Outcome, PageRequest, RecordToolCall, RecordToolResult, Recovery, Restore, RevisionId, Rewrite,
     RewriteReason, Role, SessionId, SetHostState, SetLabels, SetMetadata, StateChanges, ToolOutcome, Usage,
 };
@@ -208,6 +208,31 @@ enum Step {
         expected: Rev,
     },
     Batch(Vec<Step>),
+    /// Take (or renew) the lease of `s`.
+    Lease {
+        s: u8,
+        owner: u8,
+        ttl: u8,
+    },
+    /// Renew the lease of `s` with its current token moved by `off`.
+    Renew {
+        s: u8,
+        off: i8,
+        ttl: u8,
+    },
+    /// Release the lease of `s` with its current token moved by `off`.
+    Release {
+        s: u8,
+        off: i8,
+    },
+    /// `step`, fenced on `s` with its current token moved by `off`.
+    Fenced {
+        s: u8,
+        off: i8,
+        step: Box<Step>,
+    },
+    /// Move the writer's clock forward.
+    Tick(u16),
     /// Not a command: a checkpoint, a power loss, a crash, a failing call.
     Disk(Disk),
 }
@@ -248,6 +273,7 @@ struct Acked {
 
 struct Run {
     disk: SimDisk,
+    clock: ManualClock,
     options: Options,
     engine: Option<Engine>,
     acked: Acked,
@@ -308,8 +334,29 @@ impl Run {
         }
     }
 
+    /// The current lease token of `s` moved by `off` (the head as the engine shows it).
+    fn token(&self, s: SessionId, off: i8) -> u64 {
+        let current = self.engine().head(s).ok().flatten().and_then(|h| h.lease).map_or(0, |l| l.token);
+        current.wrapping_add_signed(i64::from(off))
+    }
+
     fn command(&self, step: &Step, depth: u32) -> Option<Command> {
         Some(match step {
+            Step::Lease { s, owner, ttl } => Command::AcquireLease(AcquireLease {
+                session: sid(*s),
+                owner: ["w1", "w2", ""][*owner as usize % 3].into(),
+                ttl_ms: u64::from(*ttl) * 10,
+            }),
+            Step::Renew { s, off, ttl } => Command::RenewLease(RenewLease {
+                session: sid(*s),
+                token: self.token(sid(*s), *off),
+                ttl_ms: u64::from(*ttl) * 10,
+            }),
+            Step::Release { s, off } => Command::ReleaseLease { session: sid(*s), token: self.token(sid(*s), *off) },
+            Step::Fenced { s, off, step } => Command::Fenced {
+                fence: Fence { session: sid(*s), token: self.token(sid(*s), *off) },
+                command: Box::new(self.command(step, depth)?),
+            },
             Step::Create { s, messages: ms, label } => Command::CreateSession(CreateSession {
                 session: sid(*s),
                 labels: label.iter().map(|(k, v)| (word(*k, &LABEL_KEYS), word(*v, &LABEL_VALUES))).collect(),
@@ -561,6 +608,7 @@ impl Run {
             Step::Disk(Disk::Reopen) => self.reopen(Down::Clean, None),
             Step::Disk(Disk::Fault(n)) => self.disk.fail_call(u64::from(*n)),
             Step::Disk(Disk::PowerLossAt(n)) => self.disk.lose_power_at_call(u64::from(*n)),
+            Step::Tick(ms) => self.clock.advance(u64::from(*ms)),
             step => {
                 let Some(command) = self.command(step, 0) else { return };
                 let got = self.engine().execute(command);
@@ -642,7 +690,9 @@ enum Down {
 }
 
 fuzz_target!(|input: Input| {
+    let clock = ManualClock::new(1_767_225_600_000);
     let options = Options {
+        clock: std::sync::Arc::new(clock.clone()),
         limits: limits(),
         durability: Durability::Durable,
         multi_process_readers: input.multi_process_readers,
@@ -659,6 +709,7 @@ fuzz_target!(|input: Input| {
     };
     let mut run = Run {
         disk: SimDisk::new(input.disk_seed),
+        clock,
         options,
         engine: None,
         acked: Acked { seq: 0, hash: annal_codec::LogChain::plain().genesis() },

@@ -79,6 +79,8 @@ pub struct DemoReport {
     /// Tool calls with no durable result, across every session (what a host would
     /// resume or cancel after a crash).
     pub unsettled: Vec<annal::ToolOp>,
+    /// What the workers of a multi-agent host did: lines of the summary.
+    pub hosts: Vec<String>,
     _dir: Option<tempfile::TempDir>,
 }
 
@@ -157,6 +159,11 @@ impl DemoReport {
                 "           {} {} (call {}) in session {}, seq {}: {recovery}\n",
                 op.op_id, op.tool_name, op.call_id, op.session, op.call_seq
             ));
+        }
+        for (i, line) in self.hosts.iter().enumerate() {
+            out.push_str(if i == 0 { "hosts      " } else { "           " });
+            out.push_str(line);
+            out.push('\n');
         }
         out.push('\n');
         out.push_str(&self.graph);
@@ -469,6 +476,7 @@ pub fn demo(opts: &DemoOptions) -> Result<DemoReport> {
     };
     let Workload { commands, showcase, elapsed, workers, engine, disk_bytes } =
         workload(&path, opts.sessions, opts.progress)?;
+    let hosts = hosts(&path)?;
     let rebuild = crate::rebuild::rebuild(&path, &RebuildOptions { progress: opts.progress, ..Default::default() })?;
     let verify =
         crate::verify::verify(&path, &VerifyOptions { deep: true, progress: opts.progress, ..Default::default() })?;
@@ -492,6 +500,47 @@ pub fn demo(opts: &DemoOptions) -> Result<DemoReport> {
         showcase,
         graph,
         unsettled,
+        hosts,
         _dir: dir,
     })
+}
+
+/// Two workers of a multi-agent host share one session through its execution lease:
+/// the first stalls past its lease, the second takes over with a larger token, and the
+/// first one's late commit is fenced and writes nothing.
+fn hosts(path: &Path) -> Result<Vec<String>> {
+    let engine = Engine::open(path)?;
+    let session = engine.create_session(CreateSession::new().label("demo", "workers"))?.session;
+    let ttl = Duration::from_millis(50);
+    let first = engine.acquire_lease(session, "worker-a", ttl)?;
+    let a = engine.fenced(first.fence());
+    let turn = CommitTurn::new(session, "a-1", Expected::Any).message(Message::user("plan the migration"));
+    a.commit_turn(turn)?;
+    // worker-a stalls (a long tool call, a GC pause) past its lease.
+    std::thread::sleep(ttl + Duration::from_millis(10));
+    let second = engine.acquire_lease(session, "worker-b", Duration::from_secs(30))?;
+    let b = engine.fenced(second.fence());
+    let turn = CommitTurn::new(session, "b-1", Expected::Any).message(Message::assistant("migration planned"));
+    b.commit_turn(turn)?;
+    let tip = engine.tip()?.0;
+    let late = CommitTurn::new(session, "a-2", Expected::Any).message(Message::assistant("stale answer"));
+    let fenced = match a.commit_turn(late) {
+        Err(annal::Error::Rejected(annal::Rejection::Fenced { presented, current })) => {
+            format!("fenced (token {presented} < {current}), nothing written: tip stays at seq {}", engine.tip()?.0)
+        }
+        other => return Err(CliError::finding(format!("a stale worker's commit was not fenced: {other:?}"))),
+    };
+    if engine.tip()?.0 != tip {
+        return Err(CliError::finding("a fenced commit moved the log"));
+    }
+    b.release_lease(&second)?;
+    engine.close()?;
+    Ok(vec![
+        format!(
+            "lease: worker-a took token {}, committed, then stalled past its {} ms lease",
+            first.token,
+            ttl.as_millis()
+        ),
+        format!("worker-b took over with token {} and committed; worker-a's late commit was {fenced}", second.token),
+    ])
 }

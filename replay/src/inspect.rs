@@ -34,6 +34,9 @@ fn head_json(h: &SessionHead) -> Value {
         "last_seq": h.last_seq,
         "events": h.stream_seq,
         "updated_at_ms": h.updated_at_ms,
+        "lease": h.lease.as_ref().map(|l| json!({
+            "owner": l.owner, "token": l.token, "expires_at_ms": l.expires_at_ms, "released": l.released,
+        })),
     })
 }
 
@@ -189,6 +192,13 @@ impl Inspection {
         }
         for (name, value) in &self.host_state {
             let _ = writeln!(out, "host state {name} = {}", preview(value, 60));
+        }
+        if let Some(l) = &h.lease {
+            let until = match l.released {
+                true => "released".to_string(),
+                false => format!("until {}", format_time_ms(l.expires_at_ms)),
+            };
+            let _ = writeln!(out, "lease      {} token {} {until}", l.owner, l.token);
         }
         for f in &self.forks {
             let _ = writeln!(out, "fork       {} took {} messages at {}", f.child, f.message_count, f.revision.short());

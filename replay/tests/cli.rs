@@ -958,3 +958,34 @@ fn count_content(db: &Path) -> usize {
     }
     n
 }
+
+/// `annal inspect` shows a session's execution lease, as text and as JSON.
+#[test]
+fn inspect_shows_the_lease() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = demo_db(&dir, 1);
+    let session = sessions(&db)[0];
+    let engine = Engine::open(&db).unwrap();
+    let lease = engine.acquire_lease(session, "worker-7", std::time::Duration::from_secs(60)).unwrap();
+    engine.close().unwrap();
+    let out = annal(&["inspect", p(&db), &session.to_string()]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert!(stdout(&out).contains(&format!("lease      worker-7 token {} until", lease.token)), "{}", stdout(&out));
+    let out = annal(&["inspect", p(&db), &session.to_string(), "--json"]);
+    let json: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(json["head"]["lease"]["owner"].as_str(), Some("worker-7"), "{json}");
+    assert_eq!(json["head"]["lease"]["token"].as_u64(), Some(lease.token));
+    assert_eq!(json["head"]["lease"]["expires_at_ms"].as_u64(), Some(lease.expires_at_ms));
+}
+
+/// The demo shows a stalled worker being fenced.
+#[test]
+fn demo_shows_a_stalled_worker_fenced() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("hosts.redb");
+    let out = annal(&["demo", "--db", p(&db), "--sessions", "1"]);
+    assert_eq!(code(&out), 0, "{}{}", stdout(&out), stderr(&out));
+    let text = stdout(&out);
+    assert!(text.contains("worker-b took over with token 2"), "{text}");
+    assert!(text.contains("late commit was fenced (token 1 < 2), nothing written"), "{text}");
+}
