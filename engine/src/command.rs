@@ -148,6 +148,9 @@ pub struct CommitTurn {
     pub run_id: Option<String>,
     /// Host state entries the turn sets and removes, atomically with it.
     pub state: StateChanges,
+    /// The streamed draft this turn finalizes: the turn's commit removes it in the same
+    /// transaction (an exact retry too; a draft that is not there is no error).
+    pub draft: Option<String>,
 }
 
 /// Changes to a session's host state: small named blobs a runtime keeps beside the
@@ -227,7 +230,14 @@ impl CommitTurn {
             tool_ops: Vec::new(),
             run_id: None,
             state: StateChanges::default(),
+            draft: None,
         }
+    }
+
+    /// Names the streamed draft this turn finalizes (removed with the commit).
+    pub fn finalizes(mut self, draft_id: impl Into<String>) -> CommitTurn {
+        self.draft = Some(draft_id.into());
+        self
     }
 
     /// Sets host state entry `name` to `value` with this turn.
@@ -426,6 +436,18 @@ pub struct RenewLease {
     pub ttl_ms: u64,
 }
 
+/// Append a segment to a streamed draft: partial model output that survives a crash
+/// (up to the last flush) and that other readers see, kept outside the log's chain.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AppendDraft {
+    /// The session.
+    pub session: SessionId,
+    /// The host's draft id (an id: 1 to `id_bytes_max` bytes).
+    pub draft_id: String,
+    /// The segment (not empty).
+    pub segment: Vec<u8>,
+}
+
 /// The longest time to live a lease may ask for: one day.
 pub const LEASE_TTL_MS_MAX: u64 = 24 * 60 * 60 * 1000;
 
@@ -499,6 +521,15 @@ pub enum Command {
         /// The holder's token.
         token: u64,
     },
+    /// Append a segment to a draft (no event: drafts live beside the log).
+    AppendDraft(AppendDraft),
+    /// Remove a draft and its segments.
+    DiscardDraft {
+        /// The session.
+        session: SessionId,
+        /// The draft.
+        draft_id: String,
+    },
     /// `command`, accepted only while `fence.token` is the current lease token of
     /// `fence.session`; otherwise [`crate::Rejection::Fenced`] and nothing is written.
     Fenced {
@@ -538,6 +569,8 @@ impl Command {
             Command::Batch(cs) => cs.iter().map(Command::approx_bytes).sum(),
             Command::AcquireLease(c) => c.owner.len() as u64,
             Command::RenewLease(_) | Command::ReleaseLease { .. } => 0,
+            Command::AppendDraft(c) => (c.segment.len() + c.draft_id.len()) as u64,
+            Command::DiscardDraft { draft_id, .. } => draft_id.len() as u64,
             Command::Fenced { command, .. } => command.approx_bytes(),
         }
     }
@@ -568,6 +601,8 @@ impl Command {
             Command::AcquireLease(c) => Some(c.session),
             Command::RenewLease(c) => Some(c.session),
             Command::ReleaseLease { session, .. } => Some(*session),
+            Command::AppendDraft(c) => Some(c.session),
+            Command::DiscardDraft { session, .. } => Some(*session),
             Command::Fenced { command, .. } => command.session(),
             Command::Batch(_) => None,
         }
@@ -655,6 +690,18 @@ pub enum Outcome {
         /// The `LeaseReleased` event, if one was written.
         seq: Option<u64>,
     },
+    /// A segment was appended to a draft.
+    DraftAppended {
+        /// The segment's index in the draft.
+        index: u32,
+        /// The draft's bytes with it.
+        draft_bytes: u64,
+    },
+    /// A draft was discarded; `existed` is false if there was none.
+    DraftDiscarded {
+        /// Whether the draft existed.
+        existed: bool,
+    },
 }
 
 /// An execution lease as its holder sees it.
@@ -705,7 +752,10 @@ impl Outcome {
             | Outcome::Tool { seq, .. }
             | Outcome::Lease { seq, .. }
             | Outcome::LeaseReleased { seq } => out.extend(*seq),
-            Outcome::AlreadyCommitted(_) | Outcome::Duplicate => {}
+            Outcome::AlreadyCommitted(_)
+            | Outcome::Duplicate
+            | Outcome::DraftAppended { .. }
+            | Outcome::DraftDiscarded { .. } => {}
             Outcome::Batch(outcomes) => outcomes.iter().for_each(|o| o.push_seqs(out)),
         }
     }

@@ -31,6 +31,13 @@ pub enum Decision {
     /// Renew a held lease: the writer keeps the new expiry in memory (nothing is
     /// written to the log).
     Renew(Lease),
+    /// Change a draft (nothing is written to the log).
+    Draft {
+        /// The change.
+        change: crate::draft::DraftChange,
+        /// The command's outcome.
+        outcome: Outcome,
+    },
 }
 
 /// A lease renewal the writer holds in memory.
@@ -53,12 +60,14 @@ pub struct Now<'a> {
     pub ms: u64,
     /// Renewals held in memory, if any.
     pub renewals: Option<&'a Renewals>,
+    /// The drafts, if any.
+    pub drafts: Option<&'a crate::draft::DraftState>,
 }
 
 impl Now<'_> {
     /// At `ms`, with no renewals.
     pub fn at(ms: u64) -> Now<'static> {
-        Now { ms, renewals: None }
+        Now { ms, renewals: None, drafts: None }
     }
 
     /// When `lease` of `session` expires: its granted expiry, or a later renewal of the
@@ -139,7 +148,11 @@ pub(crate) fn content_objects(command: &Command, limits: &Limits) -> Vec<(Conten
             Command::RecordToolResult(c) => return drop(set.add(limits, c.result.clone())),
             Command::Batch(commands) => return commands.iter().for_each(|c| walk(set, c, limits)),
             Command::Fenced { command, .. } => return walk(set, command, limits),
-            Command::AcquireLease(_) | Command::RenewLease(_) | Command::ReleaseLease { .. } => &[],
+            Command::AcquireLease(_)
+            | Command::RenewLease(_)
+            | Command::ReleaseLease { .. }
+            | Command::AppendDraft(_)
+            | Command::DiscardDraft { .. } => &[],
             Command::Restore(_)
             | Command::Archive { .. }
             | Command::Revive { .. }
@@ -324,6 +337,8 @@ fn decide_command<S: Store + ?Sized>(store: &S, command: &Command, limits: &Limi
         Command::AcquireLease(c) => acquire_lease(store, c, limits, now),
         Command::RenewLease(c) => renew_lease(store, c, now),
         Command::ReleaseLease { session, token } => release_lease(store, session, *token),
+        Command::AppendDraft(c) => append_draft(store, c, limits, now),
+        Command::DiscardDraft { session, draft_id } => discard_draft(store, session, draft_id, limits, now),
         Command::CreateSession(c) => create(store, c, limits),
         Command::CommitTurn(c) => commit_turn(store, c, limits),
         Command::Rewrite(c) => rewrite(store, c, limits),
@@ -383,6 +398,9 @@ fn check_unique(what: &str, items: &[String]) -> Result<()> {
 
 fn commit_turn<S: Store + ?Sized>(store: &S, c: &CommitTurn, limits: &Limits) -> Result<Decision> {
     limits.check_id("turn id", &c.turn_id)?;
+    if let Some(draft) = &c.draft {
+        limits.check_id("draft id", draft)?;
+    }
     if c.messages.is_empty()
         && c.usage.is_empty()
         && c.applied_context.is_empty()
@@ -835,6 +853,41 @@ fn release_lease<S: Store + ?Sized>(store: &S, session: &SessionId, token: u64) 
         }
         lease => reject(Rejection::Fenced { presented: token, current: lease.as_ref().map_or(0, |l| l.token) }),
     }
+}
+
+fn append_draft<S: Store + ?Sized>(store: &S, c: &AppendDraft, limits: &Limits, now: &Now<'_>) -> Result<Decision> {
+    limits.check_id("draft id", &c.draft_id)?;
+    if c.segment.is_empty() {
+        return invalid("a draft segment must not be empty");
+    }
+    live_head(store, &c.session)?;
+    let (segments, bytes) = now.drafts.and_then(|d| d.draft(&c.session, &c.draft_id)).unwrap_or((0, 0));
+    let n = c.segment.len() as u64;
+    if segments == u32::MAX {
+        return reject(Rejection::LimitExceeded { limit: Limit::DraftBytes, actual: u64::MAX, max: u32::MAX as u64 });
+    }
+    limits.check(Limit::DraftBytes, bytes + n)?;
+    limits.check(Limit::SessionDraftBytes, now.drafts.map_or(0, |d| d.session_bytes(&c.session)) + n)?;
+    limits.check(Limit::DraftBytesTotal, now.drafts.map_or(0, |d| d.total_bytes()) + n)?;
+    let key = (c.session, c.draft_id.clone());
+    let change = crate::draft::DraftChange::Append { key, index: segments, segment: c.segment.clone() };
+    Ok(Decision::Draft { change, outcome: Outcome::DraftAppended { index: segments, draft_bytes: bytes + n } })
+}
+
+fn discard_draft<S: Store + ?Sized>(
+    store: &S,
+    session: &SessionId,
+    draft_id: &str,
+    limits: &Limits,
+    now: &Now<'_>,
+) -> Result<Decision> {
+    limits.check_id("draft id", draft_id)?;
+    head(store, session)?;
+    if now.drafts.and_then(|d| d.draft(session, draft_id)).is_none() {
+        return Ok(Decision::Noop(Outcome::DraftDiscarded { existed: false }));
+    }
+    let change = crate::draft::DraftChange::Discard { key: (*session, draft_id.to_string()) };
+    Ok(Decision::Draft { change, outcome: Outcome::DraftDiscarded { existed: true } })
 }
 
 /// The outcome of a command whose event was committed as `record`.

@@ -70,6 +70,10 @@ pub struct Options {
     /// The writer's clock: commit times and lease expiries. The system clock by
     /// default; tests pass a [`crate::ManualClock`]. The writer never lets time go back.
     pub clock: Arc<dyn crate::clock::Clock>,
+    /// How long an appended draft segment may wait in memory before it is written to
+    /// the file on its own (it goes sooner with any commit): a crash loses at most this
+    /// much of a draft. Default 50 ms.
+    pub draft_flush_interval: Duration,
 }
 
 impl Default for Options {
@@ -86,6 +90,7 @@ impl Default for Options {
             checkpoint: CheckpointPolicy::default(),
             compress_content: true,
             clock: Arc::new(crate::clock::SystemClock),
+            draft_flush_interval: DRAFT_FLUSH_INTERVAL,
         }
     }
 }
@@ -143,6 +148,8 @@ struct Inner {
     checkpointer: Mutex<Option<JoinHandle<()>>>,
     closed: AtomicBool,
     recovery: RebuildStats,
+    /// The drafts the file held at open.
+    abandoned: Vec<crate::draft::DraftSummary>,
 }
 
 impl Inner {
@@ -221,6 +228,9 @@ impl std::fmt::Debug for Engine {
         f.debug_struct("Engine").finish_non_exhaustive()
     }
 }
+
+/// The default of [`Options::draft_flush_interval`].
+pub const DRAFT_FLUSH_INTERVAL: Duration = Duration::from_millis(50);
 
 /// A duration in whole ms, saturating.
 fn ttl_ms(ttl: Duration) -> u64 {
@@ -313,6 +323,9 @@ impl Engine {
         let poisoned = Arc::new(AtomicBool::new(false));
         let stats = Arc::new(EngineStats::default());
         let renewals = Arc::new(Mutex::new(crate::decide::Renewals::new()));
+        let drafts = crate::draft::DraftState::load(&log.begin_read()?)?;
+        let abandoned = drafts.summaries();
+        let drafts = Arc::new(Mutex::new(drafts));
         let shared = Arc::new(Shared {
             log_db: log.clone(),
             projections: projections.clone(),
@@ -329,6 +342,8 @@ impl Engine {
             compress_content: options.compress_content,
             clock: options.clock.clone(),
             renewals: renewals.clone(),
+            drafts,
+            draft_flush_interval: options.draft_flush_interval,
         });
         let (ckpt_tx, ckpt_rx) = bounded(64);
         let checkpointer = Checkpointer {
@@ -356,6 +371,7 @@ impl Engine {
                 checkpointer: Mutex::new(Some(checkpointer)),
                 closed: AtomicBool::new(false),
                 recovery,
+                abandoned,
             }),
         })
     }
@@ -591,6 +607,63 @@ impl Engine {
             Outcome::LeaseReleased { seq } => Ok(seq.is_some()),
             other => Err(unexpected(other)),
         }
+    }
+
+    /// Appends `segment` to draft `draft_id` of `session` (creating the draft), and
+    /// returns the segment's index. Drafts hold a model's partial output while it
+    /// streams: readers see a segment at once, and it reaches the file with the next
+    /// commit or within [`Options::draft_flush_interval`] (a crash loses at most that),
+    /// outside the log's chain. The turn that carries the final message names the draft
+    /// ([`CommitTurn::finalizes`]) and removes it atomically. Bounded per draft, per
+    /// session and in total (`LimitExceeded` with `DraftBytes`, `SessionDraftBytes`,
+    /// `DraftBytesTotal`); an archived session refuses drafts.
+    pub fn append_draft(
+        &self,
+        session: SessionId,
+        draft_id: impl Into<String>,
+        segment: impl Into<Vec<u8>>,
+    ) -> Result<u32> {
+        let c = AppendDraft { session, draft_id: draft_id.into(), segment: segment.into() };
+        match self.execute(Command::AppendDraft(c))? {
+            Outcome::DraftAppended { index, .. } => Ok(index),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// Discards a draft and its segments (written at once). Returns false if there was
+    /// none.
+    pub fn discard_draft(&self, session: SessionId, draft_id: impl Into<String>) -> Result<bool> {
+        match self.execute(Command::DiscardDraft { session, draft_id: draft_id.into() })? {
+            Outcome::DraftDiscarded { existed } => Ok(existed),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// The drafts of `session`, in draft id order, each with its segments in order, as
+    /// far as `max_bytes` of segments allows (see [`crate::Draft::is_complete`]; read the
+    /// rest with [`Engine::draft`]).
+    pub fn drafts(&self, session: SessionId, max_bytes: u64) -> Vec<crate::draft::Draft> {
+        self.inner.shared.drafts.lock().read(&session, max_bytes)
+    }
+
+    /// One draft, from segment `from`, as far as `max_bytes` allows.
+    pub fn draft(&self, session: SessionId, draft_id: &str, from: u32, max_bytes: u64) -> Option<crate::draft::Draft> {
+        self.inner.shared.drafts.lock().read_one(&session, draft_id, from, max_bytes)
+    }
+
+    /// The drafts the file held when this engine opened: partial output of turns that
+    /// never committed before the last shutdown or crash. Resume them (append more,
+    /// then commit the turn that finalizes them) or discard them; nothing removes them
+    /// by itself.
+    pub fn abandoned_drafts(&self) -> &[crate::draft::DraftSummary] {
+        &self.inner.abandoned
+    }
+
+    /// Writes every draft segment still in memory to the file now (a durable commit).
+    pub fn flush_drafts(&self) -> Result<()> {
+        let (reply, rx) = bounded(1);
+        self.send(Request::FlushDrafts { reply })?;
+        rx.recv().map_err(|_| Error::Closed)?
     }
 
     /// A receiver that hears about every durable commit once, in commit order. A

@@ -47,6 +47,12 @@ pub enum Limit {
     HostStateNameBytes,
     /// Host state entries on one session (and changes in one command).
     HostStateEntries,
+    /// Bytes of one draft.
+    DraftBytes,
+    /// Bytes of the drafts of one session.
+    SessionDraftBytes,
+    /// Bytes of every draft.
+    DraftBytesTotal,
 }
 
 impl fmt::Display for Limit {
@@ -69,6 +75,9 @@ impl fmt::Display for Limit {
             Limit::NoteBytes => "note_bytes_max",
             Limit::HostStateNameBytes => "host_state_name_bytes_max",
             Limit::HostStateEntries => "host_state_entries_max",
+            Limit::DraftBytes => "draft_bytes_max",
+            Limit::SessionDraftBytes => "session_draft_bytes_max",
+            Limit::DraftBytesTotal => "draft_bytes_total_max",
         };
         f.write_str(name)
     }

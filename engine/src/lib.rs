@@ -100,6 +100,7 @@ pub mod compact;
 pub mod copy;
 pub mod decide;
 pub mod delta;
+pub mod draft;
 pub mod engine;
 pub mod error;
 pub mod evolve;
@@ -124,17 +125,18 @@ pub use annal_codec::{
 pub use checkpoint::CheckpointPolicy;
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use command::{
-    new_session_id, AcquireLease, AppendContext, Command, CommitTurn, CreateSession, Expected, Fence, Fork, Lease,
-    Message, Outcome, Receipt, RecordToolCall, RecordToolResult, RenewLease, Restore, Rewrite, RewriteReason,
-    SetHostState, SetLabels, SetMetadata, StateChanges, LEASE_TTL_MS_MAX,
+    new_session_id, AcquireLease, AppendContext, AppendDraft, Command, CommitTurn, CreateSession, Expected, Fence,
+    Fork, Lease, Message, Outcome, Receipt, RecordToolCall, RecordToolResult, RenewLease, Restore, Rewrite,
+    RewriteReason, SetHostState, SetLabels, SetMetadata, StateChanges, LEASE_TTL_MS_MAX,
 };
 pub use compact::{compact, CompactStats};
 pub use copy::{CopyOutcome, SessionExport};
 pub use decide::{check_fence, decide, materialize, outcome_of, Decision, Now, Renewal, Renewals};
 pub use delta::{View, HEAD_CACHE_ENTRIES_MAX};
+pub use draft::{Draft, DraftSummary};
 pub use engine::{
     projections_path, ContextOutcome, Durability, Engine, EngineStats, Options, SessionReceipt, StatsSnapshot,
-    ToolReceipt, TurnOutcome,
+    ToolReceipt, TurnOutcome, DRAFT_FLUSH_INTERVAL,
 };
 pub use error::{Error, Limit, Location, Rejection, Result};
 pub use evolve::evolve;

@@ -140,7 +140,7 @@ impl Reader {
         Ok(head.lease.map(|mut lease| {
             if let Some(renewals) = &self.source.renewals {
                 let renewals = renewals.lock();
-                let now = crate::decide::Now { ms: 0, renewals: Some(&renewals) };
+                let now = crate::decide::Now { ms: 0, renewals: Some(&renewals), drafts: None };
                 lease.expires_at_ms = now.expiry(&session, &lease);
             }
             lease

@@ -9,9 +9,10 @@
 //! poisons the engine.
 
 use crate::checkpoint::{self, CheckpointPolicy, Cursors, Signal};
-use crate::command::{Command, Outcome};
+use crate::command::{Command, CommitTurn, Outcome};
 use crate::decide::{check_fence, decide, outcome_of, Decision, Now, Renewal, Renewals};
 use crate::delta::Delta;
+use crate::draft::{DraftChange, DraftKey, DraftState, DraftWrites};
 use crate::engine::EngineStats;
 use crate::error::{Error, Limit, Location, Rejection, Result};
 use crate::evolve::evolve;
@@ -67,6 +68,10 @@ pub(crate) struct Shared {
     pub clock: Arc<dyn crate::clock::Clock>,
     /// Lease renewals, held in memory (the writer's; readers look).
     pub renewals: Arc<Mutex<Renewals>>,
+    /// Every draft (the writer's; readers look).
+    pub drafts: Arc<Mutex<DraftState>>,
+    /// How long a draft segment may wait in memory before it is written on its own.
+    pub draft_flush_interval: Duration,
 }
 
 /// The compressed form of a command's content objects that compress (id → stored
@@ -99,6 +104,9 @@ pub(crate) enum Request {
     Checkpoint {
         reply: Sender<Result<()>>,
     },
+    FlushDrafts {
+        reply: Sender<Result<()>>,
+    },
     Import {
         records: Vec<Record>,
         content: Vec<Vec<u8>>,
@@ -128,7 +136,23 @@ pub const GATHER_WAIT_MAX: Duration = Duration::from_micros(300);
 pub(crate) fn run(shared: Arc<Shared>, rx: Receiver<Request>, tip: Tip, checkpoints: Sender<Signal>) {
     let mut seq = Sequencer { next_seq: tip.seq + 1, clock_ms: tip.clock_ms };
     let mut previous_batch = 1usize;
-    while let Ok(first) = rx.recv() {
+    loop {
+        // Draft segments wait in memory at most the flush interval.
+        let due = shared.drafts.lock().pending().0.map(|since| since + shared.draft_flush_interval);
+        let first = match due {
+            Some(due) => match rx.recv_deadline(due) {
+                Ok(req) => req,
+                Err(crossbeam_channel::RecvTimeoutError::Timeout) => {
+                    let _ = flush_drafts(&shared);
+                    continue;
+                }
+                Err(crossbeam_channel::RecvTimeoutError::Disconnected) => break,
+            },
+            None => match rx.recv() {
+                Ok(req) => req,
+                Err(_) => break,
+            },
+        };
         let mut commands = Vec::new();
         let mut pending = Some(first);
         let deadline = Instant::now() + GATHER_WAIT_MAX;
@@ -155,7 +179,39 @@ pub(crate) fn run(shared: Arc<Shared>, rx: Receiver<Request>, tip: Tip, checkpoi
         }
         seq.commit(&shared, commands, &checkpoints);
     }
+    // Closing: what drafts hold goes to the file.
+    let _ = flush_drafts(&shared);
     let _ = checkpoints.send(Signal::Stop);
+}
+
+/// Writes draft changes in a transaction of their own.
+fn write_drafts(shared: &Shared, writes: &DraftWrites) -> Result<()> {
+    let mut txn = shared.log_db.begin_write()?;
+    txn.set_durability(shared.durability)?;
+    crate::draft::write(&txn, writes)?;
+    txn.commit()?;
+    Ok(())
+}
+
+/// Writes every draft change still in memory, in a transaction of its own.
+fn flush_drafts(shared: &Shared) -> Result<()> {
+    if shared.poisoned.load(Ordering::Acquire) {
+        return Err(Error::Poisoned);
+    }
+    let writes = shared.drafts.lock().writes();
+    if writes.is_empty() {
+        return Ok(());
+    }
+    match crate::error::fail_closed("flush drafts", || write_drafts(shared, &writes)) {
+        Ok(()) => {
+            shared.drafts.lock().written(&writes);
+            Ok(())
+        }
+        Err(e) => {
+            shared.poisoned.store(true, Ordering::Release);
+            Err(e)
+        }
+    }
 }
 
 /// Fails a request that cannot run.
@@ -163,7 +219,7 @@ fn fail(req: Request, e: Error) {
     match req {
         Request::Command { reply, .. } => drop(reply.send(Err(e))),
         Request::Rebuild { reply, .. } => drop(reply.send(Err(e))),
-        Request::Checkpoint { reply } => drop(reply.send(Err(e))),
+        Request::Checkpoint { reply } | Request::FlushDrafts { reply } => drop(reply.send(Err(e))),
         Request::Import { reply, .. } => drop(reply.send(Err(e))),
         Request::Copy { reply, .. } => drop(reply.send(Err(e))),
     }
@@ -179,6 +235,7 @@ fn exclusive(shared: &Shared, seq: &mut Sequencer, req: Request, checkpoints: &S
         Request::Command { .. } => {}
         Request::Rebuild { set, reply } => drop(reply.send(rebuild(shared, &tip, set, checkpoints))),
         Request::Checkpoint { reply } => drop(reply.send(drain(shared, checkpoints))),
+        Request::FlushDrafts { reply } => drop(reply.send(flush_drafts(shared))),
         Request::Import { records, content, reply } => {
             let mut tip = tip;
             let result = crate::import::import(shared, &mut tip, records, content);
@@ -240,7 +297,19 @@ impl Sequencer {
                 return;
             }
         };
-        if entries.is_empty() {
+        // Draft changes ride with the log's transaction; without one, removals (by a
+        // turn's retry, or a discard) are written now, and appends once the flush
+        // interval has passed.
+        let draft_writes = {
+            let drafts = shared.drafts.lock();
+            let (since, urgent) = drafts.pending();
+            let due = since.is_some_and(|t| t.elapsed() >= shared.draft_flush_interval);
+            match !entries.is_empty() || urgent || due {
+                true => drafts.writes(),
+                false => DraftWrites::default(),
+            }
+        };
+        if entries.is_empty() && draft_writes.is_empty() {
             for (reply, outcome) in replies.zip(outcomes) {
                 let _ = reply.send(outcome);
             }
@@ -248,12 +317,17 @@ impl Sequencer {
         }
         let tip = *shared.tip.lock();
         let committed = crate::error::fail_closed("commit", || {
-            let next = append(shared, tip, &entries)?;
+            if entries.is_empty() {
+                write_drafts(shared, &draft_writes)?;
+                return Ok(tip);
+            }
+            let next = append(shared, tip, &entries, &draft_writes)?;
             shared.delta.apply(writes, next.seq, next.hash, entries.len() as u64, shared.log_db.begin_read()?);
             Ok(next)
         });
         match committed {
             Ok(next) => {
+                shared.drafts.lock().written(&draft_writes);
                 *shared.tip.lock() = next;
                 self.next_seq = next.seq + 1;
                 self.clock_ms = clock_ms;
@@ -279,6 +353,7 @@ impl Sequencer {
     fn decide_batch(&mut self, shared: &Shared, commands: &[(&Command, &Compressed)]) -> Result<Decided> {
         let clock_ms = shared.clock.now_ms().max(self.clock_ms);
         let mut renewals = shared.renewals.lock();
+        let mut drafts = shared.drafts.lock();
         let view = shared.delta.view();
         let mut next_seq = self.next_seq;
         let mut outcomes = Vec::with_capacity(commands.len());
@@ -288,16 +363,20 @@ impl Sequencer {
         for (command, compressed) in commands {
             let mut staged = Vec::new();
             let mut renewed = Vec::new();
+            let mut drafted = Vec::new();
+            let mut finalized = Vec::new();
             let mut seq = next_seq;
             let result = {
                 let mut overlay = Overlay::new(&accepted);
                 let to = Staging {
                     next_seq: &mut seq,
-                    now: Now { ms: clock_ms, renewals: Some(&renewals) },
+                    now: Now { ms: clock_ms, renewals: Some(&renewals), drafts: Some(&drafts) },
                     limits: &shared.limits,
                     compressed,
                     entries: &mut staged,
                     renewed: &mut renewed,
+                    drafted: &mut drafted,
+                    finalized: &mut finalized,
                 };
                 apply(&mut overlay, command, to).map(|o| (o, overlay.into_writes()))
             };
@@ -313,6 +392,13 @@ impl Sequencer {
             next_seq = seq;
             for lease in renewed {
                 renewals.insert(lease.session, Renewal { token: lease.token, expires_at_ms: lease.expires_at_ms });
+            }
+            for change in drafted {
+                drafts.apply(change, clock_ms);
+            }
+            // A finalized draft goes now: its removal is written with the turn.
+            for key in finalized {
+                drafts.remove(&key);
             }
             let mut sessions = Vec::new();
             for entry in &staged {
@@ -444,15 +530,20 @@ struct Staging<'a> {
     entries: &'a mut Vec<Entry>,
     /// Leases the command renews (kept in memory once it is accepted).
     renewed: &'a mut Vec<crate::command::Lease>,
+    /// Draft changes the command makes (applied once it is accepted).
+    drafted: &'a mut Vec<DraftChange>,
+    /// Drafts the command's turns finalize.
+    finalized: &'a mut Vec<DraftKey>,
 }
 
 /// Decides and folds one command (or a batch) into `overlay`, sequencing its events.
 fn apply<S: Store + ?Sized>(overlay: &mut Overlay<'_, S>, command: &Command, to: Staging<'_>) -> Result<Outcome> {
-    let Staging { next_seq, now, limits, compressed, entries, renewed } = to;
+    let Staging { next_seq, now, limits, compressed, entries, renewed, drafted, finalized } = to;
     if let Command::Fenced { fence, command } = command {
         limits.check(Limit::CommandBytes, command.approx_bytes())?;
         check_fence(&*overlay, fence)?;
-        return apply(overlay, command, Staging { next_seq, now, limits, compressed, entries, renewed });
+        let to = Staging { next_seq, now, limits, compressed, entries, renewed, drafted, finalized };
+        return apply(overlay, command, to);
     }
     if let Command::Batch(commands) = command {
         limits.check(Limit::BatchCommands, commands.len() as u64)?;
@@ -464,6 +555,11 @@ fn apply<S: Store + ?Sized>(overlay: &mut Overlay<'_, S>, command: &Command, to:
                 Command::AcquireLease(_) | Command::RenewLease(_) => Err(Error::Rejected(Rejection::InvalidRequest {
                     reason: "lease acquisitions and renewals cannot be part of a batch".into(),
                 })),
+                Command::AppendDraft(_) | Command::DiscardDraft { .. } => {
+                    Err(Error::Rejected(Rejection::InvalidRequest {
+                        reason: "drafts cannot be part of a batch".into(),
+                    }))
+                }
                 _ => {
                     let to = Staging {
                         next_seq: &mut *next_seq,
@@ -472,6 +568,8 @@ fn apply<S: Store + ?Sized>(overlay: &mut Overlay<'_, S>, command: &Command, to:
                         compressed,
                         entries: &mut *entries,
                         renewed: &mut *renewed,
+                        drafted: &mut *drafted,
+                        finalized: &mut *finalized,
                     };
                     apply(overlay, c, to)
                 }
@@ -486,8 +584,16 @@ fn apply<S: Store + ?Sized>(overlay: &mut Overlay<'_, S>, command: &Command, to:
         }
         return Ok(Outcome::Batch(outcomes));
     }
-    match decide(&*overlay, command, limits, &now)? {
+    let decision = decide(&*overlay, command, limits, &now)?;
+    if let Command::CommitTurn(CommitTurn { session, draft: Some(draft), .. }) = command {
+        finalized.push((*session, draft.clone()));
+    }
+    match decision {
         Decision::Noop(outcome) => Ok(outcome),
+        Decision::Draft { change, outcome } => {
+            drafted.push(change);
+            Ok(outcome)
+        }
         Decision::Renew(lease) => {
             renewed.push(lease.clone());
             Ok(Outcome::Lease { lease, seq: None })
@@ -512,11 +618,13 @@ fn apply<S: Store + ?Sized>(overlay: &mut Overlay<'_, S>, command: &Command, to:
     }
 }
 
-/// Appends entries to the log in one durable transaction: the one write of a commit.
-pub(crate) fn append(shared: &Shared, tip: Tip, entries: &[Entry]) -> Result<Tip> {
+/// Appends entries to the log in one durable transaction, with the draft changes that
+/// go with them: the one write of a commit.
+pub(crate) fn append(shared: &Shared, tip: Tip, entries: &[Entry], drafts: &DraftWrites) -> Result<Tip> {
     let mut txn = shared.log_db.begin_write()?;
     txn.set_durability(shared.durability)?;
     let (next, written) = crate::log::append(&txn, tip, &shared.chain, shared.limits.record_bytes_max, entries)?;
+    crate::draft::write(&txn, drafts)?;
     txn.commit()?;
     shared.stats.log_commits.fetch_add(1, Ordering::Relaxed);
     shared.stats.events.fetch_add(entries.len() as u64, Ordering::Relaxed);

@@ -62,6 +62,7 @@ impl Log {
         match self.decide(&command)? {
             Decision::Noop(outcome) => Ok(outcome),
             Decision::Renew(lease) => Ok(Outcome::Lease { lease, seq: None }),
+            Decision::Draft { outcome, .. } => Ok(outcome),
             Decision::Write { session, event, .. } => {
                 let record = self.next_record(session, event);
                 let outcome = outcome_of(&record);

@@ -34,6 +34,9 @@ fn small() -> Limits {
         note_bytes_max: 20,
         host_state_name_bytes_max: 16,
         host_state_entries_max: 3,
+        draft_bytes_max: 64,
+        session_draft_bytes_max: 96,
+        draft_bytes_total_max: 128,
     }
 }
 

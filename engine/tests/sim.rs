@@ -105,6 +105,8 @@ fn pin_ids(command: &mut Command, map: &mut BTreeMap<SessionId, SessionId>) {
         Command::AcquireLease(c) => pin(&mut c.session),
         Command::RenewLease(c) => pin(&mut c.session),
         Command::ReleaseLease { session, .. } => pin(session),
+        Command::AppendDraft(c) => pin(&mut c.session),
+        Command::DiscardDraft { session, .. } => pin(session),
         Command::Fenced { fence, command } => {
             pin(&mut fence.session);
             pin_ids(command, map);
@@ -560,10 +562,38 @@ impl Sim {
         } else if unacked.is_some() {
             self.stats.unacked_absent += 1;
         }
+        self.settle_drafts(engine, unacked.as_ref())?;
         self.verify(engine)?;
         if self.rng.chance(1, 4) {
             compare_all(engine, &self.model, &self.never_stored, "after a reopen")?;
         }
+        Ok(())
+    }
+
+    /// Drafts are written within the flush interval, not with every append: after a
+    /// reopen each draft the engine holds must be a prefix of what was appended to it
+    /// (the command in flight included), and no other draft may be there. The model then
+    /// takes what survived.
+    fn settle_drafts(&mut self, engine: &Engine, unacked: Option<&Command>) -> Checked {
+        let mut allowed = self.model.drafts.clone();
+        if let Some(Command::AppendDraft(c)) = unacked.map(Command::unfenced) {
+            let d = allowed.entry((c.session, c.draft_id.clone())).or_insert_with(|| (Vec::new(), 0, 0));
+            d.0.push(c.segment.clone());
+        }
+        let mut survived = std::collections::BTreeMap::new();
+        for s in sessions(&self.model) {
+            for d in engine.drafts(s, u64::MAX) {
+                let key = (s, d.draft_id.clone());
+                let Some((appended, _, _)) = allowed.get(&key) else {
+                    return Err(fail(format!("after a reopen, draft {key:?} is there but was never appended")));
+                };
+                if d.segments.len() > appended.len() || d.segments[..] != appended[..d.segments.len()] {
+                    return Err(fail(format!("after a reopen, draft {key:?} is not a prefix of what was appended")));
+                }
+                survived.insert(key, (d.segments, d.created_at_ms, d.updated_at_ms));
+            }
+        }
+        self.model.drafts = survived;
         Ok(())
     }
 

@@ -135,6 +135,7 @@ pub fn pages() -> [PageRequest; 6] {
 pub fn session_agrees(engine: &Engine, model: &Model, s: SessionId, when: &str) -> Checked {
     same(ok(engine.head(s), "head")?, model.head(&s), format_args!("{when}: head of {s}"))?;
     same(ok(engine.lease(s), "lease")?, model.lease(&s), format_args!("{when}: lease of {s}"))?;
+    same(engine.drafts(s, u64::MAX), model.drafts_of(&s), format_args!("{when}: drafts of {s}"))?;
     for p in pages() {
         same(engine.transcript(s, p), model.transcript(&s, p), format_args!("{when}: transcript of {s} {p:?}"))?;
         let got = engine.revisions(s, p).map(revision_view);

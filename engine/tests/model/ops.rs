@@ -41,6 +41,9 @@ pub fn limits() -> Limits {
         note_bytes_max: 12,
         host_state_name_bytes_max: 16,
         host_state_entries_max: 3,
+        draft_bytes_max: 8,
+        session_draft_bytes_max: 12,
+        draft_bytes_total_max: 20,
         ..Limits::default()
     }
 }
@@ -126,7 +129,12 @@ pub enum Op {
         tools: Vec<u8>,
         run: Option<u8>,
         state: State,
+        draft: Option<u8>,
     },
+    /// Append a segment to a draft.
+    Draft { s: u8, draft: u8, segment: u8 },
+    /// Discard a draft.
+    Discard { s: u8, draft: u8 },
     /// Replace the metadata.
     Metadata { s: u8, metadata: u8, expected: Rev },
     /// Set and remove host state entries.
@@ -380,8 +388,9 @@ pub fn single() -> impl Strategy<Value = Op> {
         refs(),
         proptest::option::weighted(0.2, any::<u8>()),
         prop_oneof![4 => Just((Vec::new(), Vec::new())), 1 => state()],
+        proptest::option::weighted(0.2, any::<u8>()),
     )
-        .prop_map(|((s, turn, expected), messages, usage, context, tools, run, state)| Op::Commit {
+        .prop_map(|((s, turn, expected), messages, usage, context, tools, run, state, draft)| Op::Commit {
             s,
             turn,
             expected,
@@ -391,6 +400,7 @@ pub fn single() -> impl Strategy<Value = Op> {
             tools,
             run,
             state,
+            draft,
         });
     let metadata =
         (session(), any::<u8>(), rev()).prop_map(|(s, metadata, expected)| Op::Metadata { s, metadata, expected });
@@ -474,7 +484,14 @@ pub fn single() -> impl Strategy<Value = Op> {
         1 => metadata,
         3 => host_state,
         3 => leases(),
+        3 => (session(), any::<u8>(), any::<u8>()).prop_map(|(s, draft, segment)| Op::Draft { s, draft, segment }),
+        1 => (session(), any::<u8>()).prop_map(|(s, draft)| Op::Discard { s, draft }),
     ]
+}
+
+/// A draft id: mostly one of two, now and then an empty or over-long id.
+fn draft_id(i: u8) -> String {
+    pick(i, &["d1", "d2"], &["", "draft-id-too-long"])
 }
 
 /// A lease owner: mostly one of two workers, now and then an empty or over-long id.
@@ -749,7 +766,13 @@ pub fn resolve(op: &Op, model: &Model, history: &History) -> Command {
                 expected: expected_of(model, &session, expected),
             })
         }
-        Op::Commit { s, turn, expected, messages, usage, context, tools, run, state } => {
+        Op::Draft { s, draft, segment } => Command::AppendDraft(AppendDraft {
+            session: target(model, *s),
+            draft_id: draft_id(*draft),
+            segment: blob(*segment, &["ab", "cde"]),
+        }),
+        Op::Discard { s, draft } => Command::DiscardDraft { session: target(model, *s), draft_id: draft_id(*draft) },
+        Op::Commit { s, turn, expected, messages, usage, context, tools, run, state, draft } => {
             let session = target(model, *s);
             Command::CommitTurn(CommitTurn {
                 session,
@@ -771,6 +794,7 @@ pub fn resolve(op: &Op, model: &Model, history: &History) -> Command {
                 tool_ops: tools.iter().map(|o| known_op(model, &session, *o)).collect(),
                 run_id: run.map(|r| pick(r, &["run-1"], &["", "run-id-is-too-long"])),
                 state: state_changes(state),
+                draft: draft.map(draft_id),
             })
         }
         Op::Retry { pick: i, expected } => {

@@ -312,7 +312,12 @@ pub struct Model {
     /// Lease renewals the writer holds in memory: session → (token, expiry). A reopen
     /// forgets them.
     pub renewals: BTreeMap<SessionId, (u64, u64)>,
+    /// Streamed drafts: (session, draft id) → segments, created at, updated at.
+    pub drafts: BTreeMap<(SessionId, String), DraftModel>,
 }
+
+/// A draft in the model: its segments, when it was created and last appended to.
+pub type DraftModel = (Vec<Vec<u8>>, u64, u64);
 
 /// Where the writer's clock starts in a model run.
 pub const EPOCH_MS: u64 = 1_767_225_600_000;
@@ -381,7 +386,11 @@ pub fn carried_content(command: &Command) -> Vec<ContentId> {
         Command::RecordToolResult(c) => out.push(content_id(&c.result)),
         Command::Batch(cs) => cs.iter().for_each(|c| out.extend(carried_content(c))),
         Command::Fenced { command, .. } => out.extend(carried_content(command)),
-        Command::AcquireLease(_) | Command::RenewLease(_) | Command::ReleaseLease { .. } => {}
+        Command::AcquireLease(_)
+        | Command::RenewLease(_)
+        | Command::ReleaseLease { .. }
+        | Command::AppendDraft(_)
+        | Command::DiscardDraft { .. } => {}
         Command::Restore(_)
         | Command::Archive { .. }
         | Command::Revive { .. }
@@ -431,6 +440,8 @@ pub fn command_bytes(command: &Command) -> u64 {
         Command::Batch(cs) => cs.iter().map(command_bytes).sum(),
         Command::AcquireLease(c) => c.owner.len() as u64,
         Command::RenewLease(_) | Command::ReleaseLease { .. } => 0,
+        Command::AppendDraft(c) => (c.segment.len() + c.draft_id.len()) as u64,
+        Command::DiscardDraft { draft_id, .. } => draft_id.len() as u64,
         Command::Fenced { command, .. } => command_bytes(command),
     }
 }
@@ -447,6 +458,7 @@ impl Model {
             clock: BTreeMap::new(),
             time: ManualClock::new(EPOCH_MS),
             renewals: BTreeMap::new(),
+            drafts: BTreeMap::new(),
         }
     }
 
@@ -596,6 +608,7 @@ impl Model {
                 Command::AcquireLease(_) | Command::RenewLease(_) => {
                     invalid("lease acquisitions and renewals cannot be part of a batch")
                 }
+                Command::AppendDraft(_) | Command::DiscardDraft { .. } => invalid("drafts cannot be part of a batch"),
                 _ => self.single(member),
             };
             match result {
@@ -628,6 +641,8 @@ impl Model {
             Command::AcquireLease(c) => self.acquire_lease(c),
             Command::RenewLease(c) => self.renew_lease(c),
             Command::ReleaseLease { session, token } => self.release_lease(session, *token),
+            Command::AppendDraft(c) => self.append_draft(c),
+            Command::DiscardDraft { session, draft_id } => self.discard_draft(session, draft_id),
             Command::Fenced { fence, command } => {
                 self.fence(fence)?;
                 self.apply(command)
@@ -728,6 +743,56 @@ impl Model {
         }
     }
 
+    // ----- drafts -------------------------------------------------------------------
+
+    fn draft_bytes(&self, pick: impl Fn(&(SessionId, String)) -> bool) -> u64 {
+        self.drafts.iter().filter(|(k, _)| pick(k)).map(|(_, d)| d.0.iter().map(|s| s.len() as u64).sum::<u64>()).sum()
+    }
+
+    fn append_draft(&mut self, c: &AppendDraft) -> Reply<Outcome> {
+        self.id("draft id", &c.draft_id)?;
+        if c.segment.is_empty() {
+            return invalid("a draft segment must not be empty");
+        }
+        self.live(&c.session)?;
+        let key = (c.session, c.draft_id.clone());
+        let n = c.segment.len() as u64;
+        let bytes = self.draft_bytes(|k| *k == key);
+        self.limit(Limit::DraftBytes, bytes + n)?;
+        self.limit(Limit::SessionDraftBytes, self.draft_bytes(|k| k.0 == c.session) + n)?;
+        self.limit(Limit::DraftBytesTotal, self.draft_bytes(|_| true) + n)?;
+        let now = self.time.now_ms();
+        let d = self.drafts.entry(key).or_insert_with(|| (Vec::new(), now, now));
+        d.0.push(c.segment.clone());
+        d.2 = now;
+        Ok(Outcome::DraftAppended { index: d.0.len() as u32 - 1, draft_bytes: bytes + n })
+    }
+
+    fn discard_draft(&mut self, session: &SessionId, draft_id: &str) -> Reply<Outcome> {
+        self.id("draft id", draft_id)?;
+        self.existing(session)?;
+        let existed = self.drafts.remove(&(*session, draft_id.to_string())).is_some();
+        Ok(Outcome::DraftDiscarded { existed })
+    }
+
+    /// The drafts of `id` as the engine reads them whole.
+    pub fn drafts_of(&self, id: &SessionId) -> Vec<Draft> {
+        self.drafts
+            .iter()
+            .filter(|(k, _)| k.0 == *id)
+            .map(|(k, (segments, created, updated))| Draft {
+                session: k.0,
+                draft_id: k.1.clone(),
+                first_segment: 0,
+                segments: segments.clone(),
+                total_segments: segments.len() as u32,
+                total_bytes: segments.iter().map(|s| s.len() as u64).sum(),
+                created_at_ms: *created,
+                updated_at_ms: *updated,
+            })
+            .collect()
+    }
+
     /// The current lease token of `id` (0 when it has none or does not exist).
     pub fn lease_token(&self, id: &SessionId) -> u64 {
         self.sessions.get(id).map_or(0, Model::current_token)
@@ -797,6 +862,18 @@ impl Model {
 
     fn commit(&mut self, c: &CommitTurn) -> Reply<Outcome> {
         self.id("turn id", &c.turn_id)?;
+        if let Some(draft) = &c.draft {
+            self.id("draft id", draft)?;
+        }
+        let outcome = self.commit_checked(c)?;
+        // An accepted turn (a retry too) removes the draft it finalizes.
+        if let Some(draft) = &c.draft {
+            self.drafts.remove(&(c.session, draft.clone()));
+        }
+        Ok(outcome)
+    }
+
+    fn commit_checked(&mut self, c: &CommitTurn) -> Reply<Outcome> {
         if c.messages.is_empty()
             && c.usage.is_empty()
             && c.applied_context.is_empty()
