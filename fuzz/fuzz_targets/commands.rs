@@ -24,7 +24,7 @@
 
 use annal::fault::disk::{IoKind, SimDisk};
 use annal::{
-    AcquireLease, AppendContext, Command, Fence, ManualClock, RenewLease, CommitTurn, CreateSession, Durability, Engine, Error, EventQuery, Expected, Fork, Limits,
+    AcquireLease, AppendContext, AppendDraft, Command, Fence, ManualClock, RenewLease, CommitTurn, CreateSession, Durability, Engine, Error, EventQuery, Expected, Fork, Limits,
     Message, Options, Outcome, PageRequest, RecordToolCall, RecordToolResult, Recovery, Restore, RevisionId, Rewrite,
     RewriteReason, Role, SessionId, SetHostState, SetLabels, SetMetadata, StateChanges, ToolOutcome, Usage,
 };
@@ -63,6 +63,9 @@ fn limits() -> Limits {
         note_bytes_max: 16,
         host_state_name_bytes_max: 8,
         host_state_entries_max: 3,
+        draft_bytes_max: 16,
+        session_draft_bytes_max: 24,
+        draft_bytes_total_max: 40,
     }
 }
 
@@ -71,6 +74,8 @@ fn word(i: u8, alphabet: &[&str]) -> String {
     alphabet[i as usize % alphabet.len()].to_string()
 }
 
+const DRAFTS: [&str; 3] = ["d1", "d2", ""];
+const SEGMENTS: [&str; 4] = ["ab", "cde", "", "a-segment-longer-than-the-draft-limit"];
 const TURNS: [&str; 6] = ["t0", "t1", "t2", "t3", "", "turn-id-too-long-x"];
 const KEYS: [&str; 4] = ["k0", "k1", "k2", ""];
 const OPS: [&str; 5] = ["o0", "o1", "o2", "o9", ""];
@@ -147,6 +152,18 @@ enum Step {
         tool: Option<u8>,
         set_state: Option<(u8, u8)>,
         remove_state: Option<u8>,
+        finalize: Option<u8>,
+    },
+    /// Append a segment to a draft.
+    Draft {
+        s: u8,
+        id: u8,
+        segment: u8,
+    },
+    /// Discard a draft.
+    Discard {
+        s: u8,
+        id: u8,
     },
     Rewrite {
         s: u8,
@@ -271,9 +288,16 @@ struct Acked {
     hash: ChainHash,
 }
 
+/// Acknowledged draft segments: (session, draft id) → segments.
+type Drafts = std::collections::BTreeMap<(SessionId, String), Vec<Vec<u8>>>;
+
 struct Run {
     disk: SimDisk,
     clock: ManualClock,
+    /// What the acknowledged draft commands left.
+    drafts: Drafts,
+    /// The command running when the power went or a call failed.
+    in_flight: Option<Command>,
     options: Options,
     engine: Option<Engine>,
     acked: Acked,
@@ -363,7 +387,13 @@ impl Run {
                 metadata: Vec::new(),
                 messages: messages(ms),
             }),
-            Step::Turn { s, turn, expected, messages: ms, usage, context, tool, set_state, remove_state } => {
+            Step::Draft { s, id, segment } => Command::AppendDraft(AppendDraft {
+                session: sid(*s),
+                draft_id: word(*id, &DRAFTS),
+                segment: word(*segment, &SEGMENTS).into_bytes(),
+            }),
+            Step::Discard { s, id } => Command::DiscardDraft { session: sid(*s), draft_id: word(*id, &DRAFTS) },
+            Step::Turn { s, turn, expected, messages: ms, usage, context, tool, set_state, remove_state, finalize } => {
                 let s = sid(*s);
                 Command::CommitTurn(CommitTurn {
                     session: s,
@@ -385,6 +415,7 @@ impl Run {
                     tool_ops: tool.iter().map(|o| word(*o, &OPS)).collect(),
                     run_id: None,
                     state: state(set_state, remove_state),
+                    draft: finalize.map(|d| word(d, &DRAFTS)),
                 })
             }
             Step::Rewrite { s, expected, start, len, replacement, reason } => {
@@ -548,7 +579,31 @@ impl Run {
             }
         }
         self.acked = Acked { seq: tip, hash };
+        self.check_drafts();
         self.check_projections();
+    }
+
+    /// Drafts reach the file within the flush interval: each draft the reopened engine
+    /// holds is a prefix of what was acknowledged (or appended by the command in
+    /// flight), and no other draft is there. What survived is what counts from now on.
+    fn check_drafts(&mut self) {
+        let mut allowed = self.drafts.clone();
+        if let Some(Command::AppendDraft(c)) = self.in_flight.take().as_ref().map(Command::unfenced) {
+            allowed.entry((c.session, c.draft_id.clone())).or_default().push(c.segment.clone());
+        }
+        let mut survived = Drafts::new();
+        for s in 0..=SESSIONS {
+            for d in self.engine().drafts(sid(s), u64::MAX) {
+                let key = (sid(s), d.draft_id.clone());
+                let appended = allowed.get(&key).unwrap_or_else(|| panic!("draft {key:?} was never appended"));
+                assert!(
+                    d.segments.len() <= appended.len() && d.segments[..] == appended[..d.segments.len()],
+                    "draft {key:?} is not a prefix of what was appended"
+                );
+                survived.insert(key, d.segments);
+            }
+        }
+        self.drafts = survived;
     }
 
     /// The projections (the checkpoint and what the open folded) equal a rebuild.
@@ -611,7 +666,8 @@ impl Run {
             Step::Tick(ms) => self.clock.advance(u64::from(*ms)),
             step => {
                 let Some(command) = self.command(step, 0) else { return };
-                let got = self.engine().execute(command);
+                self.in_flight = Some(command.clone());
+                let got = self.engine().execute(command.clone());
                 let interrupted = self.interrupted();
                 // The tip as this engine sees it (after a power loss, on its detached files).
                 let (tip, hash) = match self.engine().tip() {
@@ -629,8 +685,13 @@ impl Run {
                         assert_eq!(named, expected, "receipts name the events written, in order: {outcome:?}");
                         assert_eq!(outcome.wrote(), tip > self.acked.seq, "{outcome:?}");
                         self.acked = Acked { seq: tip, hash };
+                        track_drafts(&mut self.drafts, &command, &outcome);
+                        self.in_flight = None;
                     }
-                    (None, Err(Error::Rejected(_))) => assert_eq!(tip, self.acked.seq, "a rejection writes nothing"),
+                    (None, Err(Error::Rejected(_))) => {
+                        assert_eq!(tip, self.acked.seq, "a rejection writes nothing");
+                        self.in_flight = None;
+                    }
                     (None, Err(e)) => panic!("a command failed with no fault: {e:?}"),
                     (Some((down, fired)), got) => {
                         if let (Some(f), Down::PowerLoss) = (&fired, down) {
@@ -673,6 +734,28 @@ impl Run {
     }
 }
 
+/// Follows what an acknowledged command did to the drafts.
+fn track_drafts(drafts: &mut Drafts, command: &Command, outcome: &Outcome) {
+    match (command, outcome) {
+        (Command::Fenced { command, .. }, outcome) => track_drafts(drafts, command, outcome),
+        (Command::Batch(members), Outcome::Batch(outcomes)) => {
+            members.iter().zip(outcomes).for_each(|(c, o)| track_drafts(drafts, c, o))
+        }
+        (Command::AppendDraft(c), Outcome::DraftAppended { index, .. }) => {
+            let d = drafts.entry((c.session, c.draft_id.clone())).or_default();
+            assert_eq!(*index as usize, d.len(), "a draft segment's index");
+            d.push(c.segment.clone());
+        }
+        (Command::DiscardDraft { session, draft_id }, Outcome::DraftDiscarded { existed }) => {
+            assert_eq!(drafts.remove(&(*session, draft_id.clone())).is_some(), *existed, "whether a draft existed");
+        }
+        (Command::CommitTurn(CommitTurn { session, draft: Some(id), .. }), _) => {
+            drafts.remove(&(*session, id.clone()));
+        }
+        _ => {}
+    }
+}
+
 /// The command that was running when the power went or a call failed.
 enum InFlight {
     /// The engine (on its detached files) finished it: its tip and chain hash then.
@@ -710,6 +793,8 @@ fuzz_target!(|input: Input| {
     let mut run = Run {
         disk: SimDisk::new(input.disk_seed),
         clock,
+        drafts: Drafts::new(),
+        in_flight: None,
         options,
         engine: None,
         acked: Acked { seq: 0, hash: annal_codec::LogChain::plain().genesis() },
