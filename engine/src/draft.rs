@@ -10,7 +10,7 @@
 //! it in the transaction that appends the turn; a discard is written at once. Drafts are
 //! never exported, copied or folded into projections.
 
-use crate::error::{Error, Location, Result};
+use crate::error::Result;
 use annal_codec::SessionId;
 use redb::{ReadableTable, TableDefinition, WriteTransaction};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -206,7 +206,11 @@ impl DraftWrites {
 }
 
 impl DraftState {
-    /// Loads every draft from the log file (at open).
+    /// Loads every draft from the log file (at open). Drafts are outside the chain and
+    /// never block an open: a summary that does not parse is skipped, and a draft whose
+    /// segments do not match its summary keeps the segments that are there in order,
+    /// and is written anew with the next transaction (`annal verify` reports such
+    /// damage before an open repairs it).
     pub(crate) fn load(txn: &redb::ReadTransaction) -> Result<DraftState> {
         let mut state = DraftState::default();
         let index = match txn.open_table(DRAFT_INDEX) {
@@ -217,26 +221,34 @@ impl DraftState {
         let segments = txn.open_table(DRAFTS)?;
         for row in index.iter()? {
             let (k, v) = row?;
-            let corrupt = |detail: &str| {
-                Error::corrupt(Location::Projection { table: "draft_index", key: crate::store::hex(k.value()) }, detail)
+            let (Some(key), Some(value)) = (parse_draft_key(k.value()), IndexValue::decode(v.value())) else {
+                continue;
             };
-            let key = parse_draft_key(k.value()).ok_or_else(|| corrupt("malformed draft key"))?;
-            let value = IndexValue::decode(v.value()).ok_or_else(|| corrupt("malformed draft summary"))?;
             let mut mem = DraftMem {
-                written: value.segments,
                 created_at_ms: value.created_at_ms,
                 updated_at_ms: value.updated_at_ms,
                 ..DraftMem::default()
             };
             for i in 0..value.segments {
-                let segment = segments
-                    .get(segment_key(&key.0, &key.1, i).as_slice())?
-                    .ok_or_else(|| corrupt("a draft segment is missing"))?;
-                mem.bytes += segment.value().len() as u64;
-                mem.segments.push(segment.value().to_vec());
+                match segments.get(segment_key(&key.0, &key.1, i).as_slice())? {
+                    Some(segment) => {
+                        mem.bytes += segment.value().len() as u64;
+                        mem.segments.push(segment.value().to_vec());
+                    }
+                    None => break,
+                }
             }
-            if mem.bytes != value.bytes {
-                return Err(corrupt("draft bytes do not add up"));
+            mem.written = mem.segments.len() as u32;
+            if mem.written != value.segments || mem.bytes != value.bytes || mem.segments.is_empty() {
+                // Rewritten with the next transaction: its rows go, what was read comes back.
+                mem.written = 0;
+                state.deleted.insert(key.clone());
+                state.urgent = true;
+                state.dirty_since = Some(Instant::now());
+                if mem.segments.is_empty() {
+                    continue;
+                }
+                state.dirty.insert(key.clone());
             }
             *state.session_bytes.entry(key.0).or_default() += mem.bytes;
             state.total_bytes += mem.bytes;

@@ -246,3 +246,35 @@ fn sigkill_mid_stream_keeps_the_segments_up_to_the_last_flush() {
     let got = kill_mid_stream("interval");
     assert!(got.len() >= 5 && got[..] == want[..got.len()], "after the interval: a prefix of at least 5: {got:?}");
 }
+
+/// A damaged drafts table never blocks an open: the draft keeps the segments that are
+/// there, in order, and is written anew.
+#[test]
+fn a_damaged_draft_is_repaired_at_open() {
+    let db = Db::new();
+    let engine = db.open_durable();
+    let (s, _) = create(&engine, &[]);
+    for seg in ["a", "b", "c"] {
+        engine.append_draft(s, "d", seg).unwrap();
+    }
+    engine.append_draft(s, "gone", "x").unwrap();
+    engine.close().unwrap();
+    let file = redb::Database::open(&db.path).unwrap();
+    let txn = file.begin_write().unwrap();
+    {
+        let mut segments = txn.open_table(annal::draft::DRAFTS).unwrap();
+        segments.remove(annal::draft::segment_key(&s, "d", 1).as_slice()).unwrap();
+        segments.remove(annal::draft::segment_key(&s, "gone", 0).as_slice()).unwrap();
+    }
+    txn.commit().unwrap();
+    drop(file);
+    let engine = db.open_durable();
+    let drafts = engine.drafts(s, u64::MAX);
+    assert_eq!(drafts.len(), 1);
+    assert_eq!(segments(&drafts[0]), ["a"]);
+    engine.flush_drafts().unwrap();
+    engine.close().unwrap();
+    let file = redb::Database::open(&db.path).unwrap();
+    let summaries = annal::draft::check_structure(&redb::ReadableDatabase::begin_read(&file).unwrap()).unwrap();
+    assert_eq!(summaries.iter().map(|d| (d.draft_id.as_str(), d.segments)).collect::<Vec<_>>(), [("d", 1)]);
+}

@@ -228,6 +228,11 @@ pub enum Finding {
         /// The last record's seq.
         seq: u64,
     },
+    /// The drafts tables (outside the chain) are malformed or do not add up.
+    Drafts {
+        /// What is wrong.
+        detail: String,
+    },
     /// A stored projection row differs from the scratch fold.
     Projection {
         /// The table.
@@ -268,6 +273,7 @@ impl Finding {
             | Finding::NotAMessage { id, .. } => format!("content {id}"),
             Finding::Meta { key, .. } => format!("meta {key}"),
             Finding::ExpectedTip { seq, .. } => format!("log tip (seq {seq})"),
+            Finding::Drafts { .. } => "tables drafts and draft_index".into(),
             Finding::Projection { table, key, .. } => format!("projection {table} key {key}"),
             Finding::Storage { location, .. } => location.clone(),
         }
@@ -318,6 +324,7 @@ impl Finding {
             Finding::Fold { .. } => "fold",
             Finding::Meta { .. } => "meta",
             Finding::ExpectedTip { .. } => "expected_tip",
+            Finding::Drafts { .. } => "drafts",
             Finding::Projection { .. } => "projection",
             Finding::Storage { .. } => "storage",
         }
@@ -341,7 +348,9 @@ impl Finding {
             Finding::ClockBackwards { at_ms, previous_ms, .. } => {
                 format!("committed_at {at_ms} ms is before the previous record's {previous_ms} ms")
             }
-            Finding::ContentRow { detail, .. } | Finding::Meta { detail, .. } => detail.clone(),
+            Finding::ContentRow { detail, .. } | Finding::Meta { detail, .. } | Finding::Drafts { detail } => {
+                detail.clone()
+            }
             Finding::StrayContentRow { .. } => "no log record has this seq".into(),
             Finding::DuplicateContent { first_row, row, .. } if first_row == row => {
                 format!("stored twice in content row {row}")
@@ -611,6 +620,12 @@ pub fn verify_snapshot(
     }
     if let Err(finding) = guarded("table meta", || walk.check_meta()) {
         walk.find(finding);
+    }
+    // Drafts live outside the chain: only their structure is checked.
+    match guarded("table drafts", || annal::draft::check_structure(txn)) {
+        Ok(Ok(_)) => {}
+        Ok(Err(detail)) => walk.find(Finding::Drafts { detail }),
+        Err(finding) => walk.find(finding),
     }
     if let Some(finding) = walk.content_fold_error.take() {
         // The content checks above explain every way the content-id fold can fail; if

@@ -989,3 +989,31 @@ fn demo_shows_a_stalled_worker_fenced() {
     assert!(text.contains("worker-b took over with token 2"), "{text}");
     assert!(text.contains("late commit was fenced (token 1 < 2), nothing written"), "{text}");
 }
+
+/// Drafts are not exported, and `verify` checks only their structure: a clean file
+/// verifies clean with drafts in it, and a draft segment without its summary is a
+/// `drafts` finding.
+#[test]
+fn drafts_are_not_exported_and_verify_checks_their_structure() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = demo_db(&dir, 1);
+    let session = sessions(&db)[0];
+    let engine = Engine::open(&db).unwrap();
+    engine.append_draft(session, "stream", "PARTIAL-DRAFT-MARKER").unwrap();
+    engine.close().unwrap();
+    assert!(!export(&db, &[]).contains("PARTIAL-DRAFT-MARKER"));
+    let (rc, report) = verify_json(&db, &["--deep"]);
+    assert_eq!(rc, 0, "{report}");
+
+    let file = redb::Database::open(&db).unwrap();
+    let txn = file.begin_write().unwrap();
+    {
+        let mut index = txn.open_table(annal::draft::DRAFT_INDEX).unwrap();
+        index.remove(annal::draft::draft_key(&session, "stream").as_slice()).unwrap();
+    }
+    txn.commit().unwrap();
+    drop(file);
+    let (rc, report) = verify_json(&db, &[]);
+    assert_eq!(rc, 1, "{report}");
+    assert_eq!(report["findings"][0]["kind"], "drafts", "{report}");
+}
