@@ -535,12 +535,62 @@ fn hosts(path: &Path) -> Result<Vec<String>> {
     }
     b.release_lease(&second)?;
     engine.close()?;
-    Ok(vec![
+    let mut lines = vec![
         format!(
             "lease: worker-a took token {}, committed, then stalled past its {} ms lease",
             first.token,
             ttl.as_millis()
         ),
         format!("worker-b took over with token {} and committed; worker-a's late commit was {fenced}", second.token),
+    ];
+    lines.extend(draft_crash()?);
+    Ok(lines)
+}
+
+/// A model's answer streams into a draft on a simulated disk; the power goes mid-stream;
+/// the reopened engine lists the draft as abandoned with every segment up to the last
+/// flush; the host resumes it and commits the turn that finalizes it.
+fn draft_crash() -> Result<Vec<String>> {
+    use annal::fault::disk::SimDisk;
+    let disk = SimDisk::new(7);
+    // No flush by the interval: only the explicit one counts, so the outcome is exact.
+    let options = annal::Options { draft_flush_interval: Duration::from_secs(3600), ..annal::Options::default() };
+    let open = || Engine::open_with_backends(disk.file("log"), disk.file("projections"), options.clone());
+    let engine = open()?;
+    let session = engine.create_session(CreateSession::new().message(Message::user("how do we migrate?")))?;
+    let streamed = ["The migration ", "takes three ", "steps: ", "first, "];
+    for (i, segment) in streamed.iter().enumerate() {
+        engine.append_draft(session.session, "answer", *segment)?;
+        if i == 2 {
+            engine.flush_drafts()?;
+        }
+    }
+    disk.lose_power();
+    drop(engine);
+    disk.forget_detached();
+    let engine = open()?;
+    let abandoned = engine.abandoned_drafts().to_vec();
+    let Some(found) = abandoned.first() else {
+        return Err(CliError::finding("the flushed draft did not survive the power loss"));
+    };
+    let text: String = engine
+        .draft(found.session, &found.draft_id, 0, u64::MAX)
+        .map(|d| d.segments.iter().map(|s| String::from_utf8_lossy(s).into_owned()).collect())
+        .unwrap_or_default();
+    engine.append_draft(session.session, "answer", "back up, then copy, then switch.")?;
+    let full: String = streamed[..3].concat() + "back up, then copy, then switch.";
+    let turn = CommitTurn::new(session.session, "answer", Expected::Exact(session.receipt.revision))
+        .message(Message::assistant(full))
+        .finalizes("answer");
+    engine.commit_turn(turn)?;
+    let left = engine.drafts(session.session, u64::MAX).len();
+    engine.close()?;
+    Ok(vec![
+        format!("draft: {} segments streamed, 3 flushed, then the power went (a simulated disk)", streamed.len()),
+        format!(
+            "the reopened engine lists draft {:?} as abandoned with {} segments ({text:?})",
+            found.draft_id, found.segments
+        ),
+        format!("the host resumed it and committed the turn that finalizes it: {left} drafts left"),
     ])
 }

@@ -978,9 +978,9 @@ fn inspect_shows_the_lease() {
     assert_eq!(json["head"]["lease"]["expires_at_ms"].as_u64(), Some(lease.expires_at_ms));
 }
 
-/// The demo shows a stalled worker being fenced.
+/// The demo shows a stalled worker being fenced, and a draft surviving a power loss.
 #[test]
-fn demo_shows_a_stalled_worker_fenced() {
+fn demo_shows_a_stalled_worker_fenced_and_a_draft_surviving_a_crash() {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("hosts.redb");
     let out = annal(&["demo", "--db", p(&db), "--sessions", "1"]);
@@ -988,6 +988,8 @@ fn demo_shows_a_stalled_worker_fenced() {
     let text = stdout(&out);
     assert!(text.contains("worker-b took over with token 2"), "{text}");
     assert!(text.contains("late commit was fenced (token 1 < 2), nothing written"), "{text}");
+    assert!(text.contains("as abandoned with 3 segments (\"The migration takes three steps: \")"), "{text}");
+    assert!(text.contains("finalizes it: 0 drafts left"), "{text}");
 }
 
 /// Drafts are not exported, and `verify` checks only their structure: a clean file
