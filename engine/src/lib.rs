@@ -91,6 +91,50 @@
 //! assert!(matches!(engine.commit_turn(late), Err(Error::Rejected(Rejection::VersionConflict { .. }))));
 //! engine.close().unwrap();
 //! ```
+//!
+//! ## Host guide: many workers, one session, and streamed answers
+//!
+//! - **Execution leases.** A worker takes the session's lease
+//!   ([`Engine::acquire_lease`]) and sends its commands through
+//!   [`Engine::fenced`]`(lease.fence())`. Another worker gets `Busy` while the lease is
+//!   live; after it expires (or is released) a takeover gets a larger token, and every
+//!   command of the old holder is refused with `Fenced` and writes nothing. Renew
+//!   ([`Engine::renew_lease`]) well within the time to live; renewals cost no write.
+//! - **Streamed drafts.** While a model streams, append its output to a draft
+//!   ([`Engine::append_draft`]): other readers see it at once ([`Engine::drafts`]), a
+//!   crash keeps it up to the last flush (`Options::draft_flush_interval`), and it never
+//!   enters the hash-chained log. The turn with the final message names it
+//!   ([`CommitTurn::finalizes`]) and removes it atomically. After a restart,
+//!   [`Engine::abandoned_drafts`] lists what the last run left: resume or discard it.
+//!
+//! ```
+//! use annal::{CommitTurn, CreateSession, Engine, Error, Expected, Message, Rejection};
+//! use std::time::Duration;
+//!
+//! let dir = tempfile::tempdir().unwrap();
+//! let engine = Engine::open(dir.path().join("sessions.redb")).unwrap();
+//! let session = engine.create_session(CreateSession::new()).unwrap().session;
+//!
+//! let lease = engine.acquire_lease(session, "worker-1", Duration::from_secs(30)).unwrap();
+//! let worker = engine.fenced(lease.fence());
+//! assert!(matches!(
+//!     engine.acquire_lease(session, "worker-2", Duration::from_secs(30)),
+//!     Err(Error::Rejected(Rejection::Busy { .. }))
+//! ));
+//!
+//! // The answer streams into a draft, then the final turn replaces it.
+//! for chunk in ["Four", " is", " the answer."] {
+//!     worker.append_draft(session, "reply-1", chunk).unwrap();
+//! }
+//! assert_eq!(engine.drafts(session, 1 << 20)[0].segments.len(), 3);
+//! let turn = CommitTurn::new(session, "turn-1", Expected::Any)
+//!     .message(Message::assistant("Four is the answer."))
+//!     .finalizes("reply-1");
+//! worker.commit_turn(turn).unwrap();
+//! assert!(engine.drafts(session, 1 << 20).is_empty());
+//! worker.release_lease(&lease).unwrap();
+//! engine.close().unwrap();
+//! ```
 #![deny(missing_docs)]
 
 pub mod checkpoint;
