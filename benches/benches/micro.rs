@@ -50,6 +50,7 @@ fn typical_turn_record() -> Record {
             run_id: Some("run-7f3a".into()),
             revision_after,
             state: Default::default(),
+            inputs: Vec::new(),
         }),
     }
 }

@@ -151,6 +151,9 @@ pub struct CommitTurn {
     /// The streamed draft this turn finalizes: the turn's commit removes it in the same
     /// transaction (an exact retry too; a draft that is not there is no error).
     pub draft: Option<String>,
+    /// Queued inputs this turn consumes: each must be claimed; the turn completes them
+    /// atomically (they are part of its event and its commit hash).
+    pub inputs: Vec<String>,
 }
 
 /// Changes to a session's host state: small named blobs a runtime keeps beside the
@@ -231,7 +234,14 @@ impl CommitTurn {
             run_id: None,
             state: StateChanges::default(),
             draft: None,
+            inputs: Vec::new(),
         }
+    }
+
+    /// Consumes a claimed queued input with this turn (completed atomically with it).
+    pub fn consumes(mut self, input_id: impl Into<String>) -> CommitTurn {
+        self.inputs.push(input_id.into());
+        self
     }
 
     /// Names the streamed draft this turn finalizes (removed with the commit).
@@ -448,6 +458,39 @@ pub struct AppendDraft {
     pub segment: Vec<u8>,
 }
 
+/// Queue user input in a session's inbox, for the live turn or the next one. An exact
+/// retry (same id, same message and kind) writes nothing; the same id with anything
+/// else is `InputConflict`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EnqueueInput {
+    /// The session.
+    pub session: SessionId,
+    /// Host-chosen id, the idempotency key.
+    pub input_id: String,
+    /// The input.
+    pub message: Message,
+    /// Which turn it is for.
+    pub kind: annal_codec::InputKind,
+}
+
+/// Claim queued inputs, fenced by the session's current lease token.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ClaimInputs {
+    /// The session.
+    pub session: SessionId,
+    /// The session's current lease token; any other is `Fenced`.
+    pub token: u64,
+    /// Who claims (a worker id).
+    pub owner: String,
+    /// For the live turn (active-turn inputs) or the next turn (next-turn inputs, only
+    /// while the session is idle).
+    pub target: annal_codec::ClaimTarget,
+    /// How long the claim holds, in ms (1 ..= [`LEASE_TTL_MS_MAX`]).
+    pub ttl_ms: u64,
+    /// Inputs to claim at most (1 ..= `list_items_max`).
+    pub max: u64,
+}
+
 /// The longest time to live a lease may ask for: one day.
 pub const LEASE_TTL_MS_MAX: u64 = 24 * 60 * 60 * 1000;
 
@@ -530,6 +573,24 @@ pub enum Command {
         /// The draft.
         draft_id: String,
     },
+    /// Queue an input in the session's inbox.
+    EnqueueInput(EnqueueInput),
+    /// Claim queued inputs.
+    ClaimInputs(ClaimInputs),
+    /// Give a claim up: its inputs that no turn consumed are queued again.
+    AbandonClaim {
+        /// The session.
+        session: SessionId,
+        /// The claim (its seq).
+        claim: u64,
+    },
+    /// Withdraw an input no live claim holds.
+    CancelInput {
+        /// The session.
+        session: SessionId,
+        /// The input.
+        input_id: String,
+    },
     /// `command`, accepted only while `fence.token` is the current lease token of
     /// `fence.session`; otherwise [`crate::Rejection::Fenced`] and nothing is written.
     Fenced {
@@ -553,6 +614,7 @@ impl Command {
                     + c.applied_context.iter().chain(&c.tool_ops).map(|s| s.len() as u64).sum::<u64>()
                     + c.usage.iter().map(|u| (u.provider.len() + u.model.len() + 32) as u64).sum::<u64>()
                     + c.state.approx_bytes()
+                    + c.inputs.iter().map(|s| s.len() as u64).sum::<u64>()
             }
             Command::Rewrite(c) => msgs(&c.replacement) + (c.note.len() + c.actor.len()) as u64,
             Command::Restore(c) => (c.note.len() + c.actor.len()) as u64,
@@ -571,6 +633,10 @@ impl Command {
             Command::RenewLease(_) | Command::ReleaseLease { .. } => 0,
             Command::AppendDraft(c) => (c.segment.len() + c.draft_id.len()) as u64,
             Command::DiscardDraft { draft_id, .. } => draft_id.len() as u64,
+            Command::EnqueueInput(c) => c.input_id.len() as u64 + c.message.approx_bytes(),
+            Command::ClaimInputs(c) => c.owner.len() as u64,
+            Command::AbandonClaim { .. } => 0,
+            Command::CancelInput { input_id, .. } => input_id.len() as u64,
             Command::Fenced { command, .. } => command.approx_bytes(),
         }
     }
@@ -603,6 +669,9 @@ impl Command {
             Command::ReleaseLease { session, .. } => Some(*session),
             Command::AppendDraft(c) => Some(c.session),
             Command::DiscardDraft { session, .. } => Some(*session),
+            Command::EnqueueInput(c) => Some(c.session),
+            Command::ClaimInputs(c) => Some(c.session),
+            Command::AbandonClaim { session, .. } | Command::CancelInput { session, .. } => Some(*session),
             Command::Fenced { command, .. } => command.session(),
             Command::Batch(_) => None,
         }
@@ -702,6 +771,30 @@ pub enum Outcome {
         /// Whether the draft existed.
         existed: bool,
     },
+    /// An input was queued; `seq` is `None` for an exact retry.
+    Enqueued {
+        /// The `InputEnqueued` event, if one was written.
+        seq: Option<u64>,
+    },
+    /// Inputs were claimed; `claim` is `None` when none was claimable.
+    Claimed {
+        /// The claim: the seq of its `InputsClaimed` event.
+        claim: Option<u64>,
+        /// The inputs claimed, in queue order.
+        inputs: Vec<String>,
+        /// When the claim expires (writer clock, unix ms).
+        expires_at_ms: u64,
+    },
+    /// A claim was abandoned; `seq` is `None` if it was closed already.
+    ClaimAbandoned {
+        /// The `ClaimAbandoned` event, if one was written.
+        seq: Option<u64>,
+    },
+    /// An input was cancelled; `seq` is `None` if it was already.
+    InputCancelled {
+        /// The `InputCancelled` event, if one was written.
+        seq: Option<u64>,
+    },
 }
 
 /// An execution lease as its holder sees it.
@@ -751,7 +844,11 @@ impl Outcome {
             | Outcome::HostState { seq }
             | Outcome::Tool { seq, .. }
             | Outcome::Lease { seq, .. }
-            | Outcome::LeaseReleased { seq } => out.extend(*seq),
+            | Outcome::LeaseReleased { seq }
+            | Outcome::Enqueued { seq }
+            | Outcome::ClaimAbandoned { seq }
+            | Outcome::InputCancelled { seq }
+            | Outcome::Claimed { claim: seq, .. } => out.extend(*seq),
             Outcome::AlreadyCommitted(_)
             | Outcome::Duplicate
             | Outcome::DraftAppended { .. }

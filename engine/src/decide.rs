@@ -148,6 +148,8 @@ pub(crate) fn content_objects(command: &Command, limits: &Limits) -> Vec<(Conten
             Command::RecordToolResult(c) => return drop(set.add(limits, c.result.clone())),
             Command::Batch(commands) => return commands.iter().for_each(|c| walk(set, c, limits)),
             Command::Fenced { command, .. } => return walk(set, command, limits),
+            Command::EnqueueInput(c) => std::slice::from_ref(&c.message),
+            Command::ClaimInputs(_) | Command::AbandonClaim { .. } | Command::CancelInput { .. } => &[],
             Command::AcquireLease(_)
             | Command::RenewLease(_)
             | Command::ReleaseLease { .. }
@@ -339,6 +341,10 @@ fn decide_command<S: Store + ?Sized>(store: &S, command: &Command, limits: &Limi
         Command::ReleaseLease { session, token } => release_lease(store, session, *token),
         Command::AppendDraft(c) => append_draft(store, c, limits, now),
         Command::DiscardDraft { session, draft_id } => discard_draft(store, session, draft_id, limits, now),
+        Command::EnqueueInput(c) => enqueue_input(store, c, limits),
+        Command::ClaimInputs(c) => claim_inputs(store, c, limits, now),
+        Command::AbandonClaim { session, claim } => abandon_claim(store, session, *claim),
+        Command::CancelInput { session, input_id } => cancel_input(store, session, input_id, limits, now),
         Command::CreateSession(c) => create(store, c, limits),
         Command::CommitTurn(c) => commit_turn(store, c, limits),
         Command::Rewrite(c) => rewrite(store, c, limits),
@@ -406,9 +412,10 @@ fn commit_turn<S: Store + ?Sized>(store: &S, c: &CommitTurn, limits: &Limits) ->
         && c.applied_context.is_empty()
         && c.tool_ops.is_empty()
         && c.state.is_empty()
+        && c.inputs.is_empty()
     {
         return invalid(
-            "a turn with no messages must record usage, apply context, reference tool operations or change host state",
+            "a turn with no messages must record usage, apply context, reference tool operations, change host state or consume inputs",
         );
     }
     if let Some(run) = &c.run_id {
@@ -420,6 +427,9 @@ fn commit_turn<S: Store + ?Sized>(store: &S, c: &CommitTurn, limits: &Limits) ->
     }
     check_unique("context keys", &c.applied_context)?;
     check_unique("tool operations", &c.tool_ops)?;
+    limits.check(Limit::ListItems, c.inputs.len() as u64)?;
+    c.inputs.iter().try_for_each(|k| limits.check_id("input id", k))?;
+    check_unique("inputs", &c.inputs)?;
     limits.check(Limit::ListItems, c.usage.len() as u64)?;
     for u in &c.usage {
         limits.check_id("provider", &u.provider)?;
@@ -429,7 +439,8 @@ fn commit_turn<S: Store + ?Sized>(store: &S, c: &CommitTurn, limits: &Limits) ->
     let messages = content.messages(limits, &c.messages)?;
     let state = state_delta(limits, &mut content, &c.state)?;
     let h = head(store, &c.session)?;
-    let commit_hash = turn_commit_hash_with_state(&messages, &c.usage, &c.applied_context, &c.tool_ops, &state);
+    let commit_hash =
+        turn_commit_hash_with_inputs(&messages, &c.usage, &c.applied_context, &c.tool_ops, &state, &c.inputs);
     if let Some(rec) = store.row::<TurnRecord>(Table::Turns, &keys::session_str(&c.session, &c.turn_id))? {
         if rec.commit_hash == commit_hash {
             return Ok(Decision::Noop(Outcome::AlreadyCommitted(rec.receipt)));
@@ -452,6 +463,15 @@ fn commit_turn<S: Store + ?Sized>(store: &S, c: &CommitTurn, limits: &Limits) ->
         }
     }
     check_state_count(limits, &h, &state)?;
+    // The inputs it consumes must be claimed (a claim that expired counts: the lease
+    // fence, not the claim, keeps a stale worker out).
+    for id in &c.inputs {
+        match store.row::<InputRow>(Table::Inputs, &keys::session_str(&c.session, id))? {
+            None => return reject(Rejection::UnknownInput { input_id: id.clone() }),
+            Some(InputRow { state: InputState::Claimed { .. }, .. }) => {}
+            Some(row) => return reject(Rejection::InputState { input_id: id.clone(), state: row.state.name() }),
+        }
+    }
     let event = Event::TurnCommitted(TurnCommitted {
         turn_id: c.turn_id.clone(),
         commit_hash,
@@ -462,6 +482,7 @@ fn commit_turn<S: Store + ?Sized>(store: &S, c: &CommitTurn, limits: &Limits) ->
         tool_ops: c.tool_ops.clone(),
         run_id: c.run_id.clone(),
         state,
+        inputs: c.inputs.clone(),
     });
     Ok(Decision::Write { session: c.session, event, content: content.into_vec() })
 }
@@ -890,6 +911,132 @@ fn discard_draft<S: Store + ?Sized>(
     Ok(Decision::Draft { change, outcome: Outcome::DraftDiscarded { existed: true } })
 }
 
+fn inbox_tip<S: Store + ?Sized>(store: &S, session: &SessionId) -> Result<InboxTip> {
+    Ok(store.row(Table::InboxTip, &keys::session(session))?.unwrap_or_default())
+}
+
+fn input_row<S: Store + ?Sized>(store: &S, session: &SessionId, id: &str) -> Result<Option<InputRow>> {
+    store.row(Table::Inputs, &keys::session_str(session, id))
+}
+
+fn enqueue_input<S: Store + ?Sized>(store: &S, c: &EnqueueInput, limits: &Limits) -> Result<Decision> {
+    limits.check_id("input id", &c.input_id)?;
+    let mut content = ContentSet::default();
+    let message = content.message(limits, &c.message)?;
+    let h = head(store, &c.session)?;
+    if let Some(row) = input_row(store, &c.session, &c.input_id)? {
+        if row.message == message && row.kind == c.kind {
+            return Ok(Decision::Noop(Outcome::Enqueued { seq: None }));
+        }
+        return reject(Rejection::InputConflict { input_id: c.input_id.clone() });
+    }
+    live(&h, &c.session)?;
+    limits.check(Limit::InboxInputs, inbox_tip(store, &c.session)?.open.len() as u64 + 1)?;
+    let event = Event::InputEnqueued(InputEnqueued { input_id: c.input_id.clone(), message, kind: c.kind });
+    Ok(Decision::Write { session: c.session, event, content: content.into_vec() })
+}
+
+fn turn_committed<S: Store + ?Sized>(store: &S, session: &SessionId, turn_id: &str) -> Result<bool> {
+    Ok(store.get(Table::Turns, &keys::session_str(session, turn_id))?.is_some())
+}
+
+fn claim_inputs<S: Store + ?Sized>(store: &S, c: &ClaimInputs, limits: &Limits, now: &Now<'_>) -> Result<Decision> {
+    limits.check_id("claim owner", &c.owner)?;
+    check_ttl(c.ttl_ms)?;
+    if c.max == 0 {
+        return invalid("a claim must take at least one input");
+    }
+    limits.check(Limit::ListItems, c.max)?;
+    if let ClaimTarget::Turn(turn) = &c.target {
+        limits.check_id("turn id", turn)?;
+    }
+    let h = live_head(store, &c.session)?;
+    let current = h.lease.as_ref().map_or(0, |l| l.token);
+    if c.token != current {
+        return reject(Rejection::Fenced { presented: c.token, current });
+    }
+    let tip = inbox_tip(store, &c.session)?;
+    let wanted = match &c.target {
+        ClaimTarget::Turn(turn) => {
+            if turn_committed(store, &c.session, turn)? {
+                return reject(Rejection::TurnNotLive { turn_id: turn.clone() });
+            }
+            InputKind::ActiveTurn
+        }
+        ClaimTarget::NextTurn => {
+            for claim in &tip.claims {
+                let Some(row) = store.row::<ClaimRow>(Table::Claims, &keys::session_u64(&c.session, *claim))? else {
+                    continue;
+                };
+                if let ClaimTarget::Turn(turn) = &row.target {
+                    if row.expires_at_ms > now.ms && !turn_committed(store, &c.session, turn)? {
+                        return reject(Rejection::NotIdle { turn_id: turn.clone() });
+                    }
+                }
+            }
+            InputKind::NextTurn
+        }
+    };
+    let mut inputs = Vec::new();
+    for id in &tip.open {
+        if inputs.len() as u64 == c.max {
+            break;
+        }
+        if let Some(row) = input_row(store, &c.session, id)? {
+            if row.kind == wanted && row.state.claimable(now.ms) {
+                inputs.push(id.clone());
+            }
+        }
+    }
+    if inputs.is_empty() {
+        return Ok(Decision::Noop(Outcome::Claimed { claim: None, inputs, expires_at_ms: 0 }));
+    }
+    let event = Event::InputsClaimed(InputsClaimed {
+        owner: c.owner.clone(),
+        token: c.token,
+        target: c.target.clone(),
+        inputs,
+        expires_at_ms: now.ms.saturating_add(c.ttl_ms),
+    });
+    Ok(Decision::Write { session: c.session, event, content: Vec::new() })
+}
+
+fn abandon_claim<S: Store + ?Sized>(store: &S, session: &SessionId, claim: u64) -> Result<Decision> {
+    let h = head(store, session)?;
+    let Some(row) = store.row::<ClaimRow>(Table::Claims, &keys::session_u64(session, claim))? else {
+        return reject(Rejection::UnknownClaim { claim });
+    };
+    if !row.open {
+        return Ok(Decision::Noop(Outcome::ClaimAbandoned { seq: None }));
+    }
+    live(&h, session)?;
+    Ok(Decision::Write { session: *session, event: Event::ClaimAbandoned(ClaimAbandoned { claim }), content: Vec::new() })
+}
+
+fn cancel_input<S: Store + ?Sized>(
+    store: &S,
+    session: &SessionId,
+    input_id: &str,
+    limits: &Limits,
+    now: &Now<'_>,
+) -> Result<Decision> {
+    limits.check_id("input id", input_id)?;
+    let h = head(store, session)?;
+    let Some(row) = input_row(store, session, input_id)? else {
+        return reject(Rejection::UnknownInput { input_id: input_id.to_string() });
+    };
+    match row.state {
+        InputState::Cancelled { .. } => return Ok(Decision::Noop(Outcome::InputCancelled { seq: None })),
+        ref state if !state.claimable(now.ms) => {
+            return reject(Rejection::InputState { input_id: input_id.to_string(), state: state.name() })
+        }
+        _ => {}
+    }
+    live(&h, session)?;
+    let event = Event::InputCancelled(InputCancelled { input_id: input_id.to_string() });
+    Ok(Decision::Write { session: *session, event, content: Vec::new() })
+}
+
 /// The outcome of a command whose event was committed as `record`.
 pub fn outcome_of(record: &Record) -> Outcome {
     let receipt = |rev: RevisionId| Receipt { seq: record.seq, revision: rev, committed_at_ms: record.committed_at_ms };
@@ -916,5 +1063,11 @@ pub fn outcome_of(record: &Record) -> Outcome {
             seq: Some(record.seq),
         },
         Event::LeaseReleased(_) => Outcome::LeaseReleased { seq: Some(record.seq) },
+        Event::InputEnqueued(_) => Outcome::Enqueued { seq: Some(record.seq) },
+        Event::InputsClaimed(e) => {
+            Outcome::Claimed { claim: Some(record.seq), inputs: e.inputs.clone(), expires_at_ms: e.expires_at_ms }
+        }
+        Event::ClaimAbandoned(_) => Outcome::ClaimAbandoned { seq: Some(record.seq) },
+        Event::InputCancelled(_) => Outcome::InputCancelled { seq: Some(record.seq) },
     }
 }

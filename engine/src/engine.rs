@@ -666,6 +666,63 @@ impl Engine {
         rx.recv().map_err(|_| Error::Closed)?
     }
 
+    /// Queues `message` in `session`'s inbox as input `input_id`, for the live turn or
+    /// the next one. Returns the event's seq, or `None` for an exact retry (the same id
+    /// with another message or kind is `InputConflict`). At most `inbox_inputs_max` open
+    /// inputs per session.
+    pub fn enqueue_input(
+        &self,
+        session: SessionId,
+        input_id: impl Into<String>,
+        message: Message,
+        kind: annal_codec::InputKind,
+    ) -> Result<Option<u64>> {
+        let c = EnqueueInput { session, input_id: input_id.into(), message, kind };
+        match self.execute(Command::EnqueueInput(c))? {
+            Outcome::Enqueued { seq } => Ok(seq),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// The inputs of `session` that a claim may take now: queued, and held by no live
+    /// claim (a claim that expired, by the writer's clock, lets its inputs go), in queue
+    /// order.
+    pub fn pending_inputs(&self, session: SessionId) -> Result<Vec<crate::query::QueuedInput>> {
+        let now = self.inner.shared.clock.now_ms();
+        Ok(self.inbox(session)?.into_iter().filter(|i| i.state.claimable(now)).collect())
+    }
+
+    /// Claims up to `c.max` inputs for `c.owner`, fenced by the session's current lease
+    /// token (`Fenced` otherwise): active-turn inputs for a live turn (one not committed
+    /// yet; `TurnNotLive` otherwise), or next-turn inputs while the session is idle (no
+    /// live claim for a running turn; `NotIdle` otherwise). The claim holds for
+    /// `c.ttl_ms`; after that its inputs are claimable again. Claiming nothing writes
+    /// nothing (`claim: None`).
+    pub fn claim_inputs(&self, c: ClaimInputs) -> Result<crate::query::Claim> {
+        match self.execute(Command::ClaimInputs(c))? {
+            Outcome::Claimed { claim, inputs, expires_at_ms } => Ok(crate::query::Claim { claim, inputs, expires_at_ms }),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// Gives a claim up: its inputs that no turn consumed are queued again. Returns
+    /// false if the claim was closed already; an unknown claim is `UnknownClaim`.
+    pub fn abandon_claim(&self, session: SessionId, claim: u64) -> Result<bool> {
+        match self.execute(Command::AbandonClaim { session, claim })? {
+            Outcome::ClaimAbandoned { seq } => Ok(seq.is_some()),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// Withdraws an input that no live claim holds. Returns false if it was cancelled
+    /// already; a consumed or live-claimed input is `InputState`.
+    pub fn cancel_input(&self, session: SessionId, input_id: impl Into<String>) -> Result<bool> {
+        match self.execute(Command::CancelInput { session, input_id: input_id.into() })? {
+            Outcome::InputCancelled { seq } => Ok(seq.is_some()),
+            other => Err(unexpected(other)),
+        }
+    }
+
     /// A receiver that hears about every durable commit once, in commit order. A
     /// receiver more than [`SUBSCRIBER_QUEUE_MAX`] notices behind is disconnected.
     pub fn subscribe(&self) -> Receiver<CommitNotice> {

@@ -53,6 +53,8 @@ pub enum Limit {
     SessionDraftBytes,
     /// Bytes of every draft.
     DraftBytesTotal,
+    /// Open inputs (queued, not consumed or cancelled) in one session's inbox.
+    InboxInputs,
 }
 
 impl fmt::Display for Limit {
@@ -78,6 +80,7 @@ impl fmt::Display for Limit {
             Limit::DraftBytes => "draft_bytes_max",
             Limit::SessionDraftBytes => "session_draft_bytes_max",
             Limit::DraftBytesTotal => "draft_bytes_total_max",
+            Limit::InboxInputs => "inbox_inputs_max",
         };
         f.write_str(name)
     }
@@ -142,6 +145,46 @@ pub enum Rejection {
         presented: u64,
         /// The session's current token (0: no lease was ever granted).
         current: u64,
+    },
+    /// The input id was queued with another message or kind.
+    #[error("input {input_id} was queued with other content")]
+    InputConflict {
+        /// The input id.
+        input_id: String,
+    },
+    /// No input with this id was queued in the session.
+    #[error("unknown input {input_id}")]
+    UnknownInput {
+        /// The input id.
+        input_id: String,
+    },
+    /// The input is not in a state that allows the command (a turn consumes claimed
+    /// inputs; a cancel needs one no live claim holds).
+    #[error("input {input_id} is {state}")]
+    InputState {
+        /// The input id.
+        input_id: String,
+        /// `pending`, `claimed`, `completed` or `cancelled`.
+        state: &'static str,
+    },
+    /// No claim with this seq was made in the session.
+    #[error("unknown claim {claim}")]
+    UnknownClaim {
+        /// The claim asked for.
+        claim: u64,
+    },
+    /// Active-turn inputs are claimed only for a turn that is running (not committed).
+    #[error("turn {turn_id} is not live")]
+    TurnNotLive {
+        /// The turn id.
+        turn_id: String,
+    },
+    /// Next-turn inputs are claimed only while the session is idle: no live claim for a
+    /// running turn.
+    #[error("the session is running turn {turn_id}")]
+    NotIdle {
+        /// The running turn.
+        turn_id: String,
     },
     /// The turn id was committed with different content.
     #[error("turn {turn_id} was already committed with different content")]

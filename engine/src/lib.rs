@@ -163,13 +163,13 @@ mod writer;
 
 pub use annal_codec as codec;
 pub use annal_codec::{
-    ChainHash, CommitHash, ContentId, Event, EventKind, ForkOrigin, MessageObject, Record, Recovery, RevisionId, Role,
-    SessionId, ToolOutcome, Usage,
+    ChainHash, ClaimTarget, CommitHash, ContentId, Event, EventKind, ForkOrigin, InputKind, MessageObject, Record,
+    Recovery, RevisionId, Role, SessionId, ToolOutcome, Usage,
 };
 pub use checkpoint::CheckpointPolicy;
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use command::{
-    new_session_id, AcquireLease, AppendContext, AppendDraft, Command, CommitTurn, CreateSession, Expected, Fence,
+    new_session_id, AcquireLease, AppendContext, AppendDraft, ClaimInputs, EnqueueInput, Command, CommitTurn, CreateSession, Expected, Fence,
     Fork, Lease, Message, Outcome, Receipt, RecordToolCall, RecordToolResult, RenewLease, Restore, Rewrite,
     RewriteReason, SetHostState, SetLabels, SetMetadata, StateChanges, LEASE_TTL_MS_MAX,
 };
@@ -190,8 +190,8 @@ pub use log::{LogEntry, LogTail};
 pub use migrate::migrate;
 pub use projection::*;
 pub use query::{
-    EventPage, EventQuery, ListOrder, ListQuery, Page, PageRequest, RevisionGraph, RevisionPage, StoredEvent,
-    StoredMessage, TableDigest, TranscriptPage,
+    Claim, EventPage, EventQuery, ListOrder, ListQuery, Page, PageRequest, QueuedInput, RevisionGraph, RevisionPage,
+    StoredEvent, StoredMessage, TableDigest, TranscriptPage,
 };
 pub use reader::Reader;
 pub use rebuild::rebuild_offline;

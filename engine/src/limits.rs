@@ -51,6 +51,9 @@ pub struct Limits {
     /// Bytes of every draft in the database: drafts are held in memory as well as in
     /// the file, so this bounds the memory they take. Default 64 MiB.
     pub draft_bytes_total_max: u64,
+    /// Open inputs (queued, neither consumed nor cancelled) in one session's inbox.
+    /// Default 1024.
+    pub inbox_inputs_max: u64,
 }
 
 const KIB: u64 = 1024;
@@ -79,6 +82,7 @@ impl Default for Limits {
             draft_bytes_max: 4 * MIB,
             session_draft_bytes_max: 16 * MIB,
             draft_bytes_total_max: 64 * MIB,
+            inbox_inputs_max: 1024,
         }
     }
 }
@@ -179,6 +183,7 @@ impl Limits {
             Limit::DraftBytes => self.draft_bytes_max,
             Limit::SessionDraftBytes => self.session_draft_bytes_max,
             Limit::DraftBytesTotal => self.draft_bytes_total_max,
+            Limit::InboxInputs => self.inbox_inputs_max,
         }
     }
 

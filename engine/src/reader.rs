@@ -8,6 +8,7 @@ use crate::error::{fail_closed, Result};
 use crate::limits::Limits;
 use crate::projection::*;
 use crate::query::{self, *};
+use crate::store::StoreExt;
 use annal_codec::{ChainHash, ContentId, LogChain, RevisionId, SessionId};
 use parking_lot::Mutex;
 use redb::ReadableDatabase;
@@ -128,6 +129,23 @@ impl Reader {
             }
             Ok(self.source.delta.head(&session.0)?.map(|head| (*head).clone()))
         })
+    }
+
+    /// The open inputs of `session`'s inbox (queued, neither consumed nor cancelled), in
+    /// queue order, with their state: pending, or held by a claim (which may have
+    /// expired: see [`crate::Engine::pending_inputs`] for what a claim may take now).
+    pub fn inbox(&self, session: SessionId) -> Result<Vec<QueuedInput>> {
+        fail_closed("inbox", || query::inbox(&self.snapshot()?, &self.limits, &session))
+    }
+
+    /// An input of `session`, whatever its state (completed and cancelled ones too).
+    pub fn input(&self, session: SessionId, input_id: &str) -> Result<Option<InputRow>> {
+        fail_closed("input", || self.snapshot()?.row(crate::store::Table::Inputs, &crate::store::keys::session_str(&session, input_id)))
+    }
+
+    /// A claim of `session`, by its seq.
+    pub fn claim(&self, session: SessionId, claim: u64) -> Result<Option<ClaimRow>> {
+        fail_closed("claim", || self.snapshot()?.row(crate::store::Table::Claims, &crate::store::keys::session_u64(&session, claim)))
     }
 
     /// The execution lease of `session`, if one was ever granted: its holder, its token

@@ -62,11 +62,17 @@ pub enum Table {
     LabelCounts,
     /// session → seq of its latest event (its place in the recency order), u64 BE
     RecencyTip,
+    /// (session, input id) → queued input
+    Inputs,
+    /// (session, claim seq) → input claim
+    Claims,
+    /// session → the inbox's open inputs (queue order) and open claims
+    InboxTip,
 }
 
 impl Table {
     /// Every projection table.
-    pub const ALL: [Table; 25] = [
+    pub const ALL: [Table; 28] = [
         Table::Heads,
         Table::Transcript,
         Table::TranscriptTip,
@@ -92,6 +98,9 @@ impl Table {
         Table::RecencyOrder,
         Table::LabelCounts,
         Table::RecencyTip,
+        Table::Inputs,
+        Table::Claims,
+        Table::InboxTip,
     ];
 
     /// The redb table name.
@@ -122,6 +131,9 @@ impl Table {
             Table::RecencyOrder => "p.recency_order",
             Table::LabelCounts => "p.label_counts",
             Table::RecencyTip => "p.recency_tip",
+            Table::Inputs => "p.inputs",
+            Table::Claims => "p.claims",
+            Table::InboxTip => "p.inbox_tip",
         }
     }
 

@@ -541,6 +541,7 @@ fn evolve_reports_a_wrong_revision_after_at_its_seq() {
         run_id: None,
         revision_after: RevisionId::of(&[msg, msg]),
         state: Default::default(),
+        inputs: Vec::new(),
     });
     let record = log.next_record(s, event);
     assert_eq!(corrupt_seq(fold_one(&mut log.store.clone(), &record, ProjectionSet::all())), 2);

@@ -545,6 +545,7 @@ fn turn_record_len(turn_id: &str, models: &[String]) -> u64 {
             run_id: None,
             revision_after: RevisionId([0; 32]),
             state: Default::default(),
+            inputs: vec![],
         }),
     };
     let chain = LogChain::plain();
