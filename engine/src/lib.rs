@@ -111,7 +111,9 @@ pub mod projection;
 pub mod query;
 pub mod reader;
 pub mod rebuild;
+mod reply;
 pub mod store;
+mod stream;
 pub mod tables;
 mod writer;
 
@@ -148,7 +150,9 @@ pub use query::{
 pub use reader::Reader;
 pub use rebuild::rebuild_offline;
 pub use rebuild::RebuildStats;
+pub use reply::Reply;
 pub use store::{MemStore, Overlay, Store, StoreExt, Table};
+pub use stream::{CommitStream, StreamItem};
 pub use writer::{CommitNotice, GATHER_WAIT_MAX, SUBSCRIBER_QUEUE_MAX};
 
 #[doc = include_str!("../../README.md")]
