@@ -476,7 +476,8 @@ impl Engine {
     }
 
     /// A receiver that hears about every durable commit once, in commit order. A
-    /// receiver more than [`SUBSCRIBER_QUEUE_MAX`] notices behind is disconnected.
+    /// receiver more than [`SUBSCRIBER_QUEUE_MAX`] notices behind is disconnected
+    /// ([`Engine::subscribe_stream`] tells its consumer where to resume instead).
     pub fn subscribe(&self) -> Receiver<CommitNotice> {
         let (tx, rx) = bounded(SUBSCRIBER_QUEUE_MAX);
         self.inner.shared.subscribers.lock().push(Subscriber::Channel(tx));

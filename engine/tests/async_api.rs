@@ -192,8 +192,31 @@ fn every_twin_answers_as_its_blocking_method() {
             engine.execute_async(Command::AppendContext(context(s, "k2", "v2"))).await,
             Ok(Outcome::Duplicate)
         ));
+        let metadata = SetMetadata { session: s, metadata: b"m".to_vec(), expected: Expected::Any };
+        assert!(engine.set_metadata_async(metadata.clone()).await.unwrap().is_some());
+        assert_eq!(engine.set_metadata_async(metadata).await.unwrap(), None);
+        let mut state = SetHostState::new(s, Expected::Any);
+        state.state.set.insert("cursor".into(), b"7".to_vec());
+        assert!(engine.set_host_state_async(state).await.unwrap().is_some());
+        let forked = Fork { parent: s, session: new_session_id(), index: 1, replacement: None, labels: None };
+        let forked = engine.fork_async(forked).await.unwrap();
         engine.checkpoint_async().await.unwrap();
         engine.rebuild_async(ProjectionSet::all()).await.unwrap();
+
+        // A session copied into another database, twice: the second copy writes nothing.
+        let other = Db::new();
+        let target = other.open();
+        let export = engine.export_session(forked.session, true).unwrap();
+        let copied = target.copy_in_async(export.clone()).await.unwrap();
+        assert!(copied.already_present.is_empty());
+        assert!(!target.copy_in_async(export).await.unwrap().already_present.is_empty());
+        // The whole log imported into an empty database.
+        let imported = Db::new().open();
+        let records: Vec<Record> = all_events(&engine).into_iter().map(|e| e.record).collect();
+        let content =
+            records.iter().flat_map(|r| r.event.content_refs()).filter_map(|id| engine.content(id).unwrap()).collect();
+        imported.import_async(records, content).await.unwrap();
+        assert_eq!(tip_seq(&imported), tip_seq(&engine));
     });
     let engine2 = engine.clone();
     engine.close().unwrap();
