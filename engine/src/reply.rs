@@ -33,11 +33,12 @@ use std::task::{Context, Poll};
 /// and never writes twice.
 ///
 /// The method that returns a `Reply` does on the caller's thread what its blocking twin
-/// does before it waits: it compresses the command's content (CPU work of the calling
-/// task, as long as lz4 takes over the bytes) and queues the request. The writer's queue
-/// holds [`Options::queue_depth`](crate::Options::queue_depth) requests (4096 by default):
-/// when that many are queued already, the call blocks the calling thread until the
-/// writer takes one. Resolves to `Err(Closed)` if the engine is closed before it answers.
+/// does before it waits: it compresses the command's content (lz4: CPU work of the
+/// calling task, in proportion to the content's size) and queues the request. The
+/// writer's queue holds [`Options::queue_depth`](crate::Options::queue_depth) requests
+/// (4096 by default): when that many are queued already, the call blocks the calling
+/// thread until the writer takes one. Resolves to `Err(Closed)` if the engine is closed
+/// before it answers.
 ///
 /// A `Reply` must not be polled again after it returned `Ready`.
 #[must_use = "the request is queued either way; await the reply to learn its outcome"]
