@@ -10,7 +10,8 @@ use crate::limits::Limits;
 use crate::projection::*;
 use crate::reader::Reader;
 use crate::rebuild::RebuildStats;
-use crate::writer::{self, CommitNotice, Request, Shared, SUBSCRIBER_QUEUE_MAX};
+use crate::reply::convert;
+use crate::writer::{self, CommitNotice, ReplyTo, Request, Shared, Subscriber, SUBSCRIBER_QUEUE_MAX};
 use annal_codec::{LogChain, SessionId};
 use crossbeam_channel::{bounded, Receiver, Sender};
 use parking_lot::{Mutex, RwLock};
@@ -233,12 +234,8 @@ impl std::fmt::Debug for Engine {
 pub const DRAFT_FLUSH_INTERVAL: Duration = Duration::from_millis(50);
 
 /// A duration in whole ms, saturating.
-fn ttl_ms(ttl: Duration) -> u64 {
+pub(crate) fn ttl_ms(ttl: Duration) -> u64 {
     ttl.as_millis().min(u64::MAX as u128) as u64
-}
-
-fn unexpected(outcome: Outcome) -> Error {
-    Error::Storage(format!("unexpected outcome {outcome:?}"))
 }
 
 impl Engine {
@@ -397,7 +394,9 @@ impl Engine {
         self.inner.shared.poisoned.load(Ordering::Acquire)
     }
 
-    fn send(&self, request: Request) -> Result<()> {
+    /// Queues `request` for the writer; blocks while the queue holds
+    /// [`Options::queue_depth`] requests.
+    pub(crate) fn send(&self, request: Request) -> Result<()> {
         if self.is_poisoned() {
             return Err(Error::Poisoned);
         }
@@ -424,70 +423,57 @@ impl Engine {
     /// Runs any command and waits for its durable outcome (fenced, on a
     /// [`Engine::fenced`] handle).
     pub fn execute(&self, command: Command) -> Result<Outcome> {
+        let (reply, rx) = oneshot::channel();
+        self.send(self.command_request(command, reply))?;
+        rx.recv().map_err(|_| Error::Closed)?
+    }
+
+    /// The writer's request for `command` (fenced, on a [`Engine::fenced`] handle), with
+    /// its content compressed.
+    pub(crate) fn command_request(&self, command: Command, reply: ReplyTo<Outcome>) -> Request {
         let command = match self.fence {
             Some(fence) => Command::Fenced { fence, command: Box::new(command) },
             None => command,
         };
-        let (reply, rx) = bounded(1);
         // Compression runs here, on the caller's thread, so callers compress in parallel
         // and the writer does not.
         let compressed = match self.inner.shared.compress_content {
             true => writer::compress(&command, &self.inner.shared.limits),
             false => Default::default(),
         };
-        self.send(Request::Command { command: Box::new(command), reply, compressed })?;
-        rx.recv().map_err(|_| Error::Closed)?
+        Request::Command { command: Box::new(command), reply, compressed }
     }
 
     /// Runs several commands in order, all or nothing. The first rejection is returned as
     /// [`Rejection::Batch`] with its index.
     pub fn batch(&self, commands: Vec<Command>) -> Result<Vec<Outcome>> {
-        match self.execute(Command::Batch(commands))? {
-            Outcome::Batch(outcomes) => Ok(outcomes),
-            other => Err(unexpected(other)),
-        }
+        self.execute(Command::Batch(commands)).and_then(convert::batch)
     }
 
     /// Creates a session.
     pub fn create_session(&self, c: CreateSession) -> Result<SessionReceipt> {
-        match self.execute(Command::CreateSession(c))? {
-            Outcome::Created { session, receipt } => Ok(SessionReceipt { session, receipt }),
-            other => Err(unexpected(other)),
-        }
+        self.execute(Command::CreateSession(c)).and_then(convert::created)
     }
 
     /// Commits a turn. An exact retry returns [`TurnOutcome::AlreadyCommitted`] with the
     /// original receipt, even if the head has moved since.
     pub fn commit_turn(&self, c: CommitTurn) -> Result<TurnOutcome> {
-        match self.execute(Command::CommitTurn(c))? {
-            Outcome::Committed(r) => Ok(TurnOutcome::Committed(r)),
-            Outcome::AlreadyCommitted(r) => Ok(TurnOutcome::AlreadyCommitted(r)),
-            other => Err(unexpected(other)),
-        }
+        self.execute(Command::CommitTurn(c)).and_then(convert::turn)
     }
 
     /// Rewrites a range of the head (edit, compaction, redaction).
     pub fn rewrite(&self, c: Rewrite) -> Result<Receipt> {
-        match self.execute(Command::Rewrite(c))? {
-            Outcome::Rewritten(r) => Ok(r),
-            other => Err(unexpected(other)),
-        }
+        self.execute(Command::Rewrite(c)).and_then(convert::rewritten)
     }
 
     /// Restores a revision the session held before; the new head id equals `target`.
     pub fn restore(&self, c: Restore) -> Result<Receipt> {
-        match self.execute(Command::Restore(c))? {
-            Outcome::Rewritten(r) => Ok(r),
-            other => Err(unexpected(other)),
-        }
+        self.execute(Command::Restore(c)).and_then(convert::rewritten)
     }
 
     /// Forks a session.
     pub fn fork(&self, c: Fork) -> Result<SessionReceipt> {
-        match self.execute(Command::Fork(c))? {
-            Outcome::Created { session, receipt } => Ok(SessionReceipt { session, receipt }),
-            other => Err(unexpected(other)),
-        }
+        self.execute(Command::Fork(c)).and_then(convert::created)
     }
 
     /// Forks `parent` keeping its first `index` messages, into a new session.
@@ -502,69 +488,44 @@ impl Engine {
 
     /// Archives a session. Returns false if it already was archived (nothing written).
     pub fn archive(&self, session: SessionId, reason: impl Into<String>) -> Result<bool> {
-        match self.execute(Command::Archive { session, reason: reason.into() })? {
-            Outcome::Archived { seq } => Ok(seq.is_some()),
-            other => Err(unexpected(other)),
-        }
+        self.execute(Command::Archive { session, reason: reason.into() }).and_then(convert::archived)
     }
 
     /// Revives an archived session. Returns the event's seq.
     pub fn revive(&self, session: SessionId, reason: impl Into<String>) -> Result<u64> {
-        match self.execute(Command::Revive { session, reason: reason.into() })? {
-            Outcome::Revived { seq } => Ok(seq),
-            other => Err(unexpected(other)),
-        }
+        self.execute(Command::Revive { session, reason: reason.into() }).and_then(convert::revived)
     }
 
     /// Stages context for a later turn.
     pub fn append_context(&self, c: AppendContext) -> Result<ContextOutcome> {
-        match self.execute(Command::AppendContext(c))? {
-            Outcome::Staged { seq } => Ok(ContextOutcome::Staged(seq)),
-            Outcome::Duplicate => Ok(ContextOutcome::Duplicate),
-            other => Err(unexpected(other)),
-        }
+        self.execute(Command::AppendContext(c)).and_then(convert::context)
     }
 
     /// T1: records a tool call before it is dispatched.
     pub fn record_tool_call(&self, c: RecordToolCall) -> Result<ToolReceipt> {
-        match self.execute(Command::RecordToolCall(c))? {
-            Outcome::Tool { created, seq } => Ok(ToolReceipt { created, seq }),
-            other => Err(unexpected(other)),
-        }
+        self.execute(Command::RecordToolCall(c)).and_then(convert::tool)
     }
 
     /// T2: records a tool call's result.
     pub fn record_tool_result(&self, c: RecordToolResult) -> Result<ToolReceipt> {
-        match self.execute(Command::RecordToolResult(c))? {
-            Outcome::Tool { created, seq } => Ok(ToolReceipt { created, seq }),
-            other => Err(unexpected(other)),
-        }
+        self.execute(Command::RecordToolResult(c)).and_then(convert::tool)
     }
 
     /// Sets and removes labels. Returns the event's seq, or `None` if nothing changed.
     pub fn set_labels(&self, c: SetLabels) -> Result<Option<u64>> {
-        match self.execute(Command::SetLabels(c))? {
-            Outcome::Labels { seq } => Ok(seq),
-            other => Err(unexpected(other)),
-        }
+        self.execute(Command::SetLabels(c)).and_then(convert::labels)
     }
 
     /// Replaces the session's metadata blob (`MetadataSet`; the log keeps every
     /// version). Returns the event's seq, or `None` if the metadata already was this.
     pub fn set_metadata(&self, c: SetMetadata) -> Result<Option<u64>> {
-        match self.execute(Command::SetMetadata(c))? {
-            Outcome::Metadata { seq } => Ok(seq),
-            other => Err(unexpected(other)),
-        }
+        self.execute(Command::SetMetadata(c)).and_then(convert::metadata)
     }
 
     /// Sets and removes host state entries (`HostStateChanged`, holding only what
     /// changes). Returns the event's seq, or `None` if nothing changed.
     pub fn set_host_state(&self, c: SetHostState) -> Result<Option<u64>> {
-        match self.execute(Command::SetHostState(c))? {
-            Outcome::HostState { seq } => Ok(seq),
-            other => Err(unexpected(other)),
-        }
+        self.execute(Command::SetHostState(c)).and_then(convert::host_state)
     }
 
     /// Takes the execution lease of `session` for `owner`, for `ttl` (writer clock;
@@ -577,10 +538,7 @@ impl Engine {
     /// [`Rejection::Busy`]: crate::Rejection::Busy
     pub fn acquire_lease(&self, session: SessionId, owner: impl Into<String>, ttl: Duration) -> Result<Lease> {
         let c = AcquireLease { session, owner: owner.into(), ttl_ms: ttl_ms(ttl) };
-        match self.execute(Command::AcquireLease(c))? {
-            Outcome::Lease { lease, .. } => Ok(lease),
-            other => Err(unexpected(other)),
-        }
+        self.execute(Command::AcquireLease(c)).and_then(convert::lease)
     }
 
     /// Renews a held lease for `ttl` from now. Renewals are kept in the writer's memory,
@@ -591,10 +549,7 @@ impl Engine {
     /// [`Rejection::Fenced`]: crate::Rejection::Fenced
     pub fn renew_lease(&self, lease: &Lease, ttl: Duration) -> Result<Lease> {
         let c = RenewLease { session: lease.session, token: lease.token, ttl_ms: ttl_ms(ttl) };
-        match self.execute(Command::RenewLease(c))? {
-            Outcome::Lease { lease, .. } => Ok(lease),
-            other => Err(unexpected(other)),
-        }
+        self.execute(Command::RenewLease(c)).and_then(convert::lease)
     }
 
     /// Releases a held lease (a `LeaseReleased` event), so another owner may take it at
@@ -603,10 +558,8 @@ impl Engine {
     ///
     /// [`Rejection::Fenced`]: crate::Rejection::Fenced
     pub fn release_lease(&self, lease: &Lease) -> Result<bool> {
-        match self.execute(Command::ReleaseLease { session: lease.session, token: lease.token })? {
-            Outcome::LeaseReleased { seq } => Ok(seq.is_some()),
-            other => Err(unexpected(other)),
-        }
+        self.execute(Command::ReleaseLease { session: lease.session, token: lease.token })
+            .and_then(convert::lease_released)
     }
 
     /// Appends `segment` to draft `draft_id` of `session` (creating the draft), and
@@ -624,19 +577,13 @@ impl Engine {
         segment: impl Into<Vec<u8>>,
     ) -> Result<u32> {
         let c = AppendDraft { session, draft_id: draft_id.into(), segment: segment.into() };
-        match self.execute(Command::AppendDraft(c))? {
-            Outcome::DraftAppended { index, .. } => Ok(index),
-            other => Err(unexpected(other)),
-        }
+        self.execute(Command::AppendDraft(c)).and_then(convert::draft_appended)
     }
 
     /// Discards a draft and its segments (written at once). Returns false if there was
     /// none.
     pub fn discard_draft(&self, session: SessionId, draft_id: impl Into<String>) -> Result<bool> {
-        match self.execute(Command::DiscardDraft { session, draft_id: draft_id.into() })? {
-            Outcome::DraftDiscarded { existed } => Ok(existed),
-            other => Err(unexpected(other)),
-        }
+        self.execute(Command::DiscardDraft { session, draft_id: draft_id.into() }).and_then(convert::draft_discarded)
     }
 
     /// The drafts of `session`, in draft id order, each with its segments in order, as
@@ -661,7 +608,7 @@ impl Engine {
 
     /// Writes every draft segment still in memory to the file now (a durable commit).
     pub fn flush_drafts(&self) -> Result<()> {
-        let (reply, rx) = bounded(1);
+        let (reply, rx) = oneshot::channel();
         self.send(Request::FlushDrafts { reply })?;
         rx.recv().map_err(|_| Error::Closed)?
     }
@@ -724,17 +671,29 @@ impl Engine {
     }
 
     /// A receiver that hears about every durable commit once, in commit order. A
-    /// receiver more than [`SUBSCRIBER_QUEUE_MAX`] notices behind is disconnected.
+    /// receiver more than [`SUBSCRIBER_QUEUE_MAX`] notices behind is disconnected
+    /// ([`Engine::subscribe_stream`] tells its consumer where to resume instead).
     pub fn subscribe(&self) -> Receiver<CommitNotice> {
         let (tx, rx) = bounded(SUBSCRIBER_QUEUE_MAX);
-        self.inner.shared.subscribers.lock().push(tx);
+        self.inner.shared.subscribers.lock().push(Subscriber::Channel(tx));
         rx
+    }
+
+    /// Adds a subscriber; one added after the engine closed is dropped at once (its
+    /// receiving end sees the end), since nothing will be committed any more.
+    pub(crate) fn add_subscriber(&self, subscriber: Subscriber) {
+        let mut subscribers = self.inner.shared.subscribers.lock();
+        // Under the lock: the writer clears the subscribers under it when it stops, which
+        // is after `closed` is set.
+        if !self.inner.closed.load(Ordering::Acquire) {
+            subscribers.push(subscriber);
+        }
     }
 
     /// Drops the projections in `set` and folds them again from the log, in one
     /// transaction, through the writer (so no commit interleaves).
     pub fn rebuild(&self, set: ProjectionSet) -> Result<RebuildStats> {
-        let (reply, rx) = bounded(1);
+        let (reply, rx) = oneshot::channel();
         self.send(Request::Rebuild { set, reply })?;
         rx.recv().map_err(|_| Error::Closed)?
     }
@@ -743,7 +702,7 @@ impl Engine {
     /// (commits queued before it are included). Never needed for correctness: queries
     /// read the delta, and an open folds whatever the last checkpoint missed.
     pub fn checkpoint(&self) -> Result<()> {
-        let (reply, rx) = bounded(1);
+        let (reply, rx) = oneshot::channel();
         self.send(Request::Checkpoint { reply })?;
         rx.recv().map_err(|_| Error::Closed)?
     }
@@ -756,7 +715,7 @@ impl Engine {
     /// one transaction: on any error nothing is appended
     /// ([`Rejection::InvalidImport`] names the record).
     pub fn import(&self, records: Vec<annal_codec::Record>, content: Vec<Vec<u8>>) -> Result<ImportStats> {
-        let (reply, rx) = bounded(1);
+        let (reply, rx) = oneshot::channel();
         self.send(Request::Import { records, content, reply })?;
         rx.recv().map_err(|_| Error::Closed)?
     }
@@ -784,7 +743,7 @@ impl Engine {
     /// [`Rejection::ForkParentMoved`]: crate::Rejection::ForkParentMoved
     /// [`Rejection::InvalidImport`]: crate::Rejection::InvalidImport
     pub fn copy_in(&self, export: SessionExport) -> Result<CopyOutcome> {
-        let (reply, rx) = bounded(1);
+        let (reply, rx) = oneshot::channel();
         self.send(Request::Copy { export, reply })?;
         rx.recv().map_err(|_| Error::Closed)?
     }

@@ -48,6 +48,28 @@ pub struct CommitNotice {
 /// (its receiver disconnects) rather than stalling the writer.
 pub const SUBSCRIBER_QUEUE_MAX: usize = 65_536;
 
+/// Where the writer sends a request's result: a oneshot that the caller either blocks
+/// on (`recv`) or awaits (the async twins' [`crate::Reply`]).
+pub(crate) type ReplyTo<T> = oneshot::Sender<Result<T>>;
+
+/// A subscriber to commit notices.
+pub(crate) enum Subscriber {
+    /// [`crate::Engine::subscribe`]: dropped when its queue is full.
+    Channel(Sender<CommitNotice>),
+    /// [`crate::Engine::subscribe_stream`]: told that it lagged when its queue is full.
+    Stream(crate::stream::StreamSender),
+}
+
+impl Subscriber {
+    /// Delivers `notices` in order. Returns false if the subscriber is to be dropped.
+    fn deliver(&mut self, notices: &[CommitNotice]) -> bool {
+        match self {
+            Subscriber::Channel(tx) => notices.iter().all(|n| tx.try_send(n.clone()).is_ok()),
+            Subscriber::Stream(tx) => notices.iter().all(|n| tx.deliver(n)),
+        }
+    }
+}
+
 pub(crate) struct Shared {
     pub log_db: Arc<crate::engine::Db>,
     pub projections: Arc<crate::engine::Db>,
@@ -57,7 +79,7 @@ pub(crate) struct Shared {
     pub durability: redb::Durability,
     pub policy: CheckpointPolicy,
     pub poisoned: Arc<AtomicBool>,
-    pub subscribers: Mutex<Vec<Sender<CommitNotice>>>,
+    pub subscribers: Mutex<Vec<Subscriber>>,
     pub batch_commands_max: usize,
     pub stats: Arc<EngineStats>,
     /// The log tip as of the last durable batch (the writer's).
@@ -94,27 +116,27 @@ pub(crate) enum Request {
     /// Boxed: the queue's slots are preallocated, and a command is large.
     Command {
         command: Box<Command>,
-        reply: Sender<Result<Outcome>>,
+        reply: ReplyTo<Outcome>,
         compressed: Compressed,
     },
     Rebuild {
         set: ProjectionSet,
-        reply: Sender<Result<RebuildStats>>,
+        reply: ReplyTo<RebuildStats>,
     },
     Checkpoint {
-        reply: Sender<Result<()>>,
+        reply: ReplyTo<()>,
     },
     FlushDrafts {
-        reply: Sender<Result<()>>,
+        reply: ReplyTo<()>,
     },
     Import {
         records: Vec<Record>,
         content: Vec<Vec<u8>>,
-        reply: Sender<Result<crate::import::ImportStats>>,
+        reply: ReplyTo<crate::import::ImportStats>,
     },
     Copy {
         export: crate::copy::SessionExport,
-        reply: Sender<Result<crate::copy::CopyOutcome>>,
+        reply: ReplyTo<crate::copy::CopyOutcome>,
     },
 }
 
@@ -181,6 +203,8 @@ pub(crate) fn run(shared: Arc<Shared>, rx: Receiver<Request>, tip: Tip, checkpoi
     }
     // Closing: what drafts hold goes to the file.
     let _ = flush_drafts(&shared);
+    // Nothing is committed after this: subscribers' channels close (a stream ends).
+    shared.subscribers.lock().clear();
     let _ = checkpoints.send(Signal::Stop);
 }
 
@@ -268,7 +292,7 @@ struct Sequencer {
 }
 
 /// A batch of commands with their callers' reply channels.
-type Batch = Vec<(Command, Sender<Result<Outcome>>, Compressed)>;
+type Batch = Vec<(Command, ReplyTo<Outcome>, Compressed)>;
 
 impl Sequencer {
     /// Decides and folds `batch`, appends it durably, applies it to the delta, then
@@ -494,13 +518,15 @@ pub(crate) fn alone_on_the_log<T>(shared: &Shared, what: &'static str, f: impl F
     result
 }
 
-/// Sends `notices` to every subscriber, dropping those that fell too far behind.
+/// Sends `notices` to every subscriber: a channel subscriber that fell too far behind is
+/// dropped, a stream subscriber is marked as lagging (see [`crate::CommitStream`]), and
+/// a subscriber whose receiving end is gone is dropped.
 pub(crate) fn notify(shared: &Shared, notices: Vec<CommitNotice>) {
     if notices.is_empty() {
         return;
     }
     let mut subs = shared.subscribers.lock();
-    subs.retain(|s| notices.iter().all(|n| s.try_send(n.clone()).is_ok()));
+    subs.retain_mut(|s| s.deliver(&notices));
 }
 
 /// The content objects of a decision that are not stored yet (nor introduced earlier in
