@@ -200,6 +200,21 @@ pub struct TurnCommitted {
     pub inputs: Vec<String>,
 }
 
+impl TurnCommitted {
+    /// The commit hash its content gives (`turn_commit_hash_with_inputs`): what
+    /// `commit_hash` must be.
+    pub fn recomputed_hash(&self) -> CommitHash {
+        crate::hash::turn_commit_hash_with_inputs(
+            &self.messages,
+            &self.usage,
+            &self.applied_context,
+            &self.tool_ops,
+            &self.state,
+            &self.inputs,
+        )
+    }
+}
+
 /// Schema version 2 of [`TurnCommitted`], before `inputs` existed. Upcast on read.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TurnCommittedV2 {
@@ -524,7 +539,7 @@ pub struct InputEnqueued {
 }
 
 /// Queued inputs were claimed by `owner` under the lease with `token`, until
-/// `expires_at_ms`. The claim is named by this event's seq.
+/// `expires_at_ms`. The claim is named by this event's stream seq in its session.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct InputsClaimed {
     /// Who claims (a worker id).
@@ -542,7 +557,7 @@ pub struct InputsClaimed {
 /// A claim was given up: its inputs that no turn completed are queued again.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ClaimAbandoned {
-    /// The claim (the seq of its `InputsClaimed`).
+    /// The claim (the stream seq of its `InputsClaimed`).
     pub claim: u64,
 }
 

@@ -247,10 +247,18 @@ fn v2_turn_committed_is_upcast() {
     let Event::TurnCommitted(turn) = &decoded.record.event else { panic!("not a turn: {:?}", decoded.record) };
     assert!(turn.inputs.is_empty());
     assert_eq!(turn.state, state());
-    let hash = turn_commit_hash_with_state(&turn.messages, &turn.usage, &turn.applied_context, &turn.tool_ops, &turn.state);
+    let hash =
+        turn_commit_hash_with_state(&turn.messages, &turn.usage, &turn.applied_context, &turn.tool_ops, &turn.state);
     assert_eq!(turn.commit_hash, hash);
     assert_eq!(
-        turn_commit_hash_with_inputs(&turn.messages, &turn.usage, &turn.applied_context, &turn.tool_ops, &turn.state, &[]),
+        turn_commit_hash_with_inputs(
+            &turn.messages,
+            &turn.usage,
+            &turn.applied_context,
+            &turn.tool_ops,
+            &turn.state,
+            &[]
+        ),
         hash,
         "a turn without inputs hashes as before"
     );

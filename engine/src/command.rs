@@ -581,7 +581,7 @@ pub enum Command {
     AbandonClaim {
         /// The session.
         session: SessionId,
-        /// The claim (its seq).
+        /// The claim (the stream seq of its `InputsClaimed`).
         claim: u64,
     },
     /// Withdraw an input no live claim holds.
@@ -778,7 +778,9 @@ pub enum Outcome {
     },
     /// Inputs were claimed; `claim` is `None` when none was claimable.
     Claimed {
-        /// The claim: the seq of its `InputsClaimed` event.
+        /// The `InputsClaimed` event, if one was written.
+        seq: Option<u64>,
+        /// The claim: the session's stream seq of its `InputsClaimed` event.
         claim: Option<u64>,
         /// The inputs claimed, in queue order.
         inputs: Vec<String>,
@@ -848,7 +850,7 @@ impl Outcome {
             | Outcome::Enqueued { seq }
             | Outcome::ClaimAbandoned { seq }
             | Outcome::InputCancelled { seq }
-            | Outcome::Claimed { claim: seq, .. } => out.extend(*seq),
+            | Outcome::Claimed { seq, .. } => out.extend(*seq),
             Outcome::AlreadyCommitted(_)
             | Outcome::Duplicate
             | Outcome::DraftAppended { .. }

@@ -989,7 +989,7 @@ fn claim_inputs<S: Store + ?Sized>(store: &S, c: &ClaimInputs, limits: &Limits, 
         }
     }
     if inputs.is_empty() {
-        return Ok(Decision::Noop(Outcome::Claimed { claim: None, inputs, expires_at_ms: 0 }));
+        return Ok(Decision::Noop(Outcome::Claimed { seq: None, claim: None, inputs, expires_at_ms: 0 }));
     }
     let event = Event::InputsClaimed(InputsClaimed {
         owner: c.owner.clone(),
@@ -1010,7 +1010,11 @@ fn abandon_claim<S: Store + ?Sized>(store: &S, session: &SessionId, claim: u64) 
         return Ok(Decision::Noop(Outcome::ClaimAbandoned { seq: None }));
     }
     live(&h, session)?;
-    Ok(Decision::Write { session: *session, event: Event::ClaimAbandoned(ClaimAbandoned { claim }), content: Vec::new() })
+    Ok(Decision::Write {
+        session: *session,
+        event: Event::ClaimAbandoned(ClaimAbandoned { claim }),
+        content: Vec::new(),
+    })
 }
 
 fn cancel_input<S: Store + ?Sized>(
@@ -1065,7 +1069,8 @@ pub fn outcome_of(record: &Record) -> Outcome {
         Event::LeaseReleased(_) => Outcome::LeaseReleased { seq: Some(record.seq) },
         Event::InputEnqueued(_) => Outcome::Enqueued { seq: Some(record.seq) },
         Event::InputsClaimed(e) => {
-            Outcome::Claimed { claim: Some(record.seq), inputs: e.inputs.clone(), expires_at_ms: e.expires_at_ms }
+            let (seq, claim) = (Some(record.seq), Some(record.stream_seq));
+            Outcome::Claimed { seq, claim, inputs: e.inputs.clone(), expires_at_ms: e.expires_at_ms }
         }
         Event::ClaimAbandoned(_) => Outcome::ClaimAbandoned { seq: Some(record.seq) },
         Event::InputCancelled(_) => Outcome::InputCancelled { seq: Some(record.seq) },

@@ -625,10 +625,7 @@ impl Engine {
         kind: annal_codec::InputKind,
     ) -> Result<Option<u64>> {
         let c = EnqueueInput { session, input_id: input_id.into(), message, kind };
-        match self.execute(Command::EnqueueInput(c))? {
-            Outcome::Enqueued { seq } => Ok(seq),
-            other => Err(unexpected(other)),
-        }
+        self.execute(Command::EnqueueInput(c)).and_then(convert::enqueued)
     }
 
     /// The inputs of `session` that a claim may take now: queued, and held by no live
@@ -646,28 +643,20 @@ impl Engine {
     /// `c.ttl_ms`; after that its inputs are claimable again. Claiming nothing writes
     /// nothing (`claim: None`).
     pub fn claim_inputs(&self, c: ClaimInputs) -> Result<crate::query::Claim> {
-        match self.execute(Command::ClaimInputs(c))? {
-            Outcome::Claimed { claim, inputs, expires_at_ms } => Ok(crate::query::Claim { claim, inputs, expires_at_ms }),
-            other => Err(unexpected(other)),
-        }
+        self.execute(Command::ClaimInputs(c)).and_then(convert::claimed)
     }
 
-    /// Gives a claim up: its inputs that no turn consumed are queued again. Returns
+    /// Gives a claim up (named by the stream seq of its `InputsClaimed`): its inputs
+    /// that no turn consumed are queued again. Returns
     /// false if the claim was closed already; an unknown claim is `UnknownClaim`.
     pub fn abandon_claim(&self, session: SessionId, claim: u64) -> Result<bool> {
-        match self.execute(Command::AbandonClaim { session, claim })? {
-            Outcome::ClaimAbandoned { seq } => Ok(seq.is_some()),
-            other => Err(unexpected(other)),
-        }
+        self.execute(Command::AbandonClaim { session, claim }).and_then(convert::claim_abandoned)
     }
 
     /// Withdraws an input that no live claim holds. Returns false if it was cancelled
     /// already; a consumed or live-claimed input is `InputState`.
     pub fn cancel_input(&self, session: SessionId, input_id: impl Into<String>) -> Result<bool> {
-        match self.execute(Command::CancelInput { session, input_id: input_id.into() })? {
-            Outcome::InputCancelled { seq } => Ok(seq.is_some()),
-            other => Err(unexpected(other)),
-        }
+        self.execute(Command::CancelInput { session, input_id: input_id.into() }).and_then(convert::input_cancelled)
     }
 
     /// A receiver that hears about every durable commit once, in commit order. A

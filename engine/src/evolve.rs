@@ -602,11 +602,11 @@ fn fold_inbox<S: Store + ?Sized>(store: &mut S, r: &Record) -> Result<()> {
                     InputState::Claimed { claim, .. } => previous.push(claim),
                     ref other => return Err(corrupt(r, format!("claim of input {id:?}, which is {}", other.name()))),
                 }
-                row.state = InputState::Claimed { claim: r.seq, expires_at_ms: e.expires_at_ms };
+                row.state = InputState::Claimed { claim: r.stream_seq, expires_at_ms: e.expires_at_ms };
                 store.put_row(Table::Inputs, &key, &row)?;
             }
             let row = ClaimRow {
-                claim: r.seq,
+                claim: r.stream_seq,
                 owner: e.owner.clone(),
                 token: e.token,
                 target: e.target.clone(),
@@ -614,8 +614,8 @@ fn fold_inbox<S: Store + ?Sized>(store: &mut S, r: &Record) -> Result<()> {
                 expires_at_ms: e.expires_at_ms,
                 open: true,
             };
-            store.put_row(Table::Claims, &keys::session_u64(&r.session, r.seq), &row)?;
-            tip.claims.push(r.seq);
+            store.put_row(Table::Claims, &keys::session_u64(&r.session, r.stream_seq), &row)?;
+            tip.claims.push(r.stream_seq);
             for claim in previous {
                 close_if_empty(store, r, &mut tip, claim)?;
             }

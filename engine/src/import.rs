@@ -98,9 +98,7 @@ pub(crate) fn fold_foreign<S: Store + ?Sized>(
         other => import_error(source_seq, other.to_string()),
     };
     if let annal_codec::Event::TurnCommitted(e) = &record.event {
-        let hash =
-            annal_codec::turn_commit_hash_with_state(&e.messages, &e.usage, &e.applied_context, &e.tool_ops, &e.state);
-        if hash != e.commit_hash {
+        if e.recomputed_hash() != e.commit_hash {
             return Err(import_error(source_seq, "commit hash does not recompute"));
         }
     }

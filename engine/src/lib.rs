@@ -246,9 +246,9 @@ pub use annal_codec::{
 pub use checkpoint::CheckpointPolicy;
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use command::{
-    new_session_id, AcquireLease, AppendContext, AppendDraft, ClaimInputs, EnqueueInput, Command, CommitTurn, CreateSession, Expected, Fence,
-    Fork, Lease, Message, Outcome, Receipt, RecordToolCall, RecordToolResult, RenewLease, Restore, Rewrite,
-    RewriteReason, SetHostState, SetLabels, SetMetadata, StateChanges, LEASE_TTL_MS_MAX,
+    new_session_id, AcquireLease, AppendContext, AppendDraft, ClaimInputs, Command, CommitTurn, CreateSession,
+    EnqueueInput, Expected, Fence, Fork, Lease, Message, Outcome, Receipt, RecordToolCall, RecordToolResult,
+    RenewLease, Restore, Rewrite, RewriteReason, SetHostState, SetLabels, SetMetadata, StateChanges, LEASE_TTL_MS_MAX,
 };
 pub use compact::{compact, CompactStats};
 pub use copy::{CopyOutcome, SessionExport};

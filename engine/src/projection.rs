@@ -200,8 +200,8 @@ pub struct SessionHead {
 pub enum InputState {
     /// Queued, held by no claim.
     Pending,
-    /// Held by the claim made at seq `claim` until `expires_at_ms` (after which it is
-    /// claimable again).
+    /// Held by the claim made at stream seq `claim` until `expires_at_ms` (after which
+    /// it is claimable again).
     Claimed {
         /// The claim.
         claim: u64,
@@ -261,7 +261,8 @@ pub struct InputRow {
 /// A claim on queued inputs.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ClaimRow {
-    /// The claim: the seq of its `InputsClaimed`.
+    /// The claim: the session's stream seq of its `InputsClaimed` (stream seqs survive a
+    /// session copy; global seqs do not).
     pub claim: u64,
     /// Who holds it.
     pub owner: String,

@@ -864,7 +864,10 @@ pub fn inbox(view: &View, limits: &Limits, session: &SessionId) -> Result<Vec<Qu
     for id in &tip.open {
         let key = keys::session_str(session, id);
         let row: InputRow = view.row(Table::Inputs, &key)?.ok_or_else(|| {
-            Error::corrupt(Location::Projection { table: Table::Inputs.name(), key: crate::store::hex(&key) }, "missing row")
+            Error::corrupt(
+                Location::Projection { table: Table::Inputs.name(), key: crate::store::hex(&key) },
+                "missing row",
+            )
         })?;
         let message = load_message(view, limits, &row.message)?;
         out.push(QueuedInput { input_id: row.input_id, seq: row.seq, kind: row.kind, state: row.state, message });
@@ -875,7 +878,8 @@ pub fn inbox(view: &View, limits: &Limits, session: &SessionId) -> Result<Vec<Qu
 /// What a claim took.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Claim {
-    /// The claim (the seq of its `InputsClaimed`), or `None` when nothing was claimable.
+    /// The claim (the session's stream seq of its `InputsClaimed`), or `None` when
+    /// nothing was claimable.
     pub claim: Option<u64>,
     /// The inputs it holds, in queue order.
     pub inputs: Vec<String>,

@@ -140,12 +140,16 @@ impl Reader {
 
     /// An input of `session`, whatever its state (completed and cancelled ones too).
     pub fn input(&self, session: SessionId, input_id: &str) -> Result<Option<InputRow>> {
-        fail_closed("input", || self.snapshot()?.row(crate::store::Table::Inputs, &crate::store::keys::session_str(&session, input_id)))
+        fail_closed("input", || {
+            self.snapshot()?.row(crate::store::Table::Inputs, &crate::store::keys::session_str(&session, input_id))
+        })
     }
 
-    /// A claim of `session`, by its seq.
+    /// A claim of `session`, by the stream seq of its `InputsClaimed`.
     pub fn claim(&self, session: SessionId, claim: u64) -> Result<Option<ClaimRow>> {
-        fail_closed("claim", || self.snapshot()?.row(crate::store::Table::Claims, &crate::store::keys::session_u64(&session, claim)))
+        fail_closed("claim", || {
+            self.snapshot()?.row(crate::store::Table::Claims, &crate::store::keys::session_u64(&session, claim))
+        })
     }
 
     /// The execution lease of `session`, if one was ever granted: its holder, its token

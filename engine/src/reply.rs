@@ -217,6 +217,40 @@ pub(crate) mod convert {
         }
     }
 
+    /// `enqueue_input`: the event's seq, if one was written.
+    pub(crate) fn enqueued(outcome: Outcome) -> Result<Option<u64>> {
+        match outcome {
+            Outcome::Enqueued { seq } => Ok(seq),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// `claim_inputs`: what the claim took.
+    pub(crate) fn claimed(outcome: Outcome) -> Result<crate::query::Claim> {
+        match outcome {
+            Outcome::Claimed { claim, inputs, expires_at_ms, .. } => {
+                Ok(crate::query::Claim { claim, inputs, expires_at_ms })
+            }
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// `abandon_claim`: whether an event was written.
+    pub(crate) fn claim_abandoned(outcome: Outcome) -> Result<bool> {
+        match outcome {
+            Outcome::ClaimAbandoned { seq } => Ok(seq.is_some()),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// `cancel_input`: whether an event was written.
+    pub(crate) fn input_cancelled(outcome: Outcome) -> Result<bool> {
+        match outcome {
+            Outcome::InputCancelled { seq } => Ok(seq.is_some()),
+            other => Err(unexpected(other)),
+        }
+    }
+
     /// `discard_draft`: whether the draft existed.
     pub(crate) fn draft_discarded(outcome: Outcome) -> Result<bool> {
         match outcome {
@@ -342,4 +376,11 @@ async_twins! {
         convert::draft_appended;
     discard_draft => discard_draft_async(session: SessionId, draft_id: impl Into<String>) -> bool
         = Command::DiscardDraft { session, draft_id: draft_id.into() }, convert::draft_discarded;
+    enqueue_input => enqueue_input_async(session: SessionId, input_id: impl Into<String>, message: Message, kind: annal_codec::InputKind) -> Option<u64>
+        = Command::EnqueueInput(EnqueueInput { session, input_id: input_id.into(), message, kind }), convert::enqueued;
+    claim_inputs => claim_inputs_async(c: ClaimInputs) -> crate::query::Claim = Command::ClaimInputs(c), convert::claimed;
+    abandon_claim => abandon_claim_async(session: SessionId, claim: u64) -> bool
+        = Command::AbandonClaim { session, claim }, convert::claim_abandoned;
+    cancel_input => cancel_input_async(session: SessionId, input_id: impl Into<String>) -> bool
+        = Command::CancelInput { session, input_id: input_id.into() }, convert::input_cancelled;
 }

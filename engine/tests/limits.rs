@@ -37,6 +37,7 @@ fn small() -> Limits {
         draft_bytes_max: 64,
         session_draft_bytes_max: 96,
         draft_bytes_total_max: 128,
+        inbox_inputs_max: 4,
     }
 }
 

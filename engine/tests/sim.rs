@@ -107,6 +107,9 @@ fn pin_ids(command: &mut Command, map: &mut BTreeMap<SessionId, SessionId>) {
         Command::ReleaseLease { session, .. } => pin(session),
         Command::AppendDraft(c) => pin(&mut c.session),
         Command::DiscardDraft { session, .. } => pin(session),
+        Command::EnqueueInput(c) => pin(&mut c.session),
+        Command::ClaimInputs(c) => pin(&mut c.session),
+        Command::AbandonClaim { session, .. } | Command::CancelInput { session, .. } => pin(session),
         Command::Fenced { fence, command } => {
             pin(&mut fence.session);
             pin_ids(command, map);

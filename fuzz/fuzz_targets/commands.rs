@@ -24,7 +24,7 @@
 
 use annal::fault::disk::{IoKind, SimDisk};
 use annal::{
-    AcquireLease, AppendContext, AppendDraft, Command, Fence, ManualClock, RenewLease, CommitTurn, CreateSession, Durability, Engine, Error, EventQuery, Expected, Fork, Limits,
+    AcquireLease, AppendContext, AppendDraft, ClaimInputs, ClaimTarget, EnqueueInput, InputKind, Command, Fence, ManualClock, RenewLease, CommitTurn, CreateSession, Durability, Engine, Error, EventQuery, Expected, Fork, Limits,
     Message, Options, Outcome, PageRequest, RecordToolCall, RecordToolResult, Recovery, Restore, RevisionId, Rewrite,
     RewriteReason, Role, SessionId, SetHostState, SetLabels, SetMetadata, StateChanges, ToolOutcome, Usage,
 };
@@ -66,6 +66,7 @@ fn limits() -> Limits {
         draft_bytes_max: 16,
         session_draft_bytes_max: 24,
         draft_bytes_total_max: 40,
+        inbox_inputs_max: 3,
     }
 }
 
@@ -74,6 +75,7 @@ fn word(i: u8, alphabet: &[&str]) -> String {
     alphabet[i as usize % alphabet.len()].to_string()
 }
 
+const INPUTS: [&str; 4] = ["i1", "i2", "i3", ""];
 const DRAFTS: [&str; 3] = ["d1", "d2", ""];
 const SEGMENTS: [&str; 4] = ["ab", "cde", "", "a-segment-longer-than-the-draft-limit"];
 const TURNS: [&str; 6] = ["t0", "t1", "t2", "t3", "", "turn-id-too-long-x"];
@@ -153,6 +155,32 @@ enum Step {
         set_state: Option<(u8, u8)>,
         remove_state: Option<u8>,
         finalize: Option<u8>,
+        consume: Option<u8>,
+    },
+    /// Queue an input.
+    Enqueue {
+        s: u8,
+        id: u8,
+        message: Msg,
+        active: bool,
+    },
+    /// Claim inputs with the current lease token moved by `off`.
+    Claim {
+        s: u8,
+        off: i8,
+        turn: Option<u8>,
+        ttl: u8,
+        max: u8,
+    },
+    /// Abandon claim `claim` (a stream seq).
+    Abandon {
+        s: u8,
+        claim: u8,
+    },
+    /// Cancel an input.
+    Cancel {
+        s: u8,
+        id: u8,
     },
     /// Append a segment to a draft.
     Draft {
@@ -393,7 +421,38 @@ impl Run {
                 segment: word(*segment, &SEGMENTS).into_bytes(),
             }),
             Step::Discard { s, id } => Command::DiscardDraft { session: sid(*s), draft_id: word(*id, &DRAFTS) },
-            Step::Turn { s, turn, expected, messages: ms, usage, context, tool, set_state, remove_state, finalize } => {
+            Step::Enqueue { s, id, message, active } => Command::EnqueueInput(EnqueueInput {
+                session: sid(*s),
+                input_id: word(*id, &INPUTS),
+                message: messages(std::slice::from_ref(message)).remove(0),
+                kind: if *active { InputKind::ActiveTurn } else { InputKind::NextTurn },
+            }),
+            Step::Claim { s, off, turn, ttl, max } => Command::ClaimInputs(ClaimInputs {
+                session: sid(*s),
+                token: self.token(sid(*s), *off),
+                owner: "w1".into(),
+                target: match turn {
+                    Some(t) => ClaimTarget::Turn(word(*t, &TURNS)),
+                    None => ClaimTarget::NextTurn,
+                },
+                ttl_ms: u64::from(*ttl) * 10,
+                max: u64::from(*max % 4),
+            }),
+            Step::Abandon { s, claim } => Command::AbandonClaim { session: sid(*s), claim: u64::from(*claim) },
+            Step::Cancel { s, id } => Command::CancelInput { session: sid(*s), input_id: word(*id, &INPUTS) },
+            Step::Turn {
+                s,
+                turn,
+                expected,
+                messages: ms,
+                usage,
+                context,
+                tool,
+                set_state,
+                remove_state,
+                finalize,
+                consume,
+            } => {
                 let s = sid(*s);
                 Command::CommitTurn(CommitTurn {
                     session: s,
@@ -416,6 +475,7 @@ impl Run {
                     run_id: None,
                     state: state(set_state, remove_state),
                     draft: finalize.map(|d| word(d, &DRAFTS)),
+                    inputs: consume.iter().map(|i| word(*i, &INPUTS)).collect(),
                 })
             }
             Step::Rewrite { s, expected, start, len, replacement, reason } => {

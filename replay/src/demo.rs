@@ -533,6 +533,27 @@ fn hosts(path: &Path) -> Result<Vec<String>> {
     if engine.tip()?.0 != tip {
         return Err(CliError::finding("a fenced commit moved the log"));
     }
+    // The user types twice while the session is idle; worker-b drains the inbox into
+    // its next turn.
+    engine.enqueue_input(session, "in-1", Message::user("add a rollback step"), annal::InputKind::NextTurn)?;
+    engine.enqueue_input(session, "in-2", Message::user("and estimate the time"), annal::InputKind::NextTurn)?;
+    let queued = engine.pending_inputs(session)?.len();
+    let claim = b.claim_inputs(annal::ClaimInputs {
+        session,
+        token: second.token,
+        owner: second.owner.clone(),
+        target: annal::ClaimTarget::NextTurn,
+        ttl_ms: 30_000,
+        max: 10,
+    })?;
+    let mut drain = CommitTurn::new(session, "b-2", Expected::Any)
+        .message(Message::user("add a rollback step; and estimate the time"))
+        .message(Message::assistant("rollback added; about two hours"));
+    for id in &claim.inputs {
+        drain = drain.consumes(id.clone());
+    }
+    b.commit_turn(drain)?;
+    let open = engine.inbox(session)?.len();
     b.release_lease(&second)?;
     engine.close()?;
     let mut lines = vec![
@@ -542,6 +563,11 @@ fn hosts(path: &Path) -> Result<Vec<String>> {
             ttl.as_millis()
         ),
         format!("worker-b took over with token {} and committed; worker-a's late commit was {fenced}", second.token),
+        format!(
+            "inbox: {queued} inputs queued while the session was idle; worker-b claimed {} under its lease and its \
+             turn b-2 consumed them in its own commit: {open} left open",
+            claim.inputs.len()
+        ),
     ];
     lines.extend(draft_crash()?);
     Ok(lines)

@@ -415,6 +415,18 @@ fn summary(event: &Event) -> String {
         Event::HostStateChanged(e) => state_text(&e.state),
         Event::LeaseAcquired(e) => format!("{} token {} until {}", e.owner, e.token, e.expires_at_ms),
         Event::LeaseReleased(e) => format!("token {}", e.token),
+        Event::InputEnqueued(e) => {
+            format!("{} for the {} ({})", e.input_id, e.kind.name().replace('_', " "), e.message.short())
+        }
+        Event::InputsClaimed(e) => {
+            let target = match &e.target {
+                annal::codec::ClaimTarget::Turn(t) => format!("turn {t}"),
+                annal::codec::ClaimTarget::NextTurn => "the next turn".into(),
+            };
+            format!("{} by {} (token {}) for {target} until {}", e.inputs.join(","), e.owner, e.token, e.expires_at_ms)
+        }
+        Event::ClaimAbandoned(e) => format!("claim {}", e.claim),
+        Event::InputCancelled(e) => e.input_id.clone(),
     }
 }
 

@@ -868,14 +868,7 @@ impl Fold {
     fn record(&mut self, r: annal::Record, introduced: &[ContentId]) {
         let seq = r.seq;
         if let Event::TurnCommitted(e) = &r.event {
-            if annal::codec::turn_commit_hash_with_state(
-                &e.messages,
-                &e.usage,
-                &e.applied_context,
-                &e.tool_ops,
-                &e.state,
-            ) != e.commit_hash
-            {
+            if e.recomputed_hash() != e.commit_hash {
                 self.findings.push(Finding::CommitHash { seq });
             }
         }

@@ -990,6 +990,8 @@ fn demo_shows_a_stalled_worker_fenced_and_a_draft_surviving_a_crash() {
     assert!(text.contains("late commit was fenced (token 1 < 2), nothing written"), "{text}");
     assert!(text.contains("as abandoned with 3 segments (\"The migration takes three steps: \")"), "{text}");
     assert!(text.contains("finalizes it: 0 drafts left"), "{text}");
+    assert!(text.contains("inbox: 2 inputs queued while the session was idle; worker-b claimed 2"), "{text}");
+    assert!(text.contains("consumed them in its own commit: 0 left open"), "{text}");
 }
 
 /// Drafts are not exported, and `verify` checks only their structure: a clean file

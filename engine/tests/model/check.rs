@@ -136,6 +136,11 @@ pub fn session_agrees(engine: &Engine, model: &Model, s: SessionId, when: &str) 
     same(ok(engine.head(s), "head")?, model.head(&s), format_args!("{when}: head of {s}"))?;
     same(ok(engine.lease(s), "lease")?, model.lease(&s), format_args!("{when}: lease of {s}"))?;
     same(engine.drafts(s, u64::MAX), model.drafts_of(&s), format_args!("{when}: drafts of {s}"))?;
+    same(engine.inbox(s), model.inbox(&s), format_args!("{when}: inbox of {s}"))?;
+    for id in model.input_ids(&s) {
+        let want = model.sessions.get(&s).and_then(|x| x.input(&id));
+        same(ok(engine.input(s, &id), "input")?, want, format_args!("{when}: input {id} of {s}"))?;
+    }
     for p in pages() {
         same(engine.transcript(s, p), model.transcript(&s, p), format_args!("{when}: transcript of {s} {p:?}"))?;
         let got = engine.revisions(s, p).map(revision_view);

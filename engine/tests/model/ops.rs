@@ -44,6 +44,7 @@ pub fn limits() -> Limits {
         draft_bytes_max: 8,
         session_draft_bytes_max: 12,
         draft_bytes_total_max: 20,
+        inbox_inputs_max: 4,
         ..Limits::default()
     }
 }
@@ -130,7 +131,16 @@ pub enum Op {
         run: Option<u8>,
         state: State,
         draft: Option<u8>,
+        inputs: Vec<u8>,
     },
+    /// Queue an input.
+    Enqueue { s: u8, input: u8, message: Msg, active: bool },
+    /// Claim inputs with a token near the current one.
+    Claim { s: u8, token: u8, owner: u8, target: u8, ttl: u8, max: u8 },
+    /// Abandon a claim.
+    Abandon { s: u8, claim: u8 },
+    /// Cancel an input.
+    Cancel { s: u8, input: u8 },
     /// Append a segment to a draft.
     Draft { s: u8, draft: u8, segment: u8 },
     /// Discard a draft.
@@ -380,28 +390,21 @@ pub fn valid_create() -> impl Strategy<Value = Op> {
 pub fn single() -> impl Strategy<Value = Op> {
     let create = (slot(), label_pairs(3), metadata(), msgs(0..=2))
         .prop_map(|(s, labels, metadata, messages)| Op::Create { s, labels, metadata, messages });
-    let commit = (
-        (session(), any::<u8>(), rev()),
-        msgs(0..=3),
-        vec((any::<u8>(), any::<u8>(), any::<u8>()), 0..=2),
-        refs(),
-        refs(),
-        proptest::option::weighted(0.2, any::<u8>()),
-        prop_oneof![4 => Just((Vec::new(), Vec::new())), 1 => state()],
-        proptest::option::weighted(0.2, any::<u8>()),
-    )
-        .prop_map(|((s, turn, expected), messages, usage, context, tools, run, state, draft)| Op::Commit {
-            s,
-            turn,
-            expected,
-            messages,
-            usage,
-            context,
-            tools,
-            run,
-            state,
-            draft,
-        });
+    let commit =
+        (
+            (session(), any::<u8>(), rev()),
+            msgs(0..=3),
+            vec((any::<u8>(), any::<u8>(), any::<u8>()), 0..=2),
+            refs(),
+            refs(),
+            proptest::option::weighted(0.2, any::<u8>()),
+            prop_oneof![4 => Just((Vec::new(), Vec::new())), 1 => state()],
+            proptest::option::weighted(0.2, any::<u8>()),
+            prop_oneof![4 => Just(Vec::new()), 1 => vec(any::<u8>(), 1..=2)],
+        )
+            .prop_map(|((s, turn, expected), messages, usage, context, tools, run, state, draft, inputs)| {
+                Op::Commit { s, turn, expected, messages, usage, context, tools, run, state, draft, inputs }
+            });
     let metadata =
         (session(), any::<u8>(), rev()).prop_map(|(s, metadata, expected)| Op::Metadata { s, metadata, expected });
     let host_state = (session(), state(), rev()).prop_map(|(s, state, expected)| Op::HostState { s, state, expected });
@@ -486,7 +489,34 @@ pub fn single() -> impl Strategy<Value = Op> {
         3 => leases(),
         3 => (session(), any::<u8>(), any::<u8>()).prop_map(|(s, draft, segment)| Op::Draft { s, draft, segment }),
         1 => (session(), any::<u8>()).prop_map(|(s, draft)| Op::Discard { s, draft }),
+        3 => inbox(),
     ]
+}
+
+/// Inbox commands.
+fn inbox() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        3 => (session(), any::<u8>(), msg(), any::<bool>())
+            .prop_map(|(s, input, message, active)| Op::Enqueue { s, input, message, active }),
+        3 => (session(), any::<u8>(), any::<u8>(), any::<u8>(), any::<u8>(), any::<u8>())
+            .prop_map(|(s, token, owner, target, ttl, max)| Op::Claim { s, token, owner, target, ttl, max }),
+        1 => (session(), any::<u8>()).prop_map(|(s, claim)| Op::Abandon { s, claim }),
+        1 => (session(), any::<u8>()).prop_map(|(s, input)| Op::Cancel { s, input }),
+    ]
+}
+
+/// An input id: mostly one of three, now and then an empty or over-long one.
+fn input_id(i: u8) -> String {
+    pick(i, &["i1", "i2", "i3"], &["", "input-id-too-long"])
+}
+
+/// An input the turn consumes: mostly one claimed in `s`, else any id.
+fn consumed(model: &Model, s: &SessionId, i: u8) -> String {
+    let (claimed, _) = model.claimed_inputs(s);
+    match claimed.get(i as usize % claimed.len().max(1)) {
+        Some(id) if i < 200 => id.clone(),
+        _ => input_id(i),
+    }
 }
 
 /// A draft id: mostly one of two, now and then an empty or over-long id.
@@ -772,7 +802,38 @@ pub fn resolve(op: &Op, model: &Model, history: &History) -> Command {
             segment: blob(*segment, &["ab", "cde"]),
         }),
         Op::Discard { s, draft } => Command::DiscardDraft { session: target(model, *s), draft_id: draft_id(*draft) },
-        Op::Commit { s, turn, expected, messages, usage, context, tools, run, state, draft } => {
+        Op::Enqueue { s, input, message: m, active } => Command::EnqueueInput(EnqueueInput {
+            session: target(model, *s),
+            input_id: input_id(*input),
+            message: message(m),
+            kind: if *active { InputKind::ActiveTurn } else { InputKind::NextTurn },
+        }),
+        Op::Claim { s, token: t, owner: o, target: to, ttl: l, max } => {
+            let session = target(model, *s);
+            Command::ClaimInputs(ClaimInputs {
+                session,
+                token: token(model, &session, *t),
+                owner: owner(*o),
+                target: match to % 4 {
+                    0 => ClaimTarget::NextTurn,
+                    1 => ClaimTarget::NextTurn,
+                    _ => ClaimTarget::Turn(turn_id(*to / 4)),
+                },
+                ttl_ms: ttl(*l),
+                max: u64::from(max % 5),
+            })
+        }
+        Op::Abandon { s, claim } => {
+            let session = target(model, *s);
+            let (_, claims) = model.claimed_inputs(&session);
+            let claim = match claims.get(*claim as usize % claims.len().max(1)) {
+                Some(c) if *claim < 220 => *c,
+                _ => u64::from(*claim),
+            };
+            Command::AbandonClaim { session, claim }
+        }
+        Op::Cancel { s, input } => Command::CancelInput { session: target(model, *s), input_id: input_id(*input) },
+        Op::Commit { s, turn, expected, messages, usage, context, tools, run, state, draft, inputs } => {
             let session = target(model, *s);
             Command::CommitTurn(CommitTurn {
                 session,
@@ -795,6 +856,7 @@ pub fn resolve(op: &Op, model: &Model, history: &History) -> Command {
                 run_id: run.map(|r| pick(r, &["run-1"], &["", "run-id-is-too-long"])),
                 state: state_changes(state),
                 draft: draft.map(draft_id),
+                inputs: inputs.iter().map(|i| consumed(model, &session, *i)).collect(),
             })
         }
         Op::Retry { pick: i, expected } => {

@@ -70,6 +70,7 @@ struct TurnContent {
     applied_context: Vec<String>,
     tool_ops: Vec<String>,
     state: (BTreeMap<String, ContentId>, BTreeSet<String>),
+    inputs: Vec<String>,
 }
 
 #[derive(Clone, Debug)]
@@ -132,6 +133,31 @@ pub struct Session {
     state_history: Vec<(u64, String, Option<ContentId>)>,
     /// The execution lease as the log records it.
     lease: Option<LeaseState>,
+    /// The inbox: every input queued, by id.
+    inputs: BTreeMap<String, InputRow>,
+    /// Open inputs in queue order.
+    open_inputs: Vec<String>,
+    /// Every claim, by the stream seq of its event.
+    claims: BTreeMap<u64, ClaimRow>,
+}
+
+impl Session {
+    /// Input `id`, whatever its state.
+    pub fn input(&self, id: &str) -> Option<InputRow> {
+        self.inputs.get(id).cloned()
+    }
+
+    /// Closes claim `claim` once no input is held by it any more.
+    fn close_claim_if_empty(&mut self, claim: u64) {
+        let Some(row) = self.claims.get(&claim) else { return };
+        let holds = row
+            .inputs
+            .iter()
+            .any(|i| matches!(self.inputs[i].state, InputState::Claimed { claim: c, .. } if c == claim));
+        if !holds {
+            self.claims.get_mut(&claim).expect("present").open = false;
+        }
+    }
 }
 
 fn ids(messages: &[Msg]) -> Vec<ContentId> {
@@ -386,11 +412,15 @@ pub fn carried_content(command: &Command) -> Vec<ContentId> {
         Command::RecordToolResult(c) => out.push(content_id(&c.result)),
         Command::Batch(cs) => cs.iter().for_each(|c| out.extend(carried_content(c))),
         Command::Fenced { command, .. } => out.extend(carried_content(command)),
+        Command::EnqueueInput(c) => messages(std::slice::from_ref(&c.message), &mut out),
         Command::AcquireLease(_)
         | Command::RenewLease(_)
         | Command::ReleaseLease { .. }
         | Command::AppendDraft(_)
-        | Command::DiscardDraft { .. } => {}
+        | Command::DiscardDraft { .. }
+        | Command::ClaimInputs(_)
+        | Command::AbandonClaim { .. }
+        | Command::CancelInput { .. } => {}
         Command::Restore(_)
         | Command::Archive { .. }
         | Command::Revive { .. }
@@ -426,6 +456,7 @@ pub fn command_bytes(command: &Command) -> u64 {
                 + strings(&c.tool_ops)
                 + c.usage.iter().map(|u| (u.provider.len() + u.model.len() + 32) as u64).sum::<u64>()
                 + state_bytes(&c.state)
+                + strings(&c.inputs)
         }
         Command::SetMetadata(c) => c.metadata.len() as u64,
         Command::SetHostState(c) => state_bytes(&c.state),
@@ -442,6 +473,10 @@ pub fn command_bytes(command: &Command) -> u64 {
         Command::RenewLease(_) | Command::ReleaseLease { .. } => 0,
         Command::AppendDraft(c) => (c.segment.len() + c.draft_id.len()) as u64,
         Command::DiscardDraft { draft_id, .. } => draft_id.len() as u64,
+        Command::EnqueueInput(c) => c.input_id.len() as u64 + message_bytes(&c.message),
+        Command::ClaimInputs(c) => c.owner.len() as u64,
+        Command::AbandonClaim { .. } => 0,
+        Command::CancelInput { input_id, .. } => input_id.len() as u64,
         Command::Fenced { command, .. } => command_bytes(command),
     }
 }
@@ -643,6 +678,10 @@ impl Model {
             Command::ReleaseLease { session, token } => self.release_lease(session, *token),
             Command::AppendDraft(c) => self.append_draft(c),
             Command::DiscardDraft { session, draft_id } => self.discard_draft(session, draft_id),
+            Command::EnqueueInput(c) => self.enqueue_input(c),
+            Command::ClaimInputs(c) => self.claim_inputs(c),
+            Command::AbandonClaim { session, claim } => self.abandon_claim(session, *claim),
+            Command::CancelInput { session, input_id } => self.cancel_input(session, input_id),
             Command::Fenced { fence, command } => {
                 self.fence(fence)?;
                 self.apply(command)
@@ -743,6 +782,192 @@ impl Model {
         }
     }
 
+    // ----- the inbox ----------------------------------------------------------------
+
+    fn enqueue_input(&mut self, c: &EnqueueInput) -> Reply<Outcome> {
+        self.id("input id", &c.input_id)?;
+        let mut staged = Staged::new();
+        let message = self.message(&c.message, &mut staged)?;
+        let s = self.existing(&c.session)?;
+        if let Some(row) = s.inputs.get(&c.input_id) {
+            if row.message == message.id && row.kind == c.kind {
+                return Ok(Outcome::Enqueued { seq: None });
+            }
+            return Err(Rejection::InputConflict { input_id: c.input_id.clone() });
+        }
+        let s = self.live(&c.session)?;
+        self.limit(Limit::InboxInputs, s.open_inputs.len() as u64 + 1)?;
+        let seq = self.seq + 1;
+        let s = self.session_mut(&c.session);
+        let row = InputRow {
+            input_id: c.input_id.clone(),
+            seq,
+            message: message.id,
+            kind: c.kind,
+            state: InputState::Pending,
+        };
+        s.inputs.insert(c.input_id.clone(), row);
+        s.open_inputs.push(c.input_id.clone());
+        self.emit(c.session, EventKind::InputEnqueued);
+        self.keep(staged);
+        Ok(Outcome::Enqueued { seq: Some(seq) })
+    }
+
+    fn claim_inputs(&mut self, c: &ClaimInputs) -> Reply<Outcome> {
+        self.id("claim owner", &c.owner)?;
+        Model::ttl(c.ttl_ms)?;
+        if c.max == 0 {
+            return invalid("a claim must take at least one input");
+        }
+        self.limit(Limit::ListItems, c.max)?;
+        if let ClaimTarget::Turn(turn) = &c.target {
+            self.id("turn id", turn)?;
+        }
+        let now = self.time.now_ms();
+        let s = self.live(&c.session)?;
+        let current = Model::current_token(s);
+        if c.token != current {
+            return Err(Rejection::Fenced { presented: c.token, current });
+        }
+        let wanted = match &c.target {
+            ClaimTarget::Turn(turn) => {
+                if s.turns.contains_key(turn) {
+                    return Err(Rejection::TurnNotLive { turn_id: turn.clone() });
+                }
+                InputKind::ActiveTurn
+            }
+            ClaimTarget::NextTurn => {
+                for claim in s.claims.values().filter(|c| c.open) {
+                    if let ClaimTarget::Turn(turn) = &claim.target {
+                        if claim.expires_at_ms > now && !s.turns.contains_key(turn) {
+                            return Err(Rejection::NotIdle { turn_id: turn.clone() });
+                        }
+                    }
+                }
+                InputKind::NextTurn
+            }
+        };
+        let inputs: Vec<String> = s
+            .open_inputs
+            .iter()
+            .filter(|id| s.inputs[*id].kind == wanted && s.inputs[*id].state.claimable(now))
+            .take(c.max as usize)
+            .cloned()
+            .collect();
+        if inputs.is_empty() {
+            return Ok(Outcome::Claimed { seq: None, claim: None, inputs, expires_at_ms: 0 });
+        }
+        let expires_at_ms = now.saturating_add(c.ttl_ms);
+        let s = self.session_mut(&c.session);
+        let claim = s.stream_seq + 1;
+        let mut previous = BTreeSet::new();
+        for id in &inputs {
+            let row = s.inputs.get_mut(id).expect("an open input");
+            if let InputState::Claimed { claim, .. } = row.state {
+                previous.insert(claim);
+            }
+            row.state = InputState::Claimed { claim, expires_at_ms };
+        }
+        let row = ClaimRow {
+            claim,
+            owner: c.owner.clone(),
+            token: c.token,
+            target: c.target.clone(),
+            inputs: inputs.clone(),
+            expires_at_ms,
+            open: true,
+        };
+        s.claims.insert(claim, row);
+        for old in previous {
+            s.close_claim_if_empty(old);
+        }
+        let seq = self.emit(c.session, EventKind::InputsClaimed);
+        Ok(Outcome::Claimed { seq: Some(seq), claim: Some(claim), inputs, expires_at_ms })
+    }
+
+    fn abandon_claim(&mut self, session: &SessionId, claim: u64) -> Reply<Outcome> {
+        let s = self.existing(session)?;
+        let Some(row) = s.claims.get(&claim) else {
+            return Err(Rejection::UnknownClaim { claim });
+        };
+        if !row.open {
+            return Ok(Outcome::ClaimAbandoned { seq: None });
+        }
+        self.live(session)?;
+        let s = self.session_mut(session);
+        let row = s.claims.get_mut(&claim).expect("checked above");
+        row.open = false;
+        for id in row.inputs.clone() {
+            let input = s.inputs.get_mut(&id).expect("a claimed input");
+            if matches!(input.state, InputState::Claimed { claim: c, .. } if c == claim) {
+                input.state = InputState::Pending;
+            }
+        }
+        Ok(Outcome::ClaimAbandoned { seq: Some(self.emit(*session, EventKind::ClaimAbandoned)) })
+    }
+
+    fn cancel_input(&mut self, session: &SessionId, input_id: &str) -> Reply<Outcome> {
+        self.id("input id", input_id)?;
+        let now = self.time.now_ms();
+        let s = self.existing(session)?;
+        let Some(row) = s.inputs.get(input_id) else {
+            return Err(Rejection::UnknownInput { input_id: input_id.to_string() });
+        };
+        match &row.state {
+            InputState::Cancelled { .. } => return Ok(Outcome::InputCancelled { seq: None }),
+            state if !state.claimable(now) => {
+                return Err(Rejection::InputState { input_id: input_id.to_string(), state: state.name() })
+            }
+            _ => {}
+        }
+        self.live(session)?;
+        let seq = self.seq + 1;
+        let s = self.session_mut(session);
+        let row = s.inputs.get_mut(input_id).expect("checked above");
+        let held = match row.state {
+            InputState::Claimed { claim, .. } => Some(claim),
+            _ => None,
+        };
+        row.state = InputState::Cancelled { seq };
+        s.open_inputs.retain(|o| o != input_id);
+        if let Some(claim) = held {
+            s.close_claim_if_empty(claim);
+        }
+        self.emit(*session, EventKind::InputCancelled);
+        Ok(Outcome::InputCancelled { seq: Some(seq) })
+    }
+
+    /// The open inputs of `id`, as the engine's `inbox` reads them.
+    pub fn inbox(&self, id: &SessionId) -> annal::Result<Vec<QueuedInput>> {
+        let Some(s) = self.sessions.get(id) else { return Ok(Vec::new()) };
+        Ok(s.open_inputs
+            .iter()
+            .map(|i| {
+                let row = &s.inputs[i];
+                let bytes = &self.content[&row.message];
+                QueuedInput {
+                    input_id: row.input_id.clone(),
+                    seq: row.seq,
+                    kind: row.kind,
+                    state: row.state.clone(),
+                    message: annal::codec::decode_message(bytes, u64::MAX).expect("a stored message"),
+                }
+            })
+            .collect())
+    }
+
+    /// Every input of `id`, whatever its state.
+    pub fn input_ids(&self, id: &SessionId) -> Vec<String> {
+        self.sessions.get(id).map(|s| s.inputs.keys().cloned().collect()).unwrap_or_default()
+    }
+
+    /// Claimed inputs of `id`, and the claims of `id`.
+    pub fn claimed_inputs(&self, id: &SessionId) -> (Vec<String>, Vec<u64>) {
+        let Some(s) = self.sessions.get(id) else { return (Vec::new(), Vec::new()) };
+        let claimed = s.inputs.values().filter(|r| matches!(r.state, InputState::Claimed { .. }));
+        (claimed.map(|r| r.input_id.clone()).collect(), s.claims.keys().copied().collect())
+    }
+
     // ----- drafts -------------------------------------------------------------------
 
     fn draft_bytes(&self, pick: impl Fn(&(SessionId, String)) -> bool) -> u64 {
@@ -841,6 +1066,9 @@ impl Model {
             host_state: BTreeMap::new(),
             state_history: Vec::new(),
             lease: None,
+            inputs: BTreeMap::new(),
+            open_inputs: Vec::new(),
+            claims: BTreeMap::new(),
         };
         self.sessions.insert(id, session);
         self.emit(id, EventKind::SessionCreated);
@@ -879,9 +1107,10 @@ impl Model {
             && c.applied_context.is_empty()
             && c.tool_ops.is_empty()
             && c.state.is_empty()
+            && c.inputs.is_empty()
         {
             return invalid(
-                "a turn with no messages must record usage, apply context, reference tool operations or change host state",
+                "a turn with no messages must record usage, apply context, reference tool operations, change host state or consume inputs",
             );
         }
         if let Some(run) = &c.run_id {
@@ -896,6 +1125,11 @@ impl Model {
         }
         if c.tool_ops.iter().collect::<BTreeSet<_>>().len() != c.tool_ops.len() {
             return invalid("duplicate tool operations");
+        }
+        self.limit(Limit::ListItems, c.inputs.len() as u64)?;
+        c.inputs.iter().try_for_each(|k| self.id("input id", k))?;
+        if c.inputs.iter().collect::<BTreeSet<_>>().len() != c.inputs.len() {
+            return invalid("duplicate inputs");
         }
         self.limit(Limit::ListItems, c.usage.len() as u64)?;
         for u in &c.usage {
@@ -912,6 +1146,7 @@ impl Model {
             applied_context: c.applied_context.clone(),
             tool_ops: c.tool_ops.clone(),
             state: state.clone(),
+            inputs: c.inputs.clone(),
         };
         if let Some(turn) = s.turns.get(&c.turn_id) {
             if turn.content == content {
@@ -932,8 +1167,25 @@ impl Model {
             return Err(Rejection::UnknownToolOp { op_id: op.clone() });
         }
         self.state_fits(s, &state)?;
+        for id in &c.inputs {
+            match s.inputs.get(id) {
+                None => return Err(Rejection::UnknownInput { input_id: id.clone() }),
+                Some(InputRow { state: InputState::Claimed { .. }, .. }) => {}
+                Some(row) => return Err(Rejection::InputState { input_id: id.clone(), state: row.state.name() }),
+            }
+        }
         let seq = self.seq + 1;
         let s = self.session_mut(&c.session);
+        for id in &c.inputs {
+            let row = s.inputs.get_mut(id).expect("checked above");
+            let held = match row.state {
+                InputState::Claimed { claim, .. } => claim,
+                _ => unreachable!("checked above"),
+            };
+            row.state = InputState::Completed { turn_id: c.turn_id.clone(), seq };
+            s.open_inputs.retain(|o| o != id);
+            s.close_claim_if_empty(held);
+        }
         // A turn without messages moves the stream, not the revision.
         let revision = if messages.is_empty() {
             s.revision()
