@@ -106,9 +106,16 @@
 //!   enters the hash-chained log. The turn with the final message names it
 //!   ([`CommitTurn::finalizes`]) and removes it atomically. After a restart,
 //!   [`Engine::abandoned_drafts`] lists what the last run left: resume or discard it.
+//! - **The input inbox.** User input that arrives while a turn runs, or while the session
+//!   is idle, is queued durably ([`Engine::enqueue_input`], idempotent by input id). The
+//!   lease holder claims it ([`Engine::claim_inputs`] with its token): the live turn takes
+//!   active-turn inputs at a checkpoint of its own, the next turn takes next-turn inputs
+//!   once the session is idle. The turn that uses them names them
+//!   ([`CommitTurn::consumes`]) and completes them in its own commit. A claim expires;
+//!   [`Engine::abandon_claim`] gives it back at once.
 //!
 //! ```
-//! use annal::{CommitTurn, CreateSession, Engine, Error, Expected, Message, Rejection};
+//! use annal::{ClaimInputs, ClaimTarget, CommitTurn, CreateSession, Engine, Error, Expected, InputKind, Message, Rejection};
 //! use std::time::Duration;
 //!
 //! let dir = tempfile::tempdir().unwrap();
@@ -132,6 +139,26 @@
 //!     .finalizes("reply-1");
 //! worker.commit_turn(turn).unwrap();
 //! assert!(engine.drafts(session, 1 << 20).is_empty());
+//!
+//! // Input that arrived meanwhile waits in the inbox for the next turn.
+//! engine.enqueue_input(session, "in-1", Message::user("thanks! and 5 + 5?"), InputKind::NextTurn).unwrap();
+//! let claim = worker
+//!     .claim_inputs(ClaimInputs {
+//!         session,
+//!         token: lease.token,
+//!         owner: lease.owner.clone(),
+//!         target: ClaimTarget::NextTurn,
+//!         ttl_ms: 30_000,
+//!         max: 8,
+//!     })
+//!     .unwrap();
+//! assert_eq!(claim.inputs, ["in-1"]);
+//! let next = CommitTurn::new(session, "turn-2", Expected::Any)
+//!     .message(Message::user("thanks! and 5 + 5?"))
+//!     .message(Message::assistant("10"))
+//!     .consumes("in-1");
+//! worker.commit_turn(next).unwrap();
+//! assert!(engine.inbox(session).unwrap().is_empty());
 //! worker.release_lease(&lease).unwrap();
 //! engine.close().unwrap();
 //! ```
