@@ -467,6 +467,26 @@ fn busy_log() -> Log {
     log.ok(restore(a, rev, before));
     let set = BTreeMap::from([("tier".to_string(), "gold".to_string())]);
     log.ok(Command::SetLabels(SetLabels { session: b, set, remove: BTreeSet::from(["team".to_string()]) }));
+    // The inbox: an input claimed (no lease: token 0) and consumed by a turn, one left.
+    let input = |id: &str| EnqueueInput {
+        session: a,
+        input_id: id.into(),
+        message: Message::user(id),
+        kind: annal::codec::InputKind::NextTurn,
+    };
+    log.ok(Command::EnqueueInput(input("in-1")));
+    log.ok(Command::EnqueueInput(input("in-2")));
+    let claim = ClaimInputs {
+        session: a,
+        token: 0,
+        owner: "w".into(),
+        target: annal::codec::ClaimTarget::NextTurn,
+        ttl_ms: 1000,
+        max: 1,
+    };
+    log.ok(Command::ClaimInputs(claim));
+    let drain = turn(a, "drain", Expected::Any, &[Message::assistant("done")]).consumes("in-1");
+    log.ok(Command::CommitTurn(drain));
     log.ok(Command::Archive { session: b, reason: "old".into() });
     log.ok(Command::Revive { session: b, reason: "new".into() });
     log.ok(Command::CommitTurn(turn(b, "t0", Expected::Any, &[Message::user("fork turn")]).usage("p", "m", 3, 3)));

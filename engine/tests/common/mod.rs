@@ -243,6 +243,21 @@ pub fn workload(engine: &Engine) -> Vec<SessionId> {
     let state = SetHostState::new(s, Expected::Any).set("model", b"{\"name\":\"claude-2\"}".to_vec()).remove("tool.fs");
     engine.set_host_state(state).unwrap();
     engine.set_metadata(SetMetadata { session: fork, metadata: b"meta-2".to_vec(), expected: Expected::Any }).unwrap();
+    // The inbox: two inputs, one claimed under a lease and consumed by a turn, one left.
+    engine.enqueue_input(s, "in-1", Message::user("and the tests?"), InputKind::NextTurn).unwrap();
+    engine.enqueue_input(s, "in-2", Message::user("later"), InputKind::ActiveTurn).unwrap();
+    let lease = engine.acquire_lease(s, "worker", std::time::Duration::from_secs(3600)).unwrap();
+    let claim = ClaimInputs {
+        session: s,
+        token: lease.token,
+        owner: lease.owner.clone(),
+        target: ClaimTarget::NextTurn,
+        ttl_ms: 60_000,
+        max: 4,
+    };
+    engine.claim_inputs(claim).unwrap();
+    let drain = CommitTurn::new(s, "drain", Expected::Any).message(Message::assistant("tests pass")).consumes("in-1");
+    engine.fenced(lease.fence()).commit_turn(drain).unwrap();
     vec![s, fork, branch]
 }
 
