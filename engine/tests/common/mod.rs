@@ -228,21 +228,6 @@ pub fn workload(engine: &Engine) -> Vec<SessionId> {
     rev = engine.rewrite(rewrite(s, rev, 1, 2, vec![Message::user("edited")], RewriteReason::Edit)).unwrap().revision;
     rev = engine.restore(restore(s, rev, before)).unwrap().revision;
     engine.commit_turn(turn(s, "after-restore", rev)).unwrap();
-    let fork = engine.fork_at(s, 4).unwrap().session;
-    let branch = engine.fork_replace(s, 2, Message::user("what if")).unwrap().session;
-    engine.commit_turn(turn(fork, "f0", head(engine, fork).revision)).unwrap();
-    let mut set = std::collections::BTreeMap::new();
-    set.insert("stage".to_string(), "review".to_string());
-    let remove = ["env".to_string()].into_iter().collect();
-    engine.set_labels(SetLabels { session: s, set, remove }).unwrap();
-    engine.archive(branch, "abandoned").unwrap();
-    engine.archive(fork, "done").unwrap();
-    engine.revive(fork, "more work").unwrap();
-    engine.record_tool_result(tool_result(s, "op1", "a b c")).unwrap();
-    engine.record_tool_call(tool_call(fork, "op9", "web", "q")).unwrap();
-    let state = SetHostState::new(s, Expected::Any).set("model", b"{\"name\":\"claude-2\"}".to_vec()).remove("tool.fs");
-    engine.set_host_state(state).unwrap();
-    engine.set_metadata(SetMetadata { session: fork, metadata: b"meta-2".to_vec(), expected: Expected::Any }).unwrap();
     // The inbox: two inputs, one claimed under a lease and consumed by a turn, one left.
     engine.enqueue_input(s, "in-1", Message::user("and the tests?"), InputKind::NextTurn).unwrap();
     engine.enqueue_input(s, "in-2", Message::user("later"), InputKind::ActiveTurn).unwrap();
@@ -258,6 +243,21 @@ pub fn workload(engine: &Engine) -> Vec<SessionId> {
     engine.claim_inputs(claim).unwrap();
     let drain = CommitTurn::new(s, "drain", Expected::Any).message(Message::assistant("tests pass")).consumes("in-1");
     engine.fenced(lease.fence()).commit_turn(drain).unwrap();
+    let fork = engine.fork_at(s, 4).unwrap().session;
+    let branch = engine.fork_replace(s, 2, Message::user("what if")).unwrap().session;
+    engine.commit_turn(turn(fork, "f0", head(engine, fork).revision)).unwrap();
+    let mut set = std::collections::BTreeMap::new();
+    set.insert("stage".to_string(), "review".to_string());
+    let remove = ["env".to_string()].into_iter().collect();
+    engine.set_labels(SetLabels { session: s, set, remove }).unwrap();
+    engine.archive(branch, "abandoned").unwrap();
+    engine.archive(fork, "done").unwrap();
+    engine.revive(fork, "more work").unwrap();
+    engine.record_tool_result(tool_result(s, "op1", "a b c")).unwrap();
+    engine.record_tool_call(tool_call(fork, "op9", "web", "q")).unwrap();
+    let state = SetHostState::new(s, Expected::Any).set("model", b"{\"name\":\"claude-2\"}".to_vec()).remove("tool.fs");
+    engine.set_host_state(state).unwrap();
+    engine.set_metadata(SetMetadata { session: fork, metadata: b"meta-2".to_vec(), expected: Expected::Any }).unwrap();
     vec![s, fork, branch]
 }
 
