@@ -277,3 +277,30 @@ fn sixteen_workers_race_and_no_fenced_command_lands() {
     assert_eq!(turns, landed);
     println!("16 workers: {landed} turns landed, {fenced} fenced, {current} grants");
 }
+
+/// A fenced handle fences the async twins too.
+#[test]
+fn a_fenced_handle_fences_the_async_twins() {
+    let db = Db::new();
+    let clock = ManualClock::new(START_MS);
+    let engine = open_at(&db, &clock);
+    let (s, _) = create(&engine, &[]);
+    let old = engine.acquire_lease(s, "a", ms(10)).unwrap();
+    let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
+    runtime.block_on(async {
+        let worker = engine.fenced(old.fence());
+        let first = CommitTurn::new(s, "t1", Expected::Any).message(Message::user("hi"));
+        worker.commit_turn_async(first).await.unwrap();
+        clock.advance(20);
+        let new = engine.acquire_lease_async(s, "b", ms(10)).await.unwrap();
+        assert_eq!(new.token, 2);
+        let tip = tip_seq(&engine);
+        let late = CommitTurn::new(s, "t2", Expected::Any).message(Message::user("late"));
+        assert!(matches!(
+            worker.commit_turn_async(late).await,
+            Err(Error::Rejected(Rejection::Fenced { presented: 1, current: 2 }))
+        ));
+        assert!(matches!(worker.append_draft_async(s, "d", "x").await, Err(Error::Rejected(Rejection::Fenced { .. }))));
+        assert_eq!(tip_seq(&engine), tip);
+    });
+}
