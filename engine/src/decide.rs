@@ -73,10 +73,16 @@ impl Now<'_> {
     /// When `lease` of `session` expires: its granted expiry, or a later renewal of the
     /// same token.
     pub fn expiry(&self, session: &SessionId, lease: &LeaseState) -> u64 {
-        match self.renewals.and_then(|r| r.get(session)) {
-            Some(r) if r.token == lease.token => r.expires_at_ms.max(lease.expires_at_ms),
-            _ => lease.expires_at_ms,
-        }
+        renewed_expiry(self.renewals, session, lease)
+    }
+}
+
+/// When `lease` of `session` expires given `renewals`: its granted expiry, or a later
+/// renewal of the same token.
+pub fn renewed_expiry(renewals: Option<&Renewals>, session: &SessionId, lease: &LeaseState) -> u64 {
+    match renewals.and_then(|r| r.get(session)) {
+        Some(r) if r.token == lease.token => r.expires_at_ms.max(lease.expires_at_ms),
+        _ => lease.expires_at_ms,
     }
 }
 

@@ -161,9 +161,7 @@ impl Reader {
         let Some(head) = self.head(session)? else { return Ok(None) };
         Ok(head.lease.map(|mut lease| {
             if let Some(renewals) = &self.source.renewals {
-                let renewals = renewals.lock();
-                let now = crate::decide::Now { ms: 0, renewals: Some(&renewals), drafts: None };
-                lease.expires_at_ms = now.expiry(&session, &lease);
+                lease.expires_at_ms = crate::decide::renewed_expiry(Some(&renewals.lock()), &session, &lease);
             }
             lease
         }))

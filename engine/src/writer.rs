@@ -12,7 +12,7 @@ use crate::checkpoint::{self, CheckpointPolicy, Cursors, Signal};
 use crate::command::{Command, CommitTurn, Outcome};
 use crate::decide::{check_fence, decide, outcome_of, Decision, Now, Renewal, Renewals};
 use crate::delta::Delta;
-use crate::draft::{DraftChange, DraftKey, DraftState, DraftWrites};
+use crate::draft::{DraftChange, DraftState, DraftWrites};
 use crate::engine::EngineStats;
 use crate::error::{Error, Limit, Location, Rejection, Result};
 use crate::evolve::evolve;
@@ -386,9 +386,7 @@ impl Sequencer {
         let mut accepted = Overlay::new(&view);
         for (command, compressed) in commands {
             let mut staged = Vec::new();
-            let mut renewed = Vec::new();
-            let mut drafted = Vec::new();
-            let mut finalized = Vec::new();
+            let mut effects = Vec::new();
             let mut seq = next_seq;
             let result = {
                 let mut overlay = Overlay::new(&accepted);
@@ -398,9 +396,7 @@ impl Sequencer {
                     limits: &shared.limits,
                     compressed,
                     entries: &mut staged,
-                    renewed: &mut renewed,
-                    drafted: &mut drafted,
-                    finalized: &mut finalized,
+                    effects: &mut effects,
                 };
                 apply(&mut overlay, command, to).map(|o| (o, overlay.into_writes()))
             };
@@ -414,15 +410,15 @@ impl Sequencer {
             };
             accepted.absorb(writes);
             next_seq = seq;
-            for lease in renewed {
-                renewals.insert(lease.session, Renewal { token: lease.token, expires_at_ms: lease.expires_at_ms });
-            }
-            for change in drafted {
-                drafts.apply(change, clock_ms);
-            }
-            // A finalized draft goes now: its removal is written with the turn.
-            for key in finalized {
-                drafts.remove(&key);
+            for effect in effects {
+                match effect {
+                    Effect::Renew(lease) => {
+                        let renewal = Renewal { token: lease.token, expires_at_ms: lease.expires_at_ms };
+                        renewals.insert(lease.session, renewal);
+                    }
+                    // A finalized draft goes now too: its removal is written with the turn.
+                    Effect::Draft(change) => drafts.apply(change, clock_ms),
+                }
             }
             let mut sessions = Vec::new();
             for entry in &staged {
@@ -554,22 +550,24 @@ struct Staging<'a> {
     /// The command's objects that compress, compressed by the caller.
     compressed: &'a Compressed,
     entries: &'a mut Vec<Entry>,
-    /// Leases the command renews (kept in memory once it is accepted).
-    renewed: &'a mut Vec<crate::command::Lease>,
-    /// Draft changes the command makes (applied once it is accepted).
-    drafted: &'a mut Vec<DraftChange>,
-    /// Drafts the command's turns finalize.
-    finalized: &'a mut Vec<DraftKey>,
+    /// What the command changes in the writer's memory (applied once it is accepted).
+    effects: &'a mut Vec<Effect>,
+}
+
+/// A change an accepted command makes beside the log and the delta, in the writer's
+/// memory: a lease renewal, or a draft change (a draft finalized by a turn is a discard).
+enum Effect {
+    Renew(crate::command::Lease),
+    Draft(DraftChange),
 }
 
 /// Decides and folds one command (or a batch) into `overlay`, sequencing its events.
 fn apply<S: Store + ?Sized>(overlay: &mut Overlay<'_, S>, command: &Command, to: Staging<'_>) -> Result<Outcome> {
-    let Staging { next_seq, now, limits, compressed, entries, renewed, drafted, finalized } = to;
+    let Staging { next_seq, now, limits, compressed, entries, effects } = to;
     if let Command::Fenced { fence, command } = command {
         limits.check(Limit::CommandBytes, command.approx_bytes())?;
         check_fence(&*overlay, fence)?;
-        let to = Staging { next_seq, now, limits, compressed, entries, renewed, drafted, finalized };
-        return apply(overlay, command, to);
+        return apply(overlay, command, Staging { next_seq, now, limits, compressed, entries, effects });
     }
     if let Command::Batch(commands) = command {
         limits.check(Limit::BatchCommands, commands.len() as u64)?;
@@ -593,9 +591,7 @@ fn apply<S: Store + ?Sized>(overlay: &mut Overlay<'_, S>, command: &Command, to:
                         limits,
                         compressed,
                         entries: &mut *entries,
-                        renewed: &mut *renewed,
-                        drafted: &mut *drafted,
-                        finalized: &mut *finalized,
+                        effects: &mut *effects,
                     };
                     apply(overlay, c, to)
                 }
@@ -612,16 +608,16 @@ fn apply<S: Store + ?Sized>(overlay: &mut Overlay<'_, S>, command: &Command, to:
     }
     let decision = decide(&*overlay, command, limits, &now)?;
     if let Command::CommitTurn(CommitTurn { session, draft: Some(draft), .. }) = command {
-        finalized.push((*session, draft.clone()));
+        effects.push(Effect::Draft(DraftChange::Discard { key: (*session, draft.clone()) }));
     }
     match decision {
         Decision::Noop(outcome) => Ok(outcome),
         Decision::Draft { change, outcome } => {
-            drafted.push(change);
+            effects.push(Effect::Draft(change));
             Ok(outcome)
         }
         Decision::Renew(lease) => {
-            renewed.push(lease.clone());
+            effects.push(Effect::Renew(lease.clone()));
             Ok(Outcome::Lease { lease, seq: None })
         }
         Decision::Write { session, event, content } => {
