@@ -17,7 +17,7 @@
 //! policy. After a reopen the open must have folded exactly the events the projections
 //! file lacked, every query agrees, and the projections equal a rebuild from the log.
 //!
-//! `PROPTEST_CASES` overrides the number of cases (64 by default).
+//! `PROPTEST_CASES` overrides the number of cases (256 by default).
 
 #[path = "model/check.rs"]
 mod check;
@@ -36,7 +36,7 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
 /// Default number of cases; `PROPTEST_CASES` overrides it.
-const CASES_DEFAULT: u32 = 64;
+const CASES_DEFAULT: u32 = 256;
 /// Operations per case at most.
 const OPS_MAX: usize = 40;
 /// A full comparison runs after this many operations, besides the generated checks.
