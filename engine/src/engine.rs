@@ -632,8 +632,7 @@ impl Engine {
     /// claim (a claim that expired, by the writer's clock, lets its inputs go), in queue
     /// order.
     pub fn pending_inputs(&self, session: SessionId) -> Result<Vec<crate::query::QueuedInput>> {
-        let now = self.inner.shared.clock.now_ms();
-        Ok(self.inbox(session)?.into_iter().filter(|i| i.state.claimable(now)).collect())
+        self.inbox_claimable(session, self.inner.shared.clock.now_ms())
     }
 
     /// Claims up to `c.max` inputs for `c.owner`, fenced by the session's current lease

@@ -857,8 +857,14 @@ pub struct QueuedInput {
     pub message: MessageObject,
 }
 
-/// The open inputs of `session` (queued, neither consumed nor cancelled), in queue order.
-pub fn inbox(view: &View, limits: &Limits, session: &SessionId) -> Result<Vec<QueuedInput>> {
+/// The open inputs of `session` (queued, neither consumed nor cancelled) whose state
+/// `keep` accepts, in queue order; only those have their message read.
+pub fn inbox(
+    view: &View,
+    limits: &Limits,
+    session: &SessionId,
+    keep: impl Fn(&InputState) -> bool,
+) -> Result<Vec<QueuedInput>> {
     let tip: InboxTip = view.row(Table::InboxTip, &keys::session(session))?.unwrap_or_default();
     let mut out = Vec::with_capacity(tip.open.len());
     for id in &tip.open {
@@ -869,6 +875,9 @@ pub fn inbox(view: &View, limits: &Limits, session: &SessionId) -> Result<Vec<Qu
                 "missing row",
             )
         })?;
+        if !keep(&row.state) {
+            continue;
+        }
         let message = load_message(view, limits, &row.message)?;
         out.push(QueuedInput { input_id: row.input_id, seq: row.seq, kind: row.kind, state: row.state, message });
     }

@@ -135,7 +135,13 @@ impl Reader {
     /// queue order, with their state: pending, or held by a claim (which may have
     /// expired: see [`crate::Engine::pending_inputs`] for what a claim may take now).
     pub fn inbox(&self, session: SessionId) -> Result<Vec<QueuedInput>> {
-        fail_closed("inbox", || query::inbox(&self.snapshot()?, &self.limits, &session))
+        fail_closed("inbox", || query::inbox(&self.snapshot()?, &self.limits, &session, |_| true))
+    }
+
+    /// The open inputs of `session` that a claim may take at `now_ms`: pending, or held by
+    /// a claim that expired by then, in queue order.
+    pub fn inbox_claimable(&self, session: SessionId, now_ms: u64) -> Result<Vec<QueuedInput>> {
+        fail_closed("inbox", || query::inbox(&self.snapshot()?, &self.limits, &session, |s| s.claimable(now_ms)))
     }
 
     /// An input of `session`, whatever its state (completed and cancelled ones too).
