@@ -4,7 +4,7 @@
 use annal::codec::{content_id, decode_record, encode_record, turn_commit_hash, LogChain, TurnCommitted};
 use annal::{
     decide, evolve, new_session_id, AppendContext, Command, CommitTurn, ContentId, CreateSession, Decision, Durability,
-    Engine, Event, Expected, Limits, MemStore, Message, Options, ProjectionSet, Record, RecordToolCall,
+    Engine, Event, Expected, Limits, MemStore, Message, Options, PageRequest, ProjectionSet, Record, RecordToolCall,
     RecordToolResult, Recovery, RevisionId, Rewrite, RewriteReason, SessionHead, SessionId, SetLabels, Store, StoreExt,
     Table, ToolOutcome, Usage,
 };
@@ -50,6 +50,7 @@ fn typical_turn_record() -> Record {
             run_id: Some("run-7f3a".into()),
             revision_after,
             state: Default::default(),
+            inputs: Vec::new(),
         }),
     }
 }
@@ -94,7 +95,8 @@ impl Folded {
     /// and the content objects it introduces: those of the decision that the content-id
     /// index does not hold yet, as the writer computes them.
     fn record(&self, command: &Command) -> (Record, Vec<ContentId>) {
-        let Decision::Write { session, event, content } = decide(&self.store, command, &self.limits).expect("decide")
+        let Decision::Write { session, event, content } =
+            decide(&self.store, command, &self.limits, &annal::Now::at(0)).expect("decide")
         else {
             panic!("command {command:?} writes nothing");
         };
@@ -284,5 +286,34 @@ fn group_commit(c: &mut Criterion) {
     engine.close().expect("close");
 }
 
-criterion_group!(benches, codec, evolve_per_kind, group_commit);
+/// Queries on a live engine, as a host calls them from any thread or task: the session's
+/// head, and a page of 20 messages of its 39-message transcript. Both read a view of the
+/// checkpoint plus the delta at one seq (an MVCC snapshot) and never wait for the writer.
+fn queries(c: &mut Criterion) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let engine = Engine::open(dir.path().join("queries.redb")).expect("open");
+    let session = engine
+        .create_session(CreateSession::new().message(Message::system("You are a coding agent.")))
+        .expect("create")
+        .session;
+    engine.batch((0..SESSION_TURNS).map(|n| Command::CommitTurn(turn(session, n))).collect()).expect("turns");
+    assert_eq!(engine.transcript(session, PageRequest::first(1)).expect("page").total, 1 + 2 * SESSION_TURNS);
+
+    let mut group = c.benchmark_group("query");
+    group.throughput(Throughput::Elements(1));
+    group.bench_function("head", |b| b.iter(|| engine.head(black_box(session)).expect("head")));
+    group.bench_function("transcript_page_20", |b| {
+        b.iter(|| engine.transcript(black_box(session), PageRequest::new(10, 20)).expect("page"))
+    });
+    // The same reads after a checkpoint, with the delta empty.
+    engine.checkpoint().expect("checkpoint");
+    group.bench_function("head_checkpointed", |b| b.iter(|| engine.head(black_box(session)).expect("head")));
+    group.bench_function("transcript_page_20_checkpointed", |b| {
+        b.iter(|| engine.transcript(black_box(session), PageRequest::new(10, 20)).expect("page"))
+    });
+    group.finish();
+    engine.close().expect("close");
+}
+
+criterion_group!(benches, codec, evolve_per_kind, group_commit, queries);
 criterion_main!(benches);

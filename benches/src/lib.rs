@@ -10,6 +10,8 @@
 //! - [`compare`]: the phases (commits at 1 to 64 committers, reads, rebuild, bytes on
 //!   disk, open time, and the disk's fsync ceiling).
 //! - [`report`]: `results.json`, `results.md` and SVG plots.
+//! - [`async_bench`]: the engine's async API against `spawn_blocking` around its
+//!   blocking API, 1,000 tokio tasks at once (`annal-benches async`).
 //!
 //! `cargo run --release -p annal-benches -- compare [--quick] [--out docs/benchmarks]`
 //! runs it from the command line; [`compare::run`] is the library entry point.
@@ -21,6 +23,7 @@
 //! ```
 #![deny(missing_docs)]
 
+pub mod async_bench;
 pub mod compare;
 pub mod report;
 pub mod rng;

@@ -1,6 +1,11 @@
 //! `annal-benches compare [--quick] [--out DIR] [--data-dir DIR] [--seed N] [--stores LIST]
 //! [--levels LIST]`: runs the side-by-side comparison and writes `results.json`, `results.md` and SVG plots.
+//!
+//! `annal-benches async [--tasks N] [--commits N] [--rounds N] [--data-dir DIR]`: the
+//! engine's async API against `spawn_blocking` around its blocking API; prints a
+//! markdown table.
 
+use annal_benches::async_bench;
 use annal_benches::compare::{run, Config, Scale};
 use annal_benches::stores::StoreKind;
 use std::path::PathBuf;
@@ -16,7 +21,57 @@ const USAGE: &str = "usage: annal-benches compare [--quick] [--out DIR] [--data-
   --seed N       workload seed (default 42)
   --stores LIST  only these stores (for profiling one of them)
   --levels LIST  only these numbers of concurrent committers
-  --commits-only only the fsync ceiling and the commit phase (for profiling)";
+  --commits-only only the fsync ceiling and the commit phase (for profiling)
+
+       annal-benches async [--tasks N] [--commits N] [--rounds N] [--data-dir DIR]
+
+  --tasks N      tokio tasks committing at once (default 1000)
+  --commits N    turns each task commits, one after another (default 10)
+  --rounds N     rounds, each running every mode once (default 3)
+  --data-dir DIR where the databases are created (default: the system's temporary directory)";
+
+fn parse_async(args: &[String]) -> Result<async_bench::Config, String> {
+    let mut config = async_bench::Config::default();
+    let mut iter = args.iter();
+    while let Some(arg) = iter.next() {
+        let mut value = || iter.next().cloned().ok_or(format!("{arg} needs a value"));
+        let mut number = || value()?.parse::<usize>().map_err(|e| format!("{arg}: {e}"));
+        match arg.as_str() {
+            "--tasks" => config.tasks = number()?.max(1),
+            "--commits" => config.commits_per_task = number()?.max(1),
+            "--rounds" => config.rounds = number()?.max(1),
+            "--data-dir" => config.data_dir = Some(PathBuf::from(value()?)),
+            "-h" | "--help" => return Err(String::new()),
+            other => return Err(format!("unknown option {other:?}")),
+        }
+    }
+    Ok(config)
+}
+
+fn usage_error(e: String) -> ExitCode {
+    if !e.is_empty() {
+        eprintln!("error: {e}");
+    }
+    eprintln!("{USAGE}");
+    ExitCode::from(2)
+}
+
+fn main_async(args: &[String]) -> ExitCode {
+    let config = match parse_async(args) {
+        Ok(c) => c,
+        Err(e) => return usage_error(e),
+    };
+    match async_bench::run(&config) {
+        Ok(results) => {
+            println!("{}", results.markdown());
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::from(1)
+        }
+    }
+}
 
 fn parse(args: &[String]) -> Result<Config, String> {
     let mut iter = args.iter();
@@ -56,15 +111,12 @@ fn parse(args: &[String]) -> Result<Config, String> {
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.first().map(String::as_str) == Some("async") {
+        return main_async(&args[1..]);
+    }
     let config = match parse(&args) {
         Ok(c) => c,
-        Err(e) => {
-            if !e.is_empty() {
-                eprintln!("error: {e}");
-            }
-            eprintln!("{USAGE}");
-            return ExitCode::from(2);
-        }
+        Err(e) => return usage_error(e),
     };
     match run(&config) {
         Ok(report) => {

@@ -31,13 +31,25 @@ pub enum EventKind {
     MetadataSet = 10,
     /// [`HostStateChanged`]
     HostStateChanged = 11,
+    /// [`LeaseAcquired`]
+    LeaseAcquired = 12,
+    /// [`LeaseReleased`]
+    LeaseReleased = 13,
+    /// [`InputEnqueued`]
+    InputEnqueued = 14,
+    /// [`InputsClaimed`]
+    InputsClaimed = 15,
+    /// [`ClaimAbandoned`]
+    ClaimAbandoned = 16,
+    /// [`InputCancelled`]
+    InputCancelled = 17,
     /// [`SessionPurged`]
     SessionPurged = 20,
 }
 
 impl EventKind {
     /// Every kind, in kind-byte order.
-    pub const ALL: [EventKind; 12] = [
+    pub const ALL: [EventKind; 18] = [
         EventKind::SessionCreated,
         EventKind::TurnCommitted,
         EventKind::TranscriptRewritten,
@@ -49,6 +61,12 @@ impl EventKind {
         EventKind::LabelsChanged,
         EventKind::MetadataSet,
         EventKind::HostStateChanged,
+        EventKind::LeaseAcquired,
+        EventKind::LeaseReleased,
+        EventKind::InputEnqueued,
+        EventKind::InputsClaimed,
+        EventKind::ClaimAbandoned,
+        EventKind::InputCancelled,
         EventKind::SessionPurged,
     ];
 
@@ -66,7 +84,8 @@ impl EventKind {
     pub fn current_version(self) -> u16 {
         match self {
             // 2: a turn may set and remove host state entries (`TurnCommitted::state`).
-            EventKind::TurnCommitted => 2,
+            // 3: a turn may consume queued inputs (`TurnCommitted::inputs`).
+            EventKind::TurnCommitted => 3,
             _ => 1,
         }
     }
@@ -93,6 +112,12 @@ impl EventKind {
             EventKind::LabelsChanged => "LabelsChanged",
             EventKind::MetadataSet => "MetadataSet",
             EventKind::HostStateChanged => "HostStateChanged",
+            EventKind::LeaseAcquired => "LeaseAcquired",
+            EventKind::LeaseReleased => "LeaseReleased",
+            EventKind::InputEnqueued => "InputEnqueued",
+            EventKind::InputsClaimed => "InputsClaimed",
+            EventKind::ClaimAbandoned => "ClaimAbandoned",
+            EventKind::InputCancelled => "InputCancelled",
             EventKind::SessionPurged => "SessionPurged",
         }
     }
@@ -174,6 +199,64 @@ pub struct TurnCommitted {
     pub revision_after: RevisionId,
     /// Host state entries the turn set and removed (schema 2; empty when read from 1).
     pub state: StateDelta,
+    /// Queued inputs the turn consumed, completed with it (schema 3; empty when read
+    /// from 1 or 2).
+    pub inputs: Vec<String>,
+}
+
+impl TurnCommitted {
+    /// The commit hash its content gives (`turn_commit_hash_with_inputs`): what
+    /// `commit_hash` must be.
+    pub fn recomputed_hash(&self) -> CommitHash {
+        crate::hash::turn_commit_hash_with_inputs(
+            &self.messages,
+            &self.usage,
+            &self.applied_context,
+            &self.tool_ops,
+            &self.state,
+            &self.inputs,
+        )
+    }
+}
+
+/// Schema version 2 of [`TurnCommitted`], before `inputs` existed. Upcast on read.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TurnCommittedV2 {
+    /// Host-chosen turn id, the idempotency key.
+    pub turn_id: String,
+    /// Hash of the turn's semantic content.
+    pub commit_hash: CommitHash,
+    /// Appended messages.
+    pub messages: Vec<ContentId>,
+    /// Usage deltas.
+    pub usage: Vec<Usage>,
+    /// Context keys this turn applied.
+    pub applied_context: Vec<String>,
+    /// Tool operations this turn settled or referenced.
+    pub tool_ops: Vec<String>,
+    /// Optional host run id.
+    pub run_id: Option<String>,
+    /// The revision after the turn.
+    pub revision_after: RevisionId,
+    /// Host state entries the turn set and removed.
+    pub state: StateDelta,
+}
+
+impl From<TurnCommittedV2> for TurnCommitted {
+    fn from(v2: TurnCommittedV2) -> TurnCommitted {
+        TurnCommitted {
+            turn_id: v2.turn_id,
+            commit_hash: v2.commit_hash,
+            messages: v2.messages,
+            usage: v2.usage,
+            applied_context: v2.applied_context,
+            tool_ops: v2.tool_ops,
+            run_id: v2.run_id,
+            revision_after: v2.revision_after,
+            state: v2.state,
+            inputs: Vec::new(),
+        }
+    }
 }
 
 /// Schema version 1 of [`TurnCommitted`], before `state` existed. Upcast on read.
@@ -209,6 +292,7 @@ impl From<TurnCommittedV1> for TurnCommitted {
             run_id: v1.run_id,
             revision_after: v1.revision_after,
             state: StateDelta::default(),
+            inputs: Vec::new(),
         }
     }
 }
@@ -398,6 +482,96 @@ pub struct HostStateChanged {
     pub state: StateDelta,
 }
 
+/// An execution lease on the session was granted: `owner` may drive the session until
+/// `expires_at_ms` (writer clock), and commands fenced with `token` are accepted until a
+/// larger token is granted. Tokens of a session start at 1 and grow by one per grant.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LeaseAcquired {
+    /// Who holds the lease (a worker id).
+    pub owner: String,
+    /// The fencing token.
+    pub token: u64,
+    /// When the lease expires unless renewed, unix ms of the writer's clock.
+    pub expires_at_ms: u64,
+}
+
+/// The holder of the lease with `token` gave it up before it expired.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LeaseReleased {
+    /// The token of the lease released.
+    pub token: u64,
+}
+
+/// When a queued input is for: the turn that runs now, or the next one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub enum InputKind {
+    /// Claimed by the next turn, once the session is idle.
+    NextTurn,
+    /// Claimed by the live turn, at a checkpoint of its own.
+    ActiveTurn,
+}
+
+impl InputKind {
+    /// `next_turn` or `active_turn`.
+    pub fn name(self) -> &'static str {
+        match self {
+            InputKind::NextTurn => "next_turn",
+            InputKind::ActiveTurn => "active_turn",
+        }
+    }
+}
+
+/// What a claim is for.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub enum ClaimTarget {
+    /// The turn with this id, running now (not committed yet): it claims active-turn
+    /// inputs.
+    Turn(String),
+    /// The next turn: it claims next-turn inputs while the session is idle.
+    NextTurn,
+}
+
+/// User input was queued in the session's inbox.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InputEnqueued {
+    /// Host-chosen id, the idempotency key.
+    pub input_id: String,
+    /// The message (a message object).
+    pub message: ContentId,
+    /// Which turn it is for.
+    pub kind: InputKind,
+}
+
+/// Queued inputs were claimed by `owner` under the lease with `token`, until
+/// `expires_at_ms`. The claim is named by this event's stream seq in its session.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InputsClaimed {
+    /// Who claims (a worker id).
+    pub owner: String,
+    /// The lease token the claim was fenced with.
+    pub token: u64,
+    /// What the claim is for.
+    pub target: ClaimTarget,
+    /// The inputs claimed, in queue order.
+    pub inputs: Vec<String>,
+    /// When the claim expires (writer clock, unix ms).
+    pub expires_at_ms: u64,
+}
+
+/// A claim was given up: its inputs that no turn completed are queued again.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClaimAbandoned {
+    /// The claim (the stream seq of its `InputsClaimed`).
+    pub claim: u64,
+}
+
+/// A queued input was withdrawn before any turn consumed it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InputCancelled {
+    /// The input.
+    pub input_id: String,
+}
+
 /// The session was purged: every record of it before this one is erased (its payload
 /// removed, its header and payload digest kept), and so is every content object no
 /// record of a session that is not purged reaches. The tombstone itself keeps only
@@ -453,6 +627,18 @@ pub enum Event {
     MetadataSet(MetadataSet),
     /// See [`HostStateChanged`].
     HostStateChanged(HostStateChanged),
+    /// See [`LeaseAcquired`].
+    LeaseAcquired(LeaseAcquired),
+    /// See [`LeaseReleased`].
+    LeaseReleased(LeaseReleased),
+    /// See [`InputEnqueued`].
+    InputEnqueued(InputEnqueued),
+    /// See [`InputsClaimed`].
+    InputsClaimed(InputsClaimed),
+    /// See [`ClaimAbandoned`].
+    ClaimAbandoned(ClaimAbandoned),
+    /// See [`InputCancelled`].
+    InputCancelled(InputCancelled),
     /// See [`SessionPurged`].
     SessionPurged(SessionPurged),
     /// A record of a purged session, its payload erased. See [`Erased`].
@@ -474,6 +660,12 @@ impl Event {
             Event::LabelsChanged(_) => EventKind::LabelsChanged,
             Event::MetadataSet(_) => EventKind::MetadataSet,
             Event::HostStateChanged(_) => EventKind::HostStateChanged,
+            Event::LeaseAcquired(_) => EventKind::LeaseAcquired,
+            Event::LeaseReleased(_) => EventKind::LeaseReleased,
+            Event::InputEnqueued(_) => EventKind::InputEnqueued,
+            Event::InputsClaimed(_) => EventKind::InputsClaimed,
+            Event::ClaimAbandoned(_) => EventKind::ClaimAbandoned,
+            Event::InputCancelled(_) => EventKind::InputCancelled,
             Event::SessionPurged(_) => EventKind::SessionPurged,
             Event::Erased(e) => e.kind,
         }
@@ -494,10 +686,16 @@ impl Event {
             Event::ToolCallRecorded(e) => vec![e.args],
             Event::ToolResultRecorded(e) => vec![e.result],
             Event::HostStateChanged(e) => e.state.set.values().copied().collect(),
-            Event::SessionArchived(_)
+            Event::InputEnqueued(e) => vec![e.message],
+            Event::InputsClaimed(_)
+            | Event::ClaimAbandoned(_)
+            | Event::InputCancelled(_)
+            | Event::SessionArchived(_)
             | Event::SessionRevived(_)
             | Event::LabelsChanged(_)
             | Event::MetadataSet(_)
+            | Event::LeaseAcquired(_)
+            | Event::LeaseReleased(_)
             | Event::SessionPurged(_)
             | Event::Erased(_) => Vec::new(),
         }

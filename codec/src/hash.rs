@@ -167,6 +167,32 @@ pub fn turn_commit_hash_with_state(
     CommitHash(*h.finalize().as_bytes())
 }
 
+const TURN_INPUTS_DOMAIN: &[u8] = b"annal.turn.inputs.v1";
+
+/// The commit hash of a turn that may also consume queued inputs: the
+/// [`turn_commit_hash_with_state`] of its other content when `inputs` is empty (so a
+/// turn without inputs hashes as it always has), else
+/// `blake3(domain ‖ that hash ‖ canonical(inputs))`.
+pub fn turn_commit_hash_with_inputs(
+    messages: &[ContentId],
+    usage: &[Usage],
+    applied_context: &[String],
+    tool_ops: &[String],
+    state: &crate::event::StateDelta,
+    inputs: &[String],
+) -> CommitHash {
+    let base = turn_commit_hash_with_state(messages, usage, applied_context, tool_ops, state);
+    if inputs.is_empty() {
+        return base;
+    }
+    let bytes = crate::wire::to_bytes(&inputs, u64::MAX).unwrap_or_default();
+    let mut h = blake3::Hasher::new();
+    h.update(TURN_INPUTS_DOMAIN);
+    h.update(&base.0);
+    h.update(&bytes);
+    CommitHash(*h.finalize().as_bytes())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

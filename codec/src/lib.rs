@@ -31,7 +31,7 @@ pub mod record;
 pub mod wire;
 
 pub use event::*;
-pub use hash::{content_id, turn_commit_hash, turn_commit_hash_with_state, LogChain};
+pub use hash::{content_id, turn_commit_hash, turn_commit_hash_with_inputs, turn_commit_hash_with_state, LogChain};
 pub use ids::{hex, ChainHash, CommitHash, ContentId, ParseIdError, RevisionId, SessionId};
 pub use record::{
     chain_link, decode_header, decode_message, decode_payload, decode_record, encode_message, encode_record,

@@ -168,6 +168,12 @@ macro_rules! with_payload {
             Event::LabelsChanged($e) => $body,
             Event::MetadataSet($e) => $body,
             Event::HostStateChanged($e) => $body,
+            Event::LeaseAcquired($e) => $body,
+            Event::LeaseReleased($e) => $body,
+            Event::InputEnqueued($e) => $body,
+            Event::InputsClaimed($e) => $body,
+            Event::ClaimAbandoned($e) => $body,
+            Event::InputCancelled($e) => $body,
             Event::SessionPurged($e) => $body,
             Event::Erased(_) => $erased,
         }
@@ -406,6 +412,10 @@ pub fn decode_payload(kind: EventKind, schema_version: u16, payload: &[u8], limi
             let v1: TurnCommittedV1 = decode_as(kind, payload, limit)?;
             Event::TurnCommitted(v1.into())
         }
+        (EventKind::TurnCommitted, 2) => {
+            let v2: TurnCommittedV2 = decode_as(kind, payload, limit)?;
+            Event::TurnCommitted(v2.into())
+        }
         (EventKind::SessionCreated, _) => Event::SessionCreated(decode_as(kind, payload, limit)?),
         (EventKind::TurnCommitted, _) => Event::TurnCommitted(decode_as(kind, payload, limit)?),
         (EventKind::TranscriptRewritten, _) => Event::TranscriptRewritten(decode_as(kind, payload, limit)?),
@@ -417,6 +427,12 @@ pub fn decode_payload(kind: EventKind, schema_version: u16, payload: &[u8], limi
         (EventKind::LabelsChanged, _) => Event::LabelsChanged(decode_as(kind, payload, limit)?),
         (EventKind::MetadataSet, _) => Event::MetadataSet(decode_as(kind, payload, limit)?),
         (EventKind::HostStateChanged, _) => Event::HostStateChanged(decode_as(kind, payload, limit)?),
+        (EventKind::LeaseAcquired, _) => Event::LeaseAcquired(decode_as(kind, payload, limit)?),
+        (EventKind::LeaseReleased, _) => Event::LeaseReleased(decode_as(kind, payload, limit)?),
+        (EventKind::InputEnqueued, _) => Event::InputEnqueued(decode_as(kind, payload, limit)?),
+        (EventKind::InputsClaimed, _) => Event::InputsClaimed(decode_as(kind, payload, limit)?),
+        (EventKind::ClaimAbandoned, _) => Event::ClaimAbandoned(decode_as(kind, payload, limit)?),
+        (EventKind::InputCancelled, _) => Event::InputCancelled(decode_as(kind, payload, limit)?),
         (EventKind::SessionPurged, _) => Event::SessionPurged(decode_as(kind, payload, limit)?),
     })
 }

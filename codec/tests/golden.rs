@@ -34,12 +34,13 @@ fn examples() -> Vec<Event> {
         }),
         Event::TurnCommitted(TurnCommitted {
             turn_id: "turn-1".into(),
-            commit_hash: turn_commit_hash_with_state(
+            commit_hash: turn_commit_hash_with_inputs(
                 &[cid("m3")],
                 std::slice::from_ref(&usage),
                 &["ctx".into()],
                 &["op-1".into()],
                 &state(),
+                &["in-1".into()],
             ),
             messages: vec![cid("m3")],
             usage: vec![usage],
@@ -48,6 +49,7 @@ fn examples() -> Vec<Event> {
             run_id: Some("run-7".into()),
             revision_after: rev.extend(&cid("m3")),
             state: state(),
+            inputs: vec!["in-1".into()],
         }),
         Event::TranscriptRewritten(TranscriptRewritten {
             parent_revision: rev,
@@ -82,6 +84,22 @@ fn examples() -> Vec<Event> {
         }),
         Event::MetadataSet(MetadataSet { metadata: b"{\"v\":2}".to_vec() }),
         Event::HostStateChanged(HostStateChanged { state: state() }),
+        Event::LeaseAcquired(LeaseAcquired { owner: "worker-3".into(), token: 7, expires_at_ms: 1_767_225_630_000 }),
+        Event::LeaseReleased(LeaseReleased { token: 7 }),
+        Event::InputEnqueued(InputEnqueued {
+            input_id: "in-1".into(),
+            message: cid("stop, use the other file"),
+            kind: InputKind::ActiveTurn,
+        }),
+        Event::InputsClaimed(InputsClaimed {
+            owner: "worker-3".into(),
+            token: 7,
+            target: ClaimTarget::Turn("turn-9".into()),
+            inputs: vec!["in-1".into(), "in-2".into()],
+            expires_at_ms: 1_767_225_640_000,
+        }),
+        Event::ClaimAbandoned(ClaimAbandoned { claim: 15 }),
+        Event::InputCancelled(InputCancelled { input_id: "in-3".into() }),
         Event::SessionPurged(SessionPurged {
             reason: "gdpr-art17".into(),
             actor: "dpo@example.com".into(),
@@ -220,6 +238,37 @@ fn v1_turn_committed_is_upcast() {
     assert_eq!(turn.turn_id, "turn-1");
     assert_eq!(turn.commit_hash, turn_commit_hash(&turn.messages, &turn.usage, &turn.applied_context, &turn.tool_ops));
     // It followed the SessionCreated vector in the chain.
+    let chain = LogChain::plain();
+    let created = std::fs::read(golden_path("record-v1/SessionCreated.bin")).unwrap();
+    let prev = verify_chain(&created, &chain.genesis(), &chain, 1).unwrap();
+    verify_chain(&bytes, &prev, &chain, 2).unwrap();
+}
+
+/// A turn written before queued inputs existed (schema 2, the vector the previous
+/// release wrote): read as schema 3 with no inputs, its chain and hash as they were.
+#[test]
+fn v2_turn_committed_is_upcast() {
+    let bytes = std::fs::read(golden_path("TurnCommitted.v2.bin")).unwrap();
+    let decoded = decode_record(&bytes, LIMIT).unwrap();
+    assert_eq!(decoded.schema_version, 2);
+    let Event::TurnCommitted(turn) = &decoded.record.event else { panic!("not a turn: {:?}", decoded.record) };
+    assert!(turn.inputs.is_empty());
+    assert_eq!(turn.state, state());
+    let hash =
+        turn_commit_hash_with_state(&turn.messages, &turn.usage, &turn.applied_context, &turn.tool_ops, &turn.state);
+    assert_eq!(turn.commit_hash, hash);
+    assert_eq!(
+        turn_commit_hash_with_inputs(
+            &turn.messages,
+            &turn.usage,
+            &turn.applied_context,
+            &turn.tool_ops,
+            &turn.state,
+            &[]
+        ),
+        hash,
+        "a turn without inputs hashes as before"
+    );
     let chain = LogChain::plain();
     let created = std::fs::read(golden_path("record-v1/SessionCreated.bin")).unwrap();
     let prev = verify_chain(&created, &chain.genesis(), &chain, 1).unwrap();

@@ -23,6 +23,7 @@ fn valid_record() -> Vec<u8> {
                 set: std::collections::BTreeMap::from([("tool".into(), content_id(b"state"))]),
                 remove: Default::default(),
             },
+            inputs: vec![],
         }),
     };
     encode_record(&rec, &chain.genesis(), &chain, 1 << 20).unwrap().0

@@ -148,6 +148,12 @@ pub struct CommitTurn {
     pub run_id: Option<String>,
     /// Host state entries the turn sets and removes, atomically with it.
     pub state: StateChanges,
+    /// The streamed draft this turn finalizes: the turn's commit removes it in the same
+    /// transaction (an exact retry too; a draft that is not there is no error).
+    pub draft: Option<String>,
+    /// Queued inputs this turn consumes: each must be claimed; the turn completes them
+    /// atomically (they are part of its event and its commit hash).
+    pub inputs: Vec<String>,
 }
 
 /// Changes to a session's host state: small named blobs a runtime keeps beside the
@@ -227,7 +233,21 @@ impl CommitTurn {
             tool_ops: Vec::new(),
             run_id: None,
             state: StateChanges::default(),
+            draft: None,
+            inputs: Vec::new(),
         }
+    }
+
+    /// Consumes a claimed queued input with this turn (completed atomically with it).
+    pub fn consumes(mut self, input_id: impl Into<String>) -> CommitTurn {
+        self.inputs.push(input_id.into());
+        self
+    }
+
+    /// Names the streamed draft this turn finalizes (removed with the commit).
+    pub fn finalizes(mut self, draft_id: impl Into<String>) -> CommitTurn {
+        self.draft = Some(draft_id.into());
+        self
     }
 
     /// Sets host state entry `name` to `value` with this turn.
@@ -400,6 +420,97 @@ pub struct SetLabels {
     pub remove: BTreeSet<String>,
 }
 
+/// Take the session's execution lease for `owner` for `ttl_ms` (writer clock). Granted
+/// when nobody holds a live lease, with a token one larger than any the session had; a
+/// holder asking again renews its lease in memory and keeps its token.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AcquireLease {
+    /// The session.
+    pub session: SessionId,
+    /// Who asks (a worker id, not empty).
+    pub owner: String,
+    /// How long the lease lasts unless renewed, in ms (1 ..= [`LEASE_TTL_MS_MAX`]).
+    pub ttl_ms: u64,
+}
+
+/// Extend a live lease: the holder presents its token and a new time to live. Renewals
+/// are held in the writer's memory, not in the log: after a restart a lease expires at
+/// the time its grant recorded, and a takeover then fences the old holder.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RenewLease {
+    /// The session.
+    pub session: SessionId,
+    /// The holder's token.
+    pub token: u64,
+    /// The new time to live from now, in ms (1 ..= [`LEASE_TTL_MS_MAX`]).
+    pub ttl_ms: u64,
+}
+
+/// Append a segment to a streamed draft: partial model output that survives a crash
+/// (up to the last flush) and that other readers see, kept outside the log's chain.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AppendDraft {
+    /// The session.
+    pub session: SessionId,
+    /// The host's draft id (an id: 1 to `id_bytes_max` bytes).
+    pub draft_id: String,
+    /// The segment (not empty).
+    pub segment: Vec<u8>,
+}
+
+/// Queue user input in a session's inbox, for the live turn or the next one. An exact
+/// retry (same id, same message and kind) writes nothing; the same id with anything
+/// else is `InputConflict`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EnqueueInput {
+    /// The session.
+    pub session: SessionId,
+    /// Host-chosen id, the idempotency key.
+    pub input_id: String,
+    /// The input.
+    pub message: Message,
+    /// Which turn it is for.
+    pub kind: annal_codec::InputKind,
+}
+
+/// Claim queued inputs, fenced by the session's current lease token.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ClaimInputs {
+    /// The session.
+    pub session: SessionId,
+    /// The session's current lease token; any other is `Fenced`.
+    pub token: u64,
+    /// Who claims (a worker id).
+    pub owner: String,
+    /// For the live turn (active-turn inputs) or the next turn (next-turn inputs, only
+    /// while the session is idle).
+    pub target: annal_codec::ClaimTarget,
+    /// How long the claim holds, in ms (1 ..= [`LEASE_TTL_MS_MAX`]).
+    pub ttl_ms: u64,
+    /// Inputs to claim at most (1 ..= `list_items_max`).
+    pub max: u64,
+}
+
+/// The longest time to live a lease may ask for: one day.
+pub const LEASE_TTL_MS_MAX: u64 = 24 * 60 * 60 * 1000;
+
+/// A fencing token presented with a command: the command is accepted only while `token`
+/// is `session`'s current lease token.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Fence {
+    /// The session whose lease fences the command (for a fork: the parent).
+    pub session: SessionId,
+    /// The token the worker holds.
+    pub token: u64,
+}
+
+impl Fence {
+    /// A fence on `session` with `token`.
+    pub fn new(session: SessionId, token: u64) -> Fence {
+        Fence { session, token }
+    }
+}
+
 /// Every mutation. Hosts usually call the typed methods on [`crate::Engine`]; a
 /// [`Command::Batch`] runs several commands all or nothing.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -442,6 +553,52 @@ pub enum Command {
     SetHostState(SetHostState),
     /// Several commands, in order, all or nothing.
     Batch(Vec<Command>),
+    /// Take (or, for its holder, renew) the session's execution lease.
+    AcquireLease(AcquireLease),
+    /// Renew a held lease (in memory; writes nothing to the log).
+    RenewLease(RenewLease),
+    /// Give up a held lease.
+    ReleaseLease {
+        /// The session.
+        session: SessionId,
+        /// The holder's token.
+        token: u64,
+    },
+    /// Append a segment to a draft (no event: drafts live beside the log).
+    AppendDraft(AppendDraft),
+    /// Remove a draft and its segments.
+    DiscardDraft {
+        /// The session.
+        session: SessionId,
+        /// The draft.
+        draft_id: String,
+    },
+    /// Queue an input in the session's inbox.
+    EnqueueInput(EnqueueInput),
+    /// Claim queued inputs.
+    ClaimInputs(ClaimInputs),
+    /// Give a claim up: its inputs that no turn consumed are queued again.
+    AbandonClaim {
+        /// The session.
+        session: SessionId,
+        /// The claim (the stream seq of its `InputsClaimed`).
+        claim: u64,
+    },
+    /// Withdraw an input no live claim holds.
+    CancelInput {
+        /// The session.
+        session: SessionId,
+        /// The input.
+        input_id: String,
+    },
+    /// `command`, accepted only while `fence.token` is the current lease token of
+    /// `fence.session`; otherwise [`crate::Rejection::Fenced`] and nothing is written.
+    Fenced {
+        /// The fence.
+        fence: Fence,
+        /// The command it guards.
+        command: Box<Command>,
+    },
 }
 
 impl Command {
@@ -457,6 +614,7 @@ impl Command {
                     + c.applied_context.iter().chain(&c.tool_ops).map(|s| s.len() as u64).sum::<u64>()
                     + c.usage.iter().map(|u| (u.provider.len() + u.model.len() + 32) as u64).sum::<u64>()
                     + c.state.approx_bytes()
+                    + c.inputs.iter().map(|s| s.len() as u64).sum::<u64>()
             }
             Command::Rewrite(c) => msgs(&c.replacement) + (c.note.len() + c.actor.len()) as u64,
             Command::Restore(c) => (c.note.len() + c.actor.len()) as u64,
@@ -471,6 +629,23 @@ impl Command {
             Command::SetMetadata(c) => c.metadata.len() as u64,
             Command::SetHostState(c) => c.state.approx_bytes(),
             Command::Batch(cs) => cs.iter().map(Command::approx_bytes).sum(),
+            Command::AcquireLease(c) => c.owner.len() as u64,
+            Command::RenewLease(_) | Command::ReleaseLease { .. } => 0,
+            Command::AppendDraft(c) => (c.segment.len() + c.draft_id.len()) as u64,
+            Command::DiscardDraft { draft_id, .. } => draft_id.len() as u64,
+            Command::EnqueueInput(c) => c.input_id.len() as u64 + c.message.approx_bytes(),
+            Command::ClaimInputs(c) => c.owner.len() as u64,
+            Command::AbandonClaim { .. } => 0,
+            Command::CancelInput { input_id, .. } => input_id.len() as u64,
+            Command::Fenced { command, .. } => command.approx_bytes(),
+        }
+    }
+
+    /// The command inside any fences.
+    pub fn unfenced(&self) -> &Command {
+        match self {
+            Command::Fenced { command, .. } => command.unfenced(),
+            other => other,
         }
     }
 
@@ -489,6 +664,15 @@ impl Command {
             Command::SetLabels(c) => Some(c.session),
             Command::SetMetadata(c) => Some(c.session),
             Command::SetHostState(c) => Some(c.session),
+            Command::AcquireLease(c) => Some(c.session),
+            Command::RenewLease(c) => Some(c.session),
+            Command::ReleaseLease { session, .. } => Some(*session),
+            Command::AppendDraft(c) => Some(c.session),
+            Command::DiscardDraft { session, .. } => Some(*session),
+            Command::EnqueueInput(c) => Some(c.session),
+            Command::ClaimInputs(c) => Some(c.session),
+            Command::AbandonClaim { session, .. } | Command::CancelInput { session, .. } => Some(*session),
+            Command::Fenced { command, .. } => command.session(),
             Command::Batch(_) => None,
         }
     }
@@ -568,6 +752,77 @@ pub enum Outcome {
     },
     /// Every command of a batch, in order.
     Batch(Vec<Outcome>),
+    /// A lease was granted or renewed.
+    Lease {
+        /// The lease.
+        lease: Lease,
+        /// The `LeaseAcquired` event, when the lease was granted now (`None` for a
+        /// renewal).
+        seq: Option<u64>,
+    },
+    /// A lease was released; `seq` is `None` if it already was.
+    LeaseReleased {
+        /// The `LeaseReleased` event, if one was written.
+        seq: Option<u64>,
+    },
+    /// A segment was appended to a draft.
+    DraftAppended {
+        /// The segment's index in the draft.
+        index: u32,
+        /// The draft's bytes with it.
+        draft_bytes: u64,
+    },
+    /// A draft was discarded; `existed` is false if there was none.
+    DraftDiscarded {
+        /// Whether the draft existed.
+        existed: bool,
+    },
+    /// An input was queued; `seq` is `None` for an exact retry.
+    Enqueued {
+        /// The `InputEnqueued` event, if one was written.
+        seq: Option<u64>,
+    },
+    /// Inputs were claimed; `claim` is `None` when none was claimable.
+    Claimed {
+        /// The `InputsClaimed` event, if one was written.
+        seq: Option<u64>,
+        /// The claim: the session's stream seq of its `InputsClaimed` event.
+        claim: Option<u64>,
+        /// The inputs claimed, in queue order.
+        inputs: Vec<String>,
+        /// When the claim expires (writer clock, unix ms).
+        expires_at_ms: u64,
+    },
+    /// A claim was abandoned; `seq` is `None` if it was closed already.
+    ClaimAbandoned {
+        /// The `ClaimAbandoned` event, if one was written.
+        seq: Option<u64>,
+    },
+    /// An input was cancelled; `seq` is `None` if it was already.
+    InputCancelled {
+        /// The `InputCancelled` event, if one was written.
+        seq: Option<u64>,
+    },
+}
+
+/// An execution lease as its holder sees it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Lease {
+    /// The session.
+    pub session: SessionId,
+    /// The holder.
+    pub owner: String,
+    /// The fencing token: present it with [`Fence`] on every command.
+    pub token: u64,
+    /// When it expires unless renewed (writer clock, unix ms).
+    pub expires_at_ms: u64,
+}
+
+impl Lease {
+    /// The fence for commands made under this lease.
+    pub fn fence(&self) -> Fence {
+        Fence { session: self.session, token: self.token }
+    }
 }
 
 impl Outcome {
@@ -595,8 +850,17 @@ impl Outcome {
             | Outcome::Labels { seq }
             | Outcome::Metadata { seq }
             | Outcome::HostState { seq }
-            | Outcome::Tool { seq, .. } => out.extend(*seq),
-            Outcome::AlreadyCommitted(_) | Outcome::Duplicate => {}
+            | Outcome::Tool { seq, .. }
+            | Outcome::Lease { seq, .. }
+            | Outcome::LeaseReleased { seq }
+            | Outcome::Enqueued { seq }
+            | Outcome::ClaimAbandoned { seq }
+            | Outcome::InputCancelled { seq }
+            | Outcome::Claimed { seq, .. } => out.extend(*seq),
+            Outcome::AlreadyCommitted(_)
+            | Outcome::Duplicate
+            | Outcome::DraftAppended { .. }
+            | Outcome::DraftDiscarded { .. } => {}
             Outcome::Batch(outcomes) => outcomes.iter().for_each(|o| o.push_seqs(out)),
         }
     }

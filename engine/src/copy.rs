@@ -300,7 +300,7 @@ fn copy_txn(
     let writes = overlay.into_writes();
     drop(view);
     let events = entries.len() as u64;
-    *tip = append(shared, *tip, &entries)?;
+    *tip = append(shared, *tip, &entries, &Default::default())?;
     shared.delta.apply(writes, tip.seq, tip.hash, events, shared.log_db.begin_read()?);
     outcome.records = events;
     outcome.first_seq = Some(tip.seq + 1 - events);

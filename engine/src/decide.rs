@@ -9,7 +9,7 @@ use crate::limits::Limits;
 use crate::projection::*;
 use crate::store::{keys, Store, StoreExt, Table};
 use annal_codec::*;
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 /// What a command leads to.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -28,6 +28,62 @@ pub enum Decision {
     },
     /// Nothing to write; the command is already satisfied.
     Noop(Outcome),
+    /// Renew a held lease: the writer keeps the new expiry in memory (nothing is
+    /// written to the log).
+    Renew(Lease),
+    /// Change a draft (nothing is written to the log).
+    Draft {
+        /// The change.
+        change: crate::draft::DraftChange,
+        /// The command's outcome.
+        outcome: Outcome,
+    },
+}
+
+/// A lease renewal the writer holds in memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Renewal {
+    /// The token renewed.
+    pub token: u64,
+    /// Its new expiry (writer clock, unix ms).
+    pub expires_at_ms: u64,
+}
+
+/// Lease renewals by session.
+pub type Renewals = HashMap<SessionId, Renewal>;
+
+/// What `decide` is given beside the store: the writer's clock (never decreasing) and
+/// the lease renewals the writer holds. Time is an input, so `decide` stays pure.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Now<'a> {
+    /// The writer's clock, unix ms.
+    pub ms: u64,
+    /// Renewals held in memory, if any.
+    pub renewals: Option<&'a Renewals>,
+    /// The drafts, if any.
+    pub drafts: Option<&'a crate::draft::DraftState>,
+}
+
+impl Now<'_> {
+    /// At `ms`, with no renewals.
+    pub fn at(ms: u64) -> Now<'static> {
+        Now { ms, renewals: None, drafts: None }
+    }
+
+    /// When `lease` of `session` expires: its granted expiry, or a later renewal of the
+    /// same token.
+    pub fn expiry(&self, session: &SessionId, lease: &LeaseState) -> u64 {
+        renewed_expiry(self.renewals, session, lease)
+    }
+}
+
+/// When `lease` of `session` expires given `renewals`: its granted expiry, or a later
+/// renewal of the same token.
+pub fn renewed_expiry(renewals: Option<&Renewals>, session: &SessionId, lease: &LeaseState) -> u64 {
+    match renewals.and_then(|r| r.get(session)) {
+        Some(r) if r.token == lease.token => r.expires_at_ms.max(lease.expires_at_ms),
+        _ => lease.expires_at_ms,
+    }
 }
 
 fn reject<T>(r: Rejection) -> Result<T> {
@@ -97,6 +153,14 @@ pub(crate) fn content_objects(command: &Command, limits: &Limits) -> Vec<(Conten
             Command::RecordToolCall(c) => return drop(set.add(limits, c.args.clone())),
             Command::RecordToolResult(c) => return drop(set.add(limits, c.result.clone())),
             Command::Batch(commands) => return commands.iter().for_each(|c| walk(set, c, limits)),
+            Command::Fenced { command, .. } => return walk(set, command, limits),
+            Command::EnqueueInput(c) => std::slice::from_ref(&c.message),
+            Command::ClaimInputs(_) | Command::AbandonClaim { .. } | Command::CancelInput { .. } => &[],
+            Command::AcquireLease(_)
+            | Command::RenewLease(_)
+            | Command::ReleaseLease { .. }
+            | Command::AppendDraft(_)
+            | Command::DiscardDraft { .. } => &[],
             Command::Restore(_)
             | Command::Archive { .. }
             | Command::Revive { .. }
@@ -268,9 +332,9 @@ pub fn materialize<S: Store + ?Sized>(
     Ok(Some(list))
 }
 
-/// Decides one non-batch command.
-pub fn decide<S: Store + ?Sized>(store: &S, command: &Command, limits: &Limits) -> Result<Decision> {
-    let decision = decide_command(store, command, limits)?;
+/// Decides one non-batch command at the writer's time `now`.
+pub fn decide<S: Store + ?Sized>(store: &S, command: &Command, limits: &Limits, now: &Now<'_>) -> Result<Decision> {
+    let decision = decide_command(store, command, limits, now)?;
     if let Decision::Write { event, .. } = &decision {
         let size = record_len(event)
             .map_err(|e| Error::Rejected(Rejection::InvalidRequest { reason: format!("{}: {e}", event.kind()) }))?;
@@ -279,9 +343,22 @@ pub fn decide<S: Store + ?Sized>(store: &S, command: &Command, limits: &Limits) 
     Ok(decision)
 }
 
-fn decide_command<S: Store + ?Sized>(store: &S, command: &Command, limits: &Limits) -> Result<Decision> {
+fn decide_command<S: Store + ?Sized>(store: &S, command: &Command, limits: &Limits, now: &Now<'_>) -> Result<Decision> {
     limits.check(Limit::CommandBytes, command.approx_bytes())?;
     match command {
+        Command::Fenced { fence, command } => {
+            check_fence(store, fence)?;
+            decide_command(store, command, limits, now)
+        }
+        Command::AcquireLease(c) => acquire_lease(store, c, limits, now),
+        Command::RenewLease(c) => renew_lease(store, c, now),
+        Command::ReleaseLease { session, token } => release_lease(store, session, *token),
+        Command::AppendDraft(c) => append_draft(store, c, limits, now),
+        Command::DiscardDraft { session, draft_id } => discard_draft(store, session, draft_id, limits, now),
+        Command::EnqueueInput(c) => enqueue_input(store, c, limits),
+        Command::ClaimInputs(c) => claim_inputs(store, c, limits, now),
+        Command::AbandonClaim { session, claim } => abandon_claim(store, session, *claim),
+        Command::CancelInput { session, input_id } => cancel_input(store, session, input_id, limits, now),
         Command::CreateSession(c) => create(store, c, limits),
         Command::CommitTurn(c) => commit_turn(store, c, limits),
         Command::Rewrite(c) => rewrite(store, c, limits),
@@ -344,14 +421,18 @@ fn check_unique(what: &str, items: &[String]) -> Result<()> {
 
 fn commit_turn<S: Store + ?Sized>(store: &S, c: &CommitTurn, limits: &Limits) -> Result<Decision> {
     limits.check_id("turn id", &c.turn_id)?;
+    if let Some(draft) = &c.draft {
+        limits.check_id("draft id", draft)?;
+    }
     if c.messages.is_empty()
         && c.usage.is_empty()
         && c.applied_context.is_empty()
         && c.tool_ops.is_empty()
         && c.state.is_empty()
+        && c.inputs.is_empty()
     {
         return invalid(
-            "a turn with no messages must record usage, apply context, reference tool operations or change host state",
+            "a turn with no messages must record usage, apply context, reference tool operations, change host state or consume inputs",
         );
     }
     if let Some(run) = &c.run_id {
@@ -363,6 +444,9 @@ fn commit_turn<S: Store + ?Sized>(store: &S, c: &CommitTurn, limits: &Limits) ->
     }
     check_unique("context keys", &c.applied_context)?;
     check_unique("tool operations", &c.tool_ops)?;
+    limits.check(Limit::ListItems, c.inputs.len() as u64)?;
+    c.inputs.iter().try_for_each(|k| limits.check_id("input id", k))?;
+    check_unique("inputs", &c.inputs)?;
     limits.check(Limit::ListItems, c.usage.len() as u64)?;
     for u in &c.usage {
         limits.check_id("provider", &u.provider)?;
@@ -372,7 +456,8 @@ fn commit_turn<S: Store + ?Sized>(store: &S, c: &CommitTurn, limits: &Limits) ->
     let messages = content.messages(limits, &c.messages)?;
     let state = state_delta(limits, &mut content, &c.state)?;
     let h = head(store, &c.session)?;
-    let commit_hash = turn_commit_hash_with_state(&messages, &c.usage, &c.applied_context, &c.tool_ops, &state);
+    let commit_hash =
+        turn_commit_hash_with_inputs(&messages, &c.usage, &c.applied_context, &c.tool_ops, &state, &c.inputs);
     if let Some(rec) = store.row::<TurnRecord>(Table::Turns, &keys::session_str(&c.session, &c.turn_id))? {
         if rec.commit_hash == commit_hash {
             return Ok(Decision::Noop(Outcome::AlreadyCommitted(rec.receipt)));
@@ -395,6 +480,15 @@ fn commit_turn<S: Store + ?Sized>(store: &S, c: &CommitTurn, limits: &Limits) ->
         }
     }
     check_state_count(limits, &h, &state)?;
+    // The inputs it consumes must be claimed (a claim that expired counts: the lease
+    // fence, not the claim, keeps a stale worker out).
+    for id in &c.inputs {
+        match store.row::<InputRow>(Table::Inputs, &keys::session_str(&c.session, id))? {
+            None => return reject(Rejection::UnknownInput { input_id: id.clone() }),
+            Some(InputRow { state: InputState::Claimed { .. }, .. }) => {}
+            Some(row) => return reject(Rejection::InputState { input_id: id.clone(), state: row.state.name() }),
+        }
+    }
     let event = Event::TurnCommitted(TurnCommitted {
         turn_id: c.turn_id.clone(),
         commit_hash,
@@ -405,6 +499,7 @@ fn commit_turn<S: Store + ?Sized>(store: &S, c: &CommitTurn, limits: &Limits) ->
         tool_ops: c.tool_ops.clone(),
         run_id: c.run_id.clone(),
         state,
+        inputs: c.inputs.clone(),
     });
     Ok(Decision::Write { session: c.session, event, content: content.into_vec() })
 }
@@ -732,6 +827,240 @@ fn set_host_state<S: Store + ?Sized>(store: &S, c: &SetHostState, limits: &Limit
     Ok(Decision::Write { session: c.session, event, content })
 }
 
+/// `Fenced` unless `fence.token` is the current lease token of `fence.session`.
+pub fn check_fence<S: Store + ?Sized>(store: &S, fence: &Fence) -> Result<()> {
+    let current = head(store, &fence.session)?.lease.map_or(0, |l| l.token);
+    if fence.token != current {
+        return reject(Rejection::Fenced { presented: fence.token, current });
+    }
+    Ok(())
+}
+
+fn check_ttl(ttl_ms: u64) -> Result<()> {
+    if ttl_ms == 0 || ttl_ms > LEASE_TTL_MS_MAX {
+        return invalid(format!("lease ttl {ttl_ms} ms is outside 1..={LEASE_TTL_MS_MAX}"));
+    }
+    Ok(())
+}
+
+fn acquire_lease<S: Store + ?Sized>(store: &S, c: &AcquireLease, limits: &Limits, now: &Now<'_>) -> Result<Decision> {
+    limits.check_id("lease owner", &c.owner)?;
+    check_ttl(c.ttl_ms)?;
+    let h = live_head(store, &c.session)?;
+    let expires_at_ms = now.ms.saturating_add(c.ttl_ms);
+    if let Some(lease) = &h.lease {
+        let until = now.expiry(&c.session, lease);
+        if lease.holds(until, now.ms) {
+            if lease.owner != c.owner {
+                return reject(Rejection::Busy { holder: lease.owner.clone(), expires_at_ms: until });
+            }
+            let renewed = Lease {
+                session: c.session,
+                owner: c.owner.clone(),
+                token: lease.token,
+                expires_at_ms: expires_at_ms.max(until),
+            };
+            return Ok(Decision::Renew(renewed));
+        }
+    }
+    let token = h.lease.as_ref().map_or(0, |l| l.token) + 1;
+    let event = Event::LeaseAcquired(LeaseAcquired { owner: c.owner.clone(), token, expires_at_ms });
+    Ok(Decision::Write { session: c.session, event, content: Vec::new() })
+}
+
+fn renew_lease<S: Store + ?Sized>(store: &S, c: &RenewLease, now: &Now<'_>) -> Result<Decision> {
+    check_ttl(c.ttl_ms)?;
+    let h = head(store, &c.session)?;
+    match &h.lease {
+        Some(lease) if lease.token == c.token && !lease.released => Ok(Decision::Renew(Lease {
+            session: c.session,
+            owner: lease.owner.clone(),
+            token: lease.token,
+            expires_at_ms: now.ms.saturating_add(c.ttl_ms).max(now.expiry(&c.session, lease)),
+        })),
+        lease => reject(Rejection::Fenced { presented: c.token, current: lease.as_ref().map_or(0, |l| l.token) }),
+    }
+}
+
+fn release_lease<S: Store + ?Sized>(store: &S, session: &SessionId, token: u64) -> Result<Decision> {
+    let h = head(store, session)?;
+    match &h.lease {
+        Some(lease) if lease.token == token && lease.released => {
+            Ok(Decision::Noop(Outcome::LeaseReleased { seq: None }))
+        }
+        Some(lease) if lease.token == token => {
+            let event = Event::LeaseReleased(LeaseReleased { token });
+            Ok(Decision::Write { session: *session, event, content: Vec::new() })
+        }
+        lease => reject(Rejection::Fenced { presented: token, current: lease.as_ref().map_or(0, |l| l.token) }),
+    }
+}
+
+fn append_draft<S: Store + ?Sized>(store: &S, c: &AppendDraft, limits: &Limits, now: &Now<'_>) -> Result<Decision> {
+    limits.check_id("draft id", &c.draft_id)?;
+    if c.segment.is_empty() {
+        return invalid("a draft segment must not be empty");
+    }
+    live_head(store, &c.session)?;
+    let (segments, bytes) = now.drafts.and_then(|d| d.draft(&c.session, &c.draft_id)).unwrap_or((0, 0));
+    let n = c.segment.len() as u64;
+    if segments == u32::MAX {
+        return reject(Rejection::LimitExceeded { limit: Limit::DraftBytes, actual: u64::MAX, max: u32::MAX as u64 });
+    }
+    limits.check(Limit::DraftBytes, bytes + n)?;
+    limits.check(Limit::SessionDraftBytes, now.drafts.map_or(0, |d| d.session_bytes(&c.session)) + n)?;
+    limits.check(Limit::DraftBytesTotal, now.drafts.map_or(0, |d| d.total_bytes()) + n)?;
+    let key = (c.session, c.draft_id.clone());
+    let change = crate::draft::DraftChange::Append { key, index: segments, segment: c.segment.clone() };
+    Ok(Decision::Draft { change, outcome: Outcome::DraftAppended { index: segments, draft_bytes: bytes + n } })
+}
+
+fn discard_draft<S: Store + ?Sized>(
+    store: &S,
+    session: &SessionId,
+    draft_id: &str,
+    limits: &Limits,
+    now: &Now<'_>,
+) -> Result<Decision> {
+    limits.check_id("draft id", draft_id)?;
+    head(store, session)?;
+    if now.drafts.and_then(|d| d.draft(session, draft_id)).is_none() {
+        return Ok(Decision::Noop(Outcome::DraftDiscarded { existed: false }));
+    }
+    let change = crate::draft::DraftChange::Discard { key: (*session, draft_id.to_string()) };
+    Ok(Decision::Draft { change, outcome: Outcome::DraftDiscarded { existed: true } })
+}
+
+fn inbox_tip<S: Store + ?Sized>(store: &S, session: &SessionId) -> Result<InboxTip> {
+    Ok(store.row(Table::InboxTip, &keys::session(session))?.unwrap_or_default())
+}
+
+fn input_row<S: Store + ?Sized>(store: &S, session: &SessionId, id: &str) -> Result<Option<InputRow>> {
+    store.row(Table::Inputs, &keys::session_str(session, id))
+}
+
+fn enqueue_input<S: Store + ?Sized>(store: &S, c: &EnqueueInput, limits: &Limits) -> Result<Decision> {
+    limits.check_id("input id", &c.input_id)?;
+    let mut content = ContentSet::default();
+    let message = content.message(limits, &c.message)?;
+    let h = head(store, &c.session)?;
+    if let Some(row) = input_row(store, &c.session, &c.input_id)? {
+        if row.message == message && row.kind == c.kind {
+            return Ok(Decision::Noop(Outcome::Enqueued { seq: None }));
+        }
+        return reject(Rejection::InputConflict { input_id: c.input_id.clone() });
+    }
+    live(&h, &c.session)?;
+    limits.check(Limit::InboxInputs, inbox_tip(store, &c.session)?.open.len() as u64 + 1)?;
+    let event = Event::InputEnqueued(InputEnqueued { input_id: c.input_id.clone(), message, kind: c.kind });
+    Ok(Decision::Write { session: c.session, event, content: content.into_vec() })
+}
+
+fn turn_committed<S: Store + ?Sized>(store: &S, session: &SessionId, turn_id: &str) -> Result<bool> {
+    Ok(store.get(Table::Turns, &keys::session_str(session, turn_id))?.is_some())
+}
+
+fn claim_inputs<S: Store + ?Sized>(store: &S, c: &ClaimInputs, limits: &Limits, now: &Now<'_>) -> Result<Decision> {
+    limits.check_id("claim owner", &c.owner)?;
+    check_ttl(c.ttl_ms)?;
+    if c.max == 0 {
+        return invalid("a claim must take at least one input");
+    }
+    limits.check(Limit::ListItems, c.max)?;
+    if let ClaimTarget::Turn(turn) = &c.target {
+        limits.check_id("turn id", turn)?;
+    }
+    let h = live_head(store, &c.session)?;
+    let current = h.lease.as_ref().map_or(0, |l| l.token);
+    if c.token != current {
+        return reject(Rejection::Fenced { presented: c.token, current });
+    }
+    let tip = inbox_tip(store, &c.session)?;
+    let wanted = match &c.target {
+        ClaimTarget::Turn(turn) => {
+            if turn_committed(store, &c.session, turn)? {
+                return reject(Rejection::TurnNotLive { turn_id: turn.clone() });
+            }
+            InputKind::ActiveTurn
+        }
+        ClaimTarget::NextTurn => {
+            for claim in &tip.claims {
+                let Some(row) = store.row::<ClaimRow>(Table::Claims, &keys::session_u64(&c.session, *claim))? else {
+                    continue;
+                };
+                if let ClaimTarget::Turn(turn) = &row.target {
+                    if row.expires_at_ms > now.ms && !turn_committed(store, &c.session, turn)? {
+                        return reject(Rejection::NotIdle { turn_id: turn.clone() });
+                    }
+                }
+            }
+            InputKind::NextTurn
+        }
+    };
+    let mut inputs = Vec::new();
+    for id in &tip.open {
+        if inputs.len() as u64 == c.max {
+            break;
+        }
+        if let Some(row) = input_row(store, &c.session, id)? {
+            if row.kind == wanted && row.state.claimable(now.ms) {
+                inputs.push(id.clone());
+            }
+        }
+    }
+    if inputs.is_empty() {
+        return Ok(Decision::Noop(Outcome::Claimed { seq: None, claim: None, inputs, expires_at_ms: 0 }));
+    }
+    let event = Event::InputsClaimed(InputsClaimed {
+        owner: c.owner.clone(),
+        token: c.token,
+        target: c.target.clone(),
+        inputs,
+        expires_at_ms: now.ms.saturating_add(c.ttl_ms),
+    });
+    Ok(Decision::Write { session: c.session, event, content: Vec::new() })
+}
+
+fn abandon_claim<S: Store + ?Sized>(store: &S, session: &SessionId, claim: u64) -> Result<Decision> {
+    let h = head(store, session)?;
+    let Some(row) = store.row::<ClaimRow>(Table::Claims, &keys::session_u64(session, claim))? else {
+        return reject(Rejection::UnknownClaim { claim });
+    };
+    if !row.open {
+        return Ok(Decision::Noop(Outcome::ClaimAbandoned { seq: None }));
+    }
+    live(&h, session)?;
+    Ok(Decision::Write {
+        session: *session,
+        event: Event::ClaimAbandoned(ClaimAbandoned { claim }),
+        content: Vec::new(),
+    })
+}
+
+fn cancel_input<S: Store + ?Sized>(
+    store: &S,
+    session: &SessionId,
+    input_id: &str,
+    limits: &Limits,
+    now: &Now<'_>,
+) -> Result<Decision> {
+    limits.check_id("input id", input_id)?;
+    let h = head(store, session)?;
+    let Some(row) = input_row(store, session, input_id)? else {
+        return reject(Rejection::UnknownInput { input_id: input_id.to_string() });
+    };
+    match row.state {
+        InputState::Cancelled { .. } => return Ok(Decision::Noop(Outcome::InputCancelled { seq: None })),
+        ref state if !state.claimable(now.ms) => {
+            return reject(Rejection::InputState { input_id: input_id.to_string(), state: state.name() })
+        }
+        _ => {}
+    }
+    live(&h, session)?;
+    let event = Event::InputCancelled(InputCancelled { input_id: input_id.to_string() });
+    Ok(Decision::Write { session: *session, event, content: Vec::new() })
+}
+
 /// The outcome of a command whose event was committed as `record`.
 pub fn outcome_of(record: &Record) -> Outcome {
     let receipt = |rev: RevisionId| Receipt { seq: record.seq, revision: rev, committed_at_ms: record.committed_at_ms };
@@ -748,6 +1077,23 @@ pub fn outcome_of(record: &Record) -> Outcome {
         Event::LabelsChanged(_) => Outcome::Labels { seq: Some(record.seq) },
         Event::MetadataSet(_) => Outcome::Metadata { seq: Some(record.seq) },
         Event::HostStateChanged(_) => Outcome::HostState { seq: Some(record.seq) },
+        Event::LeaseAcquired(e) => Outcome::Lease {
+            lease: Lease {
+                session: record.session,
+                owner: e.owner.clone(),
+                token: e.token,
+                expires_at_ms: e.expires_at_ms,
+            },
+            seq: Some(record.seq),
+        },
+        Event::LeaseReleased(_) => Outcome::LeaseReleased { seq: Some(record.seq) },
+        Event::InputEnqueued(_) => Outcome::Enqueued { seq: Some(record.seq) },
+        Event::InputsClaimed(e) => {
+            let (seq, claim) = (Some(record.seq), Some(record.stream_seq));
+            Outcome::Claimed { seq, claim, inputs: e.inputs.clone(), expires_at_ms: e.expires_at_ms }
+        }
+        Event::ClaimAbandoned(_) => Outcome::ClaimAbandoned { seq: Some(record.seq) },
+        Event::InputCancelled(_) => Outcome::InputCancelled { seq: Some(record.seq) },
         Event::SessionPurged(_) | Event::Erased(_) => Outcome::Purged { seq: record.seq },
     }
 }

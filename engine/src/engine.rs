@@ -10,7 +10,8 @@ use crate::limits::Limits;
 use crate::projection::*;
 use crate::reader::Reader;
 use crate::rebuild::RebuildStats;
-use crate::writer::{self, CommitNotice, Request, Shared, SUBSCRIBER_QUEUE_MAX};
+use crate::reply::convert;
+use crate::writer::{self, CommitNotice, ReplyTo, Request, Shared, Subscriber, SUBSCRIBER_QUEUE_MAX};
 use annal_codec::{LogChain, SessionId};
 use crossbeam_channel::{bounded, Receiver, Sender};
 use parking_lot::{Mutex, RwLock};
@@ -19,6 +20,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
+use std::time::Duration;
 
 /// How commits reach the disk.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -66,6 +68,13 @@ pub struct Options {
     /// size (small and incompressible objects stay raw). Ids are always over the
     /// canonical bytes. On by default; files may mix both encodings.
     pub compress_content: bool,
+    /// The writer's clock: commit times and lease expiries. The system clock by
+    /// default; tests pass a [`crate::ManualClock`]. The writer never lets time go back.
+    pub clock: Arc<dyn crate::clock::Clock>,
+    /// How long an appended draft segment may wait in memory before it is written to
+    /// the file on its own (it goes sooner with any commit): a crash loses at most this
+    /// much of a draft. Default 50 ms.
+    pub draft_flush_interval: Duration,
 }
 
 impl Default for Options {
@@ -81,6 +90,8 @@ impl Default for Options {
             check_integrity_on_open: false,
             checkpoint: CheckpointPolicy::default(),
             compress_content: true,
+            clock: Arc::new(crate::clock::SystemClock),
+            draft_flush_interval: DRAFT_FLUSH_INTERVAL,
         }
     }
 }
@@ -138,6 +149,8 @@ struct Inner {
     checkpointer: Mutex<Option<JoinHandle<()>>>,
     closed: AtomicBool,
     recovery: RebuildStats,
+    /// The drafts the file held at open.
+    abandoned: Vec<crate::draft::DraftSummary>,
 }
 
 impl Inner {
@@ -207,6 +220,8 @@ impl Drop for Inner {
 #[derive(Clone)]
 pub struct Engine {
     inner: Arc<Inner>,
+    /// Set on a handle from [`Engine::fenced`]: every command it sends is fenced.
+    fence: Option<crate::command::Fence>,
 }
 
 impl std::fmt::Debug for Engine {
@@ -215,8 +230,12 @@ impl std::fmt::Debug for Engine {
     }
 }
 
-fn unexpected(outcome: Outcome) -> Error {
-    Error::Storage(format!("unexpected outcome {outcome:?}"))
+/// The default of [`Options::draft_flush_interval`].
+pub const DRAFT_FLUSH_INTERVAL: Duration = Duration::from_millis(50);
+
+/// A duration in whole ms, saturating.
+pub(crate) fn ttl_ms(ttl: Duration) -> u64 {
+    ttl.as_millis().min(u64::MAX as u128) as u64
 }
 
 impl Engine {
@@ -307,6 +326,10 @@ impl Engine {
         let delta = Arc::new(Delta::new(projections.begin_read()?, log.begin_read()?, tip.seq, tip.hash)?);
         let poisoned = Arc::new(AtomicBool::new(false));
         let stats = Arc::new(EngineStats::default());
+        let renewals = Arc::new(Mutex::new(crate::decide::Renewals::new()));
+        let drafts = crate::draft::DraftState::load(&log.begin_read()?)?;
+        let abandoned = drafts.summaries();
+        let drafts = Arc::new(Mutex::new(drafts));
         let shared = Arc::new(Shared {
             log_db: log.clone(),
             projections: projections.clone(),
@@ -321,6 +344,10 @@ impl Engine {
             stats: stats.clone(),
             tip: Mutex::new(tip),
             compress_content: options.compress_content,
+            clock: options.clock.clone(),
+            renewals: renewals.clone(),
+            drafts,
+            draft_flush_interval: options.draft_flush_interval,
         });
         let (ckpt_tx, ckpt_rx) = bounded(64);
         let checkpointer = Checkpointer {
@@ -339,14 +366,16 @@ impl Engine {
             .name("annal-writer".into())
             .spawn(move || writer::run(writer_shared, rx, tip, ckpt_tx))?;
         Ok(Engine {
+            fence: None,
             inner: Arc::new(Inner {
-                reader: Reader::live(delta, options.limits, chain),
+                reader: Reader::live(delta, options.limits, chain, Some(renewals)),
                 shared,
                 sender: RwLock::new(Some(tx)),
                 writer: Mutex::new(Some(handle)),
                 checkpointer: Mutex::new(Some(checkpointer)),
                 closed: AtomicBool::new(false),
                 recovery,
+                abandoned,
             }),
         })
     }
@@ -372,7 +401,9 @@ impl Engine {
         self.inner.shared.poisoned.load(Ordering::Acquire)
     }
 
-    fn send(&self, request: Request) -> Result<()> {
+    /// Queues `request` for the writer; blocks while the queue holds
+    /// [`Options::queue_depth`] requests.
+    pub(crate) fn send(&self, request: Request) -> Result<()> {
         if self.is_poisoned() {
             return Err(Error::Poisoned);
         }
@@ -381,68 +412,75 @@ impl Engine {
         sender.send(request).map_err(|_| Error::Closed)
     }
 
-    /// Runs any command and waits for its durable outcome.
+    /// A handle to the same engine whose every command carries `fence`
+    /// ([`Command::Fenced`]): it is accepted only while `fence.token` is the current lease
+    /// token of `fence.session`, and refused with [`Rejection::Fenced`] otherwise, writing
+    /// nothing. Queries are not fenced.
+    ///
+    /// [`Rejection::Fenced`]: crate::Rejection::Fenced
+    pub fn fenced(&self, fence: crate::command::Fence) -> Engine {
+        Engine { inner: self.inner.clone(), fence: Some(fence) }
+    }
+
+    /// The fence this handle puts on its commands, if it is a [`Engine::fenced`] handle.
+    pub fn fence(&self) -> Option<crate::command::Fence> {
+        self.fence
+    }
+
+    /// Runs any command and waits for its durable outcome (fenced, on a
+    /// [`Engine::fenced`] handle).
     pub fn execute(&self, command: Command) -> Result<Outcome> {
-        let (reply, rx) = bounded(1);
+        let (reply, rx) = oneshot::channel();
+        self.send(self.command_request(command, reply))?;
+        rx.recv().map_err(|_| Error::Closed)?
+    }
+
+    /// The writer's request for `command` (fenced, on a [`Engine::fenced`] handle), with
+    /// its content compressed.
+    pub(crate) fn command_request(&self, command: Command, reply: ReplyTo<Outcome>) -> Request {
+        let command = match self.fence {
+            Some(fence) => Command::Fenced { fence, command: Box::new(command) },
+            None => command,
+        };
         // Compression runs here, on the caller's thread, so callers compress in parallel
         // and the writer does not.
         let compressed = match self.inner.shared.compress_content {
             true => writer::compress(&command, &self.inner.shared.limits),
             false => Default::default(),
         };
-        self.send(Request::Command { command: Box::new(command), reply, compressed })?;
-        rx.recv().map_err(|_| Error::Closed)?
+        Request::Command { command: Box::new(command), reply, compressed }
     }
 
     /// Runs several commands in order, all or nothing. The first rejection is returned as
     /// [`Rejection::Batch`] with its index.
     pub fn batch(&self, commands: Vec<Command>) -> Result<Vec<Outcome>> {
-        match self.execute(Command::Batch(commands))? {
-            Outcome::Batch(outcomes) => Ok(outcomes),
-            other => Err(unexpected(other)),
-        }
+        self.execute(Command::Batch(commands)).and_then(convert::batch)
     }
 
     /// Creates a session.
     pub fn create_session(&self, c: CreateSession) -> Result<SessionReceipt> {
-        match self.execute(Command::CreateSession(c))? {
-            Outcome::Created { session, receipt } => Ok(SessionReceipt { session, receipt }),
-            other => Err(unexpected(other)),
-        }
+        self.execute(Command::CreateSession(c)).and_then(convert::created)
     }
 
     /// Commits a turn. An exact retry returns [`TurnOutcome::AlreadyCommitted`] with the
     /// original receipt, even if the head has moved since.
     pub fn commit_turn(&self, c: CommitTurn) -> Result<TurnOutcome> {
-        match self.execute(Command::CommitTurn(c))? {
-            Outcome::Committed(r) => Ok(TurnOutcome::Committed(r)),
-            Outcome::AlreadyCommitted(r) => Ok(TurnOutcome::AlreadyCommitted(r)),
-            other => Err(unexpected(other)),
-        }
+        self.execute(Command::CommitTurn(c)).and_then(convert::turn)
     }
 
     /// Rewrites a range of the head (edit, compaction, redaction).
     pub fn rewrite(&self, c: Rewrite) -> Result<Receipt> {
-        match self.execute(Command::Rewrite(c))? {
-            Outcome::Rewritten(r) => Ok(r),
-            other => Err(unexpected(other)),
-        }
+        self.execute(Command::Rewrite(c)).and_then(convert::rewritten)
     }
 
     /// Restores a revision the session held before; the new head id equals `target`.
     pub fn restore(&self, c: Restore) -> Result<Receipt> {
-        match self.execute(Command::Restore(c))? {
-            Outcome::Rewritten(r) => Ok(r),
-            other => Err(unexpected(other)),
-        }
+        self.execute(Command::Restore(c)).and_then(convert::rewritten)
     }
 
     /// Forks a session.
     pub fn fork(&self, c: Fork) -> Result<SessionReceipt> {
-        match self.execute(Command::Fork(c))? {
-            Outcome::Created { session, receipt } => Ok(SessionReceipt { session, receipt }),
-            other => Err(unexpected(other)),
-        }
+        self.execute(Command::Fork(c)).and_then(convert::created)
     }
 
     /// Forks `parent` keeping its first `index` messages, into a new session.
@@ -457,83 +495,200 @@ impl Engine {
 
     /// Archives a session. Returns false if it already was archived (nothing written).
     pub fn archive(&self, session: SessionId, reason: impl Into<String>) -> Result<bool> {
-        match self.execute(Command::Archive { session, reason: reason.into() })? {
-            Outcome::Archived { seq } => Ok(seq.is_some()),
-            other => Err(unexpected(other)),
-        }
+        self.execute(Command::Archive { session, reason: reason.into() }).and_then(convert::archived)
     }
 
     /// Revives an archived session. Returns the event's seq.
     pub fn revive(&self, session: SessionId, reason: impl Into<String>) -> Result<u64> {
-        match self.execute(Command::Revive { session, reason: reason.into() })? {
-            Outcome::Revived { seq } => Ok(seq),
-            other => Err(unexpected(other)),
-        }
+        self.execute(Command::Revive { session, reason: reason.into() }).and_then(convert::revived)
     }
 
     /// Stages context for a later turn.
     pub fn append_context(&self, c: AppendContext) -> Result<ContextOutcome> {
-        match self.execute(Command::AppendContext(c))? {
-            Outcome::Staged { seq } => Ok(ContextOutcome::Staged(seq)),
-            Outcome::Duplicate => Ok(ContextOutcome::Duplicate),
-            other => Err(unexpected(other)),
-        }
+        self.execute(Command::AppendContext(c)).and_then(convert::context)
     }
 
     /// T1: records a tool call before it is dispatched.
     pub fn record_tool_call(&self, c: RecordToolCall) -> Result<ToolReceipt> {
-        match self.execute(Command::RecordToolCall(c))? {
-            Outcome::Tool { created, seq } => Ok(ToolReceipt { created, seq }),
-            other => Err(unexpected(other)),
-        }
+        self.execute(Command::RecordToolCall(c)).and_then(convert::tool)
     }
 
     /// T2: records a tool call's result.
     pub fn record_tool_result(&self, c: RecordToolResult) -> Result<ToolReceipt> {
-        match self.execute(Command::RecordToolResult(c))? {
-            Outcome::Tool { created, seq } => Ok(ToolReceipt { created, seq }),
-            other => Err(unexpected(other)),
-        }
+        self.execute(Command::RecordToolResult(c)).and_then(convert::tool)
     }
 
     /// Sets and removes labels. Returns the event's seq, or `None` if nothing changed.
     pub fn set_labels(&self, c: SetLabels) -> Result<Option<u64>> {
-        match self.execute(Command::SetLabels(c))? {
-            Outcome::Labels { seq } => Ok(seq),
-            other => Err(unexpected(other)),
-        }
+        self.execute(Command::SetLabels(c)).and_then(convert::labels)
     }
 
     /// Replaces the session's metadata blob (`MetadataSet`; the log keeps every
     /// version). Returns the event's seq, or `None` if the metadata already was this.
     pub fn set_metadata(&self, c: SetMetadata) -> Result<Option<u64>> {
-        match self.execute(Command::SetMetadata(c))? {
-            Outcome::Metadata { seq } => Ok(seq),
-            other => Err(unexpected(other)),
-        }
+        self.execute(Command::SetMetadata(c)).and_then(convert::metadata)
     }
 
     /// Sets and removes host state entries (`HostStateChanged`, holding only what
     /// changes). Returns the event's seq, or `None` if nothing changed.
     pub fn set_host_state(&self, c: SetHostState) -> Result<Option<u64>> {
-        match self.execute(Command::SetHostState(c))? {
-            Outcome::HostState { seq } => Ok(seq),
-            other => Err(unexpected(other)),
-        }
+        self.execute(Command::SetHostState(c)).and_then(convert::host_state)
+    }
+
+    /// Takes the execution lease of `session` for `owner`, for `ttl` (writer clock;
+    /// 1 ms ..= [`crate::LEASE_TTL_MS_MAX`]). Granted, with a token one larger than any
+    /// the session had (the grant is a `LeaseAcquired` event, so tokens survive
+    /// restarts), when nobody holds a live lease; [`Rejection::Busy`] while another owner
+    /// does. The holder asking again renews its lease and keeps its token. A lease on an
+    /// archived session is refused (`Archived`).
+    ///
+    /// [`Rejection::Busy`]: crate::Rejection::Busy
+    pub fn acquire_lease(&self, session: SessionId, owner: impl Into<String>, ttl: Duration) -> Result<Lease> {
+        let c = AcquireLease { session, owner: owner.into(), ttl_ms: ttl_ms(ttl) };
+        self.execute(Command::AcquireLease(c)).and_then(convert::lease)
+    }
+
+    /// Renews a held lease for `ttl` from now. Renewals are kept in the writer's memory,
+    /// not in the log: they cost no write, and after a restart the lease expires when
+    /// its grant said, after which a takeover fences the old holder. A token that is not
+    /// the session's current one, or a released lease, gets [`Rejection::Fenced`].
+    ///
+    /// [`Rejection::Fenced`]: crate::Rejection::Fenced
+    pub fn renew_lease(&self, lease: &Lease, ttl: Duration) -> Result<Lease> {
+        let c = RenewLease { session: lease.session, token: lease.token, ttl_ms: ttl_ms(ttl) };
+        self.execute(Command::RenewLease(c)).and_then(convert::lease)
+    }
+
+    /// Releases a held lease (a `LeaseReleased` event), so another owner may take it at
+    /// once. Returns false if it was released already; a token that is not the session's
+    /// current one gets [`Rejection::Fenced`].
+    ///
+    /// [`Rejection::Fenced`]: crate::Rejection::Fenced
+    pub fn release_lease(&self, lease: &Lease) -> Result<bool> {
+        self.execute(Command::ReleaseLease { session: lease.session, token: lease.token })
+            .and_then(convert::lease_released)
+    }
+
+    /// Appends `segment` to draft `draft_id` of `session` (creating the draft), and
+    /// returns the segment's index. Drafts hold a model's partial output while it
+    /// streams: readers see a segment at once, and it reaches the file with the next
+    /// commit or within [`Options::draft_flush_interval`] (a crash loses at most that),
+    /// outside the log's chain. The turn that carries the final message names the draft
+    /// ([`CommitTurn::finalizes`]) and removes it atomically. Bounded per draft, per
+    /// session and in total (`LimitExceeded` with `DraftBytes`, `SessionDraftBytes`,
+    /// `DraftBytesTotal`); an archived session refuses drafts.
+    pub fn append_draft(
+        &self,
+        session: SessionId,
+        draft_id: impl Into<String>,
+        segment: impl Into<Vec<u8>>,
+    ) -> Result<u32> {
+        let c = AppendDraft { session, draft_id: draft_id.into(), segment: segment.into() };
+        self.execute(Command::AppendDraft(c)).and_then(convert::draft_appended)
+    }
+
+    /// Discards a draft and its segments (written at once). Returns false if there was
+    /// none.
+    pub fn discard_draft(&self, session: SessionId, draft_id: impl Into<String>) -> Result<bool> {
+        self.execute(Command::DiscardDraft { session, draft_id: draft_id.into() }).and_then(convert::draft_discarded)
+    }
+
+    /// The drafts of `session`, in draft id order, each with its segments in order, as
+    /// far as `max_bytes` of segments allows (see [`crate::Draft::is_complete`]; read the
+    /// rest with [`Engine::draft`]).
+    pub fn drafts(&self, session: SessionId, max_bytes: u64) -> Vec<crate::draft::Draft> {
+        self.inner.shared.drafts.lock().read(&session, max_bytes)
+    }
+
+    /// One draft, from segment `from`, as far as `max_bytes` allows.
+    pub fn draft(&self, session: SessionId, draft_id: &str, from: u32, max_bytes: u64) -> Option<crate::draft::Draft> {
+        self.inner.shared.drafts.lock().read_one(&session, draft_id, from, max_bytes)
+    }
+
+    /// The drafts the file held when this engine opened: partial output of turns that
+    /// never committed before the last shutdown or crash. Resume them (append more,
+    /// then commit the turn that finalizes them) or discard them; nothing removes them
+    /// by itself.
+    pub fn abandoned_drafts(&self) -> &[crate::draft::DraftSummary] {
+        &self.inner.abandoned
+    }
+
+    /// Writes every draft segment still in memory to the file now (a durable commit).
+    pub fn flush_drafts(&self) -> Result<()> {
+        let (reply, rx) = oneshot::channel();
+        self.send(Request::FlushDrafts { reply })?;
+        rx.recv().map_err(|_| Error::Closed)?
+    }
+
+    /// Queues `message` in `session`'s inbox as input `input_id`, for the live turn or
+    /// the next one. Returns the event's seq, or `None` for an exact retry (the same id
+    /// with another message or kind is `InputConflict`). At most `inbox_inputs_max` open
+    /// inputs per session.
+    pub fn enqueue_input(
+        &self,
+        session: SessionId,
+        input_id: impl Into<String>,
+        message: Message,
+        kind: annal_codec::InputKind,
+    ) -> Result<Option<u64>> {
+        let c = EnqueueInput { session, input_id: input_id.into(), message, kind };
+        self.execute(Command::EnqueueInput(c)).and_then(convert::enqueued)
+    }
+
+    /// The inputs of `session` that a claim may take now: queued, and held by no live
+    /// claim (a claim that expired, by the writer's clock, lets its inputs go), in queue
+    /// order.
+    pub fn pending_inputs(&self, session: SessionId) -> Result<Vec<crate::query::QueuedInput>> {
+        self.inbox_claimable(session, self.inner.shared.clock.now_ms())
+    }
+
+    /// Claims up to `c.max` inputs for `c.owner`, fenced by the session's current lease
+    /// token (`Fenced` otherwise): active-turn inputs for a live turn (one not committed
+    /// yet; `TurnNotLive` otherwise), or next-turn inputs while the session is idle (no
+    /// live claim for a running turn; `NotIdle` otherwise). The claim holds for
+    /// `c.ttl_ms`; after that its inputs are claimable again. Claiming nothing writes
+    /// nothing (`claim: None`).
+    pub fn claim_inputs(&self, c: ClaimInputs) -> Result<crate::query::Claim> {
+        self.execute(Command::ClaimInputs(c)).and_then(convert::claimed)
+    }
+
+    /// Gives a claim up (named by the stream seq of its `InputsClaimed`): its inputs
+    /// that no turn consumed are queued again. Returns
+    /// false if the claim was closed already; an unknown claim is `UnknownClaim`.
+    pub fn abandon_claim(&self, session: SessionId, claim: u64) -> Result<bool> {
+        self.execute(Command::AbandonClaim { session, claim }).and_then(convert::claim_abandoned)
+    }
+
+    /// Withdraws an input that no live claim holds. Returns false if it was cancelled
+    /// already; a consumed or live-claimed input is `InputState`.
+    pub fn cancel_input(&self, session: SessionId, input_id: impl Into<String>) -> Result<bool> {
+        self.execute(Command::CancelInput { session, input_id: input_id.into() }).and_then(convert::input_cancelled)
     }
 
     /// A receiver that hears about every durable commit once, in commit order. A
-    /// receiver more than [`SUBSCRIBER_QUEUE_MAX`] notices behind is disconnected.
+    /// receiver more than [`SUBSCRIBER_QUEUE_MAX`] notices behind is disconnected
+    /// ([`Engine::subscribe_stream`] tells its consumer where to resume instead).
     pub fn subscribe(&self) -> Receiver<CommitNotice> {
         let (tx, rx) = bounded(SUBSCRIBER_QUEUE_MAX);
-        self.inner.shared.subscribers.lock().push(tx);
+        self.inner.shared.subscribers.lock().push(Subscriber::Channel(tx));
         rx
+    }
+
+    /// Adds a subscriber; one added after the engine closed is dropped at once (its
+    /// receiving end sees the end), since nothing will be committed any more.
+    pub(crate) fn add_subscriber(&self, subscriber: Subscriber) {
+        let mut subscribers = self.inner.shared.subscribers.lock();
+        // Under the lock: the writer clears the subscribers under it when it stops, which
+        // is after `closed` is set.
+        if !self.inner.closed.load(Ordering::Acquire) {
+            subscribers.push(subscriber);
+        }
     }
 
     /// Drops the projections in `set` and folds them again from the log, in one
     /// transaction, through the writer (so no commit interleaves).
     pub fn rebuild(&self, set: ProjectionSet) -> Result<RebuildStats> {
-        let (reply, rx) = bounded(1);
+        let (reply, rx) = oneshot::channel();
         self.send(Request::Rebuild { set, reply })?;
         rx.recv().map_err(|_| Error::Closed)?
     }
@@ -542,7 +697,7 @@ impl Engine {
     /// (commits queued before it are included). Never needed for correctness: queries
     /// read the delta, and an open folds whatever the last checkpoint missed.
     pub fn checkpoint(&self) -> Result<()> {
-        let (reply, rx) = bounded(1);
+        let (reply, rx) = oneshot::channel();
         self.send(Request::Checkpoint { reply })?;
         rx.recv().map_err(|_| Error::Closed)?
     }
@@ -555,7 +710,7 @@ impl Engine {
     /// one transaction: on any error nothing is appended
     /// ([`Rejection::InvalidImport`] names the record).
     pub fn import(&self, records: Vec<annal_codec::Record>, content: Vec<Vec<u8>>) -> Result<ImportStats> {
-        let (reply, rx) = bounded(1);
+        let (reply, rx) = oneshot::channel();
         self.send(Request::Import { records, content, reply })?;
         rx.recv().map_err(|_| Error::Closed)?
     }
@@ -583,7 +738,7 @@ impl Engine {
     /// [`Rejection::ForkParentMoved`]: crate::Rejection::ForkParentMoved
     /// [`Rejection::InvalidImport`]: crate::Rejection::InvalidImport
     pub fn copy_in(&self, export: SessionExport) -> Result<CopyOutcome> {
-        let (reply, rx) = bounded(1);
+        let (reply, rx) = oneshot::channel();
         self.send(Request::Copy { export, reply })?;
         rx.recv().map_err(|_| Error::Closed)?
     }

@@ -47,6 +47,14 @@ pub enum Limit {
     HostStateNameBytes,
     /// Host state entries on one session (and changes in one command).
     HostStateEntries,
+    /// Bytes of one draft.
+    DraftBytes,
+    /// Bytes of the drafts of one session.
+    SessionDraftBytes,
+    /// Bytes of every draft.
+    DraftBytesTotal,
+    /// Open inputs (queued, not consumed or cancelled) in one session's inbox.
+    InboxInputs,
 }
 
 impl fmt::Display for Limit {
@@ -69,6 +77,10 @@ impl fmt::Display for Limit {
             Limit::NoteBytes => "note_bytes_max",
             Limit::HostStateNameBytes => "host_state_name_bytes_max",
             Limit::HostStateEntries => "host_state_entries_max",
+            Limit::DraftBytes => "draft_bytes_max",
+            Limit::SessionDraftBytes => "session_draft_bytes_max",
+            Limit::DraftBytesTotal => "draft_bytes_total_max",
+            Limit::InboxInputs => "inbox_inputs_max",
         };
         f.write_str(name)
     }
@@ -134,6 +146,63 @@ pub enum Rejection {
         expected: u64,
         /// The session's stream sequence number.
         actual: u64,
+    },
+    /// Another owner holds the session's execution lease.
+    #[error("the session's lease is held by {holder} until {expires_at_ms}")]
+    Busy {
+        /// The owner that holds it.
+        holder: String,
+        /// When it expires unless renewed (writer clock, unix ms).
+        expires_at_ms: u64,
+    },
+    /// A fenced command (or a lease renewal or release) presented a token that is not the
+    /// session's current lease token: a worker that lost its lease must stop.
+    #[error("fenced: token {presented} is not the session's current lease token {current}")]
+    Fenced {
+        /// The token presented.
+        presented: u64,
+        /// The session's current token (0: no lease was ever granted).
+        current: u64,
+    },
+    /// The input id was queued with another message or kind.
+    #[error("input {input_id} was queued with other content")]
+    InputConflict {
+        /// The input id.
+        input_id: String,
+    },
+    /// No input with this id was queued in the session.
+    #[error("unknown input {input_id}")]
+    UnknownInput {
+        /// The input id.
+        input_id: String,
+    },
+    /// The input is not in a state that allows the command (a turn consumes claimed
+    /// inputs; a cancel needs one no live claim holds).
+    #[error("input {input_id} is {state}")]
+    InputState {
+        /// The input id.
+        input_id: String,
+        /// `pending`, `claimed`, `completed` or `cancelled`.
+        state: &'static str,
+    },
+    /// No claim with this seq was made in the session.
+    #[error("unknown claim {claim}")]
+    UnknownClaim {
+        /// The claim asked for.
+        claim: u64,
+    },
+    /// Active-turn inputs are claimed only for a turn that is running (not committed).
+    #[error("turn {turn_id} is not live")]
+    TurnNotLive {
+        /// The turn id.
+        turn_id: String,
+    },
+    /// Next-turn inputs are claimed only while the session is idle: no live claim for a
+    /// running turn.
+    #[error("the session is running turn {turn_id}")]
+    NotIdle {
+        /// The running turn.
+        turn_id: String,
     },
     /// The turn id was committed with different content.
     #[error("turn {turn_id} was already committed with different content")]

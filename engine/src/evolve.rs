@@ -30,6 +30,7 @@ pub fn evolve<S: Store + ?Sized>(
             Projection::Tools => fold_tools(store, record)?,
             Projection::Streams => fold_streams(store, record)?,
             Projection::Content => fold_content(store, record, introduced)?,
+            Projection::Inbox => fold_inbox(store, record)?,
         }
     }
     Ok(())
@@ -84,6 +85,7 @@ fn fold_heads<S: Store + ?Sized>(store: &mut S, r: &Record) -> Result<()> {
                 stream_seq: 0,
                 updated_at_ms: r.committed_at_ms,
                 host_state: Default::default(),
+                lease: None,
             }
         }
         event => {
@@ -96,6 +98,22 @@ fn fold_heads<S: Store + ?Sized>(store: &mut S, r: &Record) -> Result<()> {
                 }
                 Event::HostStateChanged(e) => fold_state(store, r, &mut head, &e.state)?,
                 Event::MetadataSet(e) => head.metadata = e.metadata.clone(),
+                Event::LeaseAcquired(e) => {
+                    let last = head.lease.as_ref().map_or(0, |l| l.token);
+                    if e.token != last + 1 {
+                        return Err(corrupt(r, format!("lease token {} does not follow {last}", e.token)));
+                    }
+                    head.lease = Some(LeaseState {
+                        owner: e.owner.clone(),
+                        token: e.token,
+                        expires_at_ms: e.expires_at_ms,
+                        released: false,
+                    });
+                }
+                Event::LeaseReleased(e) => match head.lease.as_mut() {
+                    Some(lease) if lease.token == e.token && !lease.released => lease.released = true,
+                    _ => return Err(corrupt(r, format!("release of lease token {} that is not held", e.token))),
+                },
                 Event::TranscriptRewritten(e) => {
                     if e.start > e.end || e.end > head.message_count {
                         return Err(corrupt(r, "rewrite range outside the transcript"));
@@ -522,4 +540,137 @@ fn fold_content<S: Store + ?Sized>(store: &mut S, r: &Record, introduced: &[Cont
         }
     }
     Ok(())
+}
+
+fn input_row<S: Store + ?Sized>(store: &S, r: &Record, id: &str) -> Result<InputRow> {
+    need(r, store.row(Table::Inputs, &keys::session_str(&r.session, id))?, "queued input")
+}
+
+/// Closes claim `claim` once no input is held by it any more.
+fn close_if_empty<S: Store + ?Sized>(store: &mut S, r: &Record, tip: &mut InboxTip, claim: u64) -> Result<()> {
+    let key = keys::session_u64(&r.session, claim);
+    let mut row: ClaimRow = need(r, store.row(Table::Claims, &key)?, "claim")?;
+    if !row.open {
+        return Ok(());
+    }
+    for id in &row.inputs {
+        if matches!(input_row(store, r, id)?.state, InputState::Claimed { claim: c, .. } if c == claim) {
+            return Ok(());
+        }
+    }
+    row.open = false;
+    tip.claims.retain(|c| *c != claim);
+    store.put_row(Table::Claims, &key, &row)
+}
+
+/// Ends an input's life in the inbox (completed or cancelled).
+fn settle_input<S: Store + ?Sized>(
+    store: &mut S,
+    r: &Record,
+    tip: &mut InboxTip,
+    id: &str,
+    state: InputState,
+    allowed: fn(&InputState) -> bool,
+) -> Result<()> {
+    let key = keys::session_str(&r.session, id);
+    let mut row = input_row(store, r, id)?;
+    if !allowed(&row.state) {
+        return Err(corrupt(r, format!("input {id:?} is {}", row.state.name())));
+    }
+    let held = match row.state {
+        InputState::Claimed { claim, .. } => Some(claim),
+        _ => None,
+    };
+    row.state = state;
+    store.put_row(Table::Inputs, &key, &row)?;
+    tip.open.retain(|o| o != id);
+    if let Some(claim) = held {
+        close_if_empty(store, r, tip, claim)?;
+    }
+    Ok(())
+}
+
+fn fold_inbox<S: Store + ?Sized>(store: &mut S, r: &Record) -> Result<()> {
+    let tip_key = keys::session(&r.session);
+    let mut tip: InboxTip = match &r.event {
+        Event::InputEnqueued(_) | Event::InputsClaimed(_) | Event::ClaimAbandoned(_) | Event::InputCancelled(_) => {
+            store.row(Table::InboxTip, &tip_key)?.unwrap_or_default()
+        }
+        Event::TurnCommitted(e) if !e.inputs.is_empty() => store.row(Table::InboxTip, &tip_key)?.unwrap_or_default(),
+        _ => return Ok(()),
+    };
+    match &r.event {
+        Event::InputEnqueued(e) => {
+            let key = keys::session_str(&r.session, &e.input_id);
+            if store.get(Table::Inputs, &key)?.is_some() {
+                return Err(corrupt(r, format!("input {:?} queued twice", e.input_id)));
+            }
+            let row = InputRow {
+                input_id: e.input_id.clone(),
+                seq: r.seq,
+                message: e.message,
+                kind: e.kind,
+                state: InputState::Pending,
+            };
+            store.put_row(Table::Inputs, &key, &row)?;
+            tip.open.push(e.input_id.clone());
+        }
+        Event::InputsClaimed(e) => {
+            let mut previous = Vec::new();
+            for id in &e.inputs {
+                let key = keys::session_str(&r.session, id);
+                let mut row = input_row(store, r, id)?;
+                match row.state {
+                    InputState::Pending => {}
+                    InputState::Claimed { claim, .. } => previous.push(claim),
+                    ref other => return Err(corrupt(r, format!("claim of input {id:?}, which is {}", other.name()))),
+                }
+                row.state = InputState::Claimed { claim: r.stream_seq, expires_at_ms: e.expires_at_ms };
+                store.put_row(Table::Inputs, &key, &row)?;
+            }
+            let row = ClaimRow {
+                claim: r.stream_seq,
+                owner: e.owner.clone(),
+                token: e.token,
+                target: e.target.clone(),
+                inputs: e.inputs.clone(),
+                expires_at_ms: e.expires_at_ms,
+                open: true,
+            };
+            store.put_row(Table::Claims, &keys::session_u64(&r.session, r.stream_seq), &row)?;
+            tip.claims.push(r.stream_seq);
+            for claim in previous {
+                close_if_empty(store, r, &mut tip, claim)?;
+            }
+        }
+        Event::ClaimAbandoned(e) => {
+            let key = keys::session_u64(&r.session, e.claim);
+            let mut claim: ClaimRow = need(r, store.row(Table::Claims, &key)?, "claim")?;
+            if !claim.open {
+                return Err(corrupt(r, format!("claim {} abandoned while closed", e.claim)));
+            }
+            for id in &claim.inputs {
+                let mut row = input_row(store, r, id)?;
+                if matches!(row.state, InputState::Claimed { claim: c, .. } if c == e.claim) {
+                    row.state = InputState::Pending;
+                    store.put_row(Table::Inputs, &keys::session_str(&r.session, id), &row)?;
+                }
+            }
+            claim.open = false;
+            store.put_row(Table::Claims, &key, &claim)?;
+            tip.claims.retain(|c| *c != e.claim);
+        }
+        Event::InputCancelled(e) => {
+            let allowed: fn(&InputState) -> bool = |s| matches!(s, InputState::Pending | InputState::Claimed { .. });
+            settle_input(store, r, &mut tip, &e.input_id, InputState::Cancelled { seq: r.seq }, allowed)?;
+        }
+        Event::TurnCommitted(e) => {
+            for id in &e.inputs {
+                let state = InputState::Completed { turn_id: e.turn_id.clone(), seq: r.seq };
+                settle_input(store, r, &mut tip, id, state, |s| matches!(s, InputState::Claimed { .. }))?;
+            }
+        }
+        _ => {}
+    }
+    store.put_row(Table::InboxTip, &tip_key, &tip)
 }

@@ -74,7 +74,7 @@ fn import_txn(shared: &Shared, tip: &mut Tip, records: Vec<Record>, content: Vec
     let writes = overlay.into_writes();
     drop(view);
     let events = entries.len() as u64;
-    *tip = append(shared, *tip, &entries)?;
+    *tip = append(shared, *tip, &entries, &Default::default())?;
     shared.delta.apply(writes, tip.seq, tip.hash, events, shared.log_db.begin_read()?);
     Ok(ImportStats { records: events, content_objects: stored_objects, tip_seq: tip.seq })
 }
@@ -98,9 +98,7 @@ pub(crate) fn fold_foreign<S: Store + ?Sized>(
         other => import_error(source_seq, other.to_string()),
     };
     if let annal_codec::Event::TurnCommitted(e) = &record.event {
-        let hash =
-            annal_codec::turn_commit_hash_with_state(&e.messages, &e.usage, &e.applied_context, &e.tool_ops, &e.state);
-        if hash != e.commit_hash {
+        if e.recomputed_hash() != e.commit_hash {
             return Err(import_error(source_seq, "commit hash does not recompute"));
         }
     }

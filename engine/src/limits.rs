@@ -44,6 +44,16 @@ pub struct Limits {
     pub host_state_name_bytes_max: u64,
     /// Host state entries on one session, and changes in one command. Default 64.
     pub host_state_entries_max: u64,
+    /// Bytes of one streamed draft (all its segments). Default 4 MiB.
+    pub draft_bytes_max: u64,
+    /// Bytes of the drafts of one session. Default 16 MiB.
+    pub session_draft_bytes_max: u64,
+    /// Bytes of every draft in the database: drafts are held in memory as well as in
+    /// the file, so this bounds the memory they take. Default 64 MiB.
+    pub draft_bytes_total_max: u64,
+    /// Open inputs (queued, neither consumed nor cancelled) in one session's inbox.
+    /// Default 1024.
+    pub inbox_inputs_max: u64,
 }
 
 const KIB: u64 = 1024;
@@ -69,6 +79,10 @@ impl Default for Limits {
             note_bytes_max: 4 * KIB,
             host_state_name_bytes_max: 128,
             host_state_entries_max: 64,
+            draft_bytes_max: 4 * MIB,
+            session_draft_bytes_max: 16 * MIB,
+            draft_bytes_total_max: 64 * MIB,
+            inbox_inputs_max: 1024,
         }
     }
 }
@@ -166,6 +180,10 @@ impl Limits {
             Limit::NoteBytes => self.note_bytes_max,
             Limit::HostStateNameBytes => self.host_state_name_bytes_max,
             Limit::HostStateEntries => self.host_state_entries_max,
+            Limit::DraftBytes => self.draft_bytes_max,
+            Limit::SessionDraftBytes => self.session_draft_bytes_max,
+            Limit::DraftBytesTotal => self.draft_bytes_total_max,
+            Limit::InboxInputs => self.inbox_inputs_max,
         }
     }
 

@@ -2,7 +2,9 @@
 //! [`crate::evolve`] and nothing else.
 
 use crate::store::Table;
-use annal_codec::{CommitHash, ContentId, ForkOrigin, Recovery, RevisionId, SessionId, ToolOutcome};
+use annal_codec::{
+    ClaimTarget, CommitHash, ContentId, ForkOrigin, InputKind, Recovery, RevisionId, SessionId, ToolOutcome,
+};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
@@ -29,11 +31,13 @@ pub enum Projection {
     Streams,
     /// The content-id index: content id → the seq whose content row holds its bytes.
     Content,
+    /// The per-session input inbox: queued inputs and their claims.
+    Inbox,
 }
 
 impl Projection {
     /// Every projection.
-    pub const ALL: [Projection; 10] = [
+    pub const ALL: [Projection; 11] = [
         Projection::Heads,
         Projection::Transcript,
         Projection::Graph,
@@ -44,6 +48,7 @@ impl Projection {
         Projection::Tools,
         Projection::Streams,
         Projection::Content,
+        Projection::Inbox,
     ];
 
     /// The name used in `meta` and on the command line.
@@ -59,6 +64,7 @@ impl Projection {
             Projection::Tools => "tools",
             Projection::Streams => "streams",
             Projection::Content => "content",
+            Projection::Inbox => "inbox",
         }
     }
 
@@ -76,8 +82,9 @@ impl Projection {
             // 2: the transition that first produces a node is not stored as an edge.
             Projection::Graph => 2,
             // 2: heads carry the host state; the host state history table.
-            // 3: the tombstones of purged sessions.
-            Projection::Heads => 3,
+            // 3: heads carry the execution lease.
+            // 4: the tombstones of purged sessions.
+            Projection::Heads => 4,
             // 2: the recency order and the label counts.
             Projection::Labels => 2,
             _ => 1,
@@ -108,6 +115,7 @@ impl Projection {
             }
             Projection::Streams => &[Table::StreamIndex],
             Projection::Content => &[Table::ContentIndex],
+            Projection::Inbox => &[Table::Inputs, Table::Claims, Table::InboxTip],
         }
     }
 
@@ -194,6 +202,123 @@ pub struct SessionHead {
     pub updated_at_ms: u64,
     /// Host state entries: name → content id of the value.
     pub host_state: BTreeMap<String, ContentId>,
+    /// The session's execution lease, as last granted or released in the log (renewals
+    /// live in the writer's memory: [`crate::Reader::lease`] shows them).
+    pub lease: Option<LeaseState>,
+}
+
+/// Where a queued input stands.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum InputState {
+    /// Queued, held by no claim.
+    Pending,
+    /// Held by the claim made at stream seq `claim` until `expires_at_ms` (after which
+    /// it is claimable again).
+    Claimed {
+        /// The claim.
+        claim: u64,
+        /// When the claim expires (writer clock, unix ms).
+        expires_at_ms: u64,
+    },
+    /// Consumed by a turn.
+    Completed {
+        /// The turn.
+        turn_id: String,
+        /// The event that completed it.
+        seq: u64,
+    },
+    /// Withdrawn.
+    Cancelled {
+        /// The event that cancelled it.
+        seq: u64,
+    },
+}
+
+impl InputState {
+    /// `pending`, `claimed`, `completed` or `cancelled`.
+    pub fn name(&self) -> &'static str {
+        match self {
+            InputState::Pending => "pending",
+            InputState::Claimed { .. } => "claimed",
+            InputState::Completed { .. } => "completed",
+            InputState::Cancelled { .. } => "cancelled",
+        }
+    }
+
+    /// Whether a claim may take it at `now_ms`: pending, or held by an expired claim.
+    pub fn claimable(&self, now_ms: u64) -> bool {
+        match self {
+            InputState::Pending => true,
+            InputState::Claimed { expires_at_ms, .. } => *expires_at_ms <= now_ms,
+            _ => false,
+        }
+    }
+}
+
+/// A queued input of a session's inbox.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InputRow {
+    /// The host's input id.
+    pub input_id: String,
+    /// The event that queued it.
+    pub seq: u64,
+    /// The message object.
+    pub message: ContentId,
+    /// Which turn it is for.
+    pub kind: InputKind,
+    /// Where it stands.
+    pub state: InputState,
+}
+
+/// A claim on queued inputs.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClaimRow {
+    /// The claim: the session's stream seq of its `InputsClaimed` (stream seqs survive a
+    /// session copy; global seqs do not).
+    pub claim: u64,
+    /// Who holds it.
+    pub owner: String,
+    /// The lease token it was fenced with.
+    pub token: u64,
+    /// What it is for.
+    pub target: ClaimTarget,
+    /// The inputs it took.
+    pub inputs: Vec<String>,
+    /// When it expires (writer clock, unix ms).
+    pub expires_at_ms: u64,
+    /// Whether it still holds an input (not abandoned, not all consumed or re-claimed).
+    pub open: bool,
+}
+
+/// A session's inbox at a glance.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InboxTip {
+    /// Inputs neither completed nor cancelled, in queue order.
+    pub open: Vec<String>,
+    /// Open claims, oldest first.
+    pub claims: Vec<u64>,
+}
+
+/// A session's execution lease as the log records it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LeaseState {
+    /// Who holds (or last held) it.
+    pub owner: String,
+    /// Its fencing token: the session's current one. Commands fenced with a smaller token
+    /// are refused.
+    pub token: u64,
+    /// When it expires unless renewed (writer clock, unix ms).
+    pub expires_at_ms: u64,
+    /// Whether its holder released it.
+    pub released: bool,
+}
+
+impl LeaseState {
+    /// Whether the lease still excludes other owners at `now_ms`, given the expiry
+    /// `expires_at_ms` it has (its granted one, or a later renewal).
+    pub fn holds(&self, expires_at_ms: u64, now_ms: u64) -> bool {
+        !self.released && now_ms < expires_at_ms
+    }
 }
 
 /// One row of the current transcript.

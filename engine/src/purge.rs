@@ -85,6 +85,8 @@ pub struct ErasureReport {
     pub objects_erased: u64,
     /// Their stored bytes.
     pub content_bytes_erased: u64,
+    /// Streamed drafts of the purged sessions removed.
+    pub drafts_erased: u64,
     /// The log file and projections file together, before.
     pub bytes_before: u64,
     /// The same, after.
@@ -201,10 +203,6 @@ fn open_exclusive(path: &Path) -> Result<redb::Database> {
     fail_closed("open exclusively", || {
         redb::Database::open(path).map_err(|e| Error::Storage(format!("open {} exclusively: {e}", path.display())))
     })
-}
-
-fn now_ms() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
 
 /// Steps 2 to 5 of the module documentation.
@@ -342,8 +340,12 @@ fn erase_in_log(
             }
         }
     }
+    // The purged sessions' streamed drafts: primary data too, kept beside the chain.
+    for (head, _) in sessions {
+        report.drafts_erased += crate::draft::remove_session(&txn, &head.session)?;
+    }
     // The tombstones, one per session, through the one appender.
-    let at = now_ms().max(tip.clock_ms);
+    let at = options.clock.now_ms().max(tip.clock_ms);
     let entries: Vec<Entry> = sessions
         .iter()
         .enumerate()
@@ -385,6 +387,7 @@ fn collect_refs(event: &Event, messages: &mut HashSet<ContentId>, others: &mut H
         Event::SessionCreated(e) => &e.messages,
         Event::TurnCommitted(e) => &e.messages,
         Event::TranscriptRewritten(e) => &e.replacement,
+        Event::InputEnqueued(e) => std::slice::from_ref(&e.message),
         _ => &[],
     };
     messages.extend(message_refs.iter().copied());
@@ -461,6 +464,8 @@ fn scrub(path: &Path) -> Result<()> {
         let read = old.begin_read()?;
         copy_table(&read, &new, LOG)?;
         copy_table(&read, &new, CONTENT)?;
+        copy_bytes_table(&read, &new, crate::draft::DRAFTS)?;
+        copy_bytes_table(&read, &new, crate::draft::DRAFT_INDEX)?;
         let txn = new.begin_write()?;
         {
             let meta = read.open_table(META)?;
@@ -520,6 +525,31 @@ fn copy_table(
             return Ok(());
         }
     }
+}
+
+/// Copies every row of a table keyed by bytes (the drafts, bounded by
+/// `draft_bytes_total_max`) into `new`, in one durable transaction. A table the old file
+/// does not have is left out.
+fn copy_bytes_table(
+    read: &redb::ReadTransaction,
+    new: &redb::Database,
+    table: redb::TableDefinition<&[u8], &[u8]>,
+) -> Result<()> {
+    let source = match read.open_table(table) {
+        Ok(t) => t,
+        Err(redb::TableError::TableDoesNotExist(_)) => return Ok(()),
+        Err(e) => return Err(e.into()),
+    };
+    let txn = new.begin_write()?;
+    {
+        let mut out = txn.open_table(table)?;
+        for item in source.iter()? {
+            let (k, v) = item?;
+            out.insert(k.value(), v.value())?;
+        }
+    }
+    txn.commit()?;
+    Ok(())
 }
 
 /// Every seq the session `session` has a record at, with whether it is erased: for tests

@@ -856,3 +856,60 @@ impl RowHasher {
         *self.0.finalize().as_bytes()
     }
 }
+
+/// An input of a session's inbox, with its message.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct QueuedInput {
+    /// The host's input id.
+    pub input_id: String,
+    /// The event that queued it.
+    pub seq: u64,
+    /// Which turn it is for.
+    pub kind: InputKind,
+    /// Where it stands (pending, or held by a claim, which may have expired).
+    pub state: InputState,
+    /// The message.
+    pub message: MessageObject,
+}
+
+/// The open inputs of `session` (queued, neither consumed nor cancelled) whose state
+/// `keep` accepts, in queue order; only those have their message read.
+pub fn inbox(
+    view: &View,
+    limits: &Limits,
+    session: &SessionId,
+    keep: impl Fn(&InputState) -> bool,
+) -> Result<Vec<QueuedInput>> {
+    let Some(tip) = view.row::<InboxTip>(Table::InboxTip, &keys::session(session))? else {
+        purged_check(view, session)?;
+        return Ok(Vec::new());
+    };
+    let mut out = Vec::with_capacity(tip.open.len());
+    for id in &tip.open {
+        let key = keys::session_str(session, id);
+        let row: InputRow = view.row(Table::Inputs, &key)?.ok_or_else(|| {
+            Error::corrupt(
+                Location::Projection { table: Table::Inputs.name(), key: crate::store::hex(&key) },
+                "missing row",
+            )
+        })?;
+        if !keep(&row.state) {
+            continue;
+        }
+        let message = load_message(view, limits, &row.message)?;
+        out.push(QueuedInput { input_id: row.input_id, seq: row.seq, kind: row.kind, state: row.state, message });
+    }
+    Ok(out)
+}
+
+/// What a claim took.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Claim {
+    /// The claim (the session's stream seq of its `InputsClaimed`), or `None` when
+    /// nothing was claimable.
+    pub claim: Option<u64>,
+    /// The inputs it holds, in queue order.
+    pub inputs: Vec<String>,
+    /// When it expires (writer clock, unix ms).
+    pub expires_at_ms: u64,
+}

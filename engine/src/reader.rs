@@ -8,6 +8,7 @@ use crate::error::{fail_closed, Result};
 use crate::limits::Limits;
 use crate::projection::*;
 use crate::query::{self, *};
+use crate::store::StoreExt;
 use annal_codec::{ChainHash, ContentId, LogChain, RevisionId, SessionId};
 use parking_lot::Mutex;
 use redb::ReadableDatabase;
@@ -25,6 +26,8 @@ pub struct Reader {
 /// Where a reader's views come from.
 struct Source {
     delta: Arc<Delta>,
+    /// The writer's lease renewals, for an engine's own reader.
+    renewals: Option<Arc<Mutex<crate::decide::Renewals>>>,
     /// For a read-only opener: the log it follows, folded into its own delta before each
     /// view, and the databases it keeps open.
     follow: Option<Follow>,
@@ -49,8 +52,13 @@ pub const READER_CACHE_BYTES: usize = 64 << 20;
 
 impl Reader {
     /// The engine's own reader, over its live delta.
-    pub(crate) fn live(delta: Arc<Delta>, limits: Limits, chain: LogChain) -> Reader {
-        Reader { source: Arc::new(Source { delta, follow: None }), limits, chain }
+    pub(crate) fn live(
+        delta: Arc<Delta>,
+        limits: Limits,
+        chain: LogChain,
+        renewals: Option<Arc<Mutex<crate::decide::Renewals>>>,
+    ) -> Reader {
+        Reader { source: Arc::new(Source { delta, follow: None, renewals }), limits, chain }
     }
 
     /// Opens `path` read-only, with a page cache of [`READER_CACHE_BYTES`]. Works while
@@ -85,7 +93,11 @@ impl Reader {
             None => crate::checkpoint::read_only_delta(log.clone(), &empty, &empty, &chain, &limits),
         })?;
         let follow = Follow { log, _projections: projections, _empty: empty, lock: Mutex::new(()) };
-        Ok(Reader { source: Arc::new(Source { delta: Arc::new(delta), follow: Some(follow) }), limits, chain })
+        Ok(Reader {
+            source: Arc::new(Source { delta: Arc::new(delta), follow: Some(follow), renewals: None }),
+            limits,
+            chain,
+        })
     }
 
     /// A consistent view at the last durable commit: the projections (checkpoint plus
@@ -120,6 +132,58 @@ impl Reader {
             }
             Ok(self.source.delta.head(&session.0)?.map(|head| (*head).clone()))
         })
+    }
+
+    /// The open inputs of `session`'s inbox (queued, neither consumed nor cancelled), in
+    /// queue order, with their state: pending, or held by a claim (which may have
+    /// expired: see [`crate::Engine::pending_inputs`] for what a claim may take now).
+    pub fn inbox(&self, session: SessionId) -> Result<Vec<QueuedInput>> {
+        fail_closed("inbox", || query::inbox(&self.snapshot()?, &self.limits, &session, |_| true))
+    }
+
+    /// The open inputs of `session` that a claim may take at `now_ms`: pending, or held by
+    /// a claim that expired by then, in queue order.
+    pub fn inbox_claimable(&self, session: SessionId, now_ms: u64) -> Result<Vec<QueuedInput>> {
+        fail_closed("inbox", || query::inbox(&self.snapshot()?, &self.limits, &session, |s| s.claimable(now_ms)))
+    }
+
+    /// An input of `session`, whatever its state (completed and cancelled ones too).
+    pub fn input(&self, session: SessionId, input_id: &str) -> Result<Option<InputRow>> {
+        fail_closed("input", || {
+            let view = self.snapshot()?;
+            let row = view.row(crate::store::Table::Inputs, &crate::store::keys::session_str(&session, input_id))?;
+            if row.is_none() {
+                query::purged_check(&view, &session)?;
+            }
+            Ok(row)
+        })
+    }
+
+    /// A claim of `session`, by the stream seq of its `InputsClaimed`.
+    pub fn claim(&self, session: SessionId, claim: u64) -> Result<Option<ClaimRow>> {
+        fail_closed("claim", || {
+            let view = self.snapshot()?;
+            let row = view.row(crate::store::Table::Claims, &crate::store::keys::session_u64(&session, claim))?;
+            if row.is_none() {
+                query::purged_check(&view, &session)?;
+            }
+            Ok(row)
+        })
+    }
+
+    /// The execution lease of `session`, if one was ever granted: its holder, its token
+    /// (the session's current one) and its expiry, including renewals when this is an
+    /// engine's own reader (renewals are held in the writer's memory; a reader in another
+    /// process sees the expiry the grant recorded). Whether it is live depends on the
+    /// writer's clock: see [`LeaseState::holds`].
+    pub fn lease(&self, session: SessionId) -> Result<Option<LeaseState>> {
+        let Some(head) = self.head(session)? else { return Ok(None) };
+        Ok(head.lease.map(|mut lease| {
+            if let Some(renewals) = &self.source.renewals {
+                lease.expires_at_ms = crate::decide::renewed_expiry(Some(&renewals.lock()), &session, &lease);
+            }
+            lease
+        }))
     }
 
     /// The value of host state entry `name` at the session's head, if it is set.

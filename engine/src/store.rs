@@ -62,6 +62,12 @@ pub enum Table {
     LabelCounts,
     /// session → seq of its latest event (its place in the recency order), u64 BE
     RecencyTip,
+    /// (session, input id) → queued input
+    Inputs,
+    /// (session, claim seq) → input claim
+    Claims,
+    /// session → the inbox's open inputs (queue order) and open claims
+    InboxTip,
     /// session → the tombstone of a purged session
     Purged,
 }
@@ -71,7 +77,7 @@ const PURGED_TAG: u8 = 40;
 
 impl Table {
     /// Every projection table.
-    pub const ALL: [Table; 26] = [
+    pub const ALL: [Table; 29] = [
         Table::Heads,
         Table::Transcript,
         Table::TranscriptTip,
@@ -97,6 +103,9 @@ impl Table {
         Table::RecencyOrder,
         Table::LabelCounts,
         Table::RecencyTip,
+        Table::Inputs,
+        Table::Claims,
+        Table::InboxTip,
         Table::Purged,
     ];
 
@@ -128,6 +137,9 @@ impl Table {
             Table::RecencyOrder => "p.recency_order",
             Table::LabelCounts => "p.label_counts",
             Table::RecencyTip => "p.recency_tip",
+            Table::Inputs => "p.inputs",
+            Table::Claims => "p.claims",
+            Table::InboxTip => "p.inbox_tip",
             Table::Purged => "p.purged",
         }
     }

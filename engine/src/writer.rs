@@ -9,9 +9,10 @@
 //! poisons the engine.
 
 use crate::checkpoint::{self, CheckpointPolicy, Cursors, Signal};
-use crate::command::{Command, Outcome};
-use crate::decide::{decide, outcome_of, Decision};
+use crate::command::{Command, CommitTurn, Outcome};
+use crate::decide::{check_fence, decide, outcome_of, Decision, Now, Renewal, Renewals};
 use crate::delta::Delta;
+use crate::draft::{DraftChange, DraftState, DraftWrites};
 use crate::engine::EngineStats;
 use crate::error::{Error, Limit, Location, Rejection, Result};
 use crate::evolve::evolve;
@@ -28,7 +29,7 @@ use redb::ReadableDatabase;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 /// A durable commit, announced to subscribers once per accepted command that wrote.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -47,6 +48,28 @@ pub struct CommitNotice {
 /// (its receiver disconnects) rather than stalling the writer.
 pub const SUBSCRIBER_QUEUE_MAX: usize = 65_536;
 
+/// Where the writer sends a request's result: a oneshot that the caller either blocks
+/// on (`recv`) or awaits (the async twins' [`crate::Reply`]).
+pub(crate) type ReplyTo<T> = oneshot::Sender<Result<T>>;
+
+/// A subscriber to commit notices.
+pub(crate) enum Subscriber {
+    /// [`crate::Engine::subscribe`]: dropped when its queue is full.
+    Channel(Sender<CommitNotice>),
+    /// [`crate::Engine::subscribe_stream`]: told that it lagged when its queue is full.
+    Stream(crate::stream::StreamSender),
+}
+
+impl Subscriber {
+    /// Delivers `notices` in order. Returns false if the subscriber is to be dropped.
+    fn deliver(&mut self, notices: &[CommitNotice]) -> bool {
+        match self {
+            Subscriber::Channel(tx) => notices.iter().all(|n| tx.try_send(n.clone()).is_ok()),
+            Subscriber::Stream(tx) => notices.iter().all(|n| tx.deliver(n)),
+        }
+    }
+}
+
 pub(crate) struct Shared {
     pub log_db: Arc<crate::engine::Db>,
     pub projections: Arc<crate::engine::Db>,
@@ -56,13 +79,21 @@ pub(crate) struct Shared {
     pub durability: redb::Durability,
     pub policy: CheckpointPolicy,
     pub poisoned: Arc<AtomicBool>,
-    pub subscribers: Mutex<Vec<Sender<CommitNotice>>>,
+    pub subscribers: Mutex<Vec<Subscriber>>,
     pub batch_commands_max: usize,
     pub stats: Arc<EngineStats>,
     /// The log tip as of the last durable batch (the writer's).
     pub tip: Mutex<Tip>,
     /// Whether callers compress content (`Options::compress_content`).
     pub compress_content: bool,
+    /// The writer's clock.
+    pub clock: Arc<dyn crate::clock::Clock>,
+    /// Lease renewals, held in memory (the writer's; readers look).
+    pub renewals: Arc<Mutex<Renewals>>,
+    /// Every draft (the writer's; readers look).
+    pub drafts: Arc<Mutex<DraftState>>,
+    /// How long a draft segment may wait in memory before it is written on its own.
+    pub draft_flush_interval: Duration,
 }
 
 /// The compressed form of a command's content objects that compress (id → stored
@@ -85,29 +116,28 @@ pub(crate) enum Request {
     /// Boxed: the queue's slots are preallocated, and a command is large.
     Command {
         command: Box<Command>,
-        reply: Sender<Result<Outcome>>,
+        reply: ReplyTo<Outcome>,
         compressed: Compressed,
     },
     Rebuild {
         set: ProjectionSet,
-        reply: Sender<Result<RebuildStats>>,
+        reply: ReplyTo<RebuildStats>,
     },
     Checkpoint {
-        reply: Sender<Result<()>>,
+        reply: ReplyTo<()>,
+    },
+    FlushDrafts {
+        reply: ReplyTo<()>,
     },
     Import {
         records: Vec<Record>,
         content: Vec<Vec<u8>>,
-        reply: Sender<Result<crate::import::ImportStats>>,
+        reply: ReplyTo<crate::import::ImportStats>,
     },
     Copy {
         export: crate::copy::SessionExport,
-        reply: Sender<Result<crate::copy::CopyOutcome>>,
+        reply: ReplyTo<crate::copy::CopyOutcome>,
     },
-}
-
-fn now_ms() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
 
 /// How long the writer waits, at most, for committers to come back before it starts a
@@ -128,7 +158,23 @@ pub const GATHER_WAIT_MAX: Duration = Duration::from_micros(300);
 pub(crate) fn run(shared: Arc<Shared>, rx: Receiver<Request>, tip: Tip, checkpoints: Sender<Signal>) {
     let mut seq = Sequencer { next_seq: tip.seq + 1, clock_ms: tip.clock_ms };
     let mut previous_batch = 1usize;
-    while let Ok(first) = rx.recv() {
+    loop {
+        // Draft segments wait in memory at most the flush interval.
+        let due = shared.drafts.lock().pending().0.map(|since| since + shared.draft_flush_interval);
+        let first = match due {
+            Some(due) => match rx.recv_deadline(due) {
+                Ok(req) => req,
+                Err(crossbeam_channel::RecvTimeoutError::Timeout) => {
+                    let _ = flush_drafts(&shared);
+                    continue;
+                }
+                Err(crossbeam_channel::RecvTimeoutError::Disconnected) => break,
+            },
+            None => match rx.recv() {
+                Ok(req) => req,
+                Err(_) => break,
+            },
+        };
         let mut commands = Vec::new();
         let mut pending = Some(first);
         let deadline = Instant::now() + GATHER_WAIT_MAX;
@@ -155,7 +201,41 @@ pub(crate) fn run(shared: Arc<Shared>, rx: Receiver<Request>, tip: Tip, checkpoi
         }
         seq.commit(&shared, commands, &checkpoints);
     }
+    // Closing: what drafts hold goes to the file.
+    let _ = flush_drafts(&shared);
+    // Nothing is committed after this: subscribers' channels close (a stream ends).
+    shared.subscribers.lock().clear();
     let _ = checkpoints.send(Signal::Stop);
+}
+
+/// Writes draft changes in a transaction of their own.
+fn write_drafts(shared: &Shared, writes: &DraftWrites) -> Result<()> {
+    let mut txn = shared.log_db.begin_write()?;
+    txn.set_durability(shared.durability)?;
+    crate::draft::write(&txn, writes)?;
+    txn.commit()?;
+    Ok(())
+}
+
+/// Writes every draft change still in memory, in a transaction of its own.
+fn flush_drafts(shared: &Shared) -> Result<()> {
+    if shared.poisoned.load(Ordering::Acquire) {
+        return Err(Error::Poisoned);
+    }
+    let writes = shared.drafts.lock().writes();
+    if writes.is_empty() {
+        return Ok(());
+    }
+    match crate::error::fail_closed("flush drafts", || write_drafts(shared, &writes)) {
+        Ok(()) => {
+            shared.drafts.lock().written(&writes);
+            Ok(())
+        }
+        Err(e) => {
+            shared.poisoned.store(true, Ordering::Release);
+            Err(e)
+        }
+    }
 }
 
 /// Fails a request that cannot run.
@@ -163,7 +243,7 @@ fn fail(req: Request, e: Error) {
     match req {
         Request::Command { reply, .. } => drop(reply.send(Err(e))),
         Request::Rebuild { reply, .. } => drop(reply.send(Err(e))),
-        Request::Checkpoint { reply } => drop(reply.send(Err(e))),
+        Request::Checkpoint { reply } | Request::FlushDrafts { reply } => drop(reply.send(Err(e))),
         Request::Import { reply, .. } => drop(reply.send(Err(e))),
         Request::Copy { reply, .. } => drop(reply.send(Err(e))),
     }
@@ -179,6 +259,7 @@ fn exclusive(shared: &Shared, seq: &mut Sequencer, req: Request, checkpoints: &S
         Request::Command { .. } => {}
         Request::Rebuild { set, reply } => drop(reply.send(rebuild(shared, &tip, set, checkpoints))),
         Request::Checkpoint { reply } => drop(reply.send(drain(shared, checkpoints))),
+        Request::FlushDrafts { reply } => drop(reply.send(flush_drafts(shared))),
         Request::Import { records, content, reply } => {
             let mut tip = tip;
             let result = crate::import::import(shared, &mut tip, records, content);
@@ -211,7 +292,7 @@ struct Sequencer {
 }
 
 /// A batch of commands with their callers' reply channels.
-type Batch = Vec<(Command, Sender<Result<Outcome>>, Compressed)>;
+type Batch = Vec<(Command, ReplyTo<Outcome>, Compressed)>;
 
 impl Sequencer {
     /// Decides and folds `batch`, appends it durably, applies it to the delta, then
@@ -240,7 +321,19 @@ impl Sequencer {
                 return;
             }
         };
-        if entries.is_empty() {
+        // Draft changes ride with the log's transaction; without one, removals (by a
+        // turn's retry, or a discard) are written now, and appends once the flush
+        // interval has passed.
+        let draft_writes = {
+            let drafts = shared.drafts.lock();
+            let (since, urgent) = drafts.pending();
+            let due = since.is_some_and(|t| t.elapsed() >= shared.draft_flush_interval);
+            match !entries.is_empty() || urgent || due {
+                true => drafts.writes(),
+                false => DraftWrites::default(),
+            }
+        };
+        if entries.is_empty() && draft_writes.is_empty() {
             for (reply, outcome) in replies.zip(outcomes) {
                 let _ = reply.send(outcome);
             }
@@ -248,12 +341,17 @@ impl Sequencer {
         }
         let tip = *shared.tip.lock();
         let committed = crate::error::fail_closed("commit", || {
-            let next = append(shared, tip, &entries)?;
+            if entries.is_empty() {
+                write_drafts(shared, &draft_writes)?;
+                return Ok(tip);
+            }
+            let next = append(shared, tip, &entries, &draft_writes)?;
             shared.delta.apply(writes, next.seq, next.hash, entries.len() as u64, shared.log_db.begin_read()?);
             Ok(next)
         });
         match committed {
             Ok(next) => {
+                shared.drafts.lock().written(&draft_writes);
                 *shared.tip.lock() = next;
                 self.next_seq = next.seq + 1;
                 self.clock_ms = clock_ms;
@@ -277,7 +375,9 @@ impl Sequencer {
     /// Decides and folds a batch on a view of the delta. A rejected command's staged
     /// writes are dropped, so it consumes no sequence number.
     fn decide_batch(&mut self, shared: &Shared, commands: &[(&Command, &Compressed)]) -> Result<Decided> {
-        let clock_ms = now_ms().max(self.clock_ms);
+        let clock_ms = shared.clock.now_ms().max(self.clock_ms);
+        let mut renewals = shared.renewals.lock();
+        let mut drafts = shared.drafts.lock();
         let view = shared.delta.view();
         let mut next_seq = self.next_seq;
         let mut outcomes = Vec::with_capacity(commands.len());
@@ -286,11 +386,18 @@ impl Sequencer {
         let mut accepted = Overlay::new(&view);
         for (command, compressed) in commands {
             let mut staged = Vec::new();
+            let mut effects = Vec::new();
             let mut seq = next_seq;
             let result = {
                 let mut overlay = Overlay::new(&accepted);
-                let to =
-                    Staging { next_seq: &mut seq, clock_ms, limits: &shared.limits, compressed, entries: &mut staged };
+                let to = Staging {
+                    next_seq: &mut seq,
+                    now: Now { ms: clock_ms, renewals: Some(&renewals), drafts: Some(&drafts) },
+                    limits: &shared.limits,
+                    compressed,
+                    entries: &mut staged,
+                    effects: &mut effects,
+                };
                 apply(&mut overlay, command, to).map(|o| (o, overlay.into_writes()))
             };
             let (outcome, writes) = match result {
@@ -303,6 +410,16 @@ impl Sequencer {
             };
             accepted.absorb(writes);
             next_seq = seq;
+            for effect in effects {
+                match effect {
+                    Effect::Renew(lease) => {
+                        let renewal = Renewal { token: lease.token, expires_at_ms: lease.expires_at_ms };
+                        renewals.insert(lease.session, renewal);
+                    }
+                    // A finalized draft goes now too: its removal is written with the turn.
+                    Effect::Draft(change) => drafts.apply(change, clock_ms),
+                }
+            }
             let mut sessions = Vec::new();
             for entry in &staged {
                 if !sessions.contains(&entry.record.session) {
@@ -397,13 +514,15 @@ pub(crate) fn alone_on_the_log<T>(shared: &Shared, what: &'static str, f: impl F
     result
 }
 
-/// Sends `notices` to every subscriber, dropping those that fell too far behind.
+/// Sends `notices` to every subscriber: a channel subscriber that fell too far behind is
+/// dropped, a stream subscriber is marked as lagging (see [`crate::CommitStream`]), and
+/// a subscriber whose receiving end is gone is dropped.
 pub(crate) fn notify(shared: &Shared, notices: Vec<CommitNotice>) {
     if notices.is_empty() {
         return;
     }
     let mut subs = shared.subscribers.lock();
-    subs.retain(|s| notices.iter().all(|n| s.try_send(n.clone()).is_ok()));
+    subs.retain_mut(|s| s.deliver(&notices));
 }
 
 /// The content objects of a decision that are not stored yet (nor introduced earlier in
@@ -452,25 +571,54 @@ pub(crate) fn next_stream_seq<S: Store + ?Sized>(store: &S, session: &SessionId)
 /// Where `apply` puts what a command writes.
 struct Staging<'a> {
     next_seq: &'a mut u64,
-    clock_ms: u64,
+    now: Now<'a>,
     limits: &'a Limits,
     /// The command's objects that compress, compressed by the caller.
     compressed: &'a Compressed,
     entries: &'a mut Vec<Entry>,
+    /// What the command changes in the writer's memory (applied once it is accepted).
+    effects: &'a mut Vec<Effect>,
+}
+
+/// A change an accepted command makes beside the log and the delta, in the writer's
+/// memory: a lease renewal, or a draft change (a draft finalized by a turn is a discard).
+enum Effect {
+    Renew(crate::command::Lease),
+    Draft(DraftChange),
 }
 
 /// Decides and folds one command (or a batch) into `overlay`, sequencing its events.
 fn apply<S: Store + ?Sized>(overlay: &mut Overlay<'_, S>, command: &Command, to: Staging<'_>) -> Result<Outcome> {
-    let Staging { next_seq, clock_ms, limits, compressed, entries } = to;
+    let Staging { next_seq, now, limits, compressed, entries, effects } = to;
+    if let Command::Fenced { fence, command } = command {
+        limits.check(Limit::CommandBytes, command.approx_bytes())?;
+        check_fence(&*overlay, fence)?;
+        return apply(overlay, command, Staging { next_seq, now, limits, compressed, entries, effects });
+    }
     if let Command::Batch(commands) = command {
         limits.check(Limit::BatchCommands, commands.len() as u64)?;
         limits.check(Limit::CommandBytes, command.approx_bytes())?;
         let mut outcomes = Vec::with_capacity(commands.len());
         for (index, c) in commands.iter().enumerate() {
-            let result = match c {
+            let result = match c.unfenced() {
                 Command::Batch(_) => Err(Error::Rejected(Rejection::InvalidRequest { reason: "nested batch".into() })),
-                c => {
-                    let to = Staging { next_seq: &mut *next_seq, clock_ms, limits, compressed, entries: &mut *entries };
+                Command::AcquireLease(_) | Command::RenewLease(_) => Err(Error::Rejected(Rejection::InvalidRequest {
+                    reason: "lease acquisitions and renewals cannot be part of a batch".into(),
+                })),
+                Command::AppendDraft(_) | Command::DiscardDraft { .. } => {
+                    Err(Error::Rejected(Rejection::InvalidRequest {
+                        reason: "drafts cannot be part of a batch".into(),
+                    }))
+                }
+                _ => {
+                    let to = Staging {
+                        next_seq: &mut *next_seq,
+                        now,
+                        limits,
+                        compressed,
+                        entries: &mut *entries,
+                        effects: &mut *effects,
+                    };
                     apply(overlay, c, to)
                 }
             };
@@ -484,11 +632,23 @@ fn apply<S: Store + ?Sized>(overlay: &mut Overlay<'_, S>, command: &Command, to:
         }
         return Ok(Outcome::Batch(outcomes));
     }
-    match decide(&*overlay, command, limits)? {
+    let decision = decide(&*overlay, command, limits, &now)?;
+    if let Command::CommitTurn(CommitTurn { session, draft: Some(draft), .. }) = command {
+        effects.push(Effect::Draft(DraftChange::Discard { key: (*session, draft.clone()) }));
+    }
+    match decision {
         Decision::Noop(outcome) => Ok(outcome),
+        Decision::Draft { change, outcome } => {
+            effects.push(Effect::Draft(change));
+            Ok(outcome)
+        }
+        Decision::Renew(lease) => {
+            effects.push(Effect::Renew(lease.clone()));
+            Ok(Outcome::Lease { lease, seq: None })
+        }
         Decision::Write { session, event, content } => {
             let stream_seq = next_stream_seq(&*overlay, &session)?;
-            let record = Record { seq: *next_seq, session, stream_seq, committed_at_ms: clock_ms, event };
+            let record = Record { seq: *next_seq, session, stream_seq, committed_at_ms: now.ms, event };
             let content: Vec<StoredObject> = new_content(&*overlay, content)?
                 .into_iter()
                 .map(|(id, canonical)| match compressed.get(&id) {
@@ -506,11 +666,13 @@ fn apply<S: Store + ?Sized>(overlay: &mut Overlay<'_, S>, command: &Command, to:
     }
 }
 
-/// Appends entries to the log in one durable transaction: the one write of a commit.
-pub(crate) fn append(shared: &Shared, tip: Tip, entries: &[Entry]) -> Result<Tip> {
+/// Appends entries to the log in one durable transaction, with the draft changes that
+/// go with them: the one write of a commit.
+pub(crate) fn append(shared: &Shared, tip: Tip, entries: &[Entry], drafts: &DraftWrites) -> Result<Tip> {
     let mut txn = shared.log_db.begin_write()?;
     txn.set_durability(shared.durability)?;
     let (next, written) = crate::log::append(&txn, tip, &shared.chain, shared.limits.record_bytes_max, entries)?;
+    crate::draft::write(&txn, drafts)?;
     txn.commit()?;
     shared.stats.log_commits.fetch_add(1, Ordering::Relaxed);
     shared.stats.events.fetch_add(entries.len() as u64, Ordering::Relaxed);

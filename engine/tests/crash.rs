@@ -4,7 +4,8 @@
 //! Each test re-executes its own test binary as a child process (selected by the
 //! `ANNAL_CRASH_DB` environment variable, with `--exact <test name>`). The child opens the
 //! database with the default, durable options and commits turns, rewrites, restores and
-//! tool operations from several threads, printing one `ACK` line per acknowledged event
+//! tool operations, and queued inputs that turns claim and consume under the session's
+//! lease, from several threads, printing one `ACK` line per acknowledged event
 //! to stdout, flushed. The parent kills it with SIGKILL after a seeded random delay,
 //! reopens the same file (so history grows from kill to kill) and checks:
 //!
@@ -230,6 +231,8 @@ struct Worker {
     /// Tool calls without a result yet.
     open_ops: Vec<String>,
     ops: u64,
+    /// The session's execution lease, once the worker has claimed inputs.
+    lease: Option<Lease>,
 }
 
 impl Worker {
@@ -250,6 +253,7 @@ impl Worker {
             held: vec![(head, 1)],
             open_ops: Vec::new(),
             ops: 0,
+            lease: None,
         }
     }
 
@@ -377,15 +381,55 @@ impl Worker {
     }
 
     fn step_mixed(&mut self, i: u64) {
-        match self.rng.below(10) {
+        match self.rng.below(11) {
             0..=4 => self.turn(i),
             5 if self.len() >= 4 => self.compact(i),
             6 if self.held.len() >= 2 => self.restore(i),
             7 => self.tool(),
             8 => self.settle_oldest(),
             9 => self.tool_batch(),
+            10 => self.inbox(i),
             _ => self.turn(i),
         }
+    }
+
+    /// Queues an input; now and then claims what is queued under the session's lease and
+    /// commits the turn that consumes it.
+    fn inbox(&mut self, i: u64) {
+        let id = format!("in-{}-{i}", self.tag);
+        let message = Message::user(format!("input {i} from {}", self.tag));
+        let seq = self.engine.enqueue_input(self.session, &id, message, InputKind::NextTurn).expect("enqueue");
+        ack("IN", seq.expect("a fresh input writes"), self.session, &id);
+        if self.rng.below(2) == 0 {
+            return;
+        }
+        let lease = match &self.lease {
+            Some(lease) => lease.clone(),
+            None => {
+                let lease =
+                    self.engine.acquire_lease(self.session, &self.tag, Duration::from_secs(3600)).expect("lease");
+                self.lease = Some(lease.clone());
+                lease
+            }
+        };
+        let claim = ClaimInputs {
+            session: self.session,
+            token: lease.token,
+            owner: lease.owner.clone(),
+            target: ClaimTarget::NextTurn,
+            ttl_ms: 3_600_000,
+            max: 8,
+        };
+        let claim = self.engine.fenced(lease.fence()).claim_inputs(claim).expect("claim");
+        let mut turn = CommitTurn::new(self.session, format!("drain-{}-{i}", self.tag), Expected::Exact(self.head))
+            .message(Message::user(format!("{} queued inputs", claim.inputs.len())))
+            .message(Message::assistant(format!("answered {}", self.rng.next())));
+        for input in claim.inputs {
+            turn = turn.consumes(input);
+        }
+        let receipt = self.engine.fenced(lease.fence()).commit_turn(turn).expect("drain").receipt();
+        let len = self.len() + 2;
+        self.moved(&receipt, len);
     }
 
     fn step_tools(&mut self, i: u64) {
@@ -481,6 +525,7 @@ enum Acked {
     Revision(SessionId, RevisionId),
     ToolCall(SessionId, String),
     ToolResult(SessionId, String),
+    Input(SessionId, String),
 }
 
 fn parse_ack(line: &str) -> Option<(u64, Acked)> {
@@ -496,6 +541,7 @@ fn parse_ack(line: &str) -> Option<(u64, Acked)> {
         "REV" => Acked::Revision(session, what.parse().ok()?),
         "T1" => Acked::ToolCall(session, what.to_string()),
         "T2" => Acked::ToolResult(session, what.to_string()),
+        "IN" => Acked::Input(session, what.to_string()),
         _ => return None,
     };
     Some((seq, acked))
@@ -749,6 +795,10 @@ fn check_acked(events: &[StoredEvent], acked: &BTreeMap<u64, Acked>) {
             Acked::ToolResult(session, op) => {
                 assert_eq!(r.session, *session, "seq {seq} session");
                 assert!(matches!(&r.event, Event::ToolResultRecorded(e) if e.op_id == *op), "seq {seq} is T2 of {op}");
+            }
+            Acked::Input(session, id) => {
+                assert_eq!(r.session, *session, "seq {seq} session");
+                assert!(matches!(&r.event, Event::InputEnqueued(e) if e.input_id == *id), "seq {seq} queues {id}");
             }
         }
     }

@@ -54,13 +54,15 @@ impl Log {
     }
 
     fn decide(&self, command: &Command) -> Result<Decision> {
-        decide(&self.store, command, &self.limits)
+        decide(&self.store, command, &self.limits, &annal::Now::at(0))
     }
 
     /// Decides `command` and, if it writes, folds its event.
     fn run(&mut self, command: Command) -> Result<Outcome> {
         match self.decide(&command)? {
             Decision::Noop(outcome) => Ok(outcome),
+            Decision::Renew(lease) => Ok(Outcome::Lease { lease, seq: None }),
+            Decision::Draft { outcome, .. } => Ok(outcome),
             Decision::Write { session, event, .. } => {
                 let record = self.next_record(session, event);
                 let outcome = outcome_of(&record);
@@ -465,6 +467,26 @@ fn busy_log() -> Log {
     log.ok(restore(a, rev, before));
     let set = BTreeMap::from([("tier".to_string(), "gold".to_string())]);
     log.ok(Command::SetLabels(SetLabels { session: b, set, remove: BTreeSet::from(["team".to_string()]) }));
+    // The inbox: an input claimed (no lease: token 0) and consumed by a turn, one left.
+    let input = |id: &str| EnqueueInput {
+        session: a,
+        input_id: id.into(),
+        message: Message::user(id),
+        kind: annal::codec::InputKind::NextTurn,
+    };
+    log.ok(Command::EnqueueInput(input("in-1")));
+    log.ok(Command::EnqueueInput(input("in-2")));
+    let claim = ClaimInputs {
+        session: a,
+        token: 0,
+        owner: "w".into(),
+        target: annal::codec::ClaimTarget::NextTurn,
+        ttl_ms: 1000,
+        max: 1,
+    };
+    log.ok(Command::ClaimInputs(claim));
+    let drain = turn(a, "drain", Expected::Any, &[Message::assistant("done")]).consumes("in-1");
+    log.ok(Command::CommitTurn(drain));
     log.ok(Command::Archive { session: b, reason: "old".into() });
     log.ok(Command::Revive { session: b, reason: "new".into() });
     log.ok(Command::CommitTurn(turn(b, "t0", Expected::Any, &[Message::user("fork turn")]).usage("p", "m", 3, 3)));
@@ -539,6 +561,7 @@ fn evolve_reports_a_wrong_revision_after_at_its_seq() {
         run_id: None,
         revision_after: RevisionId::of(&[msg, msg]),
         state: Default::default(),
+        inputs: Vec::new(),
     });
     let record = log.next_record(s, event);
     assert_eq!(corrupt_seq(fold_one(&mut log.store.clone(), &record, ProjectionSet::all())), 2);

@@ -34,6 +34,10 @@ fn small() -> Limits {
         note_bytes_max: 20,
         host_state_name_bytes_max: 16,
         host_state_entries_max: 3,
+        draft_bytes_max: 64,
+        session_draft_bytes_max: 96,
+        draft_bytes_total_max: 128,
+        inbox_inputs_max: 4,
     }
 }
 
@@ -542,6 +546,7 @@ fn turn_record_len(turn_id: &str, models: &[String]) -> u64 {
             run_id: None,
             revision_after: RevisionId([0; 32]),
             state: Default::default(),
+            inputs: vec![],
         }),
     };
     let chain = LogChain::plain();

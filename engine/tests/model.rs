@@ -23,7 +23,7 @@
 //! reopen the purged sessions answer `Purged { session, seq }`, every other query and the
 //! content the remaining sessions reach agree, and the projections equal a rebuild.
 //!
-//! `PROPTEST_CASES` overrides the number of cases (64 by default).
+//! `PROPTEST_CASES` overrides the number of cases (256 by default).
 
 #[path = "model/check.rs"]
 mod check;
@@ -42,18 +42,24 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
 /// Default number of cases; `PROPTEST_CASES` overrides it.
-const CASES_DEFAULT: u32 = 64;
+const CASES_DEFAULT: u32 = 256;
 /// Operations per case at most.
 const OPS_MAX: usize = 40;
 /// A full comparison runs after this many operations, besides the generated checks.
 const CHECK_EVERY_OPS: usize = 16;
 
-fn options(policy: Policy) -> Options {
-    Options { limits: limits(), durability: Durability::Relaxed, checkpoint: policy.checkpoint(), ..Options::default() }
+fn options(policy: Policy, clock: &ManualClock) -> Options {
+    Options {
+        limits: limits(),
+        durability: Durability::Relaxed,
+        checkpoint: policy.checkpoint(),
+        clock: std::sync::Arc::new(clock.clone()),
+        ..Options::default()
+    }
 }
 
-fn open(path: &Path, policy: Policy) -> Checked<Engine> {
-    ok(Engine::open_with(path, options(policy)), "open")
+fn open(path: &Path, policy: Policy, clock: &ManualClock) -> Checked<Engine> {
+    ok(Engine::open_with(path, options(policy, clock)), "open")
 }
 
 fn io<T>(r: std::io::Result<T>, what: &str) -> Checked<T> {
@@ -121,11 +127,13 @@ fn reopen(
     files: &mut Files,
     policy: Policy,
     at_open: AtOpen,
-    model: &Model,
+    model: &mut Model,
     never_stored: &BTreeSet<ContentId>,
     when: &str,
 ) -> Checked<Engine> {
     ok(engine.close(), "close")?;
+    // Lease renewals live in the writer's memory.
+    model.renewals.clear();
     let file = projections_path(&files.path);
     // Close checkpointed the whole delta: the file holds every event.
     let copy = files.path.with_extension(format!("projections.{}", files.saved.len()));
@@ -144,7 +152,7 @@ fn reopen(
         }
     };
     files.saved.push(Saved { path: copy, seq: model.seq });
-    let engine = open(&files.path, policy)?;
+    let engine = open(&files.path, policy, &model.time)?;
     same(engine.stats().recovered_events, folded, format_args!("{when}: events folded at open"))?;
     same(ok(engine.tip(), "tip")?.0, model.seq, format_args!("{when}: log tip"))?;
     compare_all(&engine, model, never_stored, when)?;
@@ -156,8 +164,8 @@ fn run(first: Policy, ops: &[Op]) -> Checked {
     let dir = tempfile::tempdir().map_err(|e| TestCaseError::fail(e.to_string()))?;
     let mut files = Files { path: dir.path().join("model.redb"), saved: Vec::new() };
     let mut policy = first;
-    let mut engine = open(&files.path, policy)?;
     let mut model = Model::new(limits());
+    let mut engine = open(&files.path, policy, &model.time)?;
     let mut history = History::default();
     let mut never_stored = BTreeSet::new();
     for (step, op) in ops.iter().enumerate() {
@@ -166,6 +174,10 @@ fn run(first: Policy, ops: &[Op]) -> Checked {
         }
         match op {
             Op::Check => continue,
+            Op::Advance { ms } => {
+                model.time.advance(u64::from(*ms));
+                continue;
+            }
             Op::Checkpoint => {
                 ok(engine.checkpoint(), "checkpoint")?;
                 same(engine.stats().delta_bytes, 0, format_args!("step {step}: delta bytes after a checkpoint"))?;
@@ -177,12 +189,14 @@ fn run(first: Policy, ops: &[Op]) -> Checked {
                 ok(engine.close(), "close")?;
                 let mut request = PurgeRequest::new(id, "model", "model");
                 request.descendants = *descendants;
-                let got = annal::purge(&files.path, options(*next), &request).map(|r| r.purged);
+                let got = annal::purge(&files.path, options(*next, &model.time), &request).map(|r| r.purged);
                 // The purge's open rebuilt the projections file; copies saved before it
                 // hold erased rows and belong to another log.
                 files.saved.clear();
-                engine = open(&files.path, *next)?;
+                engine = open(&files.path, *next, &model.time)?;
                 policy = *next;
+                // The close and the reopen forget the renewals.
+                model.renewals.clear();
                 learn_clock(&engine, &mut model)?;
                 let want = model.purge(&id, *descendants).map_err(Error::Rejected);
                 same(&got, &want, format_args!("step {step}: purge {id} (descendants: {descendants})"))?;
@@ -198,7 +212,7 @@ fn run(first: Policy, ops: &[Op]) -> Checked {
             }
             Op::Reopen { policy: next, projections } => {
                 let when = format!("after the reopen at step {step} ({projections:?}, {policy:?} -> {next:?})");
-                engine = reopen(engine, &mut files, *next, *projections, &model, &never_stored, &when)?;
+                engine = reopen(engine, &mut files, *next, *projections, &mut model, &never_stored, &when)?;
                 policy = *next;
                 continue;
             }
@@ -221,7 +235,8 @@ fn run(first: Policy, ops: &[Op]) -> Checked {
     same(ok(engine.projection_digests(), "digests")?, digests.clone(), "projections after a rebuild")?;
     compare_all(&engine, &model, &never_stored, "after a rebuild")?;
     ok(engine.close(), "close")?;
-    let engine = open(&files.path, policy)?;
+    model.renewals.clear();
+    let engine = open(&files.path, policy, &model.time)?;
     same(ok(engine.projection_digests(), "digests")?, digests, "projections after a reopen")?;
     compare_all(&engine, &model, &never_stored, "after a reopen")?;
     ok(engine.close(), "close")

@@ -8,7 +8,7 @@
 //! (a client's several commands as one `Command::Batch` when the generator says so),
 //! and the checkpoint policy never fires by itself, so the engine's threads do their I/O
 //! in one order, and the I/O calls, which the disk counts, are the same for a seed at
-//! every run. (Commit times still come from the wall clock; they are learned from the
+//! every run. (Commit times come from the model's manual clock; they are also learned from the
 //! log, as in the model test, and they change no I/O call.)
 //!
 //! After every reopen:
@@ -102,6 +102,18 @@ fn pin_ids(command: &mut Command, map: &mut BTreeMap<SessionId, SessionId>) {
         Command::SetLabels(c) => pin(&mut c.session),
         Command::SetMetadata(c) => pin(&mut c.session),
         Command::SetHostState(c) => pin(&mut c.session),
+        Command::AcquireLease(c) => pin(&mut c.session),
+        Command::RenewLease(c) => pin(&mut c.session),
+        Command::ReleaseLease { session, .. } => pin(session),
+        Command::AppendDraft(c) => pin(&mut c.session),
+        Command::DiscardDraft { session, .. } => pin(session),
+        Command::EnqueueInput(c) => pin(&mut c.session),
+        Command::ClaimInputs(c) => pin(&mut c.session),
+        Command::AbandonClaim { session, .. } | Command::CancelInput { session, .. } => pin(session),
+        Command::Fenced { fence, command } => {
+            pin(&mut fence.session);
+            pin_ids(command, map);
+        }
     }
 }
 
@@ -202,8 +214,10 @@ impl Sim {
             Config { failure_persistence: None, ..Config::default() },
             TestRng::from_seed(RngAlgorithm::ChaCha, &bytes),
         );
+        let model = Model::new(limits());
         let options = Options {
             limits: limits(),
+            clock: std::sync::Arc::new(model.time.clone()),
             durability: Durability::Durable,
             multi_process_readers: rng.chance(1, 2),
             compress_content: rng.chance(1, 2),
@@ -219,7 +233,7 @@ impl Sim {
             runner,
             ops: ops::op().boxed(),
             options,
-            model: Model::new(limits()),
+            model,
             clients,
             ids: BTreeMap::new(),
             never_stored: BTreeSet::new(),
@@ -374,6 +388,10 @@ impl Sim {
             }
             Op::Checkpoint => self.checkpoint(engine, step),
             Op::Reopen { projections, .. } => self.reopen(engine, Down::Clean, Some(*projections), "a clean reopen"),
+            Op::Advance { ms } => {
+                self.model.time.advance(u64::from(*ms));
+                Ok(engine)
+            }
             op => {
                 let mut command = resolve(op, &self.model, &self.clients[client].history);
                 pin_ids(&mut command, &mut self.ids);
@@ -496,6 +514,8 @@ impl Sim {
             Down::Gone => drop(engine),
         }
         self.disk.forget_detached();
+        // Lease renewals lived in the writer's memory.
+        self.model.renewals.clear();
         self.log(|| format!("{when}: reopen after {down:?}"));
         let engine = self.open()?;
         if at_open == Some(AtOpen::Keep) && down != Down::Clean {
@@ -545,10 +565,38 @@ impl Sim {
         } else if unacked.is_some() {
             self.stats.unacked_absent += 1;
         }
+        self.settle_drafts(engine, unacked.as_ref())?;
         self.verify(engine)?;
         if self.rng.chance(1, 4) {
             compare_all(engine, &self.model, &self.never_stored, "after a reopen")?;
         }
+        Ok(())
+    }
+
+    /// Drafts are written within the flush interval, not with every append: after a
+    /// reopen each draft the engine holds must be a prefix of what was appended to it
+    /// (the command in flight included), and no other draft may be there. The model then
+    /// takes what survived.
+    fn settle_drafts(&mut self, engine: &Engine, unacked: Option<&Command>) -> Checked {
+        let mut allowed = self.model.drafts.clone();
+        if let Some(Command::AppendDraft(c)) = unacked.map(Command::unfenced) {
+            let d = allowed.entry((c.session, c.draft_id.clone())).or_insert_with(|| (Vec::new(), 0, 0));
+            d.0.push(c.segment.clone());
+        }
+        let mut survived = std::collections::BTreeMap::new();
+        for s in sessions(&self.model) {
+            for d in engine.drafts(s, u64::MAX) {
+                let key = (s, d.draft_id.clone());
+                let Some((appended, _, _)) = allowed.get(&key) else {
+                    return Err(fail(format!("after a reopen, draft {key:?} is there but was never appended")));
+                };
+                if d.segments.len() > appended.len() || d.segments[..] != appended[..d.segments.len()] {
+                    return Err(fail(format!("after a reopen, draft {key:?} is not a prefix of what was appended")));
+                }
+                survived.insert(key, (d.segments, d.created_at_ms, d.updated_at_ms));
+            }
+        }
+        self.model.drafts = survived;
         Ok(())
     }
 

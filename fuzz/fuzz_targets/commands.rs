@@ -24,7 +24,7 @@
 
 use annal::fault::disk::{IoKind, SimDisk};
 use annal::{
-    AppendContext, Command, CommitTurn, CreateSession, Durability, Engine, Error, EventQuery, Expected, Fork, Limits,
+    AcquireLease, AppendContext, AppendDraft, ClaimInputs, ClaimTarget, EnqueueInput, InputKind, Command, Fence, ManualClock, RenewLease, CommitTurn, CreateSession, Durability, Engine, Error, EventQuery, Expected, Fork, Limits,
     Message, Options, Outcome, PageRequest, RecordToolCall, RecordToolResult, Recovery, Restore, RevisionId, Rewrite,
     RewriteReason, Role, SessionId, SetHostState, SetLabels, SetMetadata, StateChanges, ToolOutcome, Usage,
 };
@@ -63,6 +63,10 @@ fn limits() -> Limits {
         note_bytes_max: 16,
         host_state_name_bytes_max: 8,
         host_state_entries_max: 3,
+        draft_bytes_max: 16,
+        session_draft_bytes_max: 24,
+        draft_bytes_total_max: 40,
+        inbox_inputs_max: 3,
     }
 }
 
@@ -71,6 +75,9 @@ fn word(i: u8, alphabet: &[&str]) -> String {
     alphabet[i as usize % alphabet.len()].to_string()
 }
 
+const INPUTS: [&str; 4] = ["i1", "i2", "i3", ""];
+const DRAFTS: [&str; 3] = ["d1", "d2", ""];
+const SEGMENTS: [&str; 4] = ["ab", "cde", "", "a-segment-longer-than-the-draft-limit"];
 const TURNS: [&str; 6] = ["t0", "t1", "t2", "t3", "", "turn-id-too-long-x"];
 const KEYS: [&str; 4] = ["k0", "k1", "k2", ""];
 const OPS: [&str; 5] = ["o0", "o1", "o2", "o9", ""];
@@ -147,6 +154,44 @@ enum Step {
         tool: Option<u8>,
         set_state: Option<(u8, u8)>,
         remove_state: Option<u8>,
+        finalize: Option<u8>,
+        consume: Option<u8>,
+    },
+    /// Queue an input.
+    Enqueue {
+        s: u8,
+        id: u8,
+        message: Msg,
+        active: bool,
+    },
+    /// Claim inputs with the current lease token moved by `off`.
+    Claim {
+        s: u8,
+        off: i8,
+        turn: Option<u8>,
+        ttl: u8,
+        max: u8,
+    },
+    /// Abandon claim `claim` (a stream seq).
+    Abandon {
+        s: u8,
+        claim: u8,
+    },
+    /// Cancel an input.
+    Cancel {
+        s: u8,
+        id: u8,
+    },
+    /// Append a segment to a draft.
+    Draft {
+        s: u8,
+        id: u8,
+        segment: u8,
+    },
+    /// Discard a draft.
+    Discard {
+        s: u8,
+        id: u8,
     },
     Rewrite {
         s: u8,
@@ -208,6 +253,31 @@ enum Step {
         expected: Rev,
     },
     Batch(Vec<Step>),
+    /// Take (or renew) the lease of `s`.
+    Lease {
+        s: u8,
+        owner: u8,
+        ttl: u8,
+    },
+    /// Renew the lease of `s` with its current token moved by `off`.
+    Renew {
+        s: u8,
+        off: i8,
+        ttl: u8,
+    },
+    /// Release the lease of `s` with its current token moved by `off`.
+    Release {
+        s: u8,
+        off: i8,
+    },
+    /// `step`, fenced on `s` with its current token moved by `off`.
+    Fenced {
+        s: u8,
+        off: i8,
+        step: Box<Step>,
+    },
+    /// Move the writer's clock forward.
+    Tick(u16),
     /// Not a command: a checkpoint, a power loss, a crash, a failing call.
     Disk(Disk),
 }
@@ -250,8 +320,16 @@ struct Acked {
     hash: ChainHash,
 }
 
+/// Acknowledged draft segments: (session, draft id) → segments.
+type Drafts = std::collections::BTreeMap<(SessionId, String), Vec<Vec<u8>>>;
+
 struct Run {
     disk: SimDisk,
+    clock: ManualClock,
+    /// What the acknowledged draft commands left.
+    drafts: Drafts,
+    /// The command running when the power went or a call failed.
+    in_flight: Option<Command>,
     options: Options,
     engine: Option<Engine>,
     acked: Acked,
@@ -312,15 +390,73 @@ impl Run {
         }
     }
 
+    /// The current lease token of `s` moved by `off` (the head as the engine shows it).
+    fn token(&self, s: SessionId, off: i8) -> u64 {
+        let current = self.engine().head(s).ok().flatten().and_then(|h| h.lease).map_or(0, |l| l.token);
+        current.wrapping_add_signed(i64::from(off))
+    }
+
     fn command(&self, step: &Step, depth: u32) -> Option<Command> {
         Some(match step {
+            Step::Lease { s, owner, ttl } => Command::AcquireLease(AcquireLease {
+                session: sid(*s),
+                owner: ["w1", "w2", ""][*owner as usize % 3].into(),
+                ttl_ms: u64::from(*ttl) * 10,
+            }),
+            Step::Renew { s, off, ttl } => Command::RenewLease(RenewLease {
+                session: sid(*s),
+                token: self.token(sid(*s), *off),
+                ttl_ms: u64::from(*ttl) * 10,
+            }),
+            Step::Release { s, off } => Command::ReleaseLease { session: sid(*s), token: self.token(sid(*s), *off) },
+            Step::Fenced { s, off, step } => Command::Fenced {
+                fence: Fence { session: sid(*s), token: self.token(sid(*s), *off) },
+                command: Box::new(self.command(step, depth)?),
+            },
             Step::Create { s, messages: ms, label } => Command::CreateSession(CreateSession {
                 session: sid(*s),
                 labels: label.iter().map(|(k, v)| (word(*k, &LABEL_KEYS), word(*v, &LABEL_VALUES))).collect(),
                 metadata: Vec::new(),
                 messages: messages(ms),
             }),
-            Step::Turn { s, turn, expected, messages: ms, usage, context, tool, set_state, remove_state } => {
+            Step::Draft { s, id, segment } => Command::AppendDraft(AppendDraft {
+                session: sid(*s),
+                draft_id: word(*id, &DRAFTS),
+                segment: word(*segment, &SEGMENTS).into_bytes(),
+            }),
+            Step::Discard { s, id } => Command::DiscardDraft { session: sid(*s), draft_id: word(*id, &DRAFTS) },
+            Step::Enqueue { s, id, message, active } => Command::EnqueueInput(EnqueueInput {
+                session: sid(*s),
+                input_id: word(*id, &INPUTS),
+                message: messages(std::slice::from_ref(message)).remove(0),
+                kind: if *active { InputKind::ActiveTurn } else { InputKind::NextTurn },
+            }),
+            Step::Claim { s, off, turn, ttl, max } => Command::ClaimInputs(ClaimInputs {
+                session: sid(*s),
+                token: self.token(sid(*s), *off),
+                owner: "w1".into(),
+                target: match turn {
+                    Some(t) => ClaimTarget::Turn(word(*t, &TURNS)),
+                    None => ClaimTarget::NextTurn,
+                },
+                ttl_ms: u64::from(*ttl) * 10,
+                max: u64::from(*max % 4),
+            }),
+            Step::Abandon { s, claim } => Command::AbandonClaim { session: sid(*s), claim: u64::from(*claim) },
+            Step::Cancel { s, id } => Command::CancelInput { session: sid(*s), input_id: word(*id, &INPUTS) },
+            Step::Turn {
+                s,
+                turn,
+                expected,
+                messages: ms,
+                usage,
+                context,
+                tool,
+                set_state,
+                remove_state,
+                finalize,
+                consume,
+            } => {
                 let s = sid(*s);
                 Command::CommitTurn(CommitTurn {
                     session: s,
@@ -342,6 +478,8 @@ impl Run {
                     tool_ops: tool.iter().map(|o| word(*o, &OPS)).collect(),
                     run_id: None,
                     state: state(set_state, remove_state),
+                    draft: finalize.map(|d| word(d, &DRAFTS)),
+                    inputs: consume.iter().map(|i| word(*i, &INPUTS)).collect(),
                 })
             }
             Step::Rewrite { s, expected, start, len, replacement, reason } => {
@@ -505,7 +643,31 @@ impl Run {
             }
         }
         self.acked = Acked { seq: tip, hash };
+        self.check_drafts();
         self.check_projections();
+    }
+
+    /// Drafts reach the file within the flush interval: each draft the reopened engine
+    /// holds is a prefix of what was acknowledged (or appended by the command in
+    /// flight), and no other draft is there. What survived is what counts from now on.
+    fn check_drafts(&mut self) {
+        let mut allowed = self.drafts.clone();
+        if let Some(Command::AppendDraft(c)) = self.in_flight.take().as_ref().map(Command::unfenced) {
+            allowed.entry((c.session, c.draft_id.clone())).or_default().push(c.segment.clone());
+        }
+        let mut survived = Drafts::new();
+        for s in 0..=SESSIONS {
+            for d in self.engine().drafts(sid(s), u64::MAX) {
+                let key = (sid(s), d.draft_id.clone());
+                let appended = allowed.get(&key).unwrap_or_else(|| panic!("draft {key:?} was never appended"));
+                assert!(
+                    d.segments.len() <= appended.len() && d.segments[..] == appended[..d.segments.len()],
+                    "draft {key:?} is not a prefix of what was appended"
+                );
+                survived.insert(key, d.segments);
+            }
+        }
+        self.drafts = survived;
     }
 
     /// The projections (the checkpoint and what the open folded) equal a rebuild.
@@ -608,11 +770,13 @@ impl Run {
             Step::Disk(Disk::Reopen) => self.reopen(Down::Clean, None),
             Step::Disk(Disk::Fault(n)) => self.disk.fail_call(u64::from(*n)),
             Step::Disk(Disk::PowerLossAt(n)) => self.disk.lose_power_at_call(u64::from(*n)),
+            Step::Tick(ms) => self.clock.advance(u64::from(*ms)),
             Step::Disk(Disk::Purge { s, descendants }) => self.purge(Some((sid(*s), *descendants))),
             Step::Disk(Disk::Gc) => self.purge(None),
             step => {
                 let Some(command) = self.command(step, 0) else { return };
-                let got = self.engine().execute(command);
+                self.in_flight = Some(command.clone());
+                let got = self.engine().execute(command.clone());
                 let interrupted = self.interrupted();
                 // The tip as this engine sees it (after a power loss, on its detached files).
                 let (tip, hash) = match self.engine().tip() {
@@ -630,8 +794,13 @@ impl Run {
                         assert_eq!(named, expected, "receipts name the events written, in order: {outcome:?}");
                         assert_eq!(outcome.wrote(), tip > self.acked.seq, "{outcome:?}");
                         self.acked = Acked { seq: tip, hash };
+                        track_drafts(&mut self.drafts, &command, &outcome);
+                        self.in_flight = None;
                     }
-                    (None, Err(Error::Rejected(_))) => assert_eq!(tip, self.acked.seq, "a rejection writes nothing"),
+                    (None, Err(Error::Rejected(_))) => {
+                        assert_eq!(tip, self.acked.seq, "a rejection writes nothing");
+                        self.in_flight = None;
+                    }
                     (None, Err(e)) => panic!("a command failed with no fault: {e:?}"),
                     (Some((down, fired)), got) => {
                         if let (Some(f), Down::PowerLoss) = (&fired, down) {
@@ -674,6 +843,28 @@ impl Run {
     }
 }
 
+/// Follows what an acknowledged command did to the drafts.
+fn track_drafts(drafts: &mut Drafts, command: &Command, outcome: &Outcome) {
+    match (command, outcome) {
+        (Command::Fenced { command, .. }, outcome) => track_drafts(drafts, command, outcome),
+        (Command::Batch(members), Outcome::Batch(outcomes)) => {
+            members.iter().zip(outcomes).for_each(|(c, o)| track_drafts(drafts, c, o))
+        }
+        (Command::AppendDraft(c), Outcome::DraftAppended { index, .. }) => {
+            let d = drafts.entry((c.session, c.draft_id.clone())).or_default();
+            assert_eq!(*index as usize, d.len(), "a draft segment's index");
+            d.push(c.segment.clone());
+        }
+        (Command::DiscardDraft { session, draft_id }, Outcome::DraftDiscarded { existed }) => {
+            assert_eq!(drafts.remove(&(*session, draft_id.clone())).is_some(), *existed, "whether a draft existed");
+        }
+        (Command::CommitTurn(CommitTurn { session, draft: Some(id), .. }), _) => {
+            drafts.remove(&(*session, id.clone()));
+        }
+        _ => {}
+    }
+}
+
 /// The command that was running when the power went or a call failed.
 enum InFlight {
     /// The engine (on its detached files) finished it: its tip and chain hash then.
@@ -691,7 +882,9 @@ enum Down {
 }
 
 fuzz_target!(|input: Input| {
+    let clock = ManualClock::new(1_767_225_600_000);
     let options = Options {
+        clock: std::sync::Arc::new(clock.clone()),
         limits: limits(),
         durability: Durability::Durable,
         multi_process_readers: input.multi_process_readers,
@@ -708,6 +901,9 @@ fuzz_target!(|input: Input| {
     };
     let mut run = Run {
         disk: SimDisk::new(input.disk_seed),
+        clock,
+        drafts: Drafts::new(),
+        in_flight: None,
         options,
         engine: None,
         acked: Acked { seq: 0, hash: annal_codec::LogChain::plain().genesis() },

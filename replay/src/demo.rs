@@ -79,6 +79,8 @@ pub struct DemoReport {
     /// Tool calls with no durable result, across every session (what a host would
     /// resume or cancel after a crash).
     pub unsettled: Vec<annal::ToolOp>,
+    /// What the workers of a multi-agent host did: lines of the summary.
+    pub hosts: Vec<String>,
     _dir: Option<tempfile::TempDir>,
 }
 
@@ -157,6 +159,11 @@ impl DemoReport {
                 "           {} {} (call {}) in session {}, seq {}: {recovery}\n",
                 op.op_id, op.tool_name, op.call_id, op.session, op.call_seq
             ));
+        }
+        for (i, line) in self.hosts.iter().enumerate() {
+            out.push_str(if i == 0 { "hosts      " } else { "           " });
+            out.push_str(line);
+            out.push('\n');
         }
         out.push('\n');
         out.push_str(&self.graph);
@@ -469,6 +476,7 @@ pub fn demo(opts: &DemoOptions) -> Result<DemoReport> {
     };
     let Workload { commands, showcase, elapsed, workers, engine, disk_bytes } =
         workload(&path, opts.sessions, opts.progress)?;
+    let hosts = hosts(&path)?;
     let rebuild = crate::rebuild::rebuild(&path, &RebuildOptions { progress: opts.progress, ..Default::default() })?;
     let verify =
         crate::verify::verify(&path, &VerifyOptions { deep: true, progress: opts.progress, ..Default::default() })?;
@@ -492,6 +500,123 @@ pub fn demo(opts: &DemoOptions) -> Result<DemoReport> {
         showcase,
         graph,
         unsettled,
+        hosts,
         _dir: dir,
     })
+}
+
+/// Two workers of a multi-agent host share one session through its execution lease:
+/// the first stalls past its lease, the second takes over with a larger token, and the
+/// first one's late commit is fenced and writes nothing.
+fn hosts(path: &Path) -> Result<Vec<String>> {
+    let engine = Engine::open(path)?;
+    let session = engine.create_session(CreateSession::new().label("demo", "workers"))?.session;
+    let ttl = Duration::from_millis(50);
+    let first = engine.acquire_lease(session, "worker-a", ttl)?;
+    let a = engine.fenced(first.fence());
+    let turn = CommitTurn::new(session, "a-1", Expected::Any).message(Message::user("plan the migration"));
+    a.commit_turn(turn)?;
+    // worker-a stalls (a long tool call, a GC pause) past its lease.
+    std::thread::sleep(ttl + Duration::from_millis(10));
+    let second = engine.acquire_lease(session, "worker-b", Duration::from_secs(30))?;
+    let b = engine.fenced(second.fence());
+    let turn = CommitTurn::new(session, "b-1", Expected::Any).message(Message::assistant("migration planned"));
+    b.commit_turn(turn)?;
+    let tip = engine.tip()?.0;
+    let late = CommitTurn::new(session, "a-2", Expected::Any).message(Message::assistant("stale answer"));
+    let fenced = match a.commit_turn(late) {
+        Err(annal::Error::Rejected(annal::Rejection::Fenced { presented, current })) => {
+            format!("fenced (token {presented} < {current}), nothing written: tip stays at seq {}", engine.tip()?.0)
+        }
+        other => return Err(CliError::finding(format!("a stale worker's commit was not fenced: {other:?}"))),
+    };
+    if engine.tip()?.0 != tip {
+        return Err(CliError::finding("a fenced commit moved the log"));
+    }
+    // The user types twice while the session is idle; worker-b drains the inbox into
+    // its next turn.
+    engine.enqueue_input(session, "in-1", Message::user("add a rollback step"), annal::InputKind::NextTurn)?;
+    engine.enqueue_input(session, "in-2", Message::user("and estimate the time"), annal::InputKind::NextTurn)?;
+    let queued = engine.pending_inputs(session)?.len();
+    let claim = b.claim_inputs(annal::ClaimInputs {
+        session,
+        token: second.token,
+        owner: second.owner.clone(),
+        target: annal::ClaimTarget::NextTurn,
+        ttl_ms: 30_000,
+        max: 10,
+    })?;
+    let mut drain = CommitTurn::new(session, "b-2", Expected::Any)
+        .message(Message::user("add a rollback step; and estimate the time"))
+        .message(Message::assistant("rollback added; about two hours"));
+    for id in &claim.inputs {
+        drain = drain.consumes(id.clone());
+    }
+    b.commit_turn(drain)?;
+    let open = engine.inbox(session)?.len();
+    b.release_lease(&second)?;
+    engine.close()?;
+    let mut lines = vec![
+        format!(
+            "lease: worker-a took token {}, committed, then stalled past its {} ms lease",
+            first.token,
+            ttl.as_millis()
+        ),
+        format!("worker-b took over with token {} and committed; worker-a's late commit was {fenced}", second.token),
+        format!(
+            "inbox: {queued} inputs queued while the session was idle; worker-b claimed {} under its lease and its \
+             turn b-2 consumed them in its own commit: {open} left open",
+            claim.inputs.len()
+        ),
+    ];
+    lines.extend(draft_crash()?);
+    Ok(lines)
+}
+
+/// A model's answer streams into a draft on a simulated disk; the power goes mid-stream;
+/// the reopened engine lists the draft as abandoned with every segment up to the last
+/// flush; the host resumes it and commits the turn that finalizes it.
+fn draft_crash() -> Result<Vec<String>> {
+    use annal::fault::disk::SimDisk;
+    let disk = SimDisk::new(7);
+    // No flush by the interval: only the explicit one counts, so the outcome is exact.
+    let options = annal::Options { draft_flush_interval: Duration::from_secs(3600), ..annal::Options::default() };
+    let open = || Engine::open_with_backends(disk.file("log"), disk.file("projections"), options.clone());
+    let engine = open()?;
+    let session = engine.create_session(CreateSession::new().message(Message::user("how do we migrate?")))?;
+    let streamed = ["The migration ", "takes three ", "steps: ", "first, "];
+    for (i, segment) in streamed.iter().enumerate() {
+        engine.append_draft(session.session, "answer", *segment)?;
+        if i == 2 {
+            engine.flush_drafts()?;
+        }
+    }
+    disk.lose_power();
+    drop(engine);
+    disk.forget_detached();
+    let engine = open()?;
+    let abandoned = engine.abandoned_drafts().to_vec();
+    let Some(found) = abandoned.first() else {
+        return Err(CliError::finding("the flushed draft did not survive the power loss"));
+    };
+    let text: String = engine
+        .draft(found.session, &found.draft_id, 0, u64::MAX)
+        .map(|d| d.segments.iter().map(|s| String::from_utf8_lossy(s).into_owned()).collect())
+        .unwrap_or_default();
+    engine.append_draft(session.session, "answer", "back up, then copy, then switch.")?;
+    let full: String = streamed[..3].concat() + "back up, then copy, then switch.";
+    let turn = CommitTurn::new(session.session, "answer", Expected::Exact(session.receipt.revision))
+        .message(Message::assistant(full))
+        .finalizes("answer");
+    engine.commit_turn(turn)?;
+    let left = engine.drafts(session.session, u64::MAX).len();
+    engine.close()?;
+    Ok(vec![
+        format!("draft: {} segments streamed, 3 flushed, then the power went (a simulated disk)", streamed.len()),
+        format!(
+            "the reopened engine lists draft {:?} as abandoned with {} segments ({text:?})",
+            found.draft_id, found.segments
+        ),
+        format!("the host resumed it and committed the turn that finalizes it: {left} drafts left"),
+    ])
 }

@@ -54,7 +54,7 @@
 //! before anything is written.
 
 use crate::{open_reader, progress, CliError, Result};
-use annal::codec::{encode_message, encode_record, LogChain, Record};
+use annal::codec::{encode_message, encode_record, ClaimTarget, InputKind, LogChain, Record};
 use annal::query::{self, EventQuery};
 use annal::{
     ChainHash, ContentId, Engine, Event, EventKind, ForkOrigin, Limits, MessageObject, Options, Reader, Recovery,
@@ -236,6 +236,9 @@ pub enum EventJson {
         /// Absent in exports of turns that change no host state (and in older exports).
         #[serde(default, skip_serializing_if = "StateJson::is_empty")]
         state: StateJson,
+        /// Absent in exports of turns that consume no queued input (and in older exports).
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        inputs: Vec<String>,
     },
     /// See [`annal::codec::TranscriptRewritten`].
     TranscriptRewritten {
@@ -272,6 +275,18 @@ pub enum EventJson {
     MetadataSet { metadata: Bytes },
     /// See [`annal::codec::HostStateChanged`].
     HostStateChanged { state: StateJson },
+    /// See [`annal::codec::LeaseAcquired`].
+    LeaseAcquired { owner: String, token: u64, expires_at_ms: u64 },
+    /// See [`annal::codec::LeaseReleased`].
+    LeaseReleased { token: u64 },
+    /// See [`annal::codec::InputEnqueued`].
+    InputEnqueued { input_id: String, message: MessageJson, input_kind: InputKind },
+    /// See [`annal::codec::InputsClaimed`].
+    InputsClaimed { owner: String, token: u64, target: ClaimTarget, inputs: Vec<String>, expires_at_ms: u64 },
+    /// See [`annal::codec::ClaimAbandoned`].
+    ClaimAbandoned { claim: u64 },
+    /// See [`annal::codec::InputCancelled`].
+    InputCancelled { input_id: String },
     /// See [`annal::codec::SessionPurged`].
     SessionPurged { reason: String, actor: String, with_ancestor: Option<String> },
     /// An erased record of a purged session (see [`annal::codec::Erased`]): the kind,
@@ -371,6 +386,7 @@ fn event_json(event: &Event, src: &ContentSource<'_>) -> Result<EventJson> {
             run_id: e.run_id.clone(),
             revision_after: e.revision_after.to_hex(),
             state: src.state(&e.state)?,
+            inputs: e.inputs.clone(),
         },
         Event::TranscriptRewritten(e) => EventJson::TranscriptRewritten {
             parent_revision: e.parent_revision.to_hex(),
@@ -416,6 +432,24 @@ fn event_json(event: &Event, src: &ContentSource<'_>) -> Result<EventJson> {
         Event::LabelsChanged(e) => EventJson::LabelsChanged { set: e.set.clone(), remove: e.remove.clone() },
         Event::MetadataSet(e) => EventJson::MetadataSet { metadata: Bytes::of(&e.metadata) },
         Event::HostStateChanged(e) => EventJson::HostStateChanged { state: src.state(&e.state)? },
+        Event::LeaseAcquired(e) => {
+            EventJson::LeaseAcquired { owner: e.owner.clone(), token: e.token, expires_at_ms: e.expires_at_ms }
+        }
+        Event::LeaseReleased(e) => EventJson::LeaseReleased { token: e.token },
+        Event::InputEnqueued(e) => EventJson::InputEnqueued {
+            input_id: e.input_id.clone(),
+            message: src.message(&e.message)?,
+            input_kind: e.kind,
+        },
+        Event::InputsClaimed(e) => EventJson::InputsClaimed {
+            owner: e.owner.clone(),
+            token: e.token,
+            target: e.target.clone(),
+            inputs: e.inputs.clone(),
+            expires_at_ms: e.expires_at_ms,
+        },
+        Event::ClaimAbandoned(e) => EventJson::ClaimAbandoned { claim: e.claim },
+        Event::InputCancelled(e) => EventJson::InputCancelled { input_id: e.input_id.clone() },
         Event::SessionPurged(e) => EventJson::SessionPurged {
             reason: e.reason.clone(),
             actor: e.actor.clone(),
@@ -687,6 +721,7 @@ fn event_of(json: &EventJson, sink: &mut ContentSink<'_>) -> std::result::Result
             run_id,
             revision_after,
             state,
+            inputs,
         } => Event::TurnCommitted(c::TurnCommitted {
             turn_id: turn_id.clone(),
             commit_hash: parse_hex(commit_hash, "commit hash")?,
@@ -707,6 +742,7 @@ fn event_of(json: &EventJson, sink: &mut ContentSink<'_>) -> std::result::Result
             run_id: run_id.clone(),
             revision_after: parse_hex(revision_after, "revision")?,
             state: sink.state(state)?,
+            inputs: inputs.clone(),
         }),
         EventJson::TranscriptRewritten {
             parent_revision,
@@ -770,6 +806,30 @@ fn event_of(json: &EventJson, sink: &mut ContentSink<'_>) -> std::result::Result
         EventJson::MetadataSet { metadata } => Event::MetadataSet(c::MetadataSet { metadata: metadata.decode()? }),
         EventJson::HostStateChanged { state } => {
             Event::HostStateChanged(c::HostStateChanged { state: sink.state(state)? })
+        }
+        EventJson::LeaseAcquired { owner, token, expires_at_ms } => Event::LeaseAcquired(c::LeaseAcquired {
+            owner: owner.clone(),
+            token: *token,
+            expires_at_ms: *expires_at_ms,
+        }),
+        EventJson::LeaseReleased { token } => Event::LeaseReleased(c::LeaseReleased { token: *token }),
+        EventJson::InputEnqueued { input_id, message, input_kind } => Event::InputEnqueued(c::InputEnqueued {
+            input_id: input_id.clone(),
+            message: sink.message(message)?,
+            kind: *input_kind,
+        }),
+        EventJson::InputsClaimed { owner, token, target, inputs, expires_at_ms } => {
+            Event::InputsClaimed(c::InputsClaimed {
+                owner: owner.clone(),
+                token: *token,
+                target: target.clone(),
+                inputs: inputs.clone(),
+                expires_at_ms: *expires_at_ms,
+            })
+        }
+        EventJson::ClaimAbandoned { claim } => Event::ClaimAbandoned(c::ClaimAbandoned { claim: *claim }),
+        EventJson::InputCancelled { input_id } => {
+            Event::InputCancelled(c::InputCancelled { input_id: input_id.clone() })
         }
         EventJson::SessionPurged { reason, actor, with_ancestor } => Event::SessionPurged(c::SessionPurged {
             reason: reason.clone(),
@@ -1051,6 +1111,12 @@ pub fn kind_of(line: &ExportLine) -> EventKind {
         EventJson::LabelsChanged { .. } => EventKind::LabelsChanged,
         EventJson::MetadataSet { .. } => EventKind::MetadataSet,
         EventJson::HostStateChanged { .. } => EventKind::HostStateChanged,
+        EventJson::LeaseAcquired { .. } => EventKind::LeaseAcquired,
+        EventJson::LeaseReleased { .. } => EventKind::LeaseReleased,
+        EventJson::InputEnqueued { .. } => EventKind::InputEnqueued,
+        EventJson::InputsClaimed { .. } => EventKind::InputsClaimed,
+        EventJson::ClaimAbandoned { .. } => EventKind::ClaimAbandoned,
+        EventJson::InputCancelled { .. } => EventKind::InputCancelled,
         EventJson::SessionPurged { .. } => EventKind::SessionPurged,
         EventJson::Erased { ref erased_kind, .. } => {
             EventKind::from_name(erased_kind).unwrap_or(EventKind::SessionPurged)

@@ -34,6 +34,9 @@ fn head_json(h: &SessionHead) -> Value {
         "last_seq": h.last_seq,
         "events": h.stream_seq,
         "updated_at_ms": h.updated_at_ms,
+        "lease": h.lease.as_ref().map(|l| json!({
+            "owner": l.owner, "token": l.token, "expires_at_ms": l.expires_at_ms, "released": l.released,
+        })),
     })
 }
 
@@ -189,6 +192,13 @@ impl Inspection {
         }
         for (name, value) in &self.host_state {
             let _ = writeln!(out, "host state {name} = {}", preview(value, 60));
+        }
+        if let Some(l) = &h.lease {
+            let until = match l.released {
+                true => "released".to_string(),
+                false => format!("until {}", format_time_ms(l.expires_at_ms)),
+            };
+            let _ = writeln!(out, "lease      {} token {} {until}", l.owner, l.token);
         }
         for f in &self.forks {
             let _ = writeln!(out, "fork       {} took {} messages at {}", f.child, f.message_count, f.revision.short());
@@ -403,6 +413,20 @@ fn summary(event: &Event) -> String {
         }
         Event::MetadataSet(e) => format!("{} bytes", e.metadata.len()),
         Event::HostStateChanged(e) => state_text(&e.state),
+        Event::LeaseAcquired(e) => format!("{} token {} until {}", e.owner, e.token, e.expires_at_ms),
+        Event::LeaseReleased(e) => format!("token {}", e.token),
+        Event::InputEnqueued(e) => {
+            format!("{} for the {} ({})", e.input_id, e.kind.name().replace('_', " "), e.message.short())
+        }
+        Event::InputsClaimed(e) => {
+            let target = match &e.target {
+                annal::codec::ClaimTarget::Turn(t) => format!("turn {t}"),
+                annal::codec::ClaimTarget::NextTurn => "the next turn".into(),
+            };
+            format!("{} by {} (token {}) for {target} until {}", e.inputs.join(","), e.owner, e.token, e.expires_at_ms)
+        }
+        Event::ClaimAbandoned(e) => format!("claim {}", e.claim),
+        Event::InputCancelled(e) => e.input_id.clone(),
         Event::SessionPurged(e) => format!("reason: {}, actor: {}", e.reason, e.actor),
         Event::Erased(e) => format!("erased ({} payload bytes)", e.payload_len),
     }

@@ -236,6 +236,11 @@ pub enum Finding {
         /// The last record's seq.
         seq: u64,
     },
+    /// The drafts tables (outside the chain) are malformed or do not add up.
+    Drafts {
+        /// What is wrong.
+        detail: String,
+    },
     /// A stored projection row differs from the scratch fold.
     Projection {
         /// The table.
@@ -276,6 +281,7 @@ impl Finding {
             | Finding::NotAMessage { id, .. } => format!("content {id}"),
             Finding::Meta { key, .. } => format!("meta {key}"),
             Finding::ExpectedTip { seq, .. } => format!("log tip (seq {seq})"),
+            Finding::Drafts { .. } => "tables drafts and draft_index".into(),
             Finding::Projection { table, key, .. } => format!("projection {table} key {key}"),
             Finding::Storage { location, .. } => location.clone(),
         }
@@ -328,6 +334,7 @@ impl Finding {
             Finding::Fold { .. } => "fold",
             Finding::Meta { .. } => "meta",
             Finding::ExpectedTip { .. } => "expected_tip",
+            Finding::Drafts { .. } => "drafts",
             Finding::Projection { .. } => "projection",
             Finding::Storage { .. } => "storage",
         }
@@ -351,7 +358,9 @@ impl Finding {
             Finding::ClockBackwards { at_ms, previous_ms, .. } => {
                 format!("committed_at {at_ms} ms is before the previous record's {previous_ms} ms")
             }
-            Finding::ContentRow { detail, .. } | Finding::Meta { detail, .. } => detail.clone(),
+            Finding::ContentRow { detail, .. } | Finding::Meta { detail, .. } | Finding::Drafts { detail } => {
+                detail.clone()
+            }
             Finding::StrayContentRow { .. } => "no log record has this seq".into(),
             Finding::ErasedWithoutPurge { .. } => "the record is erased, but the session has no tombstone".into(),
             Finding::DuplicateContent { first_row, row, .. } if first_row == row => {
@@ -635,6 +644,12 @@ pub fn verify_snapshot(
     if let Err(finding) = guarded("table meta", || walk.check_meta()) {
         walk.find(finding);
     }
+    // Drafts live outside the chain: only their structure is checked.
+    match guarded("table drafts", || annal::draft::check_structure(txn)) {
+        Ok(Ok(_)) => {}
+        Ok(Err(detail)) => walk.find(Finding::Drafts { detail }),
+        Err(finding) => walk.find(finding),
+    }
     if let Some(finding) = walk.content_fold_error.take() {
         // The content checks above explain every way the content-id fold can fail; if
         // they found nothing, the fold's own reason is the finding.
@@ -876,14 +891,7 @@ impl Fold {
     fn record(&mut self, r: annal::Record, introduced: &[ContentId]) {
         let seq = r.seq;
         if let Event::TurnCommitted(e) = &r.event {
-            if annal::codec::turn_commit_hash_with_state(
-                &e.messages,
-                &e.usage,
-                &e.applied_context,
-                &e.tool_ops,
-                &e.state,
-            ) != e.commit_hash
-            {
+            if e.recomputed_hash() != e.commit_hash {
                 self.findings.push(Finding::CommitHash { seq });
             }
         }

@@ -80,6 +80,9 @@ fn without_new_head_fields(json: &str) -> serde_json::Value {
                     map.remove("metadata");
                     map.remove("host_state");
                 }
+                if map.contains_key("session") && map.contains_key("revision") {
+                    map.remove("lease");
+                }
                 map.values_mut().for_each(strip);
             }
             serde_json::Value::Array(items) => items.iter_mut().for_each(strip),

@@ -228,6 +228,21 @@ pub fn workload(engine: &Engine) -> Vec<SessionId> {
     rev = engine.rewrite(rewrite(s, rev, 1, 2, vec![Message::user("edited")], RewriteReason::Edit)).unwrap().revision;
     rev = engine.restore(restore(s, rev, before)).unwrap().revision;
     engine.commit_turn(turn(s, "after-restore", rev)).unwrap();
+    // The inbox: two inputs, one claimed under a lease and consumed by a turn, one left.
+    engine.enqueue_input(s, "in-1", Message::user("and the tests?"), InputKind::NextTurn).unwrap();
+    engine.enqueue_input(s, "in-2", Message::user("later"), InputKind::ActiveTurn).unwrap();
+    let lease = engine.acquire_lease(s, "worker", std::time::Duration::from_secs(3600)).unwrap();
+    let claim = ClaimInputs {
+        session: s,
+        token: lease.token,
+        owner: lease.owner.clone(),
+        target: ClaimTarget::NextTurn,
+        ttl_ms: 60_000,
+        max: 4,
+    };
+    engine.claim_inputs(claim).unwrap();
+    let drain = CommitTurn::new(s, "drain", Expected::Any).message(Message::assistant("tests pass")).consumes("in-1");
+    engine.fenced(lease.fence()).commit_turn(drain).unwrap();
     let fork = engine.fork_at(s, 4).unwrap().session;
     let branch = engine.fork_replace(s, 2, Message::user("what if")).unwrap().session;
     engine.commit_turn(turn(fork, "f0", head(engine, fork).revision)).unwrap();

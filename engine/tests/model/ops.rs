@@ -41,6 +41,10 @@ pub fn limits() -> Limits {
         note_bytes_max: 12,
         host_state_name_bytes_max: 16,
         host_state_entries_max: 3,
+        draft_bytes_max: 8,
+        session_draft_bytes_max: 12,
+        draft_bytes_total_max: 20,
+        inbox_inputs_max: 4,
         ..Limits::default()
     }
 }
@@ -126,7 +130,21 @@ pub enum Op {
         tools: Vec<u8>,
         run: Option<u8>,
         state: State,
+        draft: Option<u8>,
+        inputs: Vec<u8>,
     },
+    /// Queue an input.
+    Enqueue { s: u8, input: u8, message: Msg, active: bool },
+    /// Claim inputs with a token near the current one.
+    Claim { s: u8, token: u8, owner: u8, target: u8, ttl: u8, max: u8 },
+    /// Abandon a claim.
+    Abandon { s: u8, claim: u8 },
+    /// Cancel an input.
+    Cancel { s: u8, input: u8 },
+    /// Append a segment to a draft.
+    Draft { s: u8, draft: u8, segment: u8 },
+    /// Discard a draft.
+    Discard { s: u8, draft: u8 },
     /// Replace the metadata.
     Metadata { s: u8, metadata: u8, expected: Rev },
     /// Set and remove host state entries.
@@ -151,6 +169,16 @@ pub enum Op {
     ToolResult { s: u8, op: u8, outcome: u8, result: u8 },
     /// Set and remove labels.
     Labels { s: u8, set: Vec<(u8, u8)>, remove: Vec<u8> },
+    /// Take (or, for the holder, renew) the lease of `s` as owner `owner`.
+    Acquire { s: u8, owner: u8, ttl: u8 },
+    /// Renew the lease of `s` with a token near its current one.
+    Renew { s: u8, token: u8, ttl: u8 },
+    /// Release the lease of `s` with a token near its current one.
+    Release { s: u8, token: u8 },
+    /// `op`, fenced on the session it writes (or another) with a token near the current.
+    Fenced { s: u8, token: u8, op: Box<Op> },
+    /// Move the writer's clock forward by `ms`.
+    Advance { ms: u16 },
     /// A batch (inside a batch: an empty nested batch).
     Batch(Vec<Op>),
     /// Compare every query now.
@@ -364,26 +392,21 @@ pub fn valid_create() -> impl Strategy<Value = Op> {
 pub fn single() -> impl Strategy<Value = Op> {
     let create = (slot(), label_pairs(3), metadata(), msgs(0..=2))
         .prop_map(|(s, labels, metadata, messages)| Op::Create { s, labels, metadata, messages });
-    let commit = (
-        (session(), any::<u8>(), rev()),
-        msgs(0..=3),
-        vec((any::<u8>(), any::<u8>(), any::<u8>()), 0..=2),
-        refs(),
-        refs(),
-        proptest::option::weighted(0.2, any::<u8>()),
-        prop_oneof![4 => Just((Vec::new(), Vec::new())), 1 => state()],
-    )
-        .prop_map(|((s, turn, expected), messages, usage, context, tools, run, state)| Op::Commit {
-            s,
-            turn,
-            expected,
-            messages,
-            usage,
-            context,
-            tools,
-            run,
-            state,
-        });
+    let commit =
+        (
+            (session(), any::<u8>(), rev()),
+            msgs(0..=3),
+            vec((any::<u8>(), any::<u8>(), any::<u8>()), 0..=2),
+            refs(),
+            refs(),
+            proptest::option::weighted(0.2, any::<u8>()),
+            prop_oneof![4 => Just((Vec::new(), Vec::new())), 1 => state()],
+            proptest::option::weighted(0.2, any::<u8>()),
+            prop_oneof![4 => Just(Vec::new()), 1 => vec(any::<u8>(), 1..=2)],
+        )
+            .prop_map(|((s, turn, expected), messages, usage, context, tools, run, state, draft, inputs)| {
+                Op::Commit { s, turn, expected, messages, usage, context, tools, run, state, draft, inputs }
+            });
     let metadata =
         (session(), any::<u8>(), rev()).prop_map(|(s, metadata, expected)| Op::Metadata { s, metadata, expected });
     let host_state = (session(), state(), rev()).prop_map(|(s, state, expected)| Op::HostState { s, state, expected });
@@ -465,7 +488,81 @@ pub fn single() -> impl Strategy<Value = Op> {
         2 => set_labels,
         1 => metadata,
         3 => host_state,
+        3 => leases(),
+        3 => (session(), any::<u8>(), any::<u8>()).prop_map(|(s, draft, segment)| Op::Draft { s, draft, segment }),
+        1 => (session(), any::<u8>()).prop_map(|(s, draft)| Op::Discard { s, draft }),
+        3 => inbox(),
     ]
+}
+
+/// Inbox commands.
+fn inbox() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        3 => (session(), any::<u8>(), msg(), any::<bool>())
+            .prop_map(|(s, input, message, active)| Op::Enqueue { s, input, message, active }),
+        3 => (session(), any::<u8>(), any::<u8>(), any::<u8>(), any::<u8>(), any::<u8>())
+            .prop_map(|(s, token, owner, target, ttl, max)| Op::Claim { s, token, owner, target, ttl, max }),
+        1 => (session(), any::<u8>()).prop_map(|(s, claim)| Op::Abandon { s, claim }),
+        1 => (session(), any::<u8>()).prop_map(|(s, input)| Op::Cancel { s, input }),
+    ]
+}
+
+/// An input id: mostly one of three, now and then an empty or over-long one.
+fn input_id(i: u8) -> String {
+    pick(i, &["i1", "i2", "i3"], &["", "input-id-too-long"])
+}
+
+/// An input the turn consumes: mostly one claimed in `s`, else any id.
+fn consumed(model: &Model, s: &SessionId, i: u8) -> String {
+    let (claimed, _) = model.claimed_inputs(s);
+    match claimed.get(i as usize % claimed.len().max(1)) {
+        Some(id) if i < 200 => id.clone(),
+        _ => input_id(i),
+    }
+}
+
+/// A draft id: mostly one of two, now and then an empty or over-long id.
+fn draft_id(i: u8) -> String {
+    pick(i, &["d1", "d2"], &["", "draft-id-too-long"])
+}
+
+/// A lease owner: mostly one of two workers, now and then an empty or over-long id.
+fn owner(i: u8) -> String {
+    pick(i, &["w1", "w2"], &["", "owner-id-too-long"])
+}
+
+/// A lease time to live: mostly short or long, now and then zero or over the maximum.
+fn ttl(i: u8) -> u64 {
+    match i % 16 {
+        0 => 0,
+        1 => LEASE_TTL_MS_MAX + 1,
+        2..=8 => 100,
+        _ => 5_000,
+    }
+}
+
+/// A token near the current one of `s`: mostly it, now and then one above or below.
+fn token(model: &Model, s: &SessionId, i: u8) -> u64 {
+    let current = model.lease_token(s);
+    match i % 8 {
+        0 => current + 1,
+        1 => current.saturating_sub(1),
+        _ => current,
+    }
+}
+
+/// Lease commands.
+fn leases() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        3 => (session(), any::<u8>(), any::<u8>()).prop_map(|(s, owner, ttl)| Op::Acquire { s, owner, ttl }),
+        2 => (session(), any::<u8>(), any::<u8>()).prop_map(|(s, token, ttl)| Op::Renew { s, token, ttl }),
+        1 => (session(), any::<u8>()).prop_map(|(s, token)| Op::Release { s, token }),
+    ]
+}
+
+/// A command fenced with a token near the current one.
+fn fenced() -> impl Strategy<Value = Op> {
+    (session(), any::<u8>(), single()).prop_map(|(s, token, op)| Op::Fenced { s, token, op: Box::new(op) })
 }
 
 /// A checkpoint policy: mostly eager or lazy, now and then the default or a tight
@@ -491,10 +588,12 @@ fn reopen() -> impl Strategy<Value = Op> {
 
 /// One operation of a sequence.
 pub fn op() -> impl Strategy<Value = Op> {
-    let member = prop_oneof![20 => single(), 1 => Just(Op::Batch(Vec::new()))];
+    let member = prop_oneof![20 => single(), 2 => fenced(), 1 => Just(Op::Batch(Vec::new()))];
     let members = prop_oneof![12 => vec(member.clone(), 0..=4), 1 => vec(member, 5..=5)];
     prop_oneof![
         30 => single(),
+        4 => fenced(),
+        2 => (0u16..4000).prop_map(|ms| Op::Advance { ms }),
         4 => members.prop_map(Op::Batch),
         1 => Just(Op::Check),
         1 => Just(Op::Checkpoint),
@@ -633,9 +732,12 @@ pub fn resolve(op: &Op, model: &Model, history: &History) -> Command {
             let mut commands = Vec::with_capacity(members.len());
             for m in members {
                 let c = match m {
-                    Op::Batch(_) | Op::Check | Op::Checkpoint | Op::Reopen { .. } | Op::Purge { .. } => {
-                        Command::Batch(Vec::new())
-                    }
+                    Op::Batch(_)
+                    | Op::Check
+                    | Op::Checkpoint
+                    | Op::Reopen { .. }
+                    | Op::Purge { .. }
+                    | Op::Advance { .. } => Command::Batch(Vec::new()),
                     single => resolve(single, &scratch, history),
                 };
                 let _ = scratch.apply(&c);
@@ -643,7 +745,34 @@ pub fn resolve(op: &Op, model: &Model, history: &History) -> Command {
             }
             Command::Batch(commands)
         }
-        Op::Check | Op::Checkpoint | Op::Reopen { .. } | Op::Purge { .. } => Command::Batch(Vec::new()),
+        Op::Check | Op::Checkpoint | Op::Reopen { .. } | Op::Purge { .. } | Op::Advance { .. } => {
+            Command::Batch(Vec::new())
+        }
+        Op::Acquire { s, owner: o, ttl: t } => {
+            Command::AcquireLease(AcquireLease { session: target(model, *s), owner: owner(*o), ttl_ms: ttl(*t) })
+        }
+        Op::Renew { s, token: t, ttl: l } => {
+            let session = target(model, *s);
+            Command::RenewLease(RenewLease { session, token: token(model, &session, *t), ttl_ms: ttl(*l) })
+        }
+        Op::Release { s, token: t } => {
+            let session = target(model, *s);
+            Command::ReleaseLease { session, token: token(model, &session, *t) }
+        }
+        Op::Fenced { s, token: t, op } => {
+            let command = resolve(op, model, history);
+            // Mostly the session the command writes (a fork's parent), now and then another.
+            let own = match command.unfenced() {
+                Command::Fork(f) => Some(f.parent),
+                c => c.session(),
+            };
+            let session = match own {
+                Some(own) if *s < 200 => own,
+                _ => target(model, *s),
+            };
+            let fence = Fence { session, token: token(model, &session, *t) };
+            Command::Fenced { fence, command: Box::new(command) }
+        }
         Op::Create { s, labels: l, metadata, messages } => Command::CreateSession(CreateSession {
             session: new_id(*s),
             labels: labels(l),
@@ -675,7 +804,44 @@ pub fn resolve(op: &Op, model: &Model, history: &History) -> Command {
                 expected: expected_of(model, &session, expected),
             })
         }
-        Op::Commit { s, turn, expected, messages, usage, context, tools, run, state } => {
+        Op::Draft { s, draft, segment } => Command::AppendDraft(AppendDraft {
+            session: target(model, *s),
+            draft_id: draft_id(*draft),
+            segment: blob(*segment, &["ab", "cde"]),
+        }),
+        Op::Discard { s, draft } => Command::DiscardDraft { session: target(model, *s), draft_id: draft_id(*draft) },
+        Op::Enqueue { s, input, message: m, active } => Command::EnqueueInput(EnqueueInput {
+            session: target(model, *s),
+            input_id: input_id(*input),
+            message: message(m),
+            kind: if *active { InputKind::ActiveTurn } else { InputKind::NextTurn },
+        }),
+        Op::Claim { s, token: t, owner: o, target: to, ttl: l, max } => {
+            let session = target(model, *s);
+            Command::ClaimInputs(ClaimInputs {
+                session,
+                token: token(model, &session, *t),
+                owner: owner(*o),
+                target: match to % 4 {
+                    0 => ClaimTarget::NextTurn,
+                    1 => ClaimTarget::NextTurn,
+                    _ => ClaimTarget::Turn(turn_id(*to / 4)),
+                },
+                ttl_ms: ttl(*l),
+                max: u64::from(max % 5),
+            })
+        }
+        Op::Abandon { s, claim } => {
+            let session = target(model, *s);
+            let (_, claims) = model.claimed_inputs(&session);
+            let claim = match claims.get(*claim as usize % claims.len().max(1)) {
+                Some(c) if *claim < 220 => *c,
+                _ => u64::from(*claim),
+            };
+            Command::AbandonClaim { session, claim }
+        }
+        Op::Cancel { s, input } => Command::CancelInput { session: target(model, *s), input_id: input_id(*input) },
+        Op::Commit { s, turn, expected, messages, usage, context, tools, run, state, draft, inputs } => {
             let session = target(model, *s);
             Command::CommitTurn(CommitTurn {
                 session,
@@ -697,6 +863,8 @@ pub fn resolve(op: &Op, model: &Model, history: &History) -> Command {
                 tool_ops: tools.iter().map(|o| known_op(model, &session, *o)).collect(),
                 run_id: run.map(|r| pick(r, &["run-1"], &["", "run-id-is-too-long"])),
                 state: state_changes(state),
+                draft: draft.map(draft_id),
+                inputs: inputs.iter().map(|i| consumed(model, &session, *i)).collect(),
             })
         }
         Op::Retry { pick: i, expected } => {

@@ -70,6 +70,7 @@ struct TurnContent {
     applied_context: Vec<String>,
     tool_ops: Vec<String>,
     state: (BTreeMap<String, ContentId>, BTreeSet<String>),
+    inputs: Vec<String>,
 }
 
 #[derive(Clone, Debug)]
@@ -130,6 +131,33 @@ pub struct Session {
     host_state: BTreeMap<String, ContentId>,
     /// Every change of a host state entry: (stream seq, name, value or removal).
     state_history: Vec<(u64, String, Option<ContentId>)>,
+    /// The execution lease as the log records it.
+    lease: Option<LeaseState>,
+    /// The inbox: every input queued, by id.
+    inputs: BTreeMap<String, InputRow>,
+    /// Open inputs in queue order.
+    open_inputs: Vec<String>,
+    /// Every claim, by the stream seq of its event.
+    claims: BTreeMap<u64, ClaimRow>,
+}
+
+impl Session {
+    /// Input `id`, whatever its state.
+    pub fn input(&self, id: &str) -> Option<InputRow> {
+        self.inputs.get(id).cloned()
+    }
+
+    /// Closes claim `claim` once no input is held by it any more.
+    fn close_claim_if_empty(&mut self, claim: u64) {
+        let Some(row) = self.claims.get(&claim) else { return };
+        let holds = row
+            .inputs
+            .iter()
+            .any(|i| matches!(self.inputs[i].state, InputState::Claimed { claim: c, .. } if c == claim));
+        if !holds {
+            self.claims.get_mut(&claim).expect("present").open = false;
+        }
+    }
 }
 
 fn ids(messages: &[Msg]) -> Vec<ContentId> {
@@ -307,7 +335,20 @@ pub struct Model {
     pub clock: BTreeMap<u64, u64>,
     /// Purged sessions: the seq of each one's tombstone.
     pub purged: BTreeMap<SessionId, u64>,
+    /// The writer's clock: the harness gives the engine this clock and moves it.
+    pub time: ManualClock,
+    /// Lease renewals the writer holds in memory: session → (token, expiry). A reopen
+    /// forgets them.
+    pub renewals: BTreeMap<SessionId, (u64, u64)>,
+    /// Streamed drafts: (session, draft id) → segments, created at, updated at.
+    pub drafts: BTreeMap<(SessionId, String), DraftModel>,
 }
+
+/// A draft in the model: its segments, when it was created and last appended to.
+pub type DraftModel = (Vec<Vec<u8>>, u64, u64);
+
+/// Where the writer's clock starts in a model run.
+pub const EPOCH_MS: u64 = 1_767_225_600_000;
 
 type Staged = Vec<(ContentId, Vec<u8>)>;
 
@@ -372,6 +413,16 @@ pub fn carried_content(command: &Command) -> Vec<ContentId> {
         Command::RecordToolCall(c) => out.push(content_id(&c.args)),
         Command::RecordToolResult(c) => out.push(content_id(&c.result)),
         Command::Batch(cs) => cs.iter().for_each(|c| out.extend(carried_content(c))),
+        Command::Fenced { command, .. } => out.extend(carried_content(command)),
+        Command::EnqueueInput(c) => messages(std::slice::from_ref(&c.message), &mut out),
+        Command::AcquireLease(_)
+        | Command::RenewLease(_)
+        | Command::ReleaseLease { .. }
+        | Command::AppendDraft(_)
+        | Command::DiscardDraft { .. }
+        | Command::ClaimInputs(_)
+        | Command::AbandonClaim { .. }
+        | Command::CancelInput { .. } => {}
         Command::Restore(_)
         | Command::Archive { .. }
         | Command::Revive { .. }
@@ -407,6 +458,7 @@ pub fn command_bytes(command: &Command) -> u64 {
                 + strings(&c.tool_ops)
                 + c.usage.iter().map(|u| (u.provider.len() + u.model.len() + 32) as u64).sum::<u64>()
                 + state_bytes(&c.state)
+                + strings(&c.inputs)
         }
         Command::SetMetadata(c) => c.metadata.len() as u64,
         Command::SetHostState(c) => state_bytes(&c.state),
@@ -419,6 +471,15 @@ pub fn command_bytes(command: &Command) -> u64 {
         Command::RecordToolResult(c) => (c.result.len() + c.op_id.len()) as u64,
         Command::SetLabels(c) => label_bytes(&c.set) + c.remove.iter().map(|k| k.len() as u64).sum::<u64>(),
         Command::Batch(cs) => cs.iter().map(command_bytes).sum(),
+        Command::AcquireLease(c) => c.owner.len() as u64,
+        Command::RenewLease(_) | Command::ReleaseLease { .. } => 0,
+        Command::AppendDraft(c) => (c.segment.len() + c.draft_id.len()) as u64,
+        Command::DiscardDraft { draft_id, .. } => draft_id.len() as u64,
+        Command::EnqueueInput(c) => c.input_id.len() as u64 + message_bytes(&c.message),
+        Command::ClaimInputs(c) => c.owner.len() as u64,
+        Command::AbandonClaim { .. } => 0,
+        Command::CancelInput { input_id, .. } => input_id.len() as u64,
+        Command::Fenced { command, .. } => command_bytes(command),
     }
 }
 
@@ -433,6 +494,9 @@ impl Model {
             content: BTreeMap::new(),
             clock: BTreeMap::new(),
             purged: BTreeMap::new(),
+            time: ManualClock::new(EPOCH_MS),
+            renewals: BTreeMap::new(),
+            drafts: BTreeMap::new(),
         }
     }
 
@@ -582,8 +646,20 @@ impl Model {
                 reached.extend(t.settled.map(|(_, result, _)| result));
             }
             reached.extend(s.state_history.iter().filter_map(|(_, _, v)| *v));
+            // Queued inputs are message objects: their attachments are reached too.
+            for row in s.inputs.values() {
+                reached.insert(row.message);
+                if let Some(m) =
+                    self.content.get(&row.message).and_then(|b| annal::codec::decode_message(b, u64::MAX).ok())
+                {
+                    reached.extend(m.attachments);
+                }
+            }
         }
         self.content.retain(|id, _| reached.contains(id));
+        // A purged session's drafts go with it.
+        let sessions = &self.sessions;
+        self.drafts.retain(|(s, _), _| sessions.contains_key(s));
         Ok(out)
     }
 
@@ -649,9 +725,13 @@ impl Model {
         let before = self.clone();
         let mut outcomes = Vec::with_capacity(members.len());
         for (index, member) in members.iter().enumerate() {
-            let result = match member {
+            let result = match member.unfenced() {
                 Command::Batch(_) => invalid("nested batch"),
-                single => self.single(single),
+                Command::AcquireLease(_) | Command::RenewLease(_) => {
+                    invalid("lease acquisitions and renewals cannot be part of a batch")
+                }
+                Command::AppendDraft(_) | Command::DiscardDraft { .. } => invalid("drafts cannot be part of a batch"),
+                _ => self.single(member),
             };
             match result {
                 Ok(o) => outcomes.push(o),
@@ -680,8 +760,363 @@ impl Model {
             Command::SetLabels(c) => self.set_labels(c),
             Command::SetMetadata(c) => self.set_metadata(c),
             Command::SetHostState(c) => self.set_host_state(c),
+            Command::AcquireLease(c) => self.acquire_lease(c),
+            Command::RenewLease(c) => self.renew_lease(c),
+            Command::ReleaseLease { session, token } => self.release_lease(session, *token),
+            Command::AppendDraft(c) => self.append_draft(c),
+            Command::DiscardDraft { session, draft_id } => self.discard_draft(session, draft_id),
+            Command::EnqueueInput(c) => self.enqueue_input(c),
+            Command::ClaimInputs(c) => self.claim_inputs(c),
+            Command::AbandonClaim { session, claim } => self.abandon_claim(session, *claim),
+            Command::CancelInput { session, input_id } => self.cancel_input(session, input_id),
+            Command::Fenced { fence, command } => {
+                self.fence(fence)?;
+                self.apply(command)
+            }
             Command::Batch(_) => invalid("a batch cannot be decided as one command; nested batches are not allowed"),
         }
+    }
+
+    // ----- leases -------------------------------------------------------------------
+
+    /// When the lease of `id` expires: its granted expiry, or a later renewal of its token.
+    fn expiry(&self, id: &SessionId, lease: &LeaseState) -> u64 {
+        match self.renewals.get(id) {
+            Some((token, until)) if *token == lease.token => (*until).max(lease.expires_at_ms),
+            _ => lease.expires_at_ms,
+        }
+    }
+
+    fn current_token(s: &Session) -> u64 {
+        s.lease.as_ref().map_or(0, |l| l.token)
+    }
+
+    fn fence(&self, fence: &Fence) -> Reply<()> {
+        let current = Model::current_token(self.existing(&fence.session)?);
+        if fence.token != current {
+            return Err(Rejection::Fenced { presented: fence.token, current });
+        }
+        Ok(())
+    }
+
+    fn ttl(ttl_ms: u64) -> Reply<()> {
+        if ttl_ms == 0 || ttl_ms > LEASE_TTL_MS_MAX {
+            return invalid(&format!("lease ttl {ttl_ms} ms is outside 1..={LEASE_TTL_MS_MAX}"));
+        }
+        Ok(())
+    }
+
+    fn acquire_lease(&mut self, c: &AcquireLease) -> Reply<Outcome> {
+        self.id("lease owner", &c.owner)?;
+        Model::ttl(c.ttl_ms)?;
+        let now = self.time.now_ms();
+        let s = self.live(&c.session)?;
+        let expires_at_ms = now.saturating_add(c.ttl_ms);
+        if let Some(lease) = &s.lease {
+            let until = self.expiry(&c.session, lease);
+            if !lease.released && now < until {
+                if lease.owner != c.owner {
+                    return Err(Rejection::Busy { holder: lease.owner.clone(), expires_at_ms: until });
+                }
+                let lease = Lease {
+                    session: c.session,
+                    owner: c.owner.clone(),
+                    token: lease.token,
+                    expires_at_ms: expires_at_ms.max(until),
+                };
+                self.renewals.insert(c.session, (lease.token, lease.expires_at_ms));
+                return Ok(Outcome::Lease { lease, seq: None });
+            }
+        }
+        let token = Model::current_token(s) + 1;
+        self.session_mut(&c.session).lease =
+            Some(LeaseState { owner: c.owner.clone(), token, expires_at_ms, released: false });
+        let seq = self.emit(c.session, EventKind::LeaseAcquired);
+        let lease = Lease { session: c.session, owner: c.owner.clone(), token, expires_at_ms };
+        Ok(Outcome::Lease { lease, seq: Some(seq) })
+    }
+
+    fn renew_lease(&mut self, c: &RenewLease) -> Reply<Outcome> {
+        Model::ttl(c.ttl_ms)?;
+        let now = self.time.now_ms();
+        let s = self.existing(&c.session)?;
+        match &s.lease {
+            Some(lease) if lease.token == c.token && !lease.released => {
+                let lease = Lease {
+                    session: c.session,
+                    owner: lease.owner.clone(),
+                    token: lease.token,
+                    expires_at_ms: now.saturating_add(c.ttl_ms).max(self.expiry(&c.session, lease)),
+                };
+                self.renewals.insert(c.session, (lease.token, lease.expires_at_ms));
+                Ok(Outcome::Lease { lease, seq: None })
+            }
+            _ => Err(Rejection::Fenced { presented: c.token, current: Model::current_token(s) }),
+        }
+    }
+
+    fn release_lease(&mut self, session: &SessionId, token: u64) -> Reply<Outcome> {
+        let s = self.existing(session)?;
+        match &s.lease {
+            Some(lease) if lease.token == token && lease.released => Ok(Outcome::LeaseReleased { seq: None }),
+            Some(lease) if lease.token == token => {
+                if let Some(lease) = self.session_mut(session).lease.as_mut() {
+                    lease.released = true;
+                }
+                Ok(Outcome::LeaseReleased { seq: Some(self.emit(*session, EventKind::LeaseReleased)) })
+            }
+            _ => Err(Rejection::Fenced { presented: token, current: Model::current_token(s) }),
+        }
+    }
+
+    // ----- the inbox ----------------------------------------------------------------
+
+    fn enqueue_input(&mut self, c: &EnqueueInput) -> Reply<Outcome> {
+        self.id("input id", &c.input_id)?;
+        let mut staged = Staged::new();
+        let message = self.message(&c.message, &mut staged)?;
+        let s = self.existing(&c.session)?;
+        if let Some(row) = s.inputs.get(&c.input_id) {
+            if row.message == message.id && row.kind == c.kind {
+                return Ok(Outcome::Enqueued { seq: None });
+            }
+            return Err(Rejection::InputConflict { input_id: c.input_id.clone() });
+        }
+        let s = self.live(&c.session)?;
+        self.limit(Limit::InboxInputs, s.open_inputs.len() as u64 + 1)?;
+        let seq = self.seq + 1;
+        let s = self.session_mut(&c.session);
+        let row = InputRow {
+            input_id: c.input_id.clone(),
+            seq,
+            message: message.id,
+            kind: c.kind,
+            state: InputState::Pending,
+        };
+        s.inputs.insert(c.input_id.clone(), row);
+        s.open_inputs.push(c.input_id.clone());
+        self.emit(c.session, EventKind::InputEnqueued);
+        self.keep(staged);
+        Ok(Outcome::Enqueued { seq: Some(seq) })
+    }
+
+    fn claim_inputs(&mut self, c: &ClaimInputs) -> Reply<Outcome> {
+        self.id("claim owner", &c.owner)?;
+        Model::ttl(c.ttl_ms)?;
+        if c.max == 0 {
+            return invalid("a claim must take at least one input");
+        }
+        self.limit(Limit::ListItems, c.max)?;
+        if let ClaimTarget::Turn(turn) = &c.target {
+            self.id("turn id", turn)?;
+        }
+        let now = self.time.now_ms();
+        let s = self.live(&c.session)?;
+        let current = Model::current_token(s);
+        if c.token != current {
+            return Err(Rejection::Fenced { presented: c.token, current });
+        }
+        let wanted = match &c.target {
+            ClaimTarget::Turn(turn) => {
+                if s.turns.contains_key(turn) {
+                    return Err(Rejection::TurnNotLive { turn_id: turn.clone() });
+                }
+                InputKind::ActiveTurn
+            }
+            ClaimTarget::NextTurn => {
+                for claim in s.claims.values().filter(|c| c.open) {
+                    if let ClaimTarget::Turn(turn) = &claim.target {
+                        if claim.expires_at_ms > now && !s.turns.contains_key(turn) {
+                            return Err(Rejection::NotIdle { turn_id: turn.clone() });
+                        }
+                    }
+                }
+                InputKind::NextTurn
+            }
+        };
+        let inputs: Vec<String> = s
+            .open_inputs
+            .iter()
+            .filter(|id| s.inputs[*id].kind == wanted && s.inputs[*id].state.claimable(now))
+            .take(c.max as usize)
+            .cloned()
+            .collect();
+        if inputs.is_empty() {
+            return Ok(Outcome::Claimed { seq: None, claim: None, inputs, expires_at_ms: 0 });
+        }
+        let expires_at_ms = now.saturating_add(c.ttl_ms);
+        let s = self.session_mut(&c.session);
+        let claim = s.stream_seq + 1;
+        let mut previous = BTreeSet::new();
+        for id in &inputs {
+            let row = s.inputs.get_mut(id).expect("an open input");
+            if let InputState::Claimed { claim, .. } = row.state {
+                previous.insert(claim);
+            }
+            row.state = InputState::Claimed { claim, expires_at_ms };
+        }
+        let row = ClaimRow {
+            claim,
+            owner: c.owner.clone(),
+            token: c.token,
+            target: c.target.clone(),
+            inputs: inputs.clone(),
+            expires_at_ms,
+            open: true,
+        };
+        s.claims.insert(claim, row);
+        for old in previous {
+            s.close_claim_if_empty(old);
+        }
+        let seq = self.emit(c.session, EventKind::InputsClaimed);
+        Ok(Outcome::Claimed { seq: Some(seq), claim: Some(claim), inputs, expires_at_ms })
+    }
+
+    fn abandon_claim(&mut self, session: &SessionId, claim: u64) -> Reply<Outcome> {
+        let s = self.existing(session)?;
+        let Some(row) = s.claims.get(&claim) else {
+            return Err(Rejection::UnknownClaim { claim });
+        };
+        if !row.open {
+            return Ok(Outcome::ClaimAbandoned { seq: None });
+        }
+        self.live(session)?;
+        let s = self.session_mut(session);
+        let row = s.claims.get_mut(&claim).expect("checked above");
+        row.open = false;
+        for id in row.inputs.clone() {
+            let input = s.inputs.get_mut(&id).expect("a claimed input");
+            if matches!(input.state, InputState::Claimed { claim: c, .. } if c == claim) {
+                input.state = InputState::Pending;
+            }
+        }
+        Ok(Outcome::ClaimAbandoned { seq: Some(self.emit(*session, EventKind::ClaimAbandoned)) })
+    }
+
+    fn cancel_input(&mut self, session: &SessionId, input_id: &str) -> Reply<Outcome> {
+        self.id("input id", input_id)?;
+        let now = self.time.now_ms();
+        let s = self.existing(session)?;
+        let Some(row) = s.inputs.get(input_id) else {
+            return Err(Rejection::UnknownInput { input_id: input_id.to_string() });
+        };
+        match &row.state {
+            InputState::Cancelled { .. } => return Ok(Outcome::InputCancelled { seq: None }),
+            state if !state.claimable(now) => {
+                return Err(Rejection::InputState { input_id: input_id.to_string(), state: state.name() })
+            }
+            _ => {}
+        }
+        self.live(session)?;
+        let seq = self.seq + 1;
+        let s = self.session_mut(session);
+        let row = s.inputs.get_mut(input_id).expect("checked above");
+        let held = match row.state {
+            InputState::Claimed { claim, .. } => Some(claim),
+            _ => None,
+        };
+        row.state = InputState::Cancelled { seq };
+        s.open_inputs.retain(|o| o != input_id);
+        if let Some(claim) = held {
+            s.close_claim_if_empty(claim);
+        }
+        self.emit(*session, EventKind::InputCancelled);
+        Ok(Outcome::InputCancelled { seq: Some(seq) })
+    }
+
+    /// The open inputs of `id`, as the engine's `inbox` reads them.
+    pub fn inbox(&self, id: &SessionId) -> annal::Result<Vec<QueuedInput>> {
+        let Some(s) = self.sessions.get(id) else { return Ok(Vec::new()) };
+        Ok(s.open_inputs
+            .iter()
+            .map(|i| {
+                let row = &s.inputs[i];
+                let bytes = &self.content[&row.message];
+                QueuedInput {
+                    input_id: row.input_id.clone(),
+                    seq: row.seq,
+                    kind: row.kind,
+                    state: row.state.clone(),
+                    message: annal::codec::decode_message(bytes, u64::MAX).expect("a stored message"),
+                }
+            })
+            .collect())
+    }
+
+    /// Every input of `id`, whatever its state.
+    pub fn input_ids(&self, id: &SessionId) -> Vec<String> {
+        self.sessions.get(id).map(|s| s.inputs.keys().cloned().collect()).unwrap_or_default()
+    }
+
+    /// Claimed inputs of `id`, and the claims of `id`.
+    pub fn claimed_inputs(&self, id: &SessionId) -> (Vec<String>, Vec<u64>) {
+        let Some(s) = self.sessions.get(id) else { return (Vec::new(), Vec::new()) };
+        let claimed = s.inputs.values().filter(|r| matches!(r.state, InputState::Claimed { .. }));
+        (claimed.map(|r| r.input_id.clone()).collect(), s.claims.keys().copied().collect())
+    }
+
+    // ----- drafts -------------------------------------------------------------------
+
+    fn draft_bytes(&self, pick: impl Fn(&(SessionId, String)) -> bool) -> u64 {
+        self.drafts.iter().filter(|(k, _)| pick(k)).map(|(_, d)| d.0.iter().map(|s| s.len() as u64).sum::<u64>()).sum()
+    }
+
+    fn append_draft(&mut self, c: &AppendDraft) -> Reply<Outcome> {
+        self.id("draft id", &c.draft_id)?;
+        if c.segment.is_empty() {
+            return invalid("a draft segment must not be empty");
+        }
+        self.live(&c.session)?;
+        let key = (c.session, c.draft_id.clone());
+        let n = c.segment.len() as u64;
+        let bytes = self.draft_bytes(|k| *k == key);
+        self.limit(Limit::DraftBytes, bytes + n)?;
+        self.limit(Limit::SessionDraftBytes, self.draft_bytes(|k| k.0 == c.session) + n)?;
+        self.limit(Limit::DraftBytesTotal, self.draft_bytes(|_| true) + n)?;
+        let now = self.time.now_ms();
+        let d = self.drafts.entry(key).or_insert_with(|| (Vec::new(), now, now));
+        d.0.push(c.segment.clone());
+        d.2 = now;
+        Ok(Outcome::DraftAppended { index: d.0.len() as u32 - 1, draft_bytes: bytes + n })
+    }
+
+    fn discard_draft(&mut self, session: &SessionId, draft_id: &str) -> Reply<Outcome> {
+        self.id("draft id", draft_id)?;
+        self.existing(session)?;
+        let existed = self.drafts.remove(&(*session, draft_id.to_string())).is_some();
+        Ok(Outcome::DraftDiscarded { existed })
+    }
+
+    /// The drafts of `id` as the engine reads them whole.
+    pub fn drafts_of(&self, id: &SessionId) -> Vec<Draft> {
+        self.drafts
+            .iter()
+            .filter(|(k, _)| k.0 == *id)
+            .map(|(k, (segments, created, updated))| Draft {
+                session: k.0,
+                draft_id: k.1.clone(),
+                first_segment: 0,
+                segments: segments.clone(),
+                total_segments: segments.len() as u32,
+                total_bytes: segments.iter().map(|s| s.len() as u64).sum(),
+                created_at_ms: *created,
+                updated_at_ms: *updated,
+            })
+            .collect()
+    }
+
+    /// The current lease token of `id` (0 when it has none or does not exist).
+    pub fn lease_token(&self, id: &SessionId) -> u64 {
+        self.sessions.get(id).map_or(0, Model::current_token)
+    }
+
+    /// The lease of `id` as the engine's reader shows it (renewals included).
+    pub fn lease(&self, id: &SessionId) -> Option<LeaseState> {
+        let s = self.sessions.get(id)?;
+        s.lease.clone().map(|mut lease| {
+            lease.expires_at_ms = self.expiry(id, &lease);
+            lease
+        })
     }
 
     /// Creates a session holding `messages`; returns the creating seq and revision.
@@ -717,6 +1152,10 @@ impl Model {
             tools: Vec::new(),
             host_state: BTreeMap::new(),
             state_history: Vec::new(),
+            lease: None,
+            inputs: BTreeMap::new(),
+            open_inputs: Vec::new(),
+            claims: BTreeMap::new(),
         };
         self.sessions.insert(id, session);
         self.emit(id, EventKind::SessionCreated);
@@ -739,14 +1178,27 @@ impl Model {
 
     fn commit(&mut self, c: &CommitTurn) -> Reply<Outcome> {
         self.id("turn id", &c.turn_id)?;
+        if let Some(draft) = &c.draft {
+            self.id("draft id", draft)?;
+        }
+        let outcome = self.commit_checked(c)?;
+        // An accepted turn (a retry too) removes the draft it finalizes.
+        if let Some(draft) = &c.draft {
+            self.drafts.remove(&(c.session, draft.clone()));
+        }
+        Ok(outcome)
+    }
+
+    fn commit_checked(&mut self, c: &CommitTurn) -> Reply<Outcome> {
         if c.messages.is_empty()
             && c.usage.is_empty()
             && c.applied_context.is_empty()
             && c.tool_ops.is_empty()
             && c.state.is_empty()
+            && c.inputs.is_empty()
         {
             return invalid(
-                "a turn with no messages must record usage, apply context, reference tool operations or change host state",
+                "a turn with no messages must record usage, apply context, reference tool operations, change host state or consume inputs",
             );
         }
         if let Some(run) = &c.run_id {
@@ -761,6 +1213,11 @@ impl Model {
         }
         if c.tool_ops.iter().collect::<BTreeSet<_>>().len() != c.tool_ops.len() {
             return invalid("duplicate tool operations");
+        }
+        self.limit(Limit::ListItems, c.inputs.len() as u64)?;
+        c.inputs.iter().try_for_each(|k| self.id("input id", k))?;
+        if c.inputs.iter().collect::<BTreeSet<_>>().len() != c.inputs.len() {
+            return invalid("duplicate inputs");
         }
         self.limit(Limit::ListItems, c.usage.len() as u64)?;
         for u in &c.usage {
@@ -777,6 +1234,7 @@ impl Model {
             applied_context: c.applied_context.clone(),
             tool_ops: c.tool_ops.clone(),
             state: state.clone(),
+            inputs: c.inputs.clone(),
         };
         if let Some(turn) = s.turns.get(&c.turn_id) {
             if turn.content == content {
@@ -797,8 +1255,25 @@ impl Model {
             return Err(Rejection::UnknownToolOp { op_id: op.clone() });
         }
         self.state_fits(s, &state)?;
+        for id in &c.inputs {
+            match s.inputs.get(id) {
+                None => return Err(Rejection::UnknownInput { input_id: id.clone() }),
+                Some(InputRow { state: InputState::Claimed { .. }, .. }) => {}
+                Some(row) => return Err(Rejection::InputState { input_id: id.clone(), state: row.state.name() }),
+            }
+        }
         let seq = self.seq + 1;
         let s = self.session_mut(&c.session);
+        for id in &c.inputs {
+            let row = s.inputs.get_mut(id).expect("checked above");
+            let held = match row.state {
+                InputState::Claimed { claim, .. } => claim,
+                _ => unreachable!("checked above"),
+            };
+            row.state = InputState::Completed { turn_id: c.turn_id.clone(), seq };
+            s.open_inputs.retain(|o| o != id);
+            s.close_claim_if_empty(held);
+        }
         // A turn without messages moves the stream, not the revision.
         let revision = if messages.is_empty() {
             s.revision()
@@ -1169,6 +1644,7 @@ impl Model {
             stream_seq: s.stream_seq,
             updated_at_ms: self.ms(s.last_seq),
             host_state: s.host_state.clone(),
+            lease: s.lease.clone(),
         })
     }
 
