@@ -542,6 +542,16 @@ fn fold_content<S: Store + ?Sized>(store: &mut S, r: &Record, introduced: &[Cont
     Ok(())
 }
 
+/// A content collection removed `removed` from their content rows: the content-id index
+/// forgets them, as a fold of those rows from the log now gives (it indexes what a row
+/// holds), so a later command that brings the same bytes stores them again.
+pub(crate) fn content_collected<S: Store + ?Sized>(store: &mut S, removed: &[ContentId]) -> Result<()> {
+    for id in removed {
+        store.remove(Table::ContentIndex, &id.0)?;
+    }
+    Ok(())
+}
+
 fn input_row<S: Store + ?Sized>(store: &S, r: &Record, id: &str) -> Result<InputRow> {
     need(r, store.row(Table::Inputs, &keys::session_str(&r.session, id))?, "queued input")
 }

@@ -241,6 +241,7 @@
 
 pub mod checkpoint;
 pub mod clock;
+pub mod collect;
 pub mod command;
 pub mod compact;
 pub mod copy;
@@ -273,6 +274,7 @@ pub use annal_codec::{
 };
 pub use checkpoint::CheckpointPolicy;
 pub use clock::{Clock, ManualClock, SystemClock};
+pub use collect::CollectReport;
 pub use command::{
     new_session_id, AcquireLease, AppendContext, AppendDraft, ClaimInputs, Command, CommitTurn, CreateSession,
     EnqueueInput, Expected, Fence, Fork, Lease, Message, Outcome, Receipt, RecordToolCall, RecordToolResult,

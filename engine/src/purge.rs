@@ -113,7 +113,7 @@ pub struct Reclaimed {
 }
 
 impl Reclaimed {
-    fn encode(&self) -> [u8; 32] {
+    pub(crate) fn encode(&self) -> [u8; 32] {
         let mut out = [0u8; 32];
         for (i, v) in [self.sessions, self.records, self.objects, self.bytes].into_iter().enumerate() {
             out[i * 8..i * 8 + 8].copy_from_slice(&v.to_le_bytes());
@@ -146,12 +146,21 @@ impl Reclaimed {
 /// rejection (`NotFound`, `Purged`, `HasForks`, `LimitExceeded`) writes nothing.
 pub fn purge(path: impl AsRef<Path>, options: Options, request: &PurgeRequest) -> Result<ErasureReport> {
     let path = path.as_ref();
-    options.limits.check(Limit::NoteBytes, request.reason.len() as u64)?;
-    options.limits.check_id("actor", &request.actor)?;
     let engine = Engine::open_with(path, options.clone())?;
-    let decided = decide_purge(&engine, request);
+    let decided = check(&engine, &options, request);
     engine.close()?;
     erase(path, &options, &decided?, request)
+}
+
+/// Decides `request` on an open engine: the limits, then the sessions it purges.
+pub(crate) fn check(
+    engine: &Engine,
+    options: &Options,
+    request: &PurgeRequest,
+) -> Result<Vec<(SessionHead, Option<SessionId>)>> {
+    options.limits.check(Limit::NoteBytes, request.reason.len() as u64)?;
+    options.limits.check_id("actor", &request.actor)?;
+    decide_purge(engine, request)
 }
 
 /// Removes every content object that no record of a session that is not purged reaches,
@@ -382,7 +391,7 @@ fn erase_in_log(
 
 /// The content ids an event reaches directly, split into message objects (whose
 /// attachments it reaches too) and other objects.
-fn collect_refs(event: &Event, messages: &mut HashSet<ContentId>, others: &mut HashSet<ContentId>) {
+pub(crate) fn collect_refs(event: &Event, messages: &mut HashSet<ContentId>, others: &mut HashSet<ContentId>) {
     let message_refs: &[ContentId] = match event {
         Event::SessionCreated(e) => &e.messages,
         Event::TurnCommitted(e) => &e.messages,
