@@ -237,6 +237,38 @@
 //! });
 //! engine.close().unwrap();
 //! ```
+//!
+//! ## Host guide: erasing a session
+//!
+//! A purge erases every byte the host supplied for a session (and, on request, its fork
+//! descendants) from both files, keeps the chain verifiable, and leaves a
+//! `SessionPurged` tombstone: queries on the session then answer
+//! [`Rejection::Purged`] `{ session, seq }` and listings hide it. It rewrites the files,
+//! so it needs them to itself: a running host calls [`Engine::purge`], which decides the
+//! request on the engine, then closes it, purges, and gives back a reopened engine
+//! (offline: [`purge()`] or `annal purge`). Content that other sessions reach stays.
+//! [`Engine::collect_garbage`] removes, online and in batches between commits, content
+//! that nothing reaches any more (`docs/design.md` §7f; what is erased and what is not:
+//! `docs/guarantees.md`, Erasure).
+//!
+//! ```
+//! use annal::{CreateSession, Engine, Error, Message, PurgeRequest, Rejection};
+//!
+//! let dir = tempfile::tempdir().unwrap();
+//! let engine = Engine::open(dir.path().join("sessions.redb")).unwrap();
+//! let leaving = engine.create_session(CreateSession::new().message(Message::user("my address is ..."))).unwrap().session;
+//! let staying = engine.create_session(CreateSession::new().message(Message::user("hello"))).unwrap().session;
+//!
+//! let request = PurgeRequest::new(leaving, "gdpr-art17", "dpo@example.com");
+//! let (engine, report) = engine.purge(&request).unwrap();
+//! let seq = report.unwrap().purged[0].1;
+//! assert_eq!(engine.head(leaving), Err(Error::Rejected(Rejection::Purged { session: leaving, seq })));
+//! assert!(engine.head(staying).unwrap().is_some());
+//!
+//! // Nothing is left unreachable: the purge collected as it went.
+//! assert_eq!(engine.collect_garbage(256).unwrap().objects_removed, 0);
+//! engine.close().unwrap();
+//! ```
 #![deny(missing_docs)]
 
 pub mod checkpoint;
