@@ -22,6 +22,9 @@
 //! the model's (`NotFound`, `Purged`, `HasForks`, the tombstones' seqs), and after the
 //! reopen the purged sessions answer `Purged { session, seq }`, every other query and the
 //! content the remaining sessions reach agree, and the projections equal a rebuild.
+//! Collection points run the online collection ([`annal::Engine::collect_garbage`]) in
+//! batches of a few rows: it must remove nothing (nothing in a database the engine wrote
+//! is unreachable, whatever the sharing) and change no answer.
 //!
 //! `PROPTEST_CASES` overrides the number of cases (256 by default).
 
@@ -208,6 +211,15 @@ fn run(first: Policy, ops: &[Op]) -> Checked {
                 }
                 compare_all(&engine, &model, &never_stored, &format!("after the purge at step {step}"))?;
                 equal_a_rebuild(&engine, &format!("after the purge at step {step}"))?;
+                continue;
+            }
+            Op::Collect { rows } => {
+                // The model's database never holds content that nothing reaches (a purge
+                // collects as it goes): an online collection must find nothing, however
+                // the sessions share objects, and change no answer.
+                let report = ok(engine.collect_garbage(usize::from(*rows)), "collect")?;
+                same(report.objects_removed, 0, format_args!("step {step}: objects an online collection removed"))?;
+                compare_all(&engine, &model, &never_stored, &format!("after the collection at step {step}"))?;
                 continue;
             }
             Op::Reopen { policy: next, projections } => {

@@ -190,6 +190,9 @@ pub enum Op {
     Reopen { policy: Policy, projections: AtOpen },
     /// Close, purge a session (and its fork descendants, if asked), reopen.
     Purge { s: u8, descendants: bool, policy: Policy },
+    /// Collect unreachable content online ([`Engine::collect_garbage`]), `rows` content
+    /// rows per batch.
+    Collect { rows: u8 },
 }
 
 /// When the engine checkpoints its delta.
@@ -599,6 +602,7 @@ pub fn op() -> impl Strategy<Value = Op> {
         1 => Just(Op::Checkpoint),
         1 => reopen(),
         1 => (session(), any::<bool>(), policy()).prop_map(|(s, descendants, policy)| Op::Purge { s, descendants, policy }),
+        1 => (1u8..8).prop_map(|rows| Op::Collect { rows }),
     ]
 }
 
@@ -737,6 +741,7 @@ pub fn resolve(op: &Op, model: &Model, history: &History) -> Command {
                     | Op::Checkpoint
                     | Op::Reopen { .. }
                     | Op::Purge { .. }
+                    | Op::Collect { .. }
                     | Op::Advance { .. } => Command::Batch(Vec::new()),
                     single => resolve(single, &scratch, history),
                 };
@@ -745,7 +750,7 @@ pub fn resolve(op: &Op, model: &Model, history: &History) -> Command {
             }
             Command::Batch(commands)
         }
-        Op::Check | Op::Checkpoint | Op::Reopen { .. } | Op::Purge { .. } | Op::Advance { .. } => {
+        Op::Check | Op::Checkpoint | Op::Reopen { .. } | Op::Purge { .. } | Op::Collect { .. } | Op::Advance { .. } => {
             Command::Batch(Vec::new())
         }
         Op::Acquire { s, owner: o, ttl: t } => {
