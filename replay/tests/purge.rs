@@ -72,7 +72,19 @@ fn marked_db(path: &Path) -> (SessionId, SessionId, Message) {
             remove: Default::default(),
         })
         .unwrap();
+    engine.acquire_lease(s, format!("{MARK}-owner"), std::time::Duration::from_secs(60)).unwrap();
+    engine
+        .enqueue_input(
+            s,
+            format!("{MARK}-input-id"),
+            Message::user(format!("{MARK}-input")),
+            codec::InputKind::NextTurn,
+        )
+        .unwrap();
+    engine.append_draft(s, format!("{MARK}-draft-id"), format!("{MARK}-draft").into_bytes()).unwrap();
     let live = engine.create_session(CreateSession::new().message(shared.clone())).unwrap().session;
+    // A draft of the live session stays.
+    engine.append_draft(live, "draft-of-the-live-one", b"kept".to_vec()).unwrap();
     engine.close().unwrap();
     (s, live, shared)
 }
@@ -91,7 +103,7 @@ fn purge_gc_verify_export_import_stats() {
 
     let out = annal(&["verify", p(&db), "--deep"]);
     assert_eq!(code(&out), 0, "{}{}", stdout(&out), stderr(&out));
-    assert!(stdout(&out).contains("1 sessions purged, 5 records erased"), "{}", stdout(&out));
+    assert!(stdout(&out).contains("1 sessions purged, 7 records erased"), "{}", stdout(&out));
 
     // A second purge is refused (exit 2); a purge of the live session's shared message
     // never happened, so it reads.
@@ -112,15 +124,15 @@ fn purge_gc_verify_export_import_stats() {
     let out = annal(&["stats", p(&db), "--json"]);
     let stats: serde_json::Value = serde_json::from_str(&stdout(&out)).unwrap();
     assert_eq!(stats["reclaimed"]["sessions_purged"], 1);
-    assert_eq!(stats["reclaimed"]["records_erased"], 5);
-    assert!(stats["reclaimed"]["content_objects"].as_u64().unwrap() >= 5, "{}", stats["reclaimed"]);
+    assert_eq!(stats["reclaimed"]["records_erased"], 7);
+    assert!(stats["reclaimed"]["content_objects"].as_u64().unwrap() >= 6, "{}", stats["reclaimed"]);
 
     // The export shows the tombstone and the erased records, and holds no marker.
     let out = annal(&["export", p(&db)]);
     assert_eq!(code(&out), 0, "{}", stderr(&out));
     let export = stdout(&out);
     assert!(export.contains("\"kind\":\"SessionPurged\"") && export.contains("\"reason\":\"erasure request\""));
-    assert_eq!(export.matches("\"kind\":\"Erased\"").count(), 5);
+    assert_eq!(export.matches("\"kind\":\"Erased\"").count(), 7);
     assert!(!export.contains(MARK));
     let file = dir.path().join("export.jsonl");
     std::fs::write(&file, &export).unwrap();
@@ -133,6 +145,12 @@ fn purge_gc_verify_export_import_stats() {
     assert_eq!(stdout(&annal(&["export", p(&copy)])), export, "export, import, export is identical");
     let out = annal(&["inspect", p(&copy), &s.to_string()]);
     assert!(stderr(&out).contains("purged"), "{}", stderr(&out));
+
+    // The live session's draft survived the rewrite; the purged one's is gone.
+    let engine = Engine::open(&db).unwrap();
+    assert_eq!(engine.drafts(live, u64::MAX).len(), 1);
+    assert!(engine.drafts(s, u64::MAX).is_empty());
+    engine.close().unwrap();
 
     // Compaction leaves no marker either.
     let out = annal(&["compact", p(&db)]);
@@ -156,4 +174,43 @@ fn a_fork_parent_needs_descendants() {
     assert_eq!(code(&out), 0, "{}", stderr(&out));
     assert!(stdout(&out).contains(&format!("purged {child}")), "{}", stdout(&out));
     assert_eq!(code(&annal(&["verify", p(&db), "--deep"])), 0);
+}
+
+/// The online collection beside a live engine: leftover objects (as a hand-edited file
+/// could hold) are removed between commits, and `annal verify --deep` is clean after it
+/// and `annal stats` counts what it reclaimed.
+#[test]
+fn an_online_collection_leaves_verify_clean() {
+    use redb::ReadableTable;
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("gc.redb");
+    let engine = Engine::open(&db).unwrap();
+    let s = engine.create_session(CreateSession::new().message(Message::user("hello"))).unwrap().session;
+    engine.close().unwrap();
+    {
+        let raw = redb::Database::create(&db).unwrap();
+        let txn = raw.begin_write().unwrap();
+        {
+            let mut content = txn.open_table(annal::tables::CONTENT).unwrap();
+            let mut row = content.get(1).unwrap().map(|g| g.value().to_vec()).unwrap_or_default();
+            for i in 0..3 {
+                let object = format!("leftover object {i}").into_bytes();
+                let (encoding, stored) = codec::content::encode_object(&object);
+                codec::content::push_stored(&mut row, &codec::content_id(&object), encoding, &stored);
+            }
+            content.insert(1, row.as_slice()).unwrap();
+        }
+        txn.commit().unwrap();
+    }
+    std::fs::remove_file(projections_path(&db)).unwrap();
+    let engine = Engine::open(&db).unwrap();
+    let report = engine.collect_garbage(1).unwrap();
+    assert_eq!(report.objects_removed, 3, "{report:?}");
+    engine.commit_turn(CommitTurn::new(s, "after", Expected::Any).message(Message::user("more"))).unwrap();
+    engine.close().unwrap();
+    let out = annal(&["verify", p(&db), "--deep"]);
+    assert_eq!(code(&out), 0, "{}{}", stdout(&out), stderr(&out));
+    let out = annal(&["stats", p(&db), "--json"]);
+    let stats: serde_json::Value = serde_json::from_str(&stdout(&out)).unwrap();
+    assert_eq!(stats["reclaimed"]["content_objects"], 3, "{}", stats["reclaimed"]);
 }
