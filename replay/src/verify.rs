@@ -1330,7 +1330,7 @@ impl<'a> Walk<'a> {
             Err(e) => return self.find(storage("table meta", e)),
         };
         match meta.get(meta_keys::FORMAT) {
-            Ok(Some(g)) if tables::meta_u64(g.value()) == Some(tables::FORMAT as u64) => {}
+            Ok(Some(g)) if tables::meta_u64(g.value()).is_some_and(tables::readable_format) => {}
             Ok(Some(g)) => self.find(Finding::Meta {
                 key: meta_keys::FORMAT.into(),
                 detail: format!("format {:?}, this binary reads {}", tables::meta_u64(g.value()), tables::FORMAT),
