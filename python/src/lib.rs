@@ -275,7 +275,7 @@ fn block_on<F: std::future::Future>(future: F) -> F::Output {
 ///
 /// Thread-safe: share one `Database` between threads (and asyncio tasks). Every call
 /// releases the GIL while the engine works, so concurrent commits are group-committed.
-#[pyclass(module = "annal", frozen)]
+#[pyclass(module = "annal", frozen, weakref)]
 pub struct Database {
     engine: RwLock<Option<Engine>>,
     path: String,
