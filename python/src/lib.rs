@@ -876,6 +876,22 @@ impl Database {
         Ok(Subscription { rx: engine.subscribe() })
     }
 
+    /// Counters of the engine's durable work since it opened: `log_commits` (group
+    /// commits: one transaction and one fsync each), `events`, `appended_bytes`,
+    /// `checkpoints`, `checkpoint_rows`, `backpressure_waits`, `delta_bytes`.
+    fn stats(&self) -> PyResult<BTreeMap<&'static str, u64>> {
+        let s = self.engine()?.stats();
+        Ok(BTreeMap::from([
+            ("log_commits", s.log_commits),
+            ("events", s.events),
+            ("appended_bytes", s.appended_bytes),
+            ("checkpoints", s.checkpoints),
+            ("checkpoint_rows", s.checkpoint_rows),
+            ("backpressure_waits", s.backpressure_waits),
+            ("delta_bytes", s.delta_bytes),
+        ]))
+    }
+
     /// Writes the projections up to the last commit (normally done in the background).
     fn checkpoint(&self, py: Python<'_>) -> PyResult<()> {
         self.run(py, |e| e.checkpoint())
