@@ -142,7 +142,7 @@ def _shared(db: Database) -> _Shared:
         return shared
 
 
-class AnnalSaver(BaseCheckpointSaver[str]):
+class AnnalSaver(BaseCheckpointSaver[int]):
     """A LangGraph checkpointer that stores threads as annal sessions.
 
     ``AnnalSaver(db)`` uses an open :class:`annal.Database`; ``AnnalSaver.open(path)``
@@ -289,7 +289,7 @@ class AnnalSaver(BaseCheckpointSaver[str]):
         run_id = md.get("run_id")
         header = {"k": "c", "ns": ns, "id": checkpoint["id"], "p": parent, "r": str(run_id) if run_id else None}
         messages, ids = self._messages(CHECKPOINT_TYPE, header, [record], blobs, thread)
-        turn_id = "c:" + content_id(_pack([header, ids]))
+        turn_id = "c:" + content_id(_pack([header, ids]))[:32]
         out: RunnableConfig = {"configurable": {"thread_id": thread_id, "checkpoint_ns": ns, "checkpoint_id": checkpoint["id"]}}
         return thread, turn_id, messages, header, ids, out
 
@@ -312,7 +312,7 @@ class AnnalSaver(BaseCheckpointSaver[str]):
         replace = all(w[0] in WRITES_IDX_MAP for w in writes)
         header = {"k": "w", "ns": ns, "id": checkpoint_id, "t": task_id, "tp": task_path, "x": replace, "w": entries}
         messages, ids = self._messages(WRITES_TYPE, header, [], blobs, thread)
-        turn_id = "w:" + content_id(_pack([header, ids]))
+        turn_id = "w:" + content_id(_pack([header, ids]))[:32]
         return thread, turn_id, messages, header, ids
 
     def _commit(self, thread: _Thread, turn_id: str, messages: list[Message], header: dict, ids: list[str]) -> None:
@@ -598,16 +598,11 @@ class AnnalSaver(BaseCheckpointSaver[str]):
                 keep = {(ns, max(entries)) for ns, entries in thread.checkpoints.items() if entries}
             self._redact(thread_id, lambda h, k=keep: (h.get("ns", ""), h.get("id")) not in k)
 
-    def get_next_version(self, current: str | None, channel: None = None) -> str:
-        """Versions are ``<counter>.<random>`` strings, like the other savers', so they
-        stay monotonic across processes."""
-        if current is None:
-            current_v = 0
-        elif isinstance(current, int):
-            current_v = current
-        else:
-            current_v = int(current.split(".")[0])
-        return f"{current_v + 1:032}.{uuid.uuid4().int % 10**16:016}"
+    def get_next_version(self, current: int | None, channel: None = None) -> int:
+        """Versions are integers, one more than the current. Channel values are stored by
+        content, not under (channel, version) keys, so two branches that reach the same
+        version number with different values cannot collide."""
+        return 1 if current is None else int(str(current).split(".")[0]) + 1
 
     # ----- async -----
 

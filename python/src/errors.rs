@@ -3,8 +3,8 @@
 
 use annal::{Error, Location, Rejection};
 use pyo3::prelude::*;
-use pyo3::BoundObject;
 use pyo3::types::PyDict;
+use pyo3::BoundObject;
 
 type Fields<'py> = Vec<(&'static str, Bound<'py, PyAny>)>;
 
@@ -22,10 +22,9 @@ fn rejection<'py>(py: Python<'py>, r: &Rejection) -> (&'static str, Fields<'py>)
         R::AlreadyExists { session } => ("AlreadyExists", vec![("session", v(py, session.to_string()))]),
         R::Archived { session } => ("Archived", vec![("session", v(py, session.to_string()))]),
         R::NotArchived { session } => ("NotArchived", vec![("session", v(py, session.to_string()))]),
-        R::RevisionConflict { expected, actual } => (
-            "RevisionConflict",
-            vec![("expected", v(py, expected.to_hex())), ("actual", v(py, actual.to_hex()))],
-        ),
+        R::RevisionConflict { expected, actual } => {
+            ("RevisionConflict", vec![("expected", v(py, expected.to_hex())), ("actual", v(py, actual.to_hex()))])
+        }
         R::VersionConflict { expected, actual } => {
             ("VersionConflict", vec![("expected", v(py, *expected)), ("actual", v(py, *actual))])
         }
@@ -68,14 +67,12 @@ fn rejection<'py>(py: Python<'py>, r: &Rejection) -> (&'static str, Fields<'py>)
             ("InvalidImport", vec![("seq", v(py, *seq)), ("reason", v(py, reason.clone()))])
         }
         R::SessionConflict { session } => ("SessionConflict", vec![("session", v(py, session.to_string()))]),
-        R::ForkParentMissing { session, parent } => (
-            "ForkParentMissing",
-            vec![("session", v(py, session.to_string())), ("parent", v(py, parent.to_string()))],
-        ),
-        R::ForkParentMoved { session, parent } => (
-            "ForkParentMoved",
-            vec![("session", v(py, session.to_string())), ("parent", v(py, parent.to_string()))],
-        ),
+        R::ForkParentMissing { session, parent } => {
+            ("ForkParentMissing", vec![("session", v(py, session.to_string())), ("parent", v(py, parent.to_string()))])
+        }
+        R::ForkParentMoved { session, parent } => {
+            ("ForkParentMoved", vec![("session", v(py, session.to_string())), ("parent", v(py, parent.to_string()))])
+        }
         R::Batch { index, rejection: inner } => {
             let inner_err = build(py, "Batch", &inner.to_string(), rejection(py, inner));
             ("Batch", vec![("index", v(py, *index)), ("rejection", inner_err)])
@@ -90,10 +87,9 @@ fn location(l: &Location) -> String {
 fn error<'py>(py: Python<'py>, e: &Error) -> (&'static str, Fields<'py>) {
     match e {
         Error::Rejected(r) => rejection(py, r),
-        Error::OversizedRecord { seq, size, max_bytes } => (
-            "OversizedRecord",
-            vec![("seq", v(py, *seq)), ("size", v(py, *size)), ("max_bytes", v(py, *max_bytes))],
-        ),
+        Error::OversizedRecord { seq, size, max_bytes } => {
+            ("OversizedRecord", vec![("seq", v(py, *seq)), ("size", v(py, *size)), ("max_bytes", v(py, *max_bytes))])
+        }
         Error::OversizedMessage { position, size, max_bytes } => (
             "OversizedMessage",
             vec![("position", v(py, *position)), ("size", v(py, *size)), ("max_bytes", v(py, *max_bytes))],
@@ -104,9 +100,7 @@ fn error<'py>(py: Python<'py>, e: &Error) -> (&'static str, Fields<'py>) {
         Error::Corrupt { location: l, detail } => {
             ("Corrupt", vec![("location", v(py, location(l))), ("detail", v(py, detail.clone()))])
         }
-        Error::Decode { seq, source } => {
-            ("Decode", vec![("seq", v(py, *seq)), ("detail", v(py, source.to_string()))])
-        }
+        Error::Decode { seq, source } => ("Decode", vec![("seq", v(py, *seq)), ("detail", v(py, source.to_string()))]),
         Error::UnsupportedFormat { found, supported } => {
             ("UnsupportedFormat", vec![("found", v(py, *found)), ("supported", v(py, *supported))])
         }
@@ -121,7 +115,12 @@ fn error<'py>(py: Python<'py>, e: &Error) -> (&'static str, Fields<'py>) {
 }
 
 /// Instantiates `annal.errors.<name>(message, **fields)`.
-fn build<'py>(py: Python<'py>, _family: &str, message: &str, (name, fields): (&'static str, Fields<'py>)) -> Bound<'py, PyAny> {
+fn build<'py>(
+    py: Python<'py>,
+    _family: &str,
+    message: &str,
+    (name, fields): (&'static str, Fields<'py>),
+) -> Bound<'py, PyAny> {
     let attempt = || -> PyResult<Bound<'py, PyAny>> {
         let module = py.import("annal.errors")?;
         let class = module.getattr(name)?;

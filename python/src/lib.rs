@@ -135,7 +135,12 @@ impl Message {
 
 impl Message {
     fn plain(role: &str, text: &str) -> Message {
-        Message { role: role.into(), content_type: "text/plain".into(), body: text.as_bytes().to_vec(), attachments: vec![] }
+        Message {
+            role: role.into(),
+            content_type: "text/plain".into(),
+            body: text.as_bytes().to_vec(),
+            attachments: vec![],
+        }
     }
 
     fn to_engine(&self) -> PyResult<annal::Message> {
@@ -348,19 +353,20 @@ impl Database {
         let options = OpenOptions { durable, compress };
         let engine_options = options.engine_options();
         let open_path = path.clone();
-        let engine =
-            py.detach(move || Engine::open_with(&open_path, engine_options)).map_err(|e| to_py(py, e))?;
-        Ok(Database {
-            engine: RwLock::new(Some(engine)),
-            path: path.to_string_lossy().into_owned(),
-            options,
-        })
+        let engine = py.detach(move || Engine::open_with(&open_path, engine_options)).map_err(|e| to_py(py, e))?;
+        Ok(Database { engine: RwLock::new(Some(engine)), path: path.to_string_lossy().into_owned(), options })
     }
 
     /// The path of the log file.
     #[getter]
     fn path(&self) -> &str {
         &self.path
+    }
+
+    /// Whether commits are acknowledged only once they are on disk.
+    #[getter]
+    fn durable(&self) -> bool {
+        self.options.durable
     }
 
     /// Whether the database is closed.
@@ -661,7 +667,8 @@ impl Database {
             "cancelled" => ToolOutcome::Cancelled,
             other => return Err(PyValueError::new_err(format!("unknown outcome {other:?}"))),
         };
-        let c = RecordToolResult { session: session_id(session)?, op_id, outcome, result: bytes_arg(result, "result")? };
+        let c =
+            RecordToolResult { session: session_id(session)?, op_id, outcome, result: bytes_arg(result, "result")? };
         Ok(self.run(py, move |e| e.record_tool_result(c))?.created)
     }
 
