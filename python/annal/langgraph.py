@@ -32,6 +32,7 @@ one process opens an annal database, so the index is always current.
 from __future__ import annotations
 
 import asyncio
+import copy
 import threading
 import uuid
 import weakref
@@ -91,6 +92,30 @@ class _Write:
     task_path: str
 
 
+_NO_SNAPSHOT = object()
+_IMMUTABLE = (str, bytes, int, float, bool, type(None))
+
+
+def _snapshot(item: Any) -> Any:
+    """A copy of ``item`` to compare it with later, or ``_NO_SNAPSHOT``."""
+    if type(item) in _IMMUTABLE:
+        return item
+    try:
+        return copy.deepcopy(item)
+    except Exception:
+        return _NO_SNAPSHOT
+
+
+@dataclass
+class _Item:
+    """A list element as it was serialized: the object, a copy, its type and id."""
+
+    obj: Any
+    snapshot: Any
+    type: str
+    cid: bytes
+
+
 @dataclass
 class _Thread:
     """The index of one thread's session."""
@@ -102,6 +127,8 @@ class _Thread:
     writes: dict[tuple[str, str], dict[tuple[str, int], _Write]] = field(default_factory=dict)
     # content ids this process knows are stored (attachments need not be sent again)
     stored: set[str] = field(default_factory=set)
+    # ns -> channel -> id(element) -> the element as the last checkpoint serialized it
+    memo: dict[str, dict[str, dict[int, _Item]]] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def apply(self, header: dict[str, Any], attachments: Sequence[str]) -> None:
@@ -227,24 +254,44 @@ class AnnalSaver(BaseCheckpointSaver[int]):
 
     # ----- encoding -----
 
-    def _dump_value(self, value: Any, blobs: dict[str, bytes]) -> list[Any]:
-        """A channel value as a reference; its content objects go into ``blobs``."""
+    def _dump_item(self, item: Any, memo: dict[int, _Item], fresh: dict[int, _Item], blobs: dict[str, bytes]) -> _Item:
+        """One list element, serialized, or taken from ``memo`` when it is the very
+        object the previous checkpoint of this channel held and still equals the copy
+        taken when it was serialized (so an element changed in place is serialized
+        again)."""
+        key = id(item)
+        known = memo.get(key)
+        if known is not None and known.obj is item:
+            try:
+                same = bool(item == known.snapshot)
+            except Exception:
+                same = False
+            if same:
+                fresh[key] = known
+                return known
+        t, data = self.serde.dumps_typed(item)
+        cid = content_id(data)
+        blobs[cid] = data
+        entry = _Item(item, _snapshot(item), t, bytes.fromhex(cid))
+        if entry.snapshot is not _NO_SNAPSHOT:
+            fresh[key] = entry
+        return entry
+
+    def _dump_value(self, value: Any, blobs: dict[str, bytes], memo: dict[int, _Item] | None = None) -> tuple[list[Any], dict[int, _Item]]:
+        """A channel value as a reference; its new content objects go into ``blobs``.
+        Returns the reference and the memo of a list's elements for the next checkpoint."""
+        fresh: dict[int, _Item] = {}
         if type(value) is list and value:
-            types = []
-            ids = []
-            for item in value:
-                t, data = self.serde.dumps_typed(item)
-                cid = content_id(data)
-                blobs[cid] = data
-                types.append(t)
-                ids.append(bytes.fromhex(cid))
-            if all(t == types[0] for t in types):
-                return ["l", types[0], b"".join(ids)]
-            return ["L", types, b"".join(ids)]
+            items = [self._dump_item(item, memo or {}, fresh, blobs) for item in value]
+            t0 = items[0].type
+            ids = b"".join(i.cid for i in items)
+            if all(i.type == t0 for i in items):
+                return ["l", t0, ids], fresh
+            return ["L", [i.type for i in items], ids], fresh
         t, data = self.serde.dumps_typed(value)
         cid = content_id(data)
         blobs[cid] = data
-        return ["b", t, bytes.fromhex(cid)]
+        return ["b", t, bytes.fromhex(cid)], fresh
 
     def _messages(
         self, kind_type: str, header: dict[str, Any], first: list[bytes], blobs: dict[str, bytes], thread: _Thread
@@ -276,7 +323,14 @@ class AnnalSaver(BaseCheckpointSaver[int]):
         assert thread is not None
         blobs: dict[str, bytes] = {}
         values = checkpoint.get("channel_values", {})
-        refs = {ch: self._dump_value(v, blobs) for ch, v in values.items()}
+        refs = {}
+        memos = thread.memo.setdefault(ns, {})
+        for ch, v in values.items():
+            refs[ch], fresh = self._dump_value(v, blobs, memos.get(ch))
+            if fresh:
+                memos[ch] = fresh
+            else:
+                memos.pop(ch, None)
         bare = {k: v for k, v in checkpoint.items() if k != "channel_values"}
         md = get_checkpoint_metadata(config, metadata)
         record = _pack(
