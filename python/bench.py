@@ -4,7 +4,8 @@ For each saver (SqliteSaver and AnnalSaver with threads; AsyncSqliteSaver and An
 with asyncio tasks) and each concurrency (1 and 16 writers): put the checkpoints of a
 growing message list (``--threads`` threads of ``--steps`` steps: step k holds k + 1
 chat messages), then read checkpoints back with get_tuple, then measure the bytes on
-disk. Every saver writes durably (SQLite in WAL mode with its default synchronous=FULL;
+disk (as written, and after annal's compaction or SQLite's VACUUM give free space
+back). Every saver writes durably (SQLite in WAL mode with its default synchronous=FULL;
 annal with its default durable commits).
 
     python python/bench.py                      # 200 threads x 50 steps = 10,000 puts
@@ -31,6 +32,7 @@ from langgraph.checkpoint.base import empty_checkpoint
 from langgraph.checkpoint.sqlite import SqliteSaver
 from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
 
+import annal
 from annal.langgraph import AnnalSaver
 
 WORDS = (
@@ -78,6 +80,19 @@ def disk_bytes(directory: Path) -> int:
     return sum(p.stat().st_size for p in directory.iterdir() if p.is_file())
 
 
+def compacted_bytes(directory: Path) -> int:
+    """The bytes after giving free space back: `annal.compact`, or SQLite's VACUUM."""
+    for p in directory.iterdir():
+        if p.name.endswith(".redb"):
+            annal.compact(p)
+        elif p.name.endswith(".sqlite"):
+            conn = sqlite3.connect(str(p))
+            conn.execute("VACUUM")
+            conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            conn.close()
+    return disk_bytes(directory)
+
+
 def run_sync(make, directory: Path, writers: int, threads: int, steps: int, reads: int) -> dict:
     saver = make(directory)
     versions = versions_for(saver)
@@ -114,7 +129,12 @@ def run_sync(make, directory: Path, writers: int, threads: int, steps: int, read
         p.join()
     get_s = time.perf_counter() - start
     close(saver)
-    return {"puts": threads * steps / put_s, "gets": (reads // writers) * writers / get_s, "bytes": disk_bytes(directory)}
+    return {
+        "puts": threads * steps / put_s,
+        "gets": (reads // writers) * writers / get_s,
+        "bytes": disk_bytes(directory),
+        "compacted": compacted_bytes(directory),
+    }
 
 
 async def run_async(amake, directory: Path, writers: int, threads: int, steps: int, reads: int) -> dict:
@@ -142,7 +162,12 @@ async def run_async(amake, directory: Path, writers: int, threads: int, steps: i
         start = time.perf_counter()
         await asyncio.gather(*(reader(w) for w in range(writers)))
         get_s = time.perf_counter() - start
-    return {"puts": threads * steps / put_s, "gets": (reads // writers) * writers / get_s, "bytes": disk_bytes(directory)}
+    return {
+        "puts": threads * steps / put_s,
+        "gets": (reads // writers) * writers / get_s,
+        "bytes": disk_bytes(directory),
+        "compacted": compacted_bytes(directory),
+    }
 
 
 def close(saver) -> None:
@@ -203,24 +228,24 @@ def main() -> None:
                 r = asyncio.run(run_async(make, directory, writers, args.threads, args.steps, args.reads))
             rows.append((name, writers, r))
             print(f"{name:20} {writers:2} {kind:7}: {r['puts']:9.0f} puts/s {r['gets']:9.0f} get_tuple/s "
-                  f"{r['bytes'] / 1e6:8.1f} MB", flush=True)
+                  f"{r['bytes'] / 1e6:8.1f} MB ({r['compacted'] / 1e6:.1f} MB compacted)", flush=True)
     n = args.threads * args.steps
     print()
     print(f"{n} checkpoints ({args.threads} threads x {args.steps} steps), {args.reads} get_tuple calls, on {os.cpu_count()} cores")
     print()
-    print("| saver | writers | puts/s | get_tuple/s | bytes on disk |")
-    print("|---|---|---|---|---|")
+    print("| saver | writers | puts/s | get_tuple/s | bytes on disk | after compaction |")
+    print("|---|---|---|---|---|---|")
     for name, writers, r in rows:
-        print(f"| {name} | {writers} | {r['puts']:,.0f} | {r['gets']:,.0f} | {r['bytes']:,} |")
+        print(f"| {name} | {writers} | {r['puts']:,.0f} | {r['gets']:,.0f} | {r['bytes']:,} | {r['compacted']:,} |")
     print()
     by = {(name, w): r for name, w, r in rows}
-    print("| comparison | writers | puts | get_tuple | bytes on disk |")
-    print("|---|---|---|---|---|")
+    print("| comparison | writers | puts | get_tuple | bytes on disk | after compaction |")
+    print("|---|---|---|---|---|---|")
     for annal_name, base in (("AnnalSaver", "SqliteSaver"), ("AnnalSaver (async)", "AsyncSqliteSaver")):
         for w in (1, 16):
             a, b = by[(annal_name, w)], by[(base, w)]
             print(f"| {annal_name} / {base} | {w} | {a['puts'] / b['puts']:.2f}x | {a['gets'] / b['gets']:.2f}x | "
-                  f"{a['bytes'] / b['bytes']:.3f} |")
+                  f"{a['bytes'] / b['bytes']:.3f} | {a['compacted'] / b['compacted']:.3f} |")
     if not args.dir:
         shutil.rmtree(root, ignore_errors=True)
 

@@ -46,6 +46,7 @@ from ._annal import (
     TranscriptPage,
     TurnResult,
     UsageTotals,
+    compact,
     content_id,
     new_session_id,
 )
@@ -70,6 +71,7 @@ __all__ = [
     "TranscriptPage",
     "TurnResult",
     "UsageTotals",
+    "compact",
     "content_id",
     "errors",
     "new_session_id",

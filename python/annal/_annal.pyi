@@ -15,6 +15,9 @@ UsageItem = tuple[str, str, int, int] | tuple[str, str, int, int, int, int]
 def content_id(data: bytes) -> str:
     """The content id of ``data`` (blake3, hex)."""
 
+def compact(path: str | os.PathLike[str]) -> tuple[int, int]:
+    """Compacts a closed database; returns (bytes_before, bytes_after)."""
+
 def new_session_id() -> str:
     """A fresh UUIDv7 session id."""
 

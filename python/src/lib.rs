@@ -1001,6 +1001,15 @@ fn content_id(data: &[u8]) -> String {
     annal::codec::content_id(data).to_hex()
 }
 
+/// Compacts a closed database (the log file and its projections file): redb gives the
+/// free space back. Returns `(bytes_before, bytes_after)` of both files together. No
+/// `Database` (and no other process) may have it open.
+#[pyfunction]
+fn compact(py: Python<'_>, path: std::path::PathBuf) -> PyResult<(u64, u64)> {
+    let stats = py.detach(move || annal::compact(&path, Options::default())).map_err(|e| to_py(py, e))?;
+    Ok((stats.bytes_before, stats.bytes_after))
+}
+
 /// A fresh session id (UUIDv7: ids sort by creation time).
 #[pyfunction]
 fn new_session_id() -> String {
@@ -1015,5 +1024,6 @@ fn _annal(m: &Bound<'_, PyModule>) -> PyResult<()> {
     convert::register(m)?;
     m.add_function(wrap_pyfunction!(content_id, m)?)?;
     m.add_function(wrap_pyfunction!(new_session_id, m)?)?;
+    m.add_function(wrap_pyfunction!(compact, m)?)?;
     Ok(())
 }

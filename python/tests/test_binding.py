@@ -153,6 +153,10 @@ def test_events_subscribe_and_close(tmp_path: Path) -> None:
     with pytest.raises(errors.Closed):
         db.head(s)
     assert sub.recv(timeout=1) is None
+    before, after = annal.compact(tmp_path / "s.redb")
+    assert 0 < after <= before
+    with annal.open(tmp_path / "s.redb") as again:
+        assert again.head(s) is not None
 
 
 def test_threads_group_commit(db: annal.Database) -> None:
