@@ -215,15 +215,20 @@ fn state_changes(state: Option<&Bound<'_, PyDict>>) -> PyResult<StateChanges> {
 }
 
 struct Pending {
-    reply: annal::Reply<Outcome>,
-    resolve: Py<PyAny>,
+    reply: std::pin::Pin<Box<annal::Reply<Outcome>>>,
+    waiter: Waiter,
+}
+
+struct Waiter {
     future: Py<PyAny>,
     event_loop: Py<PyAny>,
     convert: fn(Python<'_>, Outcome) -> PyResult<Py<PyAny>>,
 }
 
-/// The completion thread: waits for each queued reply in turn (replies arrive in about
-/// commit order, so waiting in order costs nothing) and resolves its future on its loop.
+/// The completion thread: waits for the queued replies in turn (replies arrive in about
+/// commit order, so waiting in order costs nothing), takes every later one that is
+/// answered already (a group commit answers many at once), and resolves them all with
+/// one hold of the GIL and one `call_soon_threadsafe` per event loop.
 fn completions() -> &'static mpsc::Sender<Pending> {
     static SENDER: OnceLock<mpsc::Sender<Pending>> = OnceLock::new();
     SENDER.get_or_init(|| {
@@ -231,29 +236,60 @@ fn completions() -> &'static mpsc::Sender<Pending> {
         std::thread::Builder::new()
             .name("annal-py-completions".into())
             .spawn(move || {
-                for pending in rx {
-                    let result = block_on(pending.reply);
-                    Python::attach(|py| {
-                        let (ok, value) = match result.map_err(|e| to_py(py, e)).and_then(|o| (pending.convert)(py, o))
-                        {
-                            Ok(value) => (true, value),
-                            Err(err) => (false, err.into_value(py).into_any()),
-                        };
-                        let call = pending.event_loop.call_method1(
-                            py,
-                            "call_soon_threadsafe",
-                            (pending.resolve.clone_ref(py), pending.future, ok, value),
-                        );
-                        if let Err(e) = call {
-                            // The loop is closed: nobody waits for this future any more.
-                            e.write_unraisable(py, None);
+                let mut carry: Option<Pending> = None;
+                loop {
+                    let first = match carry.take() {
+                        Some(p) => p,
+                        None => match rx.recv() {
+                            Ok(p) => p,
+                            Err(_) => return,
+                        },
+                    };
+                    let mut done = vec![(first.waiter, block_on(first.reply))];
+                    while let Ok(mut next) = rx.try_recv() {
+                        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+                        match std::future::Future::poll(next.reply.as_mut(), &mut cx) {
+                            std::task::Poll::Ready(result) => done.push((next.waiter, result)),
+                            std::task::Poll::Pending => {
+                                carry = Some(next);
+                                break;
+                            }
                         }
-                    });
+                    }
+                    resolve_all(done);
                 }
             })
             .expect("spawn the completion thread");
         tx
     })
+}
+
+fn resolve_all(done: Vec<(Waiter, annal::Result<Outcome>)>) {
+    Python::attach(|py| {
+        // Per event loop: (future, ok, value or exception) of each answered command.
+        type Answers = Vec<(Py<PyAny>, bool, Py<PyAny>)>;
+        let mut by_loop: Vec<(Py<PyAny>, Answers)> = Vec::new();
+        for (waiter, result) in done {
+            let (ok, value) = match result.map_err(|e| to_py(py, e)).and_then(|o| (waiter.convert)(py, o)) {
+                Ok(value) => (true, value),
+                Err(err) => (false, err.into_value(py).into_any()),
+            };
+            match by_loop.iter_mut().find(|(l, _)| l.as_ptr() == waiter.event_loop.as_ptr()) {
+                Some((_, items)) => items.push((waiter.future, ok, value)),
+                None => by_loop.push((waiter.event_loop, vec![(waiter.future, ok, value)])),
+            }
+        }
+        let resolve = match py.import("annal._resolve").and_then(|m| m.getattr("resolve_many")) {
+            Ok(f) => f,
+            Err(e) => return e.write_unraisable(py, None),
+        };
+        for (event_loop, items) in by_loop {
+            if let Err(e) = event_loop.call_method1(py, "call_soon_threadsafe", (&resolve, items)) {
+                // The loop is closed: nobody waits for these futures any more.
+                e.write_unraisable(py, None);
+            }
+        }
+    });
 }
 
 struct ThreadWaker(std::thread::Thread);
@@ -324,16 +360,12 @@ impl Database {
         let asyncio = py.import("asyncio")?;
         let event_loop = asyncio.call_method0("get_running_loop")?;
         let future = event_loop.call_method0("create_future")?;
-        let resolve = py.import("annal._resolve")?.getattr("resolve")?;
         // Queuing compresses the content and may wait for room in the queue: no GIL.
         let reply = py.detach(move || engine.execute_async(command));
         completions()
             .send(Pending {
-                reply,
-                resolve: resolve.unbind(),
-                future: future.clone().unbind(),
-                event_loop: event_loop.unbind(),
-                convert,
+                reply: Box::pin(reply),
+                waiter: Waiter { future: future.clone().unbind(), event_loop: event_loop.unbind(), convert },
             })
             .map_err(|_| errors::closed())?;
         Ok(future.unbind())
