@@ -11,7 +11,8 @@ annal with its default durable commits).
     python python/bench.py                      # 200 threads x 50 steps = 10,000 puts
     python python/bench.py --threads 40 --steps 25
 
-Prints a Markdown table and the ratios annal / SQLite.
+Each configuration runs ``--rounds`` times (3), the savers alternating; the medians are
+reported. Prints a Markdown table and the ratios annal / SQLite.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import os
 import random
 import shutil
 import sqlite3
+import statistics
 import tempfile
 import threading
 import time
@@ -208,30 +210,43 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=200)
     ap.add_argument("--steps", type=int, default=50)
     ap.add_argument("--reads", type=int, default=4000)
+    ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--dir", default=None, help="where the databases go (a temporary folder by default)")
     args = ap.parse_args()
     root = Path(args.dir or tempfile.mkdtemp(prefix="annal-bench-"))
+    savers = (
+        ("SqliteSaver", "threads", make_sqlite),
+        ("AnnalSaver", "threads", make_annal),
+        ("AsyncSqliteSaver", "tasks", amake_sqlite),
+        ("AnnalSaver (async)", "tasks", _AnnalCtx),
+    )
+    runs: dict[tuple[str, int], list[dict]] = {}
+    # Rounds alternate the savers, so that a drift of the shared machine (the disk's
+    # fsync latency above all) reaches each of them alike; the medians are reported.
+    for round_ in range(args.rounds):
+        for writers in (1, 16):
+            for name, kind, make in savers:
+                directory = root / f"{name.replace(' ', '_')}-{writers}"
+                shutil.rmtree(directory, ignore_errors=True)
+                directory.mkdir(parents=True)
+                if kind == "threads":
+                    r = run_sync(make, directory, writers, args.threads, args.steps, args.reads)
+                else:
+                    r = asyncio.run(run_async(make, directory, writers, args.threads, args.steps, args.reads))
+                shutil.rmtree(directory, ignore_errors=True)
+                runs.setdefault((name, writers), []).append(r)
+                print(f"round {round_ + 1} {name:20} {writers:2} {kind:7}: {r['puts']:9.0f} puts/s "
+                      f"{r['gets']:9.0f} get_tuple/s {r['bytes'] / 1e6:8.1f} MB "
+                      f"({r['compacted'] / 1e6:.1f} MB compacted)", flush=True)
     rows = []
     for writers in (1, 16):
-        for name, kind, make in (
-            ("SqliteSaver", "threads", make_sqlite),
-            ("AnnalSaver", "threads", make_annal),
-            ("AsyncSqliteSaver", "tasks", amake_sqlite),
-            ("AnnalSaver (async)", "tasks", _AnnalCtx),
-        ):
-            directory = root / f"{name.replace(' ', '_')}-{writers}"
-            shutil.rmtree(directory, ignore_errors=True)
-            directory.mkdir(parents=True)
-            if kind == "threads":
-                r = run_sync(make, directory, writers, args.threads, args.steps, args.reads)
-            else:
-                r = asyncio.run(run_async(make, directory, writers, args.threads, args.steps, args.reads))
-            rows.append((name, writers, r))
-            print(f"{name:20} {writers:2} {kind:7}: {r['puts']:9.0f} puts/s {r['gets']:9.0f} get_tuple/s "
-                  f"{r['bytes'] / 1e6:8.1f} MB ({r['compacted'] / 1e6:.1f} MB compacted)", flush=True)
+        for name, _, _ in savers:
+            rs = runs[(name, writers)]
+            rows.append((name, writers, {k: statistics.median(r[k] for r in rs) for k in rs[0]}))
     n = args.threads * args.steps
     print()
-    print(f"{n} checkpoints ({args.threads} threads x {args.steps} steps), {args.reads} get_tuple calls, on {os.cpu_count()} cores")
+    print(f"{n} checkpoints ({args.threads} threads x {args.steps} steps), {args.reads} get_tuple calls, "
+          f"medians of {args.rounds} rounds, on {os.cpu_count()} cores")
     print()
     print("| saver | writers | puts/s | get_tuple/s | bytes on disk | after compaction |")
     print("|---|---|---|---|---|---|")
