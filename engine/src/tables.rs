@@ -121,6 +121,16 @@ pub mod meta_keys {
     pub const TIP: &str = "tip";
     /// 32 bytes: keyed hash recognising the chain key (absent for a plain chain).
     pub const KEY_CHECK: &str = "key_check";
+    /// 4 × u64 LE: sessions purged, records erased, content objects removed and their
+    /// stored bytes, over the database's life (`annal::purge::Reclaimed`).
+    pub const ERASED: &str = "erased";
+    /// Present (one byte) while an erasure's scrub is unfinished: the next open for
+    /// writing shreds the projections file and rewrites the log file first.
+    pub const ERASURE_UNFINISHED: &str = "erasure_unfinished";
+    /// Present (one byte) while an online content collection has removed objects whose
+    /// removal from the content-id index may not be in the projections file yet: the next
+    /// open folds the content projection again.
+    pub const CONTENT_COLLECTING: &str = "content_collecting";
 
     /// u32 LE: the fold version a projection was built with.
     pub fn version(p: crate::Projection) -> String {

@@ -298,6 +298,10 @@ enum Disk {
     Fault(u8),
     /// The power goes just before the I/O call `n` calls from now.
     PowerLossAt(u8),
+    /// Close, purge session `s` (with its fork descendants if asked), reopen, check.
+    Purge { s: u8, descendants: bool },
+    /// Close, collect unreachable content, reopen, check.
+    Gc,
 }
 
 #[derive(Arbitrary, Debug)]
@@ -698,6 +702,49 @@ impl Run {
         self.check_reopened(in_flight);
     }
 
+    /// Closes the engine, purges a session (or collects content) on real files that hold
+    /// the disk's images (a purge rewrites and replaces files, which the simulated disk
+    /// does not model), puts the files back on the disk, reopens and checks: the
+    /// tombstones are the only new records, each purged session answers `Purged`, and
+    /// the projections equal a rebuild.
+    fn purge(&mut self, target: Option<(SessionId, bool)>) {
+        self.disk.disarm();
+        self.engine.take().expect("open").close().expect("close");
+        self.disk.forget_detached();
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let path = dir.path().join("db.redb");
+        let projections = annal::projections_path(&path);
+        std::fs::write(&path, self.disk.image(LOG).unwrap_or_default()).expect("write the log");
+        std::fs::write(&projections, self.disk.image(PROJECTIONS).unwrap_or_default()).expect("write projections");
+        let options = self.options.clone();
+        let result = match target {
+            Some((session, descendants)) => {
+                let mut request = annal::PurgeRequest::new(session, "fuzz", "fuzz");
+                request.descendants = descendants;
+                annal::purge(&path, options, &request)
+            }
+            None => annal::collect_garbage(&path, options),
+        };
+        let purged = match result {
+            Ok(report) => report.purged,
+            Err(Error::Rejected(_)) => Vec::new(),
+            Err(e) => panic!("a purge failed with no fault: {e:?}"),
+        };
+        self.disk.set_image(LOG, std::fs::read(&path).expect("read the log"));
+        self.disk.set_image(PROJECTIONS, std::fs::read(&projections).expect("read projections"));
+        self.open(0);
+        let (tip, hash) = self.engine().tip().expect("tip");
+        assert_eq!(tip, self.acked.seq + purged.len() as u64, "a purge writes one tombstone per session");
+        for (session, seq) in purged {
+            match self.engine().head(session) {
+                Err(Error::Rejected(annal::Rejection::Purged { seq: at, .. })) => assert_eq!(at, seq),
+                other => panic!("a purged session answers {other:?}"),
+            }
+        }
+        self.acked = Acked { seq: tip, hash };
+        self.check_projections();
+    }
+
     /// Whether a fault fired or the power went, and how the engine must go down then.
     fn interrupted(&self) -> Option<(Down, Option<annal::fault::disk::Fired>)> {
         let fired = self.disk.take_fired();
@@ -724,6 +771,8 @@ impl Run {
             Step::Disk(Disk::Fault(n)) => self.disk.fail_call(u64::from(*n)),
             Step::Disk(Disk::PowerLossAt(n)) => self.disk.lose_power_at_call(u64::from(*n)),
             Step::Tick(ms) => self.clock.advance(u64::from(*ms)),
+            Step::Disk(Disk::Purge { s, descendants }) => self.purge(Some((sid(*s), *descendants))),
+            Step::Disk(Disk::Gc) => self.purge(None),
             step => {
                 let Some(command) = self.command(step, 0) else { return };
                 self.in_flight = Some(command.clone());

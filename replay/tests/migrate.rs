@@ -183,3 +183,37 @@ fn a_file_from_before_host_state_opens_rebuilds_and_writes_on() {
     let rebuilt = annal(&["rebuild", path]);
     assert_eq!(rebuilt.status.code(), Some(0), "{}", String::from_utf8_lossy(&rebuilt.stderr));
 }
+
+/// A purge of a session written in record format 1 (its chain link covers the payload, so
+/// it cannot be erased in place): the records from the first one the purge erases on are
+/// sealed again in format 2, in the same transaction. The chain verifies end to end, the
+/// other sessions answer as before, and records already in format 2 after them only get
+/// a new chain hash.
+#[test]
+fn a_session_of_record_format_1_is_purged_and_the_chain_sealed_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = fixture_dir("format2-before-host-state");
+    let db = dir.path().join("v2.redb");
+    std::fs::copy(src.join("v2-before.redb"), &db).expect("copy the log");
+    let engine = annal::Engine::open(&db).unwrap();
+    let heads = engine.list_sessions(&annal::ListQuery::new().include_archived()).unwrap().items;
+    // The fork goes; its parent, which shares the fork's prefix, stays.
+    let doomed = heads.iter().find(|h| h.forked_from.is_some()).expect("the fixture has a fork").clone();
+    let parent = doomed.forked_from.as_ref().unwrap().session;
+    let kept = heads.iter().find(|h| h.session == parent).unwrap().clone();
+    let turn =
+        annal::CommitTurn::new(kept.session, "format-2", annal::Expected::Any).message(annal::Message::user("new"));
+    engine.commit_turn(turn).unwrap();
+    let kept_before = engine.transcript(kept.session, annal::PageRequest::first(100)).unwrap();
+    engine.close().unwrap();
+
+    let report =
+        annal::purge(&db, annal::Options::default(), &annal::PurgeRequest::new(doomed.session, "", "ops")).unwrap();
+    assert!(report.records_resealed > 0 && report.records_erased > 0, "{report:?}");
+    let verify = annal(&["verify", db.to_str().unwrap(), "--deep"]);
+    assert_eq!(verify.status.code(), Some(0), "{}", String::from_utf8_lossy(&verify.stdout));
+    let engine = annal::Engine::open(&db).unwrap();
+    assert!(matches!(engine.head(doomed.session), Err(annal::Error::Rejected(annal::Rejection::Purged { .. }))));
+    assert_eq!(engine.transcript(kept.session, annal::PageRequest::first(100)).unwrap(), kept_before);
+    engine.close().unwrap();
+}
