@@ -158,6 +158,18 @@ class CommitNotice:
     sessions: list[str]
     committed_at_ms: int
 
+class ErasureReport:
+    """What a purge erased."""
+
+    purged: list[tuple[str, int]]
+    records_erased: int
+    records_resealed: int
+    objects_erased: int
+    content_bytes_erased: int
+    drafts_erased: int
+    bytes_before: int
+    bytes_after: int
+
 class Subscription:
     """Commit notices, in commit order."""
 
@@ -294,4 +306,7 @@ class Database:
     def tip(self) -> tuple[int, str]: ...
     def subscribe(self) -> Subscription: ...
     def stats(self) -> dict[str, int]: ...
+    def purge(self, session: str, *, reason: str, actor: str, descendants: bool = False) -> ErasureReport:
+        """Erases a session for good; closes, purges and reopens the database."""
+    def collect_garbage(self, rows_per_batch: int = 256) -> dict[str, int]: ...
     def checkpoint(self) -> None: ...

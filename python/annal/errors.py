@@ -228,9 +228,16 @@ class Batch(Rejected):
 
 
 class Purged(Rejected):
-    """The session was purged. Fields: ``session``, ``seq``."""
+    """The session was purged. Fields: ``session``, ``seq`` (of its tombstone)."""
     session: str
     seq: int
+
+
+class HasForks(Rejected):
+    """A purge of a session with fork descendants that are not purged. Fields:
+    ``session``, ``forks`` (their ids)."""
+    session: str
+    forks: list[str]
 
 
 # Errors (annal::Error).

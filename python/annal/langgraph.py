@@ -21,7 +21,7 @@ checkpointer"):
   id starts a new session. ``delete_for_runs`` and ``prune`` redact the messages of the
   checkpoints they drop (a transcript rewrite); ``copy_thread`` forks the session (no
   content is copied). The log keeps what archive and redaction hide from the projections:
-  erasing it is annal's purge.
+  erasing it is annal's purge, :meth:`AnnalSaver.purge_thread`.
 
 The saver keeps an in-memory index per thread (checkpoint ids, parents, namespaces and
 the ids of their records and writes), built from the session's transcript the first time
@@ -552,6 +552,31 @@ class AnnalSaver(BaseCheckpointSaver[int]):
                 if session is None:
                     return
                 self.db.archive(session, "langgraph: delete_thread")
+
+    def purge_thread(self, thread_id: str, *, reason: str, actor: str, copies: bool = False) -> list[str]:
+        """Erases a thread for good: purges every session it ever had (the live one and
+        those ``delete_thread`` archived), so no byte of its checkpoints and writes is
+        left in the database (``Database.purge``). A thread copied with ``copy_thread`` is
+        a fork of it: with ``copies=True`` the copies are purged too, otherwise the purge
+        is refused with ``errors.HasForks``. Returns the purged session ids.
+
+        The database is closed and reopened by the purge; calls from other threads wait."""
+        thread_id = str(thread_id)
+        purged: list[str] = []
+        with self._shared.lock:
+            self._shared.threads.pop(thread_id, None)
+            page = self.db.list_sessions(
+                labels={KIND_LABEL: "thread", THREAD_LABEL: thread_id}, include_archived=True, limit=PAGE
+            )
+            for head in page.items:
+                try:
+                    report = self.db.purge(head.session, reason=reason, actor=actor, descendants=copies)
+                except _errors.Purged:
+                    continue  # a descendant of a session purged before it
+                purged.extend(s for s, _ in report.purged)
+            if copies:
+                self._shared.threads.clear()  # copies of other thread ids may be gone too
+        return purged
 
     def _redact(self, thread_id: str, drop: Any) -> None:
         """Removes the messages for which ``drop(header)`` holds from the thread's

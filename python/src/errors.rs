@@ -73,6 +73,14 @@ fn rejection<'py>(py: Python<'py>, r: &Rejection) -> (&'static str, Fields<'py>)
         R::ForkParentMoved { session, parent } => {
             ("ForkParentMoved", vec![("session", v(py, session.to_string())), ("parent", v(py, parent.to_string()))])
         }
+        R::Purged { session, seq } => ("Purged", vec![("session", v(py, session.to_string())), ("seq", v(py, *seq))]),
+        R::HasForks { session, forks } => (
+            "HasForks",
+            vec![
+                ("session", v(py, session.to_string())),
+                ("forks", v(py, forks.iter().map(|f| f.to_string()).collect::<Vec<_>>())),
+            ],
+        ),
         R::Batch { index, rejection: inner } => {
             let inner_err = build(py, "Batch", &inner.to_string(), rejection(py, inner));
             ("Batch", vec![("index", v(py, *index)), ("rejection", inner_err)])
@@ -141,9 +149,4 @@ pub fn to_py(py: Python<'_>, e: Error) -> PyErr {
     let message = e.to_string();
     let obj = build(py, "Error", &message, error(py, &e));
     PyErr::from_value(obj)
-}
-
-/// `annal.errors.Closed`, raised by calls on a closed database.
-pub fn closed() -> PyErr {
-    Python::attach(|py| to_py(py, Error::Closed))
 }

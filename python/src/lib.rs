@@ -340,14 +340,16 @@ impl OpenOptions {
 }
 
 impl Database {
-    fn engine(&self) -> PyResult<Engine> {
-        let guard = self.engine.read().map_err(|_| errors::closed())?;
-        guard.clone().ok_or_else(errors::closed)
-    }
-
+    /// Runs `f` on the engine without the GIL. The engine's read lock is taken without
+    /// the GIL too, and held for the call, so a purge (which takes the write lock) waits
+    /// for the calls in flight and the calls made meanwhile wait for it.
     fn run<T: Send>(&self, py: Python<'_>, f: impl FnOnce(&Engine) -> annal::Result<T> + Send) -> PyResult<T> {
-        let engine = self.engine()?;
-        py.detach(move || f(&engine)).map_err(|e| to_py(py, e))
+        py.detach(|| {
+            let guard = self.engine.read().map_err(|_| annal::Error::Closed)?;
+            let engine = guard.as_ref().ok_or(annal::Error::Closed)?;
+            f(engine)
+        })
+        .map_err(|e| to_py(py, e))
     }
 
     fn submit(
@@ -356,18 +358,17 @@ impl Database {
         command: Command,
         convert: fn(Python<'_>, Outcome) -> PyResult<Py<PyAny>>,
     ) -> PyResult<Py<PyAny>> {
-        let engine = self.engine()?;
         let asyncio = py.import("asyncio")?;
         let event_loop = asyncio.call_method0("get_running_loop")?;
         let future = event_loop.call_method0("create_future")?;
         // Queuing compresses the content and may wait for room in the queue: no GIL.
-        let reply = py.detach(move || engine.execute_async(command));
+        let reply = self.run(py, move |e| Ok(e.execute_async(command)))?;
         completions()
             .send(Pending {
                 reply: Box::pin(reply),
                 waiter: Waiter { future: future.clone().unbind(), event_loop: event_loop.unbind(), convert },
             })
-            .map_err(|_| errors::closed())?;
+            .map_err(|_| to_py(py, annal::Error::Closed))?;
         Ok(future.unbind())
     }
 }
@@ -404,16 +405,24 @@ impl Database {
     /// Whether the database is closed.
     #[getter]
     fn closed(&self) -> bool {
-        self.engine.read().map(|g| g.is_none()).unwrap_or(true)
+        match self.engine.try_read() {
+            Ok(guard) => guard.is_none(),
+            // A purge holds the engine: it is reopened when the purge ends.
+            Err(std::sync::TryLockError::WouldBlock) => false,
+            Err(std::sync::TryLockError::Poisoned(_)) => true,
+        }
     }
 
     /// Flushes and stops the writer; later calls raise `Closed`. Closing twice is fine.
     fn close(&self, py: Python<'_>) -> PyResult<()> {
-        let engine = self.engine.write().map_err(|_| errors::closed())?.take();
-        if let Some(engine) = engine {
-            py.detach(move || engine.close()).map_err(|e| to_py(py, e))?;
-        }
-        Ok(())
+        py.detach(|| {
+            let engine = self.engine.write().map_err(|_| annal::Error::Closed)?.take();
+            match engine {
+                Some(engine) => engine.close(),
+                None => Ok(()),
+            }
+        })
+        .map_err(|e| to_py(py, e))
     }
 
     fn __enter__(slf: Py<Self>) -> Py<Self> {
@@ -601,11 +610,7 @@ impl Database {
         let parent = session_id(parent)?;
         let index = match index {
             Some(i) => i,
-            None => {
-                let engine = self.engine()?;
-                let head = py.detach(move || engine.head(parent)).map_err(|e| to_py(py, e))?;
-                head.map(|h| h.message_count).unwrap_or(0)
-            }
+            None => self.run(py, move |e| e.head(parent))?.map(|h| h.message_count).unwrap_or(0),
         };
         let c = Fork {
             parent,
@@ -910,16 +915,15 @@ impl Database {
     }
 
     /// A subscription to commit notices, from now on.
-    fn subscribe(&self) -> PyResult<Subscription> {
-        let engine = self.engine()?;
-        Ok(Subscription { rx: engine.subscribe() })
+    fn subscribe(&self, py: Python<'_>) -> PyResult<Subscription> {
+        Ok(Subscription { rx: self.run(py, |e| Ok(e.subscribe()))? })
     }
 
     /// Counters of the engine's durable work since it opened: `log_commits` (group
     /// commits: one transaction and one fsync each), `events`, `appended_bytes`,
     /// `checkpoints`, `checkpoint_rows`, `backpressure_waits`, `delta_bytes`.
-    fn stats(&self) -> PyResult<BTreeMap<&'static str, u64>> {
-        let s = self.engine()?.stats();
+    fn stats(&self, py: Python<'_>) -> PyResult<BTreeMap<&'static str, u64>> {
+        let s = self.run(py, |e| Ok(e.stats()))?;
         Ok(BTreeMap::from([
             ("log_commits", s.log_commits),
             ("events", s.events),
@@ -928,6 +932,53 @@ impl Database {
             ("checkpoint_rows", s.checkpoint_rows),
             ("backpressure_waits", s.backpressure_waits),
             ("delta_bytes", s.delta_bytes),
+        ]))
+    }
+
+    /// Erases a session for good (and, with `descendants=True`, its fork descendants):
+    /// every byte the host supplied for it, while the log's chain still verifies. Queries
+    /// on it then raise `errors.Purged`. Content other sessions reach stays.
+    ///
+    /// A purge rewrites the files, so it needs them to itself: the request is decided on
+    /// the open database (a rejection such as `NotFound`, `Purged` or `HasForks` leaves it
+    /// untouched); then the database is closed, purged and opened again with the same
+    /// options. Calls from other threads wait meanwhile; subscriptions end (open new
+    /// ones). `reason` and `actor` are kept in the tombstone.
+    #[pyo3(signature = (session, *, reason, actor, descendants = false))]
+    fn purge(
+        &self,
+        py: Python<'_>,
+        session: &str,
+        reason: String,
+        actor: String,
+        descendants: bool,
+    ) -> PyResult<ErasureReport> {
+        let request = annal::PurgeRequest { session: session_id(session)?, reason, actor, descendants };
+        let report = py.detach(|| {
+            let mut guard = self.engine.write().map_err(|_| annal::Error::Closed)?;
+            let engine = guard.take().ok_or(annal::Error::Closed)?;
+            // An outer error left no engine: the database stays closed.
+            let (engine, answer) = engine.purge(&request)?;
+            *guard = Some(engine);
+            answer
+        });
+        report.map(ErasureReport::from).map_err(|e| to_py(py, e))
+    }
+
+    /// Removes content objects that nothing live reaches any more, online, in batches
+    /// of `rows_per_batch` content rows between commits. Returns its counters
+    /// (`objects_removed`, `bytes_removed`, ...).
+    #[pyo3(signature = (rows_per_batch = 256))]
+    fn collect_garbage(&self, py: Python<'_>, rows_per_batch: usize) -> PyResult<BTreeMap<&'static str, u64>> {
+        let r = self.run(py, move |e| e.collect_garbage(rows_per_batch))?;
+        Ok(BTreeMap::from([
+            ("through_seq", r.through_seq),
+            ("reachable", r.reachable),
+            ("rows_swept", r.rows_swept),
+            ("rows_rewritten", r.rows_rewritten),
+            ("objects_removed", r.objects_removed),
+            ("bytes_removed", r.bytes_removed),
+            ("batches", r.batches),
         ]))
     }
 
@@ -997,6 +1048,50 @@ fn outcome_session(py: Python<'_>, outcome: Outcome) -> PyResult<Py<PyAny>> {
     }
 }
 
+/// What a purge erased.
+#[pyclass(module = "annal", frozen, get_all)]
+#[derive(Clone)]
+pub struct ErasureReport {
+    /// Each session purged and the seq of its tombstone, in log order.
+    pub purged: Vec<(String, u64)>,
+    /// Records replaced by their erased form.
+    pub records_erased: u64,
+    /// Records whose payload was resealed.
+    pub records_resealed: u64,
+    /// Content objects erased.
+    pub objects_erased: u64,
+    /// Bytes of content erased.
+    pub content_bytes_erased: u64,
+    /// Drafts erased.
+    pub drafts_erased: u64,
+    /// Size of both files before.
+    pub bytes_before: u64,
+    /// Size of both files after.
+    pub bytes_after: u64,
+}
+
+impl From<annal::ErasureReport> for ErasureReport {
+    fn from(r: annal::ErasureReport) -> ErasureReport {
+        ErasureReport {
+            purged: r.purged.into_iter().map(|(s, seq)| (s.to_string(), seq)).collect(),
+            records_erased: r.records_erased,
+            records_resealed: r.records_resealed,
+            objects_erased: r.objects_erased,
+            content_bytes_erased: r.content_bytes_erased,
+            drafts_erased: r.drafts_erased,
+            bytes_before: r.bytes_before,
+            bytes_after: r.bytes_after,
+        }
+    }
+}
+
+#[pymethods]
+impl ErasureReport {
+    fn __repr__(&self) -> String {
+        format!("ErasureReport(purged={:?}, objects_erased={})", self.purged, self.objects_erased)
+    }
+}
+
 /// Commit notices from `Database.subscribe()`: iterate, or `recv(timeout)`.
 #[pyclass(module = "annal", frozen)]
 pub struct Subscription {
@@ -1053,6 +1148,7 @@ fn _annal(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Database>()?;
     m.add_class::<Message>()?;
     m.add_class::<Subscription>()?;
+    m.add_class::<ErasureReport>()?;
     convert::register(m)?;
     m.add_function(wrap_pyfunction!(content_id, m)?)?;
     m.add_function(wrap_pyfunction!(new_session_id, m)?)?;

@@ -198,3 +198,33 @@ async def test_async_twins(db: annal.Database) -> None:
         await db.commit_turn_async(s, "t0", [Message.user("changed")])
     with pytest.raises(errors.NotFound):
         await db.commit_turn_async(annal.new_session_id(), "t", [Message.user("x")])
+
+
+def test_purge_and_collect(tmp_path: Path) -> None:
+    db = annal.open(tmp_path / "p.redb", compress=False)
+    secret = b"my card number is 4111"
+    leaving = db.create_session(messages=[Message("user", secret)]).session
+    staying = db.create_session(messages=[Message.user("hello")]).session
+    child = db.fork(leaving).session
+    content = db.transcript(leaving).messages[0].content_id
+    assert secret in (tmp_path / "p.redb").read_bytes()
+
+    with pytest.raises(errors.HasForks) as e:
+        db.purge(leaving, reason="gdpr-art17", actor="dpo")
+    assert e.value.session == leaving and e.value.forks == [child]
+
+    report = db.purge(leaving, reason="gdpr-art17", actor="dpo", descendants=True)
+    assert {s for s, _ in report.purged} == {leaving, child}
+    assert not db.closed
+    with pytest.raises(errors.Purged) as e:
+        db.head(leaving)
+    assert e.value.session == leaving and e.value.seq > 0
+    assert db.content(content) is None
+    assert db.head(staying).message_count == 1
+    db.commit_turn(staying, "t", [Message.user("still here")])
+    with pytest.raises(errors.NotFound):
+        db.purge(annal.new_session_id(), reason="r", actor="a")
+    assert db.collect_garbage()["objects_removed"] == 0
+    db.close()
+    raw = b"".join(p.read_bytes() for p in tmp_path.iterdir() if p.is_file())
+    assert secret not in raw

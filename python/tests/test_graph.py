@@ -147,3 +147,19 @@ def test_process_restart_mid_run(tmp_path: Path) -> None:
         out = graph.invoke(None, config)
         assert out["log"] == ["start", "plan", "review:yes", "act:yes"]
         assert graph.get_state(config).next == ()
+
+
+def test_purge_thread(tmp_path: Path) -> None:
+    with AnnalSaver.open(str(tmp_path / "graph.redb")) as saver:
+        graph = build(saver)
+        keep = {"configurable": {"thread_id": "keep"}}
+        gone = {"configurable": {"thread_id": "gone"}}
+        graph.invoke({"log": ["keep-me"], "approved": ""}, keep)
+        graph.invoke({"log": ["secret-plan"], "approved": ""}, gone)
+        saver.delete_thread("gone")  # an archived generation
+        graph.invoke({"log": ["secret-again"], "approved": ""}, gone)
+        assert len(saver.purge_thread("gone", reason="user request", actor="ops")) == 2
+        assert graph.get_state(gone).values == {}
+        assert graph.get_state(keep).values["log"] == ["keep-me", "plan"]
+    raw = b"".join(p.read_bytes() for p in tmp_path.iterdir() if p.is_file())
+    assert b"secret-plan" not in raw and b"secret-again" not in raw
