@@ -66,6 +66,8 @@ BLOBS_TYPE = "application/vnd.langgraph.blobs"
 THREAD_LABEL = "langgraph.thread"
 KIND_LABEL = "langgraph"
 ATTACHMENTS_MAX = 64
+# A serialized value this small is kept in the record itself, not as a content object.
+INLINE_MAX = 64
 PAGE = 1000
 
 
@@ -289,6 +291,8 @@ class AnnalSaver(BaseCheckpointSaver[int]):
                 return ["l", t0, ids], fresh
             return ["L", [i.type for i in items], ids], fresh
         t, data = self.serde.dumps_typed(value)
+        if len(data) <= INLINE_MAX:
+            return ["i", t, data], fresh
         cid = content_id(data)
         blobs[cid] = data
         return ["b", t, bytes.fromhex(cid)], fresh
@@ -397,6 +401,8 @@ class AnnalSaver(BaseCheckpointSaver[int]):
 
     def _load_value(self, ref: list[Any], objects: dict[str, bytes]) -> Any:
         kind = ref[0]
+        if kind == "i":
+            return self.serde.loads_typed((ref[1], ref[2]))
         if kind == "b":
             return self.serde.loads_typed((ref[1], objects[ref[2].hex()]))
         ids = [ref[2][i : i + 32].hex() for i in range(0, len(ref[2]), 32)]
@@ -405,6 +411,8 @@ class AnnalSaver(BaseCheckpointSaver[int]):
 
     @staticmethod
     def _value_ids(ref: list[Any]) -> list[str]:
+        if ref[0] == "i":
+            return []
         raw = ref[2]
         return [raw[i : i + 32].hex() for i in range(0, len(raw), 32)]
 
