@@ -66,6 +66,10 @@ BLOBS_TYPE = "application/vnd.langgraph.blobs"
 THREAD_LABEL = "langgraph.thread"
 KIND_LABEL = "langgraph"
 ATTACHMENTS_MAX = 64
+# A list refers to the list of its parent checkpoint plus what it appends, for at most
+# this many checkpoints in a row; then it is stored whole again, so reading a checkpoint
+# reads at most this many earlier records.
+DELTA_DEPTH_MAX = 8
 # A serialized value this small is kept in the record itself, not as a content object.
 INLINE_MAX = 64
 PAGE = 1000
@@ -119,6 +123,17 @@ class _Item:
 
 
 @dataclass
+class _ListTip:
+    """A list channel as a committed checkpoint stored it: the base of the next delta."""
+
+    checkpoint: str
+    record: str  # content id of that checkpoint's record
+    type: str
+    ids: bytes  # the elements' content ids, 32 bytes each
+    depth: int  # deltas between that record and a full list
+
+
+@dataclass
 class _Thread:
     """The index of one thread's session."""
 
@@ -131,6 +146,8 @@ class _Thread:
     stored: set[str] = field(default_factory=set)
     # ns -> channel -> id(element) -> the element as the last checkpoint serialized it
     memo: dict[str, dict[str, dict[int, _Item]]] = field(default_factory=dict)
+    # (ns, channel) -> the list the last committed checkpoint of ns stored there
+    lists: dict[tuple[str, str], _ListTip] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def apply(self, header: dict[str, Any], attachments: Sequence[str]) -> None:
@@ -318,7 +335,7 @@ class AnnalSaver(BaseCheckpointSaver[int]):
 
     def _prepare_put(
         self, config: RunnableConfig, checkpoint: Checkpoint, metadata: CheckpointMetadata
-    ) -> tuple[_Thread, str, list[Message], dict[str, Any], list[str], RunnableConfig]:
+    ) -> tuple[_Thread, str, list[Message], tuple[dict[str, Any], dict], list[str], RunnableConfig]:
         conf = config["configurable"]
         thread_id = str(conf["thread_id"])
         ns = conf.get("checkpoint_ns", "")
@@ -335,6 +352,25 @@ class AnnalSaver(BaseCheckpointSaver[int]):
                 memos[ch] = fresh
             else:
                 memos.pop(ch, None)
+        tips: dict[tuple[str, str], _ListTip] = {}
+        for ch, ref in refs.items():
+            if ref[0] != "l":
+                continue
+            full_ids, depth = ref[2], 0
+            base = thread.lists.get((ns, ch))
+            if (
+                base is not None
+                and parent is not None
+                and base.checkpoint == parent
+                and base.type == ref[1]
+                and base.depth < DELTA_DEPTH_MAX
+                and len(full_ids) > len(base.ids)
+                and full_ids.startswith(base.ids)
+            ):
+                # ["d", base record, elements kept from it, type, appended ids]
+                ref = refs[ch] = ["d", bytes.fromhex(base.record), len(base.ids) // 32, ref[1], full_ids[len(base.ids) :]]
+                depth = base.depth + 1
+            tips[(ns, ch)] = _ListTip(checkpoint["id"], "", ref[1] if ref[0] == "l" else ref[3], full_ids, depth)
         bare = {k: v for k, v in checkpoint.items() if k != "channel_values"}
         md = get_checkpoint_metadata(config, metadata)
         record = _pack(
@@ -348,8 +384,11 @@ class AnnalSaver(BaseCheckpointSaver[int]):
         header = {"k": "c", "ns": ns, "id": checkpoint["id"], "p": parent, "r": str(run_id) if run_id else None}
         messages, ids = self._messages(CHECKPOINT_TYPE, header, [record], blobs, thread)
         turn_id = "c:" + content_id(_pack([header, ids]))[:32]
+        for tip in tips.values():
+            tip.record = ids[0]
+        header_tips = (header, tips)
         out: RunnableConfig = {"configurable": {"thread_id": thread_id, "checkpoint_ns": ns, "checkpoint_id": checkpoint["id"]}}
-        return thread, turn_id, messages, header, ids, out
+        return thread, turn_id, messages, header_tips, ids, out
 
     def _prepare_writes(
         self, config: RunnableConfig, writes: Sequence[tuple[str, Any]], task_id: str, task_path: str
@@ -373,22 +412,26 @@ class AnnalSaver(BaseCheckpointSaver[int]):
         turn_id = "w:" + content_id(_pack([header, ids]))[:32]
         return thread, turn_id, messages, header, ids
 
-    def _commit(self, thread: _Thread, turn_id: str, messages: list[Message], header: dict, ids: list[str]) -> None:
+    def _commit(self, thread: _Thread, turn_id: str, messages: list[Message], header: Any, ids: list[str]) -> None:
+        header, tips = header if isinstance(header, tuple) else (header, {})
         result = self.db.commit_turn(thread.session, turn_id, messages)
         if result.already_committed and not self._indexed(thread, header, ids):
             # The same content was written before and then redacted: write it again.
             self.db.commit_turn(thread.session, f"{turn_id}:{uuid.uuid4().hex}", messages)
         with thread.lock:
             thread.apply(header, ids)
+            thread.lists.update(tips)  # committed: the next checkpoint may refer to it
 
     async def _acommit(
-        self, thread: _Thread, turn_id: str, messages: list[Message], header: dict, ids: list[str]
+        self, thread: _Thread, turn_id: str, messages: list[Message], header: Any, ids: list[str]
     ) -> None:
+        header, tips = header if isinstance(header, tuple) else (header, {})
         result = await self.db.commit_turn_async(thread.session, turn_id, messages)
         if result.already_committed and not self._indexed(thread, header, ids):
             await self.db.commit_turn_async(thread.session, f"{turn_id}:{uuid.uuid4().hex}", messages)
         with thread.lock:
             thread.apply(header, ids)
+            thread.lists.update(tips)
 
     @staticmethod
     def _indexed(thread: _Thread, header: dict, ids: list[str]) -> bool:
@@ -408,6 +451,25 @@ class AnnalSaver(BaseCheckpointSaver[int]):
         ids = [ref[2][i : i + 32].hex() for i in range(0, len(ref[2]), 32)]
         types = [ref[1]] * len(ids) if kind == "l" else ref[1]
         return [self.serde.loads_typed((t, objects[cid])) for t, cid in zip(types, ids)]
+
+    def _resolve_delta(self, ch: str, ref: list[Any], records: dict[str, Any], depth: int = 0) -> list[Any]:
+        """A list reference as the whole list, ``["l", type, ids]``: a delta
+        ``["d", base record, keep, type, appended]`` is the first ``keep`` elements of
+        the base record's list in the same channel, then ``appended``."""
+        if ref[0] == "l":
+            return ref
+        if ref[0] != "d" or depth > DELTA_DEPTH_MAX:
+            raise _errors.Corrupt(f"list channel {ch}: bad reference", location="checkpoint record", detail=str(ref[0]))
+        _, base_id, keep, t, appended = ref
+        key = base_id.hex()
+        base = records.get(key)
+        if base is None:
+            raw = self.db.content(key)
+            if raw is None:
+                raise _errors.Corrupt(f"checkpoint record {key} is missing", location=f"content {key}", detail="")
+            base = records[key] = _unpack(raw)
+        base_ref = self._resolve_delta(ch, base["vals"][ch], records, depth + 1)
+        return ["l", t, base_ref[2][: keep * 32] + appended]
 
     @staticmethod
     def _value_ids(ref: list[Any]) -> list[str]:
@@ -429,6 +491,10 @@ class AnnalSaver(BaseCheckpointSaver[int]):
         if record_bytes is None:
             return None
         record = _unpack(record_bytes)
+        records = {entry.record: record}
+        for ch, ref in list(record["vals"].items()):
+            if ref[0] == "d":
+                record["vals"][ch] = self._resolve_delta(ch, ref, records)
         wanted: list[str] = []
         for ref in record["vals"].values():
             wanted.extend(self._value_ids(ref))
