@@ -27,7 +27,6 @@
 use crate::delta::View;
 use crate::error::{Error, Location, Result};
 use crate::tables::{meta_keys, CONTENT, LOG, META};
-use annal_codec::content::{entries, push_stored};
 use annal_codec::{decode_message, decode_record, ContentId};
 use redb::ReadableTable;
 use std::collections::HashSet;
@@ -139,18 +138,11 @@ pub(crate) fn sweep_rows(txn: &redb::WriteTransaction, marks: &Marks, sweep: &Sw
         let seq = k.value();
         last = Some(seq);
         out.rows_read += 1;
-        let (mut row, mut dropped) = (Vec::new(), false);
-        for entry in entries(v.value(), object_max) {
-            let entry = entry.map_err(|e| Error::corrupt(Location::Log { seq }, format!("content row: {e}")))?;
-            if marks.reached.contains(&entry.id) {
-                push_stored(&mut row, &entry.id, entry.encoding, entry.stored);
-            } else {
-                dropped = true;
-                out.removed.push(entry.id);
-                out.bytes += entry.stored.len() as u64;
-            }
-        }
-        if dropped {
+        if let Some((row, removed, bytes)) =
+            crate::purge::filter_row(seq, v.value(), object_max, |id| marks.reached.contains(id))?
+        {
+            out.removed.extend(removed);
+            out.bytes += bytes;
             rewrites.push((seq, row));
         }
     }
@@ -167,13 +159,10 @@ pub(crate) fn sweep_rows(txn: &redb::WriteTransaction, marks: &Marks, sweep: &Sw
         _ => None,
     };
     if !out.removed.is_empty() {
-        let mut meta = txn.open_table(META)?;
-        let mut total =
-            meta.get(meta_keys::ERASED)?.and_then(|g| crate::purge::Reclaimed::decode(g.value())).unwrap_or_default();
-        total.objects += out.removed.len() as u64;
-        total.bytes += out.bytes;
-        meta.insert(meta_keys::ERASED, total.encode().as_slice())?;
-        meta.insert(meta_keys::CONTENT_COLLECTING, [1u8].as_slice())?;
+        let reclaimed =
+            crate::purge::Reclaimed { objects: out.removed.len() as u64, bytes: out.bytes, ..Default::default() };
+        reclaimed.add_to(txn)?;
+        txn.open_table(META)?.insert(meta_keys::CONTENT_COLLECTING, [1u8].as_slice())?;
     }
     Ok(out)
 }

@@ -770,11 +770,14 @@ impl Engine {
             }));
         }
         let options = self.inner.options.clone();
-        if let Err(e) = crate::purge::check(&self, &options, request) {
-            return Ok((self, Err(e)));
-        }
+        let decided = match crate::purge::check(&self, &options, request) {
+            Ok(decided) => decided,
+            Err(e) => return Ok((self, Err(e))),
+        };
+        // Decided on this engine's last handle; once it is closed nothing else writes the
+        // file before the erasure takes it.
         self.close()?;
-        let purged = crate::purge::purge(&path, options.clone(), request);
+        let purged = crate::purge::erase(&path, &options, &decided, request);
         let engine = Engine::open_with(&path, options)?;
         Ok((engine, purged))
     }

@@ -113,7 +113,19 @@ pub struct Reclaimed {
 }
 
 impl Reclaimed {
-    pub(crate) fn encode(&self) -> [u8; 32] {
+    /// Adds these counts to the file's `meta.erased`, in `txn`.
+    pub(crate) fn add_to(&self, txn: &redb::WriteTransaction) -> Result<()> {
+        let mut meta = txn.open_table(META)?;
+        let mut total = meta.get(meta_keys::ERASED)?.and_then(|g| Reclaimed::decode(g.value())).unwrap_or_default();
+        total.sessions += self.sessions;
+        total.records += self.records;
+        total.objects += self.objects;
+        total.bytes += self.bytes;
+        meta.insert(meta_keys::ERASED, total.encode().as_slice())?;
+        Ok(())
+    }
+
+    fn encode(&self) -> [u8; 32] {
         let mut out = [0u8; 32];
         for (i, v) in [self.sessions, self.records, self.objects, self.bytes].into_iter().enumerate() {
             out[i * 8..i * 8 + 8].copy_from_slice(&v.to_le_bytes());
@@ -152,12 +164,11 @@ pub fn purge(path: impl AsRef<Path>, options: Options, request: &PurgeRequest) -
     erase(path, &options, &decided?, request)
 }
 
+/// The sessions a decided purge erases (from [`check`]).
+pub(crate) type Decided = Vec<(SessionHead, Option<SessionId>)>;
+
 /// Decides `request` on an open engine: the limits, then the sessions it purges.
-pub(crate) fn check(
-    engine: &Engine,
-    options: &Options,
-    request: &PurgeRequest,
-) -> Result<Vec<(SessionHead, Option<SessionId>)>> {
+pub(crate) fn check(engine: &Engine, options: &Options, request: &PurgeRequest) -> Result<Decided> {
     options.limits.check(Limit::NoteBytes, request.reason.len() as u64)?;
     options.limits.check_id("actor", &request.actor)?;
     decide_purge(engine, request)
@@ -174,7 +185,7 @@ pub fn collect_garbage(path: impl AsRef<Path>, options: Options) -> Result<Erasu
 
 /// The sessions to purge, with their heads, the requested one first and descendants in
 /// the order they were forked.
-fn decide_purge(engine: &Engine, request: &PurgeRequest) -> Result<Vec<(SessionHead, Option<SessionId>)>> {
+fn decide_purge(engine: &Engine, request: &PurgeRequest) -> Result<Decided> {
     let view = engine.reader().snapshot()?;
     let Some(head) = crate::query::head(&view, &request.session)? else {
         return Err(Error::Rejected(Rejection::NotFound { session: request.session }));
@@ -214,8 +225,9 @@ fn open_exclusive(path: &Path) -> Result<redb::Database> {
     })
 }
 
-/// Steps 2 to 5 of the module documentation.
-fn erase(
+/// Steps 2 to 5 of the module documentation, for sessions [`check`] decided on an engine
+/// since closed.
+pub(crate) fn erase(
     path: &Path,
     options: &Options,
     sessions: &[(SessionHead, Option<SessionId>)],
@@ -317,18 +329,10 @@ fn erase_in_log(
         }
         for item in content.iter()? {
             let (k, v) = item?;
-            let (mut row, mut dropped) = (Vec::new(), false);
-            for entry in entries(v.value(), object_max) {
-                let entry = entry.map_err(|e| Error::corrupt(Location::Log { seq: k.value() }, e.to_string()))?;
-                if messages.contains(&entry.id) || others.contains(&entry.id) {
-                    push_stored(&mut row, &entry.id, entry.encoding, entry.stored);
-                } else {
-                    dropped = true;
-                    report.objects_erased += 1;
-                    report.content_bytes_erased += entry.stored.len() as u64;
-                }
-            }
-            if dropped {
+            let keep = |id: &ContentId| messages.contains(id) || others.contains(id);
+            if let Some((row, removed, bytes)) = filter_row(k.value(), v.value(), object_max, keep)? {
+                report.objects_erased += removed.len() as u64;
+                report.content_bytes_erased += bytes;
                 content_rewrites.push((k.value(), (!row.is_empty()).then_some(row)));
             }
         }
@@ -375,18 +379,44 @@ fn erase_in_log(
         .collect();
     log::append(&txn, tip, chain, record_max, &entries)?;
     report.purged = entries.iter().map(|e| (e.record.session, e.record.seq)).collect();
+    let reclaimed = Reclaimed {
+        sessions: sessions.len() as u64,
+        records: report.records_erased,
+        objects: report.objects_erased,
+        bytes: report.content_bytes_erased,
+    };
+    reclaimed.add_to(&txn)?;
     {
         let mut meta = txn.open_table(META)?;
-        let mut total = meta.get(meta_keys::ERASED)?.and_then(|g| Reclaimed::decode(g.value())).unwrap_or_default();
-        total.sessions += sessions.len() as u64;
-        total.records += report.records_erased;
-        total.objects += report.objects_erased;
-        total.bytes += report.content_bytes_erased;
-        meta.insert(meta_keys::ERASED, total.encode().as_slice())?;
         meta.insert(meta_keys::ERASURE_UNFINISHED, [1u8].as_slice())?;
     }
     txn.commit()?;
     Ok(true)
+}
+
+/// A filtered content row: its new bytes, the ids removed, their stored bytes.
+pub(crate) type Filtered = (Vec<u8>, Vec<ContentId>, u64);
+
+/// A content row without the objects `keep` refuses: the row's new bytes (empty when
+/// nothing is kept), the ids removed and their stored bytes, or `None` when every object
+/// is kept. Used by a purge and by the online collection.
+pub(crate) fn filter_row(
+    seq: u64,
+    row: &[u8],
+    object_max: u64,
+    keep: impl Fn(&ContentId) -> bool,
+) -> Result<Option<Filtered>> {
+    let (mut kept, mut removed, mut bytes) = (Vec::new(), Vec::new(), 0u64);
+    for entry in entries(row, object_max) {
+        let entry = entry.map_err(|e| Error::corrupt(Location::Log { seq }, format!("content row: {e}")))?;
+        if keep(&entry.id) {
+            push_stored(&mut kept, &entry.id, entry.encoding, entry.stored);
+        } else {
+            removed.push(entry.id);
+            bytes += entry.stored.len() as u64;
+        }
+    }
+    Ok((!removed.is_empty()).then_some((kept, removed, bytes)))
 }
 
 /// The content ids an event reaches directly, split into message objects (whose
