@@ -294,11 +294,16 @@ impl Engine {
         let tip = crate::log::open_log(&log, &chain)?;
         let recovery = {
             let log_txn = log.begin_read()?;
-            let cursors = match projections.begin_read() {
-                Ok(txn) => checkpoint::read_cursors(&txn, &log_txn, &chain, &tip)?,
-                Err(e) => return Err(e.into()),
+            let (cursors, current) = {
+                let txn = projections.begin_read()?;
+                let cursors = checkpoint::read_cursors(&txn, &log_txn, &chain, &tip)?;
+                let current = match tip.seq {
+                    0 => checkpoint::caught_up_empty(&txn, &tip)?,
+                    seq => cursors.behind(seq) == ProjectionSet::none(),
+                };
+                (cursors, current)
             };
-            if cursors.behind(tip.seq.max(1)) == ProjectionSet::none() && tip.seq > 0 {
+            if current {
                 RebuildStats { events: 0, bytes: 0, elapsed: std::time::Duration::ZERO }
             } else {
                 let limits = &options.limits;
