@@ -2,7 +2,7 @@
 //! engine on the simulated disk (`annal::fault::disk`), with durable commits. The input
 //! is structured (`arbitrary`): a list of steps over a small alphabet of sessions, turn
 //! ids, keys and bodies (with an empty and an over-limit choice in each), so that
-//! commands meet each other and an input of a few KiB holds a hundred steps and more.
+//! commands meet each other and an input of a few KiB holds hundreds of steps.
 //! No reference model is needed for what is checked:
 //!
 //! - an accepted command that writes moves the tip by the events its receipts name, in
@@ -17,8 +17,18 @@
 //!   with its chain hash; otherwise every record past the acknowledged tip was written
 //!   by one commit (one commit time);
 //! - a clean reopen folds nothing (the close checkpointed everything);
-//! - the projections after every reopen, and at the end, equal a rebuild from the log;
-//! - at the end, after a close, `annal verify`'s own check of the log file is clean.
+//! - after every reopen, and at the end, `annal verify --deep` of the live engine finds
+//!   nothing: the log verifies, and the projections as a reader sees them equal a fold of
+//!   the whole log from nothing (the engine's own `evolve`, into scratch state);
+//! - at the end, after a close, `annal verify`'s own check of the log file (opened as
+//!   `annal verify` opens it) is clean and ends at the acknowledged tip.
+//!
+//! Speed (so that a run tries many inputs): every input starts from a copy of a fresh
+//! engine's two files, made once per process, instead of creating two databases; an
+//! engine whose process died with the power or was killed is severed from its files
+//! before it is dropped (`SimDisk::sever_detached`), so its close does no work on files
+//! that no longer matter. `fuzz/run.sh` builds this target without a sanitizer and
+//! without comparison tracing (`fuzz/README.md` says why).
 
 #![no_main]
 
@@ -125,7 +135,21 @@ fn message(m: &Msg) -> Message {
 }
 
 fn messages(ms: &[Msg]) -> Vec<Message> {
-    ms.iter().take(4).map(message).collect()
+    ms.iter().map(message).collect()
+}
+
+/// A list of at most `N` items whose length is one byte of the input. A `Vec` inside a
+/// step would take its length as a share of all the bytes left, so one message list
+/// could swallow every step after it; with this, a step costs what its fields do, and an
+/// input of a few KiB holds hundreds of steps.
+#[derive(Debug, Clone)]
+struct Few<T, const N: usize>(Vec<T>);
+
+impl<'a, T: Arbitrary<'a>, const N: usize> Arbitrary<'a> for Few<T, N> {
+    fn arbitrary(u: &mut arbitrary::Unstructured<'a>) -> arbitrary::Result<Self> {
+        let len = usize::from(u8::arbitrary(u)?) % (N + 1);
+        (0..len).map(|_| T::arbitrary(u)).collect::<arbitrary::Result<_>>().map(Few)
+    }
 }
 
 /// Which revision a command names.
@@ -144,14 +168,14 @@ enum Rev {
 enum Step {
     Create {
         s: u8,
-        messages: Vec<Msg>,
+        messages: Few<Msg, 4>,
         label: Option<(u8, u8)>,
     },
     Turn {
         s: u8,
         turn: u8,
         expected: Rev,
-        messages: Vec<Msg>,
+        messages: Few<Msg, 4>,
         usage: Option<(u8, u8)>,
         context: Option<u8>,
         tool: Option<u8>,
@@ -201,7 +225,7 @@ enum Step {
         expected: Rev,
         start: u8,
         len: u8,
-        replacement: Vec<Msg>,
+        replacement: Few<Msg, 4>,
         reason: u8,
     },
     Restore {
@@ -255,7 +279,7 @@ enum Step {
         remove: Option<u8>,
         expected: Rev,
     },
-    Batch(Vec<Step>),
+    Batch(Few<Step, { BATCH_MAX + 1 }>),
     /// Take (or renew) the lease of `s`.
     Lease {
         s: u8,
@@ -309,7 +333,27 @@ struct Input {
     disk_seed: u64,
     multi_process_readers: bool,
     compress_content: bool,
-    steps: Vec<Step>,
+    steps: Steps,
+}
+
+/// The steps: as many as the rest of the input holds, up to [`STEPS_MAX`]. A derived
+/// `Vec` puts a go-on-or-stop byte before each element, so a mutation of any of those
+/// bytes ends the list there, and inputs would rarely get past a few tens of steps.
+#[derive(Debug)]
+struct Steps(Vec<Step>);
+
+impl<'a> Arbitrary<'a> for Steps {
+    fn arbitrary(u: &mut arbitrary::Unstructured<'a>) -> arbitrary::Result<Self> {
+        let mut steps = Vec::new();
+        while !u.is_empty() && steps.len() < STEPS_MAX {
+            steps.push(Step::arbitrary(u)?);
+        }
+        Ok(Steps(steps))
+    }
+
+    fn arbitrary_take_rest(mut u: arbitrary::Unstructured<'a>) -> arbitrary::Result<Self> {
+        Self::arbitrary(&mut u)
+    }
 }
 
 /// What the engine has acknowledged: the tip, and its chain hash.
@@ -425,7 +469,7 @@ impl Run {
                 session: sid(*s),
                 labels: label.iter().map(|(k, v)| (word(*k, &LABEL_KEYS), word(*v, &LABEL_VALUES))).collect(),
                 metadata: Vec::new(),
-                messages: messages(ms),
+                messages: messages(&ms.0),
             }),
             Step::Draft { s, id, segment } => Command::AppendDraft(AppendDraft {
                 session: sid(*s),
@@ -470,7 +514,7 @@ impl Run {
                     session: s,
                     turn_id: word(*turn, &TURNS),
                     expected: self.expected(s, *expected),
-                    messages: messages(ms),
+                    messages: messages(&ms.0),
                     usage: usage
                         .iter()
                         .map(|(i, o)| Usage {
@@ -498,7 +542,7 @@ impl Run {
                     expected: self.revision(s, *expected),
                     start,
                     end: start + u64::from(*len % 4),
-                    replacement: messages(replacement),
+                    replacement: messages(&replacement.0),
                     reason: [RewriteReason::Edit, RewriteReason::Compaction, RewriteReason::Redaction]
                         [*reason as usize % 3],
                     note: "n".into(),
@@ -568,7 +612,7 @@ impl Run {
                 })
             }
             Step::Batch(members) if depth == 0 => {
-                Command::Batch(members.iter().take(BATCH_MAX + 1).filter_map(|m| self.command(m, 1)).collect())
+                Command::Batch(members.0.iter().filter_map(|m| self.command(m, 1)).collect())
             }
             _ => return None,
         })
@@ -869,7 +913,7 @@ fuzz_target!(|input: Input| {
     run.disk.set_image(LOG, log);
     run.disk.set_image(PROJECTIONS, projections);
     run.open(FAULTED_OPENS_MAX);
-    for step in input.steps.iter().take(STEPS_MAX) {
+    for step in &input.steps.0 {
         run.step(step);
     }
     run.finish();
