@@ -43,11 +43,13 @@ pub enum EventKind {
     ClaimAbandoned = 16,
     /// [`InputCancelled`]
     InputCancelled = 17,
+    /// [`SessionPurged`]
+    SessionPurged = 20,
 }
 
 impl EventKind {
     /// Every kind, in kind-byte order.
-    pub const ALL: [EventKind; 17] = [
+    pub const ALL: [EventKind; 18] = [
         EventKind::SessionCreated,
         EventKind::TurnCommitted,
         EventKind::TranscriptRewritten,
@@ -65,11 +67,12 @@ impl EventKind {
         EventKind::InputsClaimed,
         EventKind::ClaimAbandoned,
         EventKind::InputCancelled,
+        EventKind::SessionPurged,
     ];
 
     /// The kind for a kind byte, if this binary knows it.
     pub fn from_byte(b: u8) -> Option<EventKind> {
-        EventKind::ALL.get((b as usize).wrapping_sub(1)).copied()
+        EventKind::ALL.into_iter().find(|k| k.byte() == b)
     }
 
     /// The kind byte.
@@ -115,6 +118,7 @@ impl EventKind {
             EventKind::InputsClaimed => "InputsClaimed",
             EventKind::ClaimAbandoned => "ClaimAbandoned",
             EventKind::InputCancelled => "InputCancelled",
+            EventKind::SessionPurged => "SessionPurged",
         }
     }
 
@@ -568,6 +572,36 @@ pub struct InputCancelled {
     pub input_id: String,
 }
 
+/// The session was purged: every record of it before this one is erased (its payload
+/// removed, its header and payload digest kept), and so is every content object no
+/// record of a session that is not purged reaches. The tombstone itself keeps only
+/// what the host gave the purge.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SessionPurged {
+    /// Why (for example `gdpr-art17`). Kept: it must not hold the erased data.
+    pub reason: String,
+    /// Who asked for it. Kept, like the reason.
+    pub actor: String,
+    /// The purged ancestor whose purge took this session with it, when it was purged as
+    /// a fork descendant.
+    pub with_ancestor: Option<SessionId>,
+}
+
+/// What is left of a record whose payload was erased by a purge: its header fields
+/// (kept byte for byte, since the chain covers them) and the digest of the payload that
+/// was there. Never written by a command; read back from an erased record.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Erased {
+    /// The kind of the event that was there.
+    pub kind: EventKind,
+    /// Its schema version.
+    pub schema_version: u16,
+    /// Its payload's length.
+    pub payload_len: u32,
+    /// `LogChain::payload_digest` of its payload.
+    pub payload_digest: [u8; 32],
+}
+
 /// One event of the catalogue.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Event {
@@ -605,6 +639,10 @@ pub enum Event {
     ClaimAbandoned(ClaimAbandoned),
     /// See [`InputCancelled`].
     InputCancelled(InputCancelled),
+    /// See [`SessionPurged`].
+    SessionPurged(SessionPurged),
+    /// A record of a purged session, its payload erased. See [`Erased`].
+    Erased(Erased),
 }
 
 impl Event {
@@ -628,7 +666,14 @@ impl Event {
             Event::InputsClaimed(_) => EventKind::InputsClaimed,
             Event::ClaimAbandoned(_) => EventKind::ClaimAbandoned,
             Event::InputCancelled(_) => EventKind::InputCancelled,
+            Event::SessionPurged(_) => EventKind::SessionPurged,
+            Event::Erased(e) => e.kind,
         }
+    }
+
+    /// Whether this is what is left of an erased record.
+    pub fn is_erased(&self) -> bool {
+        matches!(self, Event::Erased(_))
     }
 
     /// Every content id this event refers to, in field order.
@@ -650,7 +695,9 @@ impl Event {
             | Event::LabelsChanged(_)
             | Event::MetadataSet(_)
             | Event::LeaseAcquired(_)
-            | Event::LeaseReleased(_) => Vec::new(),
+            | Event::LeaseReleased(_)
+            | Event::SessionPurged(_)
+            | Event::Erased(_) => Vec::new(),
         }
     }
 

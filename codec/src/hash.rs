@@ -9,6 +9,8 @@ use serde::Serialize;
 pub const TRANSCRIPT_DOMAIN: &[u8] = b"annal.transcript.v1";
 /// Domain string that seeds the log chain: `h(0) = blake3("annal.log.v1")` (keyed in keyed mode).
 pub const LOG_DOMAIN: &[u8] = b"annal.log.v1";
+/// Domain string of the payload digest a format-2 record's chain link covers.
+pub const PAYLOAD_DOMAIN: &[u8] = b"annal.payload.v1";
 /// Domain string for the turn commit hash.
 pub const TURN_DOMAIN: &[u8] = b"annal.turn.v1";
 /// Domain string whose keyed hash is stored to recognise the chain key at open.
@@ -93,6 +95,17 @@ impl LogChain {
         h.update(&prev.0);
         h.update(record_body);
         ChainHash(*h.finalize().as_bytes())
+    }
+
+    /// The digest of a record's payload that a format-2 chain link covers:
+    /// `H(PAYLOAD_DOMAIN || payload)`, keyed when the chain is. It is what an erased
+    /// record keeps of its payload; under a key, nobody without the key can test a guess
+    /// of the erased bytes against it.
+    pub fn payload_digest(&self, payload: &[u8]) -> [u8; 32] {
+        let mut h = self.hasher();
+        h.update(PAYLOAD_DOMAIN);
+        h.update(payload);
+        *h.finalize().as_bytes()
     }
 
     /// A value stored in the file that lets an open recognise a wrong key without

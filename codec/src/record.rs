@@ -2,8 +2,8 @@
 //!
 //! ```text
 //! offset  size  field
-//!  0       4    magic "ANNL"
-//!  4       1    format version (1)
+//!  0       4    magic "ANNL" ("ANNE": an erased record, below)
+//!  4       1    record format version (2; 1 is still read)
 //!  5       1    event kind byte
 //!  6       2    schema version of the kind, u16 little-endian
 //!  8       8    global sequence, u64 LE
@@ -12,8 +12,17 @@
 //! 40       8    committed_at, unix milliseconds, u64 LE
 //! 48       4    payload length n, u32 LE
 //! 52       n    payload: the kind's struct, bincode (LE, varint)
-//! 52+n    32    chain hash h(seq) = H(h(seq-1) || bytes[0..52+n])
+//! 52+n    32    chain hash h(seq)
 //! ```
+//!
+//! Format 2 chains the header and a digest of the payload,
+//! `h(seq) = H(h(seq-1) || bytes[0..52] || D)` with `D = LogChain::payload_digest(payload)`,
+//! so a purge can erase the payload and keep the chain: an **erased record** is the same
+//! header under the magic "ANNE" (the chain hashes it with "ANNL"), then `D` in place of
+//! the payload, then the same `h(seq)`: 116 bytes whatever `n` was. Format 1 chained
+//! the whole record, `h(seq) = H(h(seq-1) || bytes[0..52+n])`; its records are read and
+//! verified under that rule, and cannot be erased without re-sealing the chain from
+//! them on ([`reseal`]).
 
 use crate::event::*;
 use crate::hash::LogChain;
@@ -23,8 +32,14 @@ use serde::de::DeserializeOwned;
 
 /// The four magic bytes that open every record.
 pub const MAGIC: [u8; 4] = *b"ANNL";
-/// The record format version this binary reads and writes.
-pub const FORMAT_VERSION: u8 = 1;
+/// The magic of an erased record: its payload replaced by the payload's digest.
+pub const MAGIC_ERASED: [u8; 4] = *b"ANNE";
+/// The record format version this binary writes (the chain covers a payload digest).
+pub const FORMAT_VERSION: u8 = 2;
+/// The previous record format (the chain covers the payload bytes), still read.
+pub const FORMAT_VERSION_V1: u8 = 1;
+/// Bytes of an erased record: header, payload digest, chain hash.
+pub const ERASED_RECORD_LEN: usize = HEADER_LEN + 32 + HASH_LEN;
 /// Bytes before the payload.
 pub const HEADER_LEN: usize = 52;
 /// Bytes of the trailing chain hash.
@@ -56,6 +71,8 @@ pub struct DecodedRecord {
     pub schema_version: u16,
     /// The stored chain hash `h(seq)`.
     pub chain_hash: ChainHash,
+    /// The record format found on disk ([`FORMAT_VERSION`] or [`FORMAT_VERSION_V1`]).
+    pub format: u8,
 }
 
 /// Why bytes are not a valid record. Decoding never panics.
@@ -138,7 +155,7 @@ pub enum DecodeError {
 /// Applies `$body` to the payload struct of `$event`, whatever its kind: the one place
 /// that lists the kinds' payload types for encoding.
 macro_rules! with_payload {
-    ($event:expr, $e:ident => $body:expr) => {
+    ($event:expr, $e:ident => $body:expr, erased => $erased:expr) => {
         match $event {
             Event::SessionCreated($e) => $body,
             Event::TurnCommitted($e) => $body,
@@ -157,47 +174,142 @@ macro_rules! with_payload {
             Event::InputsClaimed($e) => $body,
             Event::ClaimAbandoned($e) => $body,
             Event::InputCancelled($e) => $body,
+            Event::SessionPurged($e) => $body,
+            Event::Erased(_) => $erased,
         }
     };
 }
 
 fn encode_payload(event: &Event, limit: u64) -> Result<Vec<u8>, WireError> {
-    with_payload!(event, e => wire::to_bytes(e, limit))
+    with_payload!(event, e => wire::to_bytes(e, limit), erased => Ok(Vec::new()))
 }
 
 /// The encoded size of a whole record carrying `event`. The envelope has a fixed size,
 /// so it does not depend on where in the log the record lands. Nothing is allocated.
 pub fn record_len(event: &Event) -> Result<u64, WireError> {
-    let payload = with_payload!(event, e => wire::encoded_len(e, u64::MAX))?;
+    let payload = with_payload!(event, e => wire::encoded_len(e, u64::MAX), erased => {
+        return Ok(ERASED_RECORD_LEN as u64)
+    })?;
     Ok((RECORD_LEN_MIN as u64).saturating_add(payload))
 }
 
-/// Encodes a record and seals it with `h(seq)` computed from `prev` (`h(seq-1)`).
-/// Returns the bytes and the new chain value.
+fn push_header(out: &mut Vec<u8>, magic: [u8; 4], format: u8, kind: EventKind, schema: u16, r: &Record, n: u32) {
+    out.extend_from_slice(&magic);
+    out.push(format);
+    out.push(kind.byte());
+    out.extend_from_slice(&schema.to_le_bytes());
+    out.extend_from_slice(&r.seq.to_le_bytes());
+    out.extend_from_slice(&r.session.0);
+    out.extend_from_slice(&r.stream_seq.to_le_bytes());
+    out.extend_from_slice(&r.committed_at_ms.to_le_bytes());
+    out.extend_from_slice(&n.to_le_bytes());
+}
+
+/// `h(seq)` of a format-2 record from its header (whichever magic it is stored under)
+/// and its payload digest.
+fn seal_v2(chain: &LogChain, prev: &ChainHash, header: &[u8], digest: &[u8]) -> ChainHash {
+    let mut body = [0u8; HEADER_LEN + 32];
+    body[..HEADER_LEN].copy_from_slice(&header[..HEADER_LEN]);
+    body[..4].copy_from_slice(&MAGIC);
+    body[HEADER_LEN..].copy_from_slice(&digest[..32]);
+    chain.next(prev, &body)
+}
+
+/// Encodes a record in the current format and seals it with `h(seq)` computed from
+/// `prev` (`h(seq-1)`). Returns the bytes and the new chain value. An [`Event::Erased`]
+/// encodes as the erased record it was read from.
 pub fn encode_record(
     record: &Record,
     prev: &ChainHash,
     chain: &LogChain,
     record_bytes_max: u64,
 ) -> Result<(Vec<u8>, ChainHash), DecodeError> {
+    if let Event::Erased(e) = &record.event {
+        let mut out = Vec::with_capacity(ERASED_RECORD_LEN);
+        push_header(&mut out, MAGIC_ERASED, FORMAT_VERSION, e.kind, e.schema_version, record, e.payload_len);
+        out.extend_from_slice(&e.payload_digest);
+        let hash = seal_v2(chain, prev, &out, &e.payload_digest);
+        out.extend_from_slice(&hash.0);
+        return Ok((out, hash));
+    }
+    encode_record_as(record, FORMAT_VERSION, prev, chain, record_bytes_max)
+}
+
+/// Encodes a record in record format `format` (2, or 1 to reproduce a record written
+/// before format 2) and seals it. Any other format is `UnsupportedFormat`.
+pub fn encode_record_as(
+    record: &Record,
+    format: u8,
+    prev: &ChainHash,
+    chain: &LogChain,
+    record_bytes_max: u64,
+) -> Result<(Vec<u8>, ChainHash), DecodeError> {
     let kind = record.event.kind();
+    if record.event.is_erased() || !(format == FORMAT_VERSION || format == FORMAT_VERSION_V1) {
+        return Err(DecodeError::UnsupportedFormat { found: format, supported: FORMAT_VERSION });
+    }
     let body_max = record_bytes_max.saturating_sub(RECORD_LEN_MIN as u64).min(u32::MAX as u64);
     let body = encode_payload(&record.event, body_max).map_err(|e| match e {
         WireError::TooLarge { max } => DecodeError::TooLarge { size: max + 1, max: record_bytes_max },
         other => DecodeError::Malformed { kind, detail: other.to_string() },
     })?;
     let mut out = Vec::with_capacity(RECORD_LEN_MIN + body.len());
-    out.extend_from_slice(&MAGIC);
-    out.push(FORMAT_VERSION);
-    out.push(kind.byte());
-    out.extend_from_slice(&kind.current_version().to_le_bytes());
-    out.extend_from_slice(&record.seq.to_le_bytes());
-    out.extend_from_slice(&record.session.0);
-    out.extend_from_slice(&record.stream_seq.to_le_bytes());
-    out.extend_from_slice(&record.committed_at_ms.to_le_bytes());
-    out.extend_from_slice(&(body.len() as u32).to_le_bytes());
+    push_header(&mut out, MAGIC, format, kind, kind.current_version(), record, body.len() as u32);
     out.extend_from_slice(&body);
-    let hash = chain.next(prev, &out);
+    let hash = if format == FORMAT_VERSION_V1 {
+        chain.next(prev, &out)
+    } else {
+        seal_v2(chain, prev, &out, &chain.payload_digest(&body))
+    };
+    out.extend_from_slice(&hash.0);
+    Ok((out, hash))
+}
+
+/// The erased form of a stored format-2 record: the same header under [`MAGIC_ERASED`],
+/// the payload's digest in place of the payload, and the same chain hash, which
+/// therefore still verifies. An erased record is returned as it is. A format-1 record
+/// cannot be erased in place (its chain covers the payload): `UnsupportedFormat`.
+pub fn erase_record(bytes: &[u8], chain: &LogChain, record_bytes_max: u64) -> Result<Vec<u8>, DecodeError> {
+    let header = decode_header(bytes, record_bytes_max)?;
+    if header.erased {
+        return Ok(bytes.to_vec());
+    }
+    if header.format != FORMAT_VERSION {
+        return Err(DecodeError::UnsupportedFormat { found: header.format, supported: FORMAT_VERSION });
+    }
+    let end = HEADER_LEN + header.payload_len as usize;
+    let mut out = Vec::with_capacity(ERASED_RECORD_LEN);
+    out.extend_from_slice(&MAGIC_ERASED);
+    out.extend_from_slice(&bytes[4..HEADER_LEN]);
+    out.extend_from_slice(&chain.payload_digest(&bytes[HEADER_LEN..end]));
+    out.extend_from_slice(&bytes[end..end + HASH_LEN]);
+    Ok(out)
+}
+
+/// Seals a stored record again after `prev`, in the current format: a format-2 record
+/// (whole or erased) keeps every byte but its chain hash; a format-1 record is decoded
+/// and encoded in format 2. Used when a purge must erase a record of an older format,
+/// which changes the chain from that record on. Returns the bytes and `h(seq)`.
+pub fn reseal(
+    bytes: &[u8],
+    prev: &ChainHash,
+    chain: &LogChain,
+    record_bytes_max: u64,
+) -> Result<(Vec<u8>, ChainHash), DecodeError> {
+    let header = decode_header(bytes, record_bytes_max)?;
+    if header.format == FORMAT_VERSION_V1 {
+        let decoded = decode_record(bytes, record_bytes_max)?;
+        return encode_record(&decoded.record, prev, chain, record_bytes_max);
+    }
+    let split = bytes.len() - HASH_LEN;
+    let digest = if header.erased {
+        <[u8; 32]>::try_from(&bytes[HEADER_LEN..split])
+            .map_err(|_| DecodeError::Truncated { needed: ERASED_RECORD_LEN as u64, found: bytes.len() as u64 })?
+    } else {
+        chain.payload_digest(&bytes[HEADER_LEN..split])
+    };
+    let hash = seal_v2(chain, prev, bytes, &digest);
+    let mut out = bytes[..split].to_vec();
     out.extend_from_slice(&hash.0);
     Ok((out, hash))
 }
@@ -223,8 +335,12 @@ pub struct Header {
     pub stream_seq: u64,
     /// Commit time, unix ms.
     pub committed_at_ms: u64,
-    /// Payload length.
+    /// Payload length (of the payload that was there, for an erased record).
     pub payload_len: u32,
+    /// Record format version.
+    pub format: u8,
+    /// Whether the record is erased: its payload replaced by the payload's digest.
+    pub erased: bool,
 }
 
 /// Parses and checks the fixed header and the total length. Never panics.
@@ -236,11 +352,13 @@ pub fn decode_header(bytes: &[u8], record_bytes_max: u64) -> Result<Header, Deco
         return Err(DecodeError::Truncated { needed: RECORD_LEN_MIN as u64, found: bytes.len() as u64 });
     }
     let magic: [u8; 4] = [bytes[0], bytes[1], bytes[2], bytes[3]];
-    if magic != MAGIC {
+    let erased = magic == MAGIC_ERASED;
+    if magic != MAGIC && !erased {
         return Err(DecodeError::BadMagic { found: magic });
     }
-    if bytes[4] != FORMAT_VERSION {
-        return Err(DecodeError::UnsupportedFormat { found: bytes[4], supported: FORMAT_VERSION });
+    let format = bytes[4];
+    if !(format == FORMAT_VERSION || (format == FORMAT_VERSION_V1 && !erased)) {
+        return Err(DecodeError::UnsupportedFormat { found: format, supported: FORMAT_VERSION });
     }
     let kind = EventKind::from_byte(bytes[5]).ok_or(DecodeError::UnknownKind { kind: bytes[5] })?;
     let schema_version = u16::from_le_bytes([bytes[6], bytes[7]]);
@@ -250,7 +368,7 @@ pub fn decode_header(bytes: &[u8], record_bytes_max: u64) -> Result<Header, Deco
     let mut session = [0u8; 16];
     session.copy_from_slice(&bytes[16..32]);
     let payload_len = u32::from_le_bytes([bytes[48], bytes[49], bytes[50], bytes[51]]);
-    let needed = RECORD_LEN_MIN as u64 + payload_len as u64;
+    let needed = if erased { ERASED_RECORD_LEN as u64 } else { RECORD_LEN_MIN as u64 + payload_len as u64 };
     let found = bytes.len() as u64;
     if found < needed {
         return Err(DecodeError::Truncated { needed, found });
@@ -266,6 +384,8 @@ pub fn decode_header(bytes: &[u8], record_bytes_max: u64) -> Result<Header, Deco
         stream_seq: le_u64(&bytes[32..40]),
         committed_at_ms: le_u64(&bytes[40..48]),
         payload_len,
+        format,
+        erased,
     })
 }
 
@@ -313,6 +433,7 @@ pub fn decode_payload(kind: EventKind, schema_version: u16, payload: &[u8], limi
         (EventKind::InputsClaimed, _) => Event::InputsClaimed(decode_as(kind, payload, limit)?),
         (EventKind::ClaimAbandoned, _) => Event::ClaimAbandoned(decode_as(kind, payload, limit)?),
         (EventKind::InputCancelled, _) => Event::InputCancelled(decode_as(kind, payload, limit)?),
+        (EventKind::SessionPurged, _) => Event::SessionPurged(decode_as(kind, payload, limit)?),
     })
 }
 
@@ -320,8 +441,19 @@ pub fn decode_payload(kind: EventKind, schema_version: u16, payload: &[u8], limi
 /// Bounded by `record_bytes_max`; never panics.
 pub fn decode_record(bytes: &[u8], record_bytes_max: u64) -> Result<DecodedRecord, DecodeError> {
     let header = decode_header(bytes, record_bytes_max)?;
-    let end = HEADER_LEN + header.payload_len as usize;
-    let event = decode_payload(header.kind, header.schema_version, &bytes[HEADER_LEN..end], record_bytes_max)?;
+    let end = if header.erased { HEADER_LEN + 32 } else { HEADER_LEN + header.payload_len as usize };
+    let event = if header.erased {
+        let mut payload_digest = [0u8; 32];
+        payload_digest.copy_from_slice(&bytes[HEADER_LEN..end]);
+        Event::Erased(Erased {
+            kind: header.kind,
+            schema_version: header.schema_version,
+            payload_len: header.payload_len,
+            payload_digest,
+        })
+    } else {
+        decode_payload(header.kind, header.schema_version, &bytes[HEADER_LEN..end], record_bytes_max)?
+    };
     let mut hash = [0u8; 32];
     hash.copy_from_slice(&bytes[end..end + HASH_LEN]);
     Ok(DecodedRecord {
@@ -334,21 +466,44 @@ pub fn decode_record(bytes: &[u8], record_bytes_max: u64) -> Result<DecodedRecor
         },
         schema_version: header.schema_version,
         chain_hash: ChainHash(hash),
+        format: header.format,
     })
 }
 
-/// Checks that the stored hash of `bytes` equals `H(prev || body)`. Returns the stored
-/// hash, which is `h(seq)`, on success.
+/// Checks that the stored hash of `bytes` follows from `prev` under the record's own
+/// rule: `H(prev || header || payload digest)` for format 2 (an erased record stores the
+/// digest), `H(prev || header || payload)` for format 1. Returns the stored hash, which
+/// is `h(seq)`, on success.
 pub fn verify_chain(bytes: &[u8], prev: &ChainHash, chain: &LogChain, seq: u64) -> Result<ChainHash, DecodeError> {
     if bytes.len() < RECORD_LEN_MIN {
         return Err(DecodeError::Truncated { needed: RECORD_LEN_MIN as u64, found: bytes.len() as u64 });
     }
     let split = bytes.len() - HASH_LEN;
-    let expected = chain.next(prev, &bytes[..split]);
+    if bytes[..4] == MAGIC_ERASED && bytes.len() != ERASED_RECORD_LEN {
+        return Err(DecodeError::ChainMismatch { seq });
+    }
+    let expected = chain_link(&bytes[..split], prev, chain);
     if expected.0[..] != bytes[split..] {
         return Err(DecodeError::ChainMismatch { seq });
     }
     Ok(expected)
+}
+
+/// `h(seq)` of a record whose bytes before the chain hash are `body`, after `prev`,
+/// under the rule its magic and format byte name (format 2, whole or erased: the header
+/// and the payload digest; anything else: every byte, as format 1). Never panics; it
+/// checks nothing else (see [`verify_chain`] and [`decode_record`]).
+pub fn chain_link(body: &[u8], prev: &ChainHash, chain: &LogChain) -> ChainHash {
+    if body.len() < HEADER_LEN || body[4] != FORMAT_VERSION {
+        return chain.next(prev, body);
+    }
+    if body[..4] == MAGIC_ERASED && body.len() == HEADER_LEN + 32 {
+        return seal_v2(chain, prev, body, &body[HEADER_LEN..]);
+    }
+    if body[..4] == MAGIC {
+        return seal_v2(chain, prev, body, &chain.payload_digest(&body[HEADER_LEN..]));
+    }
+    chain.next(prev, body)
 }
 
 /// The stored chain hash of an encoded record, without decoding the rest.

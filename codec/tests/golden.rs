@@ -1,6 +1,8 @@
 //! Golden byte vectors: one encoded record of every event kind, checked in. An
 //! accidental change to the wire format fails here. Regenerate deliberately with
 //! `ANNAL_BLESS=1 cargo test -p annal-codec --test golden` and bump the format.
+//! `golden/record-v1/` holds the same records as record format 1 wrote them (never
+//! blessed again): they must still decode, verify and re-encode byte for byte.
 
 use annal_codec::*;
 use std::collections::{BTreeMap, BTreeSet};
@@ -98,6 +100,11 @@ fn examples() -> Vec<Event> {
         }),
         Event::ClaimAbandoned(ClaimAbandoned { claim: 15 }),
         Event::InputCancelled(InputCancelled { input_id: "in-3".into() }),
+        Event::SessionPurged(SessionPurged {
+            reason: "gdpr-art17".into(),
+            actor: "dpo@example.com".into(),
+            with_ancestor: Some(SessionId([9; 16])),
+        }),
     ]
 }
 
@@ -187,7 +194,7 @@ fn v0_fixture_bytes() -> Vec<u8> {
     let payload = wire::to_bytes(&ContextAppendedV0 { key: "k".into(), content: cid("ctx") }, LIMIT).unwrap();
     let mut out = Vec::new();
     out.extend_from_slice(&MAGIC);
-    out.push(FORMAT_VERSION);
+    out.push(FORMAT_VERSION_V1);
     out.push(EventKind::ContextAppended.byte());
     out.extend_from_slice(&0u16.to_le_bytes());
     out.extend_from_slice(&1u64.to_le_bytes());
@@ -232,7 +239,7 @@ fn v1_turn_committed_is_upcast() {
     assert_eq!(turn.commit_hash, turn_commit_hash(&turn.messages, &turn.usage, &turn.applied_context, &turn.tool_ops));
     // It followed the SessionCreated vector in the chain.
     let chain = LogChain::plain();
-    let created = std::fs::read(golden_path("SessionCreated.bin")).unwrap();
+    let created = std::fs::read(golden_path("record-v1/SessionCreated.bin")).unwrap();
     let prev = verify_chain(&created, &chain.genesis(), &chain, 1).unwrap();
     verify_chain(&bytes, &prev, &chain, 2).unwrap();
 }
@@ -263,7 +270,7 @@ fn v2_turn_committed_is_upcast() {
         "a turn without inputs hashes as before"
     );
     let chain = LogChain::plain();
-    let created = std::fs::read(golden_path("SessionCreated.bin")).unwrap();
+    let created = std::fs::read(golden_path("record-v1/SessionCreated.bin")).unwrap();
     let prev = verify_chain(&created, &chain.genesis(), &chain, 1).unwrap();
     verify_chain(&bytes, &prev, &chain, 2).unwrap();
 }
@@ -300,4 +307,66 @@ fn structural_errors_are_typed() {
     let mut flipped = bytes.clone();
     flipped[HEADER_LEN] ^= 1;
     assert_eq!(verify_chain(&flipped, &chain.genesis(), &chain, 1), Err(DecodeError::ChainMismatch { seq: 1 }));
+}
+
+/// Record format 1 (the chain over the payload bytes): every kind it had still decodes to
+/// the same event, verifies under its own rule and re-encodes byte for byte; `reseal`
+/// turns each into the format-2 vector.
+#[test]
+fn record_format_1_vectors_decode_verify_and_reseal() {
+    let chain = LogChain::plain();
+    let (mut prev, mut prev2) = (chain.genesis(), chain.genesis());
+    for (i, event) in examples().into_iter().enumerate() {
+        let kind = event.kind();
+        if kind == EventKind::SessionPurged {
+            continue;
+        }
+        let rec = record(i as u64, event);
+        let bytes = std::fs::read(golden_path(&format!("record-v1/{}.bin", kind.name()))).unwrap();
+        let decoded = decode_record(&bytes, LIMIT).unwrap();
+        assert_eq!((decoded.format, &decoded.record), (FORMAT_VERSION_V1, &rec));
+        let h = verify_chain(&bytes, &prev, &chain, rec.seq).unwrap();
+        assert_eq!(encode_record_as(&rec, FORMAT_VERSION_V1, &prev, &chain, LIMIT).unwrap(), (bytes.clone(), h));
+        assert_eq!(erase_record(&bytes, &chain, LIMIT), Err(DecodeError::UnsupportedFormat { found: 1, supported: 2 }));
+        let (resealed, h2) = reseal(&bytes, &prev2, &chain, LIMIT).unwrap();
+        assert_eq!(resealed, std::fs::read(golden_path(&format!("{}.bin", kind.name()))).unwrap());
+        (prev, prev2) = (h, h2);
+    }
+}
+
+/// An erased record: the SessionCreated vector with its payload replaced by the payload
+/// digest. It keeps the chain hash, so it and the record after it verify as before.
+#[test]
+fn erased_record_golden_vector() {
+    let chain = LogChain::plain();
+    let created = std::fs::read(golden_path("SessionCreated.bin")).unwrap();
+    let turn = std::fs::read(golden_path("TurnCommitted.bin")).unwrap();
+    let erased = erase_record(&created, &chain, LIMIT).unwrap();
+    check("Erased.SessionCreated.bin", &erased);
+    assert_eq!(erased.len(), ERASED_RECORD_LEN);
+    assert_eq!(&erased[..4], &MAGIC_ERASED);
+    let h1 = verify_chain(&created, &chain.genesis(), &chain, 1).unwrap();
+    assert_eq!(verify_chain(&erased, &chain.genesis(), &chain, 1).unwrap(), h1);
+    verify_chain(&turn, &h1, &chain, 2).unwrap();
+    let decoded = decode_record(&erased, LIMIT).unwrap();
+    let Event::Erased(e) = decoded.record.event else { panic!("not erased: {decoded:?}") };
+    let payload_len = created.len() - RECORD_LEN_MIN;
+    assert_eq!((e.kind, e.schema_version, e.payload_len as usize), (EventKind::SessionCreated, 1, payload_len));
+    assert_eq!(e.payload_digest, chain.payload_digest(&created[HEADER_LEN..HEADER_LEN + payload_len]));
+    assert_eq!(decoded.record.seq, 1);
+    // Re-encoding what was read gives the erased bytes back; erasing again changes nothing.
+    assert_eq!(encode_record(&decoded.record, &chain.genesis(), &chain, LIMIT).unwrap(), (erased.clone(), h1));
+    assert_eq!(erase_record(&erased, &chain, LIMIT).unwrap(), erased);
+    // A flipped byte of the header or of the digest breaks the link; a longer one is refused.
+    for at in [5, 20, HEADER_LEN + 3] {
+        let mut bad = erased.clone();
+        bad[at] ^= 1;
+        assert!(verify_chain(&bad, &chain.genesis(), &chain, 1).is_err(), "byte {at}");
+    }
+    let mut longer = erased.clone();
+    longer.push(0);
+    assert!(decode_record(&longer, LIMIT).is_err());
+    assert!(verify_chain(&longer, &chain.genesis(), &chain, 1).is_err());
+    // Under a key the digest is keyed: the same payload gives another digest.
+    assert_ne!(LogChain::keyed([3; 32]).payload_digest(b"x"), chain.payload_digest(b"x"));
 }

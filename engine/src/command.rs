@@ -744,6 +744,12 @@ pub enum Outcome {
         /// The event, if one was written.
         seq: Option<u64>,
     },
+    /// The session was purged (the tombstone's seq). Only a purge writes one; commands
+    /// never do.
+    Purged {
+        /// The tombstone.
+        seq: u64,
+    },
     /// Every command of a batch, in order.
     Batch(Vec<Outcome>),
     /// A lease was granted or renewed.
@@ -839,7 +845,7 @@ impl Outcome {
             Outcome::Created { receipt, .. } | Outcome::Committed(receipt) | Outcome::Rewritten(receipt) => {
                 out.push(receipt.seq)
             }
-            Outcome::Revived { seq } | Outcome::Staged { seq } => out.push(*seq),
+            Outcome::Revived { seq } | Outcome::Staged { seq } | Outcome::Purged { seq } => out.push(*seq),
             Outcome::Archived { seq }
             | Outcome::Labels { seq }
             | Outcome::Metadata { seq }

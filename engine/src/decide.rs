@@ -199,8 +199,16 @@ fn check_labels(limits: &Limits, labels: &BTreeMap<String, String>) -> Result<()
 fn head<S: Store + ?Sized>(store: &S, session: &SessionId) -> Result<SessionHead> {
     match store.row(Table::Heads, &keys::session(session))? {
         Some(h) => Ok(h),
-        None => reject(Rejection::NotFound { session: *session }),
+        None => reject(absent(store, session)?),
     }
+}
+
+/// Why `session` has no head: `Purged` when it has a tombstone, else `NotFound`.
+pub(crate) fn absent<S: Store + ?Sized>(store: &S, session: &SessionId) -> Result<Rejection> {
+    Ok(match store.row::<PurgedSession>(Table::Purged, &keys::session(session))? {
+        Some(p) => Rejection::Purged { session: *session, seq: p.seq },
+        None => Rejection::NotFound { session: *session },
+    })
 }
 
 fn live_head<S: Store + ?Sized>(store: &S, session: &SessionId) -> Result<SessionHead> {
@@ -390,6 +398,9 @@ fn create<S: Store + ?Sized>(store: &S, c: &CreateSession, limits: &Limits) -> R
     if store.get(Table::Heads, &keys::session(&c.session))?.is_some() {
         return reject(Rejection::AlreadyExists { session: c.session });
     }
+    if let rejection @ Rejection::Purged { .. } = absent(store, &c.session)? {
+        return reject(rejection);
+    }
     let event = Event::SessionCreated(SessionCreated {
         labels: c.labels.clone(),
         metadata: c.metadata.clone(),
@@ -577,6 +588,9 @@ fn fork<S: Store + ?Sized>(store: &S, c: &Fork, limits: &Limits) -> Result<Decis
     }
     if store.get(Table::Heads, &keys::session(&c.session))?.is_some() {
         return reject(Rejection::AlreadyExists { session: c.session });
+    }
+    if let rejection @ Rejection::Purged { .. } = absent(store, &c.session)? {
+        return reject(rejection);
     }
     let base = chain_at(store, &c.parent, c.index)?;
     let event = Event::SessionCreated(SessionCreated {
@@ -1080,5 +1094,6 @@ pub fn outcome_of(record: &Record) -> Outcome {
         }
         Event::ClaimAbandoned(_) => Outcome::ClaimAbandoned { seq: Some(record.seq) },
         Event::InputCancelled(_) => Outcome::InputCancelled { seq: Some(record.seq) },
+        Event::SessionPurged(_) | Event::Erased(_) => Outcome::Purged { seq: record.seq },
     }
 }

@@ -232,13 +232,14 @@ impl Delta {
 
     /// The head of `session` at the last published batch, from memory when it is there;
     /// otherwise read through a view and remembered, unless a batch was published
-    /// meanwhile.
+    /// meanwhile. A purged session is `Rejection::Purged`.
     pub fn head(&self, session: &[u8; 16]) -> Result<Option<Arc<SessionHead>>> {
         if let Some(head) = self.state.read().heads.get(session) {
             return Ok(Some(head.clone()));
         }
         let view = self.view();
         let Some(head) = view.row::<SessionHead>(Table::Heads, session)? else {
+            crate::query::purged_check(&view, &annal_codec::SessionId(*session))?;
             return Ok(None);
         };
         let head = Arc::new(head);

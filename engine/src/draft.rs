@@ -436,6 +436,21 @@ pub(crate) fn write(txn: &WriteTransaction, w: &DraftWrites) -> Result<()> {
     Ok(())
 }
 
+/// Removes every draft of `session` from the drafts tables in `txn` (a purge). Returns
+/// how many drafts there were.
+pub(crate) fn remove_session(txn: &WriteTransaction, session: &SessionId) -> Result<u64> {
+    let mut segments = txn.open_table(DRAFTS)?;
+    let mut index = txn.open_table(DRAFT_INDEX)?;
+    let (start, end) = (session.0.to_vec(), [session.0.as_slice(), &[0xff; 3]].concat());
+    let mut drafts = 0u64;
+    index.retain_in(start.as_slice()..end.as_slice(), |_, _| {
+        drafts += 1;
+        false
+    })?;
+    segments.retain_in(start.as_slice()..end.as_slice(), |_, _| false)?;
+    Ok(drafts)
+}
+
 /// Reads the drafts tables of a log file and checks their structure: keys and summaries
 /// parse, every summary's segments are there and add up to its bytes, and no segment
 /// lies outside a summary. Returns the drafts' summaries, or what is wrong.

@@ -151,6 +151,10 @@ struct Inner {
     recovery: RebuildStats,
     /// The drafts the file held at open.
     abandoned: Vec<crate::draft::DraftSummary>,
+    /// The log file, when the engine runs on files (a purge reopens it).
+    path: Option<PathBuf>,
+    /// The options it was opened with.
+    options: Options,
 }
 
 impl Inner {
@@ -251,9 +255,16 @@ impl Engine {
         let path = path.as_ref();
         options.limits.validate()?;
         refuse_unreadable_format(path, &options)?;
-        let log = open_file(path, &options)?;
+        let mut log = open_file(path, &options)?;
+        // An erasure a crash interrupted is finished before anything else (the check needs
+        // the file open for writing: after a crash only such an open recovers it).
+        if log.begin_read().map(|txn| crate::purge::unfinished_in(&txn)).unwrap_or(false) {
+            drop(log);
+            crate::purge::finish(path)?;
+            log = open_file(path, &options)?;
+        }
         let projections = open_projections(&projections_path(path), &options)?;
-        fail_closed("open", || Engine::start(log, projections, options))
+        fail_closed("open", || Engine::start(log, projections, options, Some(path.to_path_buf())))
     }
 
     /// Opens (or creates) a database on a custom redb storage backend for the log, for
@@ -266,7 +277,7 @@ impl Engine {
         let mut b = builder(&options);
         b.set_concurrency_mode(ConcurrencyMode::ExclusiveWriter);
         let projections = b.create_with_backend(redb::backends::InMemoryBackend::new())?;
-        fail_closed("open", || Engine::start(log, projections, options))
+        fail_closed("open", || Engine::start(log, projections, options, None))
     }
 
     /// Opens (or creates) a database with the log on one storage backend and the
@@ -279,10 +290,10 @@ impl Engine {
         options.limits.validate()?;
         let log = fail_closed("open", || Ok(builder(&options).create_with_backend(log)?))?;
         let projections = fail_closed("open", || Ok(builder(&options).create_with_backend(projections)?))?;
-        fail_closed("open", || Engine::start(log, projections, options))
+        fail_closed("open", || Engine::start(log, projections, options, None))
     }
 
-    fn start(log: Database, projections: Database, options: Options) -> Result<Engine> {
+    fn start(log: Database, projections: Database, options: Options, path: Option<PathBuf>) -> Result<Engine> {
         let chain = match options.chain_key {
             Some(k) => LogChain::keyed(k),
             None => LogChain::plain(),
@@ -294,13 +305,21 @@ impl Engine {
         let tip = crate::log::open_log(&log, &chain)?;
         let recovery = {
             let log_txn = log.begin_read()?;
+            // A content collection a crash interrupted: its removals from the content-id
+            // index may be missing from the projections file, so that projection is
+            // folded again from the log, whose rows no longer hold what was removed.
+            let collecting = crate::collect::collecting_in(&log_txn);
             let (cursors, current) = {
                 let txn = projections.begin_read()?;
-                let cursors = checkpoint::read_cursors(&txn, &log_txn, &chain, &tip)?;
-                let current = match tip.seq {
-                    0 => checkpoint::caught_up_empty(&txn, &tip)?,
-                    seq => cursors.behind(seq) == ProjectionSet::none(),
-                };
+                let mut cursors = checkpoint::read_cursors(&txn, &log_txn, &chain, &tip)?;
+                if collecting {
+                    cursors = cursors.reset(ProjectionSet::none().with(crate::Projection::Content));
+                }
+                let current = !collecting
+                    && match tip.seq {
+                        0 => checkpoint::caught_up_empty(&txn, &tip)?,
+                        seq => cursors.behind(seq) == ProjectionSet::none(),
+                    };
                 (cursors, current)
             };
             if current {
@@ -319,6 +338,10 @@ impl Engine {
                 )?
             }
         };
+        if log.begin_read().map(|txn| crate::collect::collecting_in(&txn))? {
+            crate::collect::sync_projections(&projections)?;
+            crate::collect::clear_mark(&log)?;
+        }
         let log = Arc::new(Db::new(log));
         let projections = Arc::new(Db::new(projections));
         let delta = Arc::new(Delta::new(projections.begin_read()?, log.begin_read()?, tip.seq, tip.hash)?);
@@ -366,7 +389,7 @@ impl Engine {
         Ok(Engine {
             fence: None,
             inner: Arc::new(Inner {
-                reader: Reader::live(delta, options.limits, chain, Some(renewals)),
+                reader: Reader::live(delta, options.limits.clone(), chain, Some(renewals)),
                 shared,
                 sender: RwLock::new(Some(tx)),
                 writer: Mutex::new(Some(handle)),
@@ -374,6 +397,8 @@ impl Engine {
                 closed: AtomicBool::new(false),
                 recovery,
                 abandoned,
+                path,
+                options,
             }),
         })
     }
@@ -689,6 +714,79 @@ impl Engine {
         let (reply, rx) = oneshot::channel();
         self.send(Request::Rebuild { set, reply })?;
         rx.recv().map_err(|_| Error::Closed)?
+    }
+
+    /// Removes, beside the running host, every content object that no record of a
+    /// session that is not purged reaches (archived sessions count as live), reading at
+    /// most `rows_per_batch` content rows per writer request so commits go on between
+    /// batches. Objects introduced after the collection started are not looked at. On a
+    /// database written by this engine it finds nothing unless content was left
+    /// unreachable by other means (a purge collects as it goes); the space it frees is
+    /// reused by redb, and the file does not shrink (`annal compact` does that offline).
+    /// See `docs/design.md` §7f.
+    pub fn collect_garbage(&self, rows_per_batch: usize) -> Result<crate::collect::CollectReport> {
+        let limits = &self.inner.shared.limits;
+        let (record_max, object_max) = (limits.record_bytes_max, limits.message_object_bytes_max());
+        let view = self.reader().snapshot()?;
+        let through = view.seq();
+        let mut marks = Box::<crate::collect::Marks>::default();
+        fail_closed("collect", || marks.read(&view, through, record_max, object_max))?;
+        drop(view);
+        let mut report = crate::collect::CollectReport { through_seq: through, ..Default::default() };
+        let mut from = Some(1);
+        while let Some(start) = from {
+            let sweep = crate::collect::Sweep { from: start, through, rows: rows_per_batch.max(1) };
+            let (reply, rx) = oneshot::channel();
+            self.send(Request::Sweep { marks, sweep, reply })?;
+            let (back, swept) = rx.recv().map_err(|_| Error::Closed)??;
+            marks = back;
+            report.batches += 1;
+            report.rows_swept += swept.rows_read;
+            report.rows_rewritten += swept.rows_rewritten;
+            report.objects_removed += swept.removed.len() as u64;
+            report.bytes_removed += swept.bytes;
+            from = swept.next;
+        }
+        report.reachable = marks.len();
+        if report.objects_removed > 0 {
+            let (reply, rx) = oneshot::channel();
+            self.send(Request::CollectDone { reply })?;
+            rx.recv().map_err(|_| Error::Closed)??;
+        }
+        Ok(report)
+    }
+
+    /// Purges a session ([`crate::purge()`]) from this engine's database, and gives the
+    /// engine back with the purge's answer. The request is first decided on the running
+    /// engine: a rejection (`NotFound`, `Purged`, `HasForks`, a limit) comes back with
+    /// this engine, untouched. Otherwise the engine is closed, the purge runs (it needs the
+    /// files to itself: it rewrites them), and the database is opened again with the same
+    /// options. Every other handle of this engine (clones, fenced handles) must be dropped
+    /// first; otherwise the answer is `InvalidRequest` and the others keep working. The
+    /// outer error is one that left no engine to give back (the reopen failed).
+    pub fn purge(self, request: &crate::purge::PurgeRequest) -> Result<(Engine, Result<crate::purge::ErasureReport>)> {
+        let Some(path) = self.inner.path.clone() else {
+            return Err(Error::Rejected(crate::error::Rejection::InvalidRequest {
+                reason: "purge needs a database in a file".into(),
+            }));
+        };
+        let others = Arc::strong_count(&self.inner) - 1;
+        if others > 0 {
+            return Err(Error::Rejected(crate::error::Rejection::InvalidRequest {
+                reason: format!("purge needs the engine to itself: {others} other handle(s) are open"),
+            }));
+        }
+        let options = self.inner.options.clone();
+        let decided = match crate::purge::check(&self, &options, request) {
+            Ok(decided) => decided,
+            Err(e) => return Ok((self, Err(e))),
+        };
+        // Decided on this engine's last handle; once it is closed nothing else writes the
+        // file before the erasure takes it.
+        self.close()?;
+        let purged = crate::purge::erase(&path, &options, &decided, request);
+        let engine = Engine::open_with(&path, options)?;
+        Ok((engine, purged))
     }
 
     /// Checkpoints the whole delta now and waits until it is in the projections file

@@ -95,6 +95,24 @@ pub enum Rejection {
         /// The session asked for.
         session: SessionId,
     },
+    /// The session was purged: its data is erased, and it takes no command and answers
+    /// no query but this one.
+    #[error("session {session} was purged (tombstone at seq {seq})")]
+    Purged {
+        /// The session.
+        session: SessionId,
+        /// The tombstone's seq.
+        seq: u64,
+    },
+    /// A purge of a session that has fork descendants which are not purged, without
+    /// asking for them too: a fork's history needs its parent's.
+    #[error("session {session} has {} fork descendants that are not purged; purge them too", forks.len())]
+    HasForks {
+        /// The session.
+        session: SessionId,
+        /// Its descendants that are not purged.
+        forks: Vec<SessionId>,
+    },
     /// A session with this id exists.
     #[error("session {session} already exists")]
     AlreadyExists {

@@ -44,12 +44,32 @@ fn need<T>(r: &Record, v: Option<T>, what: &str) -> Result<T> {
     v.ok_or_else(|| corrupt(r, format!("{} event for a session with no {what}", r.event.kind())))
 }
 
+/// An erased record, or a tombstone: the session was purged, so it has no head (its
+/// creation was erased too); a tombstone leaves the purge marker.
+fn fold_purged<S: Store + ?Sized>(store: &mut S, r: &Record, key: &[u8]) -> Result<()> {
+    if store.get(Table::Heads, key)?.is_some() {
+        return Err(corrupt(r, format!("{} of a session whose records are not erased", r.event.kind())));
+    }
+    if store.get(Table::Purged, key)?.is_some() {
+        return Err(corrupt(r, "record after the session's tombstone"));
+    }
+    if let Event::SessionPurged(_) = &r.event {
+        let marker = PurgedSession { seq: r.seq, stream_seq: r.stream_seq, purged_at_ms: r.committed_at_ms };
+        store.put_row(Table::Purged, key, &marker)?;
+    }
+    Ok(())
+}
+
 fn fold_heads<S: Store + ?Sized>(store: &mut S, r: &Record) -> Result<()> {
     let key = keys::session(&r.session);
     let mut head = match &r.event {
+        Event::Erased(_) | Event::SessionPurged(_) => return fold_purged(store, r, &key),
         Event::SessionCreated(e) => {
             if store.get(Table::Heads, &key)?.is_some() || r.stream_seq != 1 {
                 return Err(corrupt(r, "session created twice"));
+            }
+            if store.get(Table::Purged, &key)?.is_some() {
+                return Err(corrupt(r, "session created after its tombstone"));
             }
             SessionHead {
                 session: r.session,
@@ -373,6 +393,9 @@ fn fold_usage<S: Store + ?Sized>(store: &mut S, r: &Record) -> Result<()> {
 fn fold_labels<S: Store + ?Sized>(store: &mut S, r: &Record) -> Result<()> {
     let key = keys::session(&r.session);
     match &r.event {
+        // A purged session is listed nowhere: its creation was erased, so it never had a
+        // row here.
+        Event::Erased(_) | Event::SessionPurged(_) => return Ok(()),
         Event::SessionCreated(e) => {
             if store.get(Table::LabelSessions, &key)?.is_some() {
                 return Err(corrupt(r, "session created twice"));
@@ -515,6 +538,16 @@ fn fold_content<S: Store + ?Sized>(store: &mut S, r: &Record, introduced: &[Cont
         if store.get(Table::ContentIndex, &id.0)?.is_none() {
             return Err(corrupt(r, format!("refers to content {id}, which is not stored")));
         }
+    }
+    Ok(())
+}
+
+/// A content collection removed `removed` from their content rows: the content-id index
+/// forgets them, as a fold of those rows from the log now gives (it indexes what a row
+/// holds), so a later command that brings the same bytes stores them again.
+pub(crate) fn content_collected<S: Store + ?Sized>(store: &mut S, removed: &[ContentId]) -> Result<()> {
+    for id in removed {
+        store.remove(Table::ContentIndex, &id.0)?;
     }
     Ok(())
 }

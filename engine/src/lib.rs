@@ -237,10 +237,43 @@
 //! });
 //! engine.close().unwrap();
 //! ```
+//!
+//! ## Host guide: erasing a session
+//!
+//! A purge erases every byte the host supplied for a session (and, on request, its fork
+//! descendants) from both files, keeps the chain verifiable, and leaves a
+//! `SessionPurged` tombstone: queries on the session then answer
+//! [`Rejection::Purged`] `{ session, seq }` and listings hide it. It rewrites the files,
+//! so it needs them to itself: a running host calls [`Engine::purge`], which decides the
+//! request on the engine, then closes it, purges, and gives back a reopened engine
+//! (offline: [`purge()`] or `annal purge`). Content that other sessions reach stays.
+//! [`Engine::collect_garbage`] removes, online and in batches between commits, content
+//! that nothing reaches any more (`docs/design.md` §7f; what is erased and what is not:
+//! `docs/guarantees.md`, Erasure).
+//!
+//! ```
+//! use annal::{CreateSession, Engine, Error, Message, PurgeRequest, Rejection};
+//!
+//! let dir = tempfile::tempdir().unwrap();
+//! let engine = Engine::open(dir.path().join("sessions.redb")).unwrap();
+//! let leaving = engine.create_session(CreateSession::new().message(Message::user("my address is ..."))).unwrap().session;
+//! let staying = engine.create_session(CreateSession::new().message(Message::user("hello"))).unwrap().session;
+//!
+//! let request = PurgeRequest::new(leaving, "gdpr-art17", "dpo@example.com");
+//! let (engine, report) = engine.purge(&request).unwrap();
+//! let seq = report.unwrap().purged[0].1;
+//! assert_eq!(engine.head(leaving), Err(Error::Rejected(Rejection::Purged { session: leaving, seq })));
+//! assert!(engine.head(staying).unwrap().is_some());
+//!
+//! // Nothing is left unreachable: the purge collected as it went.
+//! assert_eq!(engine.collect_garbage(256).unwrap().objects_removed, 0);
+//! engine.close().unwrap();
+//! ```
 #![deny(missing_docs)]
 
 pub mod checkpoint;
 pub mod clock;
+pub mod collect;
 pub mod command;
 pub mod compact;
 pub mod copy;
@@ -256,6 +289,7 @@ pub mod limits;
 mod log;
 pub mod migrate;
 pub mod projection;
+pub mod purge;
 pub mod query;
 pub mod reader;
 pub mod rebuild;
@@ -272,6 +306,7 @@ pub use annal_codec::{
 };
 pub use checkpoint::CheckpointPolicy;
 pub use clock::{Clock, ManualClock, SystemClock};
+pub use collect::CollectReport;
 pub use command::{
     new_session_id, AcquireLease, AppendContext, AppendDraft, ClaimInputs, Command, CommitTurn, CreateSession,
     EnqueueInput, Expected, Fence, Fork, Lease, Message, Outcome, Receipt, RecordToolCall, RecordToolResult,
@@ -293,6 +328,7 @@ pub use limits::Limits;
 pub use log::{LogEntry, LogTail};
 pub use migrate::migrate;
 pub use projection::*;
+pub use purge::{collect_garbage, purge, ErasureReport, PurgeRequest, Reclaimed};
 pub use query::{
     Claim, EventPage, EventQuery, ListOrder, ListQuery, Page, PageRequest, QueuedInput, RevisionGraph, RevisionPage,
     StoredEvent, StoredMessage, TableDigest, TranscriptPage,

@@ -275,7 +275,7 @@ pub(crate) fn check_log(txn: &ReadTransaction, chain: &LogChain) -> Result<LogSt
     let state = match format {
         None if log_empty => LogState::New,
         None => return Err(missing_format()),
-        Some(Some(v)) if v == tables::FORMAT as u64 => LogState::Ready,
+        Some(Some(v)) if tables::readable_format(v) => LogState::Ready,
         Some(Some(1)) => return Err(Error::MigrationRequired { found: 1, supported: tables::FORMAT }),
         Some(found) => {
             return Err(Error::UnsupportedFormat { found: found.unwrap_or(0) as u32, supported: tables::FORMAT })
@@ -302,10 +302,33 @@ fn check_key(stored: Option<Vec<u8>>, chain: &LogChain) -> Result<()> {
     }
 }
 
+/// Writes this release's format number into a log file of a format it reads as it is
+/// (`tables::FORMAT_APPEND_ONLY_V1`): from then on it may hold records that release
+/// cannot decode, and the number tells it so at open.
+pub(crate) fn upgrade_format(db: &Database) -> Result<bool> {
+    let current = {
+        let txn = db.begin_read()?;
+        let meta = txn.open_table(META)?;
+        let format = meta.get(meta_keys::FORMAT)?.and_then(|g| tables::meta_u64(g.value()));
+        format
+    };
+    if current == Some(tables::FORMAT as u64) {
+        return Ok(false);
+    }
+    let mut txn = db.begin_write()?;
+    txn.set_durability(redb::Durability::Immediate)?;
+    txn.open_table(META)?.insert(meta_keys::FORMAT, tables::FORMAT.to_le_bytes().as_slice())?;
+    txn.commit()?;
+    Ok(true)
+}
+
 /// Opens the log of `db` for writing: checks format and key, writes them into a new
-/// file (the only write an open makes to the log file), and returns the tip.
+/// file (or this release's format number into a file of the previous append-only format:
+/// the only writes an open makes to the log file), and returns the tip.
 pub(crate) fn open_log(db: &Database, chain: &LogChain) -> Result<Tip> {
-    if let LogState::New = check_log(&db.begin_read()?, chain)? {
+    if let LogState::Ready = check_log(&db.begin_read()?, chain)? {
+        upgrade_format(db)?;
+    } else {
         let mut txn = db.begin_write()?;
         txn.set_durability(redb::Durability::Immediate)?;
         tables::create_log_tables(&txn)?;

@@ -47,6 +47,11 @@ pub fn migrate(path: impl AsRef<Path>, chain_key: Option<[u8; 32]>) -> Result<Mi
         match format {
             1 => migrate_v1(&db, &chain),
             f if f == tables::FORMAT as u64 => Ok(MigrateStats { from_format: f as u32, ..MigrateStats::default() }),
+            f if tables::readable_format(f) => {
+                crate::log::check_log(&db.begin_read()?, &chain)?;
+                crate::log::upgrade_format(&db)?;
+                Ok(MigrateStats { from_format: f as u32, ..MigrateStats::default() })
+            }
             f => Err(Error::UnsupportedFormat { found: f as u32, supported: tables::FORMAT }),
         }
     })

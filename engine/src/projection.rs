@@ -83,7 +83,8 @@ impl Projection {
             Projection::Graph => 2,
             // 2: heads carry the host state; the host state history table.
             // 3: heads carry the execution lease.
-            Projection::Heads => 3,
+            // 4: the tombstones of purged sessions.
+            Projection::Heads => 4,
             // 2: the recency order and the label counts.
             Projection::Labels => 2,
             _ => 1,
@@ -93,7 +94,7 @@ impl Projection {
     /// The tables this projection owns.
     pub fn tables(self) -> &'static [Table] {
         match self {
-            Projection::Heads => &[Table::Heads, Table::HostStateLog],
+            Projection::Heads => &[Table::Heads, Table::HostStateLog, Table::Purged],
             Projection::Transcript => &[Table::Transcript, Table::TranscriptTip],
             Projection::Graph => {
                 &[Table::Revisions, Table::RevisionOrder, Table::RevisionEdges, Table::Forks, Table::GraphTip]
@@ -158,6 +159,17 @@ impl FromIterator<Projection> for ProjectionSet {
     fn from_iter<I: IntoIterator<Item = Projection>>(iter: I) -> Self {
         iter.into_iter().fold(ProjectionSet::none(), ProjectionSet::with)
     }
+}
+
+/// What is left of a purged session in the projections: where its tombstone is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PurgedSession {
+    /// The tombstone's global seq.
+    pub seq: u64,
+    /// The tombstone's stream seq (the session's last).
+    pub stream_seq: u64,
+    /// When it was purged, unix ms.
+    pub purged_at_ms: u64,
 }
 
 /// The head of a session.

@@ -224,12 +224,27 @@ fn check_page(limits: &Limits, limit: u64) -> Result<()> {
 }
 
 fn head_of(store: &View, session: &SessionId) -> Result<SessionHead> {
-    store.row(Table::Heads, &keys::session(session))?.ok_or(Error::Rejected(Rejection::NotFound { session: *session }))
+    match store.row(Table::Heads, &keys::session(session))? {
+        Some(head) => Ok(head),
+        None => Err(Error::Rejected(crate::decide::absent(store, session)?)),
+    }
 }
 
-/// The head of `session`, if it exists.
+/// The head of `session`, if it exists. A purged session is
+/// [`Rejection::Purged`]`{ session, seq }`.
 pub fn head(view: &View, session: &SessionId) -> Result<Option<SessionHead>> {
-    view.row(Table::Heads, &keys::session(session))
+    match view.row(Table::Heads, &keys::session(session))? {
+        Some(head) => Ok(Some(head)),
+        None => purged_check(view, session).map(|()| None),
+    }
+}
+
+/// `Err(Purged { session, seq })` when `session` was purged.
+pub fn purged_check(view: &View, session: &SessionId) -> Result<()> {
+    match crate::decide::absent(view, session)? {
+        rejection @ Rejection::Purged { .. } => Err(Error::Rejected(rejection)),
+        _ => Ok(()),
+    }
 }
 
 /// The value of host state entry `name` of `session` at its head, or as of stream seq
@@ -865,7 +880,10 @@ pub fn inbox(
     session: &SessionId,
     keep: impl Fn(&InputState) -> bool,
 ) -> Result<Vec<QueuedInput>> {
-    let tip: InboxTip = view.row(Table::InboxTip, &keys::session(session))?.unwrap_or_default();
+    let Some(tip) = view.row::<InboxTip>(Table::InboxTip, &keys::session(session))? else {
+        purged_check(view, session)?;
+        return Ok(Vec::new());
+    };
     let mut out = Vec::with_capacity(tip.open.len());
     for id in &tip.open {
         let key = keys::session_str(session, id);

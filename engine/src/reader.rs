@@ -79,7 +79,10 @@ impl Reader {
         let log: Arc<dyn ReadableDatabase + Send + Sync> =
             Arc::new(fail_closed("open read-only", || Ok(builder().open_read_only(path)?))?);
         let projections_path = crate::engine::projections_path(path);
-        let projections = match projections_path.exists() {
+        // While an erasure is unfinished the projections file may still hold what the
+        // purge erased from the log: fold the whole log instead.
+        let unfinished = log.begin_read().map(|txn| crate::purge::unfinished_in(&txn)).unwrap_or(false);
+        let projections = match projections_path.exists() && !unfinished {
             true => builder().open_read_only(&projections_path).ok(),
             false => None,
         };
@@ -147,14 +150,24 @@ impl Reader {
     /// An input of `session`, whatever its state (completed and cancelled ones too).
     pub fn input(&self, session: SessionId, input_id: &str) -> Result<Option<InputRow>> {
         fail_closed("input", || {
-            self.snapshot()?.row(crate::store::Table::Inputs, &crate::store::keys::session_str(&session, input_id))
+            let view = self.snapshot()?;
+            let row = view.row(crate::store::Table::Inputs, &crate::store::keys::session_str(&session, input_id))?;
+            if row.is_none() {
+                query::purged_check(&view, &session)?;
+            }
+            Ok(row)
         })
     }
 
     /// A claim of `session`, by the stream seq of its `InputsClaimed`.
     pub fn claim(&self, session: SessionId, claim: u64) -> Result<Option<ClaimRow>> {
         fail_closed("claim", || {
-            self.snapshot()?.row(crate::store::Table::Claims, &crate::store::keys::session_u64(&session, claim))
+            let view = self.snapshot()?;
+            let row = view.row(crate::store::Table::Claims, &crate::store::keys::session_u64(&session, claim))?;
+            if row.is_none() {
+                query::purged_check(&view, &session)?;
+            }
+            Ok(row)
         })
     }
 

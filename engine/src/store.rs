@@ -68,11 +68,16 @@ pub enum Table {
     Claims,
     /// session → the inbox's open inputs (queue order) and open claims
     InboxTip,
+    /// session → the tombstone of a purged session
+    Purged,
 }
+
+/// The tag of [`Table::Purged`].
+const PURGED_TAG: u8 = 40;
 
 impl Table {
     /// Every projection table.
-    pub const ALL: [Table; 28] = [
+    pub const ALL: [Table; 29] = [
         Table::Heads,
         Table::Transcript,
         Table::TranscriptTip,
@@ -101,6 +106,7 @@ impl Table {
         Table::Inputs,
         Table::Claims,
         Table::InboxTip,
+        Table::Purged,
     ];
 
     /// The redb table name.
@@ -134,6 +140,7 @@ impl Table {
             Table::Inputs => "p.inputs",
             Table::Claims => "p.claims",
             Table::InboxTip => "p.inbox_tip",
+            Table::Purged => "p.purged",
         }
     }
 
@@ -142,14 +149,21 @@ impl Table {
         Table::ALL.iter().position(|t| *t == self).unwrap_or(0)
     }
 
-    /// The table's tag byte in the physical key (1..=21; stable on disk).
+    /// The table's tag byte in the physical key (1 to 25, then 40 for [`Table::Purged`];
+    /// stable on disk).
     pub fn tag(self) -> u8 {
-        self.index() as u8 + 1
+        match self {
+            Table::Purged => PURGED_TAG,
+            t => t.index() as u8 + 1,
+        }
     }
 
     /// The table with this tag.
     pub fn from_tag(tag: u8) -> Option<Table> {
-        Table::ALL.get((tag as usize).wrapping_sub(1)).copied()
+        match tag {
+            PURGED_TAG => Some(Table::Purged),
+            _ => Table::ALL.get((tag as usize).wrapping_sub(1)).copied().filter(|t| *t != Table::Purged),
+        }
     }
 
     /// Whether every key of the table starts with a 16-byte session id. Such rows are

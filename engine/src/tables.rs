@@ -108,7 +108,19 @@ pub fn clear_projection_tables(txn: &WriteTransaction, tables: &[Table]) -> Resu
 
 /// The log file's format version, written in its `meta`. Format 1 kept the projections,
 /// a per-session index and content by id in the log file; `annal migrate` upgrades it.
-pub const FORMAT: u32 = 2;
+/// Format 2 is the append-only layout with every record in record format 1. Format 3
+/// (this release) may also hold records of record format 2 and erased records, which a
+/// release that reads format 2 cannot decode: a format-2 file is read as it is, and the
+/// first open for writing rewrites its format number.
+pub const FORMAT: u32 = 3;
+
+/// The append-only layout before record format 2: read as it is, upgraded in place.
+pub const FORMAT_APPEND_ONLY_V1: u32 = 2;
+
+/// Whether this release reads a log file of format `f` without a migration.
+pub fn readable_format(f: u64) -> bool {
+    f == FORMAT as u64 || f == FORMAT_APPEND_ONLY_V1 as u64
+}
 
 /// The projections file's format version.
 pub const PROJECTIONS_FORMAT: u32 = 1;
@@ -121,6 +133,16 @@ pub mod meta_keys {
     pub const TIP: &str = "tip";
     /// 32 bytes: keyed hash recognising the chain key (absent for a plain chain).
     pub const KEY_CHECK: &str = "key_check";
+    /// 4 × u64 LE: sessions purged, records erased, content objects removed and their
+    /// stored bytes, over the database's life (`annal::purge::Reclaimed`).
+    pub const ERASED: &str = "erased";
+    /// Present (one byte) while an erasure's scrub is unfinished: the next open for
+    /// writing shreds the projections file and rewrites the log file first.
+    pub const ERASURE_UNFINISHED: &str = "erasure_unfinished";
+    /// Present (one byte) while an online content collection has removed objects whose
+    /// removal from the content-id index may not be in the projections file yet: the next
+    /// open folds the content projection again.
+    pub const CONTENT_COLLECTING: &str = "content_collecting";
 
     /// u32 LE: the fold version a projection was built with.
     pub fn version(p: crate::Projection) -> String {

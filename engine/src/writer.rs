@@ -138,6 +138,16 @@ pub(crate) enum Request {
         export: crate::copy::SessionExport,
         reply: ReplyTo<crate::copy::CopyOutcome>,
     },
+    /// One sweep batch of an online content collection.
+    Sweep {
+        marks: Box<crate::collect::Marks>,
+        sweep: crate::collect::Sweep,
+        reply: ReplyTo<(Box<crate::collect::Marks>, crate::collect::Swept)>,
+    },
+    /// The end of an online content collection: checkpoint, sync, clear the mark.
+    CollectDone {
+        reply: ReplyTo<()>,
+    },
 }
 
 /// How long the writer waits, at most, for committers to come back before it starts a
@@ -246,6 +256,8 @@ fn fail(req: Request, e: Error) {
         Request::Checkpoint { reply } | Request::FlushDrafts { reply } => drop(reply.send(Err(e))),
         Request::Import { reply, .. } => drop(reply.send(Err(e))),
         Request::Copy { reply, .. } => drop(reply.send(Err(e))),
+        Request::Sweep { reply, .. } => drop(reply.send(Err(e))),
+        Request::CollectDone { reply } => drop(reply.send(Err(e))),
     }
 }
 
@@ -282,7 +294,51 @@ fn exclusive(shared: &Shared, seq: &mut Sequencer, req: Request, checkpoints: &S
             let _ = reply.send(result);
             after_apply(shared, checkpoints);
         }
+        Request::Sweep { mut marks, sweep, reply } => {
+            let result = crate::error::fail_closed("collect", || sweep_batch(shared, &tip, &mut marks, &sweep));
+            if result.is_err() {
+                shared.poisoned.store(true, Ordering::Release);
+            }
+            let _ = reply.send(result.map(|swept| (marks, swept)));
+            after_apply(shared, checkpoints);
+        }
+        Request::CollectDone { reply } => {
+            let result = crate::error::fail_closed("collect", || {
+                drain(shared, checkpoints)?;
+                crate::collect::sync_projections(&shared.projections)?;
+                crate::collect::clear_mark(&shared.log_db)
+            });
+            let _ = reply.send(result);
+        }
     }
+}
+
+/// One sweep batch of an online collection, on the idle log: mark what the records
+/// since the last batch reach, rewrite the batch's rows durably, then fold the removals
+/// into the delta.
+fn sweep_batch(
+    shared: &Shared,
+    tip: &Tip,
+    marks: &mut crate::collect::Marks,
+    sweep: &crate::collect::Sweep,
+) -> Result<crate::collect::Swept> {
+    let (record_max, object_max) = (shared.limits.record_bytes_max, shared.limits.message_object_bytes_max());
+    let view = shared.delta.view();
+    marks.read(&view, tip.seq, record_max, object_max)?;
+    let mut txn = shared.log_db.begin_write()?;
+    txn.set_durability(redb::Durability::Immediate)?;
+    let swept = crate::collect::sweep_rows(&txn, marks, sweep, object_max)?;
+    if swept.removed.is_empty() {
+        txn.abort()?;
+        return Ok(swept);
+    }
+    txn.commit()?;
+    let mut overlay = Overlay::new(&view);
+    crate::evolve::content_collected(&mut overlay, &swept.removed)?;
+    let writes = overlay.into_writes();
+    drop(view);
+    shared.delta.apply(writes, tip.seq, tip.hash, 0, shared.log_db.begin_read()?);
+    Ok(swept)
 }
 
 /// The writer's state: the next seq and the clock.
@@ -539,7 +595,33 @@ fn new_content<S: Store + ?Sized>(store: &S, content: Vec<(ContentId, Vec<u8>)>)
 
 /// The stream seq the session's next event gets: its head's, plus one.
 pub(crate) fn next_stream_seq<S: Store + ?Sized>(store: &S, session: &SessionId) -> Result<u64> {
-    Ok(store.row::<SessionHead>(Table::Heads, &keys::session(session))?.map_or(0, |h| h.stream_seq) + 1)
+    match store.row::<SessionHead>(Table::Heads, &keys::session(session))? {
+        Some(h) => Ok(h.stream_seq + 1),
+        // No head: a new session, or a purged one (its creation erased), whose stream the
+        // stream index still has: find its end in O(log n) lookups (it is dense from 1).
+        None => {
+            let has = |n: u64| -> Result<bool> {
+                Ok(store.get(Table::StreamIndex, &keys::session_u64(session, n))?.is_some())
+            };
+            if !has(1)? {
+                return Ok(1);
+            }
+            let mut lo = 1u64;
+            while has(lo.saturating_mul(2))? && lo < u64::MAX / 2 {
+                lo *= 2;
+            }
+            let mut hi = lo.saturating_mul(2);
+            while hi - lo > 1 {
+                let mid = lo + (hi - lo) / 2;
+                if has(mid)? {
+                    lo = mid
+                } else {
+                    hi = mid
+                }
+            }
+            Ok(lo + 1)
+        }
+    }
 }
 
 /// Where `apply` puts what a command writes.

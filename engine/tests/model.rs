@@ -17,6 +17,15 @@
 //! policy. After a reopen the open must have folded exactly the events the projections
 //! file lacked, every query agrees, and the projections equal a rebuild from the log.
 //!
+//! Purge points close the engine and purge a session (with or without its fork
+//! descendants) through [`annal::purge()`]: the engine's report or rejection must equal
+//! the model's (`NotFound`, `Purged`, `HasForks`, the tombstones' seqs), and after the
+//! reopen the purged sessions answer `Purged { session, seq }`, every other query and the
+//! content the remaining sessions reach agree, and the projections equal a rebuild.
+//! Collection points run the online collection ([`annal::Engine::collect_garbage`]) in
+//! batches of a few rows: it must remove nothing (nothing in a database the engine wrote
+//! is unreachable, whatever the sharing) and change no answer.
+//!
 //! `PROPTEST_CASES` overrides the number of cases (256 by default).
 
 #[path = "model/check.rs"]
@@ -176,6 +185,41 @@ fn run(first: Policy, ops: &[Op]) -> Checked {
                 ok(engine.checkpoint(), "checkpoint")?;
                 same(engine.stats().delta_bytes, 0, format_args!("step {step}: delta bytes after a checkpoint"))?;
                 compare_all(&engine, &model, &never_stored, &format!("after the checkpoint at step {step}"))?;
+                continue;
+            }
+            Op::Purge { s, descendants, policy: next } => {
+                let id = ops::target(&model, *s);
+                ok(engine.close(), "close")?;
+                let mut request = PurgeRequest::new(id, "model", "model");
+                request.descendants = *descendants;
+                let got = annal::purge(&files.path, options(*next, &model.time), &request).map(|r| r.purged);
+                // The purge's open rebuilt the projections file; copies saved before it
+                // hold erased rows and belong to another log.
+                files.saved.clear();
+                engine = open(&files.path, *next, &model.time)?;
+                policy = *next;
+                // The close and the reopen forget the renewals.
+                model.renewals.clear();
+                learn_clock(&engine, &mut model)?;
+                let want = model.purge(&id, *descendants).map_err(Error::Rejected);
+                same(&got, &want, format_args!("step {step}: purge {id} (descendants: {descendants})"))?;
+                same(ok(engine.tip(), "tip")?.0, model.seq, format_args!("step {step}: log tip after a purge"))?;
+                for (purged, seq) in want.iter().flatten() {
+                    let answer = engine.head(*purged).map(|_| ());
+                    let expected = Err(Error::Rejected(Rejection::Purged { session: *purged, seq: *seq }));
+                    same(&answer, &expected, format_args!("step {step}: head of purged {purged}"))?;
+                }
+                compare_all(&engine, &model, &never_stored, &format!("after the purge at step {step}"))?;
+                equal_a_rebuild(&engine, &format!("after the purge at step {step}"))?;
+                continue;
+            }
+            Op::Collect { rows } => {
+                // The model's database never holds content that nothing reaches (a purge
+                // collects as it goes): an online collection must find nothing, however
+                // the sessions share objects, and change no answer.
+                let report = ok(engine.collect_garbage(usize::from(*rows)), "collect")?;
+                same(report.objects_removed, 0, format_args!("step {step}: objects an online collection removed"))?;
+                compare_all(&engine, &model, &never_stored, &format!("after the collection at step {step}"))?;
                 continue;
             }
             Op::Reopen { policy: next, projections } => {

@@ -1267,7 +1267,11 @@ fn s13_rebuild_is_identical_twice() {
     let engine = db.open();
     workload(&engine);
     let live = engine.projection_digests().unwrap();
-    assert!(live.iter().all(|d| d.rows > 0), "the workload fills every projection table: {live:?}");
+    // Every table but the tombstones, which only a purge writes.
+    assert!(
+        live.iter().all(|d| d.rows > 0 || d.table == Table::Purged.name()),
+        "the workload fills every projection table: {live:?}"
+    );
     let stats = engine.rebuild(ProjectionSet::all()).unwrap();
     assert_eq!(stats.events, tip_seq(&engine));
     assert_eq!(engine.projection_digests().unwrap(), live);

@@ -166,7 +166,7 @@ fn reseal(path: &Path, from: u64, chain: &LogChain, start: ChainHash) -> ChainHa
     for seq in from..=log.len() as u64 {
         let mut bytes = log[seq as usize - 1].clone();
         let body = bytes.len() - 32;
-        prev = chain.next(&prev, &bytes[..body]);
+        prev = annal::codec::chain_link(&bytes[..body], &prev, chain);
         bytes[body..].copy_from_slice(&prev.0);
         edits.push((seq, Some(bytes)));
     }

@@ -17,6 +17,10 @@
 //!   with its chain hash; otherwise every record past the acknowledged tip was written
 //!   by one commit (one commit time);
 //! - a clean reopen folds nothing (the close checkpointed everything);
+//! - a purge (of a session, with its forks if asked) or a content collection, run after a
+//!   clean close on real files that hold the disk's images (it replaces files, which the
+//!   simulated disk does not model), adds one tombstone per purged session and nothing
+//!   else, and each purged session answers `Purged` at the seq of its tombstone;
 //! - after every reopen, and at the end, `annal verify --deep` of the live engine finds
 //!   nothing: the log verifies, and the projections as a reader sees them equal a fold of
 //!   the whole log from nothing (the engine's own `evolve`, into scratch state);
@@ -28,7 +32,8 @@
 //! engine whose process died with the power or was killed is severed from its files
 //! before it is dropped (`SimDisk::sever_detached`), so its close does no work on files
 //! that no longer matter. `fuzz/run.sh` builds this target without a sanitizer and
-//! without comparison tracing (`fuzz/README.md` says why).
+//! without comparison tracing (`fuzz/README.md` says why). A purge or collection step
+//! costs more than any other: it goes through real files, and a purge rewrites both.
 
 #![no_main]
 
@@ -325,6 +330,10 @@ enum Disk {
     Fault(u8),
     /// The power goes just before the I/O call `n` calls from now.
     PowerLossAt(u8),
+    /// Close, purge session `s` (with its fork descendants if asked), reopen, check.
+    Purge { s: u8, descendants: bool },
+    /// Close, collect unreachable content, reopen, check.
+    Gc,
 }
 
 #[derive(Arbitrary, Debug)]
@@ -395,6 +404,24 @@ fn fresh(options: &Options) -> (Vec<u8>, Vec<u8>) {
         (disk.image(LOG).expect("the log file"), disk.image(PROJECTIONS).expect("the projections file"))
     });
     files.clone()
+}
+
+/// A directory for a purge step's real files, in memory where the system has such a
+/// place (`/dev/shm`). The files stand for the simulated disk's images for one call and
+/// nothing needs them durable, but a purge or collection syncs them about fifteen times,
+/// and on a disk each sync waits for the device (replaying 967 kept inputs, with 4,820
+/// such steps, took 21.5 s with the files on the disk and 12.1 s in `/dev/shm`).
+fn scratch_dir() -> tempfile::TempDir {
+    static ROOT: OnceLock<std::path::PathBuf> = OnceLock::new();
+    let root = ROOT.get_or_init(|| {
+        let shm = std::path::Path::new("/dev/shm");
+        if tempfile::tempdir_in(shm).is_ok() {
+            shm.to_path_buf()
+        } else {
+            std::env::temp_dir()
+        }
+    });
+    tempfile::tempdir_in(root).expect("a temporary directory")
 }
 
 fn events(engine: &Engine, from: u64) -> Vec<annal::StoredEvent> {
@@ -745,6 +772,49 @@ impl Run {
         self.check_reopened(in_flight);
     }
 
+    /// Closes the engine, purges a session (or collects content) on real files that hold
+    /// the disk's images (a purge rewrites and replaces files, which the simulated disk
+    /// does not model), puts the files back on the disk, reopens and checks: the
+    /// tombstones are the only new records, each purged session answers `Purged`, and
+    /// `verify --deep` of the live engine finds nothing (`check_projections`).
+    fn purge(&mut self, target: Option<(SessionId, bool)>) {
+        self.disk.disarm();
+        self.engine.take().expect("open").close().expect("close");
+        self.disk.forget_detached();
+        let dir = scratch_dir();
+        let path = dir.path().join("db.redb");
+        let projections = annal::projections_path(&path);
+        std::fs::write(&path, self.disk.image(LOG).unwrap_or_default()).expect("write the log");
+        std::fs::write(&projections, self.disk.image(PROJECTIONS).unwrap_or_default()).expect("write projections");
+        let options = self.options.clone();
+        let result = match target {
+            Some((session, descendants)) => {
+                let mut request = annal::PurgeRequest::new(session, "fuzz", "fuzz");
+                request.descendants = descendants;
+                annal::purge(&path, options, &request)
+            }
+            None => annal::collect_garbage(&path, options),
+        };
+        let purged = match result {
+            Ok(report) => report.purged,
+            Err(Error::Rejected(_)) => Vec::new(),
+            Err(e) => panic!("a purge failed with no fault: {e:?}"),
+        };
+        self.disk.set_image(LOG, std::fs::read(&path).expect("read the log"));
+        self.disk.set_image(PROJECTIONS, std::fs::read(&projections).expect("read projections"));
+        self.open(0);
+        let (tip, hash) = self.engine().tip().expect("tip");
+        assert_eq!(tip, self.acked.seq + purged.len() as u64, "a purge writes one tombstone per session");
+        for (session, seq) in purged {
+            match self.engine().head(session) {
+                Err(Error::Rejected(annal::Rejection::Purged { seq: at, .. })) => assert_eq!(at, seq),
+                other => panic!("a purged session answers {other:?}"),
+            }
+        }
+        self.acked = Acked { seq: tip, hash };
+        self.check_projections();
+    }
+
     /// Whether a fault fired or the power went, and how the engine must go down then.
     fn interrupted(&self) -> Option<(Down, Option<annal::fault::disk::Fired>)> {
         let fired = self.disk.take_fired();
@@ -771,6 +841,8 @@ impl Run {
             Step::Disk(Disk::Fault(n)) => self.disk.fail_call(u64::from(*n)),
             Step::Disk(Disk::PowerLossAt(n)) => self.disk.lose_power_at_call(u64::from(*n)),
             Step::Tick(ms) => self.clock.advance(u64::from(*ms)),
+            Step::Disk(Disk::Purge { s, descendants }) => self.purge(Some((sid(*s), *descendants))),
+            Step::Disk(Disk::Gc) => self.purge(None),
             step => {
                 let Some(command) = self.command(step, 0) else { return };
                 self.in_flight = Some(command.clone());

@@ -20,7 +20,10 @@
 //!
 //! A rewrite's kind is `{"type":"compaction"}` (or `edit`, `redaction`) or
 //! `{"type":"restore","target":"<revision>"}`. Recovery is `replay_safe` or
-//! `not_replay_safe`; a tool outcome is `ok`, `error` or `cancelled`.
+//! `not_replay_safe`; a tool outcome is `ok`, `error` or `cancelled`. An erased record
+//! of a purged session is `{"kind":"Erased","erased_kind":..,"schema_version":..,
+//! "payload_len":..,"payload_digest":"<64 hex>"}`, and it imports as the same erased
+//! record.
 //!
 //! # Round trip
 //!
@@ -284,6 +287,12 @@ pub enum EventJson {
     ClaimAbandoned { claim: u64 },
     /// See [`annal::codec::InputCancelled`].
     InputCancelled { input_id: String },
+    /// See [`annal::codec::SessionPurged`].
+    SessionPurged { reason: String, actor: String, with_ancestor: Option<String> },
+    /// An erased record of a purged session (see [`annal::codec::Erased`]): the kind,
+    /// schema version and payload length of the event that was there, and its payload
+    /// digest (hex). It is imported as the same erased record, so the chain reproduces.
+    Erased { erased_kind: String, schema_version: u16, payload_len: u32, payload_digest: String },
 }
 
 /// One line of an export.
@@ -441,6 +450,17 @@ fn event_json(event: &Event, src: &ContentSource<'_>) -> Result<EventJson> {
         },
         Event::ClaimAbandoned(e) => EventJson::ClaimAbandoned { claim: e.claim },
         Event::InputCancelled(e) => EventJson::InputCancelled { input_id: e.input_id.clone() },
+        Event::SessionPurged(e) => EventJson::SessionPurged {
+            reason: e.reason.clone(),
+            actor: e.actor.clone(),
+            with_ancestor: e.with_ancestor.map(|s| s.to_string()),
+        },
+        Event::Erased(e) => EventJson::Erased {
+            erased_kind: e.kind.name().to_string(),
+            schema_version: e.schema_version,
+            payload_len: e.payload_len,
+            payload_digest: annal::codec::hex(&e.payload_digest),
+        },
     })
 }
 
@@ -811,6 +831,25 @@ fn event_of(json: &EventJson, sink: &mut ContentSink<'_>) -> std::result::Result
         EventJson::InputCancelled { input_id } => {
             Event::InputCancelled(c::InputCancelled { input_id: input_id.clone() })
         }
+        EventJson::SessionPurged { reason, actor, with_ancestor } => Event::SessionPurged(c::SessionPurged {
+            reason: reason.clone(),
+            actor: actor.clone(),
+            with_ancestor: with_ancestor.as_deref().map(|s| parse_hex::<SessionId>(s, "session")).transpose()?,
+        }),
+        EventJson::Erased { erased_kind, schema_version, payload_len, payload_digest } => {
+            let kind =
+                EventKind::from_name(erased_kind).ok_or_else(|| format!("unknown event kind {erased_kind:?}"))?;
+            let digest: ChainHash = parse_hex(payload_digest, "payload digest")?;
+            if *schema_version > kind.current_version() || *schema_version < kind.oldest_version() {
+                return Err(format!("{kind}: unsupported schema version {schema_version}"));
+            }
+            Event::Erased(c::Erased {
+                kind,
+                schema_version: *schema_version,
+                payload_len: *payload_len,
+                payload_digest: digest.0,
+            })
+        }
     })
 }
 
@@ -1078,6 +1117,10 @@ pub fn kind_of(line: &ExportLine) -> EventKind {
         EventJson::InputsClaimed { .. } => EventKind::InputsClaimed,
         EventJson::ClaimAbandoned { .. } => EventKind::ClaimAbandoned,
         EventJson::InputCancelled { .. } => EventKind::InputCancelled,
+        EventJson::SessionPurged { .. } => EventKind::SessionPurged,
+        EventJson::Erased { ref erased_kind, .. } => {
+            EventKind::from_name(erased_kind).unwrap_or(EventKind::SessionPurged)
+        }
     }
 }
 

@@ -427,6 +427,8 @@ fn summary(event: &Event) -> String {
         }
         Event::ClaimAbandoned(e) => format!("claim {}", e.claim),
         Event::InputCancelled(e) => e.input_id.clone(),
+        Event::SessionPurged(e) => format!("reason: {}, actor: {}", e.reason, e.actor),
+        Event::Erased(e) => format!("erased ({} payload bytes)", e.payload_len),
     }
 }
 
@@ -477,6 +479,8 @@ pub fn log(reader: &Reader, q: &LogQuery, out: &mut dyn std::io::Write) -> Resul
 pub struct Stats {
     /// Records.
     pub events: u64,
+    /// What purges and content collections reclaimed over the database's life.
+    pub reclaimed: annal::Reclaimed,
     /// Records per kind.
     pub by_kind: BTreeMap<String, u64>,
     /// Records that did not decode (counted, not fatal).
@@ -586,6 +590,15 @@ impl Stats {
         let _ = writeln!(out, "dedup saved       {:>12}", human_bytes(self.dedup_saved_bytes()));
         let _ = writeln!(out, "logical bytes     {:>12}", human_bytes(self.logical_bytes()));
         let _ = writeln!(out, "file size         {:>12}", human_bytes(self.file_bytes));
+        let r = &self.reclaimed;
+        let _ = writeln!(
+            out,
+            "reclaimed         {:>12}   ({} sessions purged, {} records erased, {} content objects removed)",
+            human_bytes(r.bytes),
+            r.sessions,
+            r.records,
+            r.objects
+        );
         let _ = writeln!(out, "bytes per logical byte  {:.2}", self.bytes_per_logical_byte());
         let _ = writeln!(
             out,
@@ -628,6 +641,12 @@ impl Stats {
             "dedup_saved_bytes": self.dedup_saved_bytes(),
             "logical_bytes": self.logical_bytes(),
             "file_bytes": self.file_bytes,
+            "reclaimed": {
+                "sessions_purged": self.reclaimed.sessions,
+                "records_erased": self.reclaimed.records,
+                "content_objects": self.reclaimed.objects,
+                "content_bytes": self.reclaimed.bytes,
+            },
             "bytes_per_logical_byte": self.bytes_per_logical_byte(),
             "tables": self.tables.iter().map(|t| json!({
                 "name": t.name,
@@ -654,7 +673,11 @@ pub fn stats(reader: &Reader, path: &Path) -> Result<Stats> {
     let limits = reader.limits();
     let projections_path = annal::projections_path(path);
     let projections_bytes = std::fs::metadata(&projections_path).map_or(0, |m| m.len());
-    let mut s = Stats { file_bytes: std::fs::metadata(path)?.len() + projections_bytes, ..Stats::default() };
+    let mut s = Stats {
+        file_bytes: std::fs::metadata(path)?.len() + projections_bytes,
+        reclaimed: annal::Reclaimed::read(txn)?,
+        ..Stats::default()
+    };
     for kind in EventKind::ALL {
         s.by_kind.insert(kind.name().to_string(), 0);
     }

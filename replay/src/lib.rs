@@ -43,6 +43,7 @@ pub mod export;
 pub mod graph;
 pub mod inspect;
 pub mod progress;
+pub mod purge;
 pub mod rebuild;
 pub mod verify;
 

@@ -5,7 +5,9 @@ use annal_replay::graph::Format;
 use annal_replay::inspect::LogQuery;
 use annal_replay::rebuild::RebuildOptions;
 use annal_replay::verify::VerifyOptions;
-use annal_replay::{compact, demo, export, graph, inspect, open_reader, parse_session, read_key_file, rebuild, verify};
+use annal_replay::{
+    compact, demo, export, graph, inspect, open_reader, parse_session, purge, read_key_file, rebuild, verify,
+};
 use annal_replay::{CliError, Exit, Result};
 use clap::{Parser, Subcommand, ValueEnum};
 use std::io::{BufReader, Write};
@@ -92,6 +94,37 @@ enum Command {
     /// load); nothing else changes.
     Compact {
         /// The database file (no other process may have it open, not even to read).
+        db: PathBuf,
+        /// Key of a keyed chain: 32 raw bytes or 64 hex digits.
+        #[arg(long)]
+        key_file: Option<PathBuf>,
+    },
+    /// Erase a session for good: a tombstone is appended, the session's records keep
+    /// only their headers and payload digests (the chain still verifies), content that
+    /// no other session reaches is removed, and both files are rewritten so that no
+    /// erased byte is left in them.
+    Purge {
+        /// The database file (no other process may have it open).
+        db: PathBuf,
+        /// The session id.
+        session: String,
+        /// Why, kept in the tombstone.
+        #[arg(long, default_value = "")]
+        reason: String,
+        /// Who asked, kept in the tombstone.
+        #[arg(long, default_value = "operator")]
+        actor: String,
+        /// Also purge the session's fork descendants (refused without it when it has any).
+        #[arg(long)]
+        descendants: bool,
+        /// Key of a keyed chain: 32 raw bytes or 64 hex digits.
+        #[arg(long)]
+        key_file: Option<PathBuf>,
+    },
+    /// Remove content that no session that is not purged reaches, and rewrite the files
+    /// if any was removed.
+    Gc {
+        /// The database file (no other process may have it open).
         db: PathBuf,
         /// Key of a keyed chain: 32 raw bytes or 64 hex digits.
         #[arg(long)]
@@ -270,6 +303,16 @@ fn run(cli: Cli) -> Result<Exit> {
         }
         Command::Compact { db, key_file } => {
             print(&compact::render(&compact::compact(&db, key(&key_file)?)?))?;
+            Ok(Exit::Ok)
+        }
+        Command::Purge { db, session, reason, actor, descendants, key_file } => {
+            let mut request = annal::PurgeRequest::new(parse_session(&session)?, reason, actor);
+            request.descendants = descendants;
+            print(&purge::render(&purge::purge(&db, key(&key_file)?, &request)?))?;
+            Ok(Exit::Ok)
+        }
+        Command::Gc { db, key_file } => {
+            print(&purge::render(&purge::gc(&db, key(&key_file)?)?))?;
             Ok(Exit::Ok)
         }
         Command::Rebuild { db, projections, key_file } => {

@@ -143,6 +143,14 @@ pub enum Finding {
         /// What is wrong.
         detail: String,
     },
+    /// A session has erased records but no tombstone: its payloads were removed by
+    /// something other than a purge.
+    ErasedWithoutPurge {
+        /// Its first erased record.
+        seq: u64,
+        /// The session.
+        session: SessionId,
+    },
     /// A content row at a seq that holds no log record.
     StrayContentRow {
         /// The row's seq.
@@ -262,9 +270,9 @@ impl Finding {
             | Finding::SeqMismatch { seq, .. }
             | Finding::ClockBackwards { seq, .. }
             | Finding::CommitHash { seq } => format!("log seq {seq}"),
-            Finding::StreamGap { seq, session, .. } | Finding::Fold { seq, session, .. } => {
-                format!("log seq {seq} (session {session})")
-            }
+            Finding::StreamGap { seq, session, .. }
+            | Finding::Fold { seq, session, .. }
+            | Finding::ErasedWithoutPurge { seq, session } => format!("log seq {seq} (session {session})"),
             Finding::ContentRow { row, .. } | Finding::StrayContentRow { row } => format!("content row {row}"),
             Finding::MissingContent { id, .. }
             | Finding::DuplicateContent { id, .. }
@@ -297,6 +305,7 @@ impl Finding {
             | Finding::ContentAfterReference { seq, .. }
             | Finding::NotAMessage { seq, .. }
             | Finding::CommitHash { seq }
+            | Finding::ErasedWithoutPurge { seq, .. }
             | Finding::Fold { seq, .. } => Some(*seq),
             Finding::ContentHash { seq, .. } => *seq,
             _ => None,
@@ -315,6 +324,7 @@ impl Finding {
             Finding::ClockBackwards { .. } => "clock_backwards",
             Finding::ContentRow { .. } => "content_row",
             Finding::StrayContentRow { .. } => "stray_content_row",
+            Finding::ErasedWithoutPurge { .. } => "erased_without_purge",
             Finding::DuplicateContent { .. } => "duplicate_content",
             Finding::MissingContent { .. } => "missing_content",
             Finding::ContentAfterReference { .. } => "content_after_reference",
@@ -352,6 +362,7 @@ impl Finding {
                 detail.clone()
             }
             Finding::StrayContentRow { .. } => "no log record has this seq".into(),
+            Finding::ErasedWithoutPurge { .. } => "the record is erased, but the session has no tombstone".into(),
             Finding::DuplicateContent { first_row, row, .. } if first_row == row => {
                 format!("stored twice in content row {row}")
             }
@@ -405,6 +416,10 @@ pub struct VerifyReport {
     pub sessions: u64,
     /// Distinct content objects checked.
     pub content_objects: u64,
+    /// Records erased by purges (reported, not findings: erased is not corrupt).
+    pub erased_records: u64,
+    /// Sessions purged (tombstones).
+    pub purged_sessions: u64,
     /// The last record's seq and stored chain hash.
     pub tip: Option<(u64, ChainHash)>,
     /// Whether the chain was checked in keyed mode.
@@ -435,6 +450,12 @@ impl VerifyReport {
         if let Some((seq, hash)) = self.tip {
             out.push_str(&format!("; tip seq {seq} {hash}"));
         }
+        if self.purged_sessions > 0 || self.erased_records > 0 {
+            out.push_str(&format!(
+                "; {} sessions purged, {} records erased (payloads removed, chain intact)",
+                self.purged_sessions, self.erased_records
+            ));
+        }
         out.push('\n');
         match &self.deep {
             Some(Ok(n)) => out.push_str(&format!("deep: {n} projection tables compared with a fresh fold\n")),
@@ -460,6 +481,8 @@ impl VerifyReport {
             "records": self.records,
             "sessions": self.sessions,
             "content_objects": self.content_objects,
+            "erased_records": self.erased_records,
+            "purged_sessions": self.purged_sessions,
             "keyed": self.keyed,
             "tip": self.tip.map(|(seq, h)| serde_json::json!({"seq": seq, "chain_hash": h.to_hex()})),
             "deep": self.deep.as_ref().map(|d| match d {
@@ -1000,6 +1023,10 @@ struct Walk<'a> {
     /// Records decoded and not yet handed to the fold thread.
     batch: Vec<Item>,
     streams: HashMap<SessionId, u64>,
+    /// Sessions with erased records, and the first of them.
+    erased: HashMap<SessionId, u64>,
+    /// Sessions with a tombstone.
+    purged: HashSet<SessionId>,
     /// Every content reference in the log. Sorted and merged with the content scan once
     /// both are done: a join of two sorted lists instead of a hash lookup per reference.
     refs: Vec<Ref>,
@@ -1026,6 +1053,8 @@ impl<'a> Walk<'a> {
             content_fold_error: None,
             batch: Vec::with_capacity(FOLD_BATCH),
             streams: HashMap::new(),
+            erased: HashMap::new(),
+            purged: HashSet::new(),
             refs: Vec::new(),
             refs_reduce_at: REFS_REDUCE_MIN,
             fold_set: if opts.deep {
@@ -1044,6 +1073,14 @@ impl<'a> Walk<'a> {
 
     fn finish(mut self) -> VerifyReport {
         self.report.sessions = self.streams.len() as u64;
+        self.report.purged_sessions = self.purged.len() as u64;
+        let mut unpurged: Vec<_> =
+            self.erased.iter().filter(|(s, _)| !self.purged.contains(*s)).map(|(s, seq)| (*seq, *s)).collect();
+        unpurged.sort();
+        for (seq, session) in unpurged {
+            self.report.findings.push(Finding::ErasedWithoutPurge { seq, session });
+        }
+        self.report.findings.sort_by_key(|f| f.seq().unwrap_or(u64::MAX));
         self.report
     }
 
@@ -1160,6 +1197,14 @@ impl<'a> Walk<'a> {
             self.find(Finding::ClockBackwards { seq, at_ms: r.committed_at_ms, previous_ms: *clock });
         }
         *clock = (*clock).max(r.committed_at_ms);
+        match &r.event {
+            Event::Erased(_) => {
+                self.report.erased_records += 1;
+                self.erased.entry(r.session).or_insert(seq);
+            }
+            Event::SessionPurged(_) => drop(self.purged.insert(r.session)),
+            _ => {}
+        }
         self.refs.extend(shaped_refs(&r.event).into_iter().map(|(id, shape)| Ref { id, shape, seq, first: seq }));
         if self.refs.len() >= self.refs_reduce_at {
             // Keep memory in proportion to the distinct ids, not to every reference.
@@ -1285,7 +1330,7 @@ impl<'a> Walk<'a> {
             Err(e) => return self.find(storage("table meta", e)),
         };
         match meta.get(meta_keys::FORMAT) {
-            Ok(Some(g)) if tables::meta_u64(g.value()) == Some(tables::FORMAT as u64) => {}
+            Ok(Some(g)) if tables::meta_u64(g.value()).is_some_and(tables::readable_format) => {}
             Ok(Some(g)) => self.find(Finding::Meta {
                 key: meta_keys::FORMAT.into(),
                 detail: format!("format {:?}, this binary reads {}", tables::meta_u64(g.value()), tables::FORMAT),

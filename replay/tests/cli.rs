@@ -569,7 +569,7 @@ fn an_unsupported_schema_version_is_a_typed_finding() {
     tamper_record(&db, 3, |b| {
         b[6..8].copy_from_slice(&99u16.to_le_bytes());
         let split = b.len() - 32;
-        let hash = LogChain::plain().next(&prev, &b[..split]);
+        let hash = annal::codec::chain_link(&b[..split], &prev, &LogChain::plain());
         b[split..].copy_from_slice(&hash.0);
     });
     let (rc, report) = verify_json(&db, &[]);

@@ -115,7 +115,7 @@ fn migration_keeps_every_record_and_every_answer() {
     let db = copy_fixture(dir.path());
     let path = db.to_str().unwrap();
     let migrated = stdout_of(&["migrate", path]);
-    assert!(migrated.contains("from format 1 to 2"), "{migrated}");
+    assert!(migrated.contains("from format 1 to 3"), "{migrated}");
 
     // The chain verifies end to end, content included, with a deep fold.
     let verify = annal(&["verify", path, "--deep"]);
@@ -159,9 +159,12 @@ fn a_file_from_before_host_state_opens_rebuilds_and_writes_on() {
     let verify = annal(&["verify", path, "--deep"]);
     assert_eq!(verify.status.code(), Some(0), "{}", String::from_utf8_lossy(&verify.stdout));
     every_answer_is_the_same(&src, path);
+    assert_eq!(format_of(&db), 2, "a read-only open leaves the format number as it is");
 
-    // Opened for writing: the projections rebuild, then new kinds of writes land.
+    // Opened for writing: the format number is upgraded (the file may now hold records
+    // that release cannot decode), the projections rebuild, then new kinds of writes land.
     let engine = annal::Engine::open(&db).unwrap();
+    assert_eq!(format_of_open(&engine), annal::tables::FORMAT as u64);
     let heads = engine.list_sessions(&annal::ListQuery::new().include_archived().recently_updated()).unwrap().items;
     assert_eq!(heads.len(), 3);
     assert!(heads.windows(2).all(|w| w[0].last_seq > w[1].last_seq), "most recent first");
@@ -182,4 +185,72 @@ fn a_file_from_before_host_state_opens_rebuilds_and_writes_on() {
     assert_eq!(verify.status.code(), Some(0), "{}", String::from_utf8_lossy(&verify.stdout));
     let rebuilt = annal(&["rebuild", path]);
     assert_eq!(rebuilt.status.code(), Some(0), "{}", String::from_utf8_lossy(&rebuilt.stderr));
+}
+
+/// The format number in a closed log file's `meta`.
+fn format_of(db: &Path) -> u64 {
+    use redb::ReadableDatabase;
+    let raw = redb::Database::open(db).unwrap();
+    let txn = raw.begin_read().unwrap();
+    let meta = txn.open_table(annal::tables::META).unwrap();
+    let v = meta.get(annal::tables::meta_keys::FORMAT).unwrap().unwrap().value().to_vec();
+    annal::tables::meta_u64(&v).unwrap()
+}
+
+/// The format number the open engine's log file holds.
+fn format_of_open(engine: &annal::Engine) -> u64 {
+    let view = engine.snapshot().unwrap();
+    let meta = view.log().open_table(annal::tables::META).unwrap();
+    let v = meta.get(annal::tables::meta_keys::FORMAT).unwrap().unwrap().value().to_vec();
+    annal::tables::meta_u64(&v).unwrap()
+}
+
+/// `annal migrate` on a file of the previous append-only format rewrites its format
+/// number and nothing else; a second run has nothing to do.
+#[test]
+fn migrate_upgrades_the_format_number_of_a_format_2_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("v2.redb");
+    std::fs::copy(fixture_dir("format2-before-host-state").join("v2-before.redb"), &db).unwrap();
+    let path = db.to_str().unwrap();
+    let out = stdout_of(&["migrate", path]);
+    assert!(out.contains("from format 2 to 3"), "{out}");
+    assert_eq!(format_of(&db), 3);
+    assert!(stdout_of(&["migrate", path]).contains("already in format 3"));
+    let verify = annal(&["verify", path, "--deep"]);
+    assert_eq!(verify.status.code(), Some(0), "{}", String::from_utf8_lossy(&verify.stdout));
+}
+
+/// A purge of a session written in record format 1 (its chain link covers the payload, so
+/// it cannot be erased in place): the records from the first one the purge erases on are
+/// sealed again in format 2, in the same transaction. The chain verifies end to end, the
+/// other sessions answer as before, and records already in format 2 after them only get
+/// a new chain hash.
+#[test]
+fn a_session_of_record_format_1_is_purged_and_the_chain_sealed_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = fixture_dir("format2-before-host-state");
+    let db = dir.path().join("v2.redb");
+    std::fs::copy(src.join("v2-before.redb"), &db).expect("copy the log");
+    let engine = annal::Engine::open(&db).unwrap();
+    let heads = engine.list_sessions(&annal::ListQuery::new().include_archived()).unwrap().items;
+    // The fork goes; its parent, which shares the fork's prefix, stays.
+    let doomed = heads.iter().find(|h| h.forked_from.is_some()).expect("the fixture has a fork").clone();
+    let parent = doomed.forked_from.as_ref().unwrap().session;
+    let kept = heads.iter().find(|h| h.session == parent).unwrap().clone();
+    let turn =
+        annal::CommitTurn::new(kept.session, "format-2", annal::Expected::Any).message(annal::Message::user("new"));
+    engine.commit_turn(turn).unwrap();
+    let kept_before = engine.transcript(kept.session, annal::PageRequest::first(100)).unwrap();
+    engine.close().unwrap();
+
+    let report =
+        annal::purge(&db, annal::Options::default(), &annal::PurgeRequest::new(doomed.session, "", "ops")).unwrap();
+    assert!(report.records_resealed > 0 && report.records_erased > 0, "{report:?}");
+    let verify = annal(&["verify", db.to_str().unwrap(), "--deep"]);
+    assert_eq!(verify.status.code(), Some(0), "{}", String::from_utf8_lossy(&verify.stdout));
+    let engine = annal::Engine::open(&db).unwrap();
+    assert!(matches!(engine.head(doomed.session), Err(annal::Error::Rejected(annal::Rejection::Purged { .. }))));
+    assert_eq!(engine.transcript(kept.session, annal::PageRequest::first(100)).unwrap(), kept_before);
+    engine.close().unwrap();
 }

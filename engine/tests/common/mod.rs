@@ -285,7 +285,7 @@ pub fn edit_log_record(path: &std::path::Path, seq: u64, edit: impl FnOnce(&mut 
                 edit(&mut bytes);
             }
             let split = bytes.len() - HASH_LEN;
-            prev = chain.next(&prev, &bytes[..split]);
+            prev = annal::codec::chain_link(&bytes[..split], &prev, &chain);
             bytes[split..].copy_from_slice(&prev.0);
             log.insert(n, bytes.as_slice()).unwrap();
         }

@@ -133,14 +133,26 @@ pub fn pages() -> [PageRequest; 6] {
 
 /// Every query about session `s` agrees with the model.
 pub fn session_agrees(engine: &Engine, model: &Model, s: SessionId, when: &str) -> Checked {
-    same(ok(engine.head(s), "head")?, model.head(&s), format_args!("{when}: head of {s}"))?;
-    same(ok(engine.lease(s), "lease")?, model.lease(&s), format_args!("{when}: lease of {s}"))?;
-    same(engine.drafts(s, u64::MAX), model.drafts_of(&s), format_args!("{when}: drafts of {s}"))?;
-    same(engine.inbox(s), model.inbox(&s), format_args!("{when}: inbox of {s}"))?;
-    for id in model.input_ids(&s) {
-        let want = model.sessions.get(&s).and_then(|x| x.input(&id));
-        same(ok(engine.input(s, &id), "input")?, want, format_args!("{when}: input {id} of {s}"))?;
+    // A purged session's head is `Purged { session, seq }`; any other absent one is `None`.
+    let want = match model.purged.get(&s) {
+        Some(seq) => Err(Error::Rejected(Rejection::Purged { session: s, seq: *seq })),
+        None => Ok(model.head(&s)),
+    };
+    same(engine.head(s), want, format_args!("{when}: head of {s}"))?;
+    if let Some(seq) = model.purged.get(&s) {
+        let purged = Err(Error::Rejected(Rejection::Purged { session: s, seq: *seq }));
+        same(engine.lease(s).map(|_| ()), purged.clone(), format_args!("{when}: lease of purged {s}"))?;
+        same(engine.inbox(s).map(|_| ()), purged.clone(), format_args!("{when}: inbox of purged {s}"))?;
+        same(engine.input(s, "any").map(|_| ()), purged, format_args!("{when}: input of purged {s}"))?;
+    } else {
+        same(ok(engine.lease(s), "lease")?, model.lease(&s), format_args!("{when}: lease of {s}"))?;
+        same(engine.inbox(s), model.inbox(&s), format_args!("{when}: inbox of {s}"))?;
+        for id in model.input_ids(&s) {
+            let want = model.sessions.get(&s).and_then(|x| x.input(&id));
+            same(ok(engine.input(s, &id), "input")?, want, format_args!("{when}: input {id} of {s}"))?;
+        }
     }
+    same(engine.drafts(s, u64::MAX), model.drafts_of(&s), format_args!("{when}: drafts of {s}"))?;
     for p in pages() {
         same(engine.transcript(s, p), model.transcript(&s, p), format_args!("{when}: transcript of {s} {p:?}"))?;
         let got = engine.revisions(s, p).map(revision_view);

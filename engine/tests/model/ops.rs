@@ -188,6 +188,11 @@ pub enum Op {
     /// Close the engine, do `projections` to its projections file, and open the same
     /// file again with `policy`.
     Reopen { policy: Policy, projections: AtOpen },
+    /// Close, purge a session (and its fork descendants, if asked), reopen.
+    Purge { s: u8, descendants: bool, policy: Policy },
+    /// Collect unreachable content online ([`Engine::collect_garbage`]), `rows` content
+    /// rows per batch.
+    Collect { rows: u8 },
 }
 
 /// When the engine checkpoints its delta.
@@ -596,6 +601,8 @@ pub fn op() -> impl Strategy<Value = Op> {
         1 => Just(Op::Check),
         1 => Just(Op::Checkpoint),
         1 => reopen(),
+        1 => (session(), any::<bool>(), policy()).prop_map(|(s, descendants, policy)| Op::Purge { s, descendants, policy }),
+        1 => (1u8..8).prop_map(|rows| Op::Collect { rows }),
     ]
 }
 
@@ -656,7 +663,7 @@ fn known_op(model: &Model, s: &SessionId, o: u8) -> String {
 }
 
 /// The session `s` names: usually an existing one, now and then any slot.
-fn target(model: &Model, s: u8) -> SessionId {
+pub fn target(model: &Model, s: u8) -> SessionId {
     let existing = model.by_creation();
     match s {
         0..=23 => sid(s),
@@ -729,9 +736,13 @@ pub fn resolve(op: &Op, model: &Model, history: &History) -> Command {
             let mut commands = Vec::with_capacity(members.len());
             for m in members {
                 let c = match m {
-                    Op::Batch(_) | Op::Check | Op::Checkpoint | Op::Reopen { .. } | Op::Advance { .. } => {
-                        Command::Batch(Vec::new())
-                    }
+                    Op::Batch(_)
+                    | Op::Check
+                    | Op::Checkpoint
+                    | Op::Reopen { .. }
+                    | Op::Purge { .. }
+                    | Op::Collect { .. }
+                    | Op::Advance { .. } => Command::Batch(Vec::new()),
                     single => resolve(single, &scratch, history),
                 };
                 let _ = scratch.apply(&c);
@@ -739,7 +750,9 @@ pub fn resolve(op: &Op, model: &Model, history: &History) -> Command {
             }
             Command::Batch(commands)
         }
-        Op::Check | Op::Checkpoint | Op::Reopen { .. } | Op::Advance { .. } => Command::Batch(Vec::new()),
+        Op::Check | Op::Checkpoint | Op::Reopen { .. } | Op::Purge { .. } | Op::Collect { .. } | Op::Advance { .. } => {
+            Command::Batch(Vec::new())
+        }
         Op::Acquire { s, owner: o, ttl: t } => {
             Command::AcquireLease(AcquireLease { session: target(model, *s), owner: owner(*o), ttl_ms: ttl(*t) })
         }

@@ -333,6 +333,8 @@ pub struct Model {
     pub content: BTreeMap<ContentId, Vec<u8>>,
     /// Commit time of each seq, as the log reports it.
     pub clock: BTreeMap<u64, u64>,
+    /// Purged sessions: the seq of each one's tombstone.
+    pub purged: BTreeMap<SessionId, u64>,
     /// The writer's clock: the harness gives the engine this clock and moves it.
     pub time: ManualClock,
     /// Lease renewals the writer holds in memory: session → (token, expiry). A reopen
@@ -491,6 +493,7 @@ impl Model {
             log: Vec::new(),
             content: BTreeMap::new(),
             clock: BTreeMap::new(),
+            purged: BTreeMap::new(),
             time: ManualClock::new(EPOCH_MS),
             renewals: BTreeMap::new(),
             drafts: BTreeMap::new(),
@@ -573,7 +576,91 @@ impl Model {
     // ----- session lookups --------------------------------------------------------
 
     fn existing(&self, id: &SessionId) -> Reply<&Session> {
-        self.sessions.get(id).ok_or(Rejection::NotFound { session: *id })
+        self.sessions.get(id).ok_or_else(|| self.absent(id))
+    }
+
+    /// Why a session that is not in `sessions` is not: purged, or never created.
+    pub fn absent(&self, id: &SessionId) -> Rejection {
+        match self.purged.get(id) {
+            Some(seq) => Rejection::Purged { session: *id, seq: *seq },
+            None => Rejection::NotFound { session: *id },
+        }
+    }
+
+    /// `Purged` if `id` names a purged session (a create or fork under it is refused).
+    fn not_purged(&self, id: &SessionId) -> Reply<()> {
+        match self.purged.get(id) {
+            Some(seq) => Err(Rejection::Purged { session: *id, seq: *seq }),
+            None => Ok(()),
+        }
+    }
+
+    /// A purge of `id` (SPEC: purge): the sessions it purges, each with its tombstone's
+    /// seq, or the rejection. Each tombstone is an event of its session; the purged
+    /// sessions leave `sessions`, and every content object no remaining session reaches
+    /// leaves `content`.
+    // The simulator shares this model and purges nothing.
+    #[allow(dead_code)]
+    pub fn purge(&mut self, id: &SessionId, descendants: bool) -> Reply<Vec<(SessionId, u64)>> {
+        self.existing(id)?;
+        let mut order = vec![*id];
+        let mut forks = Vec::new();
+        let mut i = 0;
+        while i < order.len() {
+            let mut children: Vec<(u64, SessionId)> =
+                self.sessions[&order[i]].forks.iter().map(|(c, (_, _, seq))| (*seq, *c)).collect();
+            children.sort();
+            for (_, c) in children {
+                if self.sessions.contains_key(&c) {
+                    forks.push(c);
+                    order.push(c);
+                }
+            }
+            i += 1;
+        }
+        if !forks.is_empty() && !descendants {
+            return Err(Rejection::HasForks { session: *id, forks });
+        }
+        let mut out = Vec::new();
+        for s in order {
+            let session = self.sessions.remove(&s).expect("a session to purge");
+            self.seq += 1;
+            self.log.push((s, session.stream_seq + 1, EventKind::SessionPurged));
+            self.purged.insert(s, self.seq);
+            for other in self.sessions.values_mut() {
+                other.forks.remove(&s);
+            }
+            out.push((s, self.seq));
+        }
+        let mut reached: BTreeSet<ContentId> = BTreeSet::new();
+        for s in self.sessions.values() {
+            for node in &s.nodes {
+                for m in &node.messages {
+                    reached.insert(m.id);
+                    reached.extend(m.object.attachments.iter().copied());
+                }
+            }
+            reached.extend(s.context.values().map(|c| c.content));
+            for t in &s.tools {
+                reached.insert(t.args);
+                reached.extend(t.settled.map(|(_, result, _)| result));
+            }
+            reached.extend(s.state_history.iter().filter_map(|(_, _, v)| *v));
+            // Queued inputs are message objects: their attachments are reached too.
+            for row in s.inputs.values() {
+                reached.insert(row.message);
+                if let Some(m) =
+                    self.content.get(&row.message).and_then(|b| annal::codec::decode_message(b, u64::MAX).ok())
+                {
+                    reached.extend(m.attachments);
+                }
+            }
+        }
+        self.content.retain(|id, _| reached.contains(id));
+        // A purged session's drafts go with it.
+        let sessions = &self.sessions;
+        self.drafts.retain(|(s, _), _| sessions.contains_key(s));
+        Ok(out)
     }
 
     fn live(&self, id: &SessionId) -> Reply<&Session> {
@@ -1083,6 +1170,7 @@ impl Model {
         if self.sessions.contains_key(&c.session) {
             return Err(Rejection::AlreadyExists { session: c.session });
         }
+        self.not_purged(&c.session)?;
         let (seq, revision) = self.found(c.session, c.labels.clone(), c.metadata.clone(), None, messages);
         self.keep(staged);
         Ok(Outcome::Created { session: c.session, receipt: self.receipt(seq, revision) })
@@ -1291,6 +1379,7 @@ impl Model {
         if self.sessions.contains_key(&c.session) {
             return Err(Rejection::AlreadyExists { session: c.session });
         }
+        self.not_purged(&c.session)?;
         let mut messages = parent.messages[..c.index as usize].to_vec();
         messages.extend(replacement);
         let labels = c.labels.clone().unwrap_or_else(|| parent.labels.clone());

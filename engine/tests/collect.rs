@@ -1,0 +1,223 @@
+//! Online content collection (`Engine::collect_garbage`): objects nothing reaches are
+//! removed beside committers, objects a commit reaches again meanwhile stay, a removed
+//! object brought again is stored again, and a collection a crash interrupted is
+//! finished by the next open.
+
+mod common;
+
+use annal::codec::content::{encode_object, entries, push_stored};
+use annal::codec::{content_id, encode_message, ContentId, MessageObject};
+use annal::tables::{meta_keys, CONTENT};
+use annal::{Engine, Message, ProjectionSet, Role};
+use common::*;
+use redb::{ReadableDatabase, ReadableTable};
+use std::collections::BTreeSet;
+use std::path::Path;
+
+/// The message object the engine stores for `m` (no attachments).
+fn object_of(m: &Message) -> Vec<u8> {
+    let object =
+        MessageObject { role: m.role, content_type: m.content_type.clone(), body: m.body.clone(), attachments: vec![] };
+    encode_message(&object, u64::MAX).unwrap()
+}
+
+/// Leftover objects: messages no record refers to (as a hand-edited file or an
+/// interrupted tool could leave them), with a text long enough to be compressed.
+fn leftovers(n: usize) -> Vec<Message> {
+    (0..n).map(|i| Message::user(format!("leftover {i}: {}", "a line of a tool log\n".repeat(8)))).collect()
+}
+
+/// Adds `objects` to the content row at `seq` through a raw handle (the engine closed)
+/// and deletes the projections file, so the next open folds them into the index.
+fn inject(path: &Path, seq: u64, objects: &[Vec<u8>]) {
+    let raw = redb::Database::create(path).unwrap();
+    let txn = raw.begin_write().unwrap();
+    {
+        let mut content = txn.open_table(CONTENT).unwrap();
+        let mut row = content.get(seq).unwrap().map(|g| g.value().to_vec()).unwrap_or_default();
+        for o in objects {
+            let (encoding, stored) = encode_object(o);
+            push_stored(&mut row, &content_id(o), encoding, &stored);
+        }
+        content.insert(seq, row.as_slice()).unwrap();
+    }
+    txn.commit().unwrap();
+    drop(raw);
+    let _ = std::fs::remove_file(annal::projections_path(path));
+}
+
+/// Every object id the log file's content rows hold.
+fn stored_ids(path: &Path) -> BTreeSet<ContentId> {
+    let raw = redb::Database::create(path).unwrap();
+    let txn = raw.begin_read().unwrap();
+    let content = txn.open_table(CONTENT).unwrap();
+    let mut ids = BTreeSet::new();
+    for item in content.iter().unwrap() {
+        let (_, v) = item.unwrap();
+        for e in entries(v.value(), u64::MAX) {
+            ids.insert(e.unwrap().id);
+        }
+    }
+    ids
+}
+
+fn equal_a_rebuild(engine: &Engine) {
+    let digests = engine.projection_digests().unwrap();
+    engine.rebuild(ProjectionSet::all()).unwrap();
+    assert_eq!(engine.projection_digests().unwrap(), digests, "projections equal a rebuild");
+}
+
+#[test]
+fn online_collection_removes_only_what_nothing_reaches_while_commits_go_on() {
+    let db = Db::new();
+    let engine = db.open_durable();
+    let sessions = workload(&engine);
+    let (s, mut head) = create(&engine, &[Message::user("hello")]);
+    head = commit_turns(&engine, s, "t", 20, head);
+    engine.close().unwrap();
+    let extra = leftovers(12);
+    let objects: Vec<Vec<u8>> = extra.iter().map(object_of).collect();
+    inject(&db.path, 1, &objects[..6]);
+    inject(&db.path, 3, &objects[6..]);
+    let before = stored_ids(&db.path);
+
+    let engine = db.open_durable();
+    // A committer brings the even leftovers back while the collection runs: each is
+    // either kept (reached before its row was swept) or stored again.
+    let committer = {
+        let engine = engine.clone();
+        let extra = extra.clone();
+        std::thread::spawn(move || {
+            for (i, m) in extra.iter().enumerate().filter(|(i, _)| i % 2 == 0) {
+                let turn =
+                    annal::CommitTurn::new(s, format!("back-{i}"), annal::Expected::Exact(head)).message(m.clone());
+                head = engine.commit_turn(turn).unwrap().receipt().revision;
+            }
+        })
+    };
+    let report = engine.collect_garbage(1).unwrap();
+    committer.join().unwrap();
+    assert!(report.batches >= 3, "one row per batch: {report:?}");
+    assert!(report.objects_removed >= 6 && report.objects_removed <= 12, "{report:?}");
+
+    // Every transcript reads whole (its objects are there and hash to their ids).
+    for session in sessions.iter().chain([&s]) {
+        transcript(engine.reader(), *session);
+    }
+    let back: Vec<ContentId> = transcript_ids(engine.reader(), s);
+    for (i, m) in extra.iter().enumerate() {
+        assert_eq!(back.contains(&message_id(m)), i % 2 == 0, "leftover {i} in the transcript");
+    }
+    // Bringing an odd one now stores it again.
+    let revived = extra[1].clone();
+    let h = head_of(&engine, s);
+    engine
+        .commit_turn(annal::CommitTurn::new(s, "revive", annal::Expected::Exact(h)).message(revived.clone()))
+        .unwrap();
+    assert_eq!(transcript(engine.reader(), s).last().unwrap().message.body, revived.body);
+    equal_a_rebuild(&engine);
+    let stats_objects = report.objects_removed;
+    engine.close().unwrap();
+
+    let after = stored_ids(&db.path);
+    for (i, m) in extra.iter().enumerate() {
+        let id = message_id(m);
+        assert!(before.contains(&id));
+        assert_eq!(after.contains(&id), i % 2 == 0 || i == 1, "leftover {i} stored after the collection");
+    }
+    // What was reclaimed is counted in the file.
+    let raw = redb::Database::create(&db.path).unwrap();
+    let txn = raw.begin_read().unwrap();
+    let meta = txn.open_table(annal::tables::META).unwrap();
+    let erased = meta.get(meta_keys::ERASED).unwrap().map(|g| annal::Reclaimed::decode(g.value()).unwrap()).unwrap();
+    assert_eq!(erased.objects, stats_objects);
+    assert!(meta.get(meta_keys::CONTENT_COLLECTING).unwrap().is_none(), "the mark is cleared");
+    drop((meta, txn, raw));
+
+    // A second collection finds nothing.
+    let engine = db.open_durable();
+    let again = engine.collect_garbage(64).unwrap();
+    assert_eq!(again.objects_removed, 0);
+    assert_eq!(again.rows_rewritten, 0);
+    equal_a_rebuild(&engine);
+}
+
+fn head_of(engine: &Engine, s: annal::SessionId) -> annal::RevisionId {
+    head(engine, s).revision
+}
+
+/// A crash after a sweep committed and before the index removals reached the
+/// projections file: the next open folds the content projection again, so the removed
+/// objects are not deduplicated against and a commit that brings one stores it again.
+#[test]
+fn an_interrupted_collection_is_finished_by_the_next_open() {
+    let db = Db::new();
+    let engine = db.open_durable();
+    let (s, head) = create(&engine, &[Message::user("hello")]);
+    commit_turns(&engine, s, "t", 3, head);
+    engine.close().unwrap();
+    let extra = leftovers(2);
+    let objects: Vec<Vec<u8>> = extra.iter().map(object_of).collect();
+    inject(&db.path, 2, &objects);
+    // The open folds the leftovers into the index; the close checkpoints it.
+    db.open_durable().close().unwrap();
+    // What a sweep commits: the rows without the leftovers, the mark.
+    {
+        let raw = redb::Database::create(&db.path).unwrap();
+        let txn = raw.begin_write().unwrap();
+        {
+            let mut content = txn.open_table(CONTENT).unwrap();
+            let row = content.get(2).unwrap().unwrap().value().to_vec();
+            let mut kept = Vec::new();
+            for e in entries(&row, u64::MAX) {
+                let e = e.unwrap();
+                if !objects.iter().any(|o| content_id(o) == e.id) {
+                    push_stored(&mut kept, &e.id, e.encoding, e.stored);
+                }
+            }
+            content.insert(2, kept.as_slice()).unwrap();
+        }
+        txn.open_table(annal::tables::META).unwrap().insert(meta_keys::CONTENT_COLLECTING, [1u8].as_slice()).unwrap();
+        txn.commit().unwrap();
+    }
+    let engine = db.open_durable();
+    let h = head_of(&engine, s);
+    let turn = annal::CommitTurn::new(s, "back", annal::Expected::Exact(h)).message(extra[0].clone());
+    engine.commit_turn(turn).unwrap();
+    let last = transcript(engine.reader(), s).pop().unwrap();
+    assert_eq!((last.message.role, &last.message.body), (Role::User, &extra[0].body));
+    equal_a_rebuild(&engine);
+    engine.close().unwrap();
+    assert_eq!(common::meta_u64(&db.path, meta_keys::CONTENT_COLLECTING), None, "the open cleared the mark");
+    assert!(stored_ids(&db.path).contains(&content_id(&objects[0])));
+    assert!(!stored_ids(&db.path).contains(&content_id(&objects[1])));
+}
+
+/// `Engine::purge` closes, purges and reopens; it refuses while another handle is open.
+#[test]
+fn a_purge_through_the_engine_needs_its_last_handle() {
+    let db = Db::new();
+    let engine = db.open_durable();
+    let (s, head) = create(&engine, &[Message::user("secret marker 7f3a")]);
+    commit_turns(&engine, s, "t", 2, head);
+    let (keep, _) = create(&engine, &[Message::user("kept")]);
+    let other = engine.clone();
+    let request = annal::PurgeRequest::new(s, "gdpr-art17", "dpo");
+    let refused = engine.purge(&request).unwrap_err();
+    assert!(matches!(refused, annal::Error::Rejected(annal::Rejection::InvalidRequest { .. })), "{refused:?}");
+    // The engine is untouched: the other handle still works, and is now the last one.
+    assert!(other.head(s).unwrap().is_some());
+    let (engine, report) = other.purge(&request).unwrap();
+    let report = report.unwrap();
+    assert_eq!(report.purged.len(), 1);
+    let seq = report.purged[0].1;
+    assert_eq!(engine.head(s), Err(annal::Error::Rejected(annal::Rejection::Purged { session: s, seq })));
+    assert!(engine.head(keep).unwrap().is_some());
+    // A rejected purge gives the engine back, untouched.
+    let (engine, again) = engine.purge(&request).unwrap();
+    assert_eq!(again.unwrap_err(), annal::Error::Rejected(annal::Rejection::Purged { session: s, seq }));
+    assert!(engine.head(keep).unwrap().is_some());
+    engine.close().unwrap();
+    let bytes = std::fs::read(&db.path).unwrap();
+    assert!(!bytes.windows(17).any(|w| w == b"secret marker 7f3"), "the marker is gone from the log file");
+}

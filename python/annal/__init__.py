@@ -1,0 +1,86 @@
+"""annal: event-sourced storage for AI-agent sessions.
+
+A :class:`Database` is an annal database (a redb log file and its projections file
+beside it). Every mutation is an immutable, hash-chained event; message bodies,
+attachments and host state values are content objects stored once by content id;
+session heads, transcripts, revision graphs and the tool ledger are projections of the
+log.
+
+>>> import annal, tempfile, os
+>>> db = annal.open(os.path.join(tempfile.mkdtemp(), "sessions.redb"))
+>>> s = db.create_session(labels={"project": "demo"}, messages=[annal.Message.system("Be brief.")]).session
+>>> head = db.head(s)
+>>> r = db.commit_turn(s, "turn-1", [annal.Message.user("2 + 2?"), annal.Message.assistant("4")], expected=head.revision)
+>>> [m.body for m in db.transcript(s).messages]
+[b'Be brief.', b'2 + 2?', b'4']
+>>> db.close()
+
+Every call releases the GIL while the engine works, so threads that commit at once are
+group-committed into one transaction and one fsync. The ``*_async`` methods queue the
+command at once and return an awaitable future. Errors are :mod:`annal.errors`
+exceptions carrying the engine's values.
+
+The LangGraph checkpointer is :class:`annal.langgraph.AnnalSaver`.
+"""
+
+from __future__ import annotations
+
+import os
+
+from . import errors
+from ._annal import (
+    CommitNotice,
+    ContextEntry,
+    Database,
+    Event,
+    ErasureReport,
+    EventPage,
+    Head,
+    Message,
+    Receipt,
+    RevisionNode,
+    SessionPage,
+    SessionReceipt,
+    StoredMessage,
+    Subscription,
+    ToolOp,
+    TranscriptPage,
+    TurnResult,
+    UsageTotals,
+    compact,
+    content_id,
+    new_session_id,
+)
+from .errors import AnnalError
+
+__all__ = [
+    "AnnalError",
+    "CommitNotice",
+    "ContextEntry",
+    "Database",
+    "Event",
+    "ErasureReport",
+    "EventPage",
+    "Head",
+    "Message",
+    "Receipt",
+    "RevisionNode",
+    "SessionPage",
+    "SessionReceipt",
+    "StoredMessage",
+    "Subscription",
+    "ToolOp",
+    "TranscriptPage",
+    "TurnResult",
+    "UsageTotals",
+    "compact",
+    "content_id",
+    "errors",
+    "new_session_id",
+    "open",
+]
+
+
+def open(path: str | os.PathLike[str], *, durable: bool = True, compress: bool = True) -> Database:  # noqa: A001
+    """Opens (or creates) the database at ``path``; same as ``Database(path, ...)``."""
+    return Database(path, durable=durable, compress=compress)

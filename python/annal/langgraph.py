@@ -1,0 +1,811 @@
+"""A LangGraph checkpointer on annal: :class:`AnnalSaver`.
+
+How LangGraph's model maps onto annal's (``docs/design.md``, "The LangGraph
+checkpointer"):
+
+- A **thread** is a session, labelled ``langgraph=thread`` and
+  ``langgraph.thread=<thread_id>``. Checkpoint namespaces live inside it.
+- A **checkpoint** is a turn with one message (content type
+  ``application/vnd.langgraph.checkpoint``). Its body is a small header (namespace,
+  checkpoint id, parent id, run id); its first attachment is the record (the checkpoint
+  without its channel values, the metadata, and a reference to each channel value);
+  the other attachments are the channel values that are new.
+- A **channel value** is a content object: a list value is stored element by element,
+  so a growing message list stores each message once, and a checkpoint refers to the
+  list as the ids of its elements. An unchanged channel is the same content object, so
+  it is stored once however many checkpoints hold it.
+- **Pending writes** are a turn with one message of content type
+  ``application/vnd.langgraph.writes`` whose header names the checkpoint and task, and
+  whose attachments are the written values.
+- ``delete_thread`` archives the thread's session; the next checkpoint of that thread
+  id starts a new session. ``delete_for_runs`` and ``prune`` redact the messages of the
+  checkpoints they drop (a transcript rewrite); ``copy_thread`` forks the session (no
+  content is copied). The log keeps what archive and redaction hide from the projections:
+  erasing it is annal's purge, :meth:`AnnalSaver.purge_thread`.
+
+The saver keeps an in-memory index per thread (checkpoint ids, parents, namespaces and
+the ids of their records and writes), built from the session's transcript the first time
+the thread is used and kept up to date by every write through this ``Database``. Only
+one process opens an annal database, so the index is always current.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import threading
+import uuid
+import weakref
+from collections.abc import AsyncIterator, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import ormsgpack
+from langchain_core.runnables import RunnableConfig
+from langgraph.checkpoint.base import (
+    WRITES_IDX_MAP,
+    BaseCheckpointSaver,
+    ChannelVersions,
+    Checkpoint,
+    CheckpointMetadata,
+    CheckpointTuple,
+    PendingWrite,
+    get_checkpoint_id,
+    get_checkpoint_metadata,
+    writes_sort_key,
+)
+
+from . import Database, Message, content_id
+from . import errors as _errors
+
+__all__ = ["AnnalSaver"]
+
+CHECKPOINT_TYPE = "application/vnd.langgraph.checkpoint"
+WRITES_TYPE = "application/vnd.langgraph.writes"
+BLOBS_TYPE = "application/vnd.langgraph.blobs"
+THREAD_LABEL = "langgraph.thread"
+KIND_LABEL = "langgraph"
+ATTACHMENTS_MAX = 64
+# A list refers to the list of its parent checkpoint plus what it appends, for at most
+# this many checkpoints in a row; then it is stored whole again, so reading a checkpoint
+# reads at most this many earlier records.
+DELTA_DEPTH_MAX = 8
+# A serialized value this small is kept in the record itself, not as a content object.
+INLINE_MAX = 64
+PAGE = 1000
+
+
+def _pack(obj: Any) -> bytes:
+    return ormsgpack.packb(obj)
+
+
+def _unpack(data: bytes) -> Any:
+    return ormsgpack.unpackb(data)
+
+
+@dataclass
+class _Checkpoint:
+    record: str  # content id of the record
+    parent: str | None
+    run_id: str | None
+
+
+@dataclass
+class _Write:
+    channel: str
+    type: str
+    value: str  # content id
+    task_path: str
+
+
+_NO_SNAPSHOT = object()
+_IMMUTABLE = (str, bytes, int, float, bool, type(None))
+
+
+def _snapshot(item: Any) -> Any:
+    """A copy of ``item`` to compare it with later, or ``_NO_SNAPSHOT``."""
+    if type(item) in _IMMUTABLE:
+        return item
+    try:
+        return copy.deepcopy(item)
+    except Exception:
+        return _NO_SNAPSHOT
+
+
+@dataclass
+class _Item:
+    """A list element as it was serialized: the object, a copy, its type and id."""
+
+    obj: Any
+    snapshot: Any
+    type: str
+    cid: bytes
+
+
+@dataclass
+class _ListTip:
+    """A list channel as a committed checkpoint stored it: the base of the next delta."""
+
+    checkpoint: str
+    record: str  # content id of that checkpoint's record
+    type: str
+    ids: bytes  # the elements' content ids, 32 bytes each
+    depth: int  # deltas between that record and a full list
+
+
+@dataclass
+class _Thread:
+    """The index of one thread's session."""
+
+    session: str
+    # ns -> checkpoint id -> entry
+    checkpoints: dict[str, dict[str, _Checkpoint]] = field(default_factory=dict)
+    # (ns, checkpoint id) -> (task id, idx) -> write
+    writes: dict[tuple[str, str], dict[tuple[str, int], _Write]] = field(default_factory=dict)
+    # content ids this process knows are stored (attachments need not be sent again)
+    stored: set[str] = field(default_factory=set)
+    # ns -> channel -> id(element) -> the element as the last checkpoint serialized it
+    memo: dict[str, dict[str, dict[int, _Item]]] = field(default_factory=dict)
+    # (ns, channel) -> the list the last committed checkpoint of ns stored there
+    lists: dict[tuple[str, str], _ListTip] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def apply(self, header: dict[str, Any], attachments: Sequence[str]) -> None:
+        kind = header.get("k")
+        ns = header.get("ns", "")
+        if kind == "c":
+            self.checkpoints.setdefault(ns, {})[header["id"]] = _Checkpoint(
+                attachments[0], header.get("p"), header.get("r")
+            )
+            self.stored.update(attachments)
+        elif kind == "w":
+            key = (ns, header["id"])
+            table = self.writes.setdefault(key, {})
+            for idx, channel, type_, value in header["w"]:
+                slot = (header["t"], idx)
+                if header.get("x") or slot not in table:
+                    table[slot] = _Write(channel, type_, value, header.get("tp", ""))
+            self.stored.update(attachments)
+
+
+class _Shared:
+    """What every AnnalSaver on one Database shares: the thread indexes."""
+
+    def __init__(self) -> None:
+        self.threads: dict[str, _Thread] = {}
+        self.lock = threading.Lock()
+
+
+_SHARED: weakref.WeakKeyDictionary[Database, _Shared] = weakref.WeakKeyDictionary()
+_SHARED_LOCK = threading.Lock()
+
+
+def _shared(db: Database) -> _Shared:
+    with _SHARED_LOCK:
+        shared = _SHARED.get(db)
+        if shared is None:
+            shared = _SHARED[db] = _Shared()
+        return shared
+
+
+class AnnalSaver(BaseCheckpointSaver[int]):
+    """A LangGraph checkpointer that stores threads as annal sessions.
+
+    ``AnnalSaver(db)`` uses an open :class:`annal.Database`; ``AnnalSaver.open(path)``
+    opens one (and ``close()`` closes it). Thread-safe, sync and async: the async
+    methods queue their commits with the engine's async twins, so concurrent tasks are
+    group-committed like concurrent threads.
+    """
+
+    db: Database
+
+    def __init__(self, db: Database, *, serde: Any = None, owns_db: bool = False) -> None:
+        super().__init__(serde=serde)
+        self.db = db
+        self._owns_db = owns_db
+        self._shared = _shared(db)
+
+    @classmethod
+    def open(cls, path: str, *, durable: bool = True, serde: Any = None) -> AnnalSaver:
+        """Opens the annal database at ``path`` and returns a saver that owns it."""
+        return cls(Database(path, durable=durable), serde=serde, owns_db=True)
+
+    def close(self) -> None:
+        """Closes the database if this saver opened it."""
+        if self._owns_db:
+            self.db.close()
+
+    def __enter__(self) -> AnnalSaver:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    # ----- the index -----
+
+    def _find_session(self, thread_id: str) -> str | None:
+        page = self.db.list_sessions(labels={KIND_LABEL: "thread", THREAD_LABEL: thread_id}, limit=10)
+        if not page.items:
+            return None
+        # One live session per thread id; the newest wins if there ever were more.
+        return max(page.items, key=lambda h: h.created_seq).session
+
+    def _load(self, session: str) -> _Thread:
+        thread = _Thread(session)
+        offset = 0
+        while True:
+            page = self.db.transcript(session, offset, PAGE)
+            for m in page.messages:
+                if m.content_type in (CHECKPOINT_TYPE, WRITES_TYPE):
+                    thread.apply(_unpack(m.body), m.attachments)
+            offset += len(page.messages)
+            if not page.has_more or not page.messages:
+                return thread
+
+    def _thread(self, thread_id: str, *, create: bool = False) -> _Thread | None:
+        shared = self._shared
+        thread = shared.threads.get(thread_id)
+        if thread is not None:
+            return thread
+        with shared.lock:
+            thread = shared.threads.get(thread_id)
+            if thread is not None:
+                return thread
+            session = self._find_session(thread_id)
+            if session is None:
+                if not create:
+                    return None
+                session = self.db.create_session(labels={KIND_LABEL: "thread", THREAD_LABEL: thread_id}).session
+                thread = _Thread(session)
+            else:
+                thread = self._load(session)
+            shared.threads[thread_id] = thread
+            return thread
+
+    def _forget(self, thread_id: str) -> None:
+        with self._shared.lock:
+            self._shared.threads.pop(thread_id, None)
+
+    def _reload(self, thread_id: str) -> None:
+        with self._shared.lock:
+            self._shared.threads.pop(thread_id, None)
+        self._thread(thread_id)
+
+    # ----- encoding -----
+
+    def _dump_item(self, item: Any, memo: dict[int, _Item], fresh: dict[int, _Item], blobs: dict[str, bytes]) -> _Item:
+        """One list element, serialized, or taken from ``memo`` when it is the very
+        object the previous checkpoint of this channel held and still equals the copy
+        taken when it was serialized (so an element changed in place is serialized
+        again)."""
+        key = id(item)
+        known = memo.get(key)
+        if known is not None and known.obj is item:
+            try:
+                same = bool(item == known.snapshot)
+            except Exception:
+                same = False
+            if same:
+                fresh[key] = known
+                return known
+        t, data = self.serde.dumps_typed(item)
+        cid = content_id(data)
+        blobs[cid] = data
+        entry = _Item(item, _snapshot(item), t, bytes.fromhex(cid))
+        if entry.snapshot is not _NO_SNAPSHOT:
+            fresh[key] = entry
+        return entry
+
+    def _dump_value(self, value: Any, blobs: dict[str, bytes], memo: dict[int, _Item] | None = None) -> tuple[list[Any], dict[int, _Item]]:
+        """A channel value as a reference; its new content objects go into ``blobs``.
+        Returns the reference and the memo of a list's elements for the next checkpoint."""
+        fresh: dict[int, _Item] = {}
+        if type(value) is list and value:
+            items = [self._dump_item(item, memo or {}, fresh, blobs) for item in value]
+            t0 = items[0].type
+            ids = b"".join(i.cid for i in items)
+            if all(i.type == t0 for i in items):
+                return ["l", t0, ids], fresh
+            return ["L", [i.type for i in items], ids], fresh
+        t, data = self.serde.dumps_typed(value)
+        if len(data) <= INLINE_MAX:
+            return ["i", t, data], fresh
+        cid = content_id(data)
+        blobs[cid] = data
+        return ["b", t, bytes.fromhex(cid)], fresh
+
+    def _messages(
+        self, kind_type: str, header: dict[str, Any], first: list[bytes], blobs: dict[str, bytes], thread: _Thread
+    ) -> tuple[list[Message], list[str]]:
+        """The turn's messages: the header with ``first`` and the new blobs attached,
+        spilling into blob messages past the attachment limit. Returns them and the
+        content ids of the first message's attachments."""
+        new = [(cid, data) for cid, data in blobs.items() if cid not in thread.stored]
+        head_room = ATTACHMENTS_MAX - len(first)
+        head_blobs, rest = new[:head_room], new[head_room:]
+        attachments = first + [data for _, data in head_blobs]
+        ids = [content_id(a) for a in first] + [cid for cid, _ in head_blobs]
+        body = _pack(header)
+        messages = [Message("assistant" if kind_type == CHECKPOINT_TYPE else "tool", body, kind_type, attachments)]
+        spill_header = _pack({"k": "b", "ns": header.get("ns", ""), "id": header.get("id")})
+        for i in range(0, len(rest), ATTACHMENTS_MAX):
+            chunk = [data for _, data in rest[i : i + ATTACHMENTS_MAX]]
+            messages.append(Message("tool", spill_header, BLOBS_TYPE, chunk))
+        return messages, ids
+
+    def _prepare_put(
+        self, config: RunnableConfig, checkpoint: Checkpoint, metadata: CheckpointMetadata
+    ) -> tuple[_Thread, str, list[Message], tuple[dict[str, Any], dict], list[str], RunnableConfig]:
+        conf = config["configurable"]
+        thread_id = str(conf["thread_id"])
+        ns = conf.get("checkpoint_ns", "")
+        parent = conf.get("checkpoint_id")
+        thread = self._thread(thread_id, create=True)
+        assert thread is not None
+        blobs: dict[str, bytes] = {}
+        values = checkpoint.get("channel_values", {})
+        refs = {}
+        memos = thread.memo.setdefault(ns, {})
+        for ch, v in values.items():
+            refs[ch], fresh = self._dump_value(v, blobs, memos.get(ch))
+            if fresh:
+                memos[ch] = fresh
+            else:
+                memos.pop(ch, None)
+        tips: dict[tuple[str, str], _ListTip] = {}
+        for ch, ref in refs.items():
+            if ref[0] != "l":
+                continue
+            full_ids, depth = ref[2], 0
+            base = thread.lists.get((ns, ch))
+            if (
+                base is not None
+                and parent is not None
+                and base.checkpoint == parent
+                and base.type == ref[1]
+                and base.depth < DELTA_DEPTH_MAX
+                and len(full_ids) > len(base.ids)
+                and full_ids.startswith(base.ids)
+            ):
+                # ["d", base record, elements kept from it, type, appended ids]
+                ref = refs[ch] = ["d", bytes.fromhex(base.record), len(base.ids) // 32, ref[1], full_ids[len(base.ids) :]]
+                depth = base.depth + 1
+            tips[(ns, ch)] = _ListTip(checkpoint["id"], "", ref[1] if ref[0] == "l" else ref[3], full_ids, depth)
+        bare = {k: v for k, v in checkpoint.items() if k != "channel_values"}
+        md = get_checkpoint_metadata(config, metadata)
+        record = _pack(
+            {
+                "cp": list(self.serde.dumps_typed(bare)),
+                "md": list(self.serde.dumps_typed(md)),
+                "vals": refs,
+            }
+        )
+        run_id = md.get("run_id")
+        header = {"k": "c", "ns": ns, "id": checkpoint["id"], "p": parent, "r": str(run_id) if run_id else None}
+        messages, ids = self._messages(CHECKPOINT_TYPE, header, [record], blobs, thread)
+        turn_id = "c:" + content_id(_pack([header, ids]))[:32]
+        for tip in tips.values():
+            tip.record = ids[0]
+        header_tips = (header, tips)
+        out: RunnableConfig = {"configurable": {"thread_id": thread_id, "checkpoint_ns": ns, "checkpoint_id": checkpoint["id"]}}
+        return thread, turn_id, messages, header_tips, ids, out
+
+    def _prepare_writes(
+        self, config: RunnableConfig, writes: Sequence[tuple[str, Any]], task_id: str, task_path: str
+    ) -> tuple[_Thread, str, list[Message], dict[str, Any], list[str]]:
+        conf = config["configurable"]
+        thread_id = str(conf["thread_id"])
+        ns = conf.get("checkpoint_ns", "")
+        checkpoint_id = str(conf["checkpoint_id"])
+        thread = self._thread(thread_id, create=True)
+        assert thread is not None
+        blobs: dict[str, bytes] = {}
+        entries = []
+        for idx, (channel, value) in enumerate(writes):
+            t, data = self.serde.dumps_typed(value)
+            cid = content_id(data)
+            blobs[cid] = data
+            entries.append([WRITES_IDX_MAP.get(channel, idx), channel, t, cid])
+        replace = all(w[0] in WRITES_IDX_MAP for w in writes)
+        header = {"k": "w", "ns": ns, "id": checkpoint_id, "t": task_id, "tp": task_path, "x": replace, "w": entries}
+        messages, ids = self._messages(WRITES_TYPE, header, [], blobs, thread)
+        turn_id = "w:" + content_id(_pack([header, ids]))[:32]
+        return thread, turn_id, messages, header, ids
+
+    def _commit(self, thread: _Thread, turn_id: str, messages: list[Message], header: Any, ids: list[str]) -> None:
+        header, tips = header if isinstance(header, tuple) else (header, {})
+        result = self.db.commit_turn(thread.session, turn_id, messages)
+        if result.already_committed and not self._indexed(thread, header, ids):
+            # The same content was written before and then redacted: write it again.
+            self.db.commit_turn(thread.session, f"{turn_id}:{uuid.uuid4().hex}", messages)
+        with thread.lock:
+            thread.apply(header, ids)
+            thread.lists.update(tips)  # committed: the next checkpoint may refer to it
+
+    async def _acommit(
+        self, thread: _Thread, turn_id: str, messages: list[Message], header: Any, ids: list[str]
+    ) -> None:
+        header, tips = header if isinstance(header, tuple) else (header, {})
+        result = await self.db.commit_turn_async(thread.session, turn_id, messages)
+        if result.already_committed and not self._indexed(thread, header, ids):
+            await self.db.commit_turn_async(thread.session, f"{turn_id}:{uuid.uuid4().hex}", messages)
+        with thread.lock:
+            thread.apply(header, ids)
+            thread.lists.update(tips)
+
+    @staticmethod
+    def _indexed(thread: _Thread, header: dict, ids: list[str]) -> bool:
+        ns = header.get("ns", "")
+        if header["k"] == "c":
+            entry = thread.checkpoints.get(ns, {}).get(header["id"])
+            return entry is not None and entry.record == ids[0]
+        table = thread.writes.get((ns, header["id"]), {})
+        return all(table.get((header["t"], w[0])) is not None for w in header["w"])
+
+    def _load_value(self, ref: list[Any], objects: dict[str, bytes]) -> Any:
+        kind = ref[0]
+        if kind == "i":
+            return self.serde.loads_typed((ref[1], ref[2]))
+        if kind == "b":
+            return self.serde.loads_typed((ref[1], objects[ref[2].hex()]))
+        ids = [ref[2][i : i + 32].hex() for i in range(0, len(ref[2]), 32)]
+        types = [ref[1]] * len(ids) if kind == "l" else ref[1]
+        return [self.serde.loads_typed((t, objects[cid])) for t, cid in zip(types, ids)]
+
+    def _resolve_delta(self, ch: str, ref: list[Any], records: dict[str, Any], depth: int = 0) -> list[Any]:
+        """A list reference as the whole list, ``["l", type, ids]``: a delta
+        ``["d", base record, keep, type, appended]`` is the first ``keep`` elements of
+        the base record's list in the same channel, then ``appended``."""
+        if ref[0] == "l":
+            return ref
+        if ref[0] != "d" or depth > DELTA_DEPTH_MAX:
+            raise _errors.Corrupt(f"list channel {ch}: bad reference", location="checkpoint record", detail=str(ref[0]))
+        _, base_id, keep, t, appended = ref
+        key = base_id.hex()
+        base = records.get(key)
+        if base is None:
+            raw = self.db.content(key)
+            if raw is None:
+                raise _errors.Corrupt(f"checkpoint record {key} is missing", location=f"content {key}", detail="")
+            base = records[key] = _unpack(raw)
+        base_ref = self._resolve_delta(ch, base["vals"][ch], records, depth + 1)
+        return ["l", t, base_ref[2][: keep * 32] + appended]
+
+    @staticmethod
+    def _value_ids(ref: list[Any]) -> list[str]:
+        if ref[0] == "i":
+            return []
+        raw = ref[2]
+        return [raw[i : i + 32].hex() for i in range(0, len(raw), 32)]
+
+    def _tuple(self, thread_id: str, thread: _Thread, ns: str, checkpoint_id: str) -> CheckpointTuple | None:
+        with thread.lock:
+            entry = thread.checkpoints.get(ns, {}).get(checkpoint_id)
+            writes = sorted(
+                ((task_id, idx, w) for (task_id, idx), w in thread.writes.get((ns, checkpoint_id), {}).items()),
+                key=lambda r: writes_sort_key(r[2].task_path, r[0], r[1]),
+            )
+        if entry is None:
+            return None
+        record_bytes = self.db.content(entry.record)
+        if record_bytes is None:
+            return None
+        record = _unpack(record_bytes)
+        records = {entry.record: record}
+        for ch, ref in list(record["vals"].items()):
+            if ref[0] == "d":
+                record["vals"][ch] = self._resolve_delta(ch, ref, records)
+        wanted: list[str] = []
+        for ref in record["vals"].values():
+            wanted.extend(self._value_ids(ref))
+        wanted.extend(w.value for _, _, w in writes)
+        objects = dict(zip(wanted, self.db.contents(wanted))) if wanted else {}
+        checkpoint = self.serde.loads_typed(tuple(record["cp"]))
+        checkpoint["channel_values"] = {ch: self._load_value(ref, objects) for ch, ref in record["vals"].items()}
+        metadata = self.serde.loads_typed(tuple(record["md"]))
+        pending: list[PendingWrite] = [
+            (task_id, w.channel, self.serde.loads_typed((w.type, objects[w.value]))) for task_id, _, w in writes
+        ]
+        parent_config = (
+            {"configurable": {"thread_id": thread_id, "checkpoint_ns": ns, "checkpoint_id": entry.parent}}
+            if entry.parent
+            else None
+        )
+        return CheckpointTuple(
+            {"configurable": {"thread_id": thread_id, "checkpoint_ns": ns, "checkpoint_id": checkpoint_id}},
+            checkpoint,
+            metadata,
+            parent_config,
+            pending,
+        )
+
+    # ----- BaseCheckpointSaver -----
+
+    def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
+        """The checkpoint ``config`` names, or the latest of its thread and namespace."""
+        conf = config["configurable"]
+        thread_id = str(conf["thread_id"])
+        ns = conf.get("checkpoint_ns", "")
+        thread = self._thread(thread_id)
+        if thread is None:
+            return None
+        checkpoint_id = get_checkpoint_id(config)
+        if checkpoint_id is None:
+            with thread.lock:
+                ids = thread.checkpoints.get(ns)
+                if not ids:
+                    return None
+                checkpoint_id = max(ids)
+        return self._tuple(thread_id, thread, ns, checkpoint_id)
+
+    def _thread_ids(self) -> list[str]:
+        ids = []
+        offset = 0
+        while True:
+            page = self.db.list_sessions(labels={KIND_LABEL: "thread"}, offset=offset, limit=PAGE)
+            ids.extend(h.labels[THREAD_LABEL] for h in page.items if THREAD_LABEL in h.labels)
+            offset += len(page.items)
+            if not page.has_more or not page.items:
+                return ids
+
+    def list(
+        self,
+        config: RunnableConfig | None,
+        *,
+        filter: dict[str, Any] | None = None,
+        before: RunnableConfig | None = None,
+        limit: int | None = None,
+    ) -> Iterator[CheckpointTuple]:
+        """Checkpoints, newest (largest id) first, of one thread (and namespace, and
+        checkpoint id, if ``config`` names them) or of every thread."""
+        if config is not None:
+            conf = config["configurable"]
+            thread_ids = [str(conf["thread_id"])]
+            ns_filter = conf.get("checkpoint_ns")
+            id_filter = get_checkpoint_id(config)
+        else:
+            thread_ids = self._thread_ids()
+            ns_filter = None
+            id_filter = None
+        before_id = get_checkpoint_id(before) if before else None
+        candidates: list[tuple[str, str, str, _Thread]] = []
+        for thread_id in thread_ids:
+            thread = self._thread(thread_id)
+            if thread is None:
+                continue
+            with thread.lock:
+                for ns, entries in thread.checkpoints.items():
+                    if ns_filter is not None and ns != ns_filter:
+                        continue
+                    for cid in entries:
+                        if id_filter is not None and cid != id_filter:
+                            continue
+                        if before_id is not None and not cid < before_id:
+                            continue
+                        candidates.append((cid, ns, thread_id, thread))
+        candidates.sort(key=lambda c: c[0], reverse=True)
+        yielded = 0
+        for cid, ns, thread_id, thread in candidates:
+            if limit is not None and yielded >= limit:
+                return
+            tup = self._tuple(thread_id, thread, ns, cid)
+            if tup is None:
+                continue
+            if filter and not all(tup.metadata.get(k) == v for k, v in filter.items()):
+                continue
+            yielded += 1
+            yield tup
+
+    def put(
+        self,
+        config: RunnableConfig,
+        checkpoint: Checkpoint,
+        metadata: CheckpointMetadata,
+        new_versions: ChannelVersions,
+    ) -> RunnableConfig:
+        """Stores a checkpoint as one turn; returns its config."""
+        thread, turn_id, messages, header, ids, out = self._prepare_put(config, checkpoint, metadata)
+        self._commit(thread, turn_id, messages, header, ids)
+        return out
+
+    def put_writes(
+        self, config: RunnableConfig, writes: Sequence[tuple[str, Any]], task_id: str, task_path: str = ""
+    ) -> None:
+        """Stores a task's pending writes for a checkpoint as one turn."""
+        thread, turn_id, messages, header, ids = self._prepare_writes(config, writes, task_id, task_path)
+        self._commit(thread, turn_id, messages, header, ids)
+
+    def delete_thread(self, thread_id: str) -> None:
+        """Archives the thread's session: its checkpoints and writes are gone from every
+        query, and the next checkpoint of this thread id starts a new session."""
+        thread_id = str(thread_id)
+        with self._shared.lock:
+            self._shared.threads.pop(thread_id, None)
+            while True:
+                session = self._find_session(thread_id)
+                if session is None:
+                    return
+                self.db.archive(session, "langgraph: delete_thread")
+
+    def purge_thread(self, thread_id: str, *, reason: str, actor: str, copies: bool = False) -> list[str]:
+        """Erases a thread for good: purges every session it ever had (the live one and
+        those ``delete_thread`` archived), so no byte of its checkpoints and writes is
+        left in the database (``Database.purge``). A thread copied with ``copy_thread`` is
+        a fork of it: with ``copies=True`` the copies are purged too, otherwise the purge
+        is refused with ``errors.HasForks``. Returns the purged session ids.
+
+        The database is closed and reopened by the purge; calls from other threads wait."""
+        thread_id = str(thread_id)
+        purged: list[str] = []
+        with self._shared.lock:
+            self._shared.threads.pop(thread_id, None)
+            page = self.db.list_sessions(
+                labels={KIND_LABEL: "thread", THREAD_LABEL: thread_id}, include_archived=True, limit=PAGE
+            )
+            for head in page.items:
+                try:
+                    report = self.db.purge(head.session, reason=reason, actor=actor, descendants=copies)
+                except _errors.Purged:
+                    continue  # a descendant of a session purged before it
+                purged.extend(s for s, _ in report.purged)
+            if copies:
+                self._shared.threads.clear()  # copies of other thread ids may be gone too
+        return purged
+
+    def _redact(self, thread_id: str, drop: Any) -> None:
+        """Removes the messages for which ``drop(header)`` holds from the thread's
+        transcript (one redaction per run of adjacent messages), then reindexes."""
+        thread = self._thread(thread_id)
+        if thread is None:
+            return
+        for _attempt in range(100):
+            head = self.db.head(thread.session)
+            if head is None:
+                return
+            ranges: list[list[int]] = []
+            offset = 0
+            while True:
+                page = self.db.transcript(thread.session, offset, PAGE, revision=head.revision)
+                for m in page.messages:
+                    if m.content_type in (CHECKPOINT_TYPE, WRITES_TYPE, BLOBS_TYPE) and drop(_unpack(m.body)):
+                        if ranges and ranges[-1][1] == m.position:
+                            ranges[-1][1] = m.position + 1
+                        else:
+                            ranges.append([m.position, m.position + 1])
+                offset += len(page.messages)
+                if not page.has_more or not page.messages:
+                    break
+            revision = head.revision
+            try:
+                for start, end in reversed(ranges):
+                    revision = self.db.rewrite(
+                        thread.session, revision, start, end, [], reason="redaction", actor="langgraph"
+                    ).revision
+            except _errors.RevisionConflict:
+                if revision != head.revision:
+                    raise
+                continue  # a concurrent write moved the head before the first rewrite
+            break
+        self._reload(thread_id)
+
+    def delete_for_runs(self, run_ids: Sequence[str]) -> None:
+        """Redacts the checkpoints whose metadata ``run_id`` is one of ``run_ids``, with
+        their writes, from every thread."""
+        runs = {str(r) for r in run_ids}
+        if not runs:
+            return
+        for thread_id in self._thread_ids():
+            thread = self._thread(thread_id)
+            if thread is None:
+                continue
+            with thread.lock:
+                doomed = {
+                    (ns, cid) for ns, entries in thread.checkpoints.items() for cid, e in entries.items() if e.run_id in runs
+                }
+            if doomed:
+                self._redact(thread_id, lambda h, d=doomed: (h.get("ns", ""), h.get("id")) in d)
+
+    def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
+        """Copies every checkpoint and write of one thread to another: a fork of the
+        source session (no content is copied), or, if the target thread exists, its
+        messages appended to the target's session."""
+        source = self._thread(str(source_thread_id))
+        if source is None:
+            return
+        target_thread_id = str(target_thread_id)
+        labels = {KIND_LABEL: "thread", THREAD_LABEL: target_thread_id}
+        with self._shared.lock:
+            target = self._find_session(target_thread_id)
+            if target is None:
+                self.db.fork(source.session, labels=labels)
+                self._shared.threads.pop(target_thread_id, None)
+                return
+        messages: list[Message] = []
+        offset = 0
+        while True:
+            page = self.db.transcript(source.session, offset, PAGE)
+            for m in page.messages:
+                attachments = self.db.contents(m.attachments) if m.attachments else []
+                messages.append(Message(m.role, m.body, m.content_type, [a for a in attachments if a is not None]))
+            offset += len(page.messages)
+            if not page.has_more or not page.messages:
+                break
+        if messages:
+            self.db.commit_turn(target, f"copy:{uuid.uuid4().hex}", messages)
+        self._reload(target_thread_id)
+
+    def prune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
+        """``keep_latest``: redacts every checkpoint but the latest of each namespace
+        (with their writes). ``delete``: deletes the threads."""
+        for thread_id in thread_ids:
+            thread_id = str(thread_id)
+            if strategy == "delete":
+                self.delete_thread(thread_id)
+                continue
+            if strategy != "keep_latest":
+                raise ValueError(f"unknown prune strategy {strategy!r}: keep_latest or delete")
+            thread = self._thread(thread_id)
+            if thread is None:
+                continue
+            with thread.lock:
+                keep = {(ns, max(entries)) for ns, entries in thread.checkpoints.items() if entries}
+            self._redact(thread_id, lambda h, k=keep: (h.get("ns", ""), h.get("id")) not in k)
+
+    def get_next_version(self, current: int | None, channel: None = None) -> int:
+        """Versions are integers, one more than the current. Channel values are stored by
+        content, not under (channel, version) keys, so two branches that reach the same
+        version number with different values cannot collide."""
+        return 1 if current is None else int(str(current).split(".")[0]) + 1
+
+    # ----- async -----
+
+    async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
+        """Like ``get_tuple``: reads are snapshot reads that never wait for the writer."""
+        return self.get_tuple(config)
+
+    async def alist(
+        self,
+        config: RunnableConfig | None,
+        *,
+        filter: dict[str, Any] | None = None,
+        before: RunnableConfig | None = None,
+        limit: int | None = None,
+    ) -> AsyncIterator[CheckpointTuple]:
+        """Like ``list``."""
+        for tup in self.list(config, filter=filter, before=before, limit=limit):
+            yield tup
+
+    async def aput(
+        self,
+        config: RunnableConfig,
+        checkpoint: Checkpoint,
+        metadata: CheckpointMetadata,
+        new_versions: ChannelVersions,
+    ) -> RunnableConfig:
+        """Like ``put``; the commit is queued without blocking the event loop."""
+        thread, turn_id, messages, header, ids, out = self._prepare_put(config, checkpoint, metadata)
+        await self._acommit(thread, turn_id, messages, header, ids)
+        return out
+
+    async def aput_writes(
+        self, config: RunnableConfig, writes: Sequence[tuple[str, Any]], task_id: str, task_path: str = ""
+    ) -> None:
+        """Like ``put_writes``; the commit is queued without blocking the event loop."""
+        thread, turn_id, messages, header, ids = self._prepare_writes(config, writes, task_id, task_path)
+        await self._acommit(thread, turn_id, messages, header, ids)
+
+    async def adelete_thread(self, thread_id: str) -> None:
+        """Like ``delete_thread``."""
+        await asyncio.to_thread(self.delete_thread, thread_id)
+
+    async def adelete_for_runs(self, run_ids: Sequence[str]) -> None:
+        """Like ``delete_for_runs``."""
+        await asyncio.to_thread(self.delete_for_runs, run_ids)
+
+    async def acopy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
+        """Like ``copy_thread``."""
+        await asyncio.to_thread(self.copy_thread, source_thread_id, target_thread_id)
+
+    async def aprune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
+        """Like ``prune``."""
+        await asyncio.to_thread(self.prune, thread_ids, strategy=strategy)

@@ -1,0 +1,480 @@
+//! The values queries and commands return, as frozen Python classes.
+
+use pyo3::prelude::*;
+use std::collections::BTreeMap;
+
+/// Where a committed event landed.
+#[pyclass(module = "annal", frozen, get_all)]
+#[derive(Clone)]
+pub struct Receipt {
+    /// Global sequence number of the event.
+    pub seq: u64,
+    /// The session's revision after the event (hex).
+    pub revision: String,
+    /// Writer clock, unix ms.
+    pub committed_at_ms: u64,
+}
+
+impl From<annal::Receipt> for Receipt {
+    fn from(r: annal::Receipt) -> Receipt {
+        Receipt { seq: r.seq, revision: r.revision.to_hex(), committed_at_ms: r.committed_at_ms }
+    }
+}
+
+#[pymethods]
+impl Receipt {
+    fn __repr__(&self) -> String {
+        format!("Receipt(seq={}, revision={:?}, committed_at_ms={})", self.seq, self.revision, self.committed_at_ms)
+    }
+}
+
+/// A created (or forked) session and the receipt of its first event.
+#[pyclass(module = "annal", frozen, get_all)]
+#[derive(Clone)]
+pub struct SessionReceipt {
+    /// The new session's id.
+    pub session: String,
+    /// Its receipt.
+    pub receipt: Receipt,
+}
+
+impl From<annal::SessionReceipt> for SessionReceipt {
+    fn from(r: annal::SessionReceipt) -> SessionReceipt {
+        SessionReceipt { session: r.session.to_string(), receipt: r.receipt.into() }
+    }
+}
+
+#[pymethods]
+impl SessionReceipt {
+    fn __repr__(&self) -> String {
+        format!("SessionReceipt(session={:?}, seq={})", self.session, self.receipt.seq)
+    }
+}
+
+/// The result of `commit_turn`.
+#[pyclass(module = "annal", frozen, get_all)]
+#[derive(Clone)]
+pub struct TurnResult {
+    /// The turn's receipt (the original one for a retry).
+    pub receipt: Receipt,
+    /// Whether this exact turn had been committed before (nothing was written now).
+    pub already_committed: bool,
+}
+
+impl From<annal::TurnOutcome> for TurnResult {
+    fn from(o: annal::TurnOutcome) -> TurnResult {
+        TurnResult {
+            receipt: o.receipt().into(),
+            already_committed: matches!(o, annal::TurnOutcome::AlreadyCommitted(_)),
+        }
+    }
+}
+
+#[pymethods]
+impl TurnResult {
+    fn __repr__(&self) -> String {
+        format!("TurnResult(seq={}, already_committed={})", self.receipt.seq, self.already_committed)
+    }
+}
+
+/// A session's head: what it is now.
+#[pyclass(module = "annal", frozen, get_all)]
+#[derive(Clone)]
+pub struct Head {
+    /// The session id.
+    pub session: String,
+    /// The transcript's revision (hex).
+    pub revision: String,
+    /// Messages in the transcript.
+    pub message_count: u64,
+    /// Whether the session is archived.
+    pub archived: bool,
+    /// Labels.
+    pub labels: BTreeMap<String, String>,
+    /// The metadata blob.
+    pub metadata: Vec<u8>,
+    /// `(parent session, revision, message count)` if the session is a fork.
+    pub forked_from: Option<(String, String, u64)>,
+    /// Seq of the creating event.
+    pub created_seq: u64,
+    /// Creation time, unix ms.
+    pub created_at_ms: u64,
+    /// Seq of the latest event.
+    pub last_seq: u64,
+    /// The session's stream seq: every event moves it (use it with `expected=int`).
+    pub stream_seq: u64,
+    /// Time of the latest event, unix ms.
+    pub updated_at_ms: u64,
+    /// Host state: name → content id (read values with `Database.host_state`).
+    pub host_state: BTreeMap<String, String>,
+}
+
+impl From<annal::SessionHead> for Head {
+    fn from(h: annal::SessionHead) -> Head {
+        Head {
+            session: h.session.to_string(),
+            revision: h.revision.to_hex(),
+            message_count: h.message_count,
+            archived: h.archived,
+            labels: h.labels,
+            metadata: h.metadata,
+            forked_from: h.forked_from.map(|f| (f.session.to_string(), f.revision.to_hex(), f.message_count)),
+            created_seq: h.created_seq,
+            created_at_ms: h.created_at_ms,
+            last_seq: h.last_seq,
+            stream_seq: h.stream_seq,
+            updated_at_ms: h.updated_at_ms,
+            host_state: h.host_state.into_iter().map(|(k, v)| (k, v.to_hex())).collect(),
+        }
+    }
+}
+
+#[pymethods]
+impl Head {
+    fn __repr__(&self) -> String {
+        format!(
+            "Head(session={:?}, messages={}, stream_seq={}, archived={})",
+            self.session, self.message_count, self.stream_seq, self.archived
+        )
+    }
+}
+
+/// A page of sessions.
+#[pyclass(module = "annal", frozen, get_all)]
+#[derive(Clone)]
+pub struct SessionPage {
+    /// The heads.
+    pub items: Vec<Head>,
+    /// The offset used.
+    pub offset: u64,
+    /// The limit asked for.
+    pub limit: u64,
+    /// Whether more sessions follow.
+    pub has_more: bool,
+}
+
+/// A message read back from a transcript.
+#[pyclass(module = "annal", frozen, get_all)]
+#[derive(Clone)]
+pub struct StoredMessage {
+    /// Position in the transcript, from 0.
+    pub position: u64,
+    /// Content id of the message object.
+    pub content_id: String,
+    /// `"system"`, `"user"`, `"assistant"` or `"tool"`.
+    pub role: String,
+    /// The content type.
+    pub content_type: String,
+    /// The body.
+    pub body: Vec<u8>,
+    /// Content ids of the attachments (read them with `Database.content`).
+    pub attachments: Vec<String>,
+}
+
+#[pymethods]
+impl StoredMessage {
+    fn __repr__(&self) -> String {
+        format!("StoredMessage(position={}, role={:?}, body=<{} bytes>)", self.position, self.role, self.body.len())
+    }
+}
+
+pub fn role_name(role: annal::Role) -> &'static str {
+    match role {
+        annal::Role::System => "system",
+        annal::Role::User => "user",
+        annal::Role::Assistant => "assistant",
+        annal::Role::Tool => "tool",
+    }
+}
+
+/// A page of a transcript.
+#[pyclass(module = "annal", frozen, get_all)]
+#[derive(Clone)]
+pub struct TranscriptPage {
+    /// The session.
+    pub session: String,
+    /// The revision read.
+    pub revision: String,
+    /// Messages in that revision.
+    pub total: u64,
+    /// Offset used.
+    pub offset: u64,
+    /// The messages.
+    pub messages: Vec<StoredMessage>,
+    /// Whether messages follow this page.
+    pub has_more: bool,
+}
+
+impl From<annal::TranscriptPage> for TranscriptPage {
+    fn from(t: annal::TranscriptPage) -> TranscriptPage {
+        TranscriptPage {
+            session: t.session.to_string(),
+            revision: t.revision.to_hex(),
+            total: t.total,
+            offset: t.offset,
+            messages: t
+                .messages
+                .into_iter()
+                .map(|m| StoredMessage {
+                    position: m.position,
+                    content_id: m.content_id.to_hex(),
+                    role: role_name(m.message.role).into(),
+                    content_type: m.message.content_type,
+                    body: m.message.body,
+                    attachments: m.message.attachments.iter().map(|a| a.to_hex()).collect(),
+                })
+                .collect(),
+            has_more: t.has_more,
+        }
+    }
+}
+
+/// A distinct revision a session has held.
+#[pyclass(module = "annal", frozen, get_all)]
+#[derive(Clone)]
+pub struct RevisionNode {
+    /// The revision id (hex).
+    pub revision: String,
+    /// Order of first appearance in the session.
+    pub ordinal: u64,
+    /// Seq of the event that first produced it.
+    pub seq: u64,
+    /// Messages in it.
+    pub message_count: u64,
+    /// When it first appeared, unix ms.
+    pub created_at_ms: u64,
+    /// `"created"`, `"turn"` or the rewrite kind (`"edit"`, `"restore"`, ...).
+    pub origin: String,
+}
+
+impl From<annal::RevisionNode> for RevisionNode {
+    fn from(n: annal::RevisionNode) -> RevisionNode {
+        RevisionNode {
+            revision: n.revision.to_hex(),
+            ordinal: n.ordinal,
+            seq: n.seq,
+            message_count: n.message_count,
+            created_at_ms: n.created_at_ms,
+            origin: match n.origin {
+                annal::NodeOrigin::Created => "created".into(),
+                annal::NodeOrigin::Turn { .. } => "turn".into(),
+                annal::NodeOrigin::Rewrite { kind, .. } => kind,
+            },
+        }
+    }
+}
+
+/// A staged or applied system-context entry.
+#[pyclass(module = "annal", frozen, get_all)]
+#[derive(Clone)]
+pub struct ContextEntry {
+    /// The host's key.
+    pub key: String,
+    /// Content id of the text.
+    pub content_id: String,
+    /// Where it came from.
+    pub source: String,
+    /// Seq of the append.
+    pub appended_seq: u64,
+    /// The turn that applied it, or `None` while it is pending.
+    pub applied_by: Option<String>,
+}
+
+impl From<annal::ContextEntry> for ContextEntry {
+    fn from(c: annal::ContextEntry) -> ContextEntry {
+        ContextEntry {
+            key: c.key,
+            content_id: c.content.to_hex(),
+            source: c.source,
+            appended_seq: c.appended_seq,
+            applied_by: match c.state {
+                annal::ContextState::Pending => None,
+                annal::ContextState::Applied { turn_id, .. } => Some(turn_id),
+            },
+        }
+    }
+}
+
+/// Token usage of one provider and model in a session.
+#[pyclass(module = "annal", frozen, get_all)]
+#[derive(Clone)]
+pub struct UsageTotals {
+    /// Provider.
+    pub provider: String,
+    /// Model.
+    pub model: String,
+    /// Input tokens.
+    pub input: u64,
+    /// Output tokens.
+    pub output: u64,
+    /// Cache-read tokens.
+    pub cache_read: u64,
+    /// Cache-write tokens.
+    pub cache_write: u64,
+    /// Turns that reported usage.
+    pub turns: u64,
+}
+
+impl From<annal::UsageTotals> for UsageTotals {
+    fn from(u: annal::UsageTotals) -> UsageTotals {
+        UsageTotals {
+            provider: u.provider,
+            model: u.model,
+            input: u.input,
+            output: u.output,
+            cache_read: u.cache_read,
+            cache_write: u.cache_write,
+            turns: u.turns,
+        }
+    }
+}
+
+/// A tool operation of the ledger.
+#[pyclass(module = "annal", frozen, get_all)]
+#[derive(Clone)]
+pub struct ToolOp {
+    /// The session.
+    pub session: String,
+    /// The host's operation id.
+    pub op_id: String,
+    /// Order of the call in the session.
+    pub ordinal: u64,
+    /// The provider's call id.
+    pub call_id: String,
+    /// The tool.
+    pub tool_name: String,
+    /// Content id of the arguments.
+    pub args_id: String,
+    /// The enclosing operation.
+    pub parent_op: Option<String>,
+    /// The turn it belongs to.
+    pub turn_id: Option<String>,
+    /// Whether re-running it after a crash is safe.
+    pub replay_safe: bool,
+    /// Seq of the call.
+    pub call_seq: u64,
+    /// `None` while unsettled; else `"ok"`, `"error"` or `"cancelled"`.
+    pub outcome: Option<String>,
+    /// Content id of the result, once settled.
+    pub result_id: Option<String>,
+}
+
+impl From<annal::ToolOp> for ToolOp {
+    fn from(t: annal::ToolOp) -> ToolOp {
+        let (outcome, result_id) = match t.state {
+            annal::ToolState::Prepared => (None, None),
+            annal::ToolState::Settled { outcome, result, .. } => (Some(outcome.name().into()), Some(result.to_hex())),
+        };
+        ToolOp {
+            session: t.session.to_string(),
+            op_id: t.op_id,
+            ordinal: t.ordinal,
+            call_id: t.call_id,
+            tool_name: t.tool_name,
+            args_id: t.args.to_hex(),
+            parent_op: t.parent_op,
+            turn_id: t.turn_id,
+            replay_safe: t.recovery == annal::Recovery::ReplaySafe,
+            call_seq: t.call_seq,
+            outcome,
+            result_id,
+        }
+    }
+}
+
+/// A log record as read back.
+#[pyclass(module = "annal", frozen, get_all)]
+#[derive(Clone)]
+pub struct Event {
+    /// Global seq.
+    pub seq: u64,
+    /// The session.
+    pub session: String,
+    /// The session's stream seq.
+    pub stream_seq: u64,
+    /// Writer clock, unix ms.
+    pub committed_at_ms: u64,
+    /// The event kind, e.g. `"TurnCommitted"`.
+    pub kind: String,
+    /// The event's fields, as text.
+    pub detail: String,
+    /// `h(seq)`, the chain hash (hex).
+    pub chain_hash: String,
+}
+
+/// A page of events.
+#[pyclass(module = "annal", frozen, get_all)]
+#[derive(Clone)]
+pub struct EventPage {
+    /// The events, in seq order.
+    pub events: Vec<Event>,
+    /// Where the next page starts.
+    pub next_seq: u64,
+    /// Whether events follow.
+    pub has_more: bool,
+}
+
+impl From<annal::EventPage> for EventPage {
+    fn from(p: annal::EventPage) -> EventPage {
+        EventPage {
+            events: p
+                .events
+                .into_iter()
+                .map(|e| Event {
+                    seq: e.record.seq,
+                    session: e.record.session.to_string(),
+                    stream_seq: e.record.stream_seq,
+                    committed_at_ms: e.record.committed_at_ms,
+                    kind: e.record.event.kind().name().into(),
+                    detail: format!("{:?}", e.record.event),
+                    chain_hash: e.chain_hash.to_hex(),
+                })
+                .collect(),
+            next_seq: p.next_seq,
+            has_more: p.has_more,
+        }
+    }
+}
+
+/// A durable commit, as subscribers hear of it.
+#[pyclass(module = "annal", frozen, get_all)]
+#[derive(Clone)]
+pub struct CommitNotice {
+    /// First seq of the commit.
+    pub first_seq: u64,
+    /// Last seq of the commit.
+    pub last_seq: u64,
+    /// Sessions it touched.
+    pub sessions: Vec<String>,
+    /// Writer clock, unix ms.
+    pub committed_at_ms: u64,
+}
+
+impl From<annal::CommitNotice> for CommitNotice {
+    fn from(n: annal::CommitNotice) -> CommitNotice {
+        CommitNotice {
+            first_seq: n.first_seq,
+            last_seq: n.last_seq,
+            sessions: n.sessions.iter().map(|s| s.to_string()).collect(),
+            committed_at_ms: n.committed_at_ms,
+        }
+    }
+}
+
+pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<Receipt>()?;
+    m.add_class::<SessionReceipt>()?;
+    m.add_class::<TurnResult>()?;
+    m.add_class::<Head>()?;
+    m.add_class::<SessionPage>()?;
+    m.add_class::<StoredMessage>()?;
+    m.add_class::<TranscriptPage>()?;
+    m.add_class::<RevisionNode>()?;
+    m.add_class::<ContextEntry>()?;
+    m.add_class::<UsageTotals>()?;
+    m.add_class::<ToolOp>()?;
+    m.add_class::<Event>()?;
+    m.add_class::<EventPage>()?;
+    m.add_class::<CommitNotice>()?;
+    Ok(())
+}

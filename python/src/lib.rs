@@ -1,0 +1,1157 @@
+//! The `annal` Python package's native module, `annal._annal`.
+//!
+//! Every engine call runs with the GIL released (`Python::detach`), so Python threads
+//! that commit at the same time reach the writer together and share its group commit.
+//! The `_async` methods queue the command at once and return an `asyncio.Future`; one
+//! completion thread waits for the engine's replies and resolves the futures on their
+//! event loops, so the engine's writer never touches the GIL.
+
+mod convert;
+mod errors;
+
+use annal::{
+    AppendContext, Command, CommitTurn, CreateSession, Durability, Engine, EventQuery, Expected, Fork, ListQuery,
+    Options, Outcome, PageRequest, RecordToolCall, RecordToolResult, Recovery, Restore, RevisionId, Rewrite,
+    RewriteReason, Role, SessionId, SetHostState, SetLabels, SetMetadata, StateChanges, ToolOutcome, Usage,
+};
+use convert::*;
+use errors::to_py;
+use pyo3::exceptions::{PyTypeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyDict};
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{mpsc, Arc, OnceLock, RwLock};
+use std::time::Duration;
+
+/// A message as the host hands it in: a role, a content type, a body and attachments.
+#[pyclass(module = "annal", frozen, get_all)]
+#[derive(Clone)]
+pub struct Message {
+    /// `"system"`, `"user"`, `"assistant"` or `"tool"`.
+    pub role: String,
+    /// A short media type, e.g. `text/plain`.
+    pub content_type: String,
+    /// The host's serialized message.
+    pub body: Vec<u8>,
+    /// Attachment bytes; each is stored once as its own content object.
+    pub attachments: Vec<Vec<u8>>,
+}
+
+#[derive(FromPyObject)]
+enum Bytesish {
+    Bytes(Vec<u8>),
+    Text(String),
+}
+
+impl Bytesish {
+    fn into_bytes(self) -> Vec<u8> {
+        match self {
+            Bytesish::Bytes(b) => b,
+            Bytesish::Text(s) => s.into_bytes(),
+        }
+    }
+}
+
+fn bytes_arg(value: &Bound<'_, PyAny>, what: &str) -> PyResult<Vec<u8>> {
+    if let Ok(b) = value.cast::<PyBytes>() {
+        return Ok(b.as_bytes().to_vec());
+    }
+    match value.extract::<Bytesish>() {
+        Ok(b) => Ok(b.into_bytes()),
+        Err(_) => Err(PyTypeError::new_err(format!("{what} must be bytes or str"))),
+    }
+}
+
+fn parse_role(role: &str) -> PyResult<Role> {
+    match role {
+        "system" => Ok(Role::System),
+        "user" => Ok(Role::User),
+        "assistant" => Ok(Role::Assistant),
+        "tool" => Ok(Role::Tool),
+        other => Err(PyValueError::new_err(format!("unknown role {other:?}: system, user, assistant or tool"))),
+    }
+}
+
+#[pymethods]
+impl Message {
+    #[new]
+    #[pyo3(signature = (role, body, content_type = "text/plain", attachments = Vec::new()))]
+    fn new(
+        role: &str,
+        body: &Bound<'_, PyAny>,
+        content_type: &str,
+        attachments: Vec<Bound<'_, PyAny>>,
+    ) -> PyResult<Message> {
+        parse_role(role)?;
+        let attachments = attachments.iter().map(|a| bytes_arg(a, "an attachment")).collect::<PyResult<_>>()?;
+        Ok(Message {
+            role: role.to_string(),
+            content_type: content_type.to_string(),
+            body: bytes_arg(body, "body")?,
+            attachments,
+        })
+    }
+
+    /// A `text/plain` message from the user.
+    #[staticmethod]
+    fn user(text: &str) -> Message {
+        Message::plain("user", text)
+    }
+
+    /// A `text/plain` message from the assistant.
+    #[staticmethod]
+    fn assistant(text: &str) -> Message {
+        Message::plain("assistant", text)
+    }
+
+    /// A `text/plain` system message.
+    #[staticmethod]
+    fn system(text: &str) -> Message {
+        Message::plain("system", text)
+    }
+
+    /// A `text/plain` tool message.
+    #[staticmethod]
+    fn tool(text: &str) -> Message {
+        Message::plain("tool", text)
+    }
+
+    /// The body decoded as UTF-8.
+    fn text(&self) -> PyResult<String> {
+        String::from_utf8(self.body.clone()).map_err(|e| PyValueError::new_err(e.to_string()))
+    }
+
+    fn __repr__(&self) -> String {
+        format!("Message(role={:?}, content_type={:?}, body=<{} bytes>)", self.role, self.content_type, self.body.len())
+    }
+
+    fn __eq__(&self, other: &Message) -> bool {
+        self.role == other.role
+            && self.content_type == other.content_type
+            && self.body == other.body
+            && self.attachments == other.attachments
+    }
+}
+
+impl Message {
+    fn plain(role: &str, text: &str) -> Message {
+        Message {
+            role: role.into(),
+            content_type: "text/plain".into(),
+            body: text.as_bytes().to_vec(),
+            attachments: vec![],
+        }
+    }
+
+    fn to_engine(&self) -> PyResult<annal::Message> {
+        Ok(annal::Message {
+            role: parse_role(&self.role)?,
+            content_type: self.content_type.clone(),
+            body: self.body.clone(),
+            attachments: self.attachments.clone(),
+        })
+    }
+}
+
+fn messages(ms: &[PyRef<'_, Message>]) -> PyResult<Vec<annal::Message>> {
+    ms.iter().map(|m| m.to_engine()).collect()
+}
+
+fn session_id(text: &str) -> PyResult<SessionId> {
+    text.parse().map_err(|e| PyValueError::new_err(format!("{e}")))
+}
+
+fn revision_id(text: &str) -> PyResult<RevisionId> {
+    text.parse().map_err(|e| PyValueError::new_err(format!("{e}")))
+}
+
+/// `None` → any head; `str` → that revision; `int` → that stream seq.
+fn expected(value: Option<&Bound<'_, PyAny>>) -> PyResult<Expected> {
+    let Some(value) = value else { return Ok(Expected::Any) };
+    if value.is_none() {
+        return Ok(Expected::Any);
+    }
+    if let Ok(text) = value.extract::<String>() {
+        return Ok(Expected::Exact(revision_id(&text)?));
+    }
+    if let Ok(n) = value.extract::<u64>() {
+        return Ok(Expected::Version(n));
+    }
+    Err(PyTypeError::new_err("expected must be None, a revision id (str) or a stream seq (int)"))
+}
+
+fn usage(items: Vec<Bound<'_, PyAny>>) -> PyResult<Vec<Usage>> {
+    items
+        .iter()
+        .map(|item| {
+            if let Ok((provider, model, input, output)) = item.extract::<(String, String, u64, u64)>() {
+                return Ok(Usage { provider, model, input, output, cache_read: 0, cache_write: 0 });
+            }
+            let (provider, model, input, output, cache_read, cache_write) =
+                item.extract::<(String, String, u64, u64, u64, u64)>().map_err(|_| {
+                    PyTypeError::new_err(
+                        "usage items are (provider, model, input, output[, cache_read, cache_write]) tuples",
+                    )
+                })?;
+            Ok(Usage { provider, model, input, output, cache_read, cache_write })
+        })
+        .collect()
+}
+
+/// `{name: bytes}` sets, `{name: None}` removes.
+fn state_changes(state: Option<&Bound<'_, PyDict>>) -> PyResult<StateChanges> {
+    let mut changes = StateChanges::default();
+    if let Some(state) = state {
+        for (name, value) in state.iter() {
+            let name: String = name.extract()?;
+            if value.is_none() {
+                changes.remove.insert(name);
+            } else {
+                changes.set.insert(name, bytes_arg(&value, "a host state value")?);
+            }
+        }
+    }
+    Ok(changes)
+}
+
+struct Pending {
+    reply: std::pin::Pin<Box<annal::Reply<Outcome>>>,
+    waiter: Waiter,
+}
+
+struct Waiter {
+    future: Py<PyAny>,
+    event_loop: Py<PyAny>,
+    convert: fn(Python<'_>, Outcome) -> PyResult<Py<PyAny>>,
+}
+
+/// The completion thread: waits for the queued replies in turn (replies arrive in about
+/// commit order, so waiting in order costs nothing), takes every later one that is
+/// answered already (a group commit answers many at once), and resolves them all with
+/// one hold of the GIL and one `call_soon_threadsafe` per event loop.
+fn completions() -> &'static mpsc::Sender<Pending> {
+    static SENDER: OnceLock<mpsc::Sender<Pending>> = OnceLock::new();
+    SENDER.get_or_init(|| {
+        let (tx, rx) = mpsc::channel::<Pending>();
+        std::thread::Builder::new()
+            .name("annal-py-completions".into())
+            .spawn(move || {
+                let mut carry: Option<Pending> = None;
+                loop {
+                    let first = match carry.take() {
+                        Some(p) => p,
+                        None => match rx.recv() {
+                            Ok(p) => p,
+                            Err(_) => return,
+                        },
+                    };
+                    let mut done = vec![(first.waiter, block_on(first.reply))];
+                    while let Ok(mut next) = rx.try_recv() {
+                        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+                        match std::future::Future::poll(next.reply.as_mut(), &mut cx) {
+                            std::task::Poll::Ready(result) => done.push((next.waiter, result)),
+                            std::task::Poll::Pending => {
+                                carry = Some(next);
+                                break;
+                            }
+                        }
+                    }
+                    resolve_all(done);
+                }
+            })
+            .expect("spawn the completion thread");
+        tx
+    })
+}
+
+fn resolve_all(done: Vec<(Waiter, annal::Result<Outcome>)>) {
+    Python::attach(|py| {
+        // Per event loop: (future, ok, value or exception) of each answered command.
+        type Answers = Vec<(Py<PyAny>, bool, Py<PyAny>)>;
+        let mut by_loop: Vec<(Py<PyAny>, Answers)> = Vec::new();
+        for (waiter, result) in done {
+            let (ok, value) = match result.map_err(|e| to_py(py, e)).and_then(|o| (waiter.convert)(py, o)) {
+                Ok(value) => (true, value),
+                Err(err) => (false, err.into_value(py).into_any()),
+            };
+            match by_loop.iter_mut().find(|(l, _)| l.as_ptr() == waiter.event_loop.as_ptr()) {
+                Some((_, items)) => items.push((waiter.future, ok, value)),
+                None => by_loop.push((waiter.event_loop, vec![(waiter.future, ok, value)])),
+            }
+        }
+        let resolve = match py.import("annal._resolve").and_then(|m| m.getattr("resolve_many")) {
+            Ok(f) => f,
+            Err(e) => return e.write_unraisable(py, None),
+        };
+        for (event_loop, items) in by_loop {
+            if let Err(e) = event_loop.call_method1(py, "call_soon_threadsafe", (&resolve, items)) {
+                // The loop is closed: nobody waits for these futures any more.
+                e.write_unraisable(py, None);
+            }
+        }
+    });
+}
+
+struct ThreadWaker(std::thread::Thread);
+
+impl std::task::Wake for ThreadWaker {
+    fn wake(self: Arc<Self>) {
+        self.0.unpark();
+    }
+}
+
+fn block_on<F: std::future::Future>(future: F) -> F::Output {
+    let mut future = std::pin::pin!(future);
+    let waker = std::task::Waker::from(Arc::new(ThreadWaker(std::thread::current())));
+    let mut cx = std::task::Context::from_waker(&waker);
+    loop {
+        if let std::task::Poll::Ready(out) = future.as_mut().poll(&mut cx) {
+            return out;
+        }
+        std::thread::park();
+    }
+}
+
+/// An open annal database: the log file at `path` and its projections file beside it.
+///
+/// Thread-safe: share one `Database` between threads (and asyncio tasks). Every call
+/// releases the GIL while the engine works, so concurrent commits are group-committed.
+#[pyclass(module = "annal", frozen, weakref)]
+pub struct Database {
+    engine: RwLock<Option<Engine>>,
+    path: String,
+    options: OpenOptions,
+}
+
+#[derive(Clone)]
+struct OpenOptions {
+    durable: bool,
+    compress: bool,
+}
+
+impl OpenOptions {
+    fn engine_options(&self) -> Options {
+        Options {
+            durability: if self.durable { Durability::Durable } else { Durability::Relaxed },
+            compress_content: self.compress,
+            ..Options::default()
+        }
+    }
+}
+
+impl Database {
+    /// Runs `f` on the engine without the GIL. The engine's read lock is taken without
+    /// the GIL too, and held for the call, so a purge (which takes the write lock) waits
+    /// for the calls in flight and the calls made meanwhile wait for it.
+    fn run<T: Send>(&self, py: Python<'_>, f: impl FnOnce(&Engine) -> annal::Result<T> + Send) -> PyResult<T> {
+        py.detach(|| {
+            let guard = self.engine.read().map_err(|_| annal::Error::Closed)?;
+            let engine = guard.as_ref().ok_or(annal::Error::Closed)?;
+            f(engine)
+        })
+        .map_err(|e| to_py(py, e))
+    }
+
+    fn submit(
+        &self,
+        py: Python<'_>,
+        command: Command,
+        convert: fn(Python<'_>, Outcome) -> PyResult<Py<PyAny>>,
+    ) -> PyResult<Py<PyAny>> {
+        let asyncio = py.import("asyncio")?;
+        let event_loop = asyncio.call_method0("get_running_loop")?;
+        let future = event_loop.call_method0("create_future")?;
+        // Queuing compresses the content and may wait for room in the queue: no GIL.
+        let reply = self.run(py, move |e| Ok(e.execute_async(command)))?;
+        completions()
+            .send(Pending {
+                reply: Box::pin(reply),
+                waiter: Waiter { future: future.clone().unbind(), event_loop: event_loop.unbind(), convert },
+            })
+            .map_err(|_| to_py(py, annal::Error::Closed))?;
+        Ok(future.unbind())
+    }
+}
+
+#[pymethods]
+impl Database {
+    /// Opens (or creates) the database at `path`.
+    ///
+    /// `durable=False` acknowledges commits before they reach the disk (a crash may lose
+    /// the last ones, never corrupt the file); `compress=False` stores content
+    /// uncompressed.
+    #[new]
+    #[pyo3(signature = (path, *, durable = true, compress = true))]
+    fn open(py: Python<'_>, path: std::path::PathBuf, durable: bool, compress: bool) -> PyResult<Database> {
+        let options = OpenOptions { durable, compress };
+        let engine_options = options.engine_options();
+        let open_path = path.clone();
+        let engine = py.detach(move || Engine::open_with(&open_path, engine_options)).map_err(|e| to_py(py, e))?;
+        Ok(Database { engine: RwLock::new(Some(engine)), path: path.to_string_lossy().into_owned(), options })
+    }
+
+    /// The path of the log file.
+    #[getter]
+    fn path(&self) -> &str {
+        &self.path
+    }
+
+    /// Whether commits are acknowledged only once they are on disk.
+    #[getter]
+    fn durable(&self) -> bool {
+        self.options.durable
+    }
+
+    /// Whether the database is closed.
+    #[getter]
+    fn closed(&self) -> bool {
+        match self.engine.try_read() {
+            Ok(guard) => guard.is_none(),
+            // A purge holds the engine: it is reopened when the purge ends.
+            Err(std::sync::TryLockError::WouldBlock) => false,
+            Err(std::sync::TryLockError::Poisoned(_)) => true,
+        }
+    }
+
+    /// Flushes and stops the writer; later calls raise `Closed`. Closing twice is fine.
+    fn close(&self, py: Python<'_>) -> PyResult<()> {
+        py.detach(|| {
+            let engine = self.engine.write().map_err(|_| annal::Error::Closed)?.take();
+            match engine {
+                Some(engine) => engine.close(),
+                None => Ok(()),
+            }
+        })
+        .map_err(|e| to_py(py, e))
+    }
+
+    fn __enter__(slf: Py<Self>) -> Py<Self> {
+        slf
+    }
+
+    fn __exit__(
+        &self,
+        py: Python<'_>,
+        _ty: Option<Bound<'_, PyAny>>,
+        _value: Option<Bound<'_, PyAny>>,
+        _tb: Option<Bound<'_, PyAny>>,
+    ) -> PyResult<bool> {
+        self.close(py)?;
+        Ok(false)
+    }
+
+    // ----- commands -----
+
+    /// Creates a session with optional labels, metadata and initial messages.
+    #[pyo3(signature = (*, labels = None, metadata = None, messages = Vec::new(), session = None))]
+    fn create_session(
+        &self,
+        py: Python<'_>,
+        labels: Option<BTreeMap<String, String>>,
+        metadata: Option<Vec<u8>>,
+        messages: Vec<PyRef<'_, Message>>,
+        session: Option<&str>,
+    ) -> PyResult<SessionReceipt> {
+        let c = create_command(labels, metadata, &messages, session)?;
+        let r = self.run(py, move |e| e.create_session(c))?;
+        Ok(SessionReceipt::from(r))
+    }
+
+    /// `create_session`, queued now; await the returned future for its receipt.
+    #[pyo3(signature = (*, labels = None, metadata = None, messages = Vec::new(), session = None))]
+    fn create_session_async(
+        &self,
+        py: Python<'_>,
+        labels: Option<BTreeMap<String, String>>,
+        metadata: Option<Vec<u8>>,
+        messages: Vec<PyRef<'_, Message>>,
+        session: Option<&str>,
+    ) -> PyResult<Py<PyAny>> {
+        let c = create_command(labels, metadata, &messages, session)?;
+        self.submit(py, Command::CreateSession(c), outcome_session)
+    }
+
+    /// Commits a turn: messages, usage, host state changes, applied context and tool
+    /// operations, atomically. `turn_id` is the idempotency key: an exact retry returns
+    /// the original receipt with `already_committed=True`.
+    ///
+    /// `expected`: `None` (any head), a revision id (`str`) or a stream seq (`int`).
+    /// `state`: `{name: bytes}` sets an entry, `{name: None}` removes it.
+    /// `usage`: `(provider, model, input, output[, cache_read, cache_write])` tuples.
+    #[pyo3(signature = (session, turn_id, messages = Vec::new(), *, expected = None, usage = Vec::new(), state = None, applied_context = Vec::new(), tool_ops = Vec::new(), run_id = None))]
+    #[allow(clippy::too_many_arguments)]
+    fn commit_turn(
+        &self,
+        py: Python<'_>,
+        session: &str,
+        turn_id: String,
+        messages: Vec<PyRef<'_, Message>>,
+        expected: Option<Bound<'_, PyAny>>,
+        usage: Vec<Bound<'_, PyAny>>,
+        state: Option<Bound<'_, PyDict>>,
+        applied_context: Vec<String>,
+        tool_ops: Vec<String>,
+        run_id: Option<String>,
+    ) -> PyResult<TurnResult> {
+        let c = turn_command(
+            session,
+            turn_id,
+            &messages,
+            expected.as_ref(),
+            usage,
+            state.as_ref(),
+            applied_context,
+            tool_ops,
+            run_id,
+        )?;
+        let outcome = self.run(py, move |e| e.commit_turn(c))?;
+        Ok(TurnResult::from(outcome))
+    }
+
+    /// `commit_turn`, queued now; await the returned future for its `TurnResult`.
+    #[pyo3(signature = (session, turn_id, messages = Vec::new(), *, expected = None, usage = Vec::new(), state = None, applied_context = Vec::new(), tool_ops = Vec::new(), run_id = None))]
+    #[allow(clippy::too_many_arguments)]
+    fn commit_turn_async(
+        &self,
+        py: Python<'_>,
+        session: &str,
+        turn_id: String,
+        messages: Vec<PyRef<'_, Message>>,
+        expected: Option<Bound<'_, PyAny>>,
+        usage: Vec<Bound<'_, PyAny>>,
+        state: Option<Bound<'_, PyDict>>,
+        applied_context: Vec<String>,
+        tool_ops: Vec<String>,
+        run_id: Option<String>,
+    ) -> PyResult<Py<PyAny>> {
+        let c = turn_command(
+            session,
+            turn_id,
+            &messages,
+            expected.as_ref(),
+            usage,
+            state.as_ref(),
+            applied_context,
+            tool_ops,
+            run_id,
+        )?;
+        self.submit(py, Command::CommitTurn(c), outcome_turn)
+    }
+
+    /// Replaces messages `start..end` of the head (computed against revision `expected`)
+    /// with `replacement`. `reason`: `"edit"`, `"compaction"` or `"redaction"`.
+    #[pyo3(signature = (session, expected, start, end, replacement = Vec::new(), *, reason = "edit", note = String::new(), actor = String::new()))]
+    #[allow(clippy::too_many_arguments)]
+    fn rewrite(
+        &self,
+        py: Python<'_>,
+        session: &str,
+        expected: &str,
+        start: u64,
+        end: u64,
+        replacement: Vec<PyRef<'_, Message>>,
+        reason: &str,
+        note: String,
+        actor: String,
+    ) -> PyResult<Receipt> {
+        let reason = match reason {
+            "edit" => RewriteReason::Edit,
+            "compaction" => RewriteReason::Compaction,
+            "redaction" => RewriteReason::Redaction,
+            other => return Err(PyValueError::new_err(format!("unknown reason {other:?}"))),
+        };
+        let c = Rewrite {
+            session: session_id(session)?,
+            expected: revision_id(expected)?,
+            start,
+            end,
+            replacement: messages(&replacement)?,
+            reason,
+            note,
+            actor,
+        };
+        Ok(Receipt::from(self.run(py, move |e| e.rewrite(c))?))
+    }
+
+    /// Brings back a revision the session held before (decided against `expected`).
+    #[pyo3(signature = (session, expected, target, *, note = String::new(), actor = String::new()))]
+    fn restore(
+        &self,
+        py: Python<'_>,
+        session: &str,
+        expected: &str,
+        target: &str,
+        note: String,
+        actor: String,
+    ) -> PyResult<Receipt> {
+        let c = Restore {
+            session: session_id(session)?,
+            expected: revision_id(expected)?,
+            target: revision_id(target)?,
+            note,
+            actor,
+        };
+        Ok(Receipt::from(self.run(py, move |e| e.restore(c))?))
+    }
+
+    /// Branches a new session from `parent`'s head, keeping its first `index` messages
+    /// (all of them by default); with `replacement`, message `index` is replaced by it.
+    /// `labels=None` keeps the parent's labels. No content is copied.
+    #[pyo3(signature = (parent, index = None, *, replacement = None, labels = None, session = None))]
+    fn fork(
+        &self,
+        py: Python<'_>,
+        parent: &str,
+        index: Option<u64>,
+        replacement: Option<PyRef<'_, Message>>,
+        labels: Option<BTreeMap<String, String>>,
+        session: Option<&str>,
+    ) -> PyResult<SessionReceipt> {
+        let parent = session_id(parent)?;
+        let index = match index {
+            Some(i) => i,
+            None => self.run(py, move |e| e.head(parent))?.map(|h| h.message_count).unwrap_or(0),
+        };
+        let c = Fork {
+            parent,
+            session: match session {
+                Some(s) => session_id(s)?,
+                None => annal::new_session_id(),
+            },
+            index,
+            replacement: replacement.map(|m| m.to_engine()).transpose()?,
+            labels,
+        };
+        Ok(SessionReceipt::from(self.run(py, move |e| e.fork(c))?))
+    }
+
+    /// Archives a session (it leaves default listings and refuses writes until revived).
+    /// Returns whether an event was written (`False` if it already was archived).
+    #[pyo3(signature = (session, reason = String::new()))]
+    fn archive(&self, py: Python<'_>, session: &str, reason: String) -> PyResult<bool> {
+        let s = session_id(session)?;
+        self.run(py, move |e| e.archive(s, reason))
+    }
+
+    /// Revives an archived session; returns the event's seq.
+    #[pyo3(signature = (session, reason = String::new()))]
+    fn revive(&self, py: Python<'_>, session: &str, reason: String) -> PyResult<u64> {
+        let s = session_id(session)?;
+        self.run(py, move |e| e.revive(s, reason))
+    }
+
+    /// Stages system context under `key` for a later turn (`applied_context=[key]`).
+    /// Returns the event's seq, or `None` for an exact duplicate.
+    #[pyo3(signature = (session, key, content, *, source = String::new()))]
+    fn append_context(
+        &self,
+        py: Python<'_>,
+        session: &str,
+        key: String,
+        content: &Bound<'_, PyAny>,
+        source: String,
+    ) -> PyResult<Option<u64>> {
+        let c = AppendContext { session: session_id(session)?, key, content: bytes_arg(content, "content")?, source };
+        let outcome = self.run(py, move |e| e.append_context(c))?;
+        Ok(match outcome {
+            annal::ContextOutcome::Staged(seq) => Some(seq),
+            annal::ContextOutcome::Duplicate => None,
+        })
+    }
+
+    /// Records a tool call before it is dispatched. Returns whether an event was written
+    /// (`False` for an exact retry).
+    #[pyo3(signature = (session, op_id, tool_name, args, *, call_id = String::new(), parent_op = None, turn_id = None, replay_safe = false))]
+    #[allow(clippy::too_many_arguments)]
+    fn record_tool_call(
+        &self,
+        py: Python<'_>,
+        session: &str,
+        op_id: String,
+        tool_name: String,
+        args: &Bound<'_, PyAny>,
+        call_id: String,
+        parent_op: Option<String>,
+        turn_id: Option<String>,
+        replay_safe: bool,
+    ) -> PyResult<bool> {
+        let c = RecordToolCall {
+            session: session_id(session)?,
+            op_id,
+            call_id,
+            tool_name,
+            args: bytes_arg(args, "args")?,
+            parent_op,
+            turn_id,
+            recovery: if replay_safe { Recovery::ReplaySafe } else { Recovery::NotReplaySafe },
+        };
+        Ok(self.run(py, move |e| e.record_tool_call(c))?.created)
+    }
+
+    /// Records a tool call's result. `outcome`: `"ok"`, `"error"` or `"cancelled"`.
+    #[pyo3(signature = (session, op_id, result, *, outcome = "ok"))]
+    fn record_tool_result(
+        &self,
+        py: Python<'_>,
+        session: &str,
+        op_id: String,
+        result: &Bound<'_, PyAny>,
+        outcome: &str,
+    ) -> PyResult<bool> {
+        let outcome = match outcome {
+            "ok" => ToolOutcome::Ok,
+            "error" => ToolOutcome::Error,
+            "cancelled" => ToolOutcome::Cancelled,
+            other => return Err(PyValueError::new_err(format!("unknown outcome {other:?}"))),
+        };
+        let c =
+            RecordToolResult { session: session_id(session)?, op_id, outcome, result: bytes_arg(result, "result")? };
+        Ok(self.run(py, move |e| e.record_tool_result(c))?.created)
+    }
+
+    /// Sets and removes labels. Returns the event's seq, or `None` if nothing changed.
+    #[pyo3(signature = (session, set = BTreeMap::new(), remove = BTreeSet::new()))]
+    fn set_labels(
+        &self,
+        py: Python<'_>,
+        session: &str,
+        set: BTreeMap<String, String>,
+        remove: BTreeSet<String>,
+    ) -> PyResult<Option<u64>> {
+        let c = SetLabels { session: session_id(session)?, set, remove };
+        self.run(py, move |e| e.set_labels(c))
+    }
+
+    /// Replaces the session's metadata blob.
+    #[pyo3(signature = (session, metadata, *, expected = None))]
+    fn set_metadata(
+        &self,
+        py: Python<'_>,
+        session: &str,
+        metadata: Vec<u8>,
+        expected: Option<Bound<'_, PyAny>>,
+    ) -> PyResult<Option<u64>> {
+        let c = SetMetadata { session: session_id(session)?, metadata, expected: self::expected(expected.as_ref())? };
+        self.run(py, move |e| e.set_metadata(c))
+    }
+
+    /// Sets (`{name: bytes}`) and removes (`{name: None}`) host state entries.
+    #[pyo3(signature = (session, state, *, expected = None))]
+    fn set_host_state(
+        &self,
+        py: Python<'_>,
+        session: &str,
+        state: Bound<'_, PyDict>,
+        expected: Option<Bound<'_, PyAny>>,
+    ) -> PyResult<Option<u64>> {
+        let c = SetHostState {
+            session: session_id(session)?,
+            state: state_changes(Some(&state))?,
+            expected: self::expected(expected.as_ref())?,
+        };
+        self.run(py, move |e| e.set_host_state(c))
+    }
+
+    // ----- queries -----
+
+    /// The head of a session, or `None`.
+    fn head(&self, py: Python<'_>, session: &str) -> PyResult<Option<Head>> {
+        let s = session_id(session)?;
+        Ok(self.run(py, move |e| e.head(s))?.map(Head::from))
+    }
+
+    /// Lists sessions: every label in `labels` must match. `recent=True` orders by last
+    /// update (newest first) instead of creation.
+    #[pyo3(signature = (*, labels = BTreeMap::new(), include_archived = false, offset = 0, limit = 0, recent = false))]
+    fn list_sessions(
+        &self,
+        py: Python<'_>,
+        labels: BTreeMap<String, String>,
+        include_archived: bool,
+        offset: u64,
+        limit: u64,
+        recent: bool,
+    ) -> PyResult<SessionPage> {
+        let mut q = ListQuery::new().page(offset, limit);
+        for (k, v) in labels {
+            q = q.label(k, v);
+        }
+        if include_archived {
+            q = q.include_archived();
+        }
+        if recent {
+            q = q.recently_updated();
+        }
+        let page = self.run(py, move |e| e.list_sessions(&q))?;
+        Ok(SessionPage {
+            items: page.items.into_iter().map(Head::from).collect(),
+            offset: page.offset,
+            limit: page.limit,
+            has_more: page.has_more,
+        })
+    }
+
+    /// A page of the transcript at the head, or at `revision`.
+    #[pyo3(signature = (session, offset = 0, limit = 100, *, revision = None))]
+    fn transcript(
+        &self,
+        py: Python<'_>,
+        session: &str,
+        offset: u64,
+        limit: u64,
+        revision: Option<&str>,
+    ) -> PyResult<TranscriptPage> {
+        let s = session_id(session)?;
+        let page = PageRequest::new(offset, limit);
+        let revision = revision.map(revision_id).transpose()?;
+        let t = self.run(py, move |e| match revision {
+            Some(r) => e.transcript_at(s, r, page),
+            None => e.transcript(s, page),
+        })?;
+        Ok(TranscriptPage::from(t))
+    }
+
+    /// The revisions a session has held, oldest first.
+    #[pyo3(signature = (session, offset = 0, limit = 100))]
+    fn revisions(&self, py: Python<'_>, session: &str, offset: u64, limit: u64) -> PyResult<Vec<RevisionNode>> {
+        let s = session_id(session)?;
+        let page = self.run(py, move |e| e.revisions(s, PageRequest::new(offset, limit)))?;
+        Ok(page.page.items.into_iter().map(RevisionNode::from).collect())
+    }
+
+    /// Every context entry of a session (`pending=True`: only those not applied yet).
+    #[pyo3(signature = (session, *, pending = false))]
+    fn context(&self, py: Python<'_>, session: &str, pending: bool) -> PyResult<Vec<ContextEntry>> {
+        let s = session_id(session)?;
+        let entries = self.run(py, move |e| if pending { e.pending_context(s) } else { e.context(s) })?;
+        Ok(entries.into_iter().map(ContextEntry::from).collect())
+    }
+
+    /// Token usage totals by provider and model.
+    fn usage(&self, py: Python<'_>, session: &str) -> PyResult<Vec<UsageTotals>> {
+        let s = session_id(session)?;
+        Ok(self.run(py, move |e| e.usage(s))?.into_iter().map(UsageTotals::from).collect())
+    }
+
+    /// One tool operation, or `None`.
+    fn tool_op(&self, py: Python<'_>, session: &str, op_id: String) -> PyResult<Option<ToolOp>> {
+        let s = session_id(session)?;
+        Ok(self.run(py, move |e| e.tool_op(s, &op_id))?.map(ToolOp::from))
+    }
+
+    /// A session's tool operations in call order (`unsettled=True`: only those without
+    /// a result, the ones a restarted host must resolve).
+    #[pyo3(signature = (session, *, unsettled = false, offset = 0, limit = 100))]
+    fn tool_ops(
+        &self,
+        py: Python<'_>,
+        session: &str,
+        unsettled: bool,
+        offset: u64,
+        limit: u64,
+    ) -> PyResult<Vec<ToolOp>> {
+        let s = session_id(session)?;
+        let ops = self.run(py, move |e| {
+            if unsettled {
+                e.unsettled(s)
+            } else {
+                e.tool_ops(s, PageRequest::new(offset, limit)).map(|p| p.items)
+            }
+        })?;
+        Ok(ops.into_iter().map(ToolOp::from).collect())
+    }
+
+    /// A host state entry at the head, or as of stream seq `at`.
+    #[pyo3(signature = (session, name, *, at = None))]
+    fn host_state<'py>(
+        &self,
+        py: Python<'py>,
+        session: &str,
+        name: String,
+        at: Option<u64>,
+    ) -> PyResult<Option<Bound<'py, PyBytes>>> {
+        let s = session_id(session)?;
+        let value = self.run(py, move |e| match at {
+            Some(n) => e.host_state_at(s, &name, n),
+            None => e.host_state(s, &name),
+        })?;
+        Ok(value.map(|v| PyBytes::new(py, &v)))
+    }
+
+    /// A content object (message object, attachment, context text, tool arguments or
+    /// result) by its id, verified against it; `None` if the database has none.
+    fn content<'py>(&self, py: Python<'py>, content_id: &str) -> PyResult<Option<Bound<'py, PyBytes>>> {
+        let id: annal::ContentId = content_id.parse().map_err(|e| PyValueError::new_err(format!("{e}")))?;
+        let value = self.run(py, move |e| e.content(id))?;
+        Ok(value.map(|v| PyBytes::new(py, &v)))
+    }
+
+    /// Several content objects at once (one snapshot, one call): `None` for any missing.
+    fn contents<'py>(&self, py: Python<'py>, content_ids: Vec<String>) -> PyResult<Vec<Option<Bound<'py, PyBytes>>>> {
+        let ids = content_ids
+            .iter()
+            .map(|c| c.parse::<annal::ContentId>().map_err(|e| PyValueError::new_err(format!("{e}"))))
+            .collect::<PyResult<Vec<_>>>()?;
+        let values = self.run(py, move |e| ids.iter().map(|id| e.content(*id)).collect::<annal::Result<Vec<_>>>())?;
+        Ok(values.into_iter().map(|v| v.map(|v| PyBytes::new(py, &v))).collect())
+    }
+
+    /// Events of the log from `from_seq` (1-based), or of one session's stream.
+    #[pyo3(signature = (from_seq = 1, max_events = 1000, *, session = None))]
+    fn events(&self, py: Python<'_>, from_seq: u64, max_events: u64, session: Option<&str>) -> PyResult<EventPage> {
+        let s = session.map(session_id).transpose()?;
+        let q = EventQuery { from_seq, max_events, max_bytes: 64 << 20 };
+        let page = self.run(py, move |e| match s {
+            Some(s) => e.session_events(s, q),
+            None => e.events(q),
+        })?;
+        Ok(EventPage::from(page))
+    }
+
+    /// The log's last seq and its chain hash.
+    fn tip(&self, py: Python<'_>) -> PyResult<(u64, String)> {
+        let (seq, hash) = self.run(py, |e| e.tip())?;
+        Ok((seq, hash.to_hex()))
+    }
+
+    /// A subscription to commit notices, from now on.
+    fn subscribe(&self, py: Python<'_>) -> PyResult<Subscription> {
+        Ok(Subscription { rx: self.run(py, |e| Ok(e.subscribe()))? })
+    }
+
+    /// Counters of the engine's durable work since it opened: `log_commits` (group
+    /// commits: one transaction and one fsync each), `events`, `appended_bytes`,
+    /// `checkpoints`, `checkpoint_rows`, `backpressure_waits`, `delta_bytes`.
+    fn stats(&self, py: Python<'_>) -> PyResult<BTreeMap<&'static str, u64>> {
+        let s = self.run(py, |e| Ok(e.stats()))?;
+        Ok(BTreeMap::from([
+            ("log_commits", s.log_commits),
+            ("events", s.events),
+            ("appended_bytes", s.appended_bytes),
+            ("checkpoints", s.checkpoints),
+            ("checkpoint_rows", s.checkpoint_rows),
+            ("backpressure_waits", s.backpressure_waits),
+            ("delta_bytes", s.delta_bytes),
+        ]))
+    }
+
+    /// Erases a session for good (and, with `descendants=True`, its fork descendants):
+    /// every byte the host supplied for it, while the log's chain still verifies. Queries
+    /// on it then raise `errors.Purged`. Content other sessions reach stays.
+    ///
+    /// A purge rewrites the files, so it needs them to itself: the request is decided on
+    /// the open database (a rejection such as `NotFound`, `Purged` or `HasForks` leaves it
+    /// untouched); then the database is closed, purged and opened again with the same
+    /// options. Calls from other threads wait meanwhile; subscriptions end (open new
+    /// ones). `reason` and `actor` are kept in the tombstone.
+    #[pyo3(signature = (session, *, reason, actor, descendants = false))]
+    fn purge(
+        &self,
+        py: Python<'_>,
+        session: &str,
+        reason: String,
+        actor: String,
+        descendants: bool,
+    ) -> PyResult<ErasureReport> {
+        let request = annal::PurgeRequest { session: session_id(session)?, reason, actor, descendants };
+        let report = py.detach(|| {
+            let mut guard = self.engine.write().map_err(|_| annal::Error::Closed)?;
+            let engine = guard.take().ok_or(annal::Error::Closed)?;
+            // An outer error left no engine: the database stays closed.
+            let (engine, answer) = engine.purge(&request)?;
+            *guard = Some(engine);
+            answer
+        });
+        report.map(ErasureReport::from).map_err(|e| to_py(py, e))
+    }
+
+    /// Removes content objects that nothing live reaches any more, online, in batches
+    /// of `rows_per_batch` content rows between commits. Returns its counters
+    /// (`objects_removed`, `bytes_removed`, ...).
+    #[pyo3(signature = (rows_per_batch = 256))]
+    fn collect_garbage(&self, py: Python<'_>, rows_per_batch: usize) -> PyResult<BTreeMap<&'static str, u64>> {
+        let r = self.run(py, move |e| e.collect_garbage(rows_per_batch))?;
+        Ok(BTreeMap::from([
+            ("through_seq", r.through_seq),
+            ("reachable", r.reachable),
+            ("rows_swept", r.rows_swept),
+            ("rows_rewritten", r.rows_rewritten),
+            ("objects_removed", r.objects_removed),
+            ("bytes_removed", r.bytes_removed),
+            ("batches", r.batches),
+        ]))
+    }
+
+    /// Writes the projections up to the last commit (normally done in the background).
+    fn checkpoint(&self, py: Python<'_>) -> PyResult<()> {
+        self.run(py, |e| e.checkpoint())
+    }
+
+    fn __repr__(&self) -> String {
+        format!("Database({:?})", self.path)
+    }
+}
+
+fn create_command(
+    labels: Option<BTreeMap<String, String>>,
+    metadata: Option<Vec<u8>>,
+    messages: &[PyRef<'_, Message>],
+    session: Option<&str>,
+) -> PyResult<CreateSession> {
+    let mut c = match session {
+        Some(s) => CreateSession::with_id(session_id(s)?),
+        None => CreateSession::new(),
+    };
+    c.labels = labels.unwrap_or_default();
+    c.metadata = metadata.unwrap_or_default();
+    c.messages = self::messages(messages)?;
+    Ok(c)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn turn_command(
+    session: &str,
+    turn_id: String,
+    messages: &[PyRef<'_, Message>],
+    expected: Option<&Bound<'_, PyAny>>,
+    usage: Vec<Bound<'_, PyAny>>,
+    state: Option<&Bound<'_, PyDict>>,
+    applied_context: Vec<String>,
+    tool_ops: Vec<String>,
+    run_id: Option<String>,
+) -> PyResult<CommitTurn> {
+    let mut c = CommitTurn::new(session_id(session)?, turn_id, self::expected(expected)?);
+    c.messages = self::messages(messages)?;
+    c.usage = self::usage(usage)?;
+    c.state = state_changes(state)?;
+    c.applied_context = applied_context;
+    c.tool_ops = tool_ops;
+    c.run_id = run_id;
+    Ok(c)
+}
+
+fn outcome_turn(py: Python<'_>, outcome: Outcome) -> PyResult<Py<PyAny>> {
+    let result = match outcome {
+        Outcome::Committed(r) => TurnResult::from(annal::TurnOutcome::Committed(r)),
+        Outcome::AlreadyCommitted(r) => TurnResult::from(annal::TurnOutcome::AlreadyCommitted(r)),
+        other => return Err(PyValueError::new_err(format!("unexpected outcome {other:?}"))),
+    };
+    Ok(Py::new(py, result)?.into_any())
+}
+
+fn outcome_session(py: Python<'_>, outcome: Outcome) -> PyResult<Py<PyAny>> {
+    match outcome {
+        Outcome::Created { session, receipt } => {
+            Ok(Py::new(py, SessionReceipt::from(annal::SessionReceipt { session, receipt }))?.into_any())
+        }
+        other => Err(PyValueError::new_err(format!("unexpected outcome {other:?}"))),
+    }
+}
+
+/// What a purge erased.
+#[pyclass(module = "annal", frozen, get_all)]
+#[derive(Clone)]
+pub struct ErasureReport {
+    /// Each session purged and the seq of its tombstone, in log order.
+    pub purged: Vec<(String, u64)>,
+    /// Records replaced by their erased form.
+    pub records_erased: u64,
+    /// Records whose payload was resealed.
+    pub records_resealed: u64,
+    /// Content objects erased.
+    pub objects_erased: u64,
+    /// Bytes of content erased.
+    pub content_bytes_erased: u64,
+    /// Drafts erased.
+    pub drafts_erased: u64,
+    /// Size of both files before.
+    pub bytes_before: u64,
+    /// Size of both files after.
+    pub bytes_after: u64,
+}
+
+impl From<annal::ErasureReport> for ErasureReport {
+    fn from(r: annal::ErasureReport) -> ErasureReport {
+        ErasureReport {
+            purged: r.purged.into_iter().map(|(s, seq)| (s.to_string(), seq)).collect(),
+            records_erased: r.records_erased,
+            records_resealed: r.records_resealed,
+            objects_erased: r.objects_erased,
+            content_bytes_erased: r.content_bytes_erased,
+            drafts_erased: r.drafts_erased,
+            bytes_before: r.bytes_before,
+            bytes_after: r.bytes_after,
+        }
+    }
+}
+
+#[pymethods]
+impl ErasureReport {
+    fn __repr__(&self) -> String {
+        format!("ErasureReport(purged={:?}, objects_erased={})", self.purged, self.objects_erased)
+    }
+}
+
+/// Commit notices from `Database.subscribe()`: iterate, or `recv(timeout)`.
+#[pyclass(module = "annal", frozen)]
+pub struct Subscription {
+    rx: crossbeam_channel::Receiver<annal::CommitNotice>,
+}
+
+#[pymethods]
+impl Subscription {
+    /// The next notice; waits up to `timeout` seconds (forever if `None`). Returns `None`
+    /// on timeout or once the database is closed.
+    #[pyo3(signature = (timeout = None))]
+    fn recv(&self, py: Python<'_>, timeout: Option<f64>) -> Option<CommitNotice> {
+        let rx = self.rx.clone();
+        py.detach(move || match timeout {
+            Some(t) => rx.recv_timeout(Duration::from_secs_f64(t.max(0.0))).ok(),
+            None => rx.recv().ok(),
+        })
+        .map(CommitNotice::from)
+    }
+
+    fn __iter__(slf: Py<Self>) -> Py<Self> {
+        slf
+    }
+
+    fn __next__(&self, py: Python<'_>) -> Option<CommitNotice> {
+        self.recv(py, None)
+    }
+}
+
+/// The content id of `data` (blake3, hex): equal bytes have equal ids, and an attachment
+/// or other content object is stored once per id.
+#[pyfunction]
+fn content_id(data: &[u8]) -> String {
+    annal::codec::content_id(data).to_hex()
+}
+
+/// Compacts a closed database (the log file and its projections file): redb gives the
+/// free space back. Returns `(bytes_before, bytes_after)` of both files together. No
+/// `Database` (and no other process) may have it open.
+#[pyfunction]
+fn compact(py: Python<'_>, path: std::path::PathBuf) -> PyResult<(u64, u64)> {
+    let stats = py.detach(move || annal::compact(&path, Options::default())).map_err(|e| to_py(py, e))?;
+    Ok((stats.bytes_before, stats.bytes_after))
+}
+
+/// A fresh session id (UUIDv7: ids sort by creation time).
+#[pyfunction]
+fn new_session_id() -> String {
+    annal::new_session_id().to_string()
+}
+
+#[pymodule]
+fn _annal(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<Database>()?;
+    m.add_class::<Message>()?;
+    m.add_class::<Subscription>()?;
+    m.add_class::<ErasureReport>()?;
+    convert::register(m)?;
+    m.add_function(wrap_pyfunction!(content_id, m)?)?;
+    m.add_function(wrap_pyfunction!(new_session_id, m)?)?;
+    m.add_function(wrap_pyfunction!(compact, m)?)?;
+    Ok(())
+}

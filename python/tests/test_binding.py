@@ -1,0 +1,230 @@
+"""The annal package's own API: commands, queries, errors, async twins, subscriptions
+and group commit from Python threads."""
+
+from __future__ import annotations
+
+import asyncio
+import pickle
+import threading
+from pathlib import Path
+
+import pytest
+
+import annal
+from annal import Message, errors
+
+
+@pytest.fixture
+def db(tmp_path: Path):
+    database = annal.open(tmp_path / "sessions.redb")
+    yield database
+    database.close()
+
+
+def test_session_turns_and_retries(db: annal.Database) -> None:
+    created = db.create_session(labels={"project": "demo"}, metadata=b"m", messages=[Message.system("Be brief.")])
+    s = created.session
+    head = db.head(s)
+    assert head.labels == {"project": "demo"} and head.metadata == b"m" and head.message_count == 1
+    assert head.revision == created.receipt.revision
+
+    turn = [Message.user("2 + 2?"), Message.assistant("4")]
+    r = db.commit_turn(s, "turn-1", turn, expected=head.revision, usage=[("acme", "m1", 10, 1)])
+    assert not r.already_committed
+    again = db.commit_turn(s, "turn-1", turn, expected=head.revision, usage=[("acme", "m1", 10, 1)])
+    assert again.already_committed and again.receipt.seq == r.receipt.seq
+
+    with pytest.raises(errors.TurnConflict) as e:
+        db.commit_turn(s, "turn-1", [Message.user("other")])
+    assert e.value.turn_id == "turn-1"
+
+    with pytest.raises(errors.RevisionConflict) as e:
+        db.commit_turn(s, "turn-2", [Message.user("late")], expected=head.revision)
+    assert e.value.expected == head.revision
+    assert e.value.actual == r.receipt.revision
+    assert isinstance(e.value, errors.Rejected) and isinstance(e.value, annal.AnnalError)
+    assert e.value.fields == {"expected": head.revision, "actual": r.receipt.revision}
+    copy = pickle.loads(pickle.dumps(e.value))
+    assert type(copy) is errors.RevisionConflict and copy.actual == e.value.actual
+
+    stream_seq = db.head(s).stream_seq
+    with pytest.raises(errors.VersionConflict) as e:
+        db.commit_turn(s, "turn-3", [Message.user("x")], expected=stream_seq - 1)
+    assert (e.value.expected, e.value.actual) == (stream_seq - 1, stream_seq)
+
+    page = db.transcript(s)
+    assert [m.body for m in page.messages] == [b"Be brief.", b"2 + 2?", b"4"]
+    assert [m.role for m in page.messages] == ["system", "user", "assistant"]
+    assert page.total == 3
+    usage = db.usage(s)
+    assert (usage[0].provider, usage[0].input, usage[0].output) == ("acme", 10, 1)
+
+    with pytest.raises(errors.NotFound):
+        db.commit_turn(annal.new_session_id(), "t", [Message.user("x")])
+    with pytest.raises(ValueError):
+        db.head("not-an-id")
+
+
+def test_attachments_and_host_state_are_content_objects(db: annal.Database) -> None:
+    s = db.create_session().session
+    blob = b"x" * 1000
+    db.commit_turn(s, "t1", [Message("user", b"a", "application/json", [blob])], state={"tools": b"v1"})
+    m = db.transcript(s).messages[0]
+    assert m.content_type == "application/json"
+    assert m.attachments == [annal.content_id(blob)]
+    assert db.content(m.attachments[0]) == blob
+    assert db.contents([m.attachments[0], "00" * 32]) == [blob, None]
+    assert db.host_state(s, "tools") == b"v1"
+    seq = db.head(s).stream_seq
+    db.set_host_state(s, {"tools": b"v2", "other": b"o"})
+    db.set_host_state(s, {"other": None})
+    assert db.host_state(s, "tools") == b"v2"
+    assert db.host_state(s, "tools", at=seq) == b"v1"
+    assert db.host_state(s, "other") is None
+    assert set(db.head(s).host_state) == {"tools"}
+
+
+def test_rewrite_restore_fork_archive(db: annal.Database) -> None:
+    s = db.create_session(messages=[Message.system("sys")]).session
+    for i in range(3):
+        db.commit_turn(s, f"t{i}", [Message.user(f"u{i}"), Message.assistant(f"a{i}")])
+    before = db.head(s).revision
+    r = db.rewrite(s, before, 1, 5, [Message.assistant("summary")], reason="compaction", note="n", actor="me")
+    assert [m.body for m in db.transcript(s).messages] == [b"sys", b"summary", b"u2", b"a2"]
+    assert [m.body for m in db.transcript(s, revision=before).messages][-1] == b"a2"
+    db.restore(s, r.revision, before)
+    assert db.head(s).revision == before
+    assert {n.origin for n in db.revisions(s)} >= {"created", "turn", "compaction"}
+    with pytest.raises(errors.InvalidRange) as e:
+        db.rewrite(s, before, 5, 99, [])
+    assert (e.value.start, e.value.end, e.value.len) == (5, 99, 7)
+
+    child = db.fork(s, 3, labels={"branch": "b"}).session
+    assert [m.body for m in db.transcript(child).messages] == [b"sys", b"u0", b"a0"]
+    assert db.head(child).forked_from[0] == s
+    whole = db.fork(s).session
+    assert db.head(whole).message_count == 7
+
+    assert db.archive(child, "done")
+    assert not db.archive(child, "again")
+    with pytest.raises(errors.Archived):
+        db.commit_turn(child, "x", [Message.user("x")])
+    listed = {h.session for h in db.list_sessions().items}
+    assert child not in listed and s in listed
+    assert child in {h.session for h in db.list_sessions(include_archived=True).items}
+    assert [h.session for h in db.list_sessions(labels={"branch": "b"}, include_archived=True).items] == [child]
+    db.revive(child)
+    db.set_labels(child, {"k": "v"}, {"branch"})
+    assert db.head(child).labels == {"k": "v"}
+    assert db.set_metadata(child, b"meta") is not None
+    assert db.head(child).metadata == b"meta"
+
+
+def test_context_and_tools(db: annal.Database) -> None:
+    s = db.create_session().session
+    assert db.append_context(s, "ctx-1", "the repo uses tabs", source="agents.md") is not None
+    assert db.append_context(s, "ctx-1", "the repo uses tabs", source="agents.md") is None
+    assert [c.key for c in db.context(s, pending=True)] == ["ctx-1"]
+    assert db.record_tool_call(s, "op-1", "grep", b'{"q":"x"}', call_id="c1", replay_safe=True)
+    assert [o.op_id for o in db.tool_ops(s, unsettled=True)] == ["op-1"]
+    db.commit_turn(s, "t1", [Message.assistant("calling")], applied_context=["ctx-1"], tool_ops=["op-1"])
+    assert db.context(s)[0].applied_by == "t1"
+    assert db.record_tool_result(s, "op-1", b"found", outcome="ok")
+    op = db.tool_op(s, "op-1")
+    assert op.outcome == "ok" and db.content(op.result_id) == b"found" and op.replay_safe
+    assert db.tool_ops(s, unsettled=True) == []
+    with pytest.raises(errors.ToolOrphan):
+        db.record_tool_result(s, "op-2", b"x")
+
+
+def test_events_subscribe_and_close(tmp_path: Path) -> None:
+    db = annal.open(tmp_path / "s.redb")
+    sub = db.subscribe()
+    s = db.create_session().session
+    notice = sub.recv(timeout=5)
+    assert notice.sessions == [s] and notice.first_seq == 1
+    page = db.events(1, 10)
+    assert [e.kind for e in page.events] == ["SessionCreated"]
+    assert db.events(session=s).events[0].seq == 1
+    assert db.tip()[0] == 1
+    db.close()
+    assert db.closed
+    db.close()
+    with pytest.raises(errors.Closed):
+        db.head(s)
+    assert sub.recv(timeout=1) is None
+    before, after = annal.compact(tmp_path / "s.redb")
+    assert 0 < after <= before
+    with annal.open(tmp_path / "s.redb") as again:
+        assert again.head(s) is not None
+
+
+def test_threads_group_commit(db: annal.Database) -> None:
+    sessions = [db.create_session().session for _ in range(16)]
+    sub = db.subscribe()
+    start = db.tip()[0]
+
+    def work(s: str) -> None:
+        for i in range(50):
+            db.commit_turn(s, f"t{i}", [Message.user(f"m{i}")])
+
+    threads = [threading.Thread(target=work, args=(s,)) for s in sessions]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert db.tip()[0] == start + 16 * 50
+    assert all(db.head(s).message_count == 50 for s in sessions)
+    # Threads wait for the writer without the GIL, so their commits share
+    # transactions: fewer log commits (fsyncs) than events.
+    stats = db.stats()
+    assert stats["events"] >= 16 * 50
+    assert stats["log_commits"] < stats["events"], stats
+    seen = 0
+    while seen < 16 * 50:
+        n = sub.recv(timeout=5)
+        assert n is not None
+        seen += n.last_seq - n.first_seq + 1
+
+
+async def test_async_twins(db: annal.Database) -> None:
+    created = await db.create_session_async(labels={"a": "b"})
+    s = created.session
+    results = await asyncio.gather(*(db.commit_turn_async(s, f"t{i}", [Message.user(str(i))]) for i in range(100)))
+    assert sorted(r.receipt.seq for r in results) == list(range(2, 102))
+    retry = await db.commit_turn_async(s, "t0", [Message.user("0")])
+    assert retry.already_committed
+    with pytest.raises(errors.TurnConflict):
+        await db.commit_turn_async(s, "t0", [Message.user("changed")])
+    with pytest.raises(errors.NotFound):
+        await db.commit_turn_async(annal.new_session_id(), "t", [Message.user("x")])
+
+
+def test_purge_and_collect(tmp_path: Path) -> None:
+    db = annal.open(tmp_path / "p.redb", compress=False)
+    secret = b"my card number is 4111"
+    leaving = db.create_session(messages=[Message("user", secret)]).session
+    staying = db.create_session(messages=[Message.user("hello")]).session
+    child = db.fork(leaving).session
+    content = db.transcript(leaving).messages[0].content_id
+    assert secret in (tmp_path / "p.redb").read_bytes()
+
+    with pytest.raises(errors.HasForks) as e:
+        db.purge(leaving, reason="gdpr-art17", actor="dpo")
+    assert e.value.session == leaving and e.value.forks == [child]
+
+    report = db.purge(leaving, reason="gdpr-art17", actor="dpo", descendants=True)
+    assert {s for s, _ in report.purged} == {leaving, child}
+    assert not db.closed
+    with pytest.raises(errors.Purged) as e:
+        db.head(leaving)
+    assert e.value.session == leaving and e.value.seq > 0
+    assert db.content(content) is None
+    assert db.head(staying).message_count == 1
+    db.commit_turn(staying, "t", [Message.user("still here")])
+    with pytest.raises(errors.NotFound):
+        db.purge(annal.new_session_id(), reason="r", actor="a")
+    assert db.collect_garbage()["objects_removed"] == 0
+    db.close()
+    raw = b"".join(p.read_bytes() for p in tmp_path.iterdir() if p.is_file())
+    assert secret not in raw
