@@ -385,6 +385,10 @@ struct Run {
     options: Options,
     engine: Option<Engine>,
     acked: Acked,
+    /// Whether this input already ran its purge or collection (at most one each input:
+    /// each works on real files, closing and reopening engines, and costs as much as
+    /// hundreds of commands; the later ones are skipped).
+    purged: bool,
 }
 
 /// The two files of a fresh engine in the mode of `options` (created on an unfaulted
@@ -778,6 +782,9 @@ impl Run {
     /// tombstones are the only new records, each purged session answers `Purged`, and
     /// `verify --deep` of the live engine finds nothing (`check_projections`).
     fn purge(&mut self, target: Option<(SessionId, bool)>) {
+        if std::mem::replace(&mut self.purged, true) {
+            return;
+        }
         self.disk.disarm();
         self.engine.take().expect("open").close().expect("close");
         self.disk.forget_detached();
@@ -980,6 +987,7 @@ fuzz_target!(|input: Input| {
         options,
         engine: None,
         acked: Acked { seq: 0, hash: annal_codec::LogChain::plain().genesis() },
+        purged: false,
     };
     let (log, projections) = fresh(&run.options);
     run.disk.set_image(LOG, log);
