@@ -20,7 +20,7 @@ use crate::store::Overlay;
 use crate::tables::{self, meta_keys, RedbStore, LOG, META, PROJECTIONS};
 use annal_codec::{ChainHash, LogChain};
 use crossbeam_channel::{Receiver, RecvTimeoutError};
-use redb::{Database, ReadTransaction, ReadableDatabase, WriteTransaction};
+use redb::{Database, ReadTransaction, ReadableDatabase, ReadableTable, WriteTransaction};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -212,6 +212,36 @@ pub(crate) fn read_cursors(
         }
     }
     Ok(cursors)
+}
+
+/// Whether a projections file is exactly what a catch-up to the empty log `tip` leaves:
+/// the current format, a checkpoint mark at seq 0 with the log's genesis hash, every
+/// projection at its version with its cursor at 0, and no projection row. The open of an
+/// empty log skips its catch-up then: it would write the same file again, in one more
+/// durable commit.
+pub(crate) fn caught_up_empty(proj: &ReadTransaction, tip: &Tip) -> Result<bool> {
+    if tip.seq != 0 {
+        return Ok(false);
+    }
+    let (Ok(meta), Ok(rows)) = (proj.open_table(META), proj.open_table(PROJECTIONS)) else {
+        return Ok(false);
+    };
+    if rows.first()?.is_some() {
+        return Ok(false);
+    }
+    let format = meta.get(meta_keys::FORMAT)?.and_then(|g| tables::meta_u64(g.value()));
+    let mark = meta.get(meta_keys::CHECKPOINT)?.map(|g| tables::decode_tip(g.value())).transpose();
+    if format != Some(tables::PROJECTIONS_FORMAT as u64) || !matches!(mark, Ok(Some((0, hash))) if hash == tip.hash) {
+        return Ok(false);
+    }
+    for p in Projection::ALL {
+        let version = meta.get(meta_keys::version(p).as_str())?.and_then(|g| tables::meta_u64(g.value()));
+        let cursor = meta.get(meta_keys::cursor(p).as_str())?.and_then(|g| tables::meta_u64(g.value()));
+        if version != Some(p.version() as u64) || cursor != Some(0) {
+            return Ok(false);
+        }
+    }
+    Ok(true)
 }
 
 /// Events folded between flushes of a catch-up or rebuild's write-back overlay.

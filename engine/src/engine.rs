@@ -305,17 +305,24 @@ impl Engine {
         let tip = crate::log::open_log(&log, &chain)?;
         let recovery = {
             let log_txn = log.begin_read()?;
-            let mut cursors = match projections.begin_read() {
-                Ok(txn) => checkpoint::read_cursors(&txn, &log_txn, &chain, &tip)?,
-                Err(e) => return Err(e.into()),
-            };
             // A content collection a crash interrupted: its removals from the content-id
             // index may be missing from the projections file, so that projection is
             // folded again from the log, whose rows no longer hold what was removed.
-            if crate::collect::collecting_in(&log_txn) {
-                cursors = cursors.reset(ProjectionSet::none().with(crate::Projection::Content));
-            }
-            if cursors.behind(tip.seq.max(1)) == ProjectionSet::none() && tip.seq > 0 {
+            let collecting = crate::collect::collecting_in(&log_txn);
+            let (cursors, current) = {
+                let txn = projections.begin_read()?;
+                let mut cursors = checkpoint::read_cursors(&txn, &log_txn, &chain, &tip)?;
+                if collecting {
+                    cursors = cursors.reset(ProjectionSet::none().with(crate::Projection::Content));
+                }
+                let current = !collecting
+                    && match tip.seq {
+                        0 => checkpoint::caught_up_empty(&txn, &tip)?,
+                        seq => cursors.behind(seq) == ProjectionSet::none(),
+                    };
+                (cursors, current)
+            };
+            if current {
                 RebuildStats { events: 0, bytes: 0, elapsed: std::time::Duration::ZERO }
             } else {
                 let limits = &options.limits;

@@ -301,3 +301,37 @@ fn a_damaged_projections_file_is_replaced_at_open() {
         engine.close().unwrap();
     }
 }
+
+/// An open that finds an empty log and a projections file already caught up to it (what
+/// the first open and close leave) commits nothing to the projections file, as the open of
+/// any caught-up database does: the catch-up would write the same cursors again. A
+/// projections file caught up to an empty log is still caught up once the log is not.
+#[test]
+fn an_empty_caught_up_database_opens_without_a_catch_up() {
+    use annal::fault::disk::SimDisk;
+    let disk = SimDisk::new(1);
+    let options = Options { cache_bytes: 1 << 20, ..Options::default() };
+    let open = |faults: &Faults| {
+        let projections = FaultyBackend::new(disk.file("projections"), faults.clone());
+        Engine::open_with_backends(disk.file("log"), projections, options.clone()).unwrap()
+    };
+    // The projections file's fsyncs in an open and a close with nothing between.
+    let syncs = || {
+        let faults = Faults::new();
+        open(&faults).close().unwrap();
+        faults.syncs()
+    };
+    open(&Faults::new()).close().unwrap();
+    let empty_image = disk.image("projections").unwrap();
+    let empty = syncs();
+    let engine = open(&Faults::new());
+    let session = engine.create_session(CreateSession::new().message(Message::system("hi"))).unwrap().session;
+    engine.close().unwrap();
+    let one = syncs();
+    assert_eq!(empty, one, "the open of an empty database committed to its caught-up projections file");
+    disk.set_image("projections", empty_image);
+    let engine = open(&Faults::new());
+    assert_eq!(engine.stats().recovered_events, 1);
+    assert!(engine.head(session).unwrap().is_some());
+    assert_projections_equal_a_rebuild(&engine);
+}

@@ -9,7 +9,12 @@ pub const TICK_ITEMS: u64 = 1024;
 /// A bar over `total` items named `what`, drawn on stderr only when `enabled` and stderr
 /// is a terminal. Shows items per second.
 pub fn bar(total: u64, what: &str, enabled: bool) -> ProgressBar {
-    let bar = ProgressBar::with_draw_target(Some(total), target(enabled));
+    let target = target(enabled);
+    // A hidden bar is never drawn: its style (a template to parse) would go unused.
+    if target.is_hidden() {
+        return ProgressBar::with_draw_target(Some(total), target);
+    }
+    let bar = ProgressBar::with_draw_target(Some(total), target);
     let template = format!("{{spinner}} {what} [{{bar:32}}] {{pos}}/{{len}} events, {{per_sec}}, eta {{eta}}");
     if let Ok(style) = ProgressStyle::with_template(&template) {
         bar.set_style(style.progress_chars("=> "));
@@ -19,7 +24,11 @@ pub fn bar(total: u64, what: &str, enabled: bool) -> ProgressBar {
 
 /// A spinner named `what`, for work of unknown length, under the same rules as [`bar`].
 pub fn spinner(what: &str, enabled: bool) -> ProgressBar {
-    let bar = ProgressBar::with_draw_target(None, target(enabled));
+    let target = target(enabled);
+    if target.is_hidden() {
+        return ProgressBar::with_draw_target(None, target);
+    }
+    let bar = ProgressBar::with_draw_target(None, target);
     if let Ok(style) = ProgressStyle::with_template(&format!("{{spinner}} {what}: {{pos}} ({{per_sec}})")) {
         bar.set_style(style);
     }

@@ -229,6 +229,8 @@ struct File {
     name: String,
     /// Bumped at every power loss and crash; handles of an older generation are detached.
     generation: u64,
+    /// Handles of a generation below this one are severed: every call on them fails.
+    severed_below: u64,
     image: Image,
 }
 
@@ -418,6 +420,19 @@ impl SimDisk {
         self.0.lock().detached.clear();
     }
 
+    /// Severs the handles detached so far: the process that held them is gone, so every
+    /// later call on them fails (an error, never a panic) and their private images are
+    /// dropped. Severing before dropping the engine that holds them spares the work its
+    /// close would do on files that no longer matter (a redb close commits); it touches
+    /// neither the disk nor its generator, so a run replays the same either way.
+    pub fn sever_detached(&self) {
+        let mut world = self.0.lock();
+        for file in &mut world.files {
+            file.severed_below = file.generation;
+        }
+        world.detached.clear();
+    }
+
     /// A digest of every counted call so far (file, kind, offset, length): two runs of
     /// one seed have the same digest when their I/O was the same.
     pub fn trace_digest(&self) -> u64 {
@@ -447,6 +462,10 @@ fn injected(kind: IoKind) -> io::Error {
     io::Error::other(format!("simulated {kind:?} failure"))
 }
 
+fn severed() -> io::Error {
+    io::Error::other("simulated: the process that held this handle is gone")
+}
+
 impl SimFile {
     /// Runs one call: on the file if this handle is attached (counted, maybe faulted),
     /// else on the handle's private image.
@@ -460,6 +479,9 @@ impl SimFile {
     ) -> io::Result<T> {
         let mut guard = self.disk.0.lock();
         let world = &mut *guard;
+        if self.generation < world.files[self.index].severed_below {
+            return Err(severed());
+        }
         if world.files[self.index].generation != self.generation {
             return f(world.detached_image(self.index, self.generation));
         }
@@ -487,6 +509,9 @@ impl SimFile {
 impl StorageBackend for SimFile {
     fn len(&self) -> Result<u64, io::Error> {
         let world = self.disk.0.lock();
+        if self.generation < world.files[self.index].severed_below {
+            return Err(severed());
+        }
         if world.files[self.index].generation != self.generation {
             let key = (self.index, self.generation);
             let len = world.detached.iter().find(|(k, _)| *k == key).map_or(0, |(_, i)| i.current.len());
@@ -627,6 +652,33 @@ mod tests {
             f.write(0, &[3; 4]).unwrap();
             assert_eq!(disk.image("f").unwrap(), after);
         }
+    }
+
+    #[test]
+    fn a_severed_handle_fails_every_call_and_leaves_the_disk_alone() {
+        let disk = SimDisk::new(3);
+        let f = disk.file("f");
+        f.write(0, &[1; 8]).unwrap();
+        f.sync_data().unwrap();
+        disk.kill();
+        // Detached: the handle still runs on its private image.
+        f.write(0, &[2; 8]).unwrap();
+        let calls = disk.io_calls();
+        disk.sever_detached();
+        let mut out = [0; 8];
+        assert!(f.read(0, &mut out).is_err());
+        assert!(f.write(0, &[3; 8]).is_err());
+        assert!(f.set_len(4).is_err());
+        assert!(f.sync_data().is_err());
+        assert!(f.len().is_err());
+        assert_eq!(disk.image("f").unwrap(), vec![1; 8]);
+        assert_eq!(disk.io_calls(), calls, "severed calls are not counted");
+        // A handle taken now is attached, and is not severed.
+        let g = disk.file("f");
+        g.read(0, &mut out).unwrap();
+        assert_eq!(out, [1; 8]);
+        g.write(0, &[4; 8]).unwrap();
+        assert_eq!(disk.image("f").unwrap(), vec![4; 8]);
     }
 
     #[test]
