@@ -503,6 +503,51 @@ pub struct Stats {
     pub tables: Vec<TableStorage>,
     /// Rows and bytes (key plus value) of each projection table.
     pub projections: BTreeMap<String, (u64, u64)>,
+    /// How the stored content objects compress, per content type: a message object's
+    /// `content_type`, or `(other objects)` for objects that are not messages
+    /// (attachments, context, tool arguments and results, state values), or
+    /// `(undecodable)` for an object whose stored bytes do not decode.
+    pub by_content_type: BTreeMap<String, Compression>,
+}
+
+/// How a set of content objects is stored.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Compression {
+    /// Objects.
+    pub objects: u64,
+    /// Of them, stored compressed.
+    pub compressed_objects: u64,
+    /// Bytes of their canonical encodings (what their ids hash).
+    pub canonical_bytes: u64,
+    /// Bytes as stored.
+    pub stored_bytes: u64,
+}
+
+impl Compression {
+    /// Stored bytes per canonical byte (1.0 when nothing compressed; 0 for no bytes).
+    pub fn ratio(&self) -> f64 {
+        match self.canonical_bytes {
+            0 => 0.0,
+            n => self.stored_bytes as f64 / n as f64,
+        }
+    }
+
+    fn add(&mut self, other: &Compression) {
+        self.objects += other.objects;
+        self.compressed_objects += other.compressed_objects;
+        self.canonical_bytes += other.canonical_bytes;
+        self.stored_bytes += other.stored_bytes;
+    }
+
+    fn to_json(&self) -> Value {
+        json!({
+            "objects": self.objects,
+            "compressed_objects": self.compressed_objects,
+            "canonical_bytes": self.canonical_bytes,
+            "stored_bytes": self.stored_bytes,
+            "ratio": self.ratio(),
+        })
+    }
 }
 
 /// How one redb table uses the file, from redb's own table statistics.
@@ -558,6 +603,15 @@ impl Stats {
         self.record_bytes + self.referenced_bytes
     }
 
+    /// Every content object's compression together.
+    pub fn compression(&self) -> Compression {
+        let mut all = Compression::default();
+        for c in self.by_content_type.values() {
+            all.add(c);
+        }
+        all
+    }
+
     /// File bytes per logical byte.
     pub fn bytes_per_logical_byte(&self) -> f64 {
         self.file_bytes as f64 / (self.logical_bytes().max(1)) as f64
@@ -600,6 +654,33 @@ impl Stats {
             r.objects
         );
         let _ = writeln!(out, "bytes per logical byte  {:.2}", self.bytes_per_logical_byte());
+        let all = self.compression();
+        let _ = writeln!(
+            out,
+            "compression       {:>12.2}   ({} canonical stored in {}; {} of {} objects compressed)",
+            all.ratio(),
+            human_bytes(all.canonical_bytes),
+            human_bytes(all.stored_bytes),
+            all.compressed_objects,
+            all.objects
+        );
+        let _ = writeln!(
+            out,
+            "  {:<28} {:>9} {:>10} {:>10} {:>10} {:>6}",
+            "content type", "objects", "compressed", "canonical", "stored", "ratio"
+        );
+        for (content_type, c) in &self.by_content_type {
+            let _ = writeln!(
+                out,
+                "  {:<28} {:>9} {:>10} {:>10} {:>10} {:>6.2}",
+                content_type,
+                c.objects,
+                c.compressed_objects,
+                human_bytes(c.canonical_bytes),
+                human_bytes(c.stored_bytes),
+                c.ratio()
+            );
+        }
         let _ = writeln!(
             out,
             "{:<13} {:>10} {:>6} {:>9} {:>9} {:>10} {:>10} {:>10}",
@@ -648,6 +729,12 @@ impl Stats {
                 "content_bytes": self.reclaimed.bytes,
             },
             "bytes_per_logical_byte": self.bytes_per_logical_byte(),
+            "compression": {
+                "all": self.compression().to_json(),
+                "by_content_type": self.by_content_type.iter()
+                    .map(|(t, c)| (t.clone(), c.to_json()))
+                    .collect::<serde_json::Map<_, _>>(),
+            },
             "tables": self.tables.iter().map(|t| json!({
                 "name": t.name,
                 "entries": t.entries,
@@ -691,11 +778,26 @@ pub fn stats(reader: &Reader, path: &Path) -> Result<Stats> {
             sizes.insert(object.id, object.stored.len() as u64);
             s.content_objects += 1;
             s.content_bytes += object.stored.len() as u64;
-            if let Ok(m) = annal::codec::decode_message(object.stored, limits.message_object_bytes_max()) {
-                if !m.attachments.is_empty() {
-                    attachments.insert(object.id, m.attachments);
-                }
-            }
+            let max = limits.message_object_bytes_max();
+            let compressed = object.encoding != annal::codec::content::ENCODING_RAW;
+            let (content_type, canonical_bytes) = match object.canonical(max) {
+                Ok(canonical) => match annal::codec::decode_message(&canonical, max) {
+                    Ok(m) => {
+                        let content_type = m.content_type.clone();
+                        if !m.attachments.is_empty() {
+                            attachments.insert(object.id, m.attachments);
+                        }
+                        (content_type, canonical.len() as u64)
+                    }
+                    Err(_) => ("(other objects)".to_string(), canonical.len() as u64),
+                },
+                Err(_) => ("(undecodable)".to_string(), object.stored.len() as u64),
+            };
+            let c = s.by_content_type.entry(content_type).or_default();
+            c.objects += 1;
+            c.compressed_objects += u64::from(compressed);
+            c.canonical_bytes += canonical_bytes;
+            c.stored_bytes += object.stored.len() as u64;
         }
     }
     let log = txn.open_table(LOG).map_err(redb::Error::from)?;

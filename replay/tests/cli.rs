@@ -1021,3 +1021,52 @@ fn drafts_are_not_exported_and_verify_checks_their_structure() {
     assert_eq!(rc, 1, "{report}");
     assert_eq!(report["findings"][0]["kind"], "drafts", "{report}");
 }
+
+/// `annal stats` reports how the content objects are stored, per content type: text
+/// compresses, random bytes stay raw, and objects that are not messages (here an
+/// attachment) have a line of their own. The attachment of a compressed message is
+/// found as a reference (its message is decompressed to read it).
+#[test]
+fn stats_reports_compression_per_content_type() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("db.redb");
+    let text = "the quick brown fox jumps over the lazy dog; ".repeat(200);
+    let mut noise = Vec::with_capacity(4096);
+    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+    for _ in 0..4096 {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        noise.push(x as u8);
+    }
+    {
+        let engine = Engine::open(&db).unwrap();
+        let create = annal::CreateSession::new()
+            .message(Message::new(annal::Role::User, "text/plain", text.clone()).with_attachment(text.repeat(2)))
+            .message(Message::new(annal::Role::Tool, "application/octet-stream", noise.clone()));
+        engine.create_session(create).unwrap();
+        engine.close().unwrap();
+    }
+    let out = annal(&["stats", p(&db), "--json"]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let json: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let by = &json["compression"]["by_content_type"];
+    let plain = &by["text/plain"];
+    assert_eq!((plain["objects"].as_u64(), plain["compressed_objects"].as_u64()), (Some(1), Some(1)), "{json}");
+    assert!(plain["canonical_bytes"].as_u64().unwrap() > text.len() as u64, "{json}");
+    assert!(plain["ratio"].as_f64().unwrap() < 0.2, "{json}");
+    let raw = &by["application/octet-stream"];
+    assert_eq!((raw["objects"].as_u64(), raw["compressed_objects"].as_u64()), (Some(1), Some(0)), "{json}");
+    assert_eq!(raw["stored_bytes"], raw["canonical_bytes"], "{json}");
+    assert!(raw["canonical_bytes"].as_u64().unwrap() > noise.len() as u64, "{json}");
+    let other = &by["(other objects)"];
+    assert_eq!((other["objects"].as_u64(), other["compressed_objects"].as_u64()), (Some(1), Some(1)), "{json}");
+    assert_eq!(other["canonical_bytes"].as_u64(), Some(2 * text.len() as u64), "the attachment's bytes: {json}");
+    let all = &json["compression"]["all"];
+    assert_eq!(all["objects"], json["content_objects"], "{json}");
+    assert_eq!(all["stored_bytes"], json["content_bytes"], "{json}");
+    assert_eq!(json["content_refs"], 3, "two messages and the attachment of the compressed one: {json}");
+    let out = annal(&["stats", p(&db)]);
+    let text_out = stdout(&out);
+    assert!(text_out.contains("compression") && text_out.contains("text/plain"), "{text_out}");
+}
