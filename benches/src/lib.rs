@@ -10,6 +10,9 @@
 //! - [`compare`]: the phases (commits at 1 to 64 committers, reads, rebuild, bytes on
 //!   disk, open time, and the disk's fsync ceiling).
 //! - [`report`]: `results.json`, `results.md` and SVG plots.
+//! - [`codecs`]: lz4 against zstd (levels 1 to 3, with and without a trained
+//!   dictionary) on the workload's content and on agent-transcript-shaped objects
+//!   (`annal-benches codecs`).
 //! - [`async_bench`]: the engine's async API against `spawn_blocking` around its
 //!   blocking API, 1,000 tokio tasks at once (`annal-benches async`).
 //!
@@ -24,6 +27,7 @@
 #![deny(missing_docs)]
 
 pub mod async_bench;
+pub mod codecs;
 pub mod compare;
 pub mod report;
 pub mod rng;

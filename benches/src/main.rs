@@ -4,8 +4,13 @@
 //! `annal-benches async [--tasks N] [--commits N] [--rounds N] [--data-dir DIR]`: the
 //! engine's async API against `spawn_blocking` around its blocking API; prints a
 //! markdown table.
+//!
+//! `annal-benches codecs [--sessions N] [--ops N] [--root DIR]`: lz4 against zstd on the
+//! comparison workload's content and on agent-transcript-shaped objects; prints
+//! markdown tables.
 
 use annal_benches::async_bench;
+use annal_benches::codecs;
 use annal_benches::compare::{run, Config, Scale};
 use annal_benches::stores::StoreKind;
 use std::path::PathBuf;
@@ -28,7 +33,13 @@ const USAGE: &str = "usage: annal-benches compare [--quick] [--out DIR] [--data-
   --tasks N      tokio tasks committing at once (default 1000)
   --commits N    turns each task commits, one after another (default 10)
   --rounds N     rounds, each running every mode once (default 3)
-  --data-dir DIR where the databases are created (default: the system's temporary directory)";
+  --data-dir DIR where the databases are created (default: the system's temporary directory)
+
+       annal-benches codecs [--sessions N] [--ops N] [--root DIR]
+
+  --sessions N   sessions of the comparison workload drawn for its corpus (default 400)
+  --ops N        operations per session (default 40)
+  --root DIR     the tree whose .rs and .md files make the transcript corpus (default .)";
 
 fn parse_async(args: &[String]) -> Result<async_bench::Config, String> {
     let mut config = async_bench::Config::default();
@@ -109,10 +120,45 @@ fn parse(args: &[String]) -> Result<Config, String> {
     Ok(config)
 }
 
+fn main_codecs(args: &[String]) -> ExitCode {
+    let (mut sessions, mut ops, mut root) = (400u64, 40usize, PathBuf::from("."));
+    let mut iter = args.iter();
+    while let Some(flag) = iter.next() {
+        let value = iter.next();
+        let parsed = match (flag.as_str(), value) {
+            ("--sessions", Some(v)) => v.parse().map(|n| sessions = n).map_err(|e| format!("--sessions: {e}")),
+            ("--ops", Some(v)) => v.parse().map(|n| ops = n).map_err(|e| format!("--ops: {e}")),
+            ("--root", Some(v)) => {
+                root = PathBuf::from(v);
+                Ok(())
+            }
+            (other, _) => Err(format!("unknown option or missing value: {other:?}")),
+        };
+        if let Err(e) = parsed {
+            return usage_error(e);
+        }
+    }
+    let transcripts = match codecs::transcript_corpus(&root) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("error: reading {}: {e}", root.display());
+            return ExitCode::from(1);
+        }
+    };
+    for corpus in [codecs::workload_corpus(sessions, ops), transcripts] {
+        let results = codecs::measure(&corpus);
+        println!("{}", codecs::markdown(&corpus, &results));
+    }
+    ExitCode::SUCCESS
+}
+
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     if args.first().map(String::as_str) == Some("async") {
         return main_async(&args[1..]);
+    }
+    if args.first().map(String::as_str) == Some("codecs") {
+        return main_codecs(&args[1..]);
     }
     let config = match parse(&args) {
         Ok(c) => c,
