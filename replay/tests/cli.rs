@@ -50,6 +50,15 @@ fn sessions(db: &Path) -> Vec<SessionId> {
     reader.list_sessions(&ListQuery::new().include_archived()).unwrap().items.iter().map(|h| h.session).collect()
 }
 
+/// A live session of the demo that is not a fork: the listing's order follows activity,
+/// which the demo's threads interleave differently from run to run, so tests that need
+/// a session to write to pick it this way.
+fn live_session(db: &Path) -> SessionId {
+    let reader = Reader::open(db, Limits::default(), None).unwrap();
+    let heads = reader.list_sessions(&ListQuery::new()).unwrap().items;
+    heads.iter().find(|h| h.forked_from.is_none()).expect("a live session that is not a fork").session
+}
+
 /// Rewrites the stored bytes of log record `seq` with `f`.
 fn tamper_record(db: &Path, seq: u64, f: impl FnOnce(&mut Vec<u8>)) {
     let database = redb::Database::open(db).unwrap();
@@ -201,7 +210,7 @@ fn a_damaged_compressed_object_is_named_at_its_id() {
     let dir = tempfile::tempdir().unwrap();
     let db = demo_db(&dir, 1);
     let engine = Engine::open(&db).unwrap();
-    let session = sessions(&db)[0];
+    let session = live_session(&db);
     let long = "the agent reads the file, runs the tests and writes the diff\n".repeat(50);
     let turn = CommitTurn::new(session, "long", Expected::Any).message(Message::assistant(long));
     engine.commit_turn(turn).unwrap();
@@ -670,7 +679,7 @@ fn read_commands_beside_a_live_writer_see_commits_past_the_checkpoint() {
         delta_bytes_max: u64::MAX,
     };
     let engine = Engine::open_with(&db, annal::Options { checkpoint: never, ..annal::Options::default() }).unwrap();
-    let session = sessions(&db)[0];
+    let session = live_session(&db);
     let turn = CommitTurn::new(session, "past-checkpoint", Expected::Any).message(Message::user("unflushed"));
     let receipt = engine.commit_turn(turn).unwrap().receipt();
     assert_eq!(engine.stats().checkpoints, 0, "the commit is only in the log and the engine's delta");
@@ -693,7 +702,7 @@ fn verify_runs_beside_a_live_writer() {
     let dir = tempfile::tempdir().unwrap();
     let db = demo_db(&dir, 2);
     let engine = Engine::open(&db).unwrap();
-    let session = sessions(&db)[0];
+    let session = live_session(&db);
     let before = engine.tip().unwrap().0;
     let turn = CommitTurn::new(session, "live-1", Expected::Any).message(Message::user("still here"));
     engine.commit_turn(turn).unwrap();
@@ -889,7 +898,12 @@ fn usage_errors_exit_2() {
 fn read_views_show_the_demo() {
     let dir = tempfile::tempdir().unwrap();
     let db = demo_db(&dir, 2);
-    let session = sessions(&db)[0].to_string();
+    // The demo's first agent session (not its fork): the listing's order follows
+    // activity, which the demo's threads interleave differently from run to run.
+    let reader = Reader::open(&db, Limits::default(), None).unwrap();
+    let heads = reader.list_sessions(&ListQuery::new().label("project", "annal")).unwrap().items;
+    let session = heads.iter().find(|h| h.forked_from.is_none()).expect("the demo's agent session").session.to_string();
+    drop(reader);
 
     let out = annal(&["sessions", p(&db), "--label", "project=annal"]);
     assert_eq!(code(&out), 0);
@@ -964,7 +978,7 @@ fn count_content(db: &Path) -> usize {
 fn inspect_shows_the_lease() {
     let dir = tempfile::tempdir().unwrap();
     let db = demo_db(&dir, 1);
-    let session = sessions(&db)[0];
+    let session = live_session(&db);
     let engine = Engine::open(&db).unwrap();
     let lease = engine.acquire_lease(session, "worker-7", std::time::Duration::from_secs(60)).unwrap();
     engine.close().unwrap();
@@ -1001,7 +1015,7 @@ fn demo_shows_a_stalled_worker_fenced_and_a_draft_surviving_a_crash() {
 fn drafts_are_not_exported_and_verify_checks_their_structure() {
     let dir = tempfile::tempdir().unwrap();
     let db = demo_db(&dir, 1);
-    let session = sessions(&db)[0];
+    let session = live_session(&db);
     let engine = Engine::open(&db).unwrap();
     engine.append_draft(session, "stream", "PARTIAL-DRAFT-MARKER").unwrap();
     engine.close().unwrap();
