@@ -20,6 +20,13 @@ group-committed into one transaction and one fsync. The ``*_async`` methods queu
 command at once and return an awaitable future. Errors are :mod:`annal.errors`
 exceptions carrying the engine's values.
 
+Hosts that run sessions on workers take a session's execution lease
+(:meth:`Database.acquire_lease`) and pass its token as ``fence=`` to their writes: after
+a takeover, a stale worker's writes raise :class:`annal.errors.Fenced` and write
+nothing. Streamed partial output goes to drafts (``append_draft``; the final turn
+``finalizes`` its draft), and input that arrives mid-turn to the inbox
+(``enqueue_input``, ``claim_inputs``; the turn consumes it with ``inputs=``).
+
 The LangGraph checkpointer is :class:`annal.langgraph.AnnalSaver`.
 """
 
@@ -29,14 +36,21 @@ import os
 
 from . import errors
 from ._annal import (
+    Claim,
+    ClaimRow,
     CommitNotice,
     ContextEntry,
     Database,
+    Draft,
+    DraftSummary,
     Event,
     ErasureReport,
     EventPage,
     Head,
+    InputRow,
+    Lease,
     Message,
+    QueuedInput,
     Receipt,
     RevisionNode,
     SessionPage,
@@ -55,14 +69,21 @@ from .errors import AnnalError
 
 __all__ = [
     "AnnalError",
+    "Claim",
+    "ClaimRow",
     "CommitNotice",
     "ContextEntry",
     "Database",
+    "Draft",
+    "DraftSummary",
     "Event",
     "ErasureReport",
     "EventPage",
     "Head",
+    "InputRow",
+    "Lease",
     "Message",
+    "QueuedInput",
     "Receipt",
     "RevisionNode",
     "SessionPage",

@@ -11,6 +11,8 @@ Role = Literal["system", "user", "assistant", "tool"]
 Expected = str | int | None
 #: ``(provider, model, input, output)`` or ``(..., cache_read, cache_write)``.
 UsageItem = tuple[str, str, int, int] | tuple[str, str, int, int, int, int]
+InputKind = Literal["next_turn", "active_turn"]
+InputStateName = Literal["pending", "claimed", "completed", "cancelled"]
 
 def content_id(data: bytes) -> str:
     """The content id of ``data`` (blake3, hex)."""
@@ -170,6 +172,87 @@ class ErasureReport:
     bytes_before: int
     bytes_after: int
 
+class Lease:
+    """An execution lease; pass ``token`` as ``fence=`` to the commands made under it."""
+
+    session: str
+    owner: str
+    token: int
+    expires_at_ms: int
+
+class Draft:
+    """A streamed draft: its segments from ``first_segment``, as far as the budget allowed."""
+
+    session: str
+    draft_id: str
+    first_segment: int
+    segments: list[bytes]
+    total_segments: int
+    total_bytes: int
+    created_at_ms: int
+    updated_at_ms: int
+    complete: bool
+    def data(self) -> bytes:
+        """The segments read, joined."""
+
+class DraftSummary:
+    """A draft without its bytes (``Database.abandoned_drafts``)."""
+
+    session: str
+    draft_id: str
+    segments: int
+    bytes: int
+    created_at_ms: int
+    updated_at_ms: int
+
+class QueuedInput:
+    """An open input of a session's inbox, with its message."""
+
+    input_id: str
+    seq: int
+    kind: InputKind
+    state: Literal["pending", "claimed"]
+    claim: int | None
+    expires_at_ms: int | None
+    role: Role
+    content_type: str
+    body: bytes
+    attachments: list[str]
+    def text(self) -> str:
+        """The body decoded as UTF-8."""
+
+class InputRow:
+    """An input of a session's inbox, whatever its state (``Database.input``)."""
+
+    input_id: str
+    seq: int
+    message_id: str
+    kind: InputKind
+    state: InputStateName
+    claim: int | None
+    expires_at_ms: int | None
+    turn_id: str | None
+    closed_seq: int | None
+
+class Claim:
+    """What ``claim_inputs`` took (``claim`` is ``None`` when nothing was claimable)."""
+
+    claim: int | None
+    inputs: list[str]
+    expires_at_ms: int
+
+class ClaimRow:
+    """A claim as stored (``Database.claim``)."""
+
+    claim: int
+    owner: str
+    token: int
+    target: InputKind
+    turn_id: str | None
+    inputs: list[str]
+    expires_at_ms: int
+    open: bool
+
 class Subscription:
     """Commit notices, in commit order."""
 
@@ -219,6 +302,9 @@ class Database:
         applied_context: Sequence[str] = (),
         tool_ops: Sequence[str] = (),
         run_id: str | None = None,
+        finalizes: str | None = None,
+        inputs: Sequence[str] = (),
+        fence: int | None = None,
     ) -> TurnResult: ...
     def commit_turn_async(
         self,
@@ -232,6 +318,9 @@ class Database:
         applied_context: Sequence[str] = (),
         tool_ops: Sequence[str] = (),
         run_id: str | None = None,
+        finalizes: str | None = None,
+        inputs: Sequence[str] = (),
+        fence: int | None = None,
     ) -> Awaitable[TurnResult]: ...
     def rewrite(
         self,
@@ -244,8 +333,11 @@ class Database:
         reason: Literal["edit", "compaction", "redaction"] = "edit",
         note: str = "",
         actor: str = "",
+        fence: int | None = None,
     ) -> Receipt: ...
-    def restore(self, session: str, expected: str, target: str, *, note: str = "", actor: str = "") -> Receipt: ...
+    def restore(
+        self, session: str, expected: str, target: str, *, note: str = "", actor: str = "", fence: int | None = None
+    ) -> Receipt: ...
     def fork(
         self,
         parent: str,
@@ -257,7 +349,9 @@ class Database:
     ) -> SessionReceipt: ...
     def archive(self, session: str, reason: str = "") -> bool: ...
     def revive(self, session: str, reason: str = "") -> int: ...
-    def append_context(self, session: str, key: str, content: bytes | str, *, source: str = "") -> int | None: ...
+    def append_context(
+        self, session: str, key: str, content: bytes | str, *, source: str = "", fence: int | None = None
+    ) -> int | None: ...
     def record_tool_call(
         self,
         session: str,
@@ -269,17 +363,71 @@ class Database:
         parent_op: str | None = None,
         turn_id: str | None = None,
         replay_safe: bool = False,
+        fence: int | None = None,
     ) -> bool: ...
     def record_tool_result(
-        self, session: str, op_id: str, result: bytes | str, *, outcome: Literal["ok", "error", "cancelled"] = "ok"
+        self,
+        session: str,
+        op_id: str,
+        result: bytes | str,
+        *,
+        outcome: Literal["ok", "error", "cancelled"] = "ok",
+        fence: int | None = None,
     ) -> bool: ...
     def set_labels(
         self, session: str, set: Mapping[str, str] = ..., remove: Sequence[str] = ()
     ) -> int | None: ...
     def set_metadata(self, session: str, metadata: bytes, *, expected: Expected = None) -> int | None: ...
     def set_host_state(
-        self, session: str, state: Mapping[str, bytes | None], *, expected: Expected = None
+        self, session: str, state: Mapping[str, bytes | None], *, expected: Expected = None, fence: int | None = None
     ) -> int | None: ...
+    # execution leases
+    def acquire_lease(self, session: str, owner: str, ttl_ms: int) -> Lease:
+        """Takes the session's lease (``errors.Busy`` while another owner holds it)."""
+    def renew_lease(self, lease: Lease, ttl_ms: int) -> Lease:
+        """Renews a held lease (``errors.Fenced`` for a stale or released one)."""
+    def release_lease(self, lease: Lease) -> bool:
+        """Releases a held lease; ``False`` if it was released already."""
+    # streamed drafts
+    def append_draft(self, session: str, draft_id: str, segment: bytes | str, *, fence: int | None = None) -> int:
+        """Appends a segment to a draft; returns its index."""
+    def discard_draft(self, session: str, draft_id: str, *, fence: int | None = None) -> bool:
+        """Discards a draft; ``False`` if there was none."""
+    def drafts(self, session: str, *, max_bytes: int = ...) -> list[Draft]:
+        """The session's drafts, in draft id order."""
+    def draft(self, session: str, draft_id: str, from_segment: int = 0, *, max_bytes: int = ...) -> Draft | None:
+        """One draft from segment ``from_segment``, or ``None``."""
+    def abandoned_drafts(self) -> list[DraftSummary]:
+        """The drafts the file held when the database opened."""
+    def flush_drafts(self) -> None:
+        """Writes every draft segment still in memory to the file now."""
+    # the input inbox
+    def enqueue_input(self, session: str, input_id: str, message: Message, *, kind: InputKind = "next_turn") -> int | None:
+        """Queues an input; ``None`` for an exact retry."""
+    def pending_inputs(self, session: str) -> list[QueuedInput]:
+        """The inputs a claim may take now, in queue order."""
+    def inbox(self, session: str) -> list[QueuedInput]:
+        """The open inputs (pending or claimed), in queue order."""
+    def input(self, session: str, input_id: str) -> InputRow | None:
+        """An input in any state, or ``None``."""
+    def claim(self, session: str, claim: int) -> ClaimRow | None:
+        """A claim by its number, or ``None``."""
+    def claim_inputs(
+        self,
+        session: str,
+        *,
+        token: int,
+        owner: str,
+        target: InputKind = "next_turn",
+        turn_id: str | None = None,
+        ttl_ms: int = 60000,
+        max: int = 64,
+    ) -> Claim:
+        """Claims queued inputs under the lease with ``token`` (``errors.Fenced`` otherwise)."""
+    def abandon_claim(self, session: str, claim: int, *, fence: int | None = None) -> bool:
+        """Gives a claim up: its unconsumed inputs are queued again."""
+    def cancel_input(self, session: str, input_id: str) -> bool:
+        """Withdraws an input no live claim holds; ``False`` if cancelled already."""
     # queries
     def head(self, session: str) -> Head | None: ...
     def list_sessions(

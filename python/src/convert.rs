@@ -461,7 +461,354 @@ impl From<annal::CommitNotice> for CommitNotice {
     }
 }
 
+/// An execution lease as its holder sees it: present `token` as `fence=` on the commands
+/// made under it.
+#[pyclass(module = "annal", frozen, get_all)]
+#[derive(Clone)]
+pub struct Lease {
+    /// The session.
+    pub session: String,
+    /// The holder.
+    pub owner: String,
+    /// The fencing token: one larger than any the session had before this grant.
+    pub token: u64,
+    /// When it expires unless renewed (writer clock, unix ms).
+    pub expires_at_ms: u64,
+}
+
+impl From<annal::Lease> for Lease {
+    fn from(l: annal::Lease) -> Lease {
+        Lease { session: l.session.to_string(), owner: l.owner, token: l.token, expires_at_ms: l.expires_at_ms }
+    }
+}
+
+#[pymethods]
+impl Lease {
+    fn __repr__(&self) -> String {
+        format!(
+            "Lease(session={:?}, owner={:?}, token={}, expires_at_ms={})",
+            self.session, self.owner, self.token, self.expires_at_ms
+        )
+    }
+
+    fn __eq__(&self, other: &Lease) -> bool {
+        self.session == other.session
+            && self.owner == other.owner
+            && self.token == other.token
+            && self.expires_at_ms == other.expires_at_ms
+    }
+}
+
+/// A streamed draft as read back: its segments from `first_segment`, as far as the byte
+/// budget allowed.
+#[pyclass(module = "annal", frozen, get_all)]
+#[derive(Clone)]
+pub struct Draft {
+    /// The session.
+    pub session: String,
+    /// The host's draft id.
+    pub draft_id: String,
+    /// Index of the first segment in `segments`.
+    pub first_segment: u32,
+    /// Segments, in order.
+    pub segments: Vec<Vec<u8>>,
+    /// Segments the draft holds.
+    pub total_segments: u32,
+    /// Bytes the draft holds.
+    pub total_bytes: u64,
+    /// When its first segment was appended (writer clock, unix ms).
+    pub created_at_ms: u64,
+    /// When its last segment was appended.
+    pub updated_at_ms: u64,
+    /// Whether `segments` holds every segment from `first_segment` to the end.
+    pub complete: bool,
+}
+
+impl From<annal::Draft> for Draft {
+    fn from(d: annal::Draft) -> Draft {
+        let complete = d.is_complete();
+        Draft {
+            session: d.session.to_string(),
+            draft_id: d.draft_id,
+            first_segment: d.first_segment,
+            segments: d.segments,
+            total_segments: d.total_segments,
+            total_bytes: d.total_bytes,
+            created_at_ms: d.created_at_ms,
+            updated_at_ms: d.updated_at_ms,
+            complete,
+        }
+    }
+}
+
+#[pymethods]
+impl Draft {
+    /// The segments read, joined.
+    fn data(&self) -> Vec<u8> {
+        self.segments.concat()
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "Draft(session={:?}, draft_id={:?}, first_segment={}, segments={}, total_segments={})",
+            self.session,
+            self.draft_id,
+            self.first_segment,
+            self.segments.len(),
+            self.total_segments
+        )
+    }
+}
+
+/// A draft's summary, without its bytes (what `Database.abandoned_drafts` lists).
+#[pyclass(module = "annal", frozen, get_all)]
+#[derive(Clone)]
+pub struct DraftSummary {
+    /// The session.
+    pub session: String,
+    /// The host's draft id.
+    pub draft_id: String,
+    /// Segments.
+    pub segments: u32,
+    /// Bytes.
+    pub bytes: u64,
+    /// When its first segment was appended (writer clock, unix ms).
+    pub created_at_ms: u64,
+    /// When its last segment was appended.
+    pub updated_at_ms: u64,
+}
+
+impl From<annal::DraftSummary> for DraftSummary {
+    fn from(d: annal::DraftSummary) -> DraftSummary {
+        DraftSummary {
+            session: d.session.to_string(),
+            draft_id: d.draft_id,
+            segments: d.segments,
+            bytes: d.bytes,
+            created_at_ms: d.created_at_ms,
+            updated_at_ms: d.updated_at_ms,
+        }
+    }
+}
+
+#[pymethods]
+impl DraftSummary {
+    fn __repr__(&self) -> String {
+        format!(
+            "DraftSummary(session={:?}, draft_id={:?}, segments={}, bytes={})",
+            self.session, self.draft_id, self.segments, self.bytes
+        )
+    }
+}
+
+pub fn input_kind_name(kind: annal::InputKind) -> &'static str {
+    kind.name()
+}
+
+/// An input state's parts: its name, the claim holding it and that claim's expiry (while
+/// claimed), the turn that consumed it, and the seq of the event that closed it.
+type StateParts = (String, Option<u64>, Option<u64>, Option<String>, Option<u64>);
+
+fn state_parts(state: annal::InputState) -> StateParts {
+    let name = state.name().to_string();
+    match state {
+        annal::InputState::Pending => (name, None, None, None, None),
+        annal::InputState::Claimed { claim, expires_at_ms } => (name, Some(claim), Some(expires_at_ms), None, None),
+        annal::InputState::Completed { turn_id, seq } => (name, None, None, Some(turn_id), Some(seq)),
+        annal::InputState::Cancelled { seq } => (name, None, None, None, Some(seq)),
+    }
+}
+
+/// An open input of a session's inbox (pending, or held by a claim that may have
+/// expired), with its message.
+#[pyclass(module = "annal", frozen, get_all)]
+#[derive(Clone)]
+pub struct QueuedInput {
+    /// The host's input id.
+    pub input_id: String,
+    /// Seq of the event that queued it.
+    pub seq: u64,
+    /// `"next_turn"` or `"active_turn"`.
+    pub kind: String,
+    /// `"pending"` or `"claimed"`.
+    pub state: String,
+    /// The claim holding it, while claimed.
+    pub claim: Option<u64>,
+    /// When that claim expires (writer clock, unix ms), while claimed.
+    pub expires_at_ms: Option<u64>,
+    /// The message's role.
+    pub role: String,
+    /// The message's content type.
+    pub content_type: String,
+    /// The message's body.
+    pub body: Vec<u8>,
+    /// Content ids of the message's attachments (read them with `Database.content`).
+    pub attachments: Vec<String>,
+}
+
+impl From<annal::QueuedInput> for QueuedInput {
+    fn from(q: annal::QueuedInput) -> QueuedInput {
+        let (state, claim, expires_at_ms, _, _) = state_parts(q.state);
+        QueuedInput {
+            input_id: q.input_id,
+            seq: q.seq,
+            kind: input_kind_name(q.kind).into(),
+            state,
+            claim,
+            expires_at_ms,
+            role: role_name(q.message.role).into(),
+            content_type: q.message.content_type,
+            body: q.message.body,
+            attachments: q.message.attachments.iter().map(|a| a.to_hex()).collect(),
+        }
+    }
+}
+
+#[pymethods]
+impl QueuedInput {
+    /// The body decoded as UTF-8.
+    fn text(&self) -> PyResult<String> {
+        String::from_utf8(self.body.clone()).map_err(|e| pyo3::exceptions::PyValueError::new_err(e.to_string()))
+    }
+
+    fn __repr__(&self) -> String {
+        format!("QueuedInput(input_id={:?}, kind={:?}, state={:?})", self.input_id, self.kind, self.state)
+    }
+}
+
+/// An input of a session's inbox, whatever its state (what `Database.input` returns).
+#[pyclass(module = "annal", frozen, get_all)]
+#[derive(Clone)]
+pub struct InputRow {
+    /// The host's input id.
+    pub input_id: String,
+    /// Seq of the event that queued it.
+    pub seq: u64,
+    /// Content id of the message object.
+    pub message_id: String,
+    /// `"next_turn"` or `"active_turn"`.
+    pub kind: String,
+    /// `"pending"`, `"claimed"`, `"completed"` or `"cancelled"`.
+    pub state: String,
+    /// The claim holding it, while claimed.
+    pub claim: Option<u64>,
+    /// When that claim expires (writer clock, unix ms), while claimed.
+    pub expires_at_ms: Option<u64>,
+    /// The turn that consumed it, once completed.
+    pub turn_id: Option<String>,
+    /// Seq of the event that completed or cancelled it.
+    pub closed_seq: Option<u64>,
+}
+
+impl From<annal::InputRow> for InputRow {
+    fn from(r: annal::InputRow) -> InputRow {
+        let (state, claim, expires_at_ms, turn_id, closed_seq) = state_parts(r.state);
+        InputRow {
+            input_id: r.input_id,
+            seq: r.seq,
+            message_id: r.message.to_hex(),
+            kind: input_kind_name(r.kind).into(),
+            state,
+            claim,
+            expires_at_ms,
+            turn_id,
+            closed_seq,
+        }
+    }
+}
+
+#[pymethods]
+impl InputRow {
+    fn __repr__(&self) -> String {
+        format!("InputRow(input_id={:?}, kind={:?}, state={:?})", self.input_id, self.kind, self.state)
+    }
+}
+
+/// What `Database.claim_inputs` took.
+#[pyclass(module = "annal", frozen, get_all)]
+#[derive(Clone)]
+pub struct Claim {
+    /// The claim (the session's stream seq of its `InputsClaimed`), or `None` when
+    /// nothing was claimable (nothing was written).
+    pub claim: Option<u64>,
+    /// The inputs it holds, in queue order.
+    pub inputs: Vec<String>,
+    /// When it expires (writer clock, unix ms).
+    pub expires_at_ms: u64,
+}
+
+impl From<annal::Claim> for Claim {
+    fn from(c: annal::Claim) -> Claim {
+        Claim { claim: c.claim, inputs: c.inputs, expires_at_ms: c.expires_at_ms }
+    }
+}
+
+#[pymethods]
+impl Claim {
+    fn __repr__(&self) -> String {
+        format!("Claim(claim={:?}, inputs={:?}, expires_at_ms={})", self.claim, self.inputs, self.expires_at_ms)
+    }
+}
+
+/// A claim on queued inputs, as stored (what `Database.claim` returns).
+#[pyclass(module = "annal", frozen, get_all)]
+#[derive(Clone)]
+pub struct ClaimRow {
+    /// The claim: the session's stream seq of its `InputsClaimed`.
+    pub claim: u64,
+    /// Who holds it.
+    pub owner: String,
+    /// The lease token it was fenced with.
+    pub token: u64,
+    /// `"next_turn"` or `"active_turn"`.
+    pub target: String,
+    /// The live turn it is for (`target="active_turn"`).
+    pub turn_id: Option<String>,
+    /// The inputs it took.
+    pub inputs: Vec<String>,
+    /// When it expires (writer clock, unix ms).
+    pub expires_at_ms: u64,
+    /// Whether it still holds an input (not abandoned, not all consumed or re-claimed).
+    pub open: bool,
+}
+
+impl From<annal::ClaimRow> for ClaimRow {
+    fn from(c: annal::ClaimRow) -> ClaimRow {
+        let (target, turn_id) = match c.target {
+            annal::ClaimTarget::NextTurn => ("next_turn".to_string(), None),
+            annal::ClaimTarget::Turn(turn) => ("active_turn".to_string(), Some(turn)),
+        };
+        ClaimRow {
+            claim: c.claim,
+            owner: c.owner,
+            token: c.token,
+            target,
+            turn_id,
+            inputs: c.inputs,
+            expires_at_ms: c.expires_at_ms,
+            open: c.open,
+        }
+    }
+}
+
+#[pymethods]
+impl ClaimRow {
+    fn __repr__(&self) -> String {
+        format!(
+            "ClaimRow(claim={}, owner={:?}, target={:?}, inputs={:?}, open={})",
+            self.claim, self.owner, self.target, self.inputs, self.open
+        )
+    }
+}
+
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<Lease>()?;
+    m.add_class::<Draft>()?;
+    m.add_class::<DraftSummary>()?;
+    m.add_class::<QueuedInput>()?;
+    m.add_class::<InputRow>()?;
+    m.add_class::<Claim>()?;
+    m.add_class::<ClaimRow>()?;
     m.add_class::<Receipt>()?;
     m.add_class::<SessionReceipt>()?;
     m.add_class::<TurnResult>()?;

@@ -10,9 +10,10 @@ mod convert;
 mod errors;
 
 use annal::{
-    AppendContext, Command, CommitTurn, CreateSession, Durability, Engine, EventQuery, Expected, Fork, ListQuery,
-    Options, Outcome, PageRequest, RecordToolCall, RecordToolResult, Recovery, Restore, RevisionId, Rewrite,
-    RewriteReason, Role, SessionId, SetHostState, SetLabels, SetMetadata, StateChanges, ToolOutcome, Usage,
+    AppendContext, ClaimInputs, ClaimTarget, Command, CommitTurn, CreateSession, Durability, Engine, EventQuery,
+    Expected, Fence, Fork, InputKind, ListQuery, Options, Outcome, PageRequest, RecordToolCall, RecordToolResult,
+    Recovery, Restore, RevisionId, Rewrite, RewriteReason, Role, SessionId, SetHostState, SetLabels, SetMetadata,
+    StateChanges, ToolOutcome, Usage,
 };
 use convert::*;
 use errors::to_py;
@@ -159,6 +160,46 @@ fn messages(ms: &[PyRef<'_, Message>]) -> PyResult<Vec<annal::Message>> {
 
 fn session_id(text: &str) -> PyResult<SessionId> {
     text.parse().map_err(|e| PyValueError::new_err(format!("{e}")))
+}
+
+/// The fence on `session` with lease token `token`, if one is given.
+fn fence(session: SessionId, token: Option<u64>) -> Option<Fence> {
+    token.map(|t| Fence::new(session, t))
+}
+
+/// The engine handle a command runs on: `e` itself, or a handle fenced by `fence`.
+fn fenced_run<T>(e: &Engine, fence: Option<Fence>, f: impl FnOnce(&Engine) -> T) -> T {
+    match fence {
+        Some(fence) => f(&e.fenced(fence)),
+        None => f(e),
+    }
+}
+
+fn parse_input_kind(kind: &str) -> PyResult<InputKind> {
+    match kind {
+        "next_turn" => Ok(InputKind::NextTurn),
+        "active_turn" => Ok(InputKind::ActiveTurn),
+        other => Err(PyValueError::new_err(format!("unknown input kind {other:?}: next_turn or active_turn"))),
+    }
+}
+
+fn parse_claim_target(target: &str, turn_id: Option<String>) -> PyResult<ClaimTarget> {
+    match (target, turn_id) {
+        ("next_turn", None) => Ok(ClaimTarget::NextTurn),
+        ("next_turn", Some(_)) => Err(PyValueError::new_err("a next_turn claim takes no turn_id")),
+        ("active_turn", Some(turn)) => Ok(ClaimTarget::Turn(turn)),
+        ("active_turn", None) => Err(PyValueError::new_err("an active_turn claim needs the live turn's turn_id")),
+        (other, _) => Err(PyValueError::new_err(format!("unknown claim target {other:?}: next_turn or active_turn"))),
+    }
+}
+
+fn lease_ref(lease: &Lease) -> PyResult<annal::Lease> {
+    Ok(annal::Lease {
+        session: session_id(&lease.session)?,
+        owner: lease.owner.clone(),
+        token: lease.token,
+        expires_at_ms: lease.expires_at_ms,
+    })
 }
 
 fn revision_id(text: &str) -> PyResult<RevisionId> {
@@ -356,13 +397,14 @@ impl Database {
         &self,
         py: Python<'_>,
         command: Command,
+        fence: Option<Fence>,
         convert: fn(Python<'_>, Outcome) -> PyResult<Py<PyAny>>,
     ) -> PyResult<Py<PyAny>> {
         let asyncio = py.import("asyncio")?;
         let event_loop = asyncio.call_method0("get_running_loop")?;
         let future = event_loop.call_method0("create_future")?;
         // Queuing compresses the content and may wait for room in the queue: no GIL.
-        let reply = self.run(py, move |e| Ok(e.execute_async(command)))?;
+        let reply = self.run(py, move |e| Ok(fenced_run(e, fence, |e| e.execute_async(command))))?;
         completions()
             .send(Pending {
                 reply: Box::pin(reply),
@@ -468,7 +510,7 @@ impl Database {
         session: Option<&str>,
     ) -> PyResult<Py<PyAny>> {
         let c = create_command(labels, metadata, &messages, session)?;
-        self.submit(py, Command::CreateSession(c), outcome_session)
+        self.submit(py, Command::CreateSession(c), None, outcome_session)
     }
 
     /// Commits a turn: messages, usage, host state changes, applied context and tool
@@ -478,7 +520,11 @@ impl Database {
     /// `expected`: `None` (any head), a revision id (`str`) or a stream seq (`int`).
     /// `state`: `{name: bytes}` sets an entry, `{name: None}` removes it.
     /// `usage`: `(provider, model, input, output[, cache_read, cache_write])` tuples.
-    #[pyo3(signature = (session, turn_id, messages = Vec::new(), *, expected = None, usage = Vec::new(), state = None, applied_context = Vec::new(), tool_ops = Vec::new(), run_id = None))]
+    /// `finalizes`: the streamed draft this turn's final message ends; the commit removes
+    /// it atomically. `inputs`: claimed inbox inputs this turn consumes (completed in its
+    /// event). `fence`: a lease token; the turn is accepted only while it is the
+    /// session's current one (else `errors.Fenced`, nothing written).
+    #[pyo3(signature = (session, turn_id, messages = Vec::new(), *, expected = None, usage = Vec::new(), state = None, applied_context = Vec::new(), tool_ops = Vec::new(), run_id = None, finalizes = None, inputs = Vec::new(), fence = None))]
     #[allow(clippy::too_many_arguments)]
     fn commit_turn(
         &self,
@@ -492,6 +538,9 @@ impl Database {
         applied_context: Vec<String>,
         tool_ops: Vec<String>,
         run_id: Option<String>,
+        finalizes: Option<String>,
+        inputs: Vec<String>,
+        fence: Option<u64>,
     ) -> PyResult<TurnResult> {
         let c = turn_command(
             session,
@@ -503,13 +552,16 @@ impl Database {
             applied_context,
             tool_ops,
             run_id,
+            finalizes,
+            inputs,
         )?;
-        let outcome = self.run(py, move |e| e.commit_turn(c))?;
+        let fence = self::fence(c.session, fence);
+        let outcome = self.run(py, move |e| fenced_run(e, fence, |e| e.commit_turn(c)))?;
         Ok(TurnResult::from(outcome))
     }
 
     /// `commit_turn`, queued now; await the returned future for its `TurnResult`.
-    #[pyo3(signature = (session, turn_id, messages = Vec::new(), *, expected = None, usage = Vec::new(), state = None, applied_context = Vec::new(), tool_ops = Vec::new(), run_id = None))]
+    #[pyo3(signature = (session, turn_id, messages = Vec::new(), *, expected = None, usage = Vec::new(), state = None, applied_context = Vec::new(), tool_ops = Vec::new(), run_id = None, finalizes = None, inputs = Vec::new(), fence = None))]
     #[allow(clippy::too_many_arguments)]
     fn commit_turn_async(
         &self,
@@ -523,6 +575,9 @@ impl Database {
         applied_context: Vec<String>,
         tool_ops: Vec<String>,
         run_id: Option<String>,
+        finalizes: Option<String>,
+        inputs: Vec<String>,
+        fence: Option<u64>,
     ) -> PyResult<Py<PyAny>> {
         let c = turn_command(
             session,
@@ -534,13 +589,17 @@ impl Database {
             applied_context,
             tool_ops,
             run_id,
+            finalizes,
+            inputs,
         )?;
-        self.submit(py, Command::CommitTurn(c), outcome_turn)
+        let fence = self::fence(c.session, fence);
+        self.submit(py, Command::CommitTurn(c), fence, outcome_turn)
     }
 
     /// Replaces messages `start..end` of the head (computed against revision `expected`)
     /// with `replacement`. `reason`: `"edit"`, `"compaction"` or `"redaction"`.
-    #[pyo3(signature = (session, expected, start, end, replacement = Vec::new(), *, reason = "edit", note = String::new(), actor = String::new()))]
+    /// `fence`: a lease token the rewrite is fenced by (see `commit_turn`).
+    #[pyo3(signature = (session, expected, start, end, replacement = Vec::new(), *, reason = "edit", note = String::new(), actor = String::new(), fence = None))]
     #[allow(clippy::too_many_arguments)]
     fn rewrite(
         &self,
@@ -553,6 +612,7 @@ impl Database {
         reason: &str,
         note: String,
         actor: String,
+        fence: Option<u64>,
     ) -> PyResult<Receipt> {
         let reason = match reason {
             "edit" => RewriteReason::Edit,
@@ -570,11 +630,14 @@ impl Database {
             note,
             actor,
         };
-        Ok(Receipt::from(self.run(py, move |e| e.rewrite(c))?))
+        let fence = self::fence(c.session, fence);
+        Ok(Receipt::from(self.run(py, move |e| fenced_run(e, fence, |e| e.rewrite(c)))?))
     }
 
     /// Brings back a revision the session held before (decided against `expected`).
-    #[pyo3(signature = (session, expected, target, *, note = String::new(), actor = String::new()))]
+    /// `fence`: a lease token the restore is fenced by (see `commit_turn`).
+    #[pyo3(signature = (session, expected, target, *, note = String::new(), actor = String::new(), fence = None))]
+    #[allow(clippy::too_many_arguments)]
     fn restore(
         &self,
         py: Python<'_>,
@@ -583,6 +646,7 @@ impl Database {
         target: &str,
         note: String,
         actor: String,
+        fence: Option<u64>,
     ) -> PyResult<Receipt> {
         let c = Restore {
             session: session_id(session)?,
@@ -591,7 +655,8 @@ impl Database {
             note,
             actor,
         };
-        Ok(Receipt::from(self.run(py, move |e| e.restore(c))?))
+        let fence = self::fence(c.session, fence);
+        Ok(Receipt::from(self.run(py, move |e| fenced_run(e, fence, |e| e.restore(c)))?))
     }
 
     /// Branches a new session from `parent`'s head, keeping its first `index` messages
@@ -641,8 +706,9 @@ impl Database {
     }
 
     /// Stages system context under `key` for a later turn (`applied_context=[key]`).
-    /// Returns the event's seq, or `None` for an exact duplicate.
-    #[pyo3(signature = (session, key, content, *, source = String::new()))]
+    /// Returns the event's seq, or `None` for an exact duplicate. `fence`: a lease token
+    /// it is fenced by (see `commit_turn`).
+    #[pyo3(signature = (session, key, content, *, source = String::new(), fence = None))]
     fn append_context(
         &self,
         py: Python<'_>,
@@ -650,9 +716,11 @@ impl Database {
         key: String,
         content: &Bound<'_, PyAny>,
         source: String,
+        fence: Option<u64>,
     ) -> PyResult<Option<u64>> {
         let c = AppendContext { session: session_id(session)?, key, content: bytes_arg(content, "content")?, source };
-        let outcome = self.run(py, move |e| e.append_context(c))?;
+        let fence = self::fence(c.session, fence);
+        let outcome = self.run(py, move |e| fenced_run(e, fence, |e| e.append_context(c)))?;
         Ok(match outcome {
             annal::ContextOutcome::Staged(seq) => Some(seq),
             annal::ContextOutcome::Duplicate => None,
@@ -660,8 +728,9 @@ impl Database {
     }
 
     /// Records a tool call before it is dispatched. Returns whether an event was written
-    /// (`False` for an exact retry).
-    #[pyo3(signature = (session, op_id, tool_name, args, *, call_id = String::new(), parent_op = None, turn_id = None, replay_safe = false))]
+    /// (`False` for an exact retry). `fence`: a lease token it is fenced by (see
+    /// `commit_turn`).
+    #[pyo3(signature = (session, op_id, tool_name, args, *, call_id = String::new(), parent_op = None, turn_id = None, replay_safe = false, fence = None))]
     #[allow(clippy::too_many_arguments)]
     fn record_tool_call(
         &self,
@@ -674,6 +743,7 @@ impl Database {
         parent_op: Option<String>,
         turn_id: Option<String>,
         replay_safe: bool,
+        fence: Option<u64>,
     ) -> PyResult<bool> {
         let c = RecordToolCall {
             session: session_id(session)?,
@@ -685,11 +755,13 @@ impl Database {
             turn_id,
             recovery: if replay_safe { Recovery::ReplaySafe } else { Recovery::NotReplaySafe },
         };
-        Ok(self.run(py, move |e| e.record_tool_call(c))?.created)
+        let fence = self::fence(c.session, fence);
+        Ok(self.run(py, move |e| fenced_run(e, fence, |e| e.record_tool_call(c)))?.created)
     }
 
     /// Records a tool call's result. `outcome`: `"ok"`, `"error"` or `"cancelled"`.
-    #[pyo3(signature = (session, op_id, result, *, outcome = "ok"))]
+    /// `fence`: a lease token it is fenced by (see `commit_turn`).
+    #[pyo3(signature = (session, op_id, result, *, outcome = "ok", fence = None))]
     fn record_tool_result(
         &self,
         py: Python<'_>,
@@ -697,6 +769,7 @@ impl Database {
         op_id: String,
         result: &Bound<'_, PyAny>,
         outcome: &str,
+        fence: Option<u64>,
     ) -> PyResult<bool> {
         let outcome = match outcome {
             "ok" => ToolOutcome::Ok,
@@ -706,7 +779,8 @@ impl Database {
         };
         let c =
             RecordToolResult { session: session_id(session)?, op_id, outcome, result: bytes_arg(result, "result")? };
-        Ok(self.run(py, move |e| e.record_tool_result(c))?.created)
+        let fence = self::fence(c.session, fence);
+        Ok(self.run(py, move |e| fenced_run(e, fence, |e| e.record_tool_result(c)))?.created)
     }
 
     /// Sets and removes labels. Returns the event's seq, or `None` if nothing changed.
@@ -735,21 +809,212 @@ impl Database {
         self.run(py, move |e| e.set_metadata(c))
     }
 
-    /// Sets (`{name: bytes}`) and removes (`{name: None}`) host state entries.
-    #[pyo3(signature = (session, state, *, expected = None))]
+    /// Sets (`{name: bytes}`) and removes (`{name: None}`) host state entries. `fence`: a
+    /// lease token it is fenced by (see `commit_turn`).
+    #[pyo3(signature = (session, state, *, expected = None, fence = None))]
     fn set_host_state(
         &self,
         py: Python<'_>,
         session: &str,
         state: Bound<'_, PyDict>,
         expected: Option<Bound<'_, PyAny>>,
+        fence: Option<u64>,
     ) -> PyResult<Option<u64>> {
         let c = SetHostState {
             session: session_id(session)?,
             state: state_changes(Some(&state))?,
             expected: self::expected(expected.as_ref())?,
         };
-        self.run(py, move |e| e.set_host_state(c))
+        let fence = self::fence(c.session, fence);
+        self.run(py, move |e| fenced_run(e, fence, |e| e.set_host_state(c)))
+    }
+
+    // ----- execution leases -----
+
+    /// Takes the execution lease of `session` for `owner`, for `ttl_ms` (writer clock;
+    /// 1 ms to one day). Granted with a token one larger than any the session had when
+    /// nobody holds a live lease; `errors.Busy` (with `holder`, `expires_at_ms`) while
+    /// another owner does. The holder asking again renews and keeps its token. Pass the
+    /// lease's `token` as `fence=` to the commands made under it.
+    fn acquire_lease(&self, py: Python<'_>, session: &str, owner: String, ttl_ms: u64) -> PyResult<Lease> {
+        let s = session_id(session)?;
+        let ttl = Duration::from_millis(ttl_ms);
+        Ok(Lease::from(self.run(py, move |e| e.acquire_lease(s, owner, ttl))?))
+    }
+
+    /// Renews a held lease for `ttl_ms` from now (kept in memory: no write). A token that
+    /// is no longer the session's current one, or a released lease, is `errors.Fenced`.
+    fn renew_lease(&self, py: Python<'_>, lease: PyRef<'_, Lease>, ttl_ms: u64) -> PyResult<Lease> {
+        let l = lease_ref(&lease)?;
+        let ttl = Duration::from_millis(ttl_ms);
+        Ok(Lease::from(self.run(py, move |e| e.renew_lease(&l, ttl))?))
+    }
+
+    /// Releases a held lease, so another owner may take it at once. Returns `False` if
+    /// it was released already; a stale token is `errors.Fenced`.
+    fn release_lease(&self, py: Python<'_>, lease: PyRef<'_, Lease>) -> PyResult<bool> {
+        let l = lease_ref(&lease)?;
+        self.run(py, move |e| e.release_lease(&l))
+    }
+
+    // ----- streamed drafts -----
+
+    /// Appends `segment` to draft `draft_id` of `session` (creating the draft); returns
+    /// the segment's index. Readers see it at once; it reaches the file with the next
+    /// commit or within the draft flush interval. The turn that carries the final
+    /// message names the draft (`commit_turn(..., finalizes=draft_id)`).
+    #[pyo3(signature = (session, draft_id, segment, *, fence = None))]
+    fn append_draft(
+        &self,
+        py: Python<'_>,
+        session: &str,
+        draft_id: String,
+        segment: &Bound<'_, PyAny>,
+        fence: Option<u64>,
+    ) -> PyResult<u32> {
+        let s = session_id(session)?;
+        let segment = bytes_arg(segment, "segment")?;
+        let fence = self::fence(s, fence);
+        self.run(py, move |e| fenced_run(e, fence, |e| e.append_draft(s, draft_id, segment)))
+    }
+
+    /// Discards a draft and its segments (written at once). Returns `False` if there was
+    /// none.
+    #[pyo3(signature = (session, draft_id, *, fence = None))]
+    fn discard_draft(&self, py: Python<'_>, session: &str, draft_id: String, fence: Option<u64>) -> PyResult<bool> {
+        let s = session_id(session)?;
+        let fence = self::fence(s, fence);
+        self.run(py, move |e| fenced_run(e, fence, |e| e.discard_draft(s, draft_id)))
+    }
+
+    /// The drafts of `session`, in draft id order, each with its segments as far as
+    /// `max_bytes` of segments allows (`Draft.complete` says whether all are there; read
+    /// the rest with `draft`).
+    #[pyo3(signature = (session, *, max_bytes = 64 << 20))]
+    fn drafts(&self, py: Python<'_>, session: &str, max_bytes: u64) -> PyResult<Vec<Draft>> {
+        let s = session_id(session)?;
+        Ok(self.run(py, move |e| Ok(e.drafts(s, max_bytes)))?.into_iter().map(Draft::from).collect())
+    }
+
+    /// One draft, from segment `from_segment`, as far as `max_bytes` allows; `None` if
+    /// there is no such draft.
+    #[pyo3(signature = (session, draft_id, from_segment = 0, *, max_bytes = 64 << 20))]
+    fn draft(
+        &self,
+        py: Python<'_>,
+        session: &str,
+        draft_id: String,
+        from_segment: u32,
+        max_bytes: u64,
+    ) -> PyResult<Option<Draft>> {
+        let s = session_id(session)?;
+        Ok(self.run(py, move |e| Ok(e.draft(s, &draft_id, from_segment, max_bytes)))?.map(Draft::from))
+    }
+
+    /// The drafts the file held when the database opened: partial output of turns that
+    /// never committed. Resume them (append, then commit the turn that finalizes them)
+    /// or discard them; nothing removes them by itself.
+    fn abandoned_drafts(&self, py: Python<'_>) -> PyResult<Vec<DraftSummary>> {
+        Ok(self.run(py, |e| Ok(e.abandoned_drafts().to_vec()))?.into_iter().map(DraftSummary::from).collect())
+    }
+
+    /// Writes every draft segment still in memory to the file now (a durable commit).
+    fn flush_drafts(&self, py: Python<'_>) -> PyResult<()> {
+        self.run(py, |e| e.flush_drafts())
+    }
+
+    // ----- the input inbox -----
+
+    /// Queues `message` in `session`'s inbox as input `input_id`, for the live turn
+    /// (`kind="active_turn"`) or the next one (`kind="next_turn"`). Returns the event's
+    /// seq, or `None` for an exact retry (the same id with another message or kind is
+    /// `errors.InputConflict`).
+    #[pyo3(signature = (session, input_id, message, *, kind = "next_turn"))]
+    fn enqueue_input(
+        &self,
+        py: Python<'_>,
+        session: &str,
+        input_id: String,
+        message: PyRef<'_, Message>,
+        kind: &str,
+    ) -> PyResult<Option<u64>> {
+        let s = session_id(session)?;
+        let kind = parse_input_kind(kind)?;
+        let m = message.to_engine()?;
+        self.run(py, move |e| e.enqueue_input(s, input_id, m, kind))
+    }
+
+    /// The inputs a claim may take now: queued, and held by no live claim, in queue
+    /// order.
+    fn pending_inputs(&self, py: Python<'_>, session: &str) -> PyResult<Vec<QueuedInput>> {
+        let s = session_id(session)?;
+        Ok(self.run(py, move |e| e.pending_inputs(s))?.into_iter().map(QueuedInput::from).collect())
+    }
+
+    /// The open inputs of `session`'s inbox (neither consumed nor cancelled), in queue
+    /// order, pending or claimed (a claim may have expired).
+    fn inbox(&self, py: Python<'_>, session: &str) -> PyResult<Vec<QueuedInput>> {
+        let s = session_id(session)?;
+        Ok(self.run(py, move |e| e.inbox(s))?.into_iter().map(QueuedInput::from).collect())
+    }
+
+    /// An input of `session`, whatever its state (completed and cancelled ones too), or
+    /// `None`.
+    fn input(&self, py: Python<'_>, session: &str, input_id: String) -> PyResult<Option<InputRow>> {
+        let s = session_id(session)?;
+        Ok(self.run(py, move |e| e.input(s, &input_id))?.map(InputRow::from))
+    }
+
+    /// A claim of `session` by its number (`Claim.claim`), or `None`.
+    fn claim(&self, py: Python<'_>, session: &str, claim: u64) -> PyResult<Option<ClaimRow>> {
+        let s = session_id(session)?;
+        Ok(self.run(py, move |e| e.claim(s, claim))?.map(ClaimRow::from))
+    }
+
+    /// Claims up to `max` inputs for `owner` for `ttl_ms`, fenced by `token`, the
+    /// session's current lease token (`errors.Fenced` otherwise). `target="next_turn"`
+    /// takes next-turn inputs while the session is idle (`errors.NotIdle` otherwise);
+    /// `target="active_turn"` with `turn_id` takes active-turn inputs for that live turn
+    /// (`errors.TurnNotLive` if it is committed). Claiming nothing writes nothing
+    /// (`Claim.claim` is `None`). Commit the turn with `inputs=` to consume them.
+    #[pyo3(signature = (session, *, token, owner, target = "next_turn", turn_id = None, ttl_ms = 60_000, max = 64))]
+    #[allow(clippy::too_many_arguments)]
+    fn claim_inputs(
+        &self,
+        py: Python<'_>,
+        session: &str,
+        token: u64,
+        owner: String,
+        target: &str,
+        turn_id: Option<String>,
+        ttl_ms: u64,
+        max: u64,
+    ) -> PyResult<Claim> {
+        let c = ClaimInputs {
+            session: session_id(session)?,
+            token,
+            owner,
+            target: parse_claim_target(target, turn_id)?,
+            ttl_ms,
+            max,
+        };
+        Ok(Claim::from(self.run(py, move |e| e.claim_inputs(c))?))
+    }
+
+    /// Gives claim `claim` up: its inputs no turn consumed are queued again. Returns
+    /// `False` if it was closed already; an unknown claim is `errors.UnknownClaim`.
+    #[pyo3(signature = (session, claim, *, fence = None))]
+    fn abandon_claim(&self, py: Python<'_>, session: &str, claim: u64, fence: Option<u64>) -> PyResult<bool> {
+        let s = session_id(session)?;
+        let fence = self::fence(s, fence);
+        self.run(py, move |e| fenced_run(e, fence, |e| e.abandon_claim(s, claim)))
+    }
+
+    /// Withdraws an input no live claim holds. Returns `False` if it was cancelled
+    /// already; a consumed or live-claimed input is `errors.InputState`.
+    fn cancel_input(&self, py: Python<'_>, session: &str, input_id: String) -> PyResult<bool> {
+        let s = session_id(session)?;
+        self.run(py, move |e| e.cancel_input(s, input_id))
     }
 
     // ----- queries -----
@@ -1019,6 +1284,8 @@ fn turn_command(
     applied_context: Vec<String>,
     tool_ops: Vec<String>,
     run_id: Option<String>,
+    finalizes: Option<String>,
+    inputs: Vec<String>,
 ) -> PyResult<CommitTurn> {
     let mut c = CommitTurn::new(session_id(session)?, turn_id, self::expected(expected)?);
     c.messages = self::messages(messages)?;
@@ -1027,6 +1294,8 @@ fn turn_command(
     c.applied_context = applied_context;
     c.tool_ops = tool_ops;
     c.run_id = run_id;
+    c.draft = finalizes;
+    c.inputs = inputs;
     Ok(c)
 }
 
