@@ -802,10 +802,12 @@ fn graph_dot_matches_the_engine_graph() {
         saw_restore |= dot.contains("restore (seq");
     }
     assert!(saw_fork_out && saw_fork_in && saw_restore, "the demo has forks and restores");
-    let out = annal(&["graph", p(&db), &all[0].to_string(), "--format", "svg"]);
+    // A session that was forked (the listing's order follows the demo threads' activity).
+    let parent = all.iter().find(|s| !reader.graph(**s).unwrap().forks.is_empty()).expect("a forked session");
+    let out = annal(&["graph", p(&db), &parent.to_string(), "--format", "svg"]);
     assert_eq!(code(&out), 0, "{}", stderr(&out));
     assert!(stdout(&out).contains("<svg") && stdout(&out).contains("</svg>"));
-    let out = annal(&["graph", p(&db), &all[0].to_string(), "--format", "text"]);
+    let out = annal(&["graph", p(&db), &parent.to_string(), "--format", "text"]);
     assert!(stdout(&out).contains("⑂ fork"), "{}", stdout(&out));
 }
 
