@@ -14,13 +14,6 @@ import annal
 from annal import Message, errors
 
 
-@pytest.fixture
-def db(tmp_path: Path):
-    database = annal.open(tmp_path / "sessions.redb")
-    yield database
-    database.close()
-
-
 def test_session_turns_and_retries(db: annal.Database) -> None:
     created = db.create_session(labels={"project": "demo"}, metadata=b"m", messages=[Message.system("Be brief.")])
     s = created.session

@@ -11,13 +11,6 @@ import annal
 from annal import Message, errors
 
 
-@pytest.fixture
-def db(tmp_path: Path):
-    database = annal.open(tmp_path / "sessions.redb")
-    yield database
-    database.close()
-
-
 def new_session(db: annal.Database) -> str:
     return db.create_session(messages=[Message.system("Be brief.")]).session
 
