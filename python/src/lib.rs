@@ -661,8 +661,10 @@ impl Database {
 
     /// Branches a new session from `parent`'s head, keeping its first `index` messages
     /// (all of them by default); with `replacement`, message `index` is replaced by it.
-    /// `labels=None` keeps the parent's labels. No content is copied.
-    #[pyo3(signature = (parent, index = None, *, replacement = None, labels = None, session = None))]
+    /// `labels=None` keeps the parent's labels. No content is copied. `fence`: a lease
+    /// token of the parent the fork is fenced by (see `commit_turn`).
+    #[pyo3(signature = (parent, index = None, *, replacement = None, labels = None, session = None, fence = None))]
+    #[allow(clippy::too_many_arguments)]
     fn fork(
         &self,
         py: Python<'_>,
@@ -671,6 +673,7 @@ impl Database {
         replacement: Option<PyRef<'_, Message>>,
         labels: Option<BTreeMap<String, String>>,
         session: Option<&str>,
+        fence: Option<u64>,
     ) -> PyResult<SessionReceipt> {
         let parent = session_id(parent)?;
         let index = match index {
@@ -687,22 +690,27 @@ impl Database {
             replacement: replacement.map(|m| m.to_engine()).transpose()?,
             labels,
         };
-        Ok(SessionReceipt::from(self.run(py, move |e| e.fork(c))?))
+        let fence = self::fence(parent, fence);
+        Ok(SessionReceipt::from(self.run(py, move |e| fenced_run(e, fence, |e| e.fork(c)))?))
     }
 
     /// Archives a session (it leaves default listings and refuses writes until revived).
     /// Returns whether an event was written (`False` if it already was archived).
-    #[pyo3(signature = (session, reason = String::new()))]
-    fn archive(&self, py: Python<'_>, session: &str, reason: String) -> PyResult<bool> {
+    /// `fence`: a lease token it is fenced by (see `commit_turn`).
+    #[pyo3(signature = (session, reason = String::new(), *, fence = None))]
+    fn archive(&self, py: Python<'_>, session: &str, reason: String, fence: Option<u64>) -> PyResult<bool> {
         let s = session_id(session)?;
-        self.run(py, move |e| e.archive(s, reason))
+        let fence = self::fence(s, fence);
+        self.run(py, move |e| fenced_run(e, fence, |e| e.archive(s, reason)))
     }
 
-    /// Revives an archived session; returns the event's seq.
-    #[pyo3(signature = (session, reason = String::new()))]
-    fn revive(&self, py: Python<'_>, session: &str, reason: String) -> PyResult<u64> {
+    /// Revives an archived session; returns the event's seq. `fence`: a lease token it is
+    /// fenced by (see `commit_turn`).
+    #[pyo3(signature = (session, reason = String::new(), *, fence = None))]
+    fn revive(&self, py: Python<'_>, session: &str, reason: String, fence: Option<u64>) -> PyResult<u64> {
         let s = session_id(session)?;
-        self.run(py, move |e| e.revive(s, reason))
+        let fence = self::fence(s, fence);
+        self.run(py, move |e| fenced_run(e, fence, |e| e.revive(s, reason)))
     }
 
     /// Stages system context under `key` for a later turn (`applied_context=[key]`).
@@ -784,29 +792,37 @@ impl Database {
     }
 
     /// Sets and removes labels. Returns the event's seq, or `None` if nothing changed.
-    #[pyo3(signature = (session, set = BTreeMap::new(), remove = BTreeSet::new()))]
+    /// `fence`: a lease token it is fenced by (see `commit_turn`).
+    #[pyo3(signature = (session, set = BTreeMap::new(), remove = BTreeSet::new(), *, fence = None))]
     fn set_labels(
         &self,
         py: Python<'_>,
         session: &str,
         set: BTreeMap<String, String>,
         remove: BTreeSet<String>,
+        fence: Option<u64>,
     ) -> PyResult<Option<u64>> {
-        let c = SetLabels { session: session_id(session)?, set, remove };
-        self.run(py, move |e| e.set_labels(c))
+        let s = session_id(session)?;
+        let c = SetLabels { session: s, set, remove };
+        let fence = self::fence(s, fence);
+        self.run(py, move |e| fenced_run(e, fence, |e| e.set_labels(c)))
     }
 
-    /// Replaces the session's metadata blob.
-    #[pyo3(signature = (session, metadata, *, expected = None))]
+    /// Replaces the session's metadata blob. `fence`: a lease token it is fenced by (see
+    /// `commit_turn`).
+    #[pyo3(signature = (session, metadata, *, expected = None, fence = None))]
     fn set_metadata(
         &self,
         py: Python<'_>,
         session: &str,
         metadata: Vec<u8>,
         expected: Option<Bound<'_, PyAny>>,
+        fence: Option<u64>,
     ) -> PyResult<Option<u64>> {
-        let c = SetMetadata { session: session_id(session)?, metadata, expected: self::expected(expected.as_ref())? };
-        self.run(py, move |e| e.set_metadata(c))
+        let s = session_id(session)?;
+        let c = SetMetadata { session: s, metadata, expected: self::expected(expected.as_ref())? };
+        let fence = self::fence(s, fence);
+        self.run(py, move |e| fenced_run(e, fence, |e| e.set_metadata(c)))
     }
 
     /// Sets (`{name: bytes}`) and removes (`{name: None}`) host state entries. `fence`: a

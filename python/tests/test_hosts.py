@@ -230,3 +230,29 @@ def test_inbox_rejects_unknown_strings(db: annal.Database) -> None:
     with pytest.raises(ValueError, match="turn_id"):
         db.claim_inputs(s, token=1, owner="w", target="next_turn", turn_id="t")
     assert db.inbox(s) == []
+
+
+def test_fork_archive_labels_and_metadata_take_a_fence(db: annal.Database) -> None:
+    s = new_session(db)
+    first = db.acquire_lease(s, "worker-a", 60_000)
+    assert db.set_labels(s, {"stage": "one"}, fence=first.token) is not None
+    assert db.set_metadata(s, b"meta", fence=first.token) is not None
+    child = db.fork(s, fence=first.token).session
+    assert db.head(child).forked_from[0] == s
+    db.release_lease(first)
+    second = db.acquire_lease(s, "worker-b", 60_000)
+    assert second.token > first.token
+    before = db.head(s)
+    for stale in (
+        lambda: db.set_labels(s, {"stage": "two"}, fence=first.token),
+        lambda: db.set_metadata(s, b"other", fence=first.token),
+        lambda: db.fork(s, fence=first.token),
+        lambda: db.archive(s, "done", fence=first.token),
+    ):
+        with pytest.raises(errors.Fenced) as fenced:
+            stale()
+        assert (fenced.value.presented, fenced.value.current) == (first.token, second.token)
+    after = db.head(s)
+    assert (after.stream_seq, after.labels, after.archived) == (before.stream_seq, before.labels, False)
+    assert db.archive(s, "done", fence=second.token)
+    assert db.revive(s, "again", fence=second.token) > 0
