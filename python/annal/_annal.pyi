@@ -180,6 +180,15 @@ class Lease:
     token: int
     expires_at_ms: int
 
+class LeaseState:
+    """A session's lease as a reader sees it (``Database.lease``)."""
+
+    session: str
+    owner: str
+    token: int
+    expires_at_ms: int
+    released: bool
+
 class Draft:
     """A streamed draft: its segments from ``first_segment``, as far as the budget allowed."""
 
@@ -391,6 +400,8 @@ class Database:
         """Renews a held lease (``errors.Fenced`` for a stale or released one)."""
     def release_lease(self, lease: Lease) -> bool:
         """Releases a held lease; ``False`` if it was released already."""
+    def lease(self, session: str) -> LeaseState | None:
+        """The session's lease (token, holder, expiry, released), or ``None`` if none was granted."""
     # streamed drafts
     def append_draft(self, session: str, draft_id: str, segment: bytes | str, *, fence: int | None = None) -> int:
         """Appends a segment to a draft; returns its index."""

@@ -482,6 +482,51 @@ impl From<annal::Lease> for Lease {
     }
 }
 
+/// A session's execution lease as a reader sees it (`Database.lease`): the current token,
+/// its holder and expiry, and whether the holder released it. Whether it still excludes
+/// other owners depends on the writer's clock.
+#[pyclass(module = "annal", frozen, get_all)]
+#[derive(Clone)]
+pub struct LeaseState {
+    /// The session.
+    pub session: String,
+    /// Who holds (or last held) it.
+    pub owner: String,
+    /// The session's current fencing token.
+    pub token: u64,
+    /// When it expires unless renewed (writer clock, unix ms), renewals included.
+    pub expires_at_ms: u64,
+    /// Whether its holder released it.
+    pub released: bool,
+}
+
+impl LeaseState {
+    /// The lease of `session`.
+    pub fn of(session: annal::SessionId, l: annal::LeaseState) -> LeaseState {
+        LeaseState {
+            session: session.to_string(),
+            owner: l.owner,
+            token: l.token,
+            expires_at_ms: l.expires_at_ms,
+            released: l.released,
+        }
+    }
+}
+
+#[pymethods]
+impl LeaseState {
+    fn __repr__(&self) -> String {
+        format!(
+            "LeaseState(session={:?}, owner={:?}, token={}, expires_at_ms={}, released={})",
+            self.session,
+            self.owner,
+            self.token,
+            self.expires_at_ms,
+            if self.released { "True" } else { "False" }
+        )
+    }
+}
+
 #[pymethods]
 impl Lease {
     fn __repr__(&self) -> String {
@@ -803,6 +848,7 @@ impl ClaimRow {
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Lease>()?;
+    m.add_class::<LeaseState>()?;
     m.add_class::<Draft>()?;
     m.add_class::<DraftSummary>()?;
     m.add_class::<QueuedInput>()?;

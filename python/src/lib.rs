@@ -873,6 +873,18 @@ impl Database {
         self.run(py, move |e| e.release_lease(&l))
     }
 
+    /// The session's lease (its current token, holder and expiry, renewals included, and
+    /// whether it was released), or `None` if no lease was ever granted. A missing session
+    /// is `errors.NotFound`.
+    fn lease(&self, py: Python<'_>, session: &str) -> PyResult<Option<LeaseState>> {
+        let s = session_id(session)?;
+        let found = self.run(py, move |e| match e.head(s)? {
+            None => Err(annal::Error::Rejected(annal::Rejection::NotFound { session: s })),
+            Some(_) => e.lease(s),
+        })?;
+        Ok(found.map(|l| LeaseState::of(s, l)))
+    }
+
     // ----- streamed drafts -----
 
     /// Appends `segment` to draft `draft_id` of `session` (creating the draft); returns

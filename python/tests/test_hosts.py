@@ -256,3 +256,18 @@ def test_fork_archive_labels_and_metadata_take_a_fence(db: annal.Database) -> No
     assert (after.stream_seq, after.labels, after.archived) == (before.stream_seq, before.labels, False)
     assert db.archive(s, "done", fence=second.token)
     assert db.revive(s, "again", fence=second.token) > 0
+
+
+def test_lease_query(db: annal.Database) -> None:
+    s = new_session(db)
+    assert db.lease(s) is None
+    held = db.acquire_lease(s, "worker-a", 60_000)
+    seen = db.lease(s)
+    assert isinstance(seen, annal.LeaseState)
+    assert (seen.session, seen.owner, seen.token, seen.released) == (s, "worker-a", held.token, False)
+    renewed = db.renew_lease(held, 120_000)
+    assert db.lease(s).expires_at_ms == renewed.expires_at_ms
+    db.release_lease(held)
+    assert db.lease(s).released
+    with pytest.raises(errors.NotFound):
+        db.lease(annal.new_session_id())
