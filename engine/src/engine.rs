@@ -303,7 +303,7 @@ impl Engine {
             Durability::Relaxed => redb::Durability::None,
         };
         let tip = crate::log::open_log(&log, &chain)?;
-        let recovery = {
+        let (recovery, collecting) = {
             let log_txn = log.begin_read()?;
             // A content collection a crash interrupted: its removals from the content-id
             // index may be missing from the projections file, so that projection is
@@ -322,7 +322,7 @@ impl Engine {
                     };
                 (cursors, current)
             };
-            if current {
+            let recovery = if current {
                 RebuildStats { events: 0, bytes: 0, elapsed: std::time::Duration::ZERO }
             } else {
                 let limits = &options.limits;
@@ -336,9 +336,10 @@ impl Engine {
                     durability,
                     &mut |_, _| {},
                 )?
-            }
+            };
+            (recovery, collecting)
         };
-        if log.begin_read().map(|txn| crate::collect::collecting_in(&txn))? {
+        if collecting {
             crate::collect::sync_projections(&projections)?;
             crate::collect::clear_mark(&log)?;
         }
