@@ -878,9 +878,11 @@ impl Database {
     /// is `errors.NotFound`.
     fn lease(&self, py: Python<'_>, session: &str) -> PyResult<Option<LeaseState>> {
         let s = session_id(session)?;
-        let found = self.run(py, move |e| match e.head(s)? {
-            None => Err(annal::Error::Rejected(annal::Rejection::NotFound { session: s })),
-            Some(_) => e.lease(s),
+        // `lease` answers `None` both for a session with no lease and for a missing one:
+        // only then is the head read to tell them apart.
+        let found = self.run(py, move |e| match e.lease(s)? {
+            None if e.head(s)?.is_none() => Err(annal::Error::Rejected(annal::Rejection::NotFound { session: s })),
+            found => Ok(found),
         })?;
         Ok(found.map(|l| LeaseState::of(s, l)))
     }
