@@ -29,6 +29,7 @@
 pub mod async_bench;
 pub mod codecs;
 pub mod compare;
+pub mod long;
 pub mod report;
 pub mod rng;
 pub mod stores;

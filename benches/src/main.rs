@@ -8,10 +8,15 @@
 //! `annal-benches codecs [--sessions N] [--ops N] [--root DIR]`: lz4 against zstd on the
 //! comparison workload's content and on agent-transcript-shaped objects; prints
 //! markdown tables.
+//!
+//! `annal-benches long [--sizes LIST] [--reps N] [--data-dir DIR]`: an edit, a compaction,
+//! a restore, a fork and a deep page read on one session as it grows; prints a markdown
+//! table of milliseconds.
 
 use annal_benches::async_bench;
 use annal_benches::codecs;
 use annal_benches::compare::{run, Config, Scale};
+use annal_benches::long;
 use annal_benches::stores::StoreKind;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -39,7 +44,13 @@ const USAGE: &str = "usage: annal-benches compare [--quick] [--out DIR] [--data-
 
   --sessions N   sessions of the comparison workload drawn for its corpus (default 400)
   --ops N        operations per session (default 40)
-  --root DIR     the tree whose .rs and .md files make the transcript corpus (default .)";
+  --root DIR     the tree whose .rs and .md files make the transcript corpus (default .)
+
+       annal-benches long [--sizes LIST] [--reps N] [--data-dir DIR]
+
+  --sizes LIST   session sizes in messages (default 1001,10001,50001)
+  --reps N       sessions per size; figures are medians over them (default 5)
+  --data-dir DIR where the databases are created (default: the system's temporary directory)";
 
 fn parse_async(args: &[String]) -> Result<async_bench::Config, String> {
     let mut config = async_bench::Config::default();
@@ -152,8 +163,47 @@ fn main_codecs(args: &[String]) -> ExitCode {
     ExitCode::SUCCESS
 }
 
+fn main_long(args: &[String]) -> ExitCode {
+    let mut config = long::Config::default();
+    let mut iter = args.iter();
+    while let Some(flag) = iter.next() {
+        let value = iter.next();
+        let parsed = match (flag.as_str(), value) {
+            ("--sizes", Some(v)) => {
+                let sizes: Result<Vec<u64>, _> = v.split(',').map(str::parse).collect();
+                sizes.map(|s| config.sizes = s).map_err(|e| format!("--sizes: {e}"))
+            }
+            ("--reps", Some(v)) => v.parse().map(|n| config.reps = n).map_err(|e| format!("--reps: {e}")),
+            ("--data-dir", Some(v)) => {
+                config.data_dir = Some(PathBuf::from(v));
+                Ok(())
+            }
+            (other, _) => Err(format!("unknown option or missing value: {other:?}")),
+        };
+        if let Err(e) = parsed {
+            return usage_error(e);
+        }
+    }
+    if config.sizes.iter().any(|&n| n < 12) {
+        return usage_error("--sizes: each size must be at least 12".into());
+    }
+    match long::run(&config) {
+        Ok(rows) => {
+            println!("{}", long::markdown(&rows));
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::from(1)
+        }
+    }
+}
+
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.first().map(String::as_str) == Some("long") {
+        return main_long(&args[1..]);
+    }
     if args.first().map(String::as_str) == Some("async") {
         return main_async(&args[1..]);
     }
