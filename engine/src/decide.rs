@@ -244,22 +244,7 @@ fn expect_revision(head: &SessionHead, expected: &RevisionId) -> Result<()> {
     Ok(())
 }
 
-fn row_at<S: Store + ?Sized>(store: &S, session: &SessionId, pos: u64) -> Result<TranscriptRow> {
-    let key = keys::session_u64(session, pos);
-    store.row(Table::Transcript, &key)?.ok_or_else(|| {
-        Error::corrupt(
-            Location::Projection { table: Table::Transcript.name(), key: crate::store::hex(&key) },
-            "missing row",
-        )
-    })
-}
-
-fn chain_at<S: Store + ?Sized>(store: &S, session: &SessionId, len: u64) -> Result<RevisionId> {
-    match len {
-        0 => Ok(RevisionId::empty()),
-        n => Ok(row_at(store, session, n - 1)?.chain),
-    }
-}
+use crate::transcript::chain_at;
 
 /// The content ids of the current transcript of `session`, positions `from..to`.
 pub(crate) fn current_messages<S: Store + ?Sized>(
@@ -268,7 +253,7 @@ pub(crate) fn current_messages<S: Store + ?Sized>(
     from: u64,
     to: u64,
 ) -> Result<Vec<ContentId>> {
-    (from..to).map(|p| row_at(store, session, p).map(|r| r.content)).collect()
+    Ok(crate::transcript::rows(store, session, from, to)?.into_iter().map(|r| r.content).collect())
 }
 
 /// Rebuilds the message list of any revision a session has held, from the revision
@@ -323,7 +308,7 @@ pub fn materialize<S: Store + ?Sized>(
         }
         list.splice(start as usize..end as usize, replacement);
     }
-    if RevisionId::of(&list) != *revision {
+    if crate::transcript::chain_end(RevisionId::empty(), &list) != *revision {
         return Err(Error::corrupt(
             Location::Projection { table: Table::Revisions.name(), key: revision.to_hex() },
             "materialized revision does not hash to its id",
@@ -516,7 +501,9 @@ fn rewrite<S: Store + ?Sized>(store: &S, c: &Rewrite, limits: &Limits) -> Result
     }
     let base = chain_at(store, &c.session, c.start)?;
     let tail = current_messages(store, &c.session, c.end, h.message_count)?;
-    let after = base.extend_all(&replacement).extend_all(&tail);
+    let mut after_splice = replacement.clone();
+    after_splice.extend(tail);
+    let after = crate::transcript::chain_end(base, &after_splice);
     if after == h.revision {
         return reject(Rejection::NoChange);
     }

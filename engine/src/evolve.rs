@@ -7,7 +7,8 @@ use crate::command::Receipt;
 use crate::error::{Error, Location, Result};
 use crate::projection::*;
 use crate::store::{keys, Store, StoreExt, Table};
-use annal_codec::{ContentId, Event, Record, RevisionId, SessionId, StateDelta};
+use crate::transcript;
+use annal_codec::{ContentId, Event, Record, RevisionId, StateDelta};
 
 /// Folds one record into the projections in `set`. `introduced` lists the content
 /// objects stored with the record (its content row, in order): the content-id index
@@ -164,26 +165,6 @@ fn fold_state<S: Store + ?Sized>(store: &mut S, r: &Record, head: &mut SessionHe
     Ok(())
 }
 
-fn transcript_row<S: Store + ?Sized>(store: &S, r: &Record, session: &SessionId, pos: u64) -> Result<TranscriptRow> {
-    need(r, store.row(Table::Transcript, &keys::session_u64(session, pos))?, "transcript row")
-}
-
-/// Writes `messages` at positions `start..`, chaining from `chain`. Returns the final chain.
-fn write_rows<S: Store + ?Sized>(
-    store: &mut S,
-    session: &SessionId,
-    start: u64,
-    mut chain: RevisionId,
-    messages: &[ContentId],
-) -> Result<RevisionId> {
-    for (i, content) in messages.iter().enumerate() {
-        chain = chain.extend(content);
-        let row = TranscriptRow { content: *content, chain };
-        store.put_row(Table::Transcript, &keys::session_u64(session, start + i as u64), &row)?;
-    }
-    Ok(chain)
-}
-
 fn check_revision(r: &Record, computed: RevisionId, claimed: RevisionId) -> Result<()> {
     if computed != claimed {
         return Err(corrupt(r, format!("revision_after {claimed} does not recompute (got {computed})")));
@@ -202,20 +183,17 @@ fn fold_transcript<S: Store + ?Sized>(store: &mut S, r: &Record) -> Result<()> {
                 if parent.revision != f.revision || f.message_count > parent.len {
                     return Err(corrupt(r, "fork origin is not the parent's head"));
                 }
-                for pos in 0..f.message_count {
-                    let row = transcript_row(store, r, &f.session, pos)?;
-                    store.put_row(Table::Transcript, &keys::session_u64(&r.session, pos), &row)?;
-                    chain = row.chain;
-                }
+                transcript::copy_prefix(store, &f.session, &r.session, f.message_count)?;
+                chain = transcript::chain_at(store, &f.session, f.message_count)?;
                 len = f.message_count;
             }
-            let chain = write_rows(store, &r.session, len, chain, &e.messages)?;
+            let chain = transcript::splice(store, &r.session, len, len, chain, &e.messages)?;
             check_revision(r, chain, e.revision_after)?;
             TranscriptTip { len: len + e.messages.len() as u64, revision: chain }
         }
         Event::TurnCommitted(e) => {
             let tip: TranscriptTip = need(r, store.row(Table::TranscriptTip, &tip_key)?, "transcript")?;
-            let chain = write_rows(store, &r.session, tip.len, tip.revision, &e.messages)?;
+            let chain = transcript::splice(store, &r.session, tip.len, tip.len, tip.revision, &e.messages)?;
             check_revision(r, chain, e.revision_after)?;
             TranscriptTip { len: tip.len + e.messages.len() as u64, revision: chain }
         }
@@ -228,20 +206,11 @@ fn fold_transcript<S: Store + ?Sized>(store: &mut S, r: &Record) -> Result<()> {
                 return Err(corrupt(r, "rewrite range outside the transcript"));
             }
             let mut tail = e.replacement.clone();
-            for pos in e.end..tip.len {
-                tail.push(transcript_row(store, r, &r.session, pos)?.content);
-            }
-            let base = match e.start {
-                0 => RevisionId::empty(),
-                n => transcript_row(store, r, &r.session, n - 1)?.chain,
-            };
-            let chain = write_rows(store, &r.session, e.start, base, &tail)?;
-            let new_len = e.start + tail.len() as u64;
-            for pos in new_len..tip.len {
-                store.remove(Table::Transcript, &keys::session_u64(&r.session, pos))?;
-            }
+            tail.extend(transcript::rows(store, &r.session, e.end, tip.len)?.into_iter().map(|row| row.content));
+            let base = transcript::chain_at(store, &r.session, e.start)?;
+            let chain = transcript::splice(store, &r.session, e.start, tip.len, base, &tail)?;
             check_revision(r, chain, e.revision_after)?;
-            TranscriptTip { len: new_len, revision: chain }
+            TranscriptTip { len: e.start + tail.len() as u64, revision: chain }
         }
         _ => return Ok(()),
     };

@@ -297,6 +297,7 @@ mod reply;
 pub mod store;
 mod stream;
 pub mod tables;
+pub mod transcript;
 mod writer;
 
 pub use annal_codec as codec;

@@ -87,6 +87,8 @@ impl Projection {
             Projection::Heads => 4,
             // 2: the recency order and the label counts.
             Projection::Labels => 2,
+            // 2: the transcript in chunks of 64 positions (`crate::transcript`).
+            Projection::Transcript => 2,
             _ => 1,
         }
     }

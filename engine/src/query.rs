@@ -432,17 +432,11 @@ pub fn transcript(view: &View, limits: &Limits, session: &SessionId, page: PageR
     let total = head.message_count;
     let from = page.offset.min(total);
     let to = from.saturating_add(page.limit).min(total);
-    let mut rows = Vec::with_capacity((to - from) as usize);
-    for position in from..to {
-        let key = keys::session_u64(session, position);
-        let row: TranscriptRow = store.row(Table::Transcript, &key)?.ok_or_else(|| {
-            Error::corrupt(
-                Location::Projection { table: Table::Transcript.name(), key: crate::store::hex(&key) },
-                "missing row",
-            )
-        })?;
-        rows.push((position, row.content, row.chain));
-    }
+    let rows = crate::transcript::rows(store, session, from, to)?
+        .into_iter()
+        .zip(from..)
+        .map(|(row, position)| (position, row.content, row.chain))
+        .collect();
     fill_page(
         view,
         limits,

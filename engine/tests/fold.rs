@@ -85,9 +85,7 @@ impl Log {
     }
 
     fn transcript(&self, s: SessionId) -> Vec<TranscriptRow> {
-        (0..self.head(s).message_count)
-            .map(|p| self.row(Table::Transcript, &keys::session_u64(&s, p)).expect("transcript row"))
-            .collect()
+        annal::transcript::rows(&self.store, &s, 0, self.head(s).message_count).expect("transcript rows")
     }
 
     fn node(&self, s: SessionId, r: RevisionId) -> RevisionNode {
@@ -281,7 +279,7 @@ fn transcript_rewritten_splices_and_drops_the_tail() {
     assert_eq!(log.head(s).message_count, 2);
     assert_eq!(log.transcript(s).iter().map(|x| x.content).collect::<Vec<_>>(), after);
     for p in 2..4 {
-        assert!(log.row::<TranscriptRow>(Table::Transcript, &keys::session_u64(&s, p)).is_none(), "row {p} dropped");
+        assert!(annal::transcript::row(&log.store, &s, p).is_err(), "row {p} dropped");
     }
     let node = log.node(s, r.revision);
     assert_eq!(
@@ -669,4 +667,100 @@ fn evolve_reports_a_rewrite_whose_parent_is_not_the_head() {
     });
     let record = log.next_record(s, past_the_end);
     assert_eq!(corrupt_seq(fold_one(&mut log.store.clone(), &record, ProjectionSet::all())), 3);
+}
+
+/// The transcript's chunks of 64 positions (`annal::transcript`) against a plain list:
+/// turns, rewrites of any range and forks at any index, across chunk boundaries. After
+/// each step the rows, their chain values and the number of chunks stored agree.
+mod chunks {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[derive(Clone, Debug)]
+    enum Step {
+        Turn(u8),
+        Rewrite { start: u16, len: u16, replacement: u8 },
+        Fork { index: u16, replace: bool },
+    }
+
+    fn step() -> impl Strategy<Value = Step> {
+        prop_oneof![
+            (1u8..150).prop_map(Step::Turn),
+            (any::<u16>(), 0u16..200, 0u8..70).prop_map(|(start, len, replacement)| Step::Rewrite {
+                start,
+                len,
+                replacement
+            }),
+            (any::<u16>(), any::<bool>()).prop_map(|(index, replace)| Step::Fork { index, replace }),
+        ]
+    }
+
+    fn chunks_of(log: &Log, s: SessionId) -> usize {
+        log.store.tables.get(&Table::Transcript).map_or(0, |t| t.keys().filter(|k| k[..16] == s.0).count())
+    }
+
+    fn check(log: &Log, s: SessionId, want: &[ContentId]) {
+        let rows = log.transcript(s);
+        assert_eq!(rows.iter().map(|r| r.content).collect::<Vec<_>>(), want);
+        for (i, r) in rows.iter().enumerate() {
+            assert_eq!(r.chain, RevisionId::of(&want[..=i]), "chain at {i}");
+        }
+        assert_eq!(chunks_of(log, s), want.len() / 64 + want.len() % 64, "full chunks and single rows stored");
+        assert!(annal::transcript::row(&log.store, &s, want.len() as u64).is_err());
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(48))]
+        #[test]
+        fn chunked_rows_follow_the_list(steps in proptest::collection::vec(step(), 1..24)) {
+            let mut log = Log::new();
+            let mut next = 0u32;
+            let mut fresh = |n: usize| -> Vec<Message> {
+                (0..n).map(|_| { next += 1; Message::user(format!("m{next}")) }).collect()
+            };
+            let mut current = sid(1);
+            let first = fresh(3);
+            let mut want = cids(&first);
+            let mut rev = receipt(&log.ok(create(current, &first))).revision;
+            let mut forks = 1u8;
+            for (i, step) in steps.into_iter().enumerate() {
+                match step {
+                    Step::Turn(n) => {
+                        let ms = fresh(n as usize);
+                        want.extend(cids(&ms));
+                        let t = turn(current, &format!("t{i}"), Expected::Exact(rev), &ms);
+                        rev = receipt(&log.ok(Command::CommitTurn(t))).revision;
+                    }
+                    Step::Rewrite { start, len, replacement } => {
+                        let start = start as usize % (want.len() + 1);
+                        let end = (start + len as usize).min(want.len());
+                        let ms = fresh(replacement as usize);
+                        let mut after = want.clone();
+                        after.splice(start..end, cids(&ms));
+                        if after.is_empty() || after == want {
+                            continue;
+                        }
+                        let c = rewrite(current, rev, start as u64, end as u64, &ms);
+                        rev = receipt(&log.ok(c)).revision;
+                        want = after;
+                    }
+                    Step::Fork { index, replace } => {
+                        forks += 1;
+                        let child = sid(forks);
+                        let replace = replace && !want.is_empty();
+                        let index = index as usize % if replace { want.len() } else { want.len() + 1 };
+                        let replacement = if replace { fresh(1).pop() } else { None };
+                        want.truncate(index);
+                        if let Some(m) = &replacement {
+                            want.push(cid(m));
+                        }
+                        let fork = Fork { parent: current, session: child, index: index as u64, replacement, labels: None };
+                        rev = receipt(&log.ok(Command::Fork(fork))).revision;
+                        current = child;
+                    }
+                }
+                check(&log, current, &want);
+            }
+        }
+    }
 }
