@@ -253,7 +253,7 @@ pub(crate) fn current_messages<S: Store + ?Sized>(
     from: u64,
     to: u64,
 ) -> Result<Vec<ContentId>> {
-    Ok(crate::transcript::rows(store, session, from, to)?.into_iter().map(|r| r.content).collect())
+    crate::transcript::ids(store, session, from, to)
 }
 
 /// Rebuilds the message list of any revision a session has held, from the revision

@@ -87,7 +87,8 @@ impl Projection {
             Projection::Heads => 4,
             // 2: the recency order and the label counts.
             Projection::Labels => 2,
-            // 2: the transcript in chunks of 64 positions (`crate::transcript`).
+            // 2: the transcript in chunks of 128 content ids, and its chain values every
+            // 128 positions (`crate::transcript`).
             Projection::Transcript => 2,
             _ => 1,
         }
@@ -97,7 +98,7 @@ impl Projection {
     pub fn tables(self) -> &'static [Table] {
         match self {
             Projection::Heads => &[Table::Heads, Table::HostStateLog, Table::Purged],
-            Projection::Transcript => &[Table::Transcript, Table::TranscriptTip],
+            Projection::Transcript => &[Table::Transcript, Table::TranscriptTip, Table::TranscriptChains],
             Projection::Graph => {
                 &[Table::Revisions, Table::RevisionOrder, Table::RevisionEdges, Table::Forks, Table::GraphTip]
             }

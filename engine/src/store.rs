@@ -14,7 +14,7 @@ use std::collections::BTreeMap;
 pub enum Table {
     /// session → [`crate::SessionHead`]
     Heads,
-    /// (session, position) → transcript row
+    /// (session, chunk) → content ids of the transcript, 128 positions a row
     Transcript,
     /// session → transcript length and revision
     TranscriptTip,
@@ -68,6 +68,8 @@ pub enum Table {
     Claims,
     /// session → the inbox's open inputs (queue order) and open claims
     InboxTip,
+    /// (session, block) → the transcript's chain values every 128 positions
+    TranscriptChains,
     /// session → the tombstone of a purged session
     Purged,
 }
@@ -77,7 +79,7 @@ const PURGED_TAG: u8 = 40;
 
 impl Table {
     /// Every projection table.
-    pub const ALL: [Table; 29] = [
+    pub const ALL: [Table; 30] = [
         Table::Heads,
         Table::Transcript,
         Table::TranscriptTip,
@@ -106,6 +108,7 @@ impl Table {
         Table::Inputs,
         Table::Claims,
         Table::InboxTip,
+        Table::TranscriptChains,
         Table::Purged,
     ];
 
@@ -140,6 +143,7 @@ impl Table {
             Table::Inputs => "p.inputs",
             Table::Claims => "p.claims",
             Table::InboxTip => "p.inbox_tip",
+            Table::TranscriptChains => "p.transcript_chains",
             Table::Purged => "p.purged",
         }
     }
@@ -149,7 +153,7 @@ impl Table {
         Table::ALL.iter().position(|t| *t == self).unwrap_or(0)
     }
 
-    /// The table's tag byte in the physical key (1 to 25, then 40 for [`Table::Purged`];
+    /// The table's tag byte in the physical key (1 to 29, then 40 for [`Table::Purged`];
     /// stable on disk).
     pub fn tag(self) -> u8 {
         match self {

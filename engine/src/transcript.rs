@@ -1,26 +1,37 @@
-//! The transcript projection's rows: a session's current transcript stored in chunks of
-//! [`CHUNK`] positions, so that a fork copies, a rewrite rewrites and a page reads one row
-//! per 64 messages instead of one row per message, while a turn still writes only its own
-//! messages.
+//! The transcript projection's rows: a session's current transcript as chunks of content
+//! ids, and its chain values every 128 positions.
 //!
-//! A full chunk `k` (positions `64k .. 64k + 64`, all below the transcript's length) is
-//! one row under `session ‖ k` (u64 big-endian): 64 entries of 64 bytes, with no other
-//! framing. The last chunk, while it is not full, is kept as one row per position under
-//! `session ‖ k ‖ offset` (one byte, `0..63`), each a single entry. An entry is the
-//! message's content id (32 bytes), then the chain value `c(position + 1)` (32 bytes).
-//! The turn that fills a chunk replaces its single rows with the chunk's row.
-//! `docs/design.md` §5 has the layout with the other tables.
+//! - **Ids.** A full chunk `k` (positions `128k .. 128k + 128`, all below the transcript's
+//!   length) is one row of [`Table::Transcript`] under `session ‖ k` (u64 big-endian): 128
+//!   content ids of 32 bytes, with no other framing. The last chunk, while it is not full,
+//!   is kept as one row per position under `session ‖ k ‖ offset` (one byte, `0..127`),
+//!   each a single id. The turn that fills a chunk replaces its single rows with the
+//!   chunk's row.
+//! - **Chain values.** Checkpoint `j` is `c(128 (j + 1))`, the chain value over the first
+//!   `128 (j + 1)` messages, for every such prefix of the transcript. Row `b` of
+//!   [`Table::TranscriptChains`], under `session ‖ b` (u64 big-endian), holds checkpoints
+//!   `64b ..` (at most 64), 32 bytes each, no other framing. The chain value at any
+//!   position is the checkpoint before it extended over at most 127 ids.
+//!
+//! A turn writes a row per message (and, every 128 messages, a chunk and a checkpoint).
+//! An edit that keeps the length rewrites the chunks it touches and the checkpoints after
+//! it (32 bytes per 128 later positions); a splice that moves positions rewrites the
+//! chunks from its start. A fork copies one row per 128 positions. `docs/design.md` §5 has
+//! the layout with the other tables.
 
 use crate::error::{Error, Location, Result};
 use crate::projection::TranscriptRow;
 use crate::store::{hex, keys, Store, Table};
 use annal_codec::{ContentId, RevisionId, SessionId};
 
-/// Positions per chunk.
-pub const CHUNK: u64 = 64;
+/// Positions per chunk, and between two checkpoints.
+pub const CHUNK: u64 = 128;
 
-/// Bytes per entry: content id, then chain value.
-const ENTRY: usize = 64;
+/// Checkpoints per row of [`Table::TranscriptChains`].
+pub const CHECKPOINTS_PER_ROW: u64 = 64;
+
+/// Bytes per id, and per chain value.
+const ID: usize = 32;
 
 fn key(session: &SessionId, chunk: u64) -> Vec<u8> {
     keys::session_u64(session, chunk)
@@ -32,128 +43,136 @@ fn single_key(session: &SessionId, pos: u64) -> Vec<u8> {
     k
 }
 
-fn corrupt(key: &[u8], detail: &str) -> Error {
-    Error::corrupt(Location::Projection { table: Table::Transcript.name(), key: hex(key) }, detail)
+fn corrupt(table: Table, key: &[u8], detail: &str) -> Error {
+    Error::corrupt(Location::Projection { table: table.name(), key: hex(key) }, detail)
 }
 
-/// Reads full chunk `chunk` of `session`; `None` when it is not stored as a full chunk. A
-/// value that is not 64 entries is `Corrupt`.
+/// Reads full chunk `chunk` of `session`; `None` when it is not stored as a full chunk.
 fn read_chunk<S: Store + ?Sized>(store: &S, session: &SessionId, chunk: u64) -> Result<Option<Vec<u8>>> {
     let k = key(session, chunk);
     match store.get(Table::Transcript, &k)? {
         None => Ok(None),
-        Some(bytes) if bytes.len() != CHUNK as usize * ENTRY => Err(corrupt(&k, "transcript chunk is not 64 entries")),
+        Some(bytes) if bytes.len() != CHUNK as usize * ID => {
+            Err(corrupt(Table::Transcript, &k, "transcript chunk is not 128 ids"))
+        }
         Some(bytes) => Ok(Some(bytes)),
     }
 }
 
-/// Reads the single row at `pos` into `out`.
-fn read_single<S: Store + ?Sized>(store: &S, session: &SessionId, pos: u64, out: &mut Vec<u8>) -> Result<()> {
-    let k = single_key(session, pos);
-    match store.get(Table::Transcript, &k)? {
-        None => Err(corrupt(&k, "missing row")),
-        Some(bytes) if bytes.len() != ENTRY => Err(corrupt(&k, "transcript row is not one entry")),
-        Some(bytes) => {
-            out.extend_from_slice(&bytes);
-            Ok(())
-        }
-    }
-}
-
-/// The entries of positions `from..to` (all inside one chunk), as bytes.
-fn read_entries<S: Store + ?Sized>(
-    store: &S,
-    session: &SessionId,
-    from: u64,
-    to: u64,
-    out: &mut Vec<u8>,
-) -> Result<()> {
+/// Appends the ids of positions `from..to` (all inside one chunk) to `out`, as bytes.
+fn read_ids<S: Store + ?Sized>(store: &S, session: &SessionId, from: u64, to: u64, out: &mut Vec<u8>) -> Result<()> {
     let chunk = from / CHUNK;
-    match read_chunk(store, session, chunk)? {
-        Some(bytes) => {
-            let (a, b) = ((from - chunk * CHUNK) as usize, (to - chunk * CHUNK) as usize);
-            out.extend_from_slice(&bytes[a * ENTRY..b * ENTRY]);
-        }
-        None => {
-            for pos in from..to {
-                read_single(store, session, pos, out)?;
-            }
+    if let Some(bytes) = read_chunk(store, session, chunk)? {
+        let (a, b) = ((from - chunk * CHUNK) as usize, (to - chunk * CHUNK) as usize);
+        out.extend_from_slice(&bytes[a * ID..b * ID]);
+        return Ok(());
+    }
+    for pos in from..to {
+        let k = single_key(session, pos);
+        match store.get(Table::Transcript, &k)? {
+            Some(bytes) if bytes.len() == ID => out.extend_from_slice(&bytes),
+            Some(_) => return Err(corrupt(Table::Transcript, &k, "transcript row is not one id")),
+            None => return Err(corrupt(Table::Transcript, &k, "missing row")),
         }
     }
     Ok(())
 }
 
-fn entry(bytes: &[u8]) -> TranscriptRow {
-    let mut content = [0u8; 32];
-    let mut chain = [0u8; 32];
-    content.copy_from_slice(&bytes[..32]);
-    chain.copy_from_slice(&bytes[32..ENTRY]);
-    TranscriptRow { content: ContentId(content), chain: RevisionId(chain) }
+fn id_of(bytes: &[u8]) -> [u8; 32] {
+    let mut a = [0u8; 32];
+    a.copy_from_slice(bytes);
+    a
 }
 
-fn push_entry(out: &mut Vec<u8>, content: &ContentId, chain: &RevisionId) {
-    out.extend_from_slice(&content.0);
-    out.extend_from_slice(&chain.0);
-}
-
-/// The rows at positions `from..to` of `session`'s current transcript. A position that
-/// is not stored is `Corrupt` ("missing row").
-pub fn rows<S: Store + ?Sized>(store: &S, session: &SessionId, from: u64, to: u64) -> Result<Vec<TranscriptRow>> {
-    let mut bytes = Vec::with_capacity(to.saturating_sub(from).min(1 << 16) as usize * ENTRY);
+/// The content ids at positions `from..to` of `session`'s current transcript. A position
+/// that is not stored is `Corrupt` ("missing row").
+pub fn ids<S: Store + ?Sized>(store: &S, session: &SessionId, from: u64, to: u64) -> Result<Vec<ContentId>> {
+    let mut bytes = Vec::with_capacity(to.saturating_sub(from).min(1 << 16) as usize * ID);
     let mut pos = from;
     while pos < to {
         let end = ((pos / CHUNK + 1) * CHUNK).min(to);
-        read_entries(store, session, pos, end, &mut bytes)?;
+        read_ids(store, session, pos, end, &mut bytes)?;
         pos = end;
     }
-    Ok(bytes.chunks_exact(ENTRY).map(entry).collect())
+    Ok(bytes.chunks_exact(ID).map(|b| ContentId(id_of(b))).collect())
+}
+
+/// Checkpoint `j`: the chain value `c(128 (j + 1))`.
+fn checkpoint<S: Store + ?Sized>(store: &S, session: &SessionId, j: u64) -> Result<RevisionId> {
+    let k = key(session, j / CHECKPOINTS_PER_ROW);
+    let at = (j % CHECKPOINTS_PER_ROW) as usize * ID;
+    match store.get(Table::TranscriptChains, &k)? {
+        Some(bytes) if bytes.len() % ID != 0 || bytes.len() > CHECKPOINTS_PER_ROW as usize * ID => {
+            Err(corrupt(Table::TranscriptChains, &k, "chain row is not 1 to 64 chain values"))
+        }
+        Some(bytes) if bytes.len() > at => Ok(RevisionId(id_of(&bytes[at..at + ID]))),
+        _ => Err(corrupt(Table::TranscriptChains, &k, "missing chain value")),
+    }
+}
+
+/// The chain value over the first `len` messages: `c(len)`, from the checkpoint before
+/// it and at most 127 ids.
+pub fn chain_at<S: Store + ?Sized>(store: &S, session: &SessionId, len: u64) -> Result<RevisionId> {
+    let whole = len / CHUNK;
+    let base = match whole {
+        0 => RevisionId::empty(),
+        n => checkpoint(store, session, n - 1)?,
+    };
+    Ok(base.extend_all(&ids(store, session, whole * CHUNK, len)?))
+}
+
+/// The rows (id and chain value) at positions `from..to` of `session`'s current
+/// transcript.
+pub fn rows<S: Store + ?Sized>(store: &S, session: &SessionId, from: u64, to: u64) -> Result<Vec<TranscriptRow>> {
+    let mut chain = chain_at(store, session, from)?;
+    Ok(ids(store, session, from, to)?
+        .into_iter()
+        .map(|content| {
+            chain = chain.extend(&content);
+            TranscriptRow { content, chain }
+        })
+        .collect())
 }
 
 /// The row at `pos` of `session`'s current transcript.
 pub fn row<S: Store + ?Sized>(store: &S, session: &SessionId, pos: u64) -> Result<TranscriptRow> {
-    Ok(rows(store, session, pos, pos + 1)?[0])
+    rows(store, session, pos, pos + 1)?
+        .pop()
+        .ok_or_else(|| corrupt(Table::Transcript, &single_key(session, pos), "missing row"))
 }
 
-/// The chain value over the first `len` messages: `c(len)`.
-pub fn chain_at<S: Store + ?Sized>(store: &S, session: &SessionId, len: u64) -> Result<RevisionId> {
-    match len {
-        0 => Ok(RevisionId::empty()),
-        n => Ok(row(store, session, n - 1)?.chain),
-    }
-}
-
-/// Stores `entries`, the bytes of positions `from..` of chunk `chunk` of `session`,
-/// for a transcript `new_len` long: as the chunk's row when the chunk is full (then
-/// `entries` is the whole chunk), else as single rows.
-fn write_chunk<S: Store + ?Sized>(
+/// Stores the ids `bytes` of positions `from..` of chunk `chunk` of a transcript
+/// `len` long: as the chunk's row when the chunk is full (then `bytes` is the whole
+/// chunk), else as single rows.
+fn write_ids<S: Store + ?Sized>(
     store: &mut S,
     session: &SessionId,
     chunk: u64,
     from: u64,
-    entries: &[u8],
-    new_len: u64,
+    bytes: &[u8],
+    len: u64,
 ) -> Result<()> {
-    if new_len >= (chunk + 1) * CHUNK {
+    if len >= (chunk + 1) * CHUNK {
         debug_assert_eq!(from, chunk * CHUNK);
-        return store.put(Table::Transcript, &key(session, chunk), entries);
+        return store.put(Table::Transcript, &key(session, chunk), bytes);
     }
-    for (i, e) in entries.chunks_exact(ENTRY).enumerate() {
-        store.put(Table::Transcript, &single_key(session, from + i as u64), e)?;
+    for (i, id) in bytes.chunks_exact(ID).enumerate() {
+        store.put(Table::Transcript, &single_key(session, from + i as u64), id)?;
     }
     Ok(())
 }
 
 /// Removes what stores positions `from..to` (inside chunk `chunk`) of a transcript that
-/// was `old_len` long.
-fn remove_chunk<S: Store + ?Sized>(
+/// was `len` long.
+fn remove_ids<S: Store + ?Sized>(
     store: &mut S,
     session: &SessionId,
     chunk: u64,
     from: u64,
     to: u64,
-    old_len: u64,
+    len: u64,
 ) -> Result<()> {
-    if old_len >= (chunk + 1) * CHUNK {
+    if len >= (chunk + 1) * CHUNK {
         return store.remove(Table::Transcript, &key(session, chunk));
     }
     for pos in from..to {
@@ -162,66 +181,177 @@ fn remove_chunk<S: Store + ?Sized>(
     Ok(())
 }
 
-/// Replaces positions `start..old_len` of `session`'s transcript with `messages`,
-/// chaining from `chain` (the chain value `c(start)`), and returns the final chain value.
-/// Only the chunks from the one holding `start` on are read or written; what stored
-/// positions past the new end is removed.
-pub(crate) fn splice<S: Store + ?Sized>(
+/// Replaces the ids of positions `start..old_len` with `ids` (the transcript becomes
+/// `start + ids.len()` long). Only the chunks from the one holding `start` are read or
+/// written, and what stored positions past the new end is removed.
+fn splice_ids<S: Store + ?Sized>(
     store: &mut S,
     session: &SessionId,
     start: u64,
     old_len: u64,
-    mut chain: RevisionId,
-    messages: &[ContentId],
-) -> Result<RevisionId> {
-    let new_len = start + messages.len() as u64;
+    new: &[ContentId],
+) -> Result<()> {
+    let new_len = start + new.len() as u64;
     let first = start / CHUNK;
     let first_start = first * CHUNK;
-    let old_full = old_len >= (first + 1) * CHUNK;
-    let new_full = new_len >= (first + 1) * CHUNK;
-    // The positions of the first chunk before `start` stay. They are rewritten with the
-    // rest of the chunk only when the chunk changes form (partial to full, or back);
-    // a partial chunk that stays partial keeps its single rows.
-    let mut buf = Vec::with_capacity(CHUNK as usize * ENTRY);
+    // The first chunk's positions before `start` stay. They are rewritten with the rest
+    // of the chunk only when it changes form (partial to full, or back); a partial chunk
+    // that stays partial keeps its single rows.
+    let mut buf = Vec::with_capacity(CHUNK as usize * ID);
     let mut from = start;
-    if start > first_start && (old_full || new_full) {
-        read_entries(store, session, first_start, start, &mut buf)?;
+    if start > first_start && (old_len >= (first + 1) * CHUNK || new_len >= (first + 1) * CHUNK) {
+        read_ids(store, session, first_start, start, &mut buf)?;
         from = first_start;
     }
-    // Remove what stored the old positions from the first chunk on (the first chunk's
-    // kept single rows stay when it stays partial).
-    let old_chunks = old_len.div_ceil(CHUNK);
-    for chunk in first..old_chunks {
+    for chunk in first..old_len.div_ceil(CHUNK) {
         let lo = if chunk == first { from } else { chunk * CHUNK };
-        remove_chunk(store, session, chunk, lo, old_len.min((chunk + 1) * CHUNK), old_len)?;
+        remove_ids(store, session, chunk, lo, old_len.min((chunk + 1) * CHUNK), old_len)?;
     }
-    let chains = chain_over(chain, messages);
     let mut chunk = first;
-    for (content, c) in messages.iter().zip(&chains) {
-        chain = *c;
-        push_entry(&mut buf, content, &chain);
-        if from + (buf.len() / ENTRY) as u64 == (chunk + 1) * CHUNK {
-            write_chunk(store, session, chunk, from, &buf, new_len)?;
+    for id in new {
+        buf.extend_from_slice(&id.0);
+        if from + (buf.len() / ID) as u64 == (chunk + 1) * CHUNK {
+            write_ids(store, session, chunk, from, &buf, new_len)?;
             buf.clear();
             chunk += 1;
             from = chunk * CHUNK;
         }
     }
     if !buf.is_empty() {
-        write_chunk(store, session, chunk, from, &buf, new_len)?;
+        write_ids(store, session, chunk, from, &buf, new_len)?;
     }
-    Ok(chain)
+    Ok(())
+}
+
+/// Overwrites the ids of positions `start..start + new.len()`, all below the transcript's
+/// length `len`, which does not change: only the chunks holding them are written.
+fn overwrite_ids<S: Store + ?Sized>(
+    store: &mut S,
+    session: &SessionId,
+    start: u64,
+    len: u64,
+    new: &[ContentId],
+) -> Result<()> {
+    let (mut pos, mut rest) = (start, new);
+    while !rest.is_empty() {
+        let chunk = pos / CHUNK;
+        let n = (((chunk + 1) * CHUNK - pos) as usize).min(rest.len());
+        if len >= (chunk + 1) * CHUNK {
+            let k = key(session, chunk);
+            let mut bytes =
+                read_chunk(store, session, chunk)?.ok_or_else(|| corrupt(Table::Transcript, &k, "missing row"))?;
+            let at = (pos - chunk * CHUNK) as usize * ID;
+            for (i, id) in rest[..n].iter().enumerate() {
+                bytes[at + i * ID..at + (i + 1) * ID].copy_from_slice(&id.0);
+            }
+            store.put(Table::Transcript, &k, &bytes)?;
+        } else {
+            let bytes: Vec<u8> = rest[..n].iter().flat_map(|id| id.0).collect();
+            write_ids(store, session, chunk, pos, &bytes, len)?;
+        }
+        pos += n as u64;
+        rest = &rest[n..];
+    }
+    Ok(())
+}
+
+/// Sets the checkpoints of a transcript now `new_len` long (it was `old_len`) whose
+/// positions from `start` on have the chain values `chains` (`chains[i]` is
+/// `c(start + i + 1)`); checkpoints before `start` stay, and those past the new end are
+/// removed.
+fn set_checkpoints<S: Store + ?Sized>(
+    store: &mut S,
+    session: &SessionId,
+    start: u64,
+    old_len: u64,
+    new_len: u64,
+    chains: &[RevisionId],
+) -> Result<()> {
+    let first = start / CHUNK; // the first checkpoint that changes: c(128 (first + 1)) > start
+    let new_count = new_len / CHUNK; // checkpoints after the splice
+    let old_count = old_len / CHUNK;
+    if new_count <= first && old_count <= first {
+        return Ok(());
+    }
+    let first_row = first / CHECKPOINTS_PER_ROW;
+    let mut buf = Vec::with_capacity(CHECKPOINTS_PER_ROW as usize * ID);
+    if !first.is_multiple_of(CHECKPOINTS_PER_ROW) {
+        let k = key(session, first_row);
+        let bytes = store.get(Table::TranscriptChains, &k)?.unwrap_or_default();
+        let kept = (first % CHECKPOINTS_PER_ROW) as usize * ID;
+        if bytes.len() < kept {
+            return Err(corrupt(Table::TranscriptChains, &k, "missing chain value"));
+        }
+        buf.extend_from_slice(&bytes[..kept]);
+    }
+    let mut row = first_row;
+    for j in first..new_count {
+        let at = ((j + 1) * CHUNK - start - 1) as usize;
+        buf.extend_from_slice(&chains[at].0);
+        if buf.len() == CHECKPOINTS_PER_ROW as usize * ID {
+            store.put(Table::TranscriptChains, &key(session, row), &buf)?;
+            buf.clear();
+            row += 1;
+        }
+    }
+    if !buf.is_empty() {
+        store.put(Table::TranscriptChains, &key(session, row), &buf)?;
+        row += 1;
+    }
+    for stale in row..old_count.div_ceil(CHECKPOINTS_PER_ROW) {
+        store.remove(Table::TranscriptChains, &key(session, stale))?;
+    }
+    Ok(())
+}
+
+/// Replaces positions `start..end` of `session`'s transcript (`old_len` long) with
+/// `replacement`, where `tail` holds the ids of `end..old_len`, chaining from `chain`
+/// (the chain value `c(start)`). Returns the final chain value. A splice that keeps the
+/// length writes only the chunks of the replaced positions; one that moves positions
+/// rewrites the chunks from `start` on. Either way the checkpoints after `start` change.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn splice<S: Store + ?Sized>(
+    store: &mut S,
+    session: &SessionId,
+    start: u64,
+    end: u64,
+    old_len: u64,
+    chain: RevisionId,
+    replacement: &[ContentId],
+    tail: &[ContentId],
+) -> Result<RevisionId> {
+    let mut after = Vec::with_capacity(replacement.len() + tail.len());
+    after.extend_from_slice(replacement);
+    after.extend_from_slice(tail);
+    let chains = chain_over(chain, &after);
+    let new_len = start + after.len() as u64;
+    if replacement.len() as u64 == end - start {
+        overwrite_ids(store, session, start, old_len, replacement)?;
+    } else {
+        splice_ids(store, session, start, old_len, &after)?;
+    }
+    set_checkpoints(store, session, start, old_len, new_len, &chains)?;
+    Ok(chains.last().copied().unwrap_or(chain))
 }
 
 /// Copies the first `len` positions of `from`'s transcript to `to` (a fork): full chunks
-/// byte for byte (the chain values of a prefix do not depend on the session), the last
-/// partial one as single rows.
+/// and checkpoint rows byte for byte (the chain values of a prefix do not depend on the
+/// session), the last partial chunk as single rows, the last checkpoint row cut.
 pub(crate) fn copy_prefix<S: Store + ?Sized>(store: &mut S, from: &SessionId, to: &SessionId, len: u64) -> Result<()> {
     for chunk in 0..len.div_ceil(CHUNK) {
         let end = len.min((chunk + 1) * CHUNK);
-        let mut buf = Vec::with_capacity(CHUNK as usize * ENTRY);
-        read_entries(store, from, chunk * CHUNK, end, &mut buf)?;
-        write_chunk(store, to, chunk, chunk * CHUNK, &buf, len)?;
+        let mut buf = Vec::with_capacity(CHUNK as usize * ID);
+        read_ids(store, from, chunk * CHUNK, end, &mut buf)?;
+        write_ids(store, to, chunk, chunk * CHUNK, &buf, len)?;
+    }
+    let checkpoints = len / CHUNK;
+    for row in 0..checkpoints.div_ceil(CHECKPOINTS_PER_ROW) {
+        let k = key(from, row);
+        let n = (checkpoints - row * CHECKPOINTS_PER_ROW).min(CHECKPOINTS_PER_ROW) as usize * ID;
+        match store.get(Table::TranscriptChains, &k)? {
+            Some(bytes) if bytes.len() >= n => store.put(Table::TranscriptChains, &key(to, row), &bytes[..n])?,
+            _ => return Err(corrupt(Table::TranscriptChains, &k, "missing chain value")),
+        }
     }
     Ok(())
 }

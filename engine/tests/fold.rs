@@ -669,7 +669,8 @@ fn evolve_reports_a_rewrite_whose_parent_is_not_the_head() {
     assert_eq!(corrupt_seq(fold_one(&mut log.store.clone(), &record, ProjectionSet::all())), 3);
 }
 
-/// The transcript's chunks of 64 positions (`annal::transcript`) against a plain list:
+/// The transcript's chunks of 128 ids and its checkpoints (`annal::transcript`) against a
+/// plain list:
 /// turns, rewrites of any range and forks at any index, across chunk boundaries. After
 /// each step the rows, their chain values and the number of chunks stored agree.
 mod chunks {
@@ -679,13 +680,17 @@ mod chunks {
     #[derive(Clone, Debug)]
     enum Step {
         Turn(u8),
+        Long(u16),
+        Edit { start: u16, len: u8 },
         Rewrite { start: u16, len: u16, replacement: u8 },
         Fork { index: u16, replace: bool },
     }
 
     fn step() -> impl Strategy<Value = Step> {
         prop_oneof![
-            (1u8..150).prop_map(Step::Turn),
+            (1u8..200).prop_map(Step::Turn),
+            (1000u16..4096).prop_map(Step::Long).no_shrink(),
+            (any::<u16>(), 1u8..140).prop_map(|(start, len)| Step::Edit { start, len }),
             (any::<u16>(), 0u16..200, 0u8..70).prop_map(|(start, len, replacement)| Step::Rewrite {
                 start,
                 len,
@@ -695,17 +700,25 @@ mod chunks {
         ]
     }
 
-    fn chunks_of(log: &Log, s: SessionId) -> usize {
-        log.store.tables.get(&Table::Transcript).map_or(0, |t| t.keys().filter(|k| k[..16] == s.0).count())
+    fn rows_of(log: &Log, table: Table, s: SessionId) -> usize {
+        log.store.tables.get(&table).map_or(0, |t| t.keys().filter(|k| k[..16] == s.0).count())
     }
 
     fn check(log: &Log, s: SessionId, want: &[ContentId]) {
         let rows = log.transcript(s);
         assert_eq!(rows.iter().map(|r| r.content).collect::<Vec<_>>(), want);
+        let mut chain = RevisionId::empty();
         for (i, r) in rows.iter().enumerate() {
-            assert_eq!(r.chain, RevisionId::of(&want[..=i]), "chain at {i}");
+            chain = chain.extend(&want[i]);
+            assert_eq!(r.chain, chain, "chain at {i}");
         }
-        assert_eq!(chunks_of(log, s), want.len() / 64 + want.len() % 64, "full chunks and single rows stored");
+        let n = want.len();
+        assert_eq!(rows_of(log, Table::Transcript, s), n / 128 + n % 128, "full chunks and single rows stored");
+        assert_eq!(rows_of(log, Table::TranscriptChains, s), (n / 128).div_ceil(64), "checkpoint rows stored");
+        for len in [0, n / 2, n.saturating_sub(1), n] {
+            let chain = annal::transcript::chain_at(&log.store, &s, len as u64).expect("chain value");
+            assert_eq!(chain, RevisionId::of(&want[..len]), "chain at {len}");
+        }
         assert!(annal::transcript::row(&log.store, &s, want.len() as u64).is_err());
     }
 
@@ -725,8 +738,9 @@ mod chunks {
             let mut forks = 1u8;
             for (i, step) in steps.into_iter().enumerate() {
                 match step {
-                    Step::Turn(n) => {
-                        let ms = fresh(n as usize);
+                    Step::Turn(_) | Step::Long(_) => {
+                        let n = match step { Step::Turn(n) => n as usize, Step::Long(n) => n as usize, _ => 0 };
+                        let ms = fresh(n);
                         want.extend(cids(&ms));
                         let t = turn(current, &format!("t{i}"), Expected::Exact(rev), &ms);
                         rev = receipt(&log.ok(Command::CommitTurn(t))).revision;
@@ -743,6 +757,17 @@ mod chunks {
                         let c = rewrite(current, rev, start as u64, end as u64, &ms);
                         rev = receipt(&log.ok(c)).revision;
                         want = after;
+                    }
+                    Step::Edit { start, len } => {
+                        // The same number of messages in place: only their chunks change.
+                        if want.is_empty() {
+                            continue;
+                        }
+                        let start = start as usize % want.len();
+                        let end = (start + len as usize).min(want.len());
+                        let ms = fresh(end - start);
+                        want.splice(start..end, cids(&ms));
+                        rev = receipt(&log.ok(rewrite(current, rev, start as u64, end as u64, &ms))).revision;
                     }
                     Step::Fork { index, replace } => {
                         forks += 1;

@@ -186,8 +186,8 @@ pub fn tip_seq(reader: &Reader) -> u64 {
 }
 
 /// A workload touching every event kind and projection: creation with labels, turns with
-/// usage and context, rewrites, a restore, forks, tools (nested), labels, archive and
-/// revive. Returns the sessions it created.
+/// usage and context, rewrites, a restore, forks (one grown past a transcript chunk), tools
+/// (nested), labels, archive and revive. Returns the sessions it created.
 pub fn workload(engine: &Engine) -> Vec<SessionId> {
     let created = engine
         .create_session(
@@ -246,6 +246,11 @@ pub fn workload(engine: &Engine) -> Vec<SessionId> {
     let fork = engine.fork_at(s, 4).unwrap().session;
     let branch = engine.fork_replace(s, 2, Message::user("what if")).unwrap().session;
     engine.commit_turn(turn(fork, "f0", head(engine, fork).revision)).unwrap();
+    // A long turn: the fork's transcript fills a chunk of ids and gets a checkpoint.
+    let long = (0..140).map(|i| Message::assistant(format!("line {i}"))).collect();
+    let mut t = CommitTurn::new(fork, "f-long", Expected::Any);
+    t.messages = long;
+    engine.commit_turn(t).unwrap();
     let mut set = std::collections::BTreeMap::new();
     set.insert("stage".to_string(), "review".to_string());
     let remove = ["env".to_string()].into_iter().collect();
