@@ -324,7 +324,8 @@ impl LeaseState {
     }
 }
 
-/// One row of the current transcript.
+/// One position of the current transcript: its id and chain value, as
+/// [`crate::transcript::rows`] reads them from the id chunks and the checkpoints.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TranscriptRow {
     /// The message's content id.
