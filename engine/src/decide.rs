@@ -244,22 +244,35 @@ fn expect_revision(head: &SessionHead, expected: &RevisionId) -> Result<()> {
     Ok(())
 }
 
-use crate::transcript::chain_at;
-
-/// The content ids of the current transcript of `session`, positions `from..to`.
-pub(crate) fn current_messages<S: Store + ?Sized>(
-    store: &S,
-    session: &SessionId,
-    from: u64,
-    to: u64,
-) -> Result<Vec<ContentId>> {
-    crate::transcript::ids(store, session, from, to)
-}
+use crate::transcript::{chain_at, ids as current_messages};
 
 /// Rebuilds the message list of any revision a session has held, from the revision
 /// graph's recipes. Costs O(the session's events), never O(the whole log). `None` when
 /// the session never held `revision`.
 pub fn materialize<S: Store + ?Sized>(
+    store: &S,
+    session: &SessionId,
+    revision: &RevisionId,
+) -> Result<Option<Vec<ContentId>>> {
+    match follow_recipes(store, session, revision)? {
+        Some(list) => check_materialized(revision, RevisionId::of(&list)).map(|()| Some(list)),
+        None => Ok(None),
+    }
+}
+
+/// A materialised list must hash to the revision it was materialised for.
+fn check_materialized(revision: &RevisionId, computed: RevisionId) -> Result<()> {
+    if computed != *revision {
+        return Err(Error::corrupt(
+            Location::Projection { table: Table::Revisions.name(), key: revision.to_hex() },
+            "materialized revision does not hash to its id",
+        ));
+    }
+    Ok(())
+}
+
+/// [`materialize`]'s message list, before its hash is checked.
+fn follow_recipes<S: Store + ?Sized>(
     store: &S,
     session: &SessionId,
     revision: &RevisionId,
@@ -307,12 +320,6 @@ pub fn materialize<S: Store + ?Sized>(
             ));
         }
         list.splice(start as usize..end as usize, replacement);
-    }
-    if crate::transcript::chain_end(RevisionId::empty(), &list) != *revision {
-        return Err(Error::corrupt(
-            Location::Projection { table: Table::Revisions.name(), key: revision.to_hex() },
-            "materialized revision does not hash to its id",
-        ));
     }
     Ok(Some(list))
 }
@@ -503,7 +510,7 @@ fn rewrite<S: Store + ?Sized>(store: &S, c: &Rewrite, limits: &Limits) -> Result
     let tail = current_messages(store, &c.session, c.end, h.message_count)?;
     let mut after_splice = replacement.clone();
     after_splice.extend(tail);
-    let after = crate::transcript::chain_end(base, &after_splice);
+    let after = crate::transcript::remember_chain(base, after_splice);
     if after == h.revision {
         return reject(Rejection::NoChange);
     }
@@ -530,9 +537,11 @@ fn restore<S: Store + ?Sized>(store: &S, c: &Restore, limits: &Limits) -> Result
     check_note(limits, &c.actor)?;
     let h = live_head(store, &c.session)?;
     expect_revision(&h, &c.expected)?;
-    let Some(target) = materialize(store, &c.session, &c.target)? else {
+    let Some(target) = follow_recipes(store, &c.session, &c.target)? else {
         return reject(Rejection::UnknownRevision { revision: c.target });
     };
+    // The fold hashes the target's list from the splice on again: keep its chain values.
+    check_materialized(&c.target, crate::transcript::remember_chain(RevisionId::empty(), target.clone()))?;
     if c.target == h.revision {
         return reject(Rejection::NoChange);
     }

@@ -356,10 +356,10 @@ pub(crate) fn copy_prefix<S: Store + ?Sized>(store: &mut S, from: &SessionId, to
     Ok(())
 }
 
-/// Lists at least this long have their chain values remembered by [`chain_over`].
+/// Lists at least this long are remembered by [`remember_chain`].
 const REMEMBER_MIN: usize = 1024;
 
-/// The chain values of the last long list [`chain_over`] hashed on this thread.
+/// The chain values of the last long list `decide` hashed on this thread.
 struct Remembered {
     base: RevisionId,
     ids: Vec<ContentId>,
@@ -370,30 +370,44 @@ thread_local! {
     static REMEMBERED: std::cell::RefCell<Option<Remembered>> = const { std::cell::RefCell::new(None) };
 }
 
+/// The chain value after `ids`, chaining from `base`, for `decide`: a rewrite or a
+/// restore hashes the list its splice leaves behind (up to the whole transcript, 5 ms for
+/// 50,000 messages), and the fold of the event it decided hashes the same list again, on
+/// the same thread. A list of [`REMEMBER_MIN`] ids or more is kept with its chain values
+/// (one list per thread, replaced by the next) for [`chain_over`] to take.
+pub(crate) fn remember_chain(base: RevisionId, ids: Vec<ContentId>) -> RevisionId {
+    let chains = hash_chain(base, &ids);
+    let end = chains.last().copied().unwrap_or(base);
+    if ids.len() >= REMEMBER_MIN {
+        REMEMBERED.with(|r| *r.borrow_mut() = Some(Remembered { base, ids, chains }));
+    }
+    end
+}
+
 /// The chain values after each of `ids`, chaining from `base`: `base.extend(ids[0])`, and
-/// so on. A pure function, cached for long lists: `decide` hashes the list a rewrite or
-/// a restore leaves behind its splice (up to the whole transcript, 5 ms for 50,000
-/// messages), and the fold of the event it decided, on the same thread, hashes the same
-/// list again. The cache holds the last long list hashed on the thread and answers a
-/// request whose `ids` are a suffix of it and whose `base` is the chain value before that
-/// suffix: the same input, so the same output, compared in full rather than trusted.
+/// so on. A pure function. When the list [`remember_chain`] kept on this thread ends with
+/// `ids`, and its chain value before them is `base` (the same input, compared in full
+/// rather than trusted), its values are taken instead of hashing again, and the list is
+/// forgotten.
 pub(crate) fn chain_over(base: RevisionId, ids: &[ContentId]) -> Vec<RevisionId> {
-    if ids.len() < REMEMBER_MIN {
-        return hash_chain(base, ids);
+    if ids.len() >= REMEMBER_MIN {
+        let taken = REMEMBERED.with(|r| {
+            let mut r = r.borrow_mut();
+            let m = r.as_ref()?;
+            let skip = m.ids.len().checked_sub(ids.len())?;
+            let before = if skip == 0 { m.base } else { m.chains[skip - 1] };
+            if before != base || m.ids[skip..] != *ids {
+                return None;
+            }
+            let mut chains = r.take()?.chains;
+            chains.drain(..skip);
+            Some(chains)
+        });
+        if let Some(chains) = taken {
+            return chains;
+        }
     }
-    let hit = REMEMBERED.with(|r| {
-        let r = r.borrow();
-        let m = r.as_ref()?;
-        let skip = m.ids.len().checked_sub(ids.len())?;
-        let before = if skip == 0 { m.base } else { m.chains[skip - 1] };
-        (before == base && m.ids[skip..] == *ids).then(|| m.chains[skip..].to_vec())
-    });
-    if let Some(chains) = hit {
-        return chains;
-    }
-    let chains = hash_chain(base, ids);
-    REMEMBERED.with(|r| *r.borrow_mut() = Some(Remembered { base, ids: ids.to_vec(), chains: chains.clone() }));
-    chains
+    hash_chain(base, ids)
 }
 
 fn hash_chain(base: RevisionId, ids: &[ContentId]) -> Vec<RevisionId> {
@@ -404,14 +418,6 @@ fn hash_chain(base: RevisionId, ids: &[ContentId]) -> Vec<RevisionId> {
         chains.push(c);
     }
     chains
-}
-
-/// The chain value after `ids`, chaining from `base` (through [`chain_over`]'s cache).
-pub(crate) fn chain_end(base: RevisionId, ids: &[ContentId]) -> RevisionId {
-    match ids.len() {
-        n if n < REMEMBER_MIN => base.extend_all(ids),
-        _ => chain_over(base, ids).last().copied().unwrap_or(base),
-    }
 }
 
 #[cfg(test)]
@@ -426,17 +432,20 @@ mod tests {
     fn remembered_chains_answer_only_the_same_input() {
         let list = ids(3000, 0);
         let base = RevisionId::empty();
-        let all = chain_over(base, &list);
-        assert_eq!(all, hash_chain(base, &list));
-        // A suffix from the chain value before it: the cached values.
-        assert_eq!(chain_over(all[999], &list[1000..]), hash_chain(all[999], &list[1000..]));
-        // The same suffix from another base, or another list of the same length: hashed.
+        let all = hash_chain(base, &list);
+        assert_eq!(remember_chain(base, list.clone()), RevisionId::of(&list));
+        // Another base, or another list of the same length: hashed, and the list is kept.
         let other = RevisionId::empty().extend(&list[0]);
         assert_eq!(chain_over(other, &list[1000..]), hash_chain(other, &list[1000..]));
         let mut changed = list[1000..].to_vec();
         changed[1500] = ids(1, 9)[0];
         assert_eq!(chain_over(all[999], &changed), hash_chain(all[999], &changed));
-        assert_eq!(chain_end(base, &list), RevisionId::of(&list));
-        assert_eq!(chain_end(base, &list[..10]), RevisionId::of(&list[..10]));
+        // A suffix from the chain value before it: the kept values, taken once.
+        assert_eq!(chain_over(all[999], &list[1000..]), all[1000..].to_vec());
+        assert!(REMEMBERED.with(|r| r.borrow().is_none()));
+        assert_eq!(chain_over(all[999], &list[1000..]), all[1000..].to_vec());
+        // A short list is not kept.
+        assert_eq!(remember_chain(base, list[..10].to_vec()), RevisionId::of(&list[..10]));
+        assert!(REMEMBERED.with(|r| r.borrow().is_none()));
     }
 }
