@@ -671,7 +671,7 @@ fn evolve_reports_a_rewrite_whose_parent_is_not_the_head() {
 
 /// The transcript's chunks of 128 ids and its checkpoints (`annal::transcript`) against a
 /// plain list:
-/// turns, rewrites of any range and forks at any index, across chunk boundaries. After
+/// turns, rewrites of any range, restores and forks at any index, across chunk boundaries. After
 /// each step the rows, their chain values and the number of chunks stored agree.
 mod chunks {
     use super::*;
@@ -682,6 +682,7 @@ mod chunks {
         Turn(u8),
         Long(u16),
         Edit { start: u16, len: u8 },
+        Restore(u8),
         Rewrite { start: u16, len: u16, replacement: u8 },
         Fork { index: u16, replace: bool },
     }
@@ -691,6 +692,7 @@ mod chunks {
             (1u8..200).prop_map(Step::Turn),
             (1000u16..4096).prop_map(Step::Long).no_shrink(),
             (any::<u16>(), 1u8..140).prop_map(|(start, len)| Step::Edit { start, len }),
+            any::<u8>().prop_map(Step::Restore),
             (any::<u16>(), 0u16..200, 0u8..70).prop_map(|(start, len, replacement)| Step::Rewrite {
                 start,
                 len,
@@ -736,6 +738,7 @@ mod chunks {
             let mut want = cids(&first);
             let mut rev = receipt(&log.ok(create(current, &first))).revision;
             let mut forks = 1u8;
+            let mut history = vec![(rev, want.clone())];
             for (i, step) in steps.into_iter().enumerate() {
                 match step {
                     Step::Turn(_) | Step::Long(_) => {
@@ -769,6 +772,15 @@ mod chunks {
                         want.splice(start..end, cids(&ms));
                         rev = receipt(&log.ok(rewrite(current, rev, start as u64, end as u64, &ms))).revision;
                     }
+                    Step::Restore(pick) => {
+                        // Back to a revision the current session held before.
+                        let (target, list) = history[pick as usize % history.len()].clone();
+                        if target == rev {
+                            continue;
+                        }
+                        rev = receipt(&log.ok(restore(current, rev, target))).revision;
+                        want = list;
+                    }
                     Step::Fork { index, replace } => {
                         forks += 1;
                         let child = sid(forks);
@@ -782,9 +794,11 @@ mod chunks {
                         let fork = Fork { parent: current, session: child, index: index as u64, replacement, labels: None };
                         rev = receipt(&log.ok(Command::Fork(fork))).revision;
                         current = child;
+                        history.clear();
                     }
                 }
                 check(&log, current, &want);
+                history.push((rev, want.clone()));
             }
         }
     }
