@@ -10,6 +10,7 @@
 //! committed checkpoint, and the next open folds the log past it.
 
 use crate::delta::Delta;
+use crate::delta::{LogSnap, LogUpdate};
 use crate::error::{Error, Result};
 use crate::evolve::evolve;
 use crate::limits::Limits;
@@ -188,6 +189,7 @@ impl Cursors {
 pub(crate) fn read_cursors(
     proj: &ReadTransaction,
     log: &ReadTransaction,
+    journal: &crate::journal::Tail,
     chain: &LogChain,
     tip: &Tip,
 ) -> Result<Cursors> {
@@ -200,7 +202,12 @@ pub(crate) fn read_cursors(
         (Some(f), Ok(Some(mark))) if f == tables::PROJECTIONS_FORMAT as u64 => mark,
         _ => return Ok(Cursors::all(0)),
     };
-    if seq > tip.seq || hash_at(&log.open_table(LOG)?, chain, seq)? != hash {
+    let stored = match journal.get(seq) {
+        Some(row) => annal_codec::stored_chain_hash(&row.record),
+        None if seq <= tip.seq => Some(hash_at(&log.open_table(LOG)?, chain, seq)?),
+        None => None,
+    };
+    if stored != Some(hash) {
         return Ok(Cursors::all(0));
     }
     let mut cursors = Cursors::all(0);
@@ -282,9 +289,15 @@ pub(crate) fn catch_up(
         let mut overlay = Overlay::new(&store);
         let from = cursors.min();
         let total = tip.seq.saturating_sub(from);
-        for entry in
-            LogTail::new(log, chain, from, tip.seq, limits.record_bytes_max, limits.message_object_bytes_max())?
-        {
+        for entry in LogTail::new(
+            log,
+            &crate::journal::Tail::default(),
+            chain,
+            from,
+            tip.seq,
+            limits.record_bytes_max,
+            limits.message_object_bytes_max(),
+        )? {
             let entry = entry?;
             evolve(&mut overlay, &entry.record, &entry.introduced, cursors.behind(entry.record.seq))?;
             events += 1;
@@ -303,26 +316,68 @@ pub(crate) fn catch_up(
     Ok(RebuildStats { events, bytes, elapsed: started.elapsed() })
 }
 
-/// Folds the log past the delta's seq into the delta, in memory (read-only openers).
-pub(crate) fn fold_tail(delta: &Delta, log: &dyn ReadableDatabase, chain: &LogChain, limits: &Limits) -> Result<u64> {
-    let (txn, tip) = crate::log::read_tip(log, chain)?;
+/// Folds the log past the delta's seq into the delta, in memory (read-only openers):
+/// the log file's records and, past them, the journal's (`journal`, the journal files
+/// beside it, if it has them).
+pub(crate) fn fold_tail(
+    delta: &Delta,
+    log: &dyn ReadableDatabase,
+    journal: Option<&[std::path::PathBuf; 2]>,
+    chain: &LogChain,
+    limits: &Limits,
+) -> Result<u64> {
+    let (txn, tip, tail) = read_with_journal(log, journal, chain)?;
+    let (last, last_hash) = match tail.batches().iter().rev().find_map(|b| b.rows.last()) {
+        Some(row) => (row.seq, annal_codec::stored_chain_hash(&row.record).unwrap_or(tip.hash)),
+        None => (tip.seq, tip.hash),
+    };
     let view = delta.view();
-    if tip.seq <= view.seq() {
+    if last <= view.seq() {
         return Ok(0);
     }
     let mut overlay = Overlay::new(&view);
     let mut events = 0;
-    for entry in
-        LogTail::new(&txn, chain, view.seq(), tip.seq, limits.record_bytes_max, limits.message_object_bytes_max())?
-    {
+    let (record_max, object_max) = (limits.record_bytes_max, limits.message_object_bytes_max());
+    for entry in LogTail::new(&txn, &tail, chain, view.seq(), last, record_max, object_max)? {
         let entry = entry?;
         evolve(&mut overlay, &entry.record, &entry.introduced, ProjectionSet::all())?;
         events += 1;
     }
     let writes = overlay.into_writes();
     drop(view);
-    delta.apply(writes, tip.seq, tip.hash, events, txn);
+    delta.apply(writes, last, last_hash, events, LogUpdate::Snap(LogSnap::with_tail(txn, tail)));
     Ok(events)
+}
+
+/// Times a read-only opener reads the log file's tip and the journal again when the
+/// journal does not continue the tip it read (the writer absorbed it in between).
+const JOURNAL_READ_TRIES_MAX: u32 = 16;
+
+/// A snapshot of the log file, its tip, and the journalled batches past it.
+fn read_with_journal(
+    log: &dyn ReadableDatabase,
+    journal: Option<&[std::path::PathBuf; 2]>,
+    chain: &LogChain,
+) -> Result<(redb::ReadTransaction, crate::log::Tip, crate::journal::Tail)> {
+    let mut tries = 0;
+    loop {
+        let (txn, tip) = crate::log::read_tip(log, chain)?;
+        let Some(path) = journal else {
+            return Ok((txn, tip, crate::journal::Tail::default()));
+        };
+        let files = [crate::journal::read_file(&path[0])?, crate::journal::read_file(&path[1])?];
+        match crate::journal::read_after(&files, tip.seq, &tip.hash, chain) {
+            Ok(frames) => {
+                let tail = frames
+                    .into_iter()
+                    .filter(|f| !f.batch.rows.is_empty())
+                    .fold(crate::journal::Tail::default(), |t, f| t.with(Arc::new(f.batch)));
+                return Ok((txn, tip, tail));
+            }
+            Err(_) if tries + 1 < JOURNAL_READ_TRIES_MAX => tries += 1,
+            Err(e) => return Err(e),
+        }
+    }
 }
 
 /// An empty projections database in memory, for a read-only opener that finds no usable
@@ -340,14 +395,15 @@ pub(crate) fn read_only_delta(
     log: Arc<dyn ReadableDatabase + Send + Sync>,
     proj: &dyn ReadableDatabase,
     fallback: &Database,
+    journal: Option<&[std::path::PathBuf; 2]>,
     chain: &LogChain,
     limits: &Limits,
 ) -> Result<Delta> {
-    let (log_txn, tip) = crate::log::read_tip(&*log, chain)?;
+    let (log_txn, tip, tail) = read_with_journal(&*log, journal, chain)?;
     // A projections file that cannot be read is treated as absent: fold from nothing.
     let pinned = proj.begin_read().ok();
     let cursors = match &pinned {
-        Some(txn) => crate::error::fail_closed("read projections", || read_cursors(txn, &log_txn, chain, &tip))
+        Some(txn) => crate::error::fail_closed("read projections", || read_cursors(txn, &log_txn, &tail, chain, &tip))
             .unwrap_or(Cursors::all(0)),
         None => Cursors::all(0),
     };
@@ -360,8 +416,14 @@ pub(crate) fn read_only_delta(
     } else {
         (fallback.begin_read()?, 0)
     };
-    let hash = if base == 0 { chain.genesis() } else { hash_at(&log_txn.open_table(LOG)?, chain, base)? };
+    let hash = match tail.get(base) {
+        Some(row) => annal_codec::stored_chain_hash(&row.record).ok_or_else(|| {
+            crate::error::Error::corrupt(crate::error::Location::Log { seq: base }, "record too short")
+        })?,
+        None if base == 0 => chain.genesis(),
+        None => hash_at(&log_txn.open_table(LOG)?, chain, base)?,
+    };
     let delta = Delta::new(pinned, log_txn, base, hash)?;
-    fold_tail(&delta, &*log, chain, limits)?;
+    fold_tail(&delta, &*log, journal, chain, limits)?;
     Ok(delta)
 }

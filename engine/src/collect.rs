@@ -26,7 +26,7 @@
 
 use crate::delta::View;
 use crate::error::{Error, Location, Result};
-use crate::tables::{meta_keys, CONTENT, LOG, META};
+use crate::tables::{meta_keys, CONTENT, META};
 use annal_codec::{decode_message, decode_record, ContentId};
 use redb::ReadableTable;
 use std::collections::HashSet;
@@ -67,12 +67,10 @@ impl Marks {
         if to <= self.through {
             return Ok(());
         }
-        let log = view.log().open_table(LOG)?;
         let mut new_messages = Vec::new();
-        for item in log.range(self.through + 1..=to)? {
-            let (k, v) = item?;
-            let seq = k.value();
-            let record = decode_record(v.value(), record_max).map_err(|source| Error::Decode { seq, source })?.record;
+        for seq in self.through + 1..=to {
+            let bytes = view.raw_record(seq)?.ok_or_else(|| Error::corrupt(Location::Log { seq }, "missing record"))?;
+            let record = decode_record(&bytes, record_max).map_err(|source| Error::Decode { seq, source })?.record;
             let mut messages = HashSet::new();
             let mut others = HashSet::new();
             crate::purge::collect_refs(&record.event, &mut messages, &mut others);

@@ -301,7 +301,7 @@ fn copy_txn(
     drop(view);
     let events = entries.len() as u64;
     *tip = append(shared, *tip, &entries, &Default::default())?;
-    shared.delta.apply(writes, tip.seq, tip.hash, events, shared.log_db.begin_read()?);
+    shared.delta.apply(writes, tip.seq, tip.hash, events, crate::delta::LogUpdate::File(shared.log_db.begin_read()?));
     outcome.records = events;
     outcome.first_seq = Some(tip.seq + 1 - events);
     outcome.tip_seq = tip.seq;

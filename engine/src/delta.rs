@@ -17,6 +17,7 @@
 //! reads.
 
 use crate::error::{Error, Location, Result};
+use crate::journal::{SealedBatch, Tail};
 use crate::projection::SessionHead;
 use crate::store::{decode_row, Store, StoreExt, Table, Writes};
 use crate::tables::{self, logical_key, physical_key, CONTENT, PROJECTIONS};
@@ -126,12 +127,43 @@ struct State {
     /// The projections file as of the last published checkpoint, and its projections
     /// table opened once (a view reads it without opening anything).
     checkpoint: Arc<Checkpoint>,
-    /// The log file as of the last applied batch (or later).
-    log: Arc<ReadTransaction>,
+    /// The log as of the last applied batch (or later): a snapshot of the log file and
+    /// the journalled batches past it.
+    log: LogSnap,
     /// The heads rows as of `visible`, for the sessions read or written lately: a head
     /// read is a map lookup. Updated with every batch under this lock, so it always
     /// agrees with the views taken at `visible`.
     heads: HashMap<[u8; 16], Arc<SessionHead>, Hasher>,
+}
+
+/// What a view reads of the log: a snapshot of the log file and the journalled batches
+/// it does not hold yet (see [`crate::journal`]).
+#[derive(Clone)]
+pub(crate) struct LogSnap {
+    txn: Arc<ReadTransaction>,
+    tail: Tail,
+}
+
+impl LogSnap {
+    /// A snapshot of the log file with nothing journalled past it.
+    pub fn file(txn: ReadTransaction) -> LogSnap {
+        LogSnap { txn: Arc::new(txn), tail: Tail::default() }
+    }
+
+    /// A snapshot of the log file and the journalled batches past it.
+    pub fn with_tail(txn: ReadTransaction, tail: Tail) -> LogSnap {
+        LogSnap { txn: Arc::new(txn), tail }
+    }
+}
+
+/// How a published batch changes what views read of the log.
+pub(crate) enum LogUpdate {
+    /// The batch is in the log file: views read this snapshot of it.
+    File(ReadTransaction),
+    /// The batch is in the journal: views read it from memory, past the same snapshot.
+    Journalled(Arc<SealedBatch>),
+    /// A new snapshot and tail (a read-only opener following a live writer).
+    Snap(LogSnap),
 }
 
 /// Sessions whose head row the delta keeps in memory at most; past it the map starts
@@ -179,7 +211,7 @@ impl Delta {
                 visible: seq,
                 visible_hash: hash,
                 checkpoint: Arc::new(Checkpoint::new(checkpoint)?),
-                log: Arc::new(log),
+                log: LogSnap::file(log),
                 heads: HashMap::default(),
             }),
             progress: (Mutex::new(()), Condvar::new()),
@@ -196,13 +228,13 @@ impl Delta {
             ckpt: state.checkpoint.clone(),
             log: state.log.clone(),
             content: std::cell::OnceCell::new(),
+            records: std::cell::OnceCell::new(),
         }
     }
 
     /// Applies a durable batch ending at `seq` to the active layer and publishes it: new
-    /// views read it from now on, with `log`, a snapshot of the log file that holds it.
-    pub fn apply(&self, writes: Writes, seq: u64, hash: ChainHash, events: u64, log: ReadTransaction) {
-        let log = Arc::new(log);
+    /// views read it from now on, with the log as `log` says.
+    pub fn apply(&self, writes: Writes, seq: u64, hash: ChainHash, events: u64, log: LogUpdate) {
         // Decoded before the lock is taken; a row that does not decode is not cached (a
         // read meets it in the view).
         let heads: Vec<([u8; 16], Option<Arc<SessionHead>>)> = writes
@@ -227,7 +259,24 @@ impl Delta {
         }
         state.visible = seq;
         state.visible_hash = hash;
-        state.log = log;
+        state.log = match log {
+            LogUpdate::File(txn) => LogSnap::file(txn),
+            LogUpdate::Journalled(batch) => LogSnap { txn: state.log.txn.clone(), tail: state.log.tail.with(batch) },
+            LogUpdate::Snap(snap) => snap,
+        };
+    }
+
+    /// The log file now holds every journalled record up to `seq`: new views read them
+    /// from `txn`, a snapshot of it.
+    pub fn absorbed(&self, txn: ReadTransaction, seq: u64) {
+        let mut state = self.state.write();
+        let tail = state.log.tail.after(seq);
+        state.log = LogSnap { txn: Arc::new(txn), tail };
+    }
+
+    /// The journalled batches no snapshot of the log file holds yet.
+    pub fn tail(&self) -> Tail {
+        self.state.read().log.tail.clone()
     }
 
     /// The head of `session` at the last published batch, from memory when it is there;
@@ -340,9 +389,11 @@ pub struct View {
     hash: ChainHash,
     layers: Vec<LayerRef>,
     ckpt: Arc<Checkpoint>,
-    log: Arc<ReadTransaction>,
+    log: LogSnap,
     /// The log file's content table, opened at the first content read of this view.
     content: std::cell::OnceCell<redb::ReadOnlyTable<u64, &'static [u8]>>,
+    /// The log file's record table, opened at the first record read of this view.
+    records: std::cell::OnceCell<redb::ReadOnlyTable<u64, &'static [u8]>>,
 }
 
 impl std::fmt::Debug for View {
@@ -364,9 +415,27 @@ impl View {
 
     /// The log file's raw snapshot, for offline tools that read its tables
     /// ([`crate::tables::LOG`], [`crate::tables::CONTENT`], [`crate::tables::META`])
-    /// directly. It may hold commits past [`View::seq`].
+    /// directly. It may hold commits past [`View::seq`], and it lacks those still in
+    /// the journal (see [`View::journalled`]).
     pub fn log(&self) -> &ReadTransaction {
-        &self.log
+        &self.log.txn
+    }
+
+    /// The first seq this view reads from the journal rather than the log file, if any.
+    pub fn journalled(&self) -> Option<u64> {
+        self.log.tail.first_seq().filter(|&s| s <= self.seq)
+    }
+
+    /// Every journalled (seq, record bytes, content row bytes) this view reads, in order.
+    pub fn journalled_rows(&self) -> impl Iterator<Item = (u64, &[u8], &[u8])> {
+        let seq = self.seq;
+        self.log
+            .tail
+            .batches()
+            .iter()
+            .flat_map(|b| b.rows.iter())
+            .filter(move |r| r.seq <= seq)
+            .map(|r| (r.seq, r.record.as_slice(), r.content.as_slice()))
     }
 
     /// The records after `after` up to this view's seq, in order, each chain-checked
@@ -378,7 +447,8 @@ impl View {
         chain: &annal_codec::LogChain,
     ) -> Result<crate::log::LogTail> {
         crate::log::LogTail::new(
-            &self.log,
+            &self.log.txn,
+            &self.log.tail,
             chain,
             after,
             self.seq,
@@ -392,7 +462,17 @@ impl View {
         if seq > self.seq {
             return Ok(None);
         }
-        Ok(self.log.open_table(tables::LOG)?.get(seq)?.map(|g| g.value().to_vec()))
+        if let Some(row) = self.log.tail.get(seq) {
+            return Ok(Some(row.record.clone()));
+        }
+        let log = match self.records.get() {
+            Some(table) => table,
+            None => {
+                let table = self.log.txn.open_table(tables::LOG)?;
+                self.records.get_or_init(|| table)
+            }
+        };
+        Ok(log.get(seq)?.map(|g| g.value().to_vec()))
     }
 
     /// The delta's version of a physical key, if a layer has one at this view's seq.
@@ -500,10 +580,13 @@ impl View {
         let Some(seq) = self.content_seq(id)? else {
             return Ok(None);
         };
+        if let Some(row) = self.log.tail.get(seq) {
+            return crate::log::object_in_row(&row.content, seq, id, object_bytes_max).map(Some);
+        }
         let content = match self.content.get() {
             Some(table) => table,
             None => {
-                let table = self.log.open_table(CONTENT)?;
+                let table = self.log.txn.open_table(CONTENT)?;
                 self.content.get_or_init(|| table)
             }
         };

@@ -60,7 +60,7 @@ pub fn parse_segment_key(key: &[u8]) -> Option<(DraftKey, u32)> {
 }
 
 /// A [`DRAFT_INDEX`] value.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct IndexValue {
     /// When the first segment was appended (writer clock, unix ms).
     pub created_at_ms: u64,
@@ -191,7 +191,7 @@ pub struct DraftState {
 }
 
 /// What one transaction writes of the drafts.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, serde::Serialize, serde::Deserialize)]
 pub(crate) struct DraftWrites {
     deletes: Vec<DraftKey>,
     /// (key, first index, segments from it, index value).
@@ -202,6 +202,23 @@ impl DraftWrites {
     /// Whether it writes nothing.
     pub fn is_empty(&self) -> bool {
         self.deletes.is_empty() && self.inserts.is_empty()
+    }
+
+    /// The bytes a journal frame carries (empty for no changes).
+    pub fn encode(&self) -> Vec<u8> {
+        match self.is_empty() {
+            true => Vec::new(),
+            false => annal_codec::wire::to_bytes(self, u64::MAX).unwrap_or_default(),
+        }
+    }
+
+    /// Decodes [`DraftWrites::encode`], reading at most `limit` bytes.
+    pub fn decode(bytes: &[u8], limit: u64) -> Result<DraftWrites> {
+        if bytes.is_empty() {
+            return Ok(DraftWrites::default());
+        }
+        annal_codec::wire::from_bytes(bytes, limit)
+            .map_err(|e| crate::error::Error::corrupt(crate::error::Location::File, format!("journal drafts: {e}")))
     }
 }
 

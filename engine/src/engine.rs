@@ -6,6 +6,7 @@ use crate::copy::{CopyOutcome, SessionExport};
 use crate::delta::Delta;
 use crate::error::{fail_closed, Error, Result};
 use crate::import::ImportStats;
+use crate::journal::Journal;
 use crate::limits::Limits;
 use crate::projection::*;
 use crate::reader::Reader;
@@ -181,6 +182,10 @@ pub struct EngineStats {
     pub events: AtomicU64,
     /// Record and content-row bytes appended.
     pub appended_bytes: AtomicU64,
+    /// Journal bytes written (frames).
+    pub journal_bytes: AtomicU64,
+    /// Times the journal was absorbed into the log file.
+    pub absorptions: AtomicU64,
     /// Checkpoints committed.
     pub checkpoints: AtomicU64,
     /// Projection rows written by checkpoints.
@@ -198,6 +203,10 @@ pub struct StatsSnapshot {
     pub events: u64,
     /// Record and content-row bytes appended.
     pub appended_bytes: u64,
+    /// Journal bytes written (frames).
+    pub journal_bytes: u64,
+    /// Times the journal was absorbed into the log file.
+    pub absorptions: u64,
     /// Checkpoints committed.
     pub checkpoints: u64,
     /// Projection rows written by checkpoints.
@@ -264,7 +273,16 @@ impl Engine {
             log = open_file(path, &options)?;
         }
         let projections = open_projections(&projections_path(path), &options)?;
-        fail_closed("open", || Engine::start(log, projections, options, Some(path.to_path_buf())))
+        // A durable database commits into its journal (`crate::journal`).
+        // A durable database commits into its journal (`crate::journal`); a relaxed open
+        // still takes in what a journal left by a crash holds.
+        let journal = match options.durability == Durability::Durable
+            || crate::journal::journal_paths(path).iter().any(|p| p.exists())
+        {
+            true => Some(Journal::open(path)?),
+            false => None,
+        };
+        fail_closed("open", || Engine::start(log, projections, journal, options, Some(path.to_path_buf())))
     }
 
     /// Opens (or creates) a database on a custom redb storage backend for the log, for
@@ -277,7 +295,7 @@ impl Engine {
         let mut b = builder(&options);
         b.set_concurrency_mode(ConcurrencyMode::ExclusiveWriter);
         let projections = b.create_with_backend(redb::backends::InMemoryBackend::new())?;
-        fail_closed("open", || Engine::start(log, projections, options, None))
+        fail_closed("open", || Engine::start(log, projections, None, options, None))
     }
 
     /// Opens (or creates) a database with the log on one storage backend and the
@@ -290,10 +308,38 @@ impl Engine {
         options.limits.validate()?;
         let log = fail_closed("open", || Ok(builder(&options).create_with_backend(log)?))?;
         let projections = fail_closed("open", || Ok(builder(&options).create_with_backend(projections)?))?;
-        fail_closed("open", || Engine::start(log, projections, options, None))
+        fail_closed("open", || Engine::start(log, projections, None, options, None))
     }
 
-    fn start(log: Database, projections: Database, options: Options, path: Option<PathBuf>) -> Result<Engine> {
+    /// Opens (or creates) a database with the log, the projections and the two journal
+    /// files each on a storage backend of their own: the layout [`Engine::open`] gives a durable
+    /// database in files, where a group commit writes one frame to the journal and one
+    /// `fdatasync` (`docs/design.md` §7). With [`Durability::Relaxed`] the journal is
+    /// not used.
+    pub fn open_with_journal(
+        log: impl redb::StorageBackend,
+        projections: impl redb::StorageBackend,
+        journal: [impl redb::StorageBackend; 2],
+        options: Options,
+    ) -> Result<Engine> {
+        options.limits.validate()?;
+        let log = fail_closed("open", || Ok(builder(&options).create_with_backend(log)?))?;
+        let projections = fail_closed("open", || Ok(builder(&options).create_with_backend(projections)?))?;
+        let [first, second] = journal;
+        let journal = match options.durability {
+            Durability::Durable => Some(Journal::on_backends(first, second)?),
+            Durability::Relaxed => None,
+        };
+        fail_closed("open", || Engine::start(log, projections, journal, options, None))
+    }
+
+    fn start(
+        log: Database,
+        projections: Database,
+        journal: Option<Journal>,
+        options: Options,
+        path: Option<PathBuf>,
+    ) -> Result<Engine> {
         let chain = match options.chain_key {
             Some(k) => LogChain::keyed(k),
             None => LogChain::plain(),
@@ -303,6 +349,18 @@ impl Engine {
             Durability::Relaxed => redb::Durability::None,
         };
         let tip = crate::log::open_log(&log, &chain)?;
+        // What the journal holds past the log file's tip (a crash) goes into the log first.
+        let tip = match &journal {
+            Some(journal) => crate::journal::recover(&log, journal, tip, &chain)?,
+            None => tip,
+        };
+        let journal = match (journal, options.durability) {
+            (Some(journal), Durability::Relaxed) => {
+                journal.shred()?;
+                None
+            }
+            (journal, _) => journal,
+        };
         let (recovery, collecting) = {
             let log_txn = log.begin_read()?;
             // A content collection a crash interrupted: its removals from the content-id
@@ -311,7 +369,7 @@ impl Engine {
             let collecting = crate::collect::collecting_in(&log_txn);
             let (cursors, current) = {
                 let txn = projections.begin_read()?;
-                let mut cursors = checkpoint::read_cursors(&txn, &log_txn, &chain, &tip)?;
+                let mut cursors = checkpoint::read_cursors(&txn, &log_txn, &Default::default(), &chain, &tip)?;
                 if collecting {
                     cursors = cursors.reset(ProjectionSet::none().with(crate::Projection::Content));
                 }
@@ -386,7 +444,7 @@ impl Engine {
         let writer_shared = shared.clone();
         let handle = std::thread::Builder::new()
             .name("annal-writer".into())
-            .spawn(move || writer::run(writer_shared, rx, tip, ckpt_tx))?;
+            .spawn(move || writer::run(writer_shared, rx, tip, ckpt_tx, journal))?;
         Ok(Engine {
             fence: None,
             inner: Arc::new(Inner {
@@ -411,6 +469,8 @@ impl Engine {
             log_commits: s.log_commits.load(Ordering::Relaxed),
             events: s.events.load(Ordering::Relaxed),
             appended_bytes: s.appended_bytes.load(Ordering::Relaxed),
+            journal_bytes: s.journal_bytes.load(Ordering::Relaxed),
+            absorptions: s.absorptions.load(Ordering::Relaxed),
             checkpoints: s.checkpoints.load(Ordering::Relaxed),
             checkpoint_rows: s.checkpoint_rows.load(Ordering::Relaxed),
             backpressure_waits: s.backpressure_waits.load(Ordering::Relaxed),
@@ -1020,6 +1080,14 @@ fn refuse_unreadable_format(path: &Path, options: &Options) -> Result<()> {
         }
         _ => Ok(()),
     }
+}
+
+/// Every file of the database at `path`, whether it exists or not: the log file, its
+/// projections file and its two journal files (`crate::journal`). A copy of all four,
+/// taken while no engine has them open (or as a SIGKILL leaves them), is the database.
+pub fn database_files(path: &Path) -> [PathBuf; 4] {
+    let [first, second] = crate::journal::journal_paths(path);
+    [path.to_path_buf(), projections_path(path), first, second]
 }
 
 /// The projections file of the database at `path`: the same name with

@@ -75,7 +75,7 @@ fn import_txn(shared: &Shared, tip: &mut Tip, records: Vec<Record>, content: Vec
     drop(view);
     let events = entries.len() as u64;
     *tip = append(shared, *tip, &entries, &Default::default())?;
-    shared.delta.apply(writes, tip.seq, tip.hash, events, shared.log_db.begin_read()?);
+    shared.delta.apply(writes, tip.seq, tip.hash, events, crate::delta::LogUpdate::File(shared.log_db.begin_read()?));
     Ok(ImportStats { records: events, content_objects: stored_objects, tip_seq: tip.seq })
 }
 

@@ -271,6 +271,7 @@
 //! ```
 #![deny(missing_docs)]
 
+mod absorb;
 pub mod checkpoint;
 pub mod clock;
 pub mod collect;
@@ -285,6 +286,7 @@ pub mod error;
 pub mod evolve;
 pub mod fault;
 mod import;
+pub mod journal;
 pub mod limits;
 mod log;
 pub mod migrate;
@@ -319,12 +321,13 @@ pub use decide::{check_fence, decide, materialize, outcome_of, Decision, Now, Re
 pub use delta::{View, HEAD_CACHE_ENTRIES_MAX};
 pub use draft::{Draft, DraftSummary};
 pub use engine::{
-    projections_path, ContextOutcome, Durability, Engine, EngineStats, Options, SessionReceipt, StatsSnapshot,
-    ToolReceipt, TurnOutcome, DRAFT_FLUSH_INTERVAL,
+    database_files, projections_path, ContextOutcome, Durability, Engine, EngineStats, Options, SessionReceipt,
+    StatsSnapshot, ToolReceipt, TurnOutcome, DRAFT_FLUSH_INTERVAL,
 };
 pub use error::{Error, Limit, Location, Rejection, Result};
 pub use evolve::evolve;
 pub use import::ImportStats;
+pub use journal::{journal_paths, JOURNAL_BYTES_MAX, JOURNAL_SWITCH_BYTES};
 pub use limits::Limits;
 pub use log::{LogEntry, LogTail};
 pub use migrate::migrate;

@@ -56,10 +56,39 @@ pub(crate) struct Entry {
 /// What [`append`] wrote.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(crate) struct Appended {
+    /// Records.
+    pub records: u64,
     /// Record bytes.
     pub record_bytes: u64,
     /// Content row bytes.
     pub content_bytes: u64,
+}
+
+/// Seals `entries` after `tip`: each record encoded with its chain hash, each content
+/// row built. The entries' seqs must follow `tip` densely (the caller assigned them).
+pub(crate) fn seal(
+    tip: Tip,
+    chain: &LogChain,
+    record_bytes_max: u64,
+    entries: &[Entry],
+) -> Result<(Tip, Vec<crate::journal::Sealed>)> {
+    let mut next = tip;
+    let mut sealed = Vec::with_capacity(entries.len());
+    for entry in entries {
+        let record = &entry.record;
+        if record.seq != next.seq + 1 {
+            return Err(Error::Storage(format!("append: seq {} does not follow {}", record.seq, next.seq)));
+        }
+        let (bytes, hash) = encode_record(record, &next.hash, chain, record_bytes_max)
+            .map_err(|e| Error::Storage(format!("encode record {}: {e}", record.seq)))?;
+        let mut row = Vec::new();
+        for object in &entry.content {
+            push_stored(&mut row, &object.id, object.encoding, &object.bytes);
+        }
+        sealed.push(crate::journal::Sealed { seq: record.seq, record: bytes, content: row });
+        next = Tip { seq: record.seq, hash, clock_ms: record.committed_at_ms.max(next.clock_ms) };
+    }
+    Ok((next, sealed))
 }
 
 /// Appends `entries` after `tip` in `txn`: records, content rows and the tip. The
@@ -71,33 +100,39 @@ pub(crate) fn append(
     record_bytes_max: u64,
     entries: &[Entry],
 ) -> Result<(Tip, Appended)> {
-    let mut next = tip;
+    let (next, sealed) = seal(tip, chain, record_bytes_max, entries)?;
+    let written = append_sealed(txn, tip.seq, sealed.iter(), &next)?;
+    Ok((next, written))
+}
+
+/// Appends sealed rows after seq `after` in `txn`, and `tip` (the last of them) in
+/// `meta`: the one appender, for a group commit, an import and a journal's absorption.
+pub(crate) fn append_sealed<'a>(
+    txn: &WriteTransaction,
+    after: u64,
+    rows: impl Iterator<Item = &'a crate::journal::Sealed>,
+    tip: &Tip,
+) -> Result<Appended> {
     let mut written = Appended::default();
     let mut log = txn.open_table(LOG)?;
     let mut content = txn.open_table(CONTENT)?;
-    let mut row = Vec::new();
-    for entry in entries {
-        let record = &entry.record;
-        if record.seq != next.seq + 1 {
-            return Err(Error::Storage(format!("append: seq {} does not follow {}", record.seq, next.seq)));
+    let mut expected = after + 1;
+    for row in rows {
+        if row.seq != expected {
+            return Err(Error::Storage(format!("append: seq {} does not follow {}", row.seq, expected - 1)));
         }
-        let (bytes, hash) = encode_record(record, &next.hash, chain, record_bytes_max)
-            .map_err(|e| Error::Storage(format!("encode record {}: {e}", record.seq)))?;
-        log.insert(record.seq, bytes.as_slice())?;
-        written.record_bytes += bytes.len() as u64;
-        if !entry.content.is_empty() {
-            row.clear();
-            for object in &entry.content {
-                push_stored(&mut row, &object.id, object.encoding, &object.bytes);
-            }
-            content.insert(record.seq, row.as_slice())?;
-            written.content_bytes += row.len() as u64;
+        log.insert(row.seq, row.record.as_slice())?;
+        written.records += 1;
+        written.record_bytes += row.record.len() as u64;
+        if !row.content.is_empty() {
+            content.insert(row.seq, row.content.as_slice())?;
+            written.content_bytes += row.content.len() as u64;
         }
-        next = Tip { seq: record.seq, hash, clock_ms: record.committed_at_ms.max(next.clock_ms) };
+        expected += 1;
     }
     let mut meta = txn.open_table(META)?;
-    meta.insert(meta_keys::TIP, tables::encode_tip(next.seq, &next.hash).as_slice())?;
-    Ok((next, written))
+    meta.insert(meta_keys::TIP, tables::encode_tip(tip.seq, &tip.hash).as_slice())?;
+    Ok(written)
 }
 
 /// Reads the log tip and last commit time, checking them against `meta`.
@@ -142,10 +177,15 @@ pub(crate) fn introduced(
     seq: u64,
     object_bytes_max: u64,
 ) -> Result<Vec<ContentId>> {
-    let Some(row) = content.get(seq)? else {
-        return Ok(Vec::new());
-    };
-    entries(row.value(), object_bytes_max)
+    match content.get(seq)? {
+        Some(row) => ids_in_row(row.value(), seq, object_bytes_max),
+        None => Ok(Vec::new()),
+    }
+}
+
+/// The ids of the objects in the content row of record `seq`.
+pub(crate) fn ids_in_row(row: &[u8], seq: u64, object_bytes_max: u64) -> Result<Vec<ContentId>> {
+    entries(row, object_bytes_max)
         .map(|e| e.map(|e| e.id).map_err(|e| Error::corrupt(Location::Log { seq }, format!("content row: {e}"))))
         .collect()
 }
@@ -159,7 +199,14 @@ pub(crate) fn read_object(
 ) -> Result<Vec<u8>> {
     let location = || Location::Content { id: id.to_hex() };
     let row = content.get(seq)?.ok_or_else(|| Error::corrupt(location(), format!("content row {seq} is missing")))?;
-    let entry = annal_codec::content::find(row.value(), id, object_bytes_max)
+    object_in_row(row.value(), seq, id, object_bytes_max)
+}
+
+/// Reads object `id` from `row`, the content row of record `seq`, and checks it against
+/// its id.
+pub(crate) fn object_in_row(row: &[u8], seq: u64, id: &ContentId, object_bytes_max: u64) -> Result<Vec<u8>> {
+    let location = || Location::Content { id: id.to_hex() };
+    let entry = annal_codec::content::find(row, id, object_bytes_max)
         .map_err(|e| Error::corrupt(location(), format!("content row {seq}: {e}")))?
         .ok_or_else(|| Error::corrupt(location(), format!("not in content row {seq}")))?;
     let bytes = entry.canonical(object_bytes_max).map_err(|e| Error::corrupt(location(), e.to_string()))?;
@@ -174,6 +221,8 @@ pub(crate) fn read_object(
 /// the first error (a gap, a broken chain, a record that does not decode).
 pub struct LogTail {
     log: redb::Range<'static, u64, &'static [u8]>,
+    /// The journalled rows past the log file's snapshot.
+    journal: crate::journal::Tail,
     content: redb::ReadOnlyTable<u64, &'static [u8]>,
     chain: LogChain,
     prev: ChainHash,
@@ -196,9 +245,10 @@ pub struct LogEntry {
 }
 
 impl LogTail {
-    /// Reads records `after + 1 ..= last` of the log in `txn`.
+    /// Reads records `after + 1 ..= last` of the log in `txn` and, past it, in `journal`.
     pub(crate) fn new(
         txn: &ReadTransaction,
+        journal: &crate::journal::Tail,
         chain: &LogChain,
         after: u64,
         last: u64,
@@ -206,9 +256,16 @@ impl LogTail {
         object_bytes_max: u64,
     ) -> Result<LogTail> {
         let log = txn.open_table(LOG)?;
+        let prev = match journal.get(after) {
+            Some(row) => annal_codec::stored_chain_hash(&row.record)
+                .ok_or_else(|| Error::corrupt(Location::Log { seq: after }, "record too short"))?,
+            None => hash_at(&log, chain, after)?,
+        };
+        let file_last = journal.first_seq().map_or(last, |f| last.min(f.saturating_sub(1)));
         Ok(LogTail {
-            prev: hash_at(&log, chain, after)?,
-            log: log.range(after + 1..=last.max(after))?,
+            prev,
+            log: log.range(after + 1..=file_last.max(after))?,
+            journal: journal.after(after),
             content: txn.open_table(CONTENT)?,
             chain: chain.clone(),
             next_seq: after + 1,
@@ -219,7 +276,7 @@ impl LogTail {
         })
     }
 
-    fn read(&mut self, seq: u64, raw: &[u8]) -> Result<LogEntry> {
+    fn read(&mut self, seq: u64, raw: &[u8], row: Option<&[u8]>) -> Result<LogEntry> {
         if seq != self.next_seq {
             return Err(Error::corrupt(Location::Log { seq: self.next_seq }, format!("gap: next record is {seq}")));
         }
@@ -228,7 +285,10 @@ impl LogTail {
         if decoded.record.seq != seq {
             return Err(Error::corrupt(Location::Log { seq }, "record seq differs from its key"));
         }
-        let introduced = introduced(&self.content, seq, self.object_bytes_max)?;
+        let introduced = match row {
+            Some(row) => ids_in_row(row, seq, self.object_bytes_max)?,
+            None => introduced(&self.content, seq, self.object_bytes_max)?,
+        };
         self.prev = hash;
         self.next_seq += 1;
         Ok(LogEntry { record: decoded.record, introduced, bytes: raw.len() as u64 })
@@ -243,8 +303,15 @@ impl Iterator for LogTail {
             return None;
         }
         let item = match self.log.next() {
-            Some(Ok((k, v))) => self.read(k.value(), v.value()),
+            Some(Ok((k, v))) => self.read(k.value(), v.value(), None),
             Some(Err(e)) => Err(e.into()),
+            None if self.next_seq <= self.last_seq && self.journal.get(self.next_seq).is_some() => {
+                let tail = std::mem::take(&mut self.journal);
+                let row = tail.get(self.next_seq).expect("checked above");
+                let item = self.read(row.seq, &row.record, Some(&row.content));
+                self.journal = tail;
+                item
+            }
             None if self.next_seq <= self.last_seq => {
                 Err(Error::corrupt(Location::Log { seq: self.next_seq }, "missing record before the tip"))
             }

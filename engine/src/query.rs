@@ -7,9 +7,8 @@ use crate::error::{Error, Limit, Location, Rejection, Result};
 use crate::limits::Limits;
 use crate::projection::*;
 use crate::store::{decode_row, keys, StoreExt, Table};
-use crate::tables::{self, LOG};
+use crate::tables;
 use annal_codec::*;
-use redb::ReadableTable;
 
 /// Which slice of a list to return.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -637,16 +636,16 @@ pub fn tool_ops(view: &View, limits: &Limits, session: &SessionId, page: PageReq
 
 /// Reads one record and verifies its chain link from `prev`.
 fn read_event(
-    log: &impl ReadableTable<u64, &'static [u8]>,
+    view: &View,
     chain: &LogChain,
     limits: &Limits,
     seq: u64,
     prev: &ChainHash,
 ) -> Result<Option<StoredEvent>> {
-    let Some(guard) = log.get(seq)? else {
+    let Some(bytes) = view.raw_record(seq)? else {
         return Ok(None);
     };
-    let bytes = guard.value();
+    let bytes = bytes.as_slice();
     let chain_hash = verify_chain(bytes, prev, chain, seq).map_err(|source| Error::Decode { seq, source })?;
     let decoded = decode_record(bytes, limits.record_bytes_max).map_err(|source| Error::Decode { seq, source })?;
     if decoded.record.seq != seq {
@@ -660,14 +659,14 @@ fn read_event(
     }))
 }
 
-fn prev_hash(log: &impl ReadableTable<u64, &'static [u8]>, chain: &LogChain, seq: u64) -> Result<ChainHash> {
+fn prev_hash(view: &View, chain: &LogChain, seq: u64) -> Result<ChainHash> {
     if seq <= 1 {
         return Ok(chain.genesis());
     }
     let prev = seq - 1;
-    match log.get(prev)? {
-        Some(g) => {
-            stored_chain_hash(g.value()).ok_or_else(|| Error::corrupt(Location::Log { seq: prev }, "record too short"))
+    match view.raw_record(prev)? {
+        Some(bytes) => {
+            stored_chain_hash(&bytes).ok_or_else(|| Error::corrupt(Location::Log { seq: prev }, "record too short"))
         }
         None => Err(Error::corrupt(Location::Log { seq: prev }, "missing record")),
     }
@@ -694,19 +693,19 @@ fn push_event(out: &mut EventPage, bytes: &mut u64, event: StoredEvent, q: &Even
 /// A page of the global log; every record's chain link is verified.
 pub fn events(view: &View, chain: &LogChain, limits: &Limits, q: &EventQuery) -> Result<EventPage> {
     check_event_query(limits, q)?;
-    let log = view.log().open_table(LOG)?;
+    let log = view;
     let from = q.from_seq.max(1);
     let last = view.seq();
     if from > last {
         // Past the tip: nothing to read yet, and no chain link to check.
         return Ok(EventPage { events: Vec::new(), next_seq: from, has_more: false });
     }
-    let mut prev = prev_hash(&log, chain, from)?;
+    let mut prev = prev_hash(log, chain, from)?;
     let mut out = EventPage { events: Vec::new(), next_seq: from, has_more: false };
     let mut bytes = 0;
     let mut seq = from;
     while seq <= last && (out.events.len() as u64) < q.max_events {
-        let event = read_event(&log, chain, limits, seq, &prev)?
+        let event = read_event(log, chain, limits, seq, &prev)?
             .ok_or_else(|| Error::corrupt(Location::Log { seq }, "missing record"))?;
         let hash = event.chain_hash;
         if !push_event(&mut out, &mut bytes, event, q)? {
@@ -729,7 +728,7 @@ pub fn session_events(
     q: &EventQuery,
 ) -> Result<EventPage> {
     check_event_query(limits, q)?;
-    let log = view.log().open_table(LOG)?;
+    let log = view;
     let from = q.from_seq.max(1);
     let mut out = EventPage { events: Vec::new(), next_seq: from, has_more: false };
     let mut bytes = 0;
@@ -751,8 +750,8 @@ pub fn session_events(
             out.has_more = true;
             return Ok(false);
         }
-        let prev = prev_hash(&log, chain, seq)?;
-        let event = read_event(&log, chain, limits, seq, &prev)?
+        let prev = prev_hash(log, chain, seq)?;
+        let event = read_event(log, chain, limits, seq, &prev)?
             .ok_or_else(|| Error::corrupt(Location::Log { seq }, "missing record"))?;
         if event.record.session != *session || event.record.stream_seq != stream_seq {
             failure = Some(Error::corrupt(

@@ -35,6 +35,8 @@ struct Source {
 
 struct Follow {
     log: Arc<dyn ReadableDatabase + Send + Sync>,
+    /// The journal files beside the log file: commits the log file does not hold yet.
+    journal: [std::path::PathBuf; 2],
     _projections: Option<redb::ReadOnlyDatabase>,
     _empty: redb::Database,
     lock: Mutex<()>,
@@ -87,12 +89,13 @@ impl Reader {
             false => None,
         };
         let chain = chain_key.map_or_else(LogChain::plain, LogChain::keyed);
+        let journal = crate::journal::journal_paths(path);
         let empty = crate::checkpoint::empty_projections()?;
         let delta = fail_closed("open read-only", || match &projections {
-            Some(p) => crate::checkpoint::read_only_delta(log.clone(), p, &empty, &chain, &limits),
-            None => crate::checkpoint::read_only_delta(log.clone(), &empty, &empty, &chain, &limits),
+            Some(p) => crate::checkpoint::read_only_delta(log.clone(), p, &empty, Some(&journal), &chain, &limits),
+            None => crate::checkpoint::read_only_delta(log.clone(), &empty, &empty, Some(&journal), &chain, &limits),
         })?;
-        let follow = Follow { log, _projections: projections, _empty: empty, lock: Mutex::new(()) };
+        let follow = Follow { log, journal, _projections: projections, _empty: empty, lock: Mutex::new(()) };
         Ok(Reader {
             source: Arc::new(Source { delta: Arc::new(delta), follow: Some(follow), renewals: None }),
             limits,
@@ -106,7 +109,13 @@ impl Reader {
     pub fn snapshot(&self) -> Result<View> {
         if let Some(follow) = &self.source.follow {
             let _guard = follow.lock.lock();
-            crate::checkpoint::fold_tail(&self.source.delta, &*follow.log, &self.chain, &self.limits)?;
+            crate::checkpoint::fold_tail(
+                &self.source.delta,
+                &*follow.log,
+                Some(&follow.journal),
+                &self.chain,
+                &self.limits,
+            )?;
         }
         Ok(self.source.delta.view())
     }
@@ -128,7 +137,13 @@ impl Reader {
         fail_closed("head", || {
             if let Some(follow) = &self.source.follow {
                 let _guard = follow.lock.lock();
-                crate::checkpoint::fold_tail(&self.source.delta, &*follow.log, &self.chain, &self.limits)?;
+                crate::checkpoint::fold_tail(
+                    &self.source.delta,
+                    &*follow.log,
+                    Some(&follow.journal),
+                    &self.chain,
+                    &self.limits,
+                )?;
             }
             Ok(self.source.delta.head(&session.0)?.map(|head| (*head).clone()))
         })

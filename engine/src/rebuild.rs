@@ -49,7 +49,8 @@ pub fn rebuild_offline(
             crate::log::LogState::New => return Err(Error::Storage(format!("{} holds no log", path.display()))),
         };
         let projections = redb::Builder::new().create(projections_path(path))?;
-        let current = checkpoint::read_cursors(&projections.begin_read()?, &log_txn, &chain, &tip)?;
+        let current =
+            checkpoint::read_cursors(&projections.begin_read()?, &log_txn, &Default::default(), &chain, &tip)?;
         let cursors = Cursors { seqs: [tip.seq; Projection::ALL.len()] }.reset(set).reset(current.behind(tip.seq));
         checkpoint::catch_up(
             &projections,

@@ -8,14 +8,16 @@
 //! is durable. An I/O error during the commit fails every caller in the batch and
 //! poisons the engine.
 
+use crate::absorb::Absorber;
 use crate::checkpoint::{self, CheckpointPolicy, Cursors, Signal};
 use crate::command::{Command, CommitTurn, Outcome};
 use crate::decide::{check_fence, decide, outcome_of, Decision, Now, Renewal, Renewals};
-use crate::delta::Delta;
+use crate::delta::{Delta, LogUpdate};
 use crate::draft::{DraftChange, DraftState, DraftWrites};
 use crate::engine::EngineStats;
 use crate::error::{Error, Limit, Location, Rejection, Result};
 use crate::evolve::evolve;
+use crate::journal::{Journal, SealedBatch, JOURNAL_BYTES_MAX};
 use crate::limits::Limits;
 use crate::log::{Entry, StoredObject, Tip};
 use crate::projection::{Projection, ProjectionSet, SessionHead};
@@ -165,8 +167,25 @@ pub const GATHER_WAIT_MAX: Duration = Duration::from_micros(300);
 /// rows to the delta, and only then notifies subscribers and replies. Nothing is
 /// acknowledged before its batch is durable; if a commit fails, the engine is poisoned
 /// and every caller of the batch gets the error.
-pub(crate) fn run(shared: Arc<Shared>, rx: Receiver<Request>, tip: Tip, checkpoints: Sender<Signal>) {
-    let mut seq = Sequencer { next_seq: tip.seq + 1, clock_ms: tip.clock_ms };
+pub(crate) fn run(
+    shared: Arc<Shared>,
+    rx: Receiver<Request>,
+    tip: Tip,
+    checkpoints: Sender<Signal>,
+    journal: Option<Journal>,
+) {
+    let absorber = match &journal {
+        Some(_) => match Absorber::start(shared.clone(), tip.seq) {
+            Ok(absorber) => Some(absorber),
+            Err(_) => {
+                // Without its absorber the journal would only grow: refuse writes.
+                shared.poisoned.store(true, Ordering::Release);
+                None
+            }
+        },
+        None => None,
+    };
+    let mut seq = Sequencer { next_seq: tip.seq + 1, clock_ms: tip.clock_ms, journal, absorber, absorbing: Vec::new() };
     let mut previous_batch = 1usize;
     loop {
         // Draft segments wait in memory at most the flush interval.
@@ -175,7 +194,7 @@ pub(crate) fn run(shared: Arc<Shared>, rx: Receiver<Request>, tip: Tip, checkpoi
             Some(due) => match rx.recv_deadline(due) {
                 Ok(req) => req,
                 Err(crossbeam_channel::RecvTimeoutError::Timeout) => {
-                    let _ = flush_drafts(&shared);
+                    let _ = seq.flush_drafts(&shared);
                     continue;
                 }
                 Err(crossbeam_channel::RecvTimeoutError::Disconnected) => break,
@@ -211,8 +230,14 @@ pub(crate) fn run(shared: Arc<Shared>, rx: Receiver<Request>, tip: Tip, checkpoi
         }
         seq.commit(&shared, commands, &checkpoints);
     }
-    // Closing: what drafts hold goes to the file.
-    let _ = flush_drafts(&shared);
+    // Closing: what drafts hold goes to the file, and the journal into the log file.
+    let _ = seq.flush_drafts(&shared);
+    if seq.absorb(&shared).is_ok() {
+        if let Some(journal) = seq.journal.take() {
+            let _ = journal.shred();
+        }
+    }
+    drop(seq.absorber.take());
     // Nothing is committed after this: subscribers' channels close (a stream ends).
     shared.subscribers.lock().clear();
     let _ = checkpoints.send(Signal::Stop);
@@ -225,27 +250,6 @@ fn write_drafts(shared: &Shared, writes: &DraftWrites) -> Result<()> {
     crate::draft::write(&txn, writes)?;
     txn.commit()?;
     Ok(())
-}
-
-/// Writes every draft change still in memory, in a transaction of its own.
-fn flush_drafts(shared: &Shared) -> Result<()> {
-    if shared.poisoned.load(Ordering::Acquire) {
-        return Err(Error::Poisoned);
-    }
-    let writes = shared.drafts.lock().writes();
-    if writes.is_empty() {
-        return Ok(());
-    }
-    match crate::error::fail_closed("flush drafts", || write_drafts(shared, &writes)) {
-        Ok(()) => {
-            shared.drafts.lock().written(&writes);
-            Ok(())
-        }
-        Err(e) => {
-            shared.poisoned.store(true, Ordering::Release);
-            Err(e)
-        }
-    }
 }
 
 /// Fails a request that cannot run.
@@ -266,12 +270,18 @@ fn exclusive(shared: &Shared, seq: &mut Sequencer, req: Request, checkpoints: &S
     if shared.poisoned.load(Ordering::Acquire) {
         return fail(req, Error::Poisoned);
     }
+    if let Request::FlushDrafts { reply } = req {
+        return drop(reply.send(seq.flush_drafts(shared)));
+    }
+    // It reads or writes the log file alone: the journal goes into it first.
+    if let Err(e) = seq.absorb(shared) {
+        return fail(req, e);
+    }
     let tip = *shared.tip.lock();
     match req {
-        Request::Command { .. } => {}
+        Request::Command { .. } | Request::FlushDrafts { .. } => {}
         Request::Rebuild { set, reply } => drop(reply.send(rebuild(shared, &tip, set, checkpoints))),
         Request::Checkpoint { reply } => drop(reply.send(drain(shared, checkpoints))),
-        Request::FlushDrafts { reply } => drop(reply.send(flush_drafts(shared))),
         Request::Import { records, content, reply } => {
             let mut tip = tip;
             let result = crate::import::import(shared, &mut tip, records, content);
@@ -337,14 +347,22 @@ fn sweep_batch(
     crate::evolve::content_collected(&mut overlay, &swept.removed)?;
     let writes = overlay.into_writes();
     drop(view);
-    shared.delta.apply(writes, tip.seq, tip.hash, 0, shared.log_db.begin_read()?);
+    shared.delta.apply(writes, tip.seq, tip.hash, 0, LogUpdate::File(shared.log_db.begin_read()?));
     Ok(swept)
 }
 
-/// The writer's state: the next seq and the clock.
+/// The writer's state: the next seq, the clock, and the journal.
 struct Sequencer {
     next_seq: u64,
     clock_ms: u64,
+    /// The journal, when commits go to it (a durable database in files); otherwise each
+    /// group commit is a durable transaction of the log file.
+    journal: Option<Journal>,
+    /// The thread that appends the journal's rows to the log file (with the journal).
+    absorber: Option<Absorber>,
+    /// Draft changes journalled since the last absorption request, in order: the
+    /// absorption writes them with the records.
+    absorbing: Vec<DraftWrites>,
 }
 
 /// A batch of commands with their callers' reply channels.
@@ -397,17 +415,29 @@ impl Sequencer {
         }
         let tip = *shared.tip.lock();
         let committed = crate::error::fail_closed("commit", || {
+            if self.journal.is_some() {
+                let (next, batch) = self.journal_batch(shared, tip, &entries, &draft_writes)?;
+                if let Some(batch) = batch {
+                    let events = entries.len() as u64;
+                    shared.delta.apply(writes, next.seq, next.hash, events, LogUpdate::Journalled(batch));
+                }
+                return Ok(next);
+            }
             if entries.is_empty() {
                 write_drafts(shared, &draft_writes)?;
                 return Ok(tip);
             }
             let next = append(shared, tip, &entries, &draft_writes)?;
-            shared.delta.apply(writes, next.seq, next.hash, entries.len() as u64, shared.log_db.begin_read()?);
+            let log = LogUpdate::File(shared.log_db.begin_read()?);
+            shared.delta.apply(writes, next.seq, next.hash, entries.len() as u64, log);
             Ok(next)
         });
         match committed {
             Ok(next) => {
                 shared.drafts.lock().written(&draft_writes);
+                if self.journal.is_some() && !draft_writes.is_empty() {
+                    self.absorbing.push(draft_writes);
+                }
                 *shared.tip.lock() = next;
                 self.next_seq = next.seq + 1;
                 self.clock_ms = clock_ms;
@@ -417,6 +447,7 @@ impl Sequencer {
                 for (reply, outcome) in replies.zip(outcomes) {
                     let _ = reply.send(outcome);
                 }
+                self.after_journal(shared);
                 after_apply(shared, checkpoints);
             }
             Err(e) => {
@@ -424,6 +455,88 @@ impl Sequencer {
                 for reply in replies {
                     let _ = reply.send(Err(e.clone()));
                 }
+            }
+        }
+    }
+
+    /// Writes a batch's frame to the journal, durably: its records sealed after `tip`,
+    /// their content rows and the draft changes. Returns the new tip and the sealed
+    /// batch (`None` for draft changes alone, which views do not read).
+    fn journal_batch(
+        &mut self,
+        shared: &Shared,
+        tip: Tip,
+        entries: &[Entry],
+        drafts: &DraftWrites,
+    ) -> Result<(Tip, Option<Arc<SealedBatch>>)> {
+        let Some(journal) = self.journal.as_mut() else {
+            return Err(Error::Storage("no journal".into()));
+        };
+        let (next, rows) = crate::log::seal(tip, &shared.chain, shared.limits.record_bytes_max, entries)?;
+        let batch = SealedBatch { rows, drafts: drafts.encode() };
+        let frame = crate::journal::encode_frame(journal.cycle(), tip.seq + 1, &tip.hash, &batch);
+        journal.append(&frame, if batch.rows.is_empty() { 0 } else { next.seq })?;
+        let appended: usize = batch.rows.iter().map(|r| r.record.len() + r.content.len()).sum();
+        shared.stats.log_commits.fetch_add(1, Ordering::Relaxed);
+        shared.stats.events.fetch_add(entries.len() as u64, Ordering::Relaxed);
+        shared.stats.appended_bytes.fetch_add(appended as u64, Ordering::Relaxed);
+        shared.stats.journal_bytes.fetch_add(frame.len() as u64, Ordering::Relaxed);
+        Ok((next, (!batch.rows.is_empty()).then(|| Arc::new(batch))))
+    }
+
+    /// Puts everything journalled into the log file and waits for it (before work that
+    /// needs the log file to itself, and at close); then the journal starts again.
+    fn absorb(&mut self, shared: &Shared) -> Result<()> {
+        let (Some(journal), Some(absorber)) = (self.journal.as_mut(), self.absorber.as_ref()) else {
+            return Ok(());
+        };
+        let tip = *shared.tip.lock();
+        absorber.absorb_all(tip, std::mem::take(&mut self.absorbing))?;
+        journal.restart();
+        Ok(())
+    }
+
+    /// After a journalled batch: turns to the other journal file once the active one is
+    /// full and the log file holds the other's rows, and hands the absorber what was
+    /// journalled so far. Past [`JOURNAL_BYTES_MAX`] it waits for the absorber.
+    fn after_journal(&mut self, shared: &Shared) {
+        let (Some(journal), Some(absorber)) = (self.journal.as_mut(), self.absorber.as_ref()) else {
+            return;
+        };
+        if journal.offset() >= JOURNAL_BYTES_MAX {
+            absorber.wait_for(journal.other_last_seq(), shared);
+        }
+        if journal.switch(absorber.absorbed()) {
+            absorber.request(*shared.tip.lock(), std::mem::take(&mut self.absorbing));
+        }
+    }
+
+    /// Writes every draft change still in memory: into the journal, or in a log
+    /// transaction of its own.
+    fn flush_drafts(&mut self, shared: &Shared) -> Result<()> {
+        if shared.poisoned.load(Ordering::Acquire) {
+            return Err(Error::Poisoned);
+        }
+        let writes = shared.drafts.lock().writes();
+        if writes.is_empty() {
+            return Ok(());
+        }
+        let tip = *shared.tip.lock();
+        let result = crate::error::fail_closed("flush drafts", || match self.journal.is_some() {
+            true => self.journal_batch(shared, tip, &[], &writes).map(drop),
+            false => write_drafts(shared, &writes),
+        });
+        match result {
+            Ok(()) => {
+                shared.drafts.lock().written(&writes);
+                if self.journal.is_some() {
+                    self.absorbing.push(writes);
+                }
+                Ok(())
+            }
+            Err(e) => {
+                shared.poisoned.store(true, Ordering::Release);
+                Err(e)
             }
         }
     }

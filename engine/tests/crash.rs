@@ -852,9 +852,10 @@ fn verify_after_kill(path: &Path, acked: &BTreeMap<u64, Acked>, content_checked:
 fn verify_copy_after_kill(path: &Path, acked: &BTreeMap<u64, Acked>, content_checked: u64) -> u64 {
     let dir = tempfile::tempdir_in(path.parent().expect("a directory")).expect("tempdir");
     let copy = dir.path().join("copy.redb");
-    std::fs::copy(path, &copy).expect("copy the log file");
-    if projections_path(path).exists() {
-        std::fs::copy(projections_path(path), projections_path(&copy)).expect("copy the projections file");
+    for (from, to) in annal::database_files(path).iter().zip(annal::database_files(&copy)) {
+        if from.exists() {
+            std::fs::copy(from, to).expect("copy a file of the database");
+        }
     }
     verify_after_kill(&copy, acked, content_checked)
 }

@@ -109,8 +109,9 @@ impl DemoReport {
              \x20          {:.0} durable commits/s: every acknowledged commit was fsynced, group-committed\n\
              \x20          turns with usage, context appends applied by later turns, tool calls and results\n\
              \x20          (one left unsettled, one context pending), compactions, restores, forks, labels, archive, revive\n\
-             durable    {} log transactions ({:.1} commits each), {} appended per commit (records and new content);\n\
-             \x20          {} written to disk per commit, both files and {} checkpoint{} ({} projection rows) included\n\
+             durable    {} journal frames ({:.1} commits each, one fsync each), {} appended per commit (records and new content);\n\
+             \x20          {} absorption{} into the log file behind them, {} checkpoint{} ({} projection rows);\n\
+             \x20          {} written to disk per commit, every file included\n\
              rebuild    {} projections refolded: {} events, {} sessions in {:.3} s ({:.0} events/s)\n\
              verify     --deep {verdict}: {} records, chain, content ids, revisions{tables}\n\
              storage    {} file; {} content objects stored once ({}), referenced {} times ({}):\n\
@@ -128,10 +129,12 @@ impl DemoReport {
             self.engine.log_commits,
             self.engine.events as f64 / self.engine.log_commits.max(1) as f64,
             human_bytes(self.engine.appended_bytes / self.engine.events.max(1)),
-            self.disk_bytes.map_or("(unknown)".to_string(), |b| human_bytes(b / self.engine.events.max(1))),
+            self.engine.absorptions,
+            if self.engine.absorptions == 1 { "" } else { "s" },
             self.engine.checkpoints,
             if self.engine.checkpoints == 1 { "" } else { "s" },
             self.engine.checkpoint_rows,
+            self.disk_bytes.map_or("(unknown)".to_string(), |b| human_bytes(b / self.engine.events.max(1))),
             self.rebuild.projections.len(),
             self.rebuild.events,
             self.rebuild.sessions,

@@ -752,8 +752,8 @@ impl Stats {
     }
 }
 
-/// Counts events, content and bytes of the database at `path` (the log file and its
-/// projections file).
+/// Counts events, content and bytes of the database at `path` (the log file, its
+/// projections file and its journal, whose records count as the log's).
 pub fn stats(reader: &Reader, path: &Path) -> Result<Stats> {
     let view = reader.snapshot()?;
     let txn = view.log();
@@ -761,7 +761,7 @@ pub fn stats(reader: &Reader, path: &Path) -> Result<Stats> {
     let projections_path = annal::projections_path(path);
     let projections_bytes = std::fs::metadata(&projections_path).map_or(0, |m| m.len());
     let mut s = Stats {
-        file_bytes: std::fs::metadata(path)?.len() + projections_bytes,
+        file_bytes: annal::database_files(path).iter().filter_map(|f| std::fs::metadata(f).ok()).map(|m| m.len()).sum(),
         reclaimed: annal::Reclaimed::read(txn)?,
         ..Stats::default()
     };
@@ -771,61 +771,21 @@ pub fn stats(reader: &Reader, path: &Path) -> Result<Stats> {
     let content = txn.open_table(CONTENT).map_err(redb::Error::from)?;
     let mut sizes: HashMap<ContentId, u64> = HashMap::new();
     let mut attachments: HashMap<ContentId, Vec<ContentId>> = HashMap::new();
+    // The log file's rows, then those the journal holds past them.
     for entry in content.iter().map_err(redb::Error::from)? {
         let (_, v) = entry.map_err(redb::Error::from)?;
-        for object in annal::codec::content::entries(v.value(), limits.message_object_bytes_max()) {
-            let Ok(object) = object else { break };
-            sizes.insert(object.id, object.stored.len() as u64);
-            s.content_objects += 1;
-            s.content_bytes += object.stored.len() as u64;
-            let max = limits.message_object_bytes_max();
-            let compressed = object.encoding != annal::codec::content::ENCODING_RAW;
-            let (content_type, canonical_bytes) = match object.canonical(max) {
-                Ok(canonical) => match annal::codec::decode_message(&canonical, max) {
-                    Ok(m) => {
-                        let content_type = m.content_type.clone();
-                        if !m.attachments.is_empty() {
-                            attachments.insert(object.id, m.attachments);
-                        }
-                        (content_type, canonical.len() as u64)
-                    }
-                    Err(_) => ("(other objects)".to_string(), canonical.len() as u64),
-                },
-                Err(_) => ("(undecodable)".to_string(), object.stored.len() as u64),
-            };
-            let c = s.by_content_type.entry(content_type).or_default();
-            c.objects += 1;
-            c.compressed_objects += u64::from(compressed);
-            c.canonical_bytes += canonical_bytes;
-            c.stored_bytes += object.stored.len() as u64;
-        }
+        count_content_row(&mut s, &mut sizes, &mut attachments, v.value(), limits);
+    }
+    for (_, _, row) in view.journalled_rows() {
+        count_content_row(&mut s, &mut sizes, &mut attachments, row, limits);
     }
     let log = txn.open_table(LOG).map_err(redb::Error::from)?;
     for entry in log.iter().map_err(redb::Error::from)? {
         let (_, v) = entry.map_err(redb::Error::from)?;
-        let bytes = v.value();
-        s.events += 1;
-        s.record_bytes += bytes.len() as u64;
-        let Ok(header) = decode_header(bytes, limits.record_bytes_max) else {
-            s.undecodable += 1;
-            continue;
-        };
-        *s.by_kind.entry(header.kind.name().to_string()).or_default() += 1;
-        let Ok(decoded) = annal::codec::decode_record(bytes, limits.record_bytes_max) else { continue };
-        let messages = matches!(
-            decoded.record.event,
-            Event::SessionCreated(_) | Event::TurnCommitted(_) | Event::TranscriptRewritten(_)
-        );
-        for id in decoded.record.event.content_refs() {
-            let mut ids = vec![id];
-            if messages {
-                ids.extend(attachments.get(&id).into_iter().flatten().copied());
-            }
-            for i in ids {
-                s.content_refs += 1;
-                s.referenced_bytes += sizes.get(&i).copied().unwrap_or(0);
-            }
-        }
+        count_record(&mut s, &sizes, &attachments, v.value(), limits);
+    }
+    for (_, record, _) in view.journalled_rows() {
+        count_record(&mut s, &sizes, &attachments, record, limits);
     }
     s.sessions = annal::tables::projection_len(&view, annal::Table::Heads)?;
     let meta = txn.open_table(META).map_err(redb::Error::from)?;
@@ -854,4 +814,72 @@ pub fn stats(reader: &Reader, path: &Path) -> Result<Stats> {
         s.projections.insert(t.name().to_string(), row);
     }
     Ok(s)
+}
+
+/// Counts one content row's objects into `s`.
+fn count_content_row(
+    s: &mut Stats,
+    sizes: &mut HashMap<ContentId, u64>,
+    attachments: &mut HashMap<ContentId, Vec<ContentId>>,
+    row: &[u8],
+    limits: &annal::Limits,
+) {
+    for object in annal::codec::content::entries(row, limits.message_object_bytes_max()) {
+        let Ok(object) = object else { break };
+        sizes.insert(object.id, object.stored.len() as u64);
+        s.content_objects += 1;
+        s.content_bytes += object.stored.len() as u64;
+        let max = limits.message_object_bytes_max();
+        let compressed = object.encoding != annal::codec::content::ENCODING_RAW;
+        let (content_type, canonical_bytes) = match object.canonical(max) {
+            Ok(canonical) => match annal::codec::decode_message(&canonical, max) {
+                Ok(m) => {
+                    let content_type = m.content_type.clone();
+                    if !m.attachments.is_empty() {
+                        attachments.insert(object.id, m.attachments);
+                    }
+                    (content_type, canonical.len() as u64)
+                }
+                Err(_) => ("(other objects)".to_string(), canonical.len() as u64),
+            },
+            Err(_) => ("(undecodable)".to_string(), object.stored.len() as u64),
+        };
+        let c = s.by_content_type.entry(content_type).or_default();
+        c.objects += 1;
+        c.compressed_objects += u64::from(compressed);
+        c.canonical_bytes += canonical_bytes;
+        c.stored_bytes += object.stored.len() as u64;
+    }
+}
+
+/// Counts one record, and the content it refers to, into `s`.
+fn count_record(
+    s: &mut Stats,
+    sizes: &HashMap<ContentId, u64>,
+    attachments: &HashMap<ContentId, Vec<ContentId>>,
+    bytes: &[u8],
+    limits: &annal::Limits,
+) {
+    s.events += 1;
+    s.record_bytes += bytes.len() as u64;
+    let Ok(header) = decode_header(bytes, limits.record_bytes_max) else {
+        s.undecodable += 1;
+        return;
+    };
+    *s.by_kind.entry(header.kind.name().to_string()).or_default() += 1;
+    let Ok(decoded) = annal::codec::decode_record(bytes, limits.record_bytes_max) else { return };
+    let messages = matches!(
+        decoded.record.event,
+        Event::SessionCreated(_) | Event::TurnCommitted(_) | Event::TranscriptRewritten(_)
+    );
+    for id in decoded.record.event.content_refs() {
+        let mut ids = vec![id];
+        if messages {
+            ids.extend(attachments.get(&id).into_iter().flatten().copied());
+        }
+        for i in ids {
+            s.content_refs += 1;
+            s.referenced_bytes += sizes.get(&i).copied().unwrap_or(0);
+        }
+    }
 }

@@ -513,8 +513,49 @@ pub fn verify(path: &Path, opts: &VerifyOptions) -> Result<VerifyReport> {
             return Ok(report);
         }
     };
+    let (_db, txn, journal) = with_journal(path, _db, txn, opts)?;
     let stored = || Reader::open(path, limits.clone(), opts.key)?.snapshot();
-    verify_snapshot(&txn, &limits, opts, &stored)
+    verify_log(&txn, &journal, &limits, opts, &stored)
+}
+
+/// Times verify reads the log file and the journal again when the journal does not
+/// continue the log file it read (a live writer absorbed it and started it again).
+const JOURNAL_READ_TRIES_MAX: u32 = 16;
+
+/// The journal files beside `path`, read right after `txn` was taken. If they do not
+/// continue that snapshot (a live writer moved the journal into the log file meanwhile),
+/// both are read again; a journal that still does not continue the log is walked
+/// anyway, and reported.
+fn with_journal(
+    path: &Path,
+    mut db: redb::ReadOnlyDatabase,
+    mut txn: ReadTransaction,
+    opts: &VerifyOptions,
+) -> Result<(redb::ReadOnlyDatabase, ReadTransaction, Vec<Vec<u8>>)> {
+    let chain = opts.key.map_or_else(LogChain::plain, LogChain::keyed);
+    for _ in 1..JOURNAL_READ_TRIES_MAX {
+        let journal = annal::journal::read_journal(path)?;
+        let continues = guarded("journal", || {
+            last_record(&txn)
+                .is_some_and(|(seq, hash)| annal::journal::rows_after(&journal, seq, &hash, &chain).is_ok())
+        });
+        if !matches!(continues, Ok(false)) || journal.iter().all(|f| f.is_empty()) {
+            return Ok((db, txn, journal));
+        }
+        (db, txn) = match open_log(path) {
+            Ok(opened) => opened,
+            Err(_) => return Ok((db, txn, journal)),
+        };
+    }
+    Ok((db, txn, annal::journal::read_journal(path)?))
+}
+
+/// The last record of the log file's `log` table: its seq and stored chain hash (seq 0
+/// and the genesis hash are not known here: `None` for an empty table).
+fn last_record(txn: &ReadTransaction) -> Option<(u64, ChainHash)> {
+    let log = txn.open_table(LOG).ok()?;
+    let (k, v) = log.last().ok()??;
+    Some((k.value(), stored_chain_hash(v.value())?))
 }
 
 /// Why the log file was not opened.
@@ -604,6 +645,19 @@ pub fn verify_snapshot(
     opts: &VerifyOptions,
     stored: StoredProjections<'_>,
 ) -> Result<VerifyReport> {
+    verify_log(txn, &[], limits, opts, stored)
+}
+
+/// [`verify_snapshot`] of a log file's snapshot and the journal beside it (`journal`,
+/// the bytes of its files, [`annal::journal::read_journal`]): the records the journal
+/// holds past the log file's last one are walked, folded and checked as the log's.
+pub fn verify_log(
+    txn: &ReadTransaction,
+    journal: &[Vec<u8>],
+    limits: &Limits,
+    opts: &VerifyOptions,
+    stored: StoredProjections<'_>,
+) -> Result<VerifyReport> {
     let chain = opts.key.map_or_else(LogChain::plain, LogChain::keyed);
     let mut walk = Walk::new(txn, limits, chain.clone(), opts);
     match guarded("table meta", || check_file(txn, &chain)) {
@@ -613,10 +667,23 @@ pub fn verify_snapshot(
             return Ok(walk.finish());
         }
     }
+    let last = guarded("table log", || last_record(txn)).ok().flatten();
+    let (seq, hash) = last.unwrap_or((0, chain.genesis()));
+    walk.journal = match journal.iter().all(|f| f.is_empty()) {
+        true => Vec::new(),
+        false => match annal::journal::rows_after(journal, seq, &hash, &chain) {
+            Ok(rows) => rows,
+            Err(e) => {
+                walk.find(storage("journal", e));
+                Vec::new()
+            }
+        },
+    };
+    let journal_rows = walk.journal.clone();
     let fold = Fold::new(walk.fold_set);
     let (batches, folded) = std::sync::mpsc::sync_channel::<Vec<Item>>(FOLD_QUEUE);
     let (walked, scan, fold) = std::thread::scope(|s| {
-        let scan = s.spawn(|| guarded("table content_rows", || scan_content(txn, limits)));
+        let scan = s.spawn(|| guarded("table content_rows", || scan_content(txn, &journal_rows, limits)));
         let fold = s.spawn(move || fold.run(folded));
         let walked = guarded("table log", || walk.run(batches));
         (walked, scan.join(), fold.join())
@@ -759,7 +826,7 @@ impl ContentScan {
 
 /// Scans every content row: parses it, checks every object against its id, and notes
 /// which objects decode as messages.
-fn scan_content(txn: &ReadTransaction, limits: &Limits) -> ContentScan {
+fn scan_content(txn: &ReadTransaction, journal: &[annal::journal::JournalRow], limits: &Limits) -> ContentScan {
     let mut scan = ContentScan::default();
     let table = match txn.open_table(CONTENT) {
         Ok(t) => t,
@@ -776,7 +843,6 @@ fn scan_content(txn: &ReadTransaction, limits: &Limits) -> ContentScan {
             return scan;
         }
     };
-    let message_max = limits.message_object_bytes_max();
     for entry in iter {
         let (k, v) = match entry {
             Ok(kv) => kv,
@@ -785,10 +851,32 @@ fn scan_content(txn: &ReadTransaction, limits: &Limits) -> ContentScan {
                 break;
             }
         };
-        let (row, bytes) = (k.value(), v.value());
+        scan_row(&mut scan, k.value(), v.value(), limits);
+    }
+    for row in journal.iter().filter(|r| !r.content.is_empty()) {
+        scan_row(&mut scan, row.seq, &row.content, limits);
+    }
+    // In id order, each id's copies in the order stored; the first copy is the one kept.
+    scan.objects.sort_by_key(|(id, o)| (*id, o.row));
+    let findings = &mut scan.findings;
+    scan.objects.dedup_by(|later, kept| {
+        if later.0 != kept.0 {
+            return false;
+        }
+        findings.push(Finding::DuplicateContent { id: kept.0, first_row: kept.1.row, row: later.1.row });
+        true
+    });
+    scan
+}
+
+/// Scans content row `row`: parses it, checks every object against its id, and notes
+/// which objects decode as messages.
+fn scan_row(scan: &mut ContentScan, row: u64, bytes: &[u8], limits: &Limits) {
+    let message_max = limits.message_object_bytes_max();
+    {
         if bytes.is_empty() {
             scan.findings.push(Finding::ContentRow { row, detail: "empty row".into() });
-            continue;
+            return;
         }
         for (n, entry) in entries(bytes, limits.message_object_bytes_max()).enumerate() {
             let entry = match entry {
@@ -816,17 +904,6 @@ fn scan_content(txn: &ReadTransaction, limits: &Limits) -> ContentScan {
             scan.objects.push((id, Object { row, encoding, hash_ok: canonical.is_some(), message }));
         }
     }
-    // In id order, each id's copies in the order stored; the first copy is the one kept.
-    scan.objects.sort_by_key(|(id, o)| (*id, o.row));
-    let findings = &mut scan.findings;
-    scan.objects.dedup_by(|later, kept| {
-        if later.0 != kept.0 {
-            return false;
-        }
-        findings.push(Finding::DuplicateContent { id: kept.0, first_row: kept.1.row, row: later.1.row });
-        true
-    });
-    scan
 }
 
 /// Decoded records handed from the log walk to the fold, per message.
@@ -1037,6 +1114,10 @@ struct Walk<'a> {
     fold_set: ProjectionSet,
     /// The last record walked, and its stored chain hash.
     last_seq: Option<(u64, Option<ChainHash>)>,
+    /// The journalled rows past the log file's last record, walked after it.
+    journal: Vec<annal::journal::JournalRow>,
+    /// The last record of the log file itself (what `meta.tip` must name).
+    file_tip: Option<(u64, ChainHash)>,
 }
 
 impl<'a> Walk<'a> {
@@ -1064,6 +1145,8 @@ impl<'a> Walk<'a> {
                 ProjectionSet::none().with(Projection::Transcript)
             },
             last_seq: None,
+            journal: Vec::new(),
+            file_tip: None,
         }
     }
 
@@ -1129,42 +1212,59 @@ impl<'a> Walk<'a> {
                 }
             };
             let seq = key.value();
-            let bytes = value.value();
             let introduced = rows.at(seq, &mut strays);
             self.report.findings.extend(strays.drain(..).map(|row| Finding::StrayContentRow { row }));
-            if seq != expected {
-                self.find(Finding::Gap { expected, found: seq });
-                // The link across a gap cannot be checked; resume from this record's hash.
-                prev = None;
-            }
-            expected = seq.saturating_add(1);
-            self.report.records += 1;
-            if let Some(p) = prev {
-                if let Err(e) = verify_chain(bytes, &p, &self.chain, seq) {
-                    self.find(match e {
-                        DecodeError::ChainMismatch { .. } => Finding::ChainMismatch { seq },
-                        error => Finding::Undecodable { seq, error },
-                    });
-                }
-            }
-            prev = stored_chain_hash(bytes);
-            self.last_seq = Some((seq, prev));
-            self.record(seq, bytes, &mut clock, introduced);
-            if self.batch.len() >= FOLD_BATCH {
-                self.hand_over(&fold);
-            }
+            self.step(seq, value.value(), introduced, (&mut expected, &mut prev, &mut clock), &fold);
             if self.report.records.is_multiple_of(progress::TICK_ITEMS) {
                 bar.set_position(self.report.records);
             }
         }
+        self.file_tip = self.last_seq.and_then(|(seq, h)| h.map(|h| (seq, h)));
         if complete {
             rows.rest(&mut strays);
             self.report.findings.extend(strays.drain(..).map(|row| Finding::StrayContentRow { row }));
+            let max = self.limits.message_object_bytes_max();
+            for row in std::mem::take(&mut self.journal) {
+                let introduced = entries(&row.content, max).map_while(|e| e.ok()).map(|e| e.id).collect();
+                self.step(row.seq, &row.record, introduced, (&mut expected, &mut prev, &mut clock), &fold);
+            }
         }
         self.rows_lost = rows.lost;
         self.hand_over(&fold);
         bar.finish_and_clear();
         self.report.tip = self.last_seq.and_then(|(seq, h)| h.map(|h| (seq, h)));
+    }
+
+    /// One record of the walk, in log order: density, the chain link, then the record.
+    fn step(
+        &mut self,
+        seq: u64,
+        bytes: &[u8],
+        introduced: Vec<ContentId>,
+        (expected, prev, clock): (&mut u64, &mut Option<ChainHash>, &mut u64),
+        fold: &std::sync::mpsc::SyncSender<Vec<Item>>,
+    ) {
+        if seq != *expected {
+            self.find(Finding::Gap { expected: *expected, found: seq });
+            // The link across a gap cannot be checked; resume from this record's hash.
+            *prev = None;
+        }
+        *expected = seq.saturating_add(1);
+        self.report.records += 1;
+        if let Some(p) = *prev {
+            if let Err(e) = verify_chain(bytes, &p, &self.chain, seq) {
+                self.find(match e {
+                    DecodeError::ChainMismatch { .. } => Finding::ChainMismatch { seq },
+                    error => Finding::Undecodable { seq, error },
+                });
+            }
+        }
+        *prev = stored_chain_hash(bytes);
+        self.last_seq = Some((seq, *prev));
+        self.record(seq, bytes, clock, introduced);
+        if self.batch.len() >= FOLD_BATCH {
+            self.hand_over(fold);
+        }
     }
 
     fn record(&mut self, seq: u64, bytes: &[u8], clock: &mut u64, introduced: Vec<ContentId>) {
@@ -1342,7 +1442,7 @@ impl<'a> Walk<'a> {
             Ok(g) => g.map(|g| tables::decode_tip(g.value())),
             Err(e) => return self.find(storage("meta tip", e)),
         };
-        let last = self.report.tip;
+        let last = self.file_tip;
         let tip_finding = |detail: String| Finding::Meta { key: meta_keys::TIP.into(), detail };
         match (stored, last) {
             (None, None) => {}
@@ -1362,6 +1462,7 @@ impl<'a> Walk<'a> {
             }
         }
         if let Some(expected) = self.opts.expect_tip {
+            let last = self.report.tip;
             let actual = last.map(|(_, h)| h);
             if actual != Some(expected) {
                 self.find(Finding::ExpectedTip { expected, actual, seq: last.map_or(0, |(s, _)| s) });

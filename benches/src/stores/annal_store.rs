@@ -50,9 +50,9 @@ fn turn_command(session: SessionId, t: &Turn, expected: Expected) -> CommitTurn 
 }
 
 impl AnnalStore {
-    /// Opens (or creates) `dir/annal.redb` and its projections file with default
-    /// options. Both files sit behind one [`Faults`], so its counters (fsyncs, bytes
-    /// written) cover the log and every checkpoint.
+    /// Opens (or creates) `dir/annal.redb`, its projections file and its journal with
+    /// default options. The three files sit behind one [`Faults`], so its counters
+    /// (fsyncs, bytes written) cover the journal, the log and every checkpoint.
     pub fn open(dir: &Path) -> Result<AnnalStore> {
         AnnalStore::open_with(dir, Options::default())
     }
@@ -67,7 +67,9 @@ impl AnnalStore {
         };
         let log = backend(&dir.join(FILE))?;
         let projections = backend(&annal::projections_path(dir.join(FILE)))?;
-        let engine = Engine::open_with_backends(log, projections, options)?;
+        let [first, second] = annal::journal_paths(&dir.join(FILE));
+        let journal = [backend(&first)?, backend(&second)?];
+        let engine = Engine::open_with_journal(log, projections, journal, options)?;
         let kind = if options_other_mode { StoreKind::AnnalOtherMode } else { StoreKind::Annal };
         Ok(AnnalStore { kind, engine, faults, forks: AtomicU64::new(0) })
     }
@@ -243,8 +245,11 @@ pub fn recovery(dir: &Path, system: &Msg, seed: u64, report: &mut crate::report:
     for i in 0..5 {
         let copy = dir.join(format!("copy{i}"));
         std::fs::create_dir_all(&copy)?;
-        std::fs::copy(&live, copy.join(FILE))?;
-        std::fs::copy(annal::projections_path(&live), annal::projections_path(copy.join(FILE)))?;
+        for (from, to) in annal::database_files(&live).iter().zip(annal::database_files(&copy.join(FILE))) {
+            if from.exists() {
+                std::fs::copy(from, to)?;
+            }
+        }
         let t = std::time::Instant::now();
         let reopened = Engine::open(copy.join(FILE))?;
         let head = reopened.head(probe)?.ok_or("no head after recovery")?;

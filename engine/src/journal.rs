@@ -1,0 +1,554 @@
+//! The journal: the one write of a durable commit.
+//!
+//! A group commit writes one **frame** to `<db>.journal` at the journal's write offset
+//! and calls `fdatasync` once. The frame holds the batch's records, already sealed with
+//! their chain hashes, the content rows they introduce, and the batch's draft changes.
+//! That is the whole durable path: one sequential write into a file that, after its
+//! first cycle, is overwritten in place, so the `fdatasync` writes the frame's pages and
+//! no file metadata.
+//!
+//! The log file takes the same rows later, when the writer **absorbs** the journal: one
+//! redb transaction appends every journalled record and content row under its seq (the
+//! one appender, [`crate::log::append_sealed`]) with the draft changes, commits durably,
+//! and the journal starts again at offset 0. Until then the rows are read from memory:
+//! every view holds the [`Tail`] of sealed batches past the log file's snapshot.
+//!
+//! Frame layout (little-endian):
+//!
+//! | offset | size | field |
+//! |---:|---:|---|
+//! | 0 | 4 | magic `ANJ1` |
+//! | 4 | 4 | payload length `P` |
+//! | 8 | 8 | cycle: the journal files' use count, one more at every switch |
+//! | 16 | 8 | first seq (the next seq, for a frame of draft changes only) |
+//! | 24 | 4 | records `N` |
+//! | 28 | 32 | chain hash before the first record, `h(first - 1)` |
+//! | 60 | 32 | blake3 of bytes 0..60 and the payload |
+//! | 92 | `P` | payload: `N` × (u32 record length, record, u32 content row length, row), then u32 draft length and the draft changes |
+//!
+//! There are two journal files. The writer appends to one until it holds
+//! [`JOURNAL_SWITCH_BYTES`], then turns to the other (from offset 0, in a new cycle)
+//! once the absorber has taken everything that one held, and hands the first to the
+//! absorber thread, which appends its rows to the log file behind the commits.
+//!
+//! Recovery reads each file from offset 0 while its frames are whole (the checksum
+//! holds), of one cycle, and each starts at the seq after the one before it; it orders
+//! the frames of both files by cycle, skips those the log file holds, and checks that
+//! the rest continue the log's tip, chain hash by chain hash. A torn frame fails its
+//! checksum and ends its file's scan: it was never acknowledged.
+
+use crate::error::{Error, Location, Result};
+use crate::log::Tip;
+use annal_codec::{ChainHash, LogChain};
+use std::fs::{File, OpenOptions};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// A frame's magic.
+pub const FRAME_MAGIC: [u8; 4] = *b"ANJ1";
+
+/// Bytes of a frame before its payload.
+pub const FRAME_HEADER_LEN: usize = 92;
+
+/// Journal bytes past which the writer turns to the other journal file, and the
+/// absorber takes what the first one holds into the log file. It bounds what views read
+/// from memory, and what an open after a crash appends to the log file.
+pub const JOURNAL_SWITCH_BYTES: u64 = 4 << 20;
+
+/// Journal bytes past which the writer waits for the absorber before it takes more
+/// commits (backpressure: the rows views read from memory stay bounded).
+pub const JOURNAL_BYTES_MAX: u64 = 16 * JOURNAL_SWITCH_BYTES;
+
+/// The two journal files beside the log file `path`: `<path>.journal.0` and `.1`.
+pub fn journal_paths(path: &Path) -> [PathBuf; 2] {
+    [0, 1].map(|i| {
+        let mut p = path.as_os_str().to_owned();
+        p.push(format!(".journal.{i}"));
+        PathBuf::from(p)
+    })
+}
+
+/// A record sealed with its chain hash, and the content row it introduces.
+#[derive(Clone, Debug)]
+pub(crate) struct Sealed {
+    pub seq: u64,
+    pub record: Vec<u8>,
+    /// The content row (empty when the record introduced no object).
+    pub content: Vec<u8>,
+}
+
+/// One group commit's sealed rows: what a frame holds.
+#[derive(Debug, Default)]
+pub(crate) struct SealedBatch {
+    pub rows: Vec<Sealed>,
+    /// The batch's draft changes, encoded (see `crate::draft::DraftWrites::encode`).
+    pub drafts: Vec<u8>,
+}
+
+impl SealedBatch {
+    fn first_seq(&self) -> Option<u64> {
+        self.rows.first().map(|r| r.seq)
+    }
+}
+
+/// The journalled batches the log file's snapshot does not hold yet, oldest first.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Tail {
+    batches: Vec<Arc<SealedBatch>>,
+}
+
+impl Tail {
+    /// The tail with `batch` after it.
+    pub fn with(&self, batch: Arc<SealedBatch>) -> Tail {
+        let mut batches = Vec::with_capacity(self.batches.len() + 1);
+        batches.extend(self.batches.iter().cloned());
+        batches.push(batch);
+        Tail { batches }
+    }
+
+    /// The tail without the records at or below `seq` (the log file holds them now).
+    pub fn after(&self, seq: u64) -> Tail {
+        let batches = self.batches.iter().filter(|b| b.rows.last().is_some_and(|r| r.seq > seq)).cloned().collect();
+        Tail { batches }
+    }
+
+    /// The first seq the tail holds.
+    pub fn first_seq(&self) -> Option<u64> {
+        self.batches.iter().find_map(|b| b.first_seq())
+    }
+
+    /// Sealed row `seq`, if the tail holds it.
+    pub fn get(&self, seq: u64) -> Option<&Sealed> {
+        let i = self.batches.partition_point(|b| b.first_seq().is_none_or(|f| f <= seq));
+        let batch = self.batches[..i].iter().rev().find(|b| !b.rows.is_empty())?;
+        let first = batch.first_seq()?;
+        batch.rows.get(usize::try_from(seq.checked_sub(first)?).ok()?).filter(|r| r.seq == seq)
+    }
+
+    /// Every batch, oldest first.
+    pub fn batches(&self) -> &[Arc<SealedBatch>] {
+        &self.batches
+    }
+}
+
+/// Encodes one frame.
+pub(crate) fn encode_frame(cycle: u64, next_seq: u64, prev: &ChainHash, batch: &SealedBatch) -> Vec<u8> {
+    let payload_len: usize =
+        batch.rows.iter().map(|r| 8 + r.record.len() + r.content.len()).sum::<usize>() + 4 + batch.drafts.len();
+    let mut f = Vec::with_capacity(FRAME_HEADER_LEN + payload_len);
+    f.extend_from_slice(&FRAME_MAGIC);
+    f.extend_from_slice(&(payload_len as u32).to_le_bytes());
+    f.extend_from_slice(&cycle.to_le_bytes());
+    f.extend_from_slice(&batch.first_seq().unwrap_or(next_seq).to_le_bytes());
+    f.extend_from_slice(&(batch.rows.len() as u32).to_le_bytes());
+    f.extend_from_slice(&prev.0);
+    f.extend_from_slice(&[0; 32]);
+    for r in &batch.rows {
+        f.extend_from_slice(&(r.record.len() as u32).to_le_bytes());
+        f.extend_from_slice(&r.record);
+        f.extend_from_slice(&(r.content.len() as u32).to_le_bytes());
+        f.extend_from_slice(&r.content);
+    }
+    f.extend_from_slice(&(batch.drafts.len() as u32).to_le_bytes());
+    f.extend_from_slice(&batch.drafts);
+    let sum = checksum(&f[..60], &f[FRAME_HEADER_LEN..]);
+    f[60..92].copy_from_slice(&sum);
+    f
+}
+
+fn checksum(header: &[u8], payload: &[u8]) -> [u8; 32] {
+    let mut h = blake3::Hasher::new();
+    h.update(header);
+    h.update(payload);
+    *h.finalize().as_bytes()
+}
+
+/// A frame read back.
+#[derive(Debug)]
+pub(crate) struct Frame {
+    pub cycle: u64,
+    pub first_seq: u64,
+    pub prev: ChainHash,
+    pub batch: SealedBatch,
+    /// Bytes the frame takes in the file.
+    pub len: u64,
+}
+
+/// Reads the frame at the start of `bytes`: `None` if it is not a whole, intact frame
+/// (the end of the journal). Bounded by `bytes`: nothing is allocated beyond it.
+pub(crate) fn read_frame(bytes: &[u8]) -> Option<Frame> {
+    let header = bytes.get(..FRAME_HEADER_LEN)?;
+    if header[..4] != FRAME_MAGIC {
+        return None;
+    }
+    let u32_at = |b: &[u8], at: usize| b.get(at..at + 4).map(|s| u32::from_le_bytes(s.try_into().unwrap_or_default()));
+    let payload_len = u32_at(header, 4)? as usize;
+    let payload = bytes.get(FRAME_HEADER_LEN..FRAME_HEADER_LEN.checked_add(payload_len)?)?;
+    if checksum(&header[..60], payload) != header[60..92] {
+        return None;
+    }
+    let cycle = u64::from_le_bytes(header[8..16].try_into().ok()?);
+    let first_seq = u64::from_le_bytes(header[16..24].try_into().ok()?);
+    let count = u32_at(header, 24)? as u64;
+    let prev = ChainHash(header[28..60].try_into().ok()?);
+    let mut at = 0usize;
+    let take = |at: &mut usize| -> Option<Vec<u8>> {
+        let len = u32_at(payload, *at)? as usize;
+        let v = payload.get(*at + 4..(*at + 4).checked_add(len)?)?.to_vec();
+        *at += 4 + len;
+        Some(v)
+    };
+    let mut rows = Vec::new();
+    for i in 0..count {
+        let record = take(&mut at)?;
+        let content = take(&mut at)?;
+        rows.push(Sealed { seq: first_seq.checked_add(i)?, record, content });
+    }
+    let drafts = take(&mut at)?;
+    (at == payload.len()).then_some(Frame {
+        cycle,
+        first_seq,
+        prev,
+        batch: SealedBatch { rows, drafts },
+        len: (FRAME_HEADER_LEN + payload_len) as u64,
+    })
+}
+
+/// A journal file at `path`, read whole (empty if there is none).
+pub(crate) fn read_file(path: &Path) -> Result<Vec<u8>> {
+    match std::fs::read(path) {
+        Ok(b) => Ok(b),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Vec::new()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// The frames of one journal file's current cycle: from offset 0, while each is whole,
+/// of the first frame's cycle, and starts at the seq after the one before it. A frame
+/// that fails its checksum ends the cycle (it was being written when the power went,
+/// and was never acknowledged), unless a whole frame of the same cycle follows it: then
+/// an acknowledged frame is damaged, and the journal is `Corrupt`.
+fn scan(bytes: &[u8]) -> Result<Vec<Frame>> {
+    let mut frames: Vec<Frame> = Vec::new();
+    let mut at = 0usize;
+    loop {
+        let Some(frame) = bytes.get(at..).and_then(read_frame) else {
+            if let Some(last) = frames.last() {
+                let next = last.first_seq + last.batch.rows.len() as u64;
+                if damaged_before(bytes, at).is_some_and(|f| f.cycle == last.cycle && f.first_seq >= next) {
+                    return Err(Error::corrupt(
+                        Location::Log { seq: next },
+                        format!("journal: the frame after seq {} is damaged", next - 1),
+                    ));
+                }
+            }
+            return Ok(frames);
+        };
+        if let Some(last) = frames.last() {
+            let next = last.first_seq + last.batch.rows.len() as u64;
+            if frame.cycle != last.cycle || frame.first_seq != next {
+                return Ok(frames);
+            }
+        }
+        at += frame.len as usize;
+        frames.push(frame);
+    }
+}
+
+/// The whole frame that follows the frame at `at` whose header is intact but whose
+/// bytes fail their checksum, if there is one.
+fn damaged_before(bytes: &[u8], at: usize) -> Option<Frame> {
+    let header = bytes.get(at..at.checked_add(FRAME_HEADER_LEN)?)?;
+    if header[..4] != FRAME_MAGIC {
+        return None;
+    }
+    let payload_len = u32::from_le_bytes(header[4..8].try_into().ok()?) as usize;
+    let end = at.checked_add(FRAME_HEADER_LEN)?.checked_add(payload_len)?;
+    read_frame(bytes.get(end..)?)
+}
+
+/// The frames of both journal files (`files`, their bytes) that continue a log whose
+/// tip is (`tip_seq`, `tip_hash`), in the order they were written, each record's chain
+/// hash checked. Frames of records the log already holds are skipped.
+pub(crate) fn read_after(
+    files: &[Vec<u8>],
+    tip_seq: u64,
+    tip_hash: &ChainHash,
+    chain: &LogChain,
+) -> Result<Vec<Frame>> {
+    let mut all = Vec::new();
+    for file in files {
+        all.extend(scan(file)?);
+    }
+    // A file's frames are in order already; the files follow each other by cycle.
+    all.sort_by_key(|f| f.cycle);
+    let (mut next, mut hash) = (tip_seq + 1, *tip_hash);
+    let mut frames = Vec::new();
+    for frame in all {
+        let count = frame.batch.rows.len() as u64;
+        // Records the log holds; draft changes journalled before the last of them.
+        if frame.first_seq + count <= next && !(count == 0 && frame.first_seq == next) {
+            continue;
+        }
+        if frame.first_seq != next || frame.prev != hash {
+            return Err(Error::corrupt(
+                Location::Log { seq: next },
+                format!("journal frame at seq {} does not continue the log at {}", frame.first_seq, next - 1),
+            ));
+        }
+        for row in &frame.batch.rows {
+            hash = annal_codec::verify_chain(&row.record, &hash, chain, row.seq)
+                .map_err(|source| Error::Decode { seq: row.seq, source })?;
+        }
+        next += count;
+        frames.push(frame);
+    }
+    Ok(frames)
+}
+
+/// A record and its content row as the journal holds them, for tools that walk the log
+/// past the log file (`annal verify`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct JournalRow {
+    /// The record's seq.
+    pub seq: u64,
+    /// The record's bytes, sealed with its chain hash.
+    pub record: Vec<u8>,
+    /// The content row of the objects it introduced (empty for none).
+    pub content: Vec<u8>,
+}
+
+/// The journal files beside the log file `path`, read whole (empty where there is none).
+pub fn read_journal(path: &Path) -> Result<Vec<Vec<u8>>> {
+    journal_paths(path).iter().map(|p| read_file(p)).collect()
+}
+
+/// The journalled rows of `files` (see [`read_journal`]) that continue a log whose last
+/// record is `seq` with chain hash `hash`, in order, chain-checked. An error when a frame
+/// does not continue it (a damaged journal, or one a writer started again after the log
+/// file was read).
+pub fn rows_after(files: &[Vec<u8>], seq: u64, hash: &ChainHash, chain: &LogChain) -> Result<Vec<JournalRow>> {
+    let frames = read_after(files, seq, hash, chain)?;
+    let rows = frames.into_iter().flat_map(|f| f.batch.rows);
+    Ok(rows.map(|r| JournalRow { seq: r.seq, record: r.record, content: r.content }).collect())
+}
+
+/// The highest cycle either journal file holds a frame of.
+fn last_cycle(files: &[Vec<u8>]) -> u64 {
+    files.iter().flat_map(|b| scan(b).unwrap_or_default()).map(|f| f.cycle).max().unwrap_or(0)
+}
+
+/// Appends the frames of the journal beside the log file `path` that continue `tip` to
+/// the log file, with their draft changes, in one durable transaction (an open after a
+/// crash), and returns the new tip. Nothing is written when there are none.
+pub(crate) fn recover(db: &redb::Database, journal: &Journal, tip: Tip, chain: &LogChain) -> Result<Tip> {
+    let frames = read_after(&journal.contents()?, tip.seq, &tip.hash, chain)?;
+    if frames.is_empty() {
+        return Ok(tip);
+    }
+    let mut next = tip;
+    for row in frames.iter().flat_map(|f| f.batch.rows.iter()) {
+        let header = annal_codec::decode_header(&row.record, u64::MAX)
+            .map_err(|source| Error::Decode { seq: row.seq, source })?;
+        let hash = annal_codec::stored_chain_hash(&row.record)
+            .ok_or_else(|| Error::corrupt(Location::Log { seq: row.seq }, "record too short"))?;
+        next = Tip { seq: row.seq, hash, clock_ms: header.committed_at_ms.max(next.clock_ms) };
+    }
+    let mut txn = db.begin_write()?;
+    txn.set_durability(redb::Durability::Immediate)?;
+    crate::log::append_sealed(&txn, tip.seq, frames.iter().flat_map(|f| f.batch.rows.iter()), &next)?;
+    for frame in &frames {
+        let drafts = crate::draft::DraftWrites::decode(&frame.batch.drafts, frame.batch.drafts.len() as u64)?;
+        crate::draft::write(&txn, &drafts)?;
+    }
+    txn.commit()?;
+    Ok(next)
+}
+
+/// The journal the writer appends to: two files beside the log file, or two redb
+/// storage backends (the fault-injecting and simulated ones of [`crate::fault`]).
+pub(crate) struct Journal {
+    files: [Box<dyn redb::StorageBackend>; 2],
+    /// The files, when they are: removed at a clean close.
+    paths: Option<[PathBuf; 2]>,
+    /// The file frames go to.
+    active: usize,
+    /// Where the next frame goes in it.
+    offset: u64,
+    /// The last seq each file holds in its current cycle (0 for none).
+    last_seq: [u64; 2],
+    /// The active file's cycle.
+    cycle: u64,
+}
+
+fn io(e: impl std::fmt::Display) -> Error {
+    Error::Storage(format!("journal: {e}"))
+}
+
+impl Journal {
+    /// Opens (or creates) the journal files beside the log file `path`.
+    pub fn open(path: &Path) -> Result<Journal> {
+        let paths = journal_paths(path);
+        let mut created = false;
+        let mut open = |p: &Path| -> Result<redb::backends::FileBackend> {
+            created |= !p.exists();
+            let file = OpenOptions::new().read(true).write(true).create(true).truncate(false).open(p)?;
+            redb::backends::FileBackend::new(file).map_err(io)
+        };
+        let files: [Box<dyn redb::StorageBackend>; 2] = [Box::new(open(&paths[0])?), Box::new(open(&paths[1])?)];
+        if created {
+            // The files' names must survive a power loss as their frames do.
+            if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+                File::open(dir)?.sync_all()?;
+            }
+        }
+        Journal::start(files, Some(paths))
+    }
+
+    /// A journal on two backends.
+    pub fn on_backends(first: impl redb::StorageBackend, second: impl redb::StorageBackend) -> Result<Journal> {
+        Journal::start([Box::new(first), Box::new(second)], None)
+    }
+
+    fn start(files: [Box<dyn redb::StorageBackend>; 2], paths: Option<[PathBuf; 2]>) -> Result<Journal> {
+        let mut journal = Journal { files, paths, active: 0, offset: 0, last_seq: [0, 0], cycle: 0 };
+        journal.cycle = last_cycle(&journal.contents()?) + 1;
+        Ok(journal)
+    }
+
+    /// What each file holds, old frames included.
+    pub fn contents(&self) -> Result<Vec<Vec<u8>>> {
+        self.files
+            .iter()
+            .map(|f| {
+                let len = f.len().map_err(io)?;
+                let mut bytes = vec![0u8; usize::try_from(len).map_err(io)?];
+                f.read(0, &mut bytes).map_err(io)?;
+                Ok(bytes)
+            })
+            .collect()
+    }
+
+    /// The cycle of the next frame.
+    pub fn cycle(&self) -> u64 {
+        self.cycle
+    }
+
+    /// Writes `frame` at the write offset and waits for it to be durable; `last_seq`
+    /// is the last record it holds (0 for none).
+    pub fn append(&mut self, frame: &[u8], last_seq: u64) -> Result<()> {
+        let file = &self.files[self.active];
+        let end = self.offset + frame.len() as u64;
+        if end > file.len().map_err(io)? {
+            file.set_len(end).map_err(io)?;
+        }
+        file.write(self.offset, frame).map_err(io)?;
+        file.sync_data().map_err(io)?;
+        self.offset = end;
+        if last_seq > 0 {
+            self.last_seq[self.active] = last_seq;
+        }
+        Ok(())
+    }
+
+    /// The last seq the file that is not active holds in its current cycle.
+    pub fn other_last_seq(&self) -> u64 {
+        self.last_seq[1 - self.active]
+    }
+
+    /// Bytes the active file holds in this cycle.
+    pub fn offset(&self) -> u64 {
+        self.offset
+    }
+
+    /// Turns to the other file, from offset 0 in a new cycle, if the active one holds
+    /// [`JOURNAL_SWITCH_BYTES`] and the log file holds everything the other one does
+    /// (up to `absorbed`). Returns whether it did.
+    pub fn switch(&mut self, absorbed: u64) -> bool {
+        let other = 1 - self.active;
+        if self.offset < JOURNAL_SWITCH_BYTES || self.last_seq[other] > absorbed {
+            return false;
+        }
+        self.active = other;
+        self.offset = 0;
+        self.last_seq[other] = 0;
+        self.cycle += 1;
+        true
+    }
+
+    /// Starts again from offset 0 in a new cycle: the log file holds every frame.
+    pub fn restart(&mut self) {
+        self.offset = 0;
+        self.last_seq = [0, 0];
+        self.cycle += 1;
+    }
+
+    /// At a clean close, once the log file holds every frame: overwrites both files
+    /// with zeros, then removes them (backends are cut to nothing). Their bytes do not
+    /// outlive them on the disk: a purge closes the engine first, and a journal may hold
+    /// what the purge erases.
+    pub fn shred(self) -> Result<()> {
+        let zeros = vec![0u8; 1 << 20];
+        for file in &self.files {
+            let len = file.len().map_err(io)?;
+            let mut at = 0;
+            while at < len {
+                let n = (len - at).min(zeros.len() as u64) as usize;
+                file.write(at, &zeros[..n]).map_err(io)?;
+                at += n as u64;
+            }
+            if self.paths.is_none() {
+                file.set_len(0).map_err(io)?;
+            }
+            file.sync_data().map_err(io)?;
+            let _ = file.close();
+        }
+        for path in self.paths.iter().flatten() {
+            std::fs::remove_file(path)?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn batch(first: u64, n: u64) -> SealedBatch {
+        let rows = (first..first + n)
+            .map(|seq| Sealed { seq, record: vec![seq as u8; 40], content: vec![1; (seq % 3) as usize] })
+            .collect();
+        SealedBatch { rows, drafts: vec![7; 3] }
+    }
+
+    #[test]
+    fn a_frame_round_trips_and_any_flipped_byte_ends_the_scan() {
+        let f = encode_frame(2, 5, &ChainHash([9; 32]), &batch(5, 3));
+        let back = read_frame(&f).expect("whole frame");
+        assert_eq!((back.cycle, back.first_seq, back.len as usize, back.batch.rows.len()), (2, 5, f.len(), 3));
+        assert_eq!(back.batch.rows[2].record, vec![7u8; 40]);
+        assert_eq!(back.batch.drafts, vec![7; 3]);
+        for i in 0..f.len() {
+            let mut bad = f.clone();
+            bad[i] ^= 0x40;
+            assert!(read_frame(&bad).is_none(), "byte {i}");
+        }
+        for cut in 0..f.len() {
+            assert!(read_frame(&f[..cut]).is_none(), "cut at {cut}");
+        }
+    }
+
+    #[test]
+    fn the_tail_finds_rows_by_seq_and_drops_absorbed_batches() {
+        let tail = Tail::default().with(Arc::new(batch(3, 2))).with(Arc::new(SealedBatch::default()));
+        let tail = tail.with(Arc::new(batch(5, 4)));
+        for seq in 3..9 {
+            assert_eq!(tail.get(seq).map(|r| r.seq), Some(seq));
+        }
+        assert!(tail.get(2).is_none() && tail.get(9).is_none());
+        let after = tail.after(4);
+        assert_eq!(after.first_seq(), Some(5));
+        assert!(after.get(4).is_none() && after.get(5).is_some());
+        assert!(tail.after(8).first_seq().is_none());
+    }
+}

@@ -1,0 +1,235 @@
+//! The journal (SPEC §1, §2, §9, invariants 4, 9, 11, 12): a durable commit is one frame
+//! and one fsync in the journal; the log file takes the rows behind the commits; an open
+//! after a crash appends what the journal holds; a torn last frame is dropped, a damaged
+//! acknowledged frame fails closed; a fault in the journal poisons the engine; a reader
+//! in another process sees journalled commits; a clean close leaves no journal.
+
+mod common;
+
+use annal::fault::{Faults, FaultyBackend};
+use annal::*;
+use common::*;
+use std::path::{Path, PathBuf};
+
+/// Copies every file of the database at `from` to `to`, as a SIGKILL leaves them.
+fn copy_database(from: &Path, to: &Path) {
+    for (a, b) in database_files(from).iter().zip(database_files(to)) {
+        if a.exists() {
+            std::fs::copy(a, b).unwrap();
+        }
+    }
+}
+
+/// Records in the log file itself (of a database no engine holds, closed cleanly).
+fn log_records(path: &Path) -> u64 {
+    let mut builder = redb::Builder::new();
+    builder.set_concurrency_mode(redb::ConcurrencyMode::SingleWriter);
+    let db = builder.open_read_only(path).unwrap();
+    let txn = redb::ReadableDatabase::begin_read(&db).unwrap();
+    let table = txn.open_table(tables::LOG).unwrap();
+    redb::ReadableTableMetadata::len(&table).unwrap()
+}
+
+fn big_turn(session: SessionId, i: usize, expected: RevisionId) -> CommitTurn {
+    // About 64 KiB of content that does not compress, so the journal fills quickly.
+    let mut body = Vec::with_capacity(64 << 10);
+    let mut x = i as u64 + 1;
+    while body.len() < 64 << 10 {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        body.extend_from_slice(&x.to_le_bytes());
+    }
+    CommitTurn::new(session, format!("big-{i}"), Expected::Exact(expected)).message(Message::new(
+        Role::Tool,
+        "application/octet-stream",
+        body,
+    ))
+}
+
+#[test]
+fn commits_are_journalled_and_a_clean_close_leaves_them_in_the_log_file_alone() {
+    let db = Db::new();
+    let engine = Engine::open(&db.path).unwrap();
+    let (s, rev) = create(&engine, &[Message::system("sys")]);
+    let head = commit_turns(&engine, s, "t", 20, rev);
+    let stats = engine.stats();
+    assert!(stats.journal_bytes > 0, "commits went to the journal");
+    assert_eq!(stats.absorptions, 0, "nothing was absorbed yet");
+    assert!(journal_paths(&db.path).iter().all(|p| p.exists()));
+    // Queries read the journalled rows from memory.
+    assert_eq!(engine.head(s).unwrap().unwrap().revision, head);
+    assert_eq!(transcript(engine.reader(), s).len(), 41);
+    assert_eq!(all_events(engine.reader()).len(), 21);
+    engine.close().unwrap();
+    assert!(journal_paths(&db.path).iter().all(|p| !p.exists()), "a clean close removes the journal");
+    assert_eq!(log_records(&db.path), 21, "the log file holds every record");
+    let engine = Engine::open(&db.path).unwrap();
+    assert_eq!(engine.head(s).unwrap().unwrap().revision, head);
+    assert_eq!(engine.stats().recovered_events, 0);
+    engine.close().unwrap();
+}
+
+#[test]
+fn an_open_after_a_crash_appends_the_journal_to_the_log_file() {
+    let db = Db::new();
+    let engine = Engine::open(&db.path).unwrap();
+    let (s, rev) = create(&engine, &[Message::system("sys")]);
+    let head = commit_turns(&engine, s, "t", 30, rev);
+    let live = engine.projection_digests().unwrap();
+    let copy = db.dir.path().join("crashed.redb");
+    copy_database(&db.path, &copy);
+    assert_eq!(log_records(&db.path), 0, "the journal alone holds the commits");
+    engine.close().unwrap();
+    let engine = Engine::open(&copy).unwrap();
+    assert_eq!(engine.head(s).unwrap().unwrap().revision, head, "every acknowledged commit is there");
+    assert_eq!(engine.projection_digests().unwrap(), live);
+    engine.close().unwrap();
+    assert_eq!(log_records(&copy), 31);
+    let report = Reader::open(&copy, Limits::default(), None).unwrap();
+    assert_eq!(tip_seq(&report), 31);
+}
+
+#[test]
+fn the_journal_switches_files_and_is_absorbed_behind_the_commits() {
+    let db = Db::new();
+    let engine = Engine::open(&db.path).unwrap();
+    let (s, mut rev) = create(&engine, &[Message::system("sys")]);
+    // Two and a half journal files' worth: two switches, and turns past the last one.
+    let turns = (5 * JOURNAL_SWITCH_BYTES / 2 / (64 << 10)) as usize;
+    for i in 0..turns {
+        rev = engine.commit_turn(big_turn(s, i, rev)).unwrap().receipt().revision;
+    }
+    let stats = engine.stats();
+    assert!(stats.absorptions >= 1, "the absorber ran: {stats:?}");
+    assert!(stats.journal_bytes >= 5 * JOURNAL_SWITCH_BYTES / 2);
+    // A crash now: part of the log is in the log file, the rest in the journal.
+    let copy = db.dir.path().join("crashed.redb");
+    copy_database(&db.path, &copy);
+    let in_file = log_records(&db.path);
+    assert!(in_file > 1 && in_file < turns as u64 + 1, "{in_file} records in the log file");
+    let page = engine.transcript(s, PageRequest::new(0, 10_000)).unwrap();
+    assert_eq!(page.messages.len(), turns + 1);
+    engine.close().unwrap();
+    let engine = Engine::open(&copy).unwrap();
+    assert_eq!(engine.head(s).unwrap().unwrap().revision, rev);
+    assert_eq!(engine.transcript(s, PageRequest::new(0, 10_000)).unwrap().messages, page.messages);
+    engine.close().unwrap();
+}
+
+/// The journal file `index` of the database at `path`, read.
+fn journal_bytes(path: &Path, index: usize) -> (PathBuf, Vec<u8>) {
+    let p = journal_paths(path)[index].clone();
+    let bytes = std::fs::read(&p).unwrap();
+    (p, bytes)
+}
+
+#[test]
+fn a_torn_last_frame_is_dropped_and_a_damaged_acknowledged_frame_fails_closed() {
+    let db = Db::new();
+    let engine = Engine::open(&db.path).unwrap();
+    let (s, rev) = create(&engine, &[Message::system("sys")]);
+    let after_five = commit_turns(&engine, s, "t", 5, rev);
+    let frames_end = journal_bytes(&db.path, 0).1.len();
+    commit_turns(&engine, s, "u", 1, after_five);
+    let torn = db.dir.path().join("torn.redb");
+    copy_database(&db.path, &torn);
+    let damaged = db.dir.path().join("damaged.redb");
+    copy_database(&db.path, &damaged);
+    engine.close().unwrap();
+
+    // Power lost while the sixth turn's frame was being written: half of it reached the
+    // disk. That turn was never acknowledged; the five before it were.
+    let (p, bytes) = journal_bytes(&torn, 0);
+    let half = frames_end + (bytes.len() - frames_end) / 2;
+    std::fs::write(&p, &bytes[..half]).unwrap();
+    let engine = Engine::open(&torn).unwrap();
+    assert_eq!(engine.head(s).unwrap().unwrap().revision, after_five);
+    engine.close().unwrap();
+
+    // A flipped byte inside an acknowledged frame, with frames after it: fail closed.
+    let (p, mut bytes) = journal_bytes(&damaged, 0);
+    bytes[frames_end - 10] ^= 0x01;
+    std::fs::write(&p, &bytes).unwrap();
+    match Engine::open(&damaged) {
+        Err(Error::Corrupt { .. }) => {}
+        other => panic!("a damaged acknowledged frame must fail the open, got {:?}", other.map(|_| ())),
+    }
+    assert!(std::fs::read(&p).unwrap() == bytes, "a failed open leaves the journal as it was");
+    match Engine::open(&damaged) {
+        Err(Error::Corrupt { .. }) => {}
+        other => panic!("and fails it again, got {:?}", other.map(|_| ())),
+    }
+}
+
+#[test]
+fn a_reader_in_another_process_sees_journalled_commits() {
+    let db = Db::new();
+    let engine = Engine::open(&db.path).unwrap();
+    let (s, rev) = create(&engine, &[Message::system("sys")]);
+    let reader = Reader::open(&db.path, Limits::default(), None).unwrap();
+    assert_eq!(reader.head(s).unwrap().unwrap().revision, rev);
+    let head = commit_turns(&engine, s, "t", 3, rev);
+    assert_eq!(log_records(&db.path), 0, "the log file holds nothing yet");
+    assert_eq!(reader.head(s).unwrap().unwrap().revision, head, "the reader folds the journal");
+    assert_eq!(transcript(&reader, s).len(), 7);
+    assert_eq!(all_events(&reader).len(), 4);
+    engine.close().unwrap();
+    assert_eq!(reader.head(s).unwrap().unwrap().revision, head, "and then the log file");
+}
+
+fn faulty(path: &Path, faults: &Faults) -> FaultyBackend<redb::backends::FileBackend> {
+    let file = std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(false).open(path).unwrap();
+    FaultyBackend::new(redb::backends::FileBackend::new(file).unwrap(), faults.clone())
+}
+
+#[test]
+fn a_failed_journal_write_or_fsync_poisons_the_engine_and_loses_nothing_acknowledged() {
+    for fail_sync in [false, true] {
+        let db = Db::new();
+        let (ok, journal) = (Faults::new(), Faults::new());
+        let [first, second] = journal_paths(&db.path);
+        let open = |journal: &Faults| {
+            let files = [faulty(&first, journal), faulty(&second, journal)];
+            let (log, projections) = (faulty(&db.path, &ok), faulty(&projections_path(&db.path), &ok));
+            Engine::open_with_journal(log, projections, files, Options::default()).unwrap()
+        };
+        let engine = open(&journal);
+        let (s, rev) = create(&engine, &[Message::system("sys")]);
+        let head = commit_turns(&engine, s, "t", 4, rev);
+        match fail_sync {
+            true => journal.fail_sync_after(0),
+            false => journal.fail_write_after(0),
+        }
+        let err = engine.commit_turn(turn(s, "lost", head)).unwrap_err();
+        assert!(!matches!(err, Error::Rejected(_)), "{err:?}");
+        assert!(engine.is_poisoned());
+        assert!(matches!(engine.commit_turn(turn(s, "after", head)), Err(Error::Poisoned)));
+        assert_eq!(engine.head(s).unwrap().unwrap().revision, head, "reads still answer");
+        drop(engine);
+        journal.heal();
+        let engine = open(&journal);
+        let reopened = engine.head(s).unwrap().unwrap();
+        // The failed batch is all or nothing after the reopen, never half.
+        assert!(reopened.revision == head || reopened.message_count == 11, "{reopened:?}");
+        let retry = engine.commit_turn(turn(s, "lost", head));
+        assert!(retry.is_ok() || matches!(retry, Err(Error::Rejected(Rejection::RevisionConflict { .. }))));
+        engine.close().unwrap();
+    }
+}
+
+#[test]
+fn a_relaxed_open_takes_in_a_journal_a_crash_left() {
+    let db = Db::new();
+    let engine = Engine::open(&db.path).unwrap();
+    let (s, rev) = create(&engine, &[Message::system("sys")]);
+    let head = commit_turns(&engine, s, "t", 3, rev);
+    let copy = db.dir.path().join("crashed.redb");
+    copy_database(&db.path, &copy);
+    engine.close().unwrap();
+    let relaxed = Options { durability: Durability::Relaxed, ..Options::default() };
+    let engine = Engine::open_with(&copy, relaxed).unwrap();
+    assert_eq!(engine.head(s).unwrap().unwrap().revision, head);
+    assert!(journal_paths(&copy).iter().all(|p| !p.exists()), "a relaxed engine keeps no journal");
+    engine.close().unwrap();
+}
