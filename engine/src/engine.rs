@@ -315,7 +315,8 @@ impl Engine {
     /// files each on a storage backend of their own: the layout [`Engine::open`] gives a durable
     /// database in files, where a group commit writes one frame to the journal and one
     /// `fdatasync` (`docs/design.md` §7). With [`Durability::Relaxed`] the journal is
-    /// not used.
+    /// not written: what a crash left in it goes into the log file, and it is cut to
+    /// nothing.
     pub fn open_with_journal(
         log: impl redb::StorageBackend,
         projections: impl redb::StorageBackend,
@@ -326,10 +327,7 @@ impl Engine {
         let log = fail_closed("open", || Ok(builder(&options).create_with_backend(log)?))?;
         let projections = fail_closed("open", || Ok(builder(&options).create_with_backend(projections)?))?;
         let [first, second] = journal;
-        let journal = match options.durability {
-            Durability::Durable => Some(Journal::on_backends(first, second)?),
-            Durability::Relaxed => None,
-        };
+        let journal = Some(Journal::on_backends(first, second)?);
         fail_closed("open", || Engine::start(log, projections, journal, options, None))
     }
 

@@ -116,8 +116,7 @@ pub(crate) fn append_sealed<'a>(
     let mut written = Appended::default();
     let mut log = txn.open_table(LOG)?;
     let mut content = txn.open_table(CONTENT)?;
-    let mut expected = after + 1;
-    for row in rows {
+    for (expected, row) in (after + 1..).zip(rows) {
         if row.seq != expected {
             return Err(Error::Storage(format!("append: seq {} does not follow {}", row.seq, expected - 1)));
         }
@@ -128,7 +127,6 @@ pub(crate) fn append_sealed<'a>(
             content.insert(row.seq, row.content.as_slice())?;
             written.content_bytes += row.content.len() as u64;
         }
-        expected += 1;
     }
     let mut meta = txn.open_table(META)?;
     meta.insert(meta_keys::TIP, tables::encode_tip(tip.seq, &tip.hash).as_slice())?;

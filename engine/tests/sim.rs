@@ -62,6 +62,7 @@ const FAULTED_OPENS_MAX: u32 = 3;
 
 const LOG: &str = "log";
 const PROJECTIONS: &str = "projections";
+const JOURNAL: [&str; 2] = ["journal.0", "journal.1"];
 
 fn fail(what: impl std::fmt::Display) -> TestCaseError {
     TestCaseError::fail(what.to_string())
@@ -253,7 +254,8 @@ impl Sim {
     }
 
     fn open_once(&self) -> annal::Result<Engine> {
-        Engine::open_with_backends(self.disk.file(LOG), self.disk.file(PROJECTIONS), self.options.clone())
+        let journal = [self.disk.file(JOURNAL[0]), self.disk.file(JOURNAL[1])];
+        Engine::open_with_journal(self.disk.file(LOG), self.disk.file(PROJECTIONS), journal, self.options.clone())
     }
 
     /// Opens the engine, now and then with a fault or a power loss armed inside the open;
@@ -625,11 +627,14 @@ impl Sim {
         // The projections equal a rebuild: a fold of a copy of the log into nothing.
         let live = ok(engine.projection_digests(), "digests")?;
         let scratch = SimDisk::new(0);
-        scratch.set_image(LOG, self.disk.image(LOG).unwrap_or_default());
+        for name in [LOG, JOURNAL[0], JOURNAL[1]] {
+            scratch.set_image(name, self.disk.image(name).unwrap_or_default());
+        }
         let options = Options { durability: Durability::Relaxed, ..self.options.clone() };
+        let journal = [scratch.file(JOURNAL[0]), scratch.file(JOURNAL[1])];
         let rebuilt = ok(
-            Engine::open_with_backends(scratch.file(LOG), scratch.file(PROJECTIONS), options),
-            "open a copy of the log",
+            Engine::open_with_journal(scratch.file(LOG), scratch.file(PROJECTIONS), journal, options),
+            "open a copy of the log and its journal",
         )?;
         same(ok(rebuilt.projection_digests(), "digests")?, live, "the projections equal a rebuild")?;
         drop(rebuilt);

@@ -45,7 +45,7 @@ use annal::{
     RewriteReason, Role, SessionId, SetHostState, SetLabels, SetMetadata, StateChanges, ToolOutcome, Usage,
 };
 use annal_codec::ChainHash;
-use annal_replay::verify::{verify_snapshot, VerifyOptions};
+use annal_replay::verify::{verify_log, verify_snapshot, VerifyOptions};
 use arbitrary::Arbitrary;
 use libfuzzer_sys::fuzz_target;
 use std::sync::OnceLock;
@@ -61,6 +61,7 @@ const FAULTED_OPENS_MAX: u32 = 2;
 
 const LOG: &str = "log";
 const PROJECTIONS: &str = "projections";
+const JOURNAL: [&str; 2] = ["journal.0", "journal.1"];
 
 fn limits() -> Limits {
     Limits {
@@ -401,7 +402,8 @@ fn fresh(options: &Options) -> (Vec<u8>, Vec<u8>) {
     let mode = usize::from(options.multi_process_readers) * 2 + usize::from(options.compress_content);
     let files = FRESH[mode].get_or_init(|| {
         let disk = SimDisk::new(0);
-        let engine = Engine::open_with_backends(disk.file(LOG), disk.file(PROJECTIONS), options.clone())
+        let journal = [disk.file(JOURNAL[0]), disk.file(JOURNAL[1])];
+        let engine = Engine::open_with_journal(disk.file(LOG), disk.file(PROJECTIONS), journal, options.clone())
             .expect("a fresh engine opens");
         assert_eq!(engine.tip().expect("tip").0, 0, "a fresh engine is empty");
         engine.close().expect("a fresh engine closes");
@@ -653,8 +655,9 @@ impl Run {
     /// interrupts is retried after a power loss.
     fn open(&mut self, mut faulted: u32) {
         loop {
+            let journal = [self.disk.file(JOURNAL[0]), self.disk.file(JOURNAL[1])];
             let opened =
-                Engine::open_with_backends(self.disk.file(LOG), self.disk.file(PROJECTIONS), self.options.clone());
+                Engine::open_with_journal(self.disk.file(LOG), self.disk.file(PROJECTIONS), journal, self.options.clone());
             let fired = self.disk.take_fired().is_some();
             let lost = self.disk.take_power_loss().is_some();
             let interrupted = fired || lost;
@@ -747,7 +750,8 @@ impl Run {
         let view = engine.reader().snapshot().expect("snapshot");
         let opts = VerifyOptions { deep: true, ..VerifyOptions::default() };
         let stored = || engine.reader().snapshot();
-        let report = verify_snapshot(view.log(), &limits(), &opts, &stored).expect("verify runs");
+        let journal = JOURNAL.map(|name| self.disk.image(name).unwrap_or_default());
+        let report = verify_log(view.log(), &journal, &limits(), &opts, &stored).expect("verify runs");
         assert!(report.is_clean(), "verify --deep of the live engine: {:?}", report.findings);
         assert!(matches!(report.deep, Some(Ok(n)) if n > 0), "the projections were compared: {:?}", report.deep);
         assert_eq!(report.records, view.seq(), "verify walked every record");
