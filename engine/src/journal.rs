@@ -55,6 +55,11 @@ pub const FRAME_HEADER_LEN: usize = 92;
 /// from memory, and what an open after a crash appends to the log file.
 pub const JOURNAL_SWITCH_BYTES: u64 = 4 << 20;
 
+/// Bytes of zeros a journal file grows by when a frame would pass its end: a frame is
+/// then written over bytes the file already has, so its `fdatasync` writes data alone,
+/// and the file's length changes (and has to be synced) once a chunk.
+pub const JOURNAL_GROW_BYTES: u64 = 1 << 20;
+
 /// Journal bytes past which the writer waits for the absorber before it takes more
 /// commits (backpressure: the rows views read from memory stay bounded).
 pub const JOURNAL_BYTES_MAX: u64 = 16 * JOURNAL_SWITCH_BYTES;
@@ -379,6 +384,8 @@ pub(crate) struct Journal {
     last_seq: [u64; 2],
     /// The active file's cycle.
     cycle: u64,
+    /// Each file's length.
+    len: [u64; 2],
 }
 
 fn io(e: impl std::fmt::Display) -> Error {
@@ -411,7 +418,8 @@ impl Journal {
     }
 
     fn start(files: [Box<dyn redb::StorageBackend>; 2], paths: Option<[PathBuf; 2]>) -> Result<Journal> {
-        let mut journal = Journal { files, paths, active: 0, offset: 0, last_seq: [0, 0], cycle: 0 };
+        let len = [files[0].len().map_err(io)?, files[1].len().map_err(io)?];
+        let mut journal = Journal { files, paths, active: 0, offset: 0, last_seq: [0, 0], cycle: 0, len };
         journal.cycle = last_cycle(&journal.contents()?) + 1;
         Ok(journal)
     }
@@ -439,8 +447,18 @@ impl Journal {
     pub fn append(&mut self, frame: &[u8], last_seq: u64) -> Result<()> {
         let file = &self.files[self.active];
         let end = self.offset + frame.len() as u64;
-        if end > file.len().map_err(io)? {
-            file.set_len(end).map_err(io)?;
+        if end > self.len[self.active] {
+            // Grow by whole chunks of zeros past the frame (see `JOURNAL_GROW_BYTES`).
+            let grown = end.div_ceil(JOURNAL_GROW_BYTES) * JOURNAL_GROW_BYTES;
+            file.set_len(grown).map_err(io)?;
+            let zeros = vec![0u8; (grown - end).min(JOURNAL_GROW_BYTES) as usize];
+            let mut at = end.max(self.len[self.active]);
+            while at < grown {
+                let n = (grown - at).min(zeros.len() as u64) as usize;
+                file.write(at, &zeros[..n]).map_err(io)?;
+                at += n as u64;
+            }
+            self.len[self.active] = grown;
         }
         file.write(self.offset, frame).map_err(io)?;
         file.sync_data().map_err(io)?;

@@ -10,10 +10,12 @@
 //! disposable: [`Engine::rebuild`] refolds them from the log at any time.
 //!
 //! The log is the database. The writer group-commits whatever is queued into one
-//! append (records and the bytes of new content, nothing else), one transaction and one
-//! fsync, and folds each durable batch into an in-memory delta; a checkpointer writes the
-//! delta into a projections file beside the log, behind the commits, and an open after a
-//! crash folds the log past the last checkpoint. Every query reads one [`View`]
+//! append (records and the bytes of new content, nothing else): one frame in the log's
+//! journal and one fsync ([`journal`]). It folds each durable batch into an in-memory
+//! delta; behind the commits, an absorber moves the journalled rows into the log file
+//! and a checkpointer writes the delta into a projections file beside it, and an open
+//! after a crash appends what the journal holds and folds the log past the last
+//! checkpoint. Every query reads one [`View`]
 //! (checkpoint plus delta at one sequence number), so it sees every acknowledged commit
 //! and never blocks the writer.
 //!

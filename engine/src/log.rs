@@ -368,8 +368,9 @@ fn check_key(stored: Option<Vec<u8>>, chain: &LogChain) -> Result<()> {
 }
 
 /// Writes this release's format number into a log file of a format it reads as it is
-/// (`tables::FORMAT_APPEND_ONLY_V1`): from then on it may hold records that release
-/// cannot decode, and the number tells it so at open.
+/// (`tables::FORMAT_APPEND_ONLY_V1`, `tables::FORMAT_BEFORE_JOURNAL`): from then on it
+/// may hold what that release cannot read (records it cannot decode, commits in the
+/// journal), and the number tells it so at open.
 pub(crate) fn upgrade_format(db: &Database) -> Result<bool> {
     let current = {
         let txn = db.begin_read()?;

@@ -109,17 +109,22 @@ pub fn clear_projection_tables(txn: &WriteTransaction, tables: &[Table]) -> Resu
 /// The log file's format version, written in its `meta`. Format 1 kept the projections,
 /// a per-session index and content by id in the log file; `annal migrate` upgrades it.
 /// Format 2 is the append-only layout with every record in record format 1. Format 3
-/// (this release) may also hold records of record format 2 and erased records, which a
-/// release that reads format 2 cannot decode: a format-2 file is read as it is, and the
-/// first open for writing rewrites its format number.
-pub const FORMAT: u32 = 3;
+/// may also hold records of record format 2 and erased records, which a release that
+/// reads format 2 cannot decode. Format 4 (this release) commits through the journal
+/// beside the log file (`crate::journal`): after a crash the journal holds acknowledged
+/// commits that a release reading format 3 would not look for. A file of format 2 or 3
+/// is read as it is, and the first open for writing rewrites its format number.
+pub const FORMAT: u32 = 4;
 
 /// The append-only layout before record format 2: read as it is, upgraded in place.
 pub const FORMAT_APPEND_ONLY_V1: u32 = 2;
 
+/// The append-only layout before the journal: read as it is, upgraded in place.
+pub const FORMAT_BEFORE_JOURNAL: u32 = 3;
+
 /// Whether this release reads a log file of format `f` without a migration.
 pub fn readable_format(f: u64) -> bool {
-    f == FORMAT as u64 || f == FORMAT_APPEND_ONLY_V1 as u64
+    f == FORMAT as u64 || f == FORMAT_BEFORE_JOURNAL as u64 || f == FORMAT_APPEND_ONLY_V1 as u64
 }
 
 /// The projections file's format version.
