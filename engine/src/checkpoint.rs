@@ -322,7 +322,7 @@ pub(crate) fn catch_up(
 pub(crate) fn fold_tail(
     delta: &Delta,
     log: &dyn ReadableDatabase,
-    journal: Option<&[std::path::PathBuf; 2]>,
+    journal: Option<&crate::journal::Follower>,
     chain: &LogChain,
     limits: &Limits,
 ) -> Result<u64> {
@@ -356,24 +356,17 @@ const JOURNAL_READ_TRIES_MAX: u32 = 16;
 /// A snapshot of the log file, its tip, and the journalled batches past it.
 fn read_with_journal(
     log: &dyn ReadableDatabase,
-    journal: Option<&[std::path::PathBuf; 2]>,
+    journal: Option<&crate::journal::Follower>,
     chain: &LogChain,
 ) -> Result<(redb::ReadTransaction, crate::log::Tip, crate::journal::Tail)> {
     let mut tries = 0;
     loop {
         let (txn, tip) = crate::log::read_tip(log, chain)?;
-        let Some(path) = journal else {
+        let Some(journal) = journal else {
             return Ok((txn, tip, crate::journal::Tail::default()));
         };
-        let files = [crate::journal::read_file(&path[0])?, crate::journal::read_file(&path[1])?];
-        match crate::journal::read_after(&files, tip.seq, &tip.hash, chain) {
-            Ok(frames) => {
-                let tail = frames
-                    .into_iter()
-                    .filter(|f| !f.batch.rows.is_empty())
-                    .fold(crate::journal::Tail::default(), |t, f| t.with(Arc::new(f.batch)));
-                return Ok((txn, tip, tail));
-            }
+        match journal.tail_after(tip.seq, &tip.hash, chain) {
+            Ok(tail) => return Ok((txn, tip, tail)),
             Err(_) if tries + 1 < JOURNAL_READ_TRIES_MAX => tries += 1,
             Err(e) => return Err(e),
         }
@@ -395,7 +388,7 @@ pub(crate) fn read_only_delta(
     log: Arc<dyn ReadableDatabase + Send + Sync>,
     proj: &dyn ReadableDatabase,
     fallback: &Database,
-    journal: Option<&[std::path::PathBuf; 2]>,
+    journal: Option<&crate::journal::Follower>,
     chain: &LogChain,
     limits: &Limits,
 ) -> Result<Delta> {

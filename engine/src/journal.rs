@@ -338,6 +338,80 @@ pub fn rows_after(files: &[Vec<u8>], seq: u64, hash: &ChainHash, chain: &LogChai
     Ok(rows.map(|r| JournalRow { seq: r.seq, record: r.record, content: r.content }).collect())
 }
 
+/// A read-only opener's view of a journal it does not write: the frames past the log
+/// file's tip, read again only when the tip moved or a file changed where a writer
+/// writes (its length, its first frame header, or the bytes just past its last frame,
+/// where the next frame of the cycle goes). A live writer appends to the files while it
+/// reads them: a frame being written fails its checksum and ends the scan (it is not
+/// acknowledged yet), and a journal that does not continue the tip it read means the
+/// writer absorbed it in between (the caller reads the tip again).
+pub(crate) struct Follower {
+    paths: [PathBuf; 2],
+    cached: parking_lot::Mutex<Option<Followed>>,
+}
+
+/// Where a journal file changes when a writer writes to it.
+type Stamp = (u64, Vec<u8>, Vec<u8>);
+
+/// What a [`Follower`] read last.
+struct Followed {
+    /// Each file's stamp, and where its frames of the current cycle end.
+    files: [(Stamp, u64); 2],
+    tip: (u64, ChainHash),
+    tail: Tail,
+}
+
+/// `len` bytes of `file` from `at` (fewer past its end; none if it cannot be read).
+fn read_at(file: &File, at: u64, len: usize) -> Vec<u8> {
+    use std::os::unix::fs::FileExt;
+    let mut buf = vec![0u8; len];
+    let n = file.read_at(&mut buf, at).unwrap_or(0);
+    buf.truncate(n);
+    buf
+}
+
+fn stamp(path: &Path, end: u64) -> Stamp {
+    match File::open(path) {
+        Ok(f) => {
+            let len = f.metadata().map_or(0, |m| m.len());
+            (len, read_at(&f, 0, FRAME_HEADER_LEN), read_at(&f, end, FRAME_HEADER_LEN))
+        }
+        Err(_) => (0, Vec::new(), Vec::new()),
+    }
+}
+
+impl Follower {
+    /// Follows the journal beside the log file `path`.
+    pub fn new(path: &Path) -> Follower {
+        Follower { paths: journal_paths(path), cached: parking_lot::Mutex::new(None) }
+    }
+
+    /// The journalled batches that continue a log whose tip is (`seq`, `hash`).
+    pub fn tail_after(&self, seq: u64, hash: &ChainHash, chain: &LogChain) -> Result<Tail> {
+        let mut cached = self.cached.lock();
+        if let Some(c) = cached.as_ref().filter(|c| c.tip == (seq, *hash)) {
+            let same = (0..2).all(|i| stamp(&self.paths[i], c.files[i].1) == c.files[i].0);
+            if same {
+                return Ok(c.tail.clone());
+            }
+        }
+        let bytes = [read_file(&self.paths[0])?, read_file(&self.paths[1])?];
+        let tail = read_after(&bytes, seq, hash, chain)?
+            .into_iter()
+            .filter(|f| !f.batch.rows.is_empty())
+            .fold(Tail::default(), |t, f| t.with(Arc::new(f.batch)));
+        let files = [0, 1].map(|i| {
+            let end = scan(&bytes[i]).unwrap_or_default().iter().map(|f| f.len).sum::<u64>();
+            let at = |from: u64| {
+                bytes[i].get(from as usize..).map_or(Vec::new(), |b| b[..b.len().min(FRAME_HEADER_LEN)].to_vec())
+            };
+            ((bytes[i].len() as u64, at(0), at(end)), end)
+        });
+        *cached = Some(Followed { files, tip: (seq, *hash), tail: tail.clone() });
+        Ok(tail)
+    }
+}
+
 /// The highest cycle either journal file holds a frame of.
 fn last_cycle(files: &[Vec<u8>]) -> u64 {
     files.iter().flat_map(|b| scan(b).unwrap_or_default()).map(|f| f.cycle).max().unwrap_or(0)

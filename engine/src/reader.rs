@@ -35,8 +35,8 @@ struct Source {
 
 struct Follow {
     log: Arc<dyn ReadableDatabase + Send + Sync>,
-    /// The journal files beside the log file: commits the log file does not hold yet.
-    journal: [std::path::PathBuf; 2],
+    /// The journal beside the log file: commits the log file does not hold yet.
+    journal: crate::journal::Follower,
     _projections: Option<redb::ReadOnlyDatabase>,
     _empty: redb::Database,
     lock: Mutex<()>,
@@ -89,7 +89,7 @@ impl Reader {
             false => None,
         };
         let chain = chain_key.map_or_else(LogChain::plain, LogChain::keyed);
-        let journal = crate::journal::journal_paths(path);
+        let journal = crate::journal::Follower::new(path);
         let empty = crate::checkpoint::empty_projections()?;
         let delta = fail_closed("open read-only", || match &projections {
             Some(p) => crate::checkpoint::read_only_delta(log.clone(), p, &empty, Some(&journal), &chain, &limits),
