@@ -5,7 +5,8 @@
 //! (SPEC §2: the record, the content row of its message, the meta tip) with no engine
 //! around it: the floor the append-only layout itself sets for a turn commit.
 //!
-//! Every database sits on redb's `FileBackend` wrapped in [`FaultyBackend`] with no fault
+//! annal runs as [`Engine::open`] lays it out: the log file, the projections file and the
+//! two journal files. Every database sits on redb's `FileBackend` wrapped in [`FaultyBackend`] with no fault
 //! switched on, so the benchmark can count the fsyncs (`sync_data` calls) each variant
 //! issues and the bytes it writes. The wrapper adds a few atomic increments per I/O call.
 //! After each benchmark the commits per fsync are printed (for annal that is the mean
@@ -146,8 +147,9 @@ impl AnnalFixture {
         let path = dir.path().join("annal.redb");
         let log = counted_backend(&path, &faults);
         let projections = counted_backend(&annal::projections_path(&path), &faults);
+        let journal = annal::journal_paths(&path).map(|p| counted_backend(&p, &faults));
         let options = Options { durability: Durability::Durable, multi_process_readers, ..Options::default() };
-        let engine = Engine::open_with_backends(log, projections, options).expect("open engine");
+        let engine = Engine::open_with_journal(log, projections, journal, options).expect("open engine");
         let sessions = (0..committers)
             .map(|i| {
                 let c = CreateSession::new().label("committer", i.to_string()).message(Message::system("bench"));

@@ -55,11 +55,6 @@ pub const FRAME_HEADER_LEN: usize = 92;
 /// from memory, and what an open after a crash appends to the log file.
 pub const JOURNAL_SWITCH_BYTES: u64 = 4 << 20;
 
-/// Bytes of zeros a journal file grows by when a frame would pass its end: a frame is
-/// then written over bytes the file already has, so its `fdatasync` writes data alone,
-/// and the file's length changes (and has to be synced) once a chunk.
-pub const JOURNAL_GROW_BYTES: u64 = 1 << 20;
-
 /// Journal bytes past which the writer waits for the absorber before it takes more
 /// commits (backpressure: the rows views read from memory stay bounded).
 pub const JOURNAL_BYTES_MAX: u64 = 16 * JOURNAL_SWITCH_BYTES;
@@ -522,17 +517,8 @@ impl Journal {
         let file = &self.files[self.active];
         let end = self.offset + frame.len() as u64;
         if end > self.len[self.active] {
-            // Grow by whole chunks of zeros past the frame (see `JOURNAL_GROW_BYTES`).
-            let grown = end.div_ceil(JOURNAL_GROW_BYTES) * JOURNAL_GROW_BYTES;
-            file.set_len(grown).map_err(io)?;
-            let zeros = vec![0u8; (grown - end).min(JOURNAL_GROW_BYTES) as usize];
-            let mut at = end.max(self.len[self.active]);
-            while at < grown {
-                let n = (grown - at).min(zeros.len() as u64) as usize;
-                file.write(at, &zeros[..n]).map_err(io)?;
-                at += n as u64;
-            }
-            self.len[self.active] = grown;
+            file.set_len(end).map_err(io)?;
+            self.len[self.active] = end;
         }
         file.write(self.offset, frame).map_err(io)?;
         file.sync_data().map_err(io)?;
