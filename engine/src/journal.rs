@@ -174,6 +174,13 @@ pub(crate) struct Frame {
     pub len: u64,
 }
 
+impl Frame {
+    /// The seq after its last record (its first seq, for draft changes alone).
+    fn next_seq(&self) -> u64 {
+        self.first_seq.saturating_add(self.batch.rows.len() as u64)
+    }
+}
+
 /// Reads the frame at the start of `bytes`: `None` if it is not a whole, intact frame
 /// (the end of the journal). Bounded by `bytes`: nothing is allocated beyond it.
 pub(crate) fn read_frame(bytes: &[u8]) -> Option<Frame> {
@@ -234,19 +241,18 @@ fn scan(bytes: &[u8]) -> Result<Vec<Frame>> {
     loop {
         let Some(frame) = bytes.get(at..).and_then(read_frame) else {
             if let Some(last) = frames.last() {
-                let next = last.first_seq + last.batch.rows.len() as u64;
+                let next = last.next_seq();
                 if damaged_before(bytes, at).is_some_and(|f| f.cycle == last.cycle && f.first_seq >= next) {
                     return Err(Error::corrupt(
                         Location::Log { seq: next },
-                        format!("journal: the frame after seq {} is damaged", next - 1),
+                        format!("journal: the frame after seq {} is damaged", next.saturating_sub(1)),
                     ));
                 }
             }
             return Ok(frames);
         };
         if let Some(last) = frames.last() {
-            let next = last.first_seq + last.batch.rows.len() as u64;
-            if frame.cycle != last.cycle || frame.first_seq != next {
+            if frame.cycle != last.cycle || frame.first_seq != last.next_seq() {
                 return Ok(frames);
             }
         }
@@ -282,12 +288,12 @@ pub(crate) fn read_after(
     }
     // A file's frames are in order already; the files follow each other by cycle.
     all.sort_by_key(|f| f.cycle);
-    let (mut next, mut hash) = (tip_seq + 1, *tip_hash);
+    let (mut next, mut hash) = (tip_seq.saturating_add(1), *tip_hash);
     let mut frames = Vec::new();
     for frame in all {
         let count = frame.batch.rows.len() as u64;
         // Records the log holds; draft changes journalled before the last of them.
-        if frame.first_seq + count <= next && !(count == 0 && frame.first_seq == next) {
+        if frame.next_seq() <= next && !(count == 0 && frame.first_seq == next) {
             continue;
         }
         if frame.first_seq != next || frame.prev != hash {
@@ -300,7 +306,7 @@ pub(crate) fn read_after(
             hash = annal_codec::verify_chain(&row.record, &hash, chain, row.seq)
                 .map_err(|source| Error::Decode { seq: row.seq, source })?;
         }
-        next += count;
+        next = next.saturating_add(count);
         frames.push(frame);
     }
     Ok(frames)
@@ -614,6 +620,18 @@ mod tests {
         for cut in 0..f.len() {
             assert!(read_frame(&f[..cut]).is_none(), "cut at {cut}");
         }
+    }
+
+    /// Found by the `journal` fuzz target: a frame whose last record is seq `u64::MAX`
+    /// made the seq after it overflow.
+    #[test]
+    fn a_frame_at_the_end_of_the_seq_space_is_refused_without_overflow() {
+        let rows = vec![Sealed { seq: u64::MAX, record: vec![1; 40], content: Vec::new() }];
+        let f = encode_frame(1, u64::MAX, &ChainHash([0; 32]), &SealedBatch { rows, drafts: Vec::new() });
+        let twice = [f.clone(), f].concat();
+        assert!(scan(&twice).is_ok());
+        let chain = LogChain::plain();
+        assert!(read_after(&[twice], 0, &chain.genesis(), &chain).is_err());
     }
 
     #[test]

@@ -107,17 +107,19 @@ impl Reader {
     /// delta) and the log at one seq, for callers that need several reads to agree (and
     /// for the functions in [`crate::query`]).
     pub fn snapshot(&self) -> Result<View> {
+        self.follow()?;
+        Ok(self.source.delta.view())
+    }
+
+    /// For a read-only opener: folds what was committed since the last query (the log
+    /// file's records past its delta, then the journal's) into its delta.
+    fn follow(&self) -> Result<()> {
         if let Some(follow) = &self.source.follow {
             let _guard = follow.lock.lock();
-            crate::checkpoint::fold_tail(
-                &self.source.delta,
-                &*follow.log,
-                Some(&follow.journal),
-                &self.chain,
-                &self.limits,
-            )?;
+            let (delta, journal) = (&self.source.delta, Some(&follow.journal));
+            crate::checkpoint::fold_tail(delta, &*follow.log, journal, &self.chain, &self.limits)?;
         }
-        Ok(self.source.delta.view())
+        Ok(())
     }
 
     /// The record chain this reader verifies with.
@@ -135,16 +137,7 @@ impl Reader {
     /// as it is published, so a head read agrees with every other query.
     pub fn head(&self, session: SessionId) -> Result<Option<SessionHead>> {
         fail_closed("head", || {
-            if let Some(follow) = &self.source.follow {
-                let _guard = follow.lock.lock();
-                crate::checkpoint::fold_tail(
-                    &self.source.delta,
-                    &*follow.log,
-                    Some(&follow.journal),
-                    &self.chain,
-                    &self.limits,
-                )?;
-            }
+            self.follow()?;
             Ok(self.source.delta.head(&session.0)?.map(|head| (*head).clone()))
         })
     }

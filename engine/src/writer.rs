@@ -1,8 +1,9 @@
 //! The writer thread: group commit.
 //!
 //! Callers send requests over a bounded channel and block on their own reply channel.
-//! The writer drains whatever is queued (up to `batch_commands_max`) into one write
-//! transaction and one fsync. Each command is decided against state that includes the
+//! The writer drains whatever is queued (up to `batch_commands_max`) into one journal
+//! frame and one fsync (`crate::journal`; without a journal, one write transaction of
+//! the log file). Each command is decided against state that includes the
 //! commands before it, staged in an [`Overlay`], and applied only if accepted, so a
 //! rejection writes nothing. Replies and subscriber notices go out only after the commit
 //! is durable. An I/O error during the commit fails every caller in the batch and
@@ -163,8 +164,9 @@ pub const GATHER_WAIT_MAX: Duration = Duration::from_micros(300);
 /// One thread does it all, in order: it gathers whatever is queued (waiting up to
 /// [`GATHER_WAIT_MAX`] for as many committers as the previous batch had), decides and
 /// folds each command on a view of the delta (a rejected command's staged writes are
-/// dropped), appends the batch to the log in one transaction and one fsync, applies its
-/// rows to the delta, and only then notifies subscribers and replies. Nothing is
+/// dropped), appends the batch to the log's journal in one frame and one fsync, applies
+/// its rows to the delta, and only then notifies subscribers and replies; the absorber
+/// (`crate::absorb`) moves the journal into the log file behind it. Nothing is
 /// acknowledged before its batch is durable; if a commit fails, the engine is poisoned
 /// and every caller of the batch gets the error.
 pub(crate) fn run(

@@ -656,8 +656,12 @@ impl Run {
     fn open(&mut self, mut faulted: u32) {
         loop {
             let journal = [self.disk.file(JOURNAL[0]), self.disk.file(JOURNAL[1])];
-            let opened =
-                Engine::open_with_journal(self.disk.file(LOG), self.disk.file(PROJECTIONS), journal, self.options.clone());
+            let opened = Engine::open_with_journal(
+                self.disk.file(LOG),
+                self.disk.file(PROJECTIONS),
+                journal,
+                self.options.clone(),
+            );
             let fired = self.disk.take_fired().is_some();
             let lost = self.disk.take_power_loss().is_some();
             let interrupted = fired || lost;

@@ -1215,12 +1215,15 @@ impl Database {
     }
 
     /// Counters of the engine's durable work since it opened: `log_commits` (group
-    /// commits: one transaction and one fsync each), `events`, `appended_bytes`,
+    /// commits: one journal frame and one fsync each), `events`, `appended_bytes`,
+    /// `journal_bytes`, `absorptions` (moves of the journal into the log file),
     /// `checkpoints`, `checkpoint_rows`, `backpressure_waits`, `delta_bytes`.
     fn stats(&self, py: Python<'_>) -> PyResult<BTreeMap<&'static str, u64>> {
         let s = self.run(py, |e| Ok(e.stats()))?;
         Ok(BTreeMap::from([
             ("log_commits", s.log_commits),
+            ("journal_bytes", s.journal_bytes),
+            ("absorptions", s.absorptions),
             ("events", s.events),
             ("appended_bytes", s.appended_bytes),
             ("checkpoints", s.checkpoints),
