@@ -4,10 +4,11 @@
 //! A draft is a list of segments under `(session, draft id)`. The writer holds every
 //! draft in memory ([`DraftState`], bounded by the draft limits), which is what readers
 //! see at once, and writes new segments to the log file's [`DRAFTS`] and
-//! [`DRAFT_INDEX`] tables with the next log transaction, or on their own once
+//! [`DRAFT_INDEX`] tables with the next commit (in its journal frame, which the
+//! absorber writes into those tables with its records), or on their own once
 //! `Options::draft_flush_interval` has passed since the first unwritten one: a crash
 //! loses at most that interval of segments. The turn commit that names a draft removes
-//! it in the transaction that appends the turn; a discard is written at once. Drafts are
+//! it in the frame that appends the turn; a discard is written at once. Drafts are
 //! never exported, copied or folded into projections.
 
 use crate::error::Result;

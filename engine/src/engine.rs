@@ -56,12 +56,12 @@ pub struct Options {
     /// check either way, and a failure inside the storage layer is reported as
     /// [`Error::Corrupt`] rather than a panic.
     pub check_integrity_on_open: bool,
-    /// Let other processes open the file read-only while this engine writes (redb's
+    /// Let other processes open the files read-only while this engine writes (redb's
     /// single-writer / multi-reader mode), so `annal verify` can run beside the host.
-    /// The default. redb then commits in two phases, which costs a second fsync per
-    /// commit; a host that never reads from another process can turn this off to commit
-    /// with one fsync and hold the file exclusively. Relaxed durability is always
-    /// exclusive.
+    /// The default. redb then commits in two phases (two fsyncs), but only the absorber
+    /// and the checkpointer commit redb transactions, behind the commit path: a commit is
+    /// one journal frame and one fsync in either mode. Turned off, the engine holds the
+    /// files exclusively. Relaxed durability is always exclusive.
     pub multi_process_readers: bool,
     /// When the delta is checkpointed into the projections file, and its bound.
     pub checkpoint: CheckpointPolicy,
