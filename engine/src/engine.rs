@@ -348,7 +348,8 @@ impl Engine {
         };
         let tip = crate::log::open_log(&log, &chain)?;
         // What the journal holds past the log file's tip (a crash) goes into the log first.
-        let tip = match &journal {
+        let mut journal = journal;
+        let tip = match journal.as_mut() {
             Some(journal) => crate::journal::recover(&log, journal, tip, &chain)?,
             None => tip,
         };

@@ -91,10 +91,11 @@ impl SealedBatch {
     }
 }
 
-/// The journalled batches the log file's snapshot does not hold yet, oldest first.
+/// The journalled batches the log file's snapshot does not hold yet, oldest first. A
+/// clone (every view takes one) shares the list.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct Tail {
-    batches: Vec<Arc<SealedBatch>>,
+    batches: Arc<Vec<Arc<SealedBatch>>>,
 }
 
 impl Tail {
@@ -103,13 +104,13 @@ impl Tail {
         let mut batches = Vec::with_capacity(self.batches.len() + 1);
         batches.extend(self.batches.iter().cloned());
         batches.push(batch);
-        Tail { batches }
+        Tail { batches: Arc::new(batches) }
     }
 
     /// The tail without the records at or below `seq` (the log file holds them now).
     pub fn after(&self, seq: u64) -> Tail {
         let batches = self.batches.iter().filter(|b| b.rows.last().is_some_and(|r| r.seq > seq)).cloned().collect();
-        Tail { batches }
+        Tail { batches: Arc::new(batches) }
     }
 
     /// The first seq the tail holds.
@@ -421,8 +422,12 @@ fn last_cycle(files: &[Vec<u8>]) -> u64 {
 /// Appends the frames of the journal beside the log file `path` that continue `tip` to
 /// the log file, with their draft changes, in one durable transaction (an open after a
 /// crash), and returns the new tip. Nothing is written when there are none.
-pub(crate) fn recover(db: &redb::Database, journal: &Journal, tip: Tip, chain: &LogChain) -> Result<Tip> {
-    let frames = read_after(&journal.contents()?, tip.seq, &tip.hash, chain)?;
+/// The journal then writes from offset 0 of its first file, in a cycle after every one
+/// the files hold.
+pub(crate) fn recover(db: &redb::Database, journal: &mut Journal, tip: Tip, chain: &LogChain) -> Result<Tip> {
+    let contents = journal.contents()?;
+    journal.cycle = last_cycle(&contents) + 1;
+    let frames = read_after(&contents, tip.seq, &tip.hash, chain)?;
     if frames.is_empty() {
         return Ok(tip);
     }
@@ -494,9 +499,8 @@ impl Journal {
 
     fn start(files: [Box<dyn redb::StorageBackend>; 2], paths: Option<[PathBuf; 2]>) -> Result<Journal> {
         let len = [files[0].len().map_err(io)?, files[1].len().map_err(io)?];
-        let mut journal = Journal { files, paths, active: 0, offset: 0, last_seq: [0, 0], cycle: 0, len };
-        journal.cycle = last_cycle(&journal.contents()?) + 1;
-        Ok(journal)
+        // The cycle is set by `recover`, which reads the files.
+        Ok(Journal { files, paths, active: 0, offset: 0, last_seq: [0, 0], cycle: 1, len })
     }
 
     /// What each file holds, old frames included.
