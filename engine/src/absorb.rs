@@ -130,12 +130,15 @@ fn absorb(shared: &Shared, request: &Request) -> Result<()> {
     let rows = tail.batches().iter().flat_map(|b| b.rows.iter()).filter(|r| r.seq > file_seq && r.seq <= tip.seq);
     let mut txn = shared.log_db.begin_write()?;
     txn.set_durability(redb::Durability::Immediate)?;
-    let written = crate::log::append_sealed(&txn, file_seq, rows, &tip)?;
+    // Draft changes alone leave the log and its tip as they are.
+    if tip.seq > file_seq {
+        let written = crate::log::append_sealed(&txn, file_seq, rows, &tip)?;
+        if file_seq + written.records < tip.seq {
+            return Err(Error::Storage(format!("absorb: the journal's rows end before seq {}", tip.seq)));
+        }
+    }
     for drafts in &request.drafts {
         crate::draft::write(&txn, drafts)?;
-    }
-    if file_seq + written.records < tip.seq {
-        return Err(Error::Storage(format!("absorb: the journal's rows end before seq {}", tip.seq)));
     }
     txn.commit()?;
     shared.delta.absorbed(shared.log_db.begin_read()?, tip.seq);

@@ -322,7 +322,7 @@ pub(crate) fn catch_up(
 pub(crate) fn fold_tail(
     delta: &Delta,
     log: &dyn ReadableDatabase,
-    journal: Option<&crate::journal::Follower>,
+    journal: &crate::journal::Follower,
     chain: &LogChain,
     limits: &Limits,
 ) -> Result<u64> {
@@ -349,25 +349,18 @@ pub(crate) fn fold_tail(
     Ok(events)
 }
 
-/// Times a read-only opener reads the log file's tip and the journal again when the
-/// journal does not continue the tip it read (the writer absorbed it in between).
-const JOURNAL_READ_TRIES_MAX: u32 = 16;
-
 /// A snapshot of the log file, its tip, and the journalled batches past it.
 fn read_with_journal(
     log: &dyn ReadableDatabase,
-    journal: Option<&crate::journal::Follower>,
+    journal: &crate::journal::Follower,
     chain: &LogChain,
 ) -> Result<(redb::ReadTransaction, crate::log::Tip, crate::journal::Tail)> {
-    let mut tries = 0;
+    let mut tries = 1;
     loop {
         let (txn, tip) = crate::log::read_tip(log, chain)?;
-        let Some(journal) = journal else {
-            return Ok((txn, tip, crate::journal::Tail::default()));
-        };
         match journal.tail_after(tip.seq, &tip.hash, chain) {
             Ok(tail) => return Ok((txn, tip, tail)),
-            Err(_) if tries + 1 < JOURNAL_READ_TRIES_MAX => tries += 1,
+            Err(_) if tries < crate::journal::JOURNAL_READ_TRIES_MAX => tries += 1,
             Err(e) => return Err(e),
         }
     }
@@ -388,7 +381,7 @@ pub(crate) fn read_only_delta(
     log: Arc<dyn ReadableDatabase + Send + Sync>,
     proj: &dyn ReadableDatabase,
     fallback: &Database,
-    journal: Option<&crate::journal::Follower>,
+    journal: &crate::journal::Follower,
     chain: &LogChain,
     limits: &Limits,
 ) -> Result<Delta> {

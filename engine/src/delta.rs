@@ -416,14 +416,9 @@ impl View {
     /// The log file's raw snapshot, for offline tools that read its tables
     /// ([`crate::tables::LOG`], [`crate::tables::CONTENT`], [`crate::tables::META`])
     /// directly. It may hold commits past [`View::seq`], and it lacks those still in
-    /// the journal (see [`View::journalled`]).
+    /// the journal (see [`View::journalled_rows`]).
     pub fn log(&self) -> &ReadTransaction {
         &self.log.txn
-    }
-
-    /// The first seq this view reads from the journal rather than the log file, if any.
-    pub fn journalled(&self) -> Option<u64> {
-        self.log.tail.first_seq().filter(|&s| s <= self.seq)
     }
 
     /// Every journalled (seq, record bytes, content row bytes) this view reads, in order.

@@ -206,10 +206,11 @@ impl DraftWrites {
     }
 
     /// The bytes a journal frame carries (empty for no changes).
-    pub fn encode(&self) -> Vec<u8> {
+    pub fn encode(&self) -> Result<Vec<u8>> {
         match self.is_empty() {
-            true => Vec::new(),
-            false => annal_codec::wire::to_bytes(self, u64::MAX).unwrap_or_default(),
+            true => Ok(Vec::new()),
+            false => annal_codec::wire::to_bytes(self, u64::MAX)
+                .map_err(|e| crate::error::Error::Storage(format!("encode draft changes: {e}"))),
         }
     }
 

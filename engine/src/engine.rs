@@ -334,7 +334,7 @@ impl Engine {
     fn start(
         log: Database,
         projections: Database,
-        journal: Option<Journal>,
+        mut journal: Option<Journal>,
         options: Options,
         path: Option<PathBuf>,
     ) -> Result<Engine> {
@@ -348,7 +348,6 @@ impl Engine {
         };
         let tip = crate::log::open_log(&log, &chain)?;
         // What the journal holds past the log file's tip (a crash) goes into the log first.
-        let mut journal = journal;
         let tip = match journal.as_mut() {
             Some(journal) => crate::journal::recover(&log, journal, tip, &chain)?,
             None => tip,

@@ -59,6 +59,11 @@ pub const JOURNAL_SWITCH_BYTES: u64 = 4 << 20;
 /// commits (backpressure: the rows views read from memory stay bounded).
 pub const JOURNAL_BYTES_MAX: u64 = 16 * JOURNAL_SWITCH_BYTES;
 
+/// Times a reader reads the log file's tip and the journal again when the journal does
+/// not continue the tip it read: a live writer absorbed the journal in between, and
+/// started a file again.
+pub const JOURNAL_READ_TRIES_MAX: u32 = 16;
+
 /// The two journal files beside the log file `path`: `<path>.journal.0` and `.1`.
 pub fn journal_paths(path: &Path) -> [PathBuf; 2] {
     [0, 1].map(|i| {
@@ -77,17 +82,15 @@ pub(crate) struct Sealed {
     pub content: Vec<u8>,
 }
 
-/// One group commit's sealed rows: what a frame holds.
-#[derive(Debug, Default)]
+/// One group commit's sealed rows, as views read them from memory (never empty).
+#[derive(Debug)]
 pub(crate) struct SealedBatch {
     pub rows: Vec<Sealed>,
-    /// The batch's draft changes, encoded (see `crate::draft::DraftWrites::encode`).
-    pub drafts: Vec<u8>,
 }
 
 impl SealedBatch {
-    fn first_seq(&self) -> Option<u64> {
-        self.rows.first().map(|r| r.seq)
+    fn first_seq(&self) -> u64 {
+        self.rows.first().map_or(0, |r| r.seq)
     }
 }
 
@@ -99,8 +102,9 @@ pub(crate) struct Tail {
 }
 
 impl Tail {
-    /// The tail with `batch` after it.
+    /// The tail with `batch` (which holds records) after it.
     pub fn with(&self, batch: Arc<SealedBatch>) -> Tail {
+        debug_assert!(!batch.rows.is_empty(), "a tail's batches hold records");
         let mut batches = Vec::with_capacity(self.batches.len() + 1);
         batches.extend(self.batches.iter().cloned());
         batches.push(batch);
@@ -115,15 +119,14 @@ impl Tail {
 
     /// The first seq the tail holds.
     pub fn first_seq(&self) -> Option<u64> {
-        self.batches.iter().find_map(|b| b.first_seq())
+        self.batches.first().map(|b| b.first_seq())
     }
 
     /// Sealed row `seq`, if the tail holds it.
     pub fn get(&self, seq: u64) -> Option<&Sealed> {
-        let i = self.batches.partition_point(|b| b.first_seq().is_none_or(|f| f <= seq));
-        let batch = self.batches[..i].iter().rev().find(|b| !b.rows.is_empty())?;
-        let first = batch.first_seq()?;
-        batch.rows.get(usize::try_from(seq.checked_sub(first)?).ok()?).filter(|r| r.seq == seq)
+        let i = self.batches.partition_point(|b| b.first_seq() <= seq).checked_sub(1)?;
+        let batch = &self.batches[i];
+        batch.rows.get(usize::try_from(seq - batch.first_seq()).ok()?).filter(|r| r.seq == seq)
     }
 
     /// Every batch, oldest first.
@@ -132,26 +135,27 @@ impl Tail {
     }
 }
 
-/// Encodes one frame.
-pub(crate) fn encode_frame(cycle: u64, next_seq: u64, prev: &ChainHash, batch: &SealedBatch) -> Vec<u8> {
+/// Encodes one frame: `rows` sealed after `prev` (none for draft changes alone, which
+/// then name `next_seq`), and the batch's encoded draft changes.
+pub(crate) fn encode_frame(cycle: u64, next_seq: u64, prev: &ChainHash, rows: &[Sealed], drafts: &[u8]) -> Vec<u8> {
     let payload_len: usize =
-        batch.rows.iter().map(|r| 8 + r.record.len() + r.content.len()).sum::<usize>() + 4 + batch.drafts.len();
+        rows.iter().map(|r| 8 + r.record.len() + r.content.len()).sum::<usize>() + 4 + drafts.len();
     let mut f = Vec::with_capacity(FRAME_HEADER_LEN + payload_len);
     f.extend_from_slice(&FRAME_MAGIC);
     f.extend_from_slice(&(payload_len as u32).to_le_bytes());
     f.extend_from_slice(&cycle.to_le_bytes());
-    f.extend_from_slice(&batch.first_seq().unwrap_or(next_seq).to_le_bytes());
-    f.extend_from_slice(&(batch.rows.len() as u32).to_le_bytes());
+    f.extend_from_slice(&rows.first().map_or(next_seq, |r| r.seq).to_le_bytes());
+    f.extend_from_slice(&(rows.len() as u32).to_le_bytes());
     f.extend_from_slice(&prev.0);
     f.extend_from_slice(&[0; 32]);
-    for r in &batch.rows {
+    for r in rows {
         f.extend_from_slice(&(r.record.len() as u32).to_le_bytes());
         f.extend_from_slice(&r.record);
         f.extend_from_slice(&(r.content.len() as u32).to_le_bytes());
         f.extend_from_slice(&r.content);
     }
-    f.extend_from_slice(&(batch.drafts.len() as u32).to_le_bytes());
-    f.extend_from_slice(&batch.drafts);
+    f.extend_from_slice(&(drafts.len() as u32).to_le_bytes());
+    f.extend_from_slice(drafts);
     let sum = checksum(&f[..60], &f[FRAME_HEADER_LEN..]);
     f[60..92].copy_from_slice(&sum);
     f
@@ -170,7 +174,9 @@ pub(crate) struct Frame {
     pub cycle: u64,
     pub first_seq: u64,
     pub prev: ChainHash,
-    pub batch: SealedBatch,
+    pub rows: Vec<Sealed>,
+    /// The batch's draft changes, encoded (`crate::draft::DraftWrites::encode`).
+    pub drafts: Vec<u8>,
     /// Bytes the frame takes in the file.
     pub len: u64,
 }
@@ -178,7 +184,7 @@ pub(crate) struct Frame {
 impl Frame {
     /// The seq after its last record (its first seq, for draft changes alone).
     fn next_seq(&self) -> u64 {
-        self.first_seq.saturating_add(self.batch.rows.len() as u64)
+        self.first_seq.saturating_add(self.rows.len() as u64)
     }
 }
 
@@ -217,7 +223,8 @@ pub(crate) fn read_frame(bytes: &[u8]) -> Option<Frame> {
         cycle,
         first_seq,
         prev,
-        batch: SealedBatch { rows, drafts },
+        rows,
+        drafts,
         len: (FRAME_HEADER_LEN + payload_len) as u64,
     })
 }
@@ -287,12 +294,18 @@ pub(crate) fn read_after(
     for file in files {
         all.extend(scan(file)?);
     }
+    continuing(all, tip_seq, tip_hash, chain)
+}
+
+/// The frames of both journal files' scans (`all`) that continue a log whose tip is
+/// (`tip_seq`, `tip_hash`): see [`read_after`].
+fn continuing(mut all: Vec<Frame>, tip_seq: u64, tip_hash: &ChainHash, chain: &LogChain) -> Result<Vec<Frame>> {
     // A file's frames are in order already; the files follow each other by cycle.
     all.sort_by_key(|f| f.cycle);
     let (mut next, mut hash) = (tip_seq.saturating_add(1), *tip_hash);
     let mut frames = Vec::new();
     for frame in all {
-        let count = frame.batch.rows.len() as u64;
+        let count = frame.rows.len() as u64;
         // Records the log holds; draft changes journalled before the last of them.
         if frame.next_seq() <= next && !(count == 0 && frame.first_seq == next) {
             continue;
@@ -303,7 +316,7 @@ pub(crate) fn read_after(
                 format!("journal frame at seq {} does not continue the log at {}", frame.first_seq, next - 1),
             ));
         }
-        for row in &frame.batch.rows {
+        for row in &frame.rows {
             hash = annal_codec::verify_chain(&row.record, &hash, chain, row.seq)
                 .map_err(|source| Error::Decode { seq: row.seq, source })?;
         }
@@ -336,7 +349,7 @@ pub fn read_journal(path: &Path) -> Result<Vec<Vec<u8>>> {
 /// file was read).
 pub fn rows_after(files: &[Vec<u8>], seq: u64, hash: &ChainHash, chain: &LogChain) -> Result<Vec<JournalRow>> {
     let frames = read_after(files, seq, hash, chain)?;
-    let rows = frames.into_iter().flat_map(|f| f.batch.rows);
+    let rows = frames.into_iter().flat_map(|f| f.rows);
     Ok(rows.map(|r| JournalRow { seq: r.seq, record: r.record, content: r.content }).collect())
 }
 
@@ -398,17 +411,19 @@ impl Follower {
             }
         }
         let bytes = [read_file(&self.paths[0])?, read_file(&self.paths[1])?];
-        let tail = read_after(&bytes, seq, hash, chain)?
-            .into_iter()
-            .filter(|f| !f.batch.rows.is_empty())
-            .fold(Tail::default(), |t, f| t.with(Arc::new(f.batch)));
+        let scanned = [scan(&bytes[0])?, scan(&bytes[1])?];
         let files = [0, 1].map(|i| {
-            let end = scan(&bytes[i]).unwrap_or_default().iter().map(|f| f.len).sum::<u64>();
+            let end = scanned[i].iter().map(|f| f.len).sum::<u64>();
             let at = |from: u64| {
                 bytes[i].get(from as usize..).map_or(Vec::new(), |b| b[..b.len().min(FRAME_HEADER_LEN)].to_vec())
             };
             ((bytes[i].len() as u64, at(0), at(end)), end)
         });
+        let [first, second] = scanned;
+        let tail = continuing(first.into_iter().chain(second).collect(), seq, hash, chain)?
+            .into_iter()
+            .filter(|f| !f.rows.is_empty())
+            .fold(Tail::default(), |t, f| t.with(Arc::new(SealedBatch { rows: f.rows })));
         *cached = Some(Followed { files, tip: (seq, *hash), tail: tail.clone() });
         Ok(tail)
     }
@@ -432,7 +447,7 @@ pub(crate) fn recover(db: &redb::Database, journal: &mut Journal, tip: Tip, chai
         return Ok(tip);
     }
     let mut next = tip;
-    for row in frames.iter().flat_map(|f| f.batch.rows.iter()) {
+    for row in frames.iter().flat_map(|f| f.rows.iter()) {
         let header = annal_codec::decode_header(&row.record, u64::MAX)
             .map_err(|source| Error::Decode { seq: row.seq, source })?;
         let hash = annal_codec::stored_chain_hash(&row.record)
@@ -441,9 +456,9 @@ pub(crate) fn recover(db: &redb::Database, journal: &mut Journal, tip: Tip, chai
     }
     let mut txn = db.begin_write()?;
     txn.set_durability(redb::Durability::Immediate)?;
-    crate::log::append_sealed(&txn, tip.seq, frames.iter().flat_map(|f| f.batch.rows.iter()), &next)?;
+    crate::log::append_sealed(&txn, tip.seq, frames.iter().flat_map(|f| f.rows.iter()), &next)?;
     for frame in &frames {
-        let drafts = crate::draft::DraftWrites::decode(&frame.batch.drafts, frame.batch.drafts.len() as u64)?;
+        let drafts = crate::draft::DraftWrites::decode(&frame.drafts, frame.drafts.len() as u64)?;
         crate::draft::write(&txn, &drafts)?;
     }
     txn.commit()?;
@@ -606,16 +621,16 @@ mod tests {
         let rows = (first..first + n)
             .map(|seq| Sealed { seq, record: vec![seq as u8; 40], content: vec![1; (seq % 3) as usize] })
             .collect();
-        SealedBatch { rows, drafts: vec![7; 3] }
+        SealedBatch { rows }
     }
 
     #[test]
     fn a_frame_round_trips_and_any_flipped_byte_ends_the_scan() {
-        let f = encode_frame(2, 5, &ChainHash([9; 32]), &batch(5, 3));
+        let f = encode_frame(2, 5, &ChainHash([9; 32]), &batch(5, 3).rows, &[7; 3]);
         let back = read_frame(&f).expect("whole frame");
-        assert_eq!((back.cycle, back.first_seq, back.len as usize, back.batch.rows.len()), (2, 5, f.len(), 3));
-        assert_eq!(back.batch.rows[2].record, vec![7u8; 40]);
-        assert_eq!(back.batch.drafts, vec![7; 3]);
+        assert_eq!((back.cycle, back.first_seq, back.len as usize, back.rows.len()), (2, 5, f.len(), 3));
+        assert_eq!(back.rows[2].record, vec![7u8; 40]);
+        assert_eq!(back.drafts, vec![7; 3]);
         for i in 0..f.len() {
             let mut bad = f.clone();
             bad[i] ^= 0x40;
@@ -631,7 +646,7 @@ mod tests {
     #[test]
     fn a_frame_at_the_end_of_the_seq_space_is_refused_without_overflow() {
         let rows = vec![Sealed { seq: u64::MAX, record: vec![1; 40], content: Vec::new() }];
-        let f = encode_frame(1, u64::MAX, &ChainHash([0; 32]), &SealedBatch { rows, drafts: Vec::new() });
+        let f = encode_frame(1, u64::MAX, &ChainHash([0; 32]), &rows, &[]);
         let twice = [f.clone(), f].concat();
         assert!(scan(&twice).is_ok());
         let chain = LogChain::plain();
@@ -640,8 +655,7 @@ mod tests {
 
     #[test]
     fn the_tail_finds_rows_by_seq_and_drops_absorbed_batches() {
-        let tail = Tail::default().with(Arc::new(batch(3, 2))).with(Arc::new(SealedBatch::default()));
-        let tail = tail.with(Arc::new(batch(5, 4)));
+        let tail = Tail::default().with(Arc::new(batch(3, 2))).with(Arc::new(batch(5, 4)));
         for seq in 3..9 {
             assert_eq!(tail.get(seq).map(|r| r.seq), Some(seq));
         }

@@ -304,11 +304,10 @@ impl Iterator for LogTail {
             Some(Ok((k, v))) => self.read(k.value(), v.value(), None),
             Some(Err(e)) => Err(e.into()),
             None if self.next_seq <= self.last_seq && self.journal.get(self.next_seq).is_some() => {
-                let tail = std::mem::take(&mut self.journal);
+                // The tail shares its batches: a clone is one reference count.
+                let tail = self.journal.clone();
                 let row = tail.get(self.next_seq).expect("checked above");
-                let item = self.read(row.seq, &row.record, Some(&row.content));
-                self.journal = tail;
-                item
+                self.read(row.seq, &row.record, Some(&row.content))
             }
             None if self.next_seq <= self.last_seq => {
                 Err(Error::corrupt(Location::Log { seq: self.next_seq }, "missing record before the tip"))

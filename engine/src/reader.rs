@@ -92,8 +92,8 @@ impl Reader {
         let journal = crate::journal::Follower::new(path);
         let empty = crate::checkpoint::empty_projections()?;
         let delta = fail_closed("open read-only", || match &projections {
-            Some(p) => crate::checkpoint::read_only_delta(log.clone(), p, &empty, Some(&journal), &chain, &limits),
-            None => crate::checkpoint::read_only_delta(log.clone(), &empty, &empty, Some(&journal), &chain, &limits),
+            Some(p) => crate::checkpoint::read_only_delta(log.clone(), p, &empty, &journal, &chain, &limits),
+            None => crate::checkpoint::read_only_delta(log.clone(), &empty, &empty, &journal, &chain, &limits),
         })?;
         let follow = Follow { log, journal, _projections: projections, _empty: empty, lock: Mutex::new(()) };
         Ok(Reader {
@@ -116,7 +116,7 @@ impl Reader {
     fn follow(&self) -> Result<()> {
         if let Some(follow) = &self.source.follow {
             let _guard = follow.lock.lock();
-            let (delta, journal) = (&self.source.delta, Some(&follow.journal));
+            let (delta, journal) = (&self.source.delta, &follow.journal);
             crate::checkpoint::fold_tail(delta, &*follow.log, journal, &self.chain, &self.limits)?;
         }
         Ok(())

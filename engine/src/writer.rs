@@ -417,8 +417,8 @@ impl Sequencer {
         }
         let tip = *shared.tip.lock();
         let committed = crate::error::fail_closed("commit", || {
-            if self.journal.is_some() {
-                let (next, batch) = self.journal_batch(shared, tip, &entries, &draft_writes)?;
+            if let Some(journal) = self.journal.as_mut() {
+                let (next, batch) = journal_frame(journal, shared, tip, &entries, &draft_writes)?;
                 if let Some(batch) = batch {
                     let events = entries.len() as u64;
                     shared.delta.apply(writes, next.seq, next.hash, events, LogUpdate::Journalled(batch));
@@ -461,31 +461,6 @@ impl Sequencer {
         }
     }
 
-    /// Writes a batch's frame to the journal, durably: its records sealed after `tip`,
-    /// their content rows and the draft changes. Returns the new tip and the sealed
-    /// batch (`None` for draft changes alone, which views do not read).
-    fn journal_batch(
-        &mut self,
-        shared: &Shared,
-        tip: Tip,
-        entries: &[Entry],
-        drafts: &DraftWrites,
-    ) -> Result<(Tip, Option<Arc<SealedBatch>>)> {
-        let Some(journal) = self.journal.as_mut() else {
-            return Err(Error::Storage("no journal".into()));
-        };
-        let (next, rows) = crate::log::seal(tip, &shared.chain, shared.limits.record_bytes_max, entries)?;
-        let batch = SealedBatch { rows, drafts: drafts.encode() };
-        let frame = crate::journal::encode_frame(journal.cycle(), tip.seq + 1, &tip.hash, &batch);
-        journal.append(&frame, if batch.rows.is_empty() { 0 } else { next.seq })?;
-        let appended: usize = batch.rows.iter().map(|r| r.record.len() + r.content.len()).sum();
-        shared.stats.log_commits.fetch_add(1, Ordering::Relaxed);
-        shared.stats.events.fetch_add(entries.len() as u64, Ordering::Relaxed);
-        shared.stats.appended_bytes.fetch_add(appended as u64, Ordering::Relaxed);
-        shared.stats.journal_bytes.fetch_add(frame.len() as u64, Ordering::Relaxed);
-        Ok((next, (!batch.rows.is_empty()).then(|| Arc::new(batch))))
-    }
-
     /// Puts everything journalled into the log file and waits for it (before work that
     /// needs the log file to itself, and at close); then the journal starts again.
     fn absorb(&mut self, shared: &Shared) -> Result<()> {
@@ -524,9 +499,9 @@ impl Sequencer {
             return Ok(());
         }
         let tip = *shared.tip.lock();
-        let result = crate::error::fail_closed("flush drafts", || match self.journal.is_some() {
-            true => self.journal_batch(shared, tip, &[], &writes).map(drop),
-            false => write_drafts(shared, &writes),
+        let result = crate::error::fail_closed("flush drafts", || match self.journal.as_mut() {
+            Some(journal) => journal_frame(journal, shared, tip, &[], &writes).map(drop),
+            None => write_drafts(shared, &writes),
         });
         match result {
             Ok(()) => {
@@ -619,6 +594,27 @@ struct Decided {
     outcomes: Vec<Result<Outcome>>,
     notices: Vec<CommitNotice>,
     clock_ms: u64,
+}
+
+/// Writes a batch's frame to the journal, durably: its records sealed after `tip`,
+/// their content rows and the draft changes. Returns the new tip and the sealed batch
+/// (`None` for draft changes alone, which views do not read).
+fn journal_frame(
+    journal: &mut Journal,
+    shared: &Shared,
+    tip: Tip,
+    entries: &[Entry],
+    drafts: &DraftWrites,
+) -> Result<(Tip, Option<Arc<SealedBatch>>)> {
+    let (next, rows) = crate::log::seal(tip, &shared.chain, shared.limits.record_bytes_max, entries)?;
+    let frame = crate::journal::encode_frame(journal.cycle(), tip.seq + 1, &tip.hash, &rows, &drafts.encode()?);
+    journal.append(&frame, if rows.is_empty() { 0 } else { next.seq })?;
+    let appended: usize = rows.iter().map(|r| r.record.len() + r.content.len()).sum();
+    shared.stats.log_commits.fetch_add(1, Ordering::Relaxed);
+    shared.stats.events.fetch_add(entries.len() as u64, Ordering::Relaxed);
+    shared.stats.appended_bytes.fetch_add(appended as u64, Ordering::Relaxed);
+    shared.stats.journal_bytes.fetch_add(frame.len() as u64, Ordering::Relaxed);
+    Ok((next, (!rows.is_empty()).then(|| Arc::new(SealedBatch { rows }))))
 }
 
 /// After a batch is applied to the delta: freezes the active layer for the checkpointer

@@ -513,49 +513,49 @@ pub fn verify(path: &Path, opts: &VerifyOptions) -> Result<VerifyReport> {
             return Ok(report);
         }
     };
-    let (_db, txn, journal) = with_journal(path, _db, txn, opts)?;
+    let chain = opts.key.map_or_else(LogChain::plain, LogChain::keyed);
+    let (txn, journal) = with_journal(path, &_db, txn, &chain)?;
     let stored = || Reader::open(path, limits.clone(), opts.key)?.snapshot();
     verify_log(&txn, &journal, &limits, opts, &stored)
 }
 
-/// Times verify reads the log file and the journal again when the journal does not
-/// continue the log file it read (a live writer absorbed it and started it again).
-const JOURNAL_READ_TRIES_MAX: u32 = 16;
-
 /// The journal files beside `path`, read right after `txn` was taken. If they do not
 /// continue that snapshot (a live writer moved the journal into the log file meanwhile),
-/// both are read again; a journal that still does not continue the log is walked
-/// anyway, and reported.
+/// a new snapshot of `db` and both files are read again; a journal that still does not
+/// continue the log is walked anyway, and reported.
 fn with_journal(
     path: &Path,
-    mut db: redb::ReadOnlyDatabase,
+    db: &redb::ReadOnlyDatabase,
     mut txn: ReadTransaction,
-    opts: &VerifyOptions,
-) -> Result<(redb::ReadOnlyDatabase, ReadTransaction, Vec<Vec<u8>>)> {
-    let chain = opts.key.map_or_else(LogChain::plain, LogChain::keyed);
-    for _ in 1..JOURNAL_READ_TRIES_MAX {
+    chain: &LogChain,
+) -> Result<(ReadTransaction, Vec<Vec<u8>>)> {
+    let mut tries = 1;
+    loop {
         let journal = annal::journal::read_journal(path)?;
         let continues = guarded("journal", || {
-            last_record(&txn)
-                .is_some_and(|(seq, hash)| annal::journal::rows_after(&journal, seq, &hash, &chain).is_ok())
+            let (seq, hash) = last_record(&txn, chain);
+            annal::journal::rows_after(&journal, seq, &hash, chain).is_ok()
         });
-        if !matches!(continues, Ok(false)) || journal.iter().all(|f| f.is_empty()) {
-            return Ok((db, txn, journal));
+        if continues.unwrap_or(true) || tries >= annal::journal::JOURNAL_READ_TRIES_MAX {
+            return Ok((txn, journal));
         }
-        (db, txn) = match open_log(path) {
-            Ok(opened) => opened,
-            Err(_) => return Ok((db, txn, journal)),
+        tries += 1;
+        txn = match redb::ReadableDatabase::begin_read(db) {
+            Ok(txn) => txn,
+            Err(_) => return Ok((txn, journal)),
         };
     }
-    Ok((db, txn, annal::journal::read_journal(path)?))
 }
 
 /// The last record of the log file's `log` table: its seq and stored chain hash (seq 0
-/// and the genesis hash are not known here: `None` for an empty table).
-fn last_record(txn: &ReadTransaction) -> Option<(u64, ChainHash)> {
-    let log = txn.open_table(LOG).ok()?;
-    let (k, v) = log.last().ok()??;
-    Some((k.value(), stored_chain_hash(v.value())?))
+/// and the genesis hash for an empty or unreadable table, whose damage the walk reports).
+fn last_record(txn: &ReadTransaction, chain: &LogChain) -> (u64, ChainHash) {
+    let last = || -> Option<(u64, ChainHash)> {
+        let log = txn.open_table(LOG).ok()?;
+        let (k, v) = log.last().ok()??;
+        Some((k.value(), stored_chain_hash(v.value())?))
+    };
+    last().unwrap_or((0, chain.genesis()))
 }
 
 /// Why the log file was not opened.
@@ -667,9 +667,8 @@ pub fn verify_log(
             return Ok(walk.finish());
         }
     }
-    let last = guarded("table log", || last_record(txn)).ok().flatten();
-    let (seq, hash) = last.unwrap_or((0, chain.genesis()));
-    walk.journal = match journal.iter().all(|f| f.is_empty()) {
+    let (seq, hash) = guarded("table log", || last_record(txn, &chain)).unwrap_or((0, chain.genesis()));
+    let journal_rows = match journal.iter().all(|f| f.is_empty()) {
         true => Vec::new(),
         false => match annal::journal::rows_after(journal, seq, &hash, &chain) {
             Ok(rows) => rows,
@@ -679,13 +678,12 @@ pub fn verify_log(
             }
         },
     };
-    let journal_rows = walk.journal.clone();
     let fold = Fold::new(walk.fold_set);
     let (batches, folded) = std::sync::mpsc::sync_channel::<Vec<Item>>(FOLD_QUEUE);
     let (walked, scan, fold) = std::thread::scope(|s| {
         let scan = s.spawn(|| guarded("table content_rows", || scan_content(txn, &journal_rows, limits)));
         let fold = s.spawn(move || fold.run(folded));
-        let walked = guarded("table log", || walk.run(batches));
+        let walked = guarded("table log", || walk.run(batches, &journal_rows));
         (walked, scan.join(), fold.join())
     });
     if let Err(finding) = walked {
@@ -1114,8 +1112,6 @@ struct Walk<'a> {
     fold_set: ProjectionSet,
     /// The last record walked, and its stored chain hash.
     last_seq: Option<(u64, Option<ChainHash>)>,
-    /// The journalled rows past the log file's last record, walked after it.
-    journal: Vec<annal::journal::JournalRow>,
     /// The last record of the log file itself (what `meta.tip` must name).
     file_tip: Option<(u64, ChainHash)>,
 }
@@ -1145,7 +1141,6 @@ impl<'a> Walk<'a> {
                 ProjectionSet::none().with(Projection::Transcript)
             },
             last_seq: None,
-            journal: Vec::new(),
             file_tip: None,
         }
     }
@@ -1185,7 +1180,9 @@ impl<'a> Walk<'a> {
         self.report.findings.sort_by_key(|f| f.seq().unwrap_or(u64::MAX));
     }
 
-    fn run(&mut self, fold: std::sync::mpsc::SyncSender<Vec<Item>>) {
+    /// Walks the log file's records, then `journal`'s: the rows the journal holds past
+    /// the log file's last record.
+    fn run(&mut self, fold: std::sync::mpsc::SyncSender<Vec<Item>>, journal: &[annal::journal::JournalRow]) {
         let log = match self.txn.open_table(LOG) {
             Ok(t) => t,
             Err(e) => return self.find(storage("table log", e)),
@@ -1224,7 +1221,7 @@ impl<'a> Walk<'a> {
             rows.rest(&mut strays);
             self.report.findings.extend(strays.drain(..).map(|row| Finding::StrayContentRow { row }));
             let max = self.limits.message_object_bytes_max();
-            for row in std::mem::take(&mut self.journal) {
+            for row in journal {
                 let introduced = entries(&row.content, max).map_while(|e| e.ok()).map(|e| e.id).collect();
                 self.step(row.seq, &row.record, introduced, (&mut expected, &mut prev, &mut clock), &fold);
             }
