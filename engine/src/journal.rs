@@ -229,13 +229,59 @@ pub(crate) fn read_frame(bytes: &[u8]) -> Option<Frame> {
     })
 }
 
-/// A journal file at `path`, read whole (empty if there is none).
-pub(crate) fn read_file(path: &Path) -> Result<Vec<u8>> {
-    match std::fs::read(path) {
-        Ok(b) => Ok(b),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Vec::new()),
-        Err(e) => Err(e.into()),
+/// The bytes of a journal file that its frames chain through: from offset 0, each
+/// frame header's payload length leads to the next header, and the read stops at the
+/// first header that is not a frame's (its bytes included), or at the file's end
+/// (`len`). [`scan`] of these bytes is [`scan`] of the whole file: it reads nothing
+/// else. The preallocated zeros past the frames are not read. `read(at, buf)` reads
+/// what the file holds at `at` into `buf`, and returns how many bytes it read.
+fn read_chained(len: u64, mut read: impl FnMut(u64, &mut [u8]) -> Result<usize>) -> Result<Vec<u8>> {
+    let mut bytes = Vec::new();
+    let mut at = 0u64;
+    while at < len {
+        let header_end = (at + FRAME_HEADER_LEN as u64).min(len);
+        bytes.resize(header_end as usize, 0);
+        let n = read(at, &mut bytes[at as usize..])?;
+        bytes.truncate(at as usize + n);
+        let header = &bytes[at as usize..];
+        if header.len() < FRAME_HEADER_LEN || header[..4] != FRAME_MAGIC {
+            break;
+        }
+        let payload_len = u32::from_le_bytes(header[4..8].try_into().unwrap_or_default()) as u64;
+        let end = (at + FRAME_HEADER_LEN as u64 + payload_len).min(len);
+        let from = bytes.len();
+        bytes.resize(end as usize, 0);
+        let n = read(from as u64, &mut bytes[from..])?;
+        bytes.truncate(from + n);
+        if bytes.len() as u64 != end {
+            break;
+        }
+        at = end;
     }
+    Ok(bytes)
+}
+
+/// A journal file at `path`: its length, and the bytes its frames chain through
+/// ([`read_chained`]; empty if there is no file).
+pub(crate) fn read_file(path: &Path) -> Result<(u64, Vec<u8>)> {
+    use std::os::unix::fs::FileExt;
+    let file = match File::open(path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok((0, Vec::new())),
+        Err(e) => return Err(e.into()),
+    };
+    let len = file.metadata()?.len();
+    let bytes = read_chained(len, |at, buf| {
+        let mut done = 0;
+        while done < buf.len() {
+            match file.read_at(&mut buf[done..], at + done as u64)? {
+                0 => break,
+                n => done += n,
+            }
+        }
+        Ok(done)
+    })?;
+    Ok((len, bytes))
 }
 
 /// The frames of one journal file's current cycle: from offset 0, while each is whole,
@@ -338,9 +384,10 @@ pub struct JournalRow {
     pub content: Vec<u8>,
 }
 
-/// The journal files beside the log file `path`, read whole (empty where there is none).
+/// The journal files beside the log file `path`: the bytes their frames chain through
+/// (empty where there is none; the zeros past the frames are not read).
 pub fn read_journal(path: &Path) -> Result<Vec<Vec<u8>>> {
-    journal_paths(path).iter().map(|p| read_file(p)).collect()
+    journal_paths(path).iter().map(|p| read_file(p).map(|(_, bytes)| bytes)).collect()
 }
 
 /// The journalled rows of `files` (see [`read_journal`]) that continue a log whose last
@@ -410,14 +457,17 @@ impl Follower {
                 return Ok(c.tail.clone());
             }
         }
-        let bytes = [read_file(&self.paths[0])?, read_file(&self.paths[1])?];
+        let [(len0, bytes0), (len1, bytes1)] = [read_file(&self.paths[0])?, read_file(&self.paths[1])?];
+        let (lens, bytes) = ([len0, len1], [bytes0, bytes1]);
         let scanned = [scan(&bytes[0])?, scan(&bytes[1])?];
         let files = [0, 1].map(|i| {
             let end = scanned[i].iter().map(|f| f.len).sum::<u64>();
+            // The chained bytes hold the header-sized bytes at 0 and past the last frame
+            // (or the file ends there), as `stamp` reads them.
             let at = |from: u64| {
                 bytes[i].get(from as usize..).map_or(Vec::new(), |b| b[..b.len().min(FRAME_HEADER_LEN)].to_vec())
             };
-            ((bytes[i].len() as u64, at(0), at(end)), end)
+            ((lens[i], at(0), at(end)), end)
         });
         let [first, second] = scanned;
         let tail = continuing(first.into_iter().chain(second).collect(), seq, hash, chain)?
@@ -481,15 +531,41 @@ pub(crate) struct Journal {
     cycle: u64,
     /// Each file's length.
     len: [u64; 2],
+    /// How far from offset 0 each file may hold bytes other than zeros: what it held at
+    /// open, and every frame since (the shred at a clean close zeroes this much).
+    dirty: [u64; 2],
 }
 
 fn io(e: impl std::fmt::Display) -> Error {
     Error::Storage(format!("journal: {e}"))
 }
 
+/// The default of [`crate::Options::journal_preallocate_bytes`]: bytes of written zeros
+/// each journal file holds from its creation on, so that a frame lands in place and its
+/// `fdatasync` writes the frame's pages and no file size (`docs/design.md` §7g). A
+/// file's first cycle ends at [`JOURNAL_SWITCH_BYTES`] plus its last frame.
+pub const JOURNAL_PREALLOC_BYTES: u64 = JOURNAL_SWITCH_BYTES + (1 << 20);
+
+/// Extends `file` with written zeros to `bytes`, durably (nothing if it is that long).
+fn preallocate(file: &dyn redb::StorageBackend, bytes: u64) -> Result<u64> {
+    let len = file.len().map_err(io)?;
+    if len >= bytes {
+        return Ok(len);
+    }
+    let zeros = vec![0u8; (bytes - len).min(1 << 20) as usize];
+    let mut at = len;
+    while at < bytes {
+        let n = (bytes - at).min(zeros.len() as u64) as usize;
+        file.write(at, &zeros[..n]).map_err(io)?;
+        at += n as u64;
+    }
+    file.sync_data().map_err(io)?;
+    Ok(bytes)
+}
+
 impl Journal {
     /// Opens (or creates) the journal files beside the log file `path`.
-    pub fn open(path: &Path) -> Result<Journal> {
+    pub fn open(path: &Path, preallocate_bytes: u64) -> Result<Journal> {
         let paths = journal_paths(path);
         let mut created = false;
         let mut open = |p: &Path| -> Result<redb::backends::FileBackend> {
@@ -504,29 +580,41 @@ impl Journal {
                 File::open(dir)?.sync_all()?;
             }
         }
-        Journal::start(files, Some(paths))
+        Journal::start(files, Some(paths), preallocate_bytes)
     }
 
     /// A journal on two backends.
-    pub fn on_backends(first: impl redb::StorageBackend, second: impl redb::StorageBackend) -> Result<Journal> {
-        Journal::start([Box::new(first), Box::new(second)], None)
+    pub fn on_backends(
+        first: impl redb::StorageBackend,
+        second: impl redb::StorageBackend,
+        preallocate_bytes: u64,
+    ) -> Result<Journal> {
+        Journal::start([Box::new(first), Box::new(second)], None, preallocate_bytes)
     }
 
-    fn start(files: [Box<dyn redb::StorageBackend>; 2], paths: Option<[PathBuf; 2]>) -> Result<Journal> {
-        let len = [files[0].len().map_err(io)?, files[1].len().map_err(io)?];
+    /// A journal on `files`, each extended with zeros to `preallocate_bytes`.
+    fn start(
+        files: [Box<dyn redb::StorageBackend>; 2],
+        paths: Option<[PathBuf; 2]>,
+        preallocate_bytes: u64,
+    ) -> Result<Journal> {
+        let dirty = [files[0].len().map_err(io)?, files[1].len().map_err(io)?];
+        let len =
+            [preallocate(files[0].as_ref(), preallocate_bytes)?, preallocate(files[1].as_ref(), preallocate_bytes)?];
         // The cycle is set by `recover`, which reads the files.
-        Ok(Journal { files, paths, active: 0, offset: 0, last_seq: [0, 0], cycle: 1, len })
+        Ok(Journal { files, paths, active: 0, offset: 0, last_seq: [0, 0], cycle: 1, len, dirty })
     }
 
-    /// What each file holds, old frames included.
+    /// What each file's frames chain through, old frames included ([`read_chained`]).
     pub fn contents(&self) -> Result<Vec<Vec<u8>>> {
         self.files
             .iter()
             .map(|f| {
                 let len = f.len().map_err(io)?;
-                let mut bytes = vec![0u8; usize::try_from(len).map_err(io)?];
-                f.read(0, &mut bytes).map_err(io)?;
-                Ok(bytes)
+                read_chained(len, |at, buf| {
+                    f.read(at, buf).map_err(io)?;
+                    Ok(buf.len())
+                })
             })
             .collect()
     }
@@ -545,6 +633,7 @@ impl Journal {
             file.set_len(end).map_err(io)?;
             self.len[self.active] = end;
         }
+        self.dirty[self.active] = self.dirty[self.active].max(end);
         file.write(self.offset, frame).map_err(io)?;
         file.sync_data().map_err(io)?;
         self.offset = end;
@@ -586,14 +675,14 @@ impl Journal {
         self.cycle += 1;
     }
 
-    /// At a clean close, once the log file holds every frame: overwrites both files
-    /// with zeros, then removes them (backends are cut to nothing). Their bytes do not
-    /// outlive them on the disk: a purge closes the engine first, and a journal may hold
-    /// what the purge erases.
+    /// At a clean close, once the log file holds every frame: overwrites with zeros
+    /// what both files' frames took (the rest is zeros already), then removes them
+    /// (backends are cut to nothing). Their bytes do not outlive them on the disk: a
+    /// purge closes the engine first, and a journal may hold what the purge erases.
     pub fn shred(self) -> Result<()> {
         let zeros = vec![0u8; 1 << 20];
-        for file in &self.files {
-            let len = file.len().map_err(io)?;
+        for (file, dirty) in self.files.iter().zip(self.dirty) {
+            let len = file.len().map_err(io)?.min(dirty);
             let mut at = 0;
             while at < len {
                 let n = (len - at).min(zeros.len() as u64) as usize;
@@ -651,6 +740,30 @@ mod tests {
         assert!(scan(&twice).is_ok());
         let chain = LogChain::plain();
         assert!(read_after(&[twice], 0, &chain.genesis(), &chain).is_err());
+    }
+
+    /// The chained read of a file holds everything a scan of the whole file reads:
+    /// whole frames, a torn one, a damaged one with a frame after it, then zeros.
+    #[test]
+    fn a_chained_read_scans_as_the_whole_file_does() {
+        let a = encode_frame(1, 1, &ChainHash([1; 32]), &batch(1, 2).rows, &[]);
+        let b = encode_frame(1, 3, &ChainHash([2; 32]), &batch(3, 1).rows, &[5; 4]);
+        let whole = |frames: &[&[u8]], zeros: usize| [frames.concat(), vec![0; zeros]].concat();
+        let mut damaged = whole(&[&a, &b, &a], 300);
+        damaged[a.len() + FRAME_HEADER_LEN + 3] ^= 1;
+        let mut torn = whole(&[&a, &b], 0);
+        let cut = torn.len() - 7;
+        torn.truncate(cut);
+        for file in [whole(&[&a, &b], 4096), whole(&[], 4096), whole(&[&a], 10), damaged, torn, Vec::new()] {
+            let chained = read_chained(file.len() as u64, |at, buf| {
+                buf.copy_from_slice(&file[at as usize..at as usize + buf.len()]);
+                Ok(buf.len())
+            })
+            .unwrap();
+            assert!(file.starts_with(&chained) && chained.len() <= file.len());
+            let frames = |r: Result<Vec<Frame>>| r.map(|f| f.iter().map(|f| (f.first_seq, f.len)).collect::<Vec<_>>());
+            assert_eq!(format!("{:?}", frames(scan(&chained))), format!("{:?}", frames(scan(&file))));
+        }
     }
 
     #[test]

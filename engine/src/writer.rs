@@ -161,34 +161,18 @@ pub const GATHER_WAIT_MAX: Duration = Duration::from_micros(300);
 
 /// The writer thread: gathers a batch, decides and folds it, appends it, publishes it.
 ///
-/// One thread does it all, in order: it gathers whatever is queued (waiting up to
+/// It holds the group-commit state ([`Core`]) while it works, and does it all in order:
+/// it gathers whatever is queued (waiting up to
 /// [`GATHER_WAIT_MAX`] for as many committers as the previous batch had), decides and
 /// folds each command on a view of the delta (a rejected command's staged writes are
 /// dropped), appends the batch to the log's journal in one frame and one fsync, applies
 /// its rows to the delta, and only then notifies subscribers and replies; the absorber
 /// (`crate::absorb`) moves the journal into the log file behind it. Nothing is
 /// acknowledged before its batch is durable; if a commit fails, the engine is poisoned
-/// and every caller of the batch gets the error.
-pub(crate) fn run(
-    shared: Arc<Shared>,
-    rx: Receiver<Request>,
-    tip: Tip,
-    checkpoints: Sender<Signal>,
-    journal: Option<Journal>,
-) {
-    let absorber = match &journal {
-        Some(_) => match Absorber::start(shared.clone(), tip.seq) {
-            Ok(absorber) => Some(absorber),
-            Err(_) => {
-                // Without its absorber the journal would only grow: refuse writes.
-                shared.poisoned.store(true, Ordering::Release);
-                None
-            }
-        },
-        None => None,
-    };
-    let mut seq = Sequencer { next_seq: tip.seq + 1, clock_ms: tip.clock_ms, journal, absorber, absorbing: Vec::new() };
-    let mut previous_batch = 1usize;
+/// and every caller of the batch gets the error. A lone committer whose command finds
+/// the state free commits it on its own thread instead ([`Core::commit_here`]), by the
+/// same steps.
+pub(crate) fn run(shared: Arc<Shared>, rx: Receiver<Request>, core: Arc<Core>) {
     loop {
         // Draft segments wait in memory at most the flush interval.
         let due = shared.drafts.lock().pending().0.map(|since| since + shared.draft_flush_interval);
@@ -196,7 +180,7 @@ pub(crate) fn run(
             Some(due) => match rx.recv_deadline(due) {
                 Ok(req) => req,
                 Err(crossbeam_channel::RecvTimeoutError::Timeout) => {
-                    let _ = seq.flush_drafts(&shared);
+                    let _ = core.lock().seq.flush_drafts(&shared);
                     continue;
                 }
                 Err(crossbeam_channel::RecvTimeoutError::Disconnected) => break,
@@ -206,6 +190,8 @@ pub(crate) fn run(
                 Err(_) => break,
             },
         };
+        let mut state = core.lock();
+        let State { seq, checkpoints, previous_batch } = &mut *state;
         let mut commands = Vec::new();
         let mut pending = Some(first);
         let deadline = Instant::now() + GATHER_WAIT_MAX;
@@ -214,8 +200,8 @@ pub(crate) fn run(
                 Request::Command { command, reply, compressed } => commands.push((*command, reply, compressed)),
                 other => {
                     // Everything before it goes first, then it runs alone on an idle log.
-                    seq.commit(&shared, std::mem::take(&mut commands), &checkpoints);
-                    exclusive(&shared, &mut seq, other, &checkpoints);
+                    seq.commit(&shared, std::mem::take(&mut commands), checkpoints);
+                    exclusive(&shared, seq, other, checkpoints);
                 }
             }
             if commands.len() >= shared.batch_commands_max {
@@ -223,16 +209,18 @@ pub(crate) fn run(
             }
             pending = match rx.try_recv() {
                 Ok(req) => Some(req),
-                Err(_) if commands.len() < previous_batch => rx.recv_deadline(deadline).ok(),
+                Err(_) if commands.len() < *previous_batch => rx.recv_deadline(deadline).ok(),
                 Err(_) => None,
             };
         }
         if !commands.is_empty() {
-            previous_batch = commands.len();
+            *previous_batch = commands.len();
         }
-        seq.commit(&shared, commands, &checkpoints);
+        seq.commit(&shared, commands, checkpoints);
     }
     // Closing: what drafts hold goes to the file, and the journal into the log file.
+    let mut state = core.lock();
+    let seq = &mut state.seq;
     let _ = seq.flush_drafts(&shared);
     if seq.absorb(&shared).is_ok() {
         if let Some(journal) = seq.journal.take() {
@@ -242,7 +230,85 @@ pub(crate) fn run(
     drop(seq.absorber.take());
     // Nothing is committed after this: subscribers' channels close (a stream ends).
     shared.subscribers.lock().clear();
-    let _ = checkpoints.send(Signal::Stop);
+    let _ = state.checkpoints.send(Signal::Stop);
+}
+
+/// The group-commit state that one thread at a time holds: the writer thread while it
+/// runs a batch, or a caller that commits its own command on its own thread
+/// ([`Core::commit_here`]).
+pub(crate) struct Core {
+    state: Mutex<State>,
+    /// Whether the writer thread holds queued work and waits for the state.
+    writer_waiting: AtomicBool,
+}
+
+/// What [`Core`] guards.
+struct State {
+    seq: Sequencer,
+    checkpoints: Sender<Signal>,
+    /// The number of commands in the last batch: the writer gathers up to as many again.
+    previous_batch: usize,
+}
+
+impl Core {
+    /// The writer's state after the log's tip `tip`; starts the absorber when commits go
+    /// to a journal.
+    pub(crate) fn new(shared: &Arc<Shared>, tip: Tip, checkpoints: Sender<Signal>, journal: Option<Journal>) -> Core {
+        let absorber = match &journal {
+            Some(_) => match Absorber::start(shared.clone(), tip.seq) {
+                Ok(absorber) => Some(absorber),
+                Err(_) => {
+                    // Without its absorber the journal would only grow: refuse writes.
+                    shared.poisoned.store(true, Ordering::Release);
+                    None
+                }
+            },
+            None => None,
+        };
+        let seq = Sequencer { next_seq: tip.seq + 1, clock_ms: tip.clock_ms, journal, absorber, absorbing: Vec::new() };
+        Core {
+            state: Mutex::new(State { seq, checkpoints, previous_batch: 1 }),
+            writer_waiting: AtomicBool::new(false),
+        }
+    }
+
+    /// The state, for the writer thread: callers that find it waiting queue their
+    /// commands instead of committing them here.
+    fn lock(&self) -> parking_lot::MutexGuard<'_, State> {
+        self.writer_waiting.store(true, Ordering::Release);
+        let guard = self.state.lock();
+        self.writer_waiting.store(false, Ordering::Release);
+        guard
+    }
+
+    /// Commits `command` on the caller's thread, as a batch of its own, when that costs
+    /// nobody a group commit: the state is free, the writer thread has nothing queued,
+    /// and the last batch held one command. Returns the request back otherwise, for the
+    /// queue. This saves a lone committer the two thread hand-offs (`docs/design.md`
+    /// §7).
+    pub(crate) fn commit_here(
+        &self,
+        shared: &Shared,
+        queued: usize,
+        request: Request,
+    ) -> std::result::Result<(), Request> {
+        if queued > 0 || self.writer_waiting.load(Ordering::Acquire) {
+            return Err(request);
+        }
+        let Some(mut state) = self.state.try_lock() else {
+            return Err(request);
+        };
+        if state.previous_batch > 1 || self.writer_waiting.load(Ordering::Acquire) {
+            return Err(request);
+        }
+        let Request::Command { command, reply, compressed } = request else {
+            return Err(request);
+        };
+        let State { seq, checkpoints, .. } = &mut *state;
+        shared.stats.caller_commits.fetch_add(1, Ordering::Relaxed);
+        seq.commit(shared, vec![(*command, reply, compressed)], checkpoints);
+        Ok(())
+    }
 }
 
 /// Writes draft changes in a transaction of their own.

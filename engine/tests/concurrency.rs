@@ -294,3 +294,59 @@ fn concurrent_rewrites_on_one_head_produce_one_winner() {
         .unwrap();
     assert_eq!(restored.revision, rev0);
 }
+
+/// A lone committer commits on its own thread (no hand-off to the writer thread); under
+/// contention the writer's group commit takes over, and either way every reply is the
+/// one the writer would give, and every query on another thread sees it at once.
+#[test]
+fn a_lone_committer_commits_on_its_own_thread_and_a_crowd_goes_to_the_group_commit() {
+    let db = Db::new();
+    let engine = Engine::open(&db.path).unwrap();
+    let (s, rev) = create(&engine, &[Message::system("sys")]);
+    let before = engine.stats();
+    let mut last = rev;
+    for i in 0..20 {
+        last = engine.commit_turn(turn(s, &format!("alone-{i}"), last)).unwrap().receipt().revision;
+        // Read-your-writes on another thread, right after the reply.
+        let seen = std::thread::scope(|sc| sc.spawn(|| engine.head(s).unwrap().unwrap().revision).join().unwrap());
+        assert_eq!(seen, last);
+    }
+    // A retry and a conflict decided on the caller's thread get the writer's answers.
+    let retry = engine.commit_turn(turn(s, "alone-19", rev)).unwrap();
+    assert!(matches!(retry, TurnOutcome::AlreadyCommitted(_)), "{retry:?}");
+    match engine.commit_turn(turn(s, "stale", rev)) {
+        Err(Error::Rejected(Rejection::RevisionConflict { actual, .. })) => assert_eq!(actual, last),
+        other => panic!("expected a conflict, got {other:?}"),
+    }
+    let alone = engine.stats();
+    let commits = alone.log_commits - before.log_commits;
+    assert_eq!(commits, 20, "one group commit per turn");
+    assert!(alone.caller_commits - before.caller_commits >= 15, "{alone:?}");
+
+    // Sixteen committers at once: the writer thread groups them.
+    let barrier = Barrier::new(THREADS);
+    let sessions: Vec<SessionId> = (0..THREADS).map(|_| create(&engine, &[]).0).collect();
+    let crowd = engine.stats();
+    std::thread::scope(|sc| {
+        for &session in &sessions {
+            let (engine, barrier) = (&engine, &barrier);
+            sc.spawn(move || {
+                barrier.wait();
+                let mut head = engine.head(session).unwrap().unwrap().revision;
+                for i in 0..30 {
+                    let r = engine.commit_turn(turn(session, &format!("crowd-{i}"), head)).unwrap();
+                    head = r.receipt().revision;
+                    assert_eq!(engine.head(session).unwrap().unwrap().revision, head, "read-your-writes");
+                }
+            });
+        }
+    });
+    let after = engine.stats();
+    let (commits, events) = (after.log_commits - crowd.log_commits, after.events - crowd.events);
+    assert_eq!(events, (THREADS * 30) as u64, "nothing lost or duplicated");
+    assert!(commits < events, "the crowd shared group commits: {commits} for {events} events");
+    for &session in &sessions {
+        assert_eq!(head(&engine, session).stream_seq, 31);
+    }
+    engine.close().unwrap();
+}

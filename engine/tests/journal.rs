@@ -7,6 +7,7 @@
 mod common;
 
 use annal::fault::{Faults, FaultyBackend};
+use annal::journal::JOURNAL_PREALLOC_BYTES;
 use annal::*;
 use common::*;
 use std::path::{Path, PathBuf};
@@ -67,6 +68,40 @@ fn commits_are_journalled_and_a_clean_close_leaves_them_in_the_log_file_alone() 
     let engine = Engine::open(&db.path).unwrap();
     assert_eq!(engine.head(s).unwrap().unwrap().revision, head);
     assert_eq!(engine.stats().recovered_events, 0);
+    engine.close().unwrap();
+}
+
+/// Frames land in the zeros the journal files were created with: no commit changes a
+/// file's length, so no `fdatasync` writes one. A crash leaves frames and zeros, and
+/// the open reads the frames alone.
+#[test]
+fn frames_land_in_place_in_the_preallocated_journal() {
+    let db = Db::new();
+    let engine = Engine::open(&db.path).unwrap();
+    let lengths = || journal_paths(&db.path).map(|p| std::fs::metadata(p).unwrap().len());
+    assert_eq!(lengths(), [JOURNAL_PREALLOC_BYTES; 2], "both files are preallocated at open");
+    let (s, rev) = create(&engine, &[Message::system("sys")]);
+    let head = commit_turns(&engine, s, "t", 40, rev);
+    assert_eq!(lengths(), [JOURNAL_PREALLOC_BYTES; 2], "the commits did not grow the files");
+    let (_, bytes) = journal_bytes(&db.path, 0);
+    let end = frames_end(&bytes);
+    assert!(end > 0 && bytes[end..].iter().all(|&b| b == 0), "frames, then the zeros");
+    let copy = db.dir.path().join("crashed.redb");
+    copy_database(&db.path, &copy);
+    engine.close().unwrap();
+    let engine = Engine::open(&copy).unwrap();
+    assert_eq!(engine.head(s).unwrap().unwrap().revision, head);
+    engine.close().unwrap();
+    assert!(journal_paths(&copy).iter().all(|p| !p.exists()), "a clean close removes the journal");
+
+    // Without preallocation the files grow to their frames' end.
+    let bare = db.dir.path().join("bare.redb");
+    let options = Options { journal_preallocate_bytes: 0, ..Options::default() };
+    let engine = Engine::open_with(&bare, options).unwrap();
+    let (s, rev) = create(&engine, &[Message::system("sys")]);
+    commit_turns(&engine, s, "t", 3, rev);
+    let (_, bytes) = journal_bytes(&bare, 0);
+    assert_eq!(frames_end(&bytes), bytes.len());
     engine.close().unwrap();
 }
 

@@ -224,6 +224,8 @@ impl Sim {
             compress_content: rng.chance(1, 2),
             cache_bytes: 1 << 20,
             checkpoint: Policy::Lazy.checkpoint(),
+            // Frames land in place in the zeros, and past them the files grow.
+            journal_preallocate_bytes: [0, 4096, 64 << 10][(seed % 3) as usize],
             ..Options::default()
         };
         let clients = (0..1 + rng.below(CLIENTS_MAX)).map(|_| Client::default()).collect();

@@ -979,6 +979,8 @@ fuzz_target!(|input: Input| {
         compress_content: input.compress_content,
         cache_bytes: 1 << 20,
         queue_depth: 4,
+        // A little preallocation: frames land in place, and past it the files grow.
+        journal_preallocate_bytes: 4096,
         checkpoint: annal::CheckpointPolicy {
             events: u64::MAX,
             delta_bytes: u64::MAX,

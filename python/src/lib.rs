@@ -1217,7 +1217,8 @@ impl Database {
     /// Counters of the engine's durable work since it opened: `log_commits` (group
     /// commits: one journal frame and one fsync each), `events`, `appended_bytes`,
     /// `journal_bytes`, `absorptions` (moves of the journal into the log file),
-    /// `checkpoints`, `checkpoint_rows`, `backpressure_waits`, `delta_bytes`.
+    /// `checkpoints`, `checkpoint_rows`, `backpressure_waits`, `caller_commits` (group
+    /// commits a lone caller ran on its own thread), `delta_bytes`.
     fn stats(&self, py: Python<'_>) -> PyResult<BTreeMap<&'static str, u64>> {
         let s = self.run(py, |e| Ok(e.stats()))?;
         Ok(BTreeMap::from([
@@ -1229,6 +1230,7 @@ impl Database {
             ("checkpoints", s.checkpoints),
             ("checkpoint_rows", s.checkpoint_rows),
             ("backpressure_waits", s.backpressure_waits),
+            ("caller_commits", s.caller_commits),
             ("delta_bytes", s.delta_bytes),
         ]))
     }
