@@ -546,13 +546,19 @@ fn io(e: impl std::fmt::Display) -> Error {
 /// file's first cycle ends at [`JOURNAL_SWITCH_BYTES`] plus its last frame.
 pub const JOURNAL_PREALLOC_BYTES: u64 = JOURNAL_SWITCH_BYTES + (1 << 20);
 
+/// The size of each write of zeros that preallocates a journal file: one page. The page
+/// cache sizes a file's folios by the writes that create them, and a later frame that
+/// dirties part of a large folio makes the kernel count (and write back) all of it: with
+/// 1 MiB writes of zeros, the kernel's `write_bytes` grew by 1 MiB a commit.
+const PREALLOC_WRITE_BYTES: u64 = 4096;
+
 /// Extends `file` with written zeros to `bytes`, durably (nothing if it is that long).
 fn preallocate(file: &dyn redb::StorageBackend, bytes: u64) -> Result<u64> {
     let len = file.len().map_err(io)?;
     if len >= bytes {
         return Ok(len);
     }
-    let zeros = vec![0u8; (bytes - len).min(1 << 20) as usize];
+    let zeros = vec![0u8; PREALLOC_WRITE_BYTES as usize];
     let mut at = len;
     while at < bytes {
         let n = (bytes - at).min(zeros.len() as u64) as usize;
