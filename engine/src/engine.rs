@@ -518,7 +518,7 @@ impl Engine {
         }
         let guard = self.inner.sender.read();
         let sender = guard.as_ref().ok_or(Error::Closed)?;
-        sender.send(request).map_err(|_| Error::Closed)
+        self.inner.core.queue(sender, request)
     }
 
     /// A handle to the same engine whose every command carries `fence`
@@ -548,8 +548,8 @@ impl Engine {
             let guard = self.inner.sender.read();
             let sender = guard.as_ref().ok_or(Error::Closed)?;
             // Alone, it commits here; otherwise it joins the writer's next group.
-            if let Err(request) = self.inner.core.commit_here(&self.inner.shared, sender.len(), request) {
-                sender.send(request).map_err(|_| Error::Closed)?;
+            if let Err(request) = self.inner.core.commit_here(&self.inner.shared, request) {
+                self.inner.core.queue(sender, request)?;
             }
         }
         rx.recv().map_err(|_| Error::Closed)?

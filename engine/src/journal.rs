@@ -137,10 +137,20 @@ impl Tail {
 
 /// Encodes one frame: `rows` sealed after `prev` (none for draft changes alone, which
 /// then name `next_seq`), and the batch's encoded draft changes.
+#[cfg(test)]
 pub(crate) fn encode_frame(cycle: u64, next_seq: u64, prev: &ChainHash, rows: &[Sealed], drafts: &[u8]) -> Vec<u8> {
+    let mut f = Vec::new();
+    encode_frame_into(&mut f, cycle, next_seq, prev, rows, drafts);
+    f
+}
+
+/// Encodes one frame (see [`Journal::append`]) into `f`, which it clears first: the
+/// writer reuses one buffer, so a frame does not fault in fresh pages.
+fn encode_frame_into(f: &mut Vec<u8>, cycle: u64, next_seq: u64, prev: &ChainHash, rows: &[Sealed], drafts: &[u8]) {
     let payload_len: usize =
         rows.iter().map(|r| 8 + r.record.len() + r.content.len()).sum::<usize>() + 4 + drafts.len();
-    let mut f = Vec::with_capacity(FRAME_HEADER_LEN + payload_len);
+    f.clear();
+    f.reserve(FRAME_HEADER_LEN + payload_len);
     f.extend_from_slice(&FRAME_MAGIC);
     f.extend_from_slice(&(payload_len as u32).to_le_bytes());
     f.extend_from_slice(&cycle.to_le_bytes());
@@ -158,7 +168,6 @@ pub(crate) fn encode_frame(cycle: u64, next_seq: u64, prev: &ChainHash, rows: &[
     f.extend_from_slice(drafts);
     let sum = checksum(&f[..60], &f[FRAME_HEADER_LEN..]);
     f[60..92].copy_from_slice(&sum);
-    f
 }
 
 fn checksum(header: &[u8], payload: &[u8]) -> [u8; 32] {
@@ -531,6 +540,8 @@ pub(crate) struct Journal {
     cycle: u64,
     /// Each file's length.
     len: [u64; 2],
+    /// The frame being written, kept between frames (its capacity is reused).
+    buffer: Vec<u8>,
     /// How far from offset 0 each file may hold bytes other than zeros: what it held at
     /// open, and every frame since (the shred at a clean close zeroes this much).
     dirty: [u64; 2],
@@ -608,7 +619,7 @@ impl Journal {
         let len =
             [preallocate(files[0].as_ref(), preallocate_bytes)?, preallocate(files[1].as_ref(), preallocate_bytes)?];
         // The cycle is set by `recover`, which reads the files.
-        Ok(Journal { files, paths, active: 0, offset: 0, last_seq: [0, 0], cycle: 1, len, dirty })
+        Ok(Journal { files, paths, active: 0, offset: 0, last_seq: [0, 0], cycle: 1, len, buffer: Vec::new(), dirty })
     }
 
     /// What each file's frames chain through, old frames included ([`read_chained`]).
@@ -625,14 +636,21 @@ impl Journal {
             .collect()
     }
 
-    /// The cycle of the next frame.
-    pub fn cycle(&self) -> u64 {
-        self.cycle
+    /// Writes the frame of `rows` sealed after `prev` (none for draft changes alone,
+    /// which then name `next_seq`) and the encoded draft changes `drafts` at the write
+    /// offset, and waits for it to be durable. Returns the frame's length.
+    pub fn append(&mut self, next_seq: u64, prev: &ChainHash, rows: &[Sealed], drafts: &[u8]) -> Result<u64> {
+        let mut frame = std::mem::take(&mut self.buffer);
+        encode_frame_into(&mut frame, self.cycle, next_seq, prev, rows, drafts);
+        let written = self.write(&frame, rows.last().map_or(0, |r| r.seq));
+        let len = frame.len() as u64;
+        self.buffer = frame;
+        written.map(|()| len)
     }
 
     /// Writes `frame` at the write offset and waits for it to be durable; `last_seq`
     /// is the last record it holds (0 for none).
-    pub fn append(&mut self, frame: &[u8], last_seq: u64) -> Result<()> {
+    fn write(&mut self, frame: &[u8], last_seq: u64) -> Result<()> {
         let file = &self.files[self.active];
         let end = self.offset + frame.len() as u64;
         if end > self.len[self.active] {

@@ -30,7 +30,7 @@ use crossbeam_channel::{Receiver, Sender};
 use parking_lot::Mutex;
 use redb::ReadableDatabase;
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -180,7 +180,7 @@ pub(crate) fn run(shared: Arc<Shared>, rx: Receiver<Request>, core: Arc<Core>) {
             Some(due) => match rx.recv_deadline(due) {
                 Ok(req) => req,
                 Err(crossbeam_channel::RecvTimeoutError::Timeout) => {
-                    let _ = core.lock().seq.flush_drafts(&shared);
+                    let _ = core.state.lock().seq.flush_drafts(&shared);
                     continue;
                 }
                 Err(crossbeam_channel::RecvTimeoutError::Disconnected) => break,
@@ -190,12 +190,14 @@ pub(crate) fn run(shared: Arc<Shared>, rx: Receiver<Request>, core: Arc<Core>) {
                 Err(_) => break,
             },
         };
-        let mut state = core.lock();
+        let mut state = core.state.lock();
         let State { seq, checkpoints, previous_batch } = &mut *state;
         let mut commands = Vec::new();
         let mut pending = Some(first);
+        let mut taken = 0;
         let deadline = Instant::now() + GATHER_WAIT_MAX;
         while let Some(req) = pending.take() {
+            taken += 1;
             match req {
                 Request::Command { command, reply, compressed } => commands.push((*command, reply, compressed)),
                 other => {
@@ -217,9 +219,10 @@ pub(crate) fn run(shared: Arc<Shared>, rx: Receiver<Request>, core: Arc<Core>) {
             *previous_batch = commands.len();
         }
         seq.commit(&shared, commands, checkpoints);
+        core.pending.fetch_sub(taken, Ordering::AcqRel);
     }
     // Closing: what drafts hold goes to the file, and the journal into the log file.
-    let mut state = core.lock();
+    let mut state = core.state.lock();
     let seq = &mut state.seq;
     let _ = seq.flush_drafts(&shared);
     if seq.absorb(&shared).is_ok() {
@@ -238,8 +241,9 @@ pub(crate) fn run(shared: Arc<Shared>, rx: Receiver<Request>, core: Arc<Core>) {
 /// ([`Core::commit_here`]).
 pub(crate) struct Core {
     state: Mutex<State>,
-    /// Whether the writer thread holds queued work and waits for the state.
-    writer_waiting: AtomicBool,
+    /// Requests sent to the writer thread and not yet run to their end: a caller commits
+    /// on its own thread only while there are none, so it never overtakes one.
+    pending: AtomicUsize,
 }
 
 /// What [`Core`] guards.
@@ -266,39 +270,32 @@ impl Core {
             None => None,
         };
         let seq = Sequencer { next_seq: tip.seq + 1, clock_ms: tip.clock_ms, journal, absorber, absorbing: Vec::new() };
-        Core {
-            state: Mutex::new(State { seq, checkpoints, previous_batch: 1 }),
-            writer_waiting: AtomicBool::new(false),
-        }
+        Core { state: Mutex::new(State { seq, checkpoints, previous_batch: 1 }), pending: AtomicUsize::new(0) }
     }
 
-    /// The state, for the writer thread: callers that find it waiting queue their
-    /// commands instead of committing them here.
-    fn lock(&self) -> parking_lot::MutexGuard<'_, State> {
-        self.writer_waiting.store(true, Ordering::Release);
-        let guard = self.state.lock();
-        self.writer_waiting.store(false, Ordering::Release);
-        guard
+    /// Sends `request` to the writer thread over `queue`, counted in `pending` until
+    /// the writer has run it.
+    pub(crate) fn queue(&self, queue: &Sender<Request>, request: Request) -> Result<()> {
+        self.pending.fetch_add(1, Ordering::AcqRel);
+        queue.send(request).map_err(|_| {
+            self.pending.fetch_sub(1, Ordering::AcqRel);
+            Error::Closed
+        })
     }
 
     /// Commits `command` on the caller's thread, as a batch of its own, when that costs
-    /// nobody a group commit: the state is free, the writer thread has nothing queued,
-    /// and the last batch held one command. Returns the request back otherwise, for the
-    /// queue. This saves a lone committer the two thread hand-offs (`docs/design.md`
-    /// §7).
-    pub(crate) fn commit_here(
-        &self,
-        shared: &Shared,
-        queued: usize,
-        request: Request,
-    ) -> std::result::Result<(), Request> {
-        if queued > 0 || self.writer_waiting.load(Ordering::Acquire) {
+    /// nobody a group commit: the state is free, no request is queued or running on the
+    /// writer thread, and the last batch held one command. Returns the request back
+    /// otherwise, for the queue. This saves a lone committer the two thread hand-offs
+    /// (`docs/design.md` §7).
+    pub(crate) fn commit_here(&self, shared: &Shared, request: Request) -> std::result::Result<(), Request> {
+        if self.pending.load(Ordering::Acquire) > 0 {
             return Err(request);
         }
         let Some(mut state) = self.state.try_lock() else {
             return Err(request);
         };
-        if state.previous_batch > 1 || self.writer_waiting.load(Ordering::Acquire) {
+        if state.previous_batch > 1 || self.pending.load(Ordering::Acquire) > 0 {
             return Err(request);
         }
         let Request::Command { command, reply, compressed } = request else {
@@ -673,13 +670,12 @@ fn journal_frame(
     drafts: &DraftWrites,
 ) -> Result<(Tip, Option<Arc<SealedBatch>>)> {
     let (next, rows) = crate::log::seal(tip, &shared.chain, shared.limits.record_bytes_max, entries)?;
-    let frame = crate::journal::encode_frame(journal.cycle(), tip.seq + 1, &tip.hash, &rows, &drafts.encode()?);
-    journal.append(&frame, if rows.is_empty() { 0 } else { next.seq })?;
+    let frame_len = journal.append(tip.seq + 1, &tip.hash, &rows, &drafts.encode()?)?;
     let appended: usize = rows.iter().map(|r| r.record.len() + r.content.len()).sum();
     shared.stats.log_commits.fetch_add(1, Ordering::Relaxed);
     shared.stats.events.fetch_add(entries.len() as u64, Ordering::Relaxed);
     shared.stats.appended_bytes.fetch_add(appended as u64, Ordering::Relaxed);
-    shared.stats.journal_bytes.fetch_add(frame.len() as u64, Ordering::Relaxed);
+    shared.stats.journal_bytes.fetch_add(frame_len, Ordering::Relaxed);
     Ok((next, (!rows.is_empty()).then(|| Arc::new(SealedBatch { rows }))))
 }
 
