@@ -194,10 +194,10 @@ pub(crate) fn run(shared: Arc<Shared>, rx: Receiver<Request>, core: Arc<Core>) {
         let State { seq, checkpoints, previous_batch } = &mut *state;
         let mut commands = Vec::new();
         let mut pending = Some(first);
-        let mut taken = 0;
         let deadline = Instant::now() + GATHER_WAIT_MAX;
         while let Some(req) = pending.take() {
-            taken += 1;
+            // Taken under the state's lock: no caller commits before it is done.
+            core.pending.fetch_sub(1, Ordering::AcqRel);
             match req {
                 Request::Command { command, reply, compressed } => commands.push((*command, reply, compressed)),
                 other => {
@@ -219,7 +219,6 @@ pub(crate) fn run(shared: Arc<Shared>, rx: Receiver<Request>, core: Arc<Core>) {
             *previous_batch = commands.len();
         }
         seq.commit(&shared, commands, checkpoints);
-        core.pending.fetch_sub(taken, Ordering::AcqRel);
     }
     // Closing: what drafts hold goes to the file, and the journal into the log file.
     let mut state = core.state.lock();
@@ -241,8 +240,9 @@ pub(crate) fn run(shared: Arc<Shared>, rx: Receiver<Request>, core: Arc<Core>) {
 /// ([`Core::commit_here`]).
 pub(crate) struct Core {
     state: Mutex<State>,
-    /// Requests sent to the writer thread and not yet run to their end: a caller commits
-    /// on its own thread only while there are none, so it never overtakes one.
+    /// Requests sent to the writer thread that it has not taken under the state's lock
+    /// yet: a caller commits on its own thread only while there are none (and the lock
+    /// is free), so it never overtakes one.
     pending: AtomicUsize,
 }
 
@@ -274,7 +274,7 @@ impl Core {
     }
 
     /// Sends `request` to the writer thread over `queue`, counted in `pending` until
-    /// the writer has run it.
+    /// the writer takes it under the state's lock.
     pub(crate) fn queue(&self, queue: &Sender<Request>, request: Request) -> Result<()> {
         self.pending.fetch_add(1, Ordering::AcqRel);
         queue.send(request).map_err(|_| {

@@ -385,3 +385,29 @@ fn a_stream_hears_no_rejection_and_a_stream_opened_after_close_ends() {
     let mut late = other.subscribe_stream();
     assert_eq!(current_thread().block_on(late.recv()), None);
 }
+
+/// A synchronous commit never overtakes a request the same thread queued before it: a
+/// lone committer commits on its own thread only while nothing is queued or running on
+/// the writer thread.
+#[test]
+fn a_synchronous_commit_lands_after_the_async_one_queued_before_it() {
+    let db = Db::new();
+    let engine = db.open_durable();
+    let runtime = current_thread();
+    let (s, mut rev) = create(&engine, &[Message::system("sys")]);
+    let (t, mut other) = create(&engine, &[Message::system("sys")]);
+    for i in 0..50 {
+        let queued = engine.commit_turn_async(turn(s, &format!("async-{i}"), rev));
+        let here = engine.commit_turn(turn(t, &format!("sync-{i}"), other)).unwrap().receipt();
+        let first = runtime.block_on(queued).unwrap().receipt();
+        assert!(first.seq < here.seq, "round {i}: the queued commit {} lands first, not {}", first.seq, here.seq);
+        (rev, other) = (first.revision, here.revision);
+    }
+    // Alone again, it commits on its own thread.
+    let before = engine.stats().caller_commits;
+    for i in 0..5 {
+        other = engine.commit_turn(turn(t, &format!("alone-{i}"), other)).unwrap().receipt().revision;
+    }
+    assert!(engine.stats().caller_commits > before);
+    engine.close().unwrap();
+}
