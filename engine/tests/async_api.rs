@@ -405,7 +405,7 @@ fn a_synchronous_commit_lands_after_the_async_one_queued_before_it() {
     }
     // Alone again, it commits on its own thread.
     let before = engine.stats().caller_commits;
-    for i in 0..5 {
+    for i in 0..50 {
         other = engine.commit_turn(turn(t, &format!("alone-{i}"), other)).unwrap().receipt().revision;
     }
     assert!(engine.stats().caller_commits > before);
