@@ -514,11 +514,25 @@ impl Engine {
     /// Queues `request` for the writer; blocks while the queue holds
     /// [`Options::queue_depth`] requests.
     pub(crate) fn send(&self, request: Request) -> Result<()> {
+        self.dispatch(request, false)
+    }
+
+    /// Queues `request` for the writer thread, or with `here` (a synchronous caller's
+    /// command) first offers it to [`writer::Core::commit_here`], which commits a lone
+    /// command on this thread.
+    fn dispatch(&self, request: Request, here: bool) -> Result<()> {
         if self.is_poisoned() {
             return Err(Error::Poisoned);
         }
         let guard = self.inner.sender.read();
         let sender = guard.as_ref().ok_or(Error::Closed)?;
+        let request = match here {
+            true => match self.inner.core.commit_here(&self.inner.shared, request) {
+                Ok(()) => return Ok(()),
+                Err(request) => request,
+            },
+            false => request,
+        };
         self.inner.core.queue(sender, request)
     }
 
@@ -541,18 +555,8 @@ impl Engine {
     /// [`Engine::fenced`] handle).
     pub fn execute(&self, command: Command) -> Result<Outcome> {
         let (reply, rx) = oneshot::channel();
-        let request = self.command_request(command, reply);
-        if self.is_poisoned() {
-            return Err(Error::Poisoned);
-        }
-        {
-            let guard = self.inner.sender.read();
-            let sender = guard.as_ref().ok_or(Error::Closed)?;
-            // Alone, it commits here; otherwise it joins the writer's next group.
-            if let Err(request) = self.inner.core.commit_here(&self.inner.shared, request) {
-                self.inner.core.queue(sender, request)?;
-            }
-        }
+        // Alone, it commits here; otherwise it joins the writer's next group.
+        self.dispatch(self.command_request(command, reply), true)?;
         rx.recv().map_err(|_| Error::Closed)?
     }
 
