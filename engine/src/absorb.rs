@@ -127,7 +127,7 @@ fn absorb(shared: &Shared, request: &Request) -> Result<()> {
         return Ok(());
     }
     let tail = shared.delta.tail();
-    let rows = tail.batches().iter().flat_map(|b| b.rows.iter()).filter(|r| r.seq > file_seq && r.seq <= tip.seq);
+    let rows = tail.batches().flat_map(|b| b.rows.iter()).filter(|r| r.seq > file_seq && r.seq <= tip.seq);
     let mut txn = shared.log_db.begin_write()?;
     txn.set_durability(redb::Durability::Immediate)?;
     // Draft changes alone leave the log and its tip as they are.

@@ -327,7 +327,7 @@ pub(crate) fn fold_tail(
     limits: &Limits,
 ) -> Result<u64> {
     let (txn, tip, tail) = read_with_journal(log, journal, chain)?;
-    let (last, last_hash) = match tail.batches().iter().rev().find_map(|b| b.rows.last()) {
+    let (last, last_hash) = match tail.batches().rev().find_map(|b| b.rows.last()) {
         Some(row) => (row.seq, annal_codec::stored_chain_hash(&row.record).unwrap_or(tip.hash)),
         None => (tip.seq, tip.hash),
     };

@@ -427,7 +427,6 @@ impl View {
         self.log
             .tail
             .batches()
-            .iter()
             .flat_map(|b| b.rows.iter())
             .filter(move |r| r.seq <= seq)
             .map(|r| (r.seq, r.record.as_slice(), r.content.as_slice()))

@@ -94,44 +94,60 @@ impl SealedBatch {
     }
 }
 
+/// Batches a tail keeps in its short list before it merges them into the long one.
+const TAIL_RECENT_MAX: usize = 64;
+
 /// The journalled batches the log file's snapshot does not hold yet, oldest first. A
-/// clone (every view takes one) shares the list.
+/// clone (every view takes one) shares the lists. The newest batches sit in a short
+/// list that each commit copies, and every [`TAIL_RECENT_MAX`] batches they move into
+/// the long one: a commit copies at most that many entries, plus the long list once in
+/// that many commits, where one list would copy a whole journal file's worth each time.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct Tail {
-    batches: Arc<Vec<Arc<SealedBatch>>>,
+    /// The older batches.
+    long: Arc<Vec<Arc<SealedBatch>>>,
+    /// The batches after them, at most [`TAIL_RECENT_MAX`].
+    recent: Arc<Vec<Arc<SealedBatch>>>,
 }
 
 impl Tail {
     /// The tail with `batch` (which holds records) after it.
     pub fn with(&self, batch: Arc<SealedBatch>) -> Tail {
         debug_assert!(!batch.rows.is_empty(), "a tail's batches hold records");
-        let mut batches = Vec::with_capacity(self.batches.len() + 1);
-        batches.extend(self.batches.iter().cloned());
-        batches.push(batch);
-        Tail { batches: Arc::new(batches) }
+        if self.recent.len() < TAIL_RECENT_MAX {
+            let mut recent = Vec::with_capacity(self.recent.len() + 1);
+            recent.extend(self.recent.iter().cloned());
+            recent.push(batch);
+            return Tail { long: self.long.clone(), recent: Arc::new(recent) };
+        }
+        Tail { long: Arc::new(self.batches().cloned().collect()), recent: Arc::new(vec![batch]) }
     }
 
     /// The tail without the records at or below `seq` (the log file holds them now).
     pub fn after(&self, seq: u64) -> Tail {
-        let batches = self.batches.iter().filter(|b| b.rows.last().is_some_and(|r| r.seq > seq)).cloned().collect();
-        Tail { batches: Arc::new(batches) }
+        let long = self.batches().filter(|b| b.rows.last().is_some_and(|r| r.seq > seq)).cloned().collect();
+        Tail { long: Arc::new(long), recent: Arc::default() }
     }
 
     /// The first seq the tail holds.
     pub fn first_seq(&self) -> Option<u64> {
-        self.batches.first().map(|b| b.first_seq())
+        self.batches().next().map(|b| b.first_seq())
     }
 
     /// Sealed row `seq`, if the tail holds it.
     pub fn get(&self, seq: u64) -> Option<&Sealed> {
-        let i = self.batches.partition_point(|b| b.first_seq() <= seq).checked_sub(1)?;
-        let batch = &self.batches[i];
+        let list = match self.recent.first() {
+            Some(first) if first.first_seq() <= seq => &self.recent,
+            _ => &self.long,
+        };
+        let i = list.partition_point(|b| b.first_seq() <= seq).checked_sub(1)?;
+        let batch = &list[i];
         batch.rows.get(usize::try_from(seq - batch.first_seq()).ok()?).filter(|r| r.seq == seq)
     }
 
     /// Every batch, oldest first.
-    pub fn batches(&self) -> &[Arc<SealedBatch>] {
-        &self.batches
+    pub fn batches(&self) -> impl DoubleEndedIterator<Item = &Arc<SealedBatch>> {
+        self.long.iter().chain(self.recent.iter())
     }
 }
 
@@ -197,15 +213,19 @@ impl Frame {
     }
 }
 
+/// The payload length named by the frame header at the start of `bytes`, if they start
+/// with a whole header that has a frame's magic (whether or not the frame is intact).
+fn payload_len(bytes: &[u8]) -> Option<usize> {
+    let header = bytes.get(..FRAME_HEADER_LEN)?;
+    (header[..4] == FRAME_MAGIC).then(|| u32::from_le_bytes(header[4..8].try_into().unwrap_or_default()) as usize)
+}
+
 /// Reads the frame at the start of `bytes`: `None` if it is not a whole, intact frame
 /// (the end of the journal). Bounded by `bytes`: nothing is allocated beyond it.
 pub(crate) fn read_frame(bytes: &[u8]) -> Option<Frame> {
-    let header = bytes.get(..FRAME_HEADER_LEN)?;
-    if header[..4] != FRAME_MAGIC {
-        return None;
-    }
+    let payload_len = payload_len(bytes)?;
+    let header = &bytes[..FRAME_HEADER_LEN];
     let u32_at = |b: &[u8], at: usize| b.get(at..at + 4).map(|s| u32::from_le_bytes(s.try_into().unwrap_or_default()));
-    let payload_len = u32_at(header, 4)? as usize;
     let payload = bytes.get(FRAME_HEADER_LEN..FRAME_HEADER_LEN.checked_add(payload_len)?)?;
     if checksum(&header[..60], payload) != header[60..92] {
         return None;
@@ -252,12 +272,8 @@ fn read_chained(len: u64, mut read: impl FnMut(u64, &mut [u8]) -> Result<usize>)
         bytes.resize(header_end as usize, 0);
         let n = read(at, &mut bytes[at as usize..])?;
         bytes.truncate(at as usize + n);
-        let header = &bytes[at as usize..];
-        if header.len() < FRAME_HEADER_LEN || header[..4] != FRAME_MAGIC {
-            break;
-        }
-        let payload_len = u32::from_le_bytes(header[4..8].try_into().unwrap_or_default()) as u64;
-        let end = (at + FRAME_HEADER_LEN as u64 + payload_len).min(len);
+        let Some(payload_len) = payload_len(&bytes[at as usize..]) else { break };
+        let end = (at + FRAME_HEADER_LEN as u64 + payload_len as u64).min(len);
         let from = bytes.len();
         bytes.resize(end as usize, 0);
         let n = read(from as u64, &mut bytes[from..])?;
@@ -327,11 +343,7 @@ fn scan(bytes: &[u8]) -> Result<Vec<Frame>> {
 /// The whole frame that follows the frame at `at` whose header is intact but whose
 /// bytes fail their checksum, if there is one.
 fn damaged_before(bytes: &[u8], at: usize) -> Option<Frame> {
-    let header = bytes.get(at..at.checked_add(FRAME_HEADER_LEN)?)?;
-    if header[..4] != FRAME_MAGIC {
-        return None;
-    }
-    let payload_len = u32::from_le_bytes(header[4..8].try_into().ok()?) as usize;
+    let payload_len = payload_len(bytes.get(at..)?)?;
     let end = at.checked_add(FRAME_HEADER_LEN)?.checked_add(payload_len)?;
     read_frame(bytes.get(end..)?)
 }
@@ -788,6 +800,27 @@ mod tests {
             let frames = |r: Result<Vec<Frame>>| r.map(|f| f.iter().map(|f| (f.first_seq, f.len)).collect::<Vec<_>>());
             assert_eq!(format!("{:?}", frames(scan(&chained))), format!("{:?}", frames(scan(&file))));
         }
+    }
+
+    /// Past [`TAIL_RECENT_MAX`] batches the tail moves its newest into its long list;
+    /// lookups, the order and `after` see one list all the same.
+    #[test]
+    fn a_long_tail_finds_every_row_across_its_two_lists() {
+        let mut tail = Tail::default();
+        let mut first = 1;
+        for n in (0..3 * TAIL_RECENT_MAX as u64 + 5).map(|i| 1 + i % 3) {
+            tail = tail.with(Arc::new(batch(first, n)));
+            first += n;
+        }
+        for seq in 1..first {
+            assert_eq!(tail.get(seq).map(|r| r.seq), Some(seq));
+        }
+        assert!(tail.get(0).is_none() && tail.get(first).is_none());
+        let seqs: Vec<u64> = tail.batches().flat_map(|b| b.rows.iter().map(|r| r.seq)).collect();
+        assert_eq!(seqs, (1..first).collect::<Vec<_>>());
+        let after = tail.after(first / 2);
+        assert!(after.first_seq().is_some_and(|s| s <= first / 2 + 1));
+        assert!(after.get(first - 1).is_some() && after.get(1).is_none());
     }
 
     #[test]
