@@ -38,7 +38,7 @@ import uuid
 import weakref
 from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import ormsgpack
 from langchain_core.runnables import RunnableConfig
@@ -83,15 +83,16 @@ def _unpack(data: bytes) -> Any:
     return ormsgpack.unpackb(data)
 
 
-@dataclass
-class _Checkpoint:
+# The index's entries are named tuples of strings: the garbage collector stops tracking
+# such a tuple after its first collection, so a thread's index of thousands of
+# checkpoints costs the collector nothing.
+class _Checkpoint(NamedTuple):
     record: str  # content id of the record
     parent: str | None
     run_id: str | None
 
 
-@dataclass
-class _Write:
+class _Write(NamedTuple):
     channel: str
     type: str
     value: str  # content id
@@ -99,31 +100,103 @@ class _Write:
 
 
 _NO_SNAPSHOT = object()
-_IMMUTABLE = (str, bytes, int, float, bool, type(None))
+_IMMUTABLE = frozenset((str, bytes, int, float, bool, type(None)))
+
+try:  # LangChain's messages are pydantic (v2) models
+    from pydantic import BaseModel as _PydanticModel
+except ImportError:  # pragma: no cover - langgraph depends on pydantic
+    _PydanticModel = None
+
+
+class _NotPlain(Exception):
+    """A value that :func:`_plain` does not copy."""
+
+
+def _plain(obj: Any) -> Any:
+    """A deep copy of a value built of dicts, lists and tuples over immutable scalars;
+    raises :class:`_NotPlain` at anything else, whose copying and equality are its own."""
+    t = type(obj)
+    if t in _IMMUTABLE:
+        return obj
+    if t is dict:
+        out = {}
+        for k, v in obj.items():
+            if type(k) not in _IMMUTABLE:
+                raise _NotPlain
+            out[k] = _plain(v)
+        return out
+    if t is list:
+        return [_plain(v) for v in obj]
+    if t is tuple:
+        return tuple([_plain(v) for v in obj])
+    raise _NotPlain
+
+
+class _ModelSnapshot:
+    """A pydantic model's state as it was serialized: its class, and copies of its
+    field values, its extra fields and its private attributes."""
+
+    __slots__ = ("cls", "fields", "extra", "private")
+
+    def __init__(self, item: Any) -> None:
+        self.cls = type(item)
+        self.fields = _plain(item.__dict__)
+        self.extra = _plain(item.__pydantic_extra__)
+        self.private = _plain(item.__pydantic_private__)
+
+    def matches(self, item: Any) -> bool:
+        # What pydantic's own == compares (fields, extra, private), on exact copies of
+        # them; anything else that differs only makes the element serialized again.
+        return (
+            type(item) is self.cls
+            and item.__dict__ == self.fields
+            and item.__pydantic_extra__ == self.extra
+            and item.__pydantic_private__ == self.private
+        )
 
 
 def _snapshot(item: Any) -> Any:
-    """A copy of ``item`` to compare it with later, or ``_NO_SNAPSHOT``."""
-    if type(item) in _IMMUTABLE:
+    """A copy of ``item`` to compare it with later, or ``_NO_SNAPSHOT``. Plain values and
+    pydantic models of plain values are copied directly (a few times faster than
+    ``copy.deepcopy``); anything else goes through ``copy.deepcopy``."""
+    t = type(item)
+    if t in _IMMUTABLE:
         return item
+    try:
+        if _PydanticModel is not None and isinstance(item, _PydanticModel):
+            return _ModelSnapshot(item)
+        return _plain(item)
+    except (_NotPlain, AttributeError):
+        pass
     try:
         return copy.deepcopy(item)
     except Exception:
         return _NO_SNAPSHOT
 
 
-@dataclass
+def _unchanged(item: Any, snapshot: Any) -> bool:
+    """Whether ``item`` still equals the snapshot taken when it was serialized."""
+    try:
+        if type(snapshot) is _ModelSnapshot:
+            return snapshot.matches(item)
+        return bool(item == snapshot)
+    except Exception:
+        return False
+
+
 class _Item:
     """A list element as it was serialized: the object, a copy, its type and id."""
 
-    obj: Any
-    snapshot: Any
-    type: str
-    cid: bytes
+    __slots__ = ("obj", "snapshot", "type", "cid")
+
+    def __init__(self, obj: Any, snapshot: Any, type_: str, cid: bytes) -> None:
+        self.obj = obj
+        self.snapshot = snapshot
+        self.type = type_
+        self.cid = cid
 
 
-@dataclass
-class _ListTip:
+class _ListTip(NamedTuple):
     """A list channel as a committed checkpoint stored it: the base of the next delta."""
 
     checkpoint: str
@@ -273,40 +346,42 @@ class AnnalSaver(BaseCheckpointSaver[int]):
 
     # ----- encoding -----
 
-    def _dump_item(self, item: Any, memo: dict[int, _Item], fresh: dict[int, _Item], blobs: dict[str, bytes]) -> _Item:
-        """One list element, serialized, or taken from ``memo`` when it is the very
-        object the previous checkpoint of this channel held and still equals the copy
-        taken when it was serialized (so an element changed in place is serialized
-        again)."""
-        key = id(item)
-        known = memo.get(key)
-        if known is not None and known.obj is item:
-            try:
-                same = bool(item == known.snapshot)
-            except Exception:
-                same = False
-            if same:
-                fresh[key] = known
-                return known
+    def _dump_item(self, item: Any, fresh: dict[int, _Item], blobs: dict[str, bytes]) -> _Item:
+        """One list element the memo does not hold unchanged: serialized, its object
+        added to ``blobs`` and, with a snapshot to compare it with next time, to ``fresh``."""
         t, data = self.serde.dumps_typed(item)
         cid = content_id(data)
         blobs[cid] = data
         entry = _Item(item, _snapshot(item), t, bytes.fromhex(cid))
         if entry.snapshot is not _NO_SNAPSHOT:
-            fresh[key] = entry
+            fresh[id(item)] = entry
         return entry
 
     def _dump_value(self, value: Any, blobs: dict[str, bytes], memo: dict[int, _Item] | None = None) -> tuple[list[Any], dict[int, _Item]]:
         """A channel value as a reference; its new content objects go into ``blobs``.
-        Returns the reference and the memo of a list's elements for the next checkpoint."""
+        Returns the reference and the memo of a list's elements for the next checkpoint.
+
+        A list element is taken from ``memo`` when it is the very object the previous
+        checkpoint of this channel held and still equals the snapshot taken when it was
+        serialized (so an element changed in place is serialized again)."""
         fresh: dict[int, _Item] = {}
         if type(value) is list and value:
-            items = [self._dump_item(item, memo or {}, fresh, blobs) for item in value]
+            memo = memo or {}
+            items: list[_Item] = []
+            for item in value:
+                key = id(item)
+                known = memo.get(key)
+                if known is not None and known.obj is item and _unchanged(item, known.snapshot):
+                    fresh[key] = known
+                    items.append(known)
+                else:
+                    items.append(self._dump_item(item, fresh, blobs))
             t0 = items[0].type
-            ids = b"".join(i.cid for i in items)
-            if all(i.type == t0 for i in items):
+            ids = b"".join([i.cid for i in items])
+            types = [i.type for i in items]
+            if types.count(t0) == len(types):
                 return ["l", t0, ids], fresh
-            return ["L", [i.type for i in items], ids], fresh
+            return ["L", types, ids], fresh
         t, data = self.serde.dumps_typed(value)
         if len(data) <= INLINE_MAX:
             return ["i", t, data], fresh
@@ -327,7 +402,7 @@ class AnnalSaver(BaseCheckpointSaver[int]):
         ids = [content_id(a) for a in first] + [cid for cid, _ in head_blobs]
         body = _pack(header)
         messages = [Message("assistant" if kind_type == CHECKPOINT_TYPE else "tool", body, kind_type, attachments)]
-        spill_header = _pack({"k": "b", "ns": header.get("ns", ""), "id": header.get("id")})
+        spill_header = _pack({"k": "b", "ns": header.get("ns", ""), "id": header.get("id")}) if rest else b""
         for i in range(0, len(rest), ATTACHMENTS_MAX):
             chunk = [data for _, data in rest[i : i + ATTACHMENTS_MAX]]
             messages.append(Message("tool", spill_header, BLOBS_TYPE, chunk))
@@ -371,7 +446,8 @@ class AnnalSaver(BaseCheckpointSaver[int]):
                 ref = refs[ch] = ["d", bytes.fromhex(base.record), len(base.ids) // 32, ref[1], full_ids[len(base.ids) :]]
                 depth = base.depth + 1
             tips[(ns, ch)] = _ListTip(checkpoint["id"], "", ref[1] if ref[0] == "l" else ref[3], full_ids, depth)
-        bare = {k: v for k, v in checkpoint.items() if k != "channel_values"}
+        bare = dict(checkpoint)
+        bare.pop("channel_values", None)
         md = get_checkpoint_metadata(config, metadata)
         record = _pack(
             {
@@ -384,8 +460,7 @@ class AnnalSaver(BaseCheckpointSaver[int]):
         header = {"k": "c", "ns": ns, "id": checkpoint["id"], "p": parent, "r": str(run_id) if run_id else None}
         messages, ids = self._messages(CHECKPOINT_TYPE, header, [record], blobs, thread)
         turn_id = "c:" + content_id(_pack([header, ids]))[:32]
-        for tip in tips.values():
-            tip.record = ids[0]
+        tips = {key: tip._replace(record=ids[0]) for key, tip in tips.items()}
         header_tips = (header, tips)
         out: RunnableConfig = {"configurable": {"thread_id": thread_id, "checkpoint_ns": ns, "checkpoint_id": checkpoint["id"]}}
         return thread, turn_id, messages, header_tips, ids, out

@@ -70,3 +70,34 @@ def test_mutated_element_is_serialized_again(tmp_path: Path) -> None:
         second, _ = put(saver, "t", first, items, 1)
         assert saver.get_tuple(first).checkpoint["channel_values"]["messages"][1]["text"] == "b"
         assert saver.get_tuple(second).checkpoint["channel_values"]["messages"][1]["text"] == "changed in place"
+
+
+def test_message_changed_in_place_is_serialized_again(tmp_path: Path) -> None:
+    # LangChain messages are pydantic models: a field, a nested value or an extra field
+    # changed in place between two checkpoints must reach the second one.
+    from langchain_core.messages import AIMessage, HumanMessage
+
+    with AnnalSaver.open(str(tmp_path / "c.redb")) as saver:
+        items = [
+            HumanMessage(content="question", id="h1"),
+            AIMessage(content="answer", id="a1", additional_kwargs={"tags": ["x"]}),
+            HumanMessage(content="more", id="h2"),
+        ]
+        first, _ = put(saver, "t", None, items, 0)
+        items[0].content = "question, edited"
+        items[1].additional_kwargs["tags"].append("y")
+        second, _ = put(saver, "t", first, items, 1)
+        items[2].custom = "an extra field"
+        third, _ = put(saver, "t", second, items, 2)
+        fourth, _ = put(saver, "t", third, items, 3)
+
+        def stored(config: dict) -> list:
+            return saver.get_tuple(config).checkpoint["channel_values"]["messages"]
+
+        assert [m.content for m in stored(first)] == ["question", "answer", "more"]
+        assert stored(first)[1].additional_kwargs == {"tags": ["x"]}
+        assert stored(second)[0].content == "question, edited"
+        assert stored(second)[1].additional_kwargs == {"tags": ["x", "y"]}
+        assert not hasattr(stored(second)[2], "custom")
+        assert stored(third)[2].custom == "an extra field"
+        assert stored(fourth) == items
