@@ -80,7 +80,8 @@ impl Projection {
             // 2: a turn reporting a model twice counts as one turn for it.
             Projection::Usage => 2,
             // 2: the transition that first produces a node is not stored as an edge.
-            Projection::Graph => 2,
+            // 3: a recipe's message ids are one byte string (`annal_codec::ids::id_list`).
+            Projection::Graph => 3,
             // 2: heads carry the host state; the host state history table.
             // 3: heads carry the execution lease.
             // 4: the tombstones of purged sessions.
@@ -372,6 +373,7 @@ pub enum Recipe {
         /// Fork origin.
         fork: Option<ForkOrigin>,
         /// Messages after the prefix.
+        #[serde(with = "annal_codec::ids::id_list")]
         messages: Vec<ContentId>,
     },
     /// The parent revision with `start..end` replaced (a turn is a splice at the end).
@@ -383,6 +385,7 @@ pub enum Recipe {
         /// End.
         end: u64,
         /// Replacement.
+        #[serde(with = "annal_codec::ids::id_list")]
         replacement: Vec<ContentId>,
     },
 }
