@@ -187,14 +187,22 @@ fn fold_transcript<S: Store + ?Sized>(store: &mut S, r: &Record) -> Result<()> {
                 chain = transcript::chain_at(store, &f.session, f.message_count)?;
                 len = f.message_count;
             }
-            let chain = transcript::splice(store, &r.session, len, len, len, chain, &e.messages, &[])?;
+            let chain = transcript::splice(store, &r.session, len, len, len, chain, &e.messages, e.messages.len())?;
             check_revision(r, chain, e.revision_after)?;
             TranscriptTip { len: len + e.messages.len() as u64, revision: chain }
         }
         Event::TurnCommitted(e) => {
             let tip: TranscriptTip = need(r, store.row(Table::TranscriptTip, &tip_key)?, "transcript")?;
-            let chain =
-                transcript::splice(store, &r.session, tip.len, tip.len, tip.len, tip.revision, &e.messages, &[])?;
+            let chain = transcript::splice(
+                store,
+                &r.session,
+                tip.len,
+                tip.len,
+                tip.len,
+                tip.revision,
+                &e.messages,
+                e.messages.len(),
+            )?;
             check_revision(r, chain, e.revision_after)?;
             TranscriptTip { len: tip.len + e.messages.len() as u64, revision: chain }
         }
@@ -206,11 +214,14 @@ fn fold_transcript<S: Store + ?Sized>(store: &mut S, r: &Record) -> Result<()> {
             if e.start > e.end || e.end > tip.len {
                 return Err(corrupt(r, "rewrite range outside the transcript"));
             }
-            let tail = transcript::ids(store, &r.session, e.end, tip.len)?;
+            let mut after = Vec::with_capacity(e.replacement.len() + (tip.len - e.end).min(1 << 16) as usize);
+            after.extend_from_slice(&e.replacement);
+            transcript::ids_into(store, &r.session, e.end, tip.len, &mut after)?;
             let base = transcript::chain_at(store, &r.session, e.start)?;
-            let chain = transcript::splice(store, &r.session, e.start, e.end, tip.len, base, &e.replacement, &tail)?;
+            let chain =
+                transcript::splice(store, &r.session, e.start, e.end, tip.len, base, &after, e.replacement.len())?;
             check_revision(r, chain, e.revision_after)?;
-            TranscriptTip { len: e.start + (e.replacement.len() + tail.len()) as u64, revision: chain }
+            TranscriptTip { len: e.start + after.len() as u64, revision: chain }
         }
         _ => return Ok(()),
     };

@@ -193,6 +193,11 @@ pub trait Store {
     fn put(&mut self, table: Table, key: &[u8], value: &[u8]) -> Result<()>;
     /// Removes `key`.
     fn remove(&mut self, table: Table, key: &[u8]) -> Result<()>;
+    /// Sets `key` to `value`, handing the buffer over (a store that keeps values in
+    /// memory keeps this one instead of copying it).
+    fn put_vec(&mut self, table: Table, key: &[u8], value: Vec<u8>) -> Result<()> {
+        self.put(table, key, &value)
+    }
 }
 
 /// Typed helpers over any [`Store`].
@@ -208,7 +213,7 @@ pub trait StoreExt: Store {
     /// Encodes and writes a row.
     fn put_row<T: Serialize>(&mut self, table: Table, key: &[u8], value: &T) -> Result<()> {
         let bytes = encode_row(value)?;
-        self.put(table, key, &bytes)
+        self.put_vec(table, key, bytes)
     }
 }
 
@@ -263,6 +268,10 @@ impl Store for MemStore {
                 self.tables.remove(&table);
             }
         }
+        Ok(())
+    }
+    fn put_vec(&mut self, table: Table, key: &[u8], value: Vec<u8>) -> Result<()> {
+        self.tables.entry(table).or_default().insert(key.to_vec(), value);
         Ok(())
     }
 }
@@ -335,6 +344,10 @@ impl<S: Store + ?Sized> Store for Overlay<'_, S> {
     }
     fn remove(&mut self, table: Table, key: &[u8]) -> Result<()> {
         self.writes.entry(table).or_default().insert(key.to_vec(), None);
+        Ok(())
+    }
+    fn put_vec(&mut self, table: Table, key: &[u8], value: Vec<u8>) -> Result<()> {
+        self.writes.entry(table).or_default().insert(key.to_vec(), Some(value));
         Ok(())
     }
 }
