@@ -44,16 +44,21 @@ pub(crate) mod legacy {
 /// The physical key in [`PROJECTIONS`] of `key` in logical table `t`.
 pub fn physical_key(t: Table, key: &[u8]) -> Vec<u8> {
     let mut k = Vec::with_capacity(key.len() + 2);
-    if t.session_scoped() && key.len() >= 16 {
-        k.push(0);
-        k.extend_from_slice(&key[..16]);
-        k.push(t.tag());
-        k.extend_from_slice(&key[16..]);
-    } else {
-        k.push(t.tag());
-        k.extend_from_slice(key);
-    }
+    physical_key_into(t, key, &mut k);
     k
+}
+
+/// [`physical_key`], appended to `out`.
+pub(crate) fn physical_key_into(t: Table, key: &[u8], out: &mut Vec<u8>) {
+    if t.session_scoped() && key.len() >= 16 {
+        out.push(0);
+        out.extend_from_slice(&key[..16]);
+        out.push(t.tag());
+        out.extend_from_slice(&key[16..]);
+    } else {
+        out.push(t.tag());
+        out.extend_from_slice(key);
+    }
 }
 
 /// The logical table and key of a physical key, if it is well formed.
