@@ -1,12 +1,15 @@
-//! Arbitrary bytes into the record decoder, the message decoder and the chain check,
-//! under a small limit. None of them may panic, allocate past the limit (run with
+//! Arbitrary bytes into the record decoder, the message decoder, the chain check and the
+//! content decoders (a content row's entries, and the bytes as one lz4 object), under a
+//! small limit. None of them may panic, allocate past the limit (run with
 //! `-malloc_limit_mb`), or loop. A record that decodes re-encodes to a record that decodes
-//! to the same value, and a message that decodes re-encodes to bytes that decode to it.
+//! to the same value, a message that decodes re-encodes to bytes that decode to it, and
+//! an object that decompresses is at most the limit long and recompresses to bytes that
+//! decompress to it.
 
 #![no_main]
 
 use annal_codec::{
-    decode_header, decode_message, decode_record, encode_message, encode_record, verify_chain, LogChain,
+    content, decode_header, decode_message, decode_record, encode_message, encode_record, verify_chain, LogChain,
 };
 use libfuzzer_sys::fuzz_target;
 
@@ -34,5 +37,20 @@ fuzz_target!(|data: &[u8]| {
     if let Ok(message) = decode_message(data, LIMIT) {
         let bytes = encode_message(&message, LIMIT).expect("a decoded message encodes within its limit");
         assert_eq!(decode_message(&bytes, LIMIT).as_ref(), Ok(&message), "decode(encode(m)) == m");
+    }
+    // The bytes as a content row: every entry's canonical bytes, which hash or not.
+    for entry in content::entries(data, LIMIT) {
+        let Ok(entry) = entry else { break };
+        if let Ok(bytes) = entry.canonical(LIMIT) {
+            assert!(bytes.len() as u64 <= LIMIT);
+        }
+        let _ = entry.verify(LIMIT);
+    }
+    // The bytes as one stored lz4 object (a canonical length, then a block).
+    if let Ok(canonical) = content::decode_object(content::ENCODING_LZ4, data, LIMIT) {
+        assert!(canonical.len() as u64 <= LIMIT);
+        let (encoding, stored) = content::encode_object(&canonical);
+        let again = content::decode_object(encoding, &stored, LIMIT).expect("a recompressed object decodes");
+        assert_eq!(again.as_ref(), canonical.as_ref(), "decompress(compress(x)) == x");
     }
 });
