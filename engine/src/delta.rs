@@ -656,7 +656,9 @@ impl Store for View {
 mod tests {
     use super::*;
 
-    fn writes(rows: &[(Table, &[u8], Option<&[u8]>)]) -> Writes {
+    type Row<'a> = (Table, &'a [u8], Option<&'a [u8]>);
+
+    fn writes(rows: &[Row<'_>]) -> Writes {
         let mut w = Writes::new();
         for (t, k, v) in rows {
             w.entry(*t).or_default().insert(k.to_vec(), v.map(<[u8]>::to_vec));
