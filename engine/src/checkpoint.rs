@@ -105,7 +105,6 @@ impl Checkpointer {
             if self.poisoned.load(Ordering::Acquire) {
                 return Err(Error::Poisoned);
             }
-            layer.write().settle();
             let rows = write_layer(&self.projections, &layer.read(), self.durability)?;
             self.delta.publish(&layer, self.projections.begin_read()?)?;
             self.stats.checkpoints.fetch_add(1, Ordering::Relaxed);

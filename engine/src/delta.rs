@@ -46,12 +46,8 @@ const VERSION_OVERHEAD_BYTES: u64 = 48;
 pub(crate) struct Layer {
     /// Physical key → versions, oldest first: point reads are one hash lookup.
     rows: HashMap<Arc<[u8]>, Vec<(u64, Value)>, Hasher>,
-    /// The same keys in physical order, for scans and checkpoints, but for `pending`.
+    /// The same keys in physical order, for scans and checkpoints.
     order: BTreeSet<Arc<[u8]>>,
-    /// Keys added since `order` was last brought up to date, in arrival order. Folds
-    /// never scan, so a batch only appends here; the first scan or checkpoint that needs
-    /// the order sorts them into it ([`Layer::settle`]), off the commit path.
-    pending: Vec<Arc<[u8]>>,
     /// The last seq folded into this layer.
     pub last_seq: u64,
     /// `h(last_seq)`.
@@ -69,7 +65,6 @@ impl Layer {
         Layer {
             rows: HashMap::default(),
             order: BTreeSet::new(),
-            pending: Vec::new(),
             last_seq,
             last_hash,
             events: 0,
@@ -98,7 +93,7 @@ impl Layer {
                     None => {
                         self.bytes += 2 * physical.len() as u64;
                         let physical: Arc<[u8]> = Arc::from(physical.as_slice());
-                        self.pending.push(physical.clone());
+                        self.order.insert(physical.clone());
                         self.rows.insert(physical, vec![(seq, value)]);
                     }
                 }
@@ -110,29 +105,8 @@ impl Layer {
         self.events += events;
     }
 
-    /// Sorts the keys added since the last call into the physical order.
-    pub fn settle(&mut self) {
-        if self.pending.is_empty() {
-            return;
-        }
-        self.pending.sort_unstable();
-        if self.order.is_empty() {
-            // A layer's first settle (a checkpoint's, usually) builds the set in one pass.
-            self.order = std::mem::take(&mut self.pending).into_iter().collect();
-        } else {
-            self.order.extend(self.pending.drain(..));
-        }
-    }
-
-    /// Whether [`Layer::settle`] has work to do.
-    fn unsettled(&self) -> bool {
-        !self.pending.is_empty()
-    }
-
-    /// Every row's newest version, in physical key order: what a checkpoint writes. The
-    /// layer must be settled ([`Layer::settle`]).
+    /// Every row's newest version, in physical key order: what a checkpoint writes.
     pub fn newest(&self) -> impl Iterator<Item = (&[u8], &Value)> {
-        debug_assert!(self.pending.is_empty(), "a checkpoint of an unsettled layer");
         self.order.iter().filter_map(|k| self.rows.get(k).and_then(|v| v.last()).map(|(_, v)| (&**k, v)))
     }
 
@@ -543,9 +517,6 @@ impl View {
     fn scan_range(&self, prefix: &[u8], start: &[u8], f: &mut RowVisitor<'_>) -> Result<()> {
         let mut delta: BTreeMap<Vec<u8>, Value> = BTreeMap::new();
         for layer in &self.layers {
-            if layer.read().unsettled() {
-                layer.write().settle();
-            }
             let layer = layer.read();
             let from: Arc<[u8]> = Arc::from(start);
             for k in layer.order.range(from..) {
@@ -671,7 +642,7 @@ mod tests {
     }
 
     #[test]
-    fn a_layer_sorts_its_new_keys_when_settled_and_keeps_every_version() {
+    fn a_layer_keeps_its_keys_in_physical_order_and_every_version() {
         let s1 = [1u8; 16];
         let s2 = [2u8; 16];
         let mut layer = Layer::new(0, ChainHash([0; 32]));
@@ -685,15 +656,12 @@ mod tests {
             ChainHash([0; 32]),
             1,
         );
-        assert!(layer.unsettled());
-        layer.settle();
-        assert!(!layer.unsettled());
         let first: Vec<Vec<u8>> = newest(&layer).into_iter().map(|(k, _)| k).collect();
         let mut sorted = first.clone();
         sorted.sort();
         assert_eq!(first, sorted);
         assert_eq!(first.len(), 3);
-        // A later batch adds keys (the extend path) and new versions of old ones.
+        // A later batch adds keys and new versions of old ones.
         layer.apply(
             writes(&[
                 (Table::Heads, &s1, None),
@@ -704,8 +672,6 @@ mod tests {
             ChainHash([0; 32]),
             1,
         );
-        assert_eq!(layer.pending.len(), 2);
-        layer.settle();
         let rows = newest(&layer);
         let keys: Vec<Vec<u8>> = rows.iter().map(|(k, _)| k.clone()).collect();
         let mut sorted = keys.clone();
@@ -714,7 +680,7 @@ mod tests {
         assert_eq!(rows.len(), 5);
         let h1 = physical_key(Table::Heads, &s1);
         assert_eq!(rows.iter().find(|(k, _)| *k == h1).map(|(_, v)| v.clone()), Some(None));
-        // Point reads see each version at its seq, settled or not.
+        // Point reads see each version at its seq.
         assert_eq!(layer.get_at(&h1, 1).cloned().flatten().map(|v| v.to_vec()), Some(b"h1".to_vec()));
         assert_eq!(layer.get_at(&h1, 2).cloned(), Some(None));
         assert_eq!(layer.rows(), 5);
