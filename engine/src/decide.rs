@@ -507,8 +507,7 @@ fn rewrite<S: Store + ?Sized>(store: &S, c: &Rewrite, limits: &Limits) -> Result
         return reject(Rejection::InvalidRange { start: c.start, end: c.end, len: h.message_count });
     }
     let base = chain_at(store, &c.session, c.start)?;
-    let mut after_splice = Vec::with_capacity(replacement.len() + (h.message_count - c.end).min(1 << 16) as usize);
-    after_splice.extend_from_slice(&replacement);
+    let mut after_splice = replacement.clone();
     crate::transcript::ids_into(store, &c.session, c.end, h.message_count, &mut after_splice)?;
     let after = crate::transcript::remember_chain(base, after_splice);
     if after == h.revision {

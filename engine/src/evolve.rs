@@ -214,8 +214,7 @@ fn fold_transcript<S: Store + ?Sized>(store: &mut S, r: &Record) -> Result<()> {
             if e.start > e.end || e.end > tip.len {
                 return Err(corrupt(r, "rewrite range outside the transcript"));
             }
-            let mut after = Vec::with_capacity(e.replacement.len() + (tip.len - e.end).min(1 << 16) as usize);
-            after.extend_from_slice(&e.replacement);
+            let mut after = e.replacement.clone();
             transcript::ids_into(store, &r.session, e.end, tip.len, &mut after)?;
             let base = transcript::chain_at(store, &r.session, e.start)?;
             let chain =

@@ -92,8 +92,8 @@ pub fn ids<S: Store + ?Sized>(store: &S, session: &SessionId, from: u64, to: u64
     Ok(out)
 }
 
-/// [`ids`], appended to `out` (a rewrite builds its list after the splice in one buffer,
-/// the replacement first: a tail of 50,000 ids is 1.6 MB).
+/// [`ids`], appended to `out`, which grows once (a rewrite builds its list after the
+/// splice in one buffer, the replacement first: a tail of 50,000 ids is 1.6 MB).
 pub(crate) fn ids_into<S: Store + ?Sized>(
     store: &S,
     session: &SessionId,
