@@ -61,16 +61,28 @@ fn read_chunk<S: Store + ?Sized>(store: &S, session: &SessionId, chunk: u64) -> 
 
 /// Appends the ids of positions `from..to` (all inside one chunk) to `out`, as bytes.
 fn read_ids<S: Store + ?Sized>(store: &S, session: &SessionId, from: u64, to: u64, out: &mut Vec<u8>) -> Result<()> {
+    each_ids(store, session, from, to, |bytes| out.extend_from_slice(bytes))
+}
+
+/// Hands the ids of positions `from..to` (all inside one chunk) to `emit`, as bytes: the
+/// chunk's slice once, or each single row's id, straight from the rows read.
+fn each_ids<S: Store + ?Sized>(
+    store: &S,
+    session: &SessionId,
+    from: u64,
+    to: u64,
+    mut emit: impl FnMut(&[u8]),
+) -> Result<()> {
     let chunk = from / CHUNK;
     if let Some(bytes) = read_chunk(store, session, chunk)? {
         let (a, b) = ((from - chunk * CHUNK) as usize, (to - chunk * CHUNK) as usize);
-        out.extend_from_slice(&bytes[a * ID..b * ID]);
+        emit(&bytes[a * ID..b * ID]);
         return Ok(());
     }
     for pos in from..to {
         let k = single_key(session, pos);
         match store.get(Table::Transcript, &k)? {
-            Some(bytes) if bytes.len() == ID => out.extend_from_slice(&bytes),
+            Some(bytes) if bytes.len() == ID => emit(&bytes),
             Some(_) => return Err(corrupt(Table::Transcript, &k, "transcript row is not one id")),
             None => return Err(corrupt(Table::Transcript, &k, "missing row")),
         }
@@ -87,7 +99,7 @@ fn id_of(bytes: &[u8]) -> [u8; 32] {
 /// The content ids at positions `from..to` of `session`'s current transcript. A position
 /// that is not stored is `Corrupt` ("missing row").
 pub fn ids<S: Store + ?Sized>(store: &S, session: &SessionId, from: u64, to: u64) -> Result<Vec<ContentId>> {
-    let mut out = Vec::with_capacity(to.saturating_sub(from).min(1 << 16) as usize);
+    let mut out = Vec::new();
     ids_into(store, session, from, to, &mut out)?;
     Ok(out)
 }
@@ -102,13 +114,10 @@ pub(crate) fn ids_into<S: Store + ?Sized>(
     out: &mut Vec<ContentId>,
 ) -> Result<()> {
     out.reserve(to.saturating_sub(from).min(1 << 16) as usize);
-    let mut bytes = Vec::with_capacity(CHUNK as usize * ID);
     let mut pos = from;
     while pos < to {
         let end = ((pos / CHUNK + 1) * CHUNK).min(to);
-        bytes.clear();
-        read_ids(store, session, pos, end, &mut bytes)?;
-        out.extend(bytes.chunks_exact(ID).map(|b| ContentId(id_of(b))));
+        each_ids(store, session, pos, end, |bytes| out.extend(bytes.chunks_exact(ID).map(|b| ContentId(id_of(b)))))?;
         pos = end;
     }
     Ok(())
