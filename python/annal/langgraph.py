@@ -427,7 +427,9 @@ class AnnalSaver(BaseCheckpointSaver[int]):
                 memos[ch] = fresh
             else:
                 memos.pop(ch, None)
-        tips: dict[tuple[str, str], _ListTip] = {}
+        # (ns, channel) -> (type, element ids, depth): the next delta's base, once the
+        # record's id is known.
+        lists: dict[tuple[str, str], tuple[str, bytes, int]] = {}
         for ch, ref in refs.items():
             if ref[0] != "l":
                 continue
@@ -445,7 +447,7 @@ class AnnalSaver(BaseCheckpointSaver[int]):
                 # ["d", base record, elements kept from it, type, appended ids]
                 ref = refs[ch] = ["d", bytes.fromhex(base.record), len(base.ids) // 32, ref[1], full_ids[len(base.ids) :]]
                 depth = base.depth + 1
-            tips[(ns, ch)] = _ListTip(checkpoint["id"], "", ref[1] if ref[0] == "l" else ref[3], full_ids, depth)
+            lists[(ns, ch)] = (ref[1] if ref[0] == "l" else ref[3], full_ids, depth)
         bare = dict(checkpoint)
         bare.pop("channel_values", None)
         md = get_checkpoint_metadata(config, metadata)
@@ -460,7 +462,7 @@ class AnnalSaver(BaseCheckpointSaver[int]):
         header = {"k": "c", "ns": ns, "id": checkpoint["id"], "p": parent, "r": str(run_id) if run_id else None}
         messages, ids = self._messages(CHECKPOINT_TYPE, header, [record], blobs, thread)
         turn_id = "c:" + content_id(_pack([header, ids]))[:32]
-        tips = {key: tip._replace(record=ids[0]) for key, tip in tips.items()}
+        tips = {key: _ListTip(checkpoint["id"], ids[0], *tip) for key, tip in lists.items()}
         header_tips = (header, tips)
         out: RunnableConfig = {"configurable": {"thread_id": thread_id, "checkpoint_ns": ns, "checkpoint_id": checkpoint["id"]}}
         return thread, turn_id, messages, header_tips, ids, out
