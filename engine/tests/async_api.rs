@@ -403,9 +403,12 @@ fn a_synchronous_commit_lands_after_the_async_one_queued_before_it() {
         assert!(first.seq < here.seq, "round {i}: the queued commit {} lands first, not {}", first.seq, here.seq);
         (rev, other) = (first.revision, here.revision);
     }
-    // Alone again, it commits on its own thread.
+    // Alone again, it commits on its own thread. A pause before each commit lets the
+    // writer thread let go of the state after its last reply: a caller woken by that
+    // reply can find the state still held on a busy machine, and queue.
     let before = engine.stats().caller_commits;
     for i in 0..50 {
+        std::thread::sleep(std::time::Duration::from_millis(1));
         other = engine.commit_turn(turn(t, &format!("alone-{i}"), other)).unwrap().receipt().revision;
     }
     assert!(engine.stats().caller_commits > before);
