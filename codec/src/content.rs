@@ -40,15 +40,28 @@ pub const COMPRESS_BYTES_MIN: usize = 128;
 /// How an object is stored: its encoding byte and stored bytes. lz4 when that saves at
 /// least an eighth of the canonical size, raw otherwise.
 pub fn encode_object(canonical: &[u8]) -> (u8, Vec<u8>) {
-    if canonical.len() >= COMPRESS_BYTES_MIN && canonical.len() <= u32::MAX as usize {
-        let mut stored = Vec::with_capacity(4 + lz4_flex::block::get_maximum_output_size(canonical.len()));
-        stored.extend_from_slice(&(canonical.len() as u32).to_le_bytes());
-        stored.extend_from_slice(&lz4_flex::block::compress(canonical));
-        if stored.len() <= canonical.len() - canonical.len() / 8 {
-            return (ENCODING_LZ4, stored);
-        }
+    match compress_object(canonical) {
+        Some(stored) => (ENCODING_LZ4, stored),
+        None => (ENCODING_RAW, canonical.to_vec()),
     }
-    (ENCODING_RAW, canonical.to_vec())
+}
+
+/// The lz4 stored bytes of `canonical` (its length, then the block) when
+/// [`encode_object`] would store it compressed; `None` when it stays raw. The block is
+/// written straight into the returned buffer.
+pub fn compress_object(canonical: &[u8]) -> Option<Vec<u8>> {
+    if canonical.len() < COMPRESS_BYTES_MIN || canonical.len() > u32::MAX as usize {
+        return None;
+    }
+    let mut stored = vec![0u8; 4 + lz4_flex::block::get_maximum_output_size(canonical.len())];
+    stored[..4].copy_from_slice(&(canonical.len() as u32).to_le_bytes());
+    let block = lz4_flex::block::compress_into(canonical, &mut stored[4..]).ok()?;
+    let len = 4 + block;
+    if len > canonical.len() - canonical.len() / 8 {
+        return None;
+    }
+    stored.truncate(len);
+    Some(stored)
 }
 
 /// The canonical bytes of a stored object, at most `max` of them.

@@ -26,7 +26,7 @@
 
 use crate::event::*;
 use crate::hash::LogChain;
-use crate::ids::{ChainHash, SessionId};
+use crate::ids::{ChainHash, ContentId, SessionId};
 use crate::wire::{self, WireError};
 use serde::de::DeserializeOwned;
 
@@ -518,10 +518,59 @@ pub fn stored_chain_hash(bytes: &[u8]) -> Option<ChainHash> {
 
 /// Encodes a message object canonically.
 pub fn encode_message(message: &MessageObject, limit: u64) -> Result<Vec<u8>, WireError> {
-    wire::to_bytes(message, limit)
+    encode_message_parts(message.role, &message.content_type, &message.body, &message.attachments, limit)
+}
+
+/// [`encode_message`] of a message object made of these parts, borrowed: the same bytes,
+/// without first copying the body into a [`MessageObject`].
+pub fn encode_message_parts(
+    role: Role,
+    content_type: &str,
+    body: &[u8],
+    attachments: &[ContentId],
+    limit: u64,
+) -> Result<Vec<u8>, WireError> {
+    /// Serializes exactly as [`MessageObject`] does (fields in order; a `&str` and a
+    /// `String`, a byte slice and a byte vector, a slice and a vector encode alike).
+    #[derive(serde::Serialize)]
+    struct Parts<'a> {
+        role: Role,
+        content_type: &'a str,
+        #[serde(with = "serde_bytes")]
+        body: &'a [u8],
+        attachments: &'a [ContentId],
+    }
+    let capacity = body.len() + content_type.len() + attachments.len() * 33 + 24;
+    wire::to_bytes_sized(&Parts { role, content_type, body, attachments }, limit, capacity)
 }
 
 /// Decodes a message object. Never panics; bounded by `limit`.
 pub fn decode_message(bytes: &[u8], limit: u64) -> Result<MessageObject, WireError> {
     wire::from_bytes(bytes, limit)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// The borrowed encoder writes exactly the bytes of the owned one, and both
+        /// refuse the same sizes.
+        #[test]
+        fn message_parts_encode_as_the_message_object(
+            role in 0u8..4,
+            content_type in "[a-z/+.-]{0,40}",
+            body in proptest::collection::vec(any::<u8>(), 0..600),
+            attachments in proptest::collection::vec(any::<[u8; 32]>(), 0..4),
+            limit in 0u64..800,
+        ) {
+            let role = [Role::System, Role::User, Role::Assistant, Role::Tool][role as usize];
+            let attachments: Vec<ContentId> = attachments.into_iter().map(ContentId).collect();
+            let object = MessageObject { role, content_type: content_type.clone(), body: body.clone(), attachments: attachments.clone() };
+            let owned = wire::to_bytes(&object, limit);
+            let parts = encode_message_parts(role, &content_type, &body, &attachments, limit);
+            prop_assert_eq!(owned, parts);
+        }
+    }
 }

@@ -52,7 +52,14 @@ fn classify(err: bincode::Error, limit: u64) -> WireError {
 /// the same bytes and the same error, at about half the work. (Decoding, where the bytes
 /// are untrusted, keeps bincode's limit, enforced as it reads.)
 pub fn to_bytes<T: Serialize + ?Sized>(value: &T, limit: u64) -> Result<Vec<u8>, WireError> {
-    let mut out = Vec::with_capacity(128);
+    to_bytes_sized(value, limit, 128)
+}
+
+/// [`to_bytes`] into a buffer that starts with room for `capacity` bytes: for a value
+/// whose size is about known (a message object, mostly its body), so the buffer does not
+/// grow in steps and copy itself on the way.
+pub fn to_bytes_sized<T: Serialize + ?Sized>(value: &T, limit: u64, capacity: usize) -> Result<Vec<u8>, WireError> {
+    let mut out = Vec::with_capacity(capacity.min(limit as usize));
     options(limit).with_no_limit().serialize_into(&mut out, value).map_err(|e| classify(e, limit))?;
     if out.len() as u64 > limit {
         return Err(WireError::TooLarge { max: limit });

@@ -116,10 +116,9 @@ impl ContentSet {
         // The limit applies to what the host sends, the body; the stored object adds at
         // most `message_object_bytes_max() - content_bytes_max` bytes to it.
         limits.check(Limit::ContentBytes, m.body.len() as u64)?;
-        let object =
-            MessageObject { role: m.role, content_type: m.content_type.clone(), body: m.body.clone(), attachments };
-        let bytes = encode_message(&object, limits.message_object_bytes_max())
-            .map_err(|e| Error::Rejected(Rejection::InvalidRequest { reason: format!("message: {e}") }))?;
+        let bytes =
+            encode_message_parts(m.role, &m.content_type, &m.body, &attachments, limits.message_object_bytes_max())
+                .map_err(|e| Error::Rejected(Rejection::InvalidRequest { reason: format!("message: {e}") }))?;
         let id = content_id(&bytes);
         self.0.entry(id).or_insert(bytes);
         Ok(id)
@@ -387,7 +386,7 @@ fn create<S: Store + ?Sized>(store: &S, c: &CreateSession, limits: &Limits) -> R
     limits.check(Limit::MetadataBytes, c.metadata.len() as u64)?;
     let mut content = ContentSet::default();
     let messages = content.messages(limits, &c.messages)?;
-    if store.get(Table::Heads, &keys::session(&c.session))?.is_some() {
+    if store.contains(Table::Heads, &keys::session(&c.session))? {
         return reject(Rejection::AlreadyExists { session: c.session });
     }
     if let rejection @ Rejection::Purged { .. } = absent(store, &c.session)? {
@@ -467,7 +466,7 @@ fn commit_turn<S: Store + ?Sized>(store: &S, c: &CommitTurn, limits: &Limits) ->
         }
     }
     for op in &c.tool_ops {
-        if store.get(Table::ToolOps, &keys::session_str(&c.session, op))?.is_none() {
+        if !store.contains(Table::ToolOps, &keys::session_str(&c.session, op))? {
             return reject(Rejection::UnknownToolOp { op_id: op.clone() });
         }
     }
@@ -581,7 +580,7 @@ fn fork<S: Store + ?Sized>(store: &S, c: &Fork, limits: &Limits) -> Result<Decis
     if out_of_bounds {
         return reject(Rejection::IndexOutOfBounds { index: c.index, len });
     }
-    if store.get(Table::Heads, &keys::session(&c.session))?.is_some() {
+    if store.contains(Table::Heads, &keys::session(&c.session))? {
         return reject(Rejection::AlreadyExists { session: c.session });
     }
     if let rejection @ Rejection::Purged { .. } = absent(store, &c.session)? {
@@ -679,7 +678,7 @@ fn tool_call<S: Store + ?Sized>(store: &S, c: &RecordToolCall, limits: &Limits) 
         };
     }
     if let Some(p) = &c.parent_op {
-        if store.get(Table::ToolOps, &keys::session_str(&c.session, p))?.is_none() {
+        if !store.contains(Table::ToolOps, &keys::session_str(&c.session, p))? {
             return reject(Rejection::UnknownToolOp { op_id: p.clone() });
         }
     }
@@ -952,7 +951,7 @@ fn enqueue_input<S: Store + ?Sized>(store: &S, c: &EnqueueInput, limits: &Limits
 }
 
 fn turn_committed<S: Store + ?Sized>(store: &S, session: &SessionId, turn_id: &str) -> Result<bool> {
-    Ok(store.get(Table::Turns, &keys::session_str(session, turn_id))?.is_some())
+    store.contains(Table::Turns, &keys::session_str(session, turn_id))
 }
 
 fn claim_inputs<S: Store + ?Sized>(store: &S, c: &ClaimInputs, limits: &Limits, now: &Now<'_>) -> Result<Decision> {

@@ -615,6 +615,19 @@ impl Store for View {
             None => Ok(None),
         }
     }
+    fn read(&self, table: Table, key: &[u8], f: &mut dyn FnMut(Option<&[u8]>) -> Result<()>) -> Result<()> {
+        let physical = physical_key(table, key);
+        if let Some(v) = self.delta_get(&physical) {
+            return f(v.as_deref().map(Vec::as_slice));
+        }
+        match &self.ckpt.table {
+            Some(table) => match table.get(physical.as_slice())? {
+                Some(guard) => f(Some(guard.value())),
+                None => f(None),
+            },
+            None => f(None),
+        }
+    }
     fn put(&mut self, _: Table, _: &[u8], _: &[u8]) -> Result<()> {
         Err(Error::Storage("a view is read-only".into()))
     }

@@ -48,10 +48,10 @@ fn need<T>(r: &Record, v: Option<T>, what: &str) -> Result<T> {
 /// An erased record, or a tombstone: the session was purged, so it has no head (its
 /// creation was erased too); a tombstone leaves the purge marker.
 fn fold_purged<S: Store + ?Sized>(store: &mut S, r: &Record, key: &[u8]) -> Result<()> {
-    if store.get(Table::Heads, key)?.is_some() {
+    if store.contains(Table::Heads, key)? {
         return Err(corrupt(r, format!("{} of a session whose records are not erased", r.event.kind())));
     }
-    if store.get(Table::Purged, key)?.is_some() {
+    if store.contains(Table::Purged, key)? {
         return Err(corrupt(r, "record after the session's tombstone"));
     }
     if let Event::SessionPurged(_) = &r.event {
@@ -66,10 +66,10 @@ fn fold_heads<S: Store + ?Sized>(store: &mut S, r: &Record) -> Result<()> {
     let mut head = match &r.event {
         Event::Erased(_) | Event::SessionPurged(_) => return fold_purged(store, r, &key),
         Event::SessionCreated(e) => {
-            if store.get(Table::Heads, &key)?.is_some() || r.stream_seq != 1 {
+            if store.contains(Table::Heads, &key)? || r.stream_seq != 1 {
                 return Err(corrupt(r, "session created twice"));
             }
-            if store.get(Table::Purged, &key)?.is_some() {
+            if store.contains(Table::Purged, &key)? {
                 return Err(corrupt(r, "session created after its tombstone"));
             }
             SessionHead {
@@ -304,7 +304,7 @@ fn fold_context<S: Store + ?Sized>(store: &mut S, r: &Record) -> Result<()> {
     match &r.event {
         Event::ContextAppended(e) => {
             let key = keys::session_str(&r.session, &e.key);
-            if store.get(Table::Context, &key)?.is_some() {
+            if store.contains(Table::Context, &key)? {
                 return Err(corrupt(r, format!("context {} appended twice", e.key)));
             }
             let entry = ContextEntry {
@@ -335,7 +335,7 @@ fn fold_context<S: Store + ?Sized>(store: &mut S, r: &Record) -> Result<()> {
 fn fold_turns<S: Store + ?Sized>(store: &mut S, r: &Record) -> Result<()> {
     if let Event::TurnCommitted(e) = &r.event {
         let key = keys::session_str(&r.session, &e.turn_id);
-        if store.get(Table::Turns, &key)?.is_some() {
+        if store.contains(Table::Turns, &key)? {
             return Err(corrupt(r, format!("turn {} committed twice", e.turn_id)));
         }
         let receipt = Receipt { seq: r.seq, revision: e.revision_after, committed_at_ms: r.committed_at_ms };
@@ -376,7 +376,7 @@ fn fold_labels<S: Store + ?Sized>(store: &mut S, r: &Record) -> Result<()> {
         // row here.
         Event::Erased(_) | Event::SessionPurged(_) => return Ok(()),
         Event::SessionCreated(e) => {
-            if store.get(Table::LabelSessions, &key)?.is_some() {
+            if store.contains(Table::LabelSessions, &key)? {
                 return Err(corrupt(r, "session created twice"));
             }
             for (k, v) in &e.labels {
@@ -450,7 +450,7 @@ fn fold_tools<S: Store + ?Sized>(store: &mut S, r: &Record) -> Result<()> {
     match &r.event {
         Event::ToolCallRecorded(e) => {
             let key = keys::session_str(&r.session, &e.op_id);
-            if store.get(Table::ToolOps, &key)?.is_some() {
+            if store.contains(Table::ToolOps, &key)? {
                 return Err(corrupt(r, format!("tool op {} called twice", e.op_id)));
             }
             let tip_key = keys::session(&r.session);
@@ -494,10 +494,10 @@ fn fold_tools<S: Store + ?Sized>(store: &mut S, r: &Record) -> Result<()> {
 
 fn fold_streams<S: Store + ?Sized>(store: &mut S, r: &Record) -> Result<()> {
     let key = keys::session_u64(&r.session, r.stream_seq);
-    if r.stream_seq > 1 && store.get(Table::StreamIndex, &keys::session_u64(&r.session, r.stream_seq - 1))?.is_none() {
+    if r.stream_seq > 1 && !store.contains(Table::StreamIndex, &keys::session_u64(&r.session, r.stream_seq - 1))? {
         return Err(corrupt(r, format!("stream seq {} does not follow the session's stream", r.stream_seq)));
     }
-    if store.get(Table::StreamIndex, &key)?.is_some() {
+    if store.contains(Table::StreamIndex, &key)? {
         return Err(corrupt(r, format!("stream seq {} used twice", r.stream_seq)));
     }
     store.put(Table::StreamIndex, &key, &r.seq.to_be_bytes())
@@ -508,13 +508,13 @@ fn fold_streams<S: Store + ?Sized>(store: &mut S, r: &Record) -> Result<()> {
 /// where their message is read).
 fn fold_content<S: Store + ?Sized>(store: &mut S, r: &Record, introduced: &[ContentId]) -> Result<()> {
     for id in introduced {
-        if store.get(Table::ContentIndex, &id.0)?.is_some() {
+        if store.contains(Table::ContentIndex, &id.0)? {
             return Err(corrupt(r, format!("content {id} stored twice")));
         }
         store.put(Table::ContentIndex, &id.0, &r.seq.to_be_bytes())?;
     }
     for id in r.event.content_refs() {
-        if store.get(Table::ContentIndex, &id.0)?.is_none() {
+        if !store.contains(Table::ContentIndex, &id.0)? {
             return Err(corrupt(r, format!("refers to content {id}, which is not stored")));
         }
     }
@@ -591,7 +591,7 @@ fn fold_inbox<S: Store + ?Sized>(store: &mut S, r: &Record) -> Result<()> {
     match &r.event {
         Event::InputEnqueued(e) => {
             let key = keys::session_str(&r.session, &e.input_id);
-            if store.get(Table::Inputs, &key)?.is_some() {
+            if store.contains(Table::Inputs, &key)? {
                 return Err(corrupt(r, format!("input {:?} queued twice", e.input_id)));
             }
             let row = InputRow {

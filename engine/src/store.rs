@@ -198,16 +198,35 @@ pub trait Store {
     fn put_vec(&mut self, table: Table, key: &[u8], value: Vec<u8>) -> Result<()> {
         self.put(table, key, &value)
     }
+    /// Calls `f` with the value at `key` (or `None`), borrowed where the store holds it,
+    /// so that a reader that decodes the row copies nothing first.
+    fn read(&self, table: Table, key: &[u8], f: &mut dyn FnMut(Option<&[u8]>) -> Result<()>) -> Result<()> {
+        f(self.get(table, key)?.as_deref())
+    }
 }
 
 /// Typed helpers over any [`Store`].
 pub trait StoreExt: Store {
     /// Reads and decodes a row; a row that does not decode is `Corrupt`.
     fn row<T: DeserializeOwned>(&self, table: Table, key: &[u8]) -> Result<Option<T>> {
-        match self.get(table, key)? {
-            None => Ok(None),
-            Some(bytes) => decode_row(table, key, &bytes).map(Some),
-        }
+        let mut row = None;
+        self.read(table, key, &mut |bytes| {
+            if let Some(bytes) = bytes {
+                row = Some(decode_row(table, key, bytes)?);
+            }
+            Ok(())
+        })?;
+        Ok(row)
+    }
+
+    /// Whether `key` holds a value (read without copying it).
+    fn contains(&self, table: Table, key: &[u8]) -> Result<bool> {
+        let mut found = false;
+        self.read(table, key, &mut |bytes| {
+            found = bytes.is_some();
+            Ok(())
+        })?;
+        Ok(found)
     }
 
     /// Encodes and writes a row.
@@ -245,6 +264,9 @@ pub struct MemStore {
 impl Store for MemStore {
     fn get(&self, table: Table, key: &[u8]) -> Result<Option<Vec<u8>>> {
         Ok(self.tables.get(&table).and_then(|t| t.get(key)).cloned())
+    }
+    fn read(&self, table: Table, key: &[u8], f: &mut dyn FnMut(Option<&[u8]>) -> Result<()>) -> Result<()> {
+        f(self.tables.get(&table).and_then(|t| t.get(key)).map(Vec::as_slice))
     }
     fn put(&mut self, table: Table, key: &[u8], value: &[u8]) -> Result<()> {
         // One search per put: the key is copied whether or not the row exists (most puts
@@ -324,6 +346,12 @@ impl<S: Store + ?Sized> Store for Overlay<'_, S> {
         match self.writes.get(&table).and_then(|rows| rows.get(key)) {
             Some(v) => Ok(v.clone()),
             None => self.base.get(table, key),
+        }
+    }
+    fn read(&self, table: Table, key: &[u8], f: &mut dyn FnMut(Option<&[u8]>) -> Result<()>) -> Result<()> {
+        match self.writes.get(&table).and_then(|rows| rows.get(key)) {
+            Some(v) => f(v.as_deref()),
+            None => self.base.read(table, key, f),
         }
     }
     fn put(&mut self, table: Table, key: &[u8], value: &[u8]) -> Result<()> {

@@ -74,18 +74,33 @@ fn each_ids<S: Store + ?Sized>(
     mut emit: impl FnMut(&[u8]),
 ) -> Result<()> {
     let chunk = from / CHUNK;
-    if let Some(bytes) = read_chunk(store, session, chunk)? {
-        let (a, b) = ((from - chunk * CHUNK) as usize, (to - chunk * CHUNK) as usize);
-        emit(&bytes[a * ID..b * ID]);
+    let k = key(session, chunk);
+    let mut whole = false;
+    store.read(Table::Transcript, &k, &mut |bytes| match bytes {
+        None => Ok(()),
+        Some(bytes) if bytes.len() != CHUNK as usize * ID => {
+            Err(corrupt(Table::Transcript, &k, "transcript chunk is not 128 ids"))
+        }
+        Some(bytes) => {
+            let (a, b) = ((from - chunk * CHUNK) as usize, (to - chunk * CHUNK) as usize);
+            emit(&bytes[a * ID..b * ID]);
+            whole = true;
+            Ok(())
+        }
+    })?;
+    if whole {
         return Ok(());
     }
     for pos in from..to {
         let k = single_key(session, pos);
-        match store.get(Table::Transcript, &k)? {
-            Some(bytes) if bytes.len() == ID => emit(&bytes),
-            Some(_) => return Err(corrupt(Table::Transcript, &k, "transcript row is not one id")),
-            None => return Err(corrupt(Table::Transcript, &k, "missing row")),
-        }
+        store.read(Table::Transcript, &k, &mut |bytes| match bytes {
+            Some(bytes) if bytes.len() == ID => {
+                emit(bytes);
+                Ok(())
+            }
+            Some(_) => Err(corrupt(Table::Transcript, &k, "transcript row is not one id")),
+            None => Err(corrupt(Table::Transcript, &k, "missing row")),
+        })?;
     }
     Ok(())
 }

@@ -108,10 +108,7 @@ pub(crate) type Compressed = BTreeMap<ContentId, Vec<u8>>;
 pub(crate) fn compress(command: &Command, limits: &Limits) -> Compressed {
     crate::decide::content_objects(command, limits)
         .into_iter()
-        .filter_map(|(id, canonical)| match annal_codec::content::encode_object(&canonical) {
-            (annal_codec::content::ENCODING_LZ4, stored) => Some((id, stored)),
-            _ => None,
-        })
+        .filter_map(|(id, canonical)| annal_codec::content::compress_object(&canonical).map(|stored| (id, stored)))
         .collect()
 }
 
@@ -759,7 +756,7 @@ pub(crate) fn notify(shared: &Shared, notices: Vec<CommitNotice>) {
 fn new_content<S: Store + ?Sized>(store: &S, content: Vec<(ContentId, Vec<u8>)>) -> Result<Vec<(ContentId, Vec<u8>)>> {
     let mut fresh = Vec::with_capacity(content.len());
     for (id, bytes) in content {
-        if store.get(Table::ContentIndex, &id.0)?.is_none() {
+        if !store.contains(Table::ContentIndex, &id.0)? {
             fresh.push((id, bytes));
         }
     }
@@ -773,9 +770,7 @@ pub(crate) fn next_stream_seq<S: Store + ?Sized>(store: &S, session: &SessionId)
         // No head: a new session, or a purged one (its creation erased), whose stream the
         // stream index still has: find its end in O(log n) lookups (it is dense from 1).
         None => {
-            let has = |n: u64| -> Result<bool> {
-                Ok(store.get(Table::StreamIndex, &keys::session_u64(session, n))?.is_some())
-            };
+            let has = |n: u64| -> Result<bool> { store.contains(Table::StreamIndex, &keys::session_u64(session, n)) };
             if !has(1)? {
                 return Ok(1);
             }
