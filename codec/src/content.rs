@@ -47,21 +47,15 @@ pub fn encode_object(canonical: &[u8]) -> (u8, Vec<u8>) {
 }
 
 /// The lz4 stored bytes of `canonical` (its length, then the block) when
-/// [`encode_object`] would store it compressed; `None` when it stays raw. The block is
-/// written straight into the returned buffer.
+/// [`encode_object`] would store it compressed; `None` when it stays raw. One buffer,
+/// written once: lz4_flex lays out exactly this (`compress_prepend_size`: the length as
+/// a u32, little-endian, then the block).
 pub fn compress_object(canonical: &[u8]) -> Option<Vec<u8>> {
     if canonical.len() < COMPRESS_BYTES_MIN || canonical.len() > u32::MAX as usize {
         return None;
     }
-    let mut stored = vec![0u8; 4 + lz4_flex::block::get_maximum_output_size(canonical.len())];
-    stored[..4].copy_from_slice(&(canonical.len() as u32).to_le_bytes());
-    let block = lz4_flex::block::compress_into(canonical, &mut stored[4..]).ok()?;
-    let len = 4 + block;
-    if len > canonical.len() - canonical.len() / 8 {
-        return None;
-    }
-    stored.truncate(len);
-    Some(stored)
+    let stored = lz4_flex::block::compress_prepend_size(canonical);
+    (stored.len() <= canonical.len() - canonical.len() / 8).then_some(stored)
 }
 
 /// The canonical bytes of a stored object, at most `max` of them.

@@ -134,45 +134,59 @@ impl ContentSet {
     }
 }
 
-/// Every content object `command` brings (message objects with their attachments,
-/// context texts, tool arguments and results), with its id, encoded exactly as `decide`
-/// encodes it. Objects over a limit are left out: `decide` rejects them.
-pub(crate) fn content_objects(command: &Command, limits: &Limits) -> Vec<(ContentId, Vec<u8>)> {
-    fn walk(set: &mut ContentSet, command: &Command, limits: &Limits) {
-        let messages: &[Message] = match command {
-            Command::CreateSession(c) => &c.messages,
-            Command::CommitTurn(c) => {
-                c.state.set.values().for_each(|v| drop(set.add(limits, v.clone())));
-                &c.messages
-            }
-            Command::SetHostState(c) => return c.state.set.values().for_each(|v| drop(set.add(limits, v.clone()))),
-            Command::Rewrite(c) => &c.replacement,
-            Command::Fork(c) => c.replacement.as_slice(),
-            Command::AppendContext(c) => return drop(set.add(limits, c.content.clone())),
-            Command::RecordToolCall(c) => return drop(set.add(limits, c.args.clone())),
-            Command::RecordToolResult(c) => return drop(set.add(limits, c.result.clone())),
-            Command::Batch(commands) => return commands.iter().for_each(|c| walk(set, c, limits)),
-            Command::Fenced { command, .. } => return walk(set, command, limits),
-            Command::EnqueueInput(c) => std::slice::from_ref(&c.message),
-            Command::ClaimInputs(_) | Command::AbandonClaim { .. } | Command::CancelInput { .. } => &[],
-            Command::AcquireLease(_)
-            | Command::RenewLease(_)
-            | Command::ReleaseLease { .. }
-            | Command::AppendDraft(_)
-            | Command::DiscardDraft { .. } => &[],
-            Command::Restore(_)
-            | Command::Archive { .. }
-            | Command::Revive { .. }
-            | Command::SetLabels(_)
-            | Command::SetMetadata(_) => &[],
-        };
-        for m in messages {
-            let _ = set.message(limits, m);
+/// Hands `f` every content object `command` brings (message objects with their
+/// attachments, context texts, tool arguments and results, host state values), encoded
+/// exactly as `decide` encodes it: the raw ones borrowed from the command, each message
+/// object encoded once. An object may come more than once. Objects over a limit are left
+/// out: `decide` rejects them.
+pub(crate) fn each_content_object(command: &Command, limits: &Limits, f: &mut dyn FnMut(&[u8])) {
+    let raw = |f: &mut dyn FnMut(&[u8]), bytes: &[u8]| {
+        if limits.check(Limit::ContentBytes, bytes.len() as u64).is_ok() {
+            f(bytes);
+        }
+    };
+    let messages: &[Message] = match command {
+        Command::CreateSession(c) => &c.messages,
+        Command::CommitTurn(c) => {
+            c.state.set.values().for_each(|v| raw(f, v));
+            &c.messages
+        }
+        Command::SetHostState(c) => return c.state.set.values().for_each(|v| raw(f, v)),
+        Command::Rewrite(c) => &c.replacement,
+        Command::Fork(c) => c.replacement.as_slice(),
+        Command::AppendContext(c) => return raw(f, &c.content),
+        Command::RecordToolCall(c) => return raw(f, &c.args),
+        Command::RecordToolResult(c) => return raw(f, &c.result),
+        Command::Batch(commands) => return commands.iter().for_each(|c| each_content_object(c, limits, f)),
+        Command::Fenced { command, .. } => return each_content_object(command, limits, f),
+        Command::EnqueueInput(c) => std::slice::from_ref(&c.message),
+        Command::ClaimInputs(_) | Command::AbandonClaim { .. } | Command::CancelInput { .. } => &[],
+        Command::AcquireLease(_)
+        | Command::RenewLease(_)
+        | Command::ReleaseLease { .. }
+        | Command::AppendDraft(_)
+        | Command::DiscardDraft { .. } => &[],
+        Command::Restore(_)
+        | Command::Archive { .. }
+        | Command::Revive { .. }
+        | Command::SetLabels(_)
+        | Command::SetMetadata(_) => &[],
+    };
+    for m in messages {
+        if limits.check_id("content type", &m.content_type).is_err()
+            || limits.check(Limit::AttachmentsPerMessage, m.attachments.len() as u64).is_err()
+            || limits.check(Limit::ContentBytes, m.body.len() as u64).is_err()
+            || m.attachments.iter().any(|a| limits.check(Limit::ContentBytes, a.len() as u64).is_err())
+        {
+            continue;
+        }
+        m.attachments.iter().for_each(|a| f(a));
+        let attachments: Vec<ContentId> = m.attachments.iter().map(|a| content_id(a)).collect();
+        let limit = limits.message_object_bytes_max();
+        if let Ok(bytes) = encode_message_parts(m.role, &m.content_type, &m.body, &attachments, limit) {
+            f(&bytes);
         }
     }
-    let mut set = ContentSet::default();
-    walk(&mut set, command, limits);
-    set.into_vec()
 }
 
 fn check_note(limits: &Limits, note: &str) -> Result<()> {

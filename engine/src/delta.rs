@@ -45,7 +45,7 @@ const VERSION_OVERHEAD_BYTES: u64 = 48;
 #[derive(Debug)]
 pub(crate) struct Layer {
     /// Physical key → versions, oldest first: point reads are one hash lookup.
-    rows: HashMap<Arc<[u8]>, Vec<(u64, Value)>, Hasher>,
+    rows: HashMap<Arc<[u8]>, Versions, Hasher>,
     /// The same keys in physical order, for scans and checkpoints.
     order: BTreeSet<Arc<[u8]>>,
     /// The last seq folded into this layer.
@@ -75,8 +75,7 @@ impl Layer {
 
     /// The version of `key` visible at `seq`, if this layer has one.
     fn get_at(&self, key: &[u8], seq: u64) -> Option<&Value> {
-        let versions = self.rows.get(key)?;
-        versions.iter().rev().find(|(s, _)| *s <= seq).map(|(_, v)| v)
+        self.rows.get(key)?.at(seq)
     }
 
     /// Adds the writes of a batch that ends at `seq`.
@@ -94,7 +93,7 @@ impl Layer {
                         self.bytes += 2 * physical.len() as u64;
                         let physical: Arc<[u8]> = Arc::from(physical.as_slice());
                         self.order.insert(physical.clone());
-                        self.rows.insert(physical, vec![(seq, value)]);
+                        self.rows.insert(physical, Versions { first: (seq, value), rest: Vec::new() });
                     }
                 }
             }
@@ -107,12 +106,35 @@ impl Layer {
 
     /// Every row's newest version, in physical key order: what a checkpoint writes.
     pub fn newest(&self) -> impl Iterator<Item = (&[u8], &Value)> {
-        self.order.iter().filter_map(|k| self.rows.get(k).and_then(|v| v.last()).map(|(_, v)| (&**k, v)))
+        self.order.iter().filter_map(|k| self.rows.get(k).map(|v| (&**k, &v.last().1)))
     }
 
     /// Rows in this layer.
     pub fn rows(&self) -> usize {
         self.rows.len()
+    }
+}
+
+/// A key's versions in a layer, oldest first. The first is held inline: most keys of a
+/// layer get one version, and this saves an allocation a row.
+#[derive(Debug)]
+struct Versions {
+    first: (u64, Value),
+    rest: Vec<(u64, Value)>,
+}
+
+impl Versions {
+    fn push(&mut self, version: (u64, Value)) {
+        self.rest.push(version);
+    }
+
+    fn last(&self) -> &(u64, Value) {
+        self.rest.last().unwrap_or(&self.first)
+    }
+
+    /// The newest version at or before `seq`.
+    fn at(&self, seq: u64) -> Option<&Value> {
+        self.rest.iter().rev().chain(std::iter::once(&self.first)).find(|(s, _)| *s <= seq).map(|(_, v)| v)
     }
 }
 

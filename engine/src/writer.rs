@@ -106,10 +106,13 @@ pub(crate) type Compressed = BTreeMap<ContentId, Vec<u8>>;
 /// Compresses the content objects of `command` that compress (see
 /// `annal_codec::content::encode_object`).
 pub(crate) fn compress(command: &Command, limits: &Limits) -> Compressed {
-    crate::decide::content_objects(command, limits)
-        .into_iter()
-        .filter_map(|(id, canonical)| annal_codec::content::compress_object(&canonical).map(|stored| (id, stored)))
-        .collect()
+    let mut compressed = Compressed::new();
+    crate::decide::each_content_object(command, limits, &mut |canonical| {
+        if let Some(stored) = annal_codec::content::compress_object(canonical) {
+            compressed.insert(annal_codec::content_id(canonical), stored);
+        }
+    });
+    compressed
 }
 
 pub(crate) enum Request {
