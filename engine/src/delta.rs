@@ -627,16 +627,6 @@ impl View {
 }
 
 impl Store for View {
-    fn get(&self, table: Table, key: &[u8]) -> Result<Option<Vec<u8>>> {
-        let physical = physical_key(table, key);
-        if let Some(v) = self.delta_get(&physical) {
-            return Ok(v.map(|v| v.to_vec()));
-        }
-        match &self.ckpt.table {
-            Some(table) => Ok(table.get(physical.as_slice())?.map(|g| g.value().to_vec())),
-            None => Ok(None),
-        }
-    }
     fn read(&self, table: Table, key: &[u8], f: &mut dyn FnMut(Option<&[u8]>) -> Result<()>) -> Result<()> {
         let physical = physical_key(table, key);
         if let Some(v) = self.delta_get(&physical) {

@@ -187,8 +187,19 @@ impl Table {
 
 /// Point access to projection tables plus the per-session stream tip.
 pub trait Store {
-    /// The value at `key`, if any.
-    fn get(&self, table: Table, key: &[u8]) -> Result<Option<Vec<u8>>>;
+    /// Calls `f` with the value at `key` (or `None`), borrowed where the store holds it,
+    /// so that a reader that decodes the row copies nothing first. The one lookup a
+    /// store implements; [`Store::get`] copies from it.
+    fn read(&self, table: Table, key: &[u8], f: &mut dyn FnMut(Option<&[u8]>) -> Result<()>) -> Result<()>;
+    /// The value at `key`, if any (a copy).
+    fn get(&self, table: Table, key: &[u8]) -> Result<Option<Vec<u8>>> {
+        let mut value = None;
+        self.read(table, key, &mut |v| {
+            value = v.map(<[u8]>::to_vec);
+            Ok(())
+        })?;
+        Ok(value)
+    }
     /// Sets `key` to `value`.
     fn put(&mut self, table: Table, key: &[u8], value: &[u8]) -> Result<()>;
     /// Removes `key`.
@@ -197,11 +208,6 @@ pub trait Store {
     /// memory keeps this one instead of copying it).
     fn put_vec(&mut self, table: Table, key: &[u8], value: Vec<u8>) -> Result<()> {
         self.put(table, key, &value)
-    }
-    /// Calls `f` with the value at `key` (or `None`), borrowed where the store holds it,
-    /// so that a reader that decodes the row copies nothing first.
-    fn read(&self, table: Table, key: &[u8], f: &mut dyn FnMut(Option<&[u8]>) -> Result<()>) -> Result<()> {
-        f(self.get(table, key)?.as_deref())
     }
 }
 
@@ -262,9 +268,6 @@ pub struct MemStore {
 }
 
 impl Store for MemStore {
-    fn get(&self, table: Table, key: &[u8]) -> Result<Option<Vec<u8>>> {
-        Ok(self.tables.get(&table).and_then(|t| t.get(key)).cloned())
-    }
     fn read(&self, table: Table, key: &[u8], f: &mut dyn FnMut(Option<&[u8]>) -> Result<()>) -> Result<()> {
         f(self.tables.get(&table).and_then(|t| t.get(key)).map(Vec::as_slice))
     }
@@ -342,12 +345,6 @@ impl<'a, S: Store + ?Sized> Overlay<'a, S> {
 }
 
 impl<S: Store + ?Sized> Store for Overlay<'_, S> {
-    fn get(&self, table: Table, key: &[u8]) -> Result<Option<Vec<u8>>> {
-        match self.writes.get(&table).and_then(|rows| rows.get(key)) {
-            Some(v) => Ok(v.clone()),
-            None => self.base.get(table, key),
-        }
-    }
     fn read(&self, table: Table, key: &[u8], f: &mut dyn FnMut(Option<&[u8]>) -> Result<()>) -> Result<()> {
         match self.writes.get(&table).and_then(|rows| rows.get(key)) {
             Some(v) => f(v.as_deref()),

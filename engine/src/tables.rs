@@ -260,9 +260,6 @@ impl<'txn> RedbStore<'txn> {
 }
 
 impl Store for RedbStore<'_> {
-    fn get(&self, table: Table, key: &[u8]) -> Result<Option<Vec<u8>>> {
-        Ok(self.table.get(physical_key(table, key).as_slice())?.map(|g| g.value().to_vec()))
-    }
     fn read(&self, table: Table, key: &[u8], f: &mut dyn FnMut(Option<&[u8]>) -> Result<()>) -> Result<()> {
         match self.table.get(physical_key(table, key).as_slice())? {
             Some(guard) => f(Some(guard.value())),
