@@ -107,18 +107,7 @@ impl ContentSet {
     }
 
     fn message(&mut self, limits: &Limits, m: &Message) -> Result<ContentId> {
-        limits.check_id("content type", &m.content_type)?;
-        limits.check(Limit::AttachmentsPerMessage, m.attachments.len() as u64)?;
-        let mut attachments = Vec::with_capacity(m.attachments.len());
-        for a in &m.attachments {
-            attachments.push(self.add(limits, a.clone())?);
-        }
-        // The limit applies to what the host sends, the body; the stored object adds at
-        // most `message_object_bytes_max() - content_bytes_max` bytes to it.
-        limits.check(Limit::ContentBytes, m.body.len() as u64)?;
-        let bytes =
-            encode_message_parts(m.role, &m.content_type, &m.body, &attachments, limits.message_object_bytes_max())
-                .map_err(|e| Error::Rejected(Rejection::InvalidRequest { reason: format!("message: {e}") }))?;
+        let bytes = message_object(limits, m, &mut |a| self.add(limits, a.to_vec()))?;
         let id = content_id(&bytes);
         self.0.entry(id).or_insert(bytes);
         Ok(id)
@@ -134,15 +123,30 @@ impl ContentSet {
     }
 }
 
+/// The canonical bytes of message `m`'s object, checked against the limits; `attach`
+/// takes each attachment and gives its id (what `decide` and the callers' compression
+/// pass do with attachments differs, the rest is this).
+fn message_object(limits: &Limits, m: &Message, attach: &mut dyn FnMut(&[u8]) -> Result<ContentId>) -> Result<Vec<u8>> {
+    limits.check_id("content type", &m.content_type)?;
+    limits.check(Limit::AttachmentsPerMessage, m.attachments.len() as u64)?;
+    let attachments = m.attachments.iter().map(|a| attach(a)).collect::<Result<Vec<ContentId>>>()?;
+    // The limit applies to what the host sends, the body; the stored object adds at
+    // most `message_object_bytes_max() - content_bytes_max` bytes to it.
+    limits.check(Limit::ContentBytes, m.body.len() as u64)?;
+    encode_message_parts(m.role, &m.content_type, &m.body, &attachments, limits.message_object_bytes_max())
+        .map_err(|e| Error::Rejected(Rejection::InvalidRequest { reason: format!("message: {e}") }))
+}
+
 /// Hands `f` every content object `command` brings (message objects with their
 /// attachments, context texts, tool arguments and results, host state values), encoded
-/// exactly as `decide` encodes it: the raw ones borrowed from the command, each message
-/// object encoded once. An object may come more than once. Objects over a limit are left
-/// out: `decide` rejects them.
-pub(crate) fn each_content_object(command: &Command, limits: &Limits, f: &mut dyn FnMut(&[u8])) {
-    let raw = |f: &mut dyn FnMut(&[u8]), bytes: &[u8]| {
+/// exactly as `decide` encodes it, with its id when that is already known (an
+/// attachment's, hashed for its message's object): the raw ones borrowed from the
+/// command, each message object encoded once. An object may come more than once.
+/// Objects over a limit are left out: `decide` rejects them.
+pub(crate) fn each_content_object(command: &Command, limits: &Limits, f: &mut dyn FnMut(&[u8], Option<ContentId>)) {
+    let raw = |f: &mut dyn FnMut(&[u8], Option<ContentId>), bytes: &[u8]| {
         if limits.check(Limit::ContentBytes, bytes.len() as u64).is_ok() {
-            f(bytes);
+            f(bytes, None);
         }
     };
     let messages: &[Message] = match command {
@@ -173,18 +177,14 @@ pub(crate) fn each_content_object(command: &Command, limits: &Limits, f: &mut dy
         | Command::SetMetadata(_) => &[],
     };
     for m in messages {
-        if limits.check_id("content type", &m.content_type).is_err()
-            || limits.check(Limit::AttachmentsPerMessage, m.attachments.len() as u64).is_err()
-            || limits.check(Limit::ContentBytes, m.body.len() as u64).is_err()
-            || m.attachments.iter().any(|a| limits.check(Limit::ContentBytes, a.len() as u64).is_err())
-        {
-            continue;
-        }
-        m.attachments.iter().for_each(|a| f(a));
-        let attachments: Vec<ContentId> = m.attachments.iter().map(|a| content_id(a)).collect();
-        let limit = limits.message_object_bytes_max();
-        if let Ok(bytes) = encode_message_parts(m.role, &m.content_type, &m.body, &attachments, limit) {
-            f(&bytes);
+        let object = message_object(limits, m, &mut |a| {
+            limits.check(Limit::ContentBytes, a.len() as u64)?;
+            let id = content_id(a);
+            f(a, Some(id));
+            Ok(id)
+        });
+        if let Ok(bytes) = object {
+            f(&bytes, None);
         }
     }
 }

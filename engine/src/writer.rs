@@ -107,9 +107,9 @@ pub(crate) type Compressed = BTreeMap<ContentId, Vec<u8>>;
 /// `annal_codec::content::encode_object`).
 pub(crate) fn compress(command: &Command, limits: &Limits) -> Compressed {
     let mut compressed = Compressed::new();
-    crate::decide::each_content_object(command, limits, &mut |canonical| {
+    crate::decide::each_content_object(command, limits, &mut |canonical, id| {
         if let Some(stored) = annal_codec::content::compress_object(canonical) {
-            compressed.insert(annal_codec::content_id(canonical), stored);
+            compressed.insert(id.unwrap_or_else(|| annal_codec::content_id(canonical)), stored);
         }
     });
     compressed
