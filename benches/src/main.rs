@@ -22,7 +22,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 const USAGE: &str = "usage: annal-benches compare [--quick] [--out DIR] [--data-dir DIR] [--seed N]
-                             [--stores annal,sqlite,jsonl,naive_redb] [--levels 1,4,16,64] [--commits-only]
+                             [--stores annal,sqlite,jsonl,naive_redb] [--levels 1,4,16,64] [--commits N] [--commits-only]
 
   --quick        a smaller run (under two minutes), with a smaller open-time database
   --out DIR      where results.json, results.md and the SVG plots go (default docs/benchmarks)
@@ -31,6 +31,7 @@ const USAGE: &str = "usage: annal-benches compare [--quick] [--out DIR] [--data-
   --seed N       workload seed (default 42)
   --stores LIST  only these stores (for profiling one of them)
   --levels LIST  only these numbers of concurrent committers
+  --commits N    durable commits per store at each level (default 3000, 400 with --quick)
   --commits-only only the fsync ceiling and the commit phase (for profiling)
 
        annal-benches async [--tasks N] [--commits N] [--rounds N] [--data-dir DIR]
@@ -123,6 +124,10 @@ fn parse(args: &[String]) -> Result<Config, String> {
             "--levels" => {
                 let levels: Result<Vec<usize>, _> = value()?.split(',').map(str::parse).collect();
                 config.scale.levels = levels.map_err(|e| format!("--levels: {e}"))?;
+            }
+            "--commits" => {
+                let commits = value()?.parse::<usize>().map_err(|e| format!("--commits: {e}"))?;
+                config.scale.commits_per_level = commits.max(1);
             }
             "-h" | "--help" => return Err(String::new()),
             other => return Err(format!("unknown option {other:?}")),
