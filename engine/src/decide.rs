@@ -62,12 +62,14 @@ pub struct Now<'a> {
     pub renewals: Option<&'a Renewals>,
     /// The drafts, if any.
     pub drafts: Option<&'a crate::draft::DraftState>,
+    /// The command's content ids, computed before it reached the writer, if any.
+    pub prepared: Option<&'a Prepared>,
 }
 
 impl Now<'_> {
     /// At `ms`, with no renewals.
     pub fn at(ms: u64) -> Now<'static> {
-        Now { ms, renewals: None, drafts: None }
+        Now { ms, renewals: None, drafts: None, prepared: None }
     }
 
     /// When `lease` of `session` expires: its granted expiry, or a later renewal of the
@@ -94,22 +96,108 @@ fn invalid<T>(reason: impl Into<String>) -> Result<T> {
     reject(Rejection::InvalidRequest { reason: reason.into() })
 }
 
-/// Collects content objects for one command, deduplicated.
-#[derive(Default)]
-struct ContentSet(BTreeMap<ContentId, Vec<u8>>);
+/// The content ids (and message objects) of one command, computed on the caller's
+/// thread before the command reaches the writer, so the writer's `decide` takes them
+/// instead of encoding and hashing every object again; with the stored form of each
+/// object that compresses.
+///
+/// An object is found by the buffer it was computed from (its address and length in
+/// the command): the command is neither changed nor dropped between [`Prepared::new`]
+/// and `decide`, since the request that carries both owns it. An object it does not hold
+/// (an empty buffer, a copy of the command) is encoded and hashed as usual, so a
+/// `Prepared` changes no decision, only its cost. Only the engine builds a non-empty one.
+#[derive(Debug, Default)]
+pub struct Prepared {
+    /// Raw objects (attachments, context, tool arguments and results, host state
+    /// values): source buffer → id.
+    raw: HashMap<Source, ContentId>,
+    /// Message objects: the message's body buffer → (id, canonical bytes).
+    messages: HashMap<Source, (ContentId, Vec<u8>)>,
+    /// The stored form (lz4) of the objects that compress, by id.
+    compressed: BTreeMap<ContentId, Vec<u8>>,
+}
 
-impl ContentSet {
-    fn add(&mut self, limits: &Limits, bytes: Vec<u8>) -> Result<ContentId> {
+/// A buffer of the command: its address and length (never empty).
+type Source = (usize, usize);
+
+fn source(bytes: &[u8]) -> Option<Source> {
+    (!bytes.is_empty()).then_some((bytes.as_ptr() as usize, bytes.len()))
+}
+
+impl Prepared {
+    /// Hashes every content object of `command` (within the limits), and compresses the
+    /// ones that compress when `compress` is set (`annal_codec::content::compress_object`).
+    pub(crate) fn new(command: &Command, limits: &Limits, compress: bool) -> Prepared {
+        let mut prepared = Prepared::default();
+        let keep = |canonical: &[u8], id: ContentId, compressed: &mut BTreeMap<ContentId, Vec<u8>>| {
+            if compress && !compressed.contains_key(&id) {
+                if let Some(stored) = annal_codec::content::compress_object(canonical) {
+                    compressed.insert(id, stored);
+                }
+            }
+        };
+        each_content_object(command, limits, &mut |object| match object {
+            Object::Raw(bytes) => {
+                let id = content_id(bytes);
+                if let Some(key) = source(bytes) {
+                    prepared.raw.insert(key, id);
+                }
+                keep(bytes, id, &mut prepared.compressed);
+            }
+            Object::Message(m, canonical, attachments) => {
+                for (a, id) in m.attachments.iter().zip(attachments) {
+                    if let Some(key) = source(a) {
+                        prepared.raw.insert(key, id);
+                    }
+                    keep(a, id, &mut prepared.compressed);
+                }
+                let id = content_id(&canonical);
+                keep(&canonical, id, &mut prepared.compressed);
+                if let Some(key) = source(&m.body) {
+                    prepared.messages.insert(key, (id, canonical));
+                }
+            }
+        });
+        prepared
+    }
+
+    /// The stored form of `id` if it compresses.
+    pub(crate) fn compressed(&self, id: &ContentId) -> Option<&Vec<u8>> {
+        self.compressed.get(id)
+    }
+}
+
+/// Collects content objects for one command, deduplicated.
+struct ContentSet<'a> {
+    objects: BTreeMap<ContentId, Vec<u8>>,
+    prepared: Option<&'a Prepared>,
+}
+
+impl<'a> ContentSet<'a> {
+    fn new(now: &Now<'a>) -> ContentSet<'a> {
+        ContentSet { objects: BTreeMap::new(), prepared: now.prepared }
+    }
+
+    fn add(&mut self, limits: &Limits, bytes: &[u8]) -> Result<ContentId> {
         limits.check(Limit::ContentBytes, bytes.len() as u64)?;
-        let id = content_id(&bytes);
-        self.0.entry(id).or_insert(bytes);
+        let known = self.prepared.and_then(|p| p.raw.get(&source(bytes)?)).copied();
+        let id = known.unwrap_or_else(|| content_id(bytes));
+        self.objects.entry(id).or_insert_with(|| bytes.to_vec());
         Ok(id)
     }
 
     fn message(&mut self, limits: &Limits, m: &Message) -> Result<ContentId> {
-        let bytes = message_object(limits, m, &mut |a| self.add(limits, a.to_vec()))?;
+        // A prepared object passed these very checks on the caller's thread.
+        if let Some((id, canonical)) = self.prepared.and_then(|p| p.messages.get(&source(&m.body)?)) {
+            for a in &m.attachments {
+                self.add(limits, a)?;
+            }
+            self.objects.entry(*id).or_insert_with(|| canonical.clone());
+            return Ok(*id);
+        }
+        let bytes = message_object(limits, m, &mut |a| self.add(limits, a))?;
         let id = content_id(&bytes);
-        self.0.entry(id).or_insert(bytes);
+        self.objects.entry(id).or_insert(bytes);
         Ok(id)
     }
 
@@ -119,7 +207,7 @@ impl ContentSet {
     }
 
     fn into_vec(self) -> Vec<(ContentId, Vec<u8>)> {
-        self.0.into_iter().collect()
+        self.objects.into_iter().collect()
     }
 }
 
@@ -137,16 +225,23 @@ fn message_object(limits: &Limits, m: &Message, attach: &mut dyn FnMut(&[u8]) ->
         .map_err(|e| Error::Rejected(Rejection::InvalidRequest { reason: format!("message: {e}") }))
 }
 
+/// A content object of a command, as [`each_content_object`] hands it over.
+enum Object<'a> {
+    /// Stored as they are: an attachment, a context text, tool arguments or a result, a
+    /// host state value (borrowed from the command).
+    Raw(&'a [u8]),
+    /// A message, its object (encoded exactly as `decide` encodes it) and the ids of its
+    /// attachments, in order.
+    Message(&'a Message, Vec<u8>, Vec<ContentId>),
+}
+
 /// Hands `f` every content object `command` brings (message objects with their
-/// attachments, context texts, tool arguments and results, host state values), encoded
-/// exactly as `decide` encodes it, with its id when that is already known (an
-/// attachment's, hashed for its message's object): the raw ones borrowed from the
-/// command, each message object encoded once. An object may come more than once.
-/// Objects over a limit are left out: `decide` rejects them.
-pub(crate) fn each_content_object(command: &Command, limits: &Limits, f: &mut dyn FnMut(&[u8], Option<ContentId>)) {
-    let raw = |f: &mut dyn FnMut(&[u8], Option<ContentId>), bytes: &[u8]| {
+/// attachments, context texts, tool arguments and results, host state values). An object
+/// may come more than once. Objects over a limit are left out: `decide` rejects them.
+fn each_content_object<'a>(command: &'a Command, limits: &Limits, f: &mut dyn FnMut(Object<'a>)) {
+    let raw = |f: &mut dyn FnMut(Object<'a>), bytes: &'a [u8]| {
         if limits.check(Limit::ContentBytes, bytes.len() as u64).is_ok() {
-            f(bytes, None);
+            f(Object::Raw(bytes));
         }
     };
     let messages: &[Message] = match command {
@@ -177,14 +272,15 @@ pub(crate) fn each_content_object(command: &Command, limits: &Limits, f: &mut dy
         | Command::SetMetadata(_) => &[],
     };
     for m in messages {
+        let mut attachments = Vec::with_capacity(m.attachments.len());
         let object = message_object(limits, m, &mut |a| {
             limits.check(Limit::ContentBytes, a.len() as u64)?;
             let id = content_id(a);
-            f(a, Some(id));
+            attachments.push(id);
             Ok(id)
         });
         if let Ok(bytes) = object {
-            f(&bytes, None);
+            f(Object::Message(m, bytes, attachments));
         }
     }
 }
@@ -360,15 +456,15 @@ fn decide_command<S: Store + ?Sized>(store: &S, command: &Command, limits: &Limi
         Command::ReleaseLease { session, token } => release_lease(store, session, *token),
         Command::AppendDraft(c) => append_draft(store, c, limits, now),
         Command::DiscardDraft { session, draft_id } => discard_draft(store, session, draft_id, limits, now),
-        Command::EnqueueInput(c) => enqueue_input(store, c, limits),
+        Command::EnqueueInput(c) => enqueue_input(store, c, limits, now),
         Command::ClaimInputs(c) => claim_inputs(store, c, limits, now),
         Command::AbandonClaim { session, claim } => abandon_claim(store, session, *claim),
         Command::CancelInput { session, input_id } => cancel_input(store, session, input_id, limits, now),
-        Command::CreateSession(c) => create(store, c, limits),
-        Command::CommitTurn(c) => commit_turn(store, c, limits),
-        Command::Rewrite(c) => rewrite(store, c, limits),
+        Command::CreateSession(c) => create(store, c, limits, now),
+        Command::CommitTurn(c) => commit_turn(store, c, limits, now),
+        Command::Rewrite(c) => rewrite(store, c, limits, now),
         Command::Restore(c) => restore(store, c, limits),
-        Command::Fork(c) => fork(store, c, limits),
+        Command::Fork(c) => fork(store, c, limits, now),
         Command::Archive { session, reason } => {
             check_note(limits, reason)?;
             if head(store, session)?.archived {
@@ -385,20 +481,20 @@ fn decide_command<S: Store + ?Sized>(store: &S, command: &Command, limits: &Limi
             let event = Event::SessionRevived(SessionRevived { reason: reason.clone() });
             Ok(Decision::Write { session: *session, event, content: Vec::new() })
         }
-        Command::AppendContext(c) => append_context(store, c, limits),
-        Command::RecordToolCall(c) => tool_call(store, c, limits),
-        Command::RecordToolResult(c) => tool_result(store, c, limits),
+        Command::AppendContext(c) => append_context(store, c, limits, now),
+        Command::RecordToolCall(c) => tool_call(store, c, limits, now),
+        Command::RecordToolResult(c) => tool_result(store, c, limits, now),
         Command::SetLabels(c) => set_labels(store, c, limits),
         Command::SetMetadata(c) => set_metadata(store, c, limits),
-        Command::SetHostState(c) => set_host_state(store, c, limits),
+        Command::SetHostState(c) => set_host_state(store, c, limits, now),
         Command::Batch(_) => invalid("a batch cannot be decided as one command; nested batches are not allowed"),
     }
 }
 
-fn create<S: Store + ?Sized>(store: &S, c: &CreateSession, limits: &Limits) -> Result<Decision> {
+fn create<S: Store + ?Sized>(store: &S, c: &CreateSession, limits: &Limits, now: &Now<'_>) -> Result<Decision> {
     check_labels(limits, &c.labels)?;
     limits.check(Limit::MetadataBytes, c.metadata.len() as u64)?;
-    let mut content = ContentSet::default();
+    let mut content = ContentSet::new(now);
     let messages = content.messages(limits, &c.messages)?;
     if store.contains(Table::Heads, &keys::session(&c.session))? {
         return reject(Rejection::AlreadyExists { session: c.session });
@@ -424,7 +520,7 @@ fn check_unique(what: &str, items: &[String]) -> Result<()> {
     Ok(())
 }
 
-fn commit_turn<S: Store + ?Sized>(store: &S, c: &CommitTurn, limits: &Limits) -> Result<Decision> {
+fn commit_turn<S: Store + ?Sized>(store: &S, c: &CommitTurn, limits: &Limits, now: &Now<'_>) -> Result<Decision> {
     limits.check_id("turn id", &c.turn_id)?;
     if let Some(draft) = &c.draft {
         limits.check_id("draft id", draft)?;
@@ -457,7 +553,7 @@ fn commit_turn<S: Store + ?Sized>(store: &S, c: &CommitTurn, limits: &Limits) ->
         limits.check_id("provider", &u.provider)?;
         limits.check_id("model", &u.model)?;
     }
-    let mut content = ContentSet::default();
+    let mut content = ContentSet::new(now);
     let messages = content.messages(limits, &c.messages)?;
     let state = state_delta(limits, &mut content, &c.state)?;
     let h = head(store, &c.session)?;
@@ -509,10 +605,10 @@ fn commit_turn<S: Store + ?Sized>(store: &S, c: &CommitTurn, limits: &Limits) ->
     Ok(Decision::Write { session: c.session, event, content: content.into_vec() })
 }
 
-fn rewrite<S: Store + ?Sized>(store: &S, c: &Rewrite, limits: &Limits) -> Result<Decision> {
+fn rewrite<S: Store + ?Sized>(store: &S, c: &Rewrite, limits: &Limits, now: &Now<'_>) -> Result<Decision> {
     check_note(limits, &c.note)?;
     check_note(limits, &c.actor)?;
-    let mut content = ContentSet::default();
+    let mut content = ContentSet::new(now);
     let replacement = content.messages(limits, &c.replacement)?;
     let h = live_head(store, &c.session)?;
     expect_revision(&h, &c.expected)?;
@@ -576,11 +672,11 @@ fn restore<S: Store + ?Sized>(store: &S, c: &Restore, limits: &Limits) -> Result
     Ok(Decision::Write { session: c.session, event, content: Vec::new() })
 }
 
-fn fork<S: Store + ?Sized>(store: &S, c: &Fork, limits: &Limits) -> Result<Decision> {
+fn fork<S: Store + ?Sized>(store: &S, c: &Fork, limits: &Limits, now: &Now<'_>) -> Result<Decision> {
     if let Some(labels) = &c.labels {
         check_labels(limits, labels)?;
     }
-    let mut content = ContentSet::default();
+    let mut content = ContentSet::new(now);
     let messages = match &c.replacement {
         Some(m) => vec![content.message(limits, m)?],
         None => Vec::new(),
@@ -618,14 +714,14 @@ fn is_blank(bytes: &[u8]) -> bool {
     }
 }
 
-fn append_context<S: Store + ?Sized>(store: &S, c: &AppendContext, limits: &Limits) -> Result<Decision> {
+fn append_context<S: Store + ?Sized>(store: &S, c: &AppendContext, limits: &Limits, now: &Now<'_>) -> Result<Decision> {
     limits.check_id("context key", &c.key)?;
     check_note(limits, &c.source)?;
     if is_blank(&c.content) {
         return invalid("context content is blank");
     }
-    let mut content = ContentSet::default();
-    let id = content.add(limits, c.content.clone())?;
+    let mut content = ContentSet::new(now);
+    let id = content.add(limits, &c.content)?;
     let h = head(store, &c.session)?;
     let entry = store.row::<ContextEntry>(Table::Context, &keys::session_str(&c.session, &c.key))?;
     // An exact retry answers as a retry whatever the session's state (§6 retries).
@@ -640,7 +736,7 @@ fn append_context<S: Store + ?Sized>(store: &S, c: &AppendContext, limits: &Limi
     Ok(Decision::Write { session: c.session, event, content: content.into_vec() })
 }
 
-fn tool_call<S: Store + ?Sized>(store: &S, c: &RecordToolCall, limits: &Limits) -> Result<Decision> {
+fn tool_call<S: Store + ?Sized>(store: &S, c: &RecordToolCall, limits: &Limits, now: &Now<'_>) -> Result<Decision> {
     limits.check_id("op id", &c.op_id)?;
     limits.check_id("call id", &c.call_id)?;
     limits.check_id("tool name", &c.tool_name)?;
@@ -653,8 +749,8 @@ fn tool_call<S: Store + ?Sized>(store: &S, c: &RecordToolCall, limits: &Limits) 
     if let Some(t) = &c.turn_id {
         limits.check_id("turn id", t)?;
     }
-    let mut content = ContentSet::default();
-    let args = content.add(limits, c.args.clone())?;
+    let mut content = ContentSet::new(now);
+    let args = content.add(limits, &c.args)?;
     let h = head(store, &c.session)?;
     let existing = store.row::<ToolOp>(Table::ToolOps, &keys::session_str(&c.session, &c.op_id))?;
     let exact = |op: &ToolOp| {
@@ -708,10 +804,10 @@ fn tool_call<S: Store + ?Sized>(store: &S, c: &RecordToolCall, limits: &Limits) 
     Ok(Decision::Write { session: c.session, event, content: content.into_vec() })
 }
 
-fn tool_result<S: Store + ?Sized>(store: &S, c: &RecordToolResult, limits: &Limits) -> Result<Decision> {
+fn tool_result<S: Store + ?Sized>(store: &S, c: &RecordToolResult, limits: &Limits, now: &Now<'_>) -> Result<Decision> {
     limits.check_id("op id", &c.op_id)?;
-    let mut content = ContentSet::default();
-    let result = content.add(limits, c.result.clone())?;
+    let mut content = ContentSet::new(now);
+    let result = content.add(limits, &c.result)?;
     let h = head(store, &c.session)?;
     let op = store.row::<ToolOp>(Table::ToolOps, &keys::session_str(&c.session, &c.op_id))?;
     // An exact retry answers as a retry whatever the session's state (§6 retries).
@@ -777,7 +873,7 @@ fn state_delta(limits: &Limits, content: &mut ContentSet, changes: &StateChanges
     }
     let mut set = BTreeMap::new();
     for (name, value) in &changes.set {
-        set.insert(name.clone(), content.add(limits, value.clone())?);
+        set.insert(name.clone(), content.add(limits, value)?);
     }
     Ok(StateDelta { set, remove: changes.remove.clone() })
 }
@@ -813,8 +909,8 @@ fn set_metadata<S: Store + ?Sized>(store: &S, c: &SetMetadata, limits: &Limits) 
     Ok(Decision::Write { session: c.session, event, content: Vec::new() })
 }
 
-fn set_host_state<S: Store + ?Sized>(store: &S, c: &SetHostState, limits: &Limits) -> Result<Decision> {
-    let mut content = ContentSet::default();
+fn set_host_state<S: Store + ?Sized>(store: &S, c: &SetHostState, limits: &Limits, now: &Now<'_>) -> Result<Decision> {
+    let mut content = ContentSet::new(now);
     let requested = state_delta(limits, &mut content, &c.state)?;
     let h = head(store, &c.session)?;
     // Only what changes is recorded; a request that changes nothing (an exact retry)
@@ -947,9 +1043,9 @@ fn input_row<S: Store + ?Sized>(store: &S, session: &SessionId, id: &str) -> Res
     store.row(Table::Inputs, &keys::session_str(session, id))
 }
 
-fn enqueue_input<S: Store + ?Sized>(store: &S, c: &EnqueueInput, limits: &Limits) -> Result<Decision> {
+fn enqueue_input<S: Store + ?Sized>(store: &S, c: &EnqueueInput, limits: &Limits, now: &Now<'_>) -> Result<Decision> {
     limits.check_id("input id", &c.input_id)?;
-    let mut content = ContentSet::default();
+    let mut content = ContentSet::new(now);
     let message = content.message(limits, &c.message)?;
     let h = head(store, &c.session)?;
     if let Some(row) = input_row(store, &c.session, &c.input_id)? {

@@ -24,6 +24,7 @@ use crate::tables::{self, logical_key, physical_key, CONTENT, PROJECTIONS};
 use annal_codec::{ChainHash, ContentId};
 use parking_lot::{Condvar, Mutex, RwLock};
 use redb::ReadTransaction;
+use std::collections::hash_map::Entry;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::Instant;
@@ -31,12 +32,11 @@ use std::time::Instant;
 /// A callback over (key, value) rows; returning false stops the scan.
 pub(crate) type RowVisitor<'a> = dyn FnMut(&[u8], &[u8]) -> Result<bool> + 'a;
 
-/// A row version: the value, or `None` for a removal.
-pub(crate) type Value = Option<Arc<Vec<u8>>>;
+pub(crate) use crate::store::Value;
 
 /// The layers' and the head cache's hasher: keys are physical keys and session ids,
-/// which no outside party chooses to collide (foldhash's fast, seeded hasher).
-type Hasher = foldhash::fast::RandomState;
+/// which no outside party chooses to collide.
+type Hasher = crate::store::RowHasher;
 
 /// Bytes a row version costs beyond its key and value (map node, version entry).
 const VERSION_OVERHEAD_BYTES: u64 = 48;
@@ -78,23 +78,16 @@ impl Layer {
         self.rows.get(key)?.at(seq)
     }
 
-    /// Adds the writes of a batch that ends at `seq`.
+    /// Adds the writes of a batch that ends at `seq`, keeping their key and value buffers.
     fn apply(&mut self, writes: Writes, seq: u64, hash: ChainHash, events: u64) {
-        let mut physical = Vec::with_capacity(64);
-        for (table, rows) in writes {
-            for (key, value) in rows {
-                physical.clear();
-                tables::physical_key_into(table, &key, &mut physical);
-                let value: Value = value.map(Arc::new);
-                self.bytes += VERSION_OVERHEAD_BYTES + value.as_ref().map_or(0, |v| v.len() as u64);
-                match self.rows.get_mut(physical.as_slice()) {
-                    Some(versions) => versions.push((seq, value)),
-                    None => {
-                        self.bytes += 2 * physical.len() as u64;
-                        let physical: Arc<[u8]> = Arc::from(physical.as_slice());
-                        self.order.insert(physical.clone());
-                        self.rows.insert(physical, Versions { first: (seq, value), rest: Vec::new() });
-                    }
+        for (physical, value) in writes.into_rows() {
+            self.bytes += VERSION_OVERHEAD_BYTES + value.as_ref().map_or(0, |v| v.len() as u64);
+            match self.rows.entry(physical) {
+                Entry::Occupied(mut versions) => versions.get_mut().push((seq, value)),
+                Entry::Vacant(slot) => {
+                    self.bytes += 2 * slot.key().len() as u64;
+                    self.order.insert(slot.key().clone());
+                    slot.insert(Versions { first: (seq, value), rest: Vec::new() });
                 }
             }
         }
@@ -261,13 +254,13 @@ impl Delta {
     pub fn apply(&self, writes: Writes, seq: u64, hash: ChainHash, events: u64, log: LogUpdate) {
         // Decoded before the lock is taken; a row that does not decode is not cached (a
         // read meets it in the view).
+        let heads_tag = Table::Heads.tag();
         let heads: Vec<([u8; 16], Option<Arc<SessionHead>>)> = writes
-            .get(&Table::Heads)
-            .into_iter()
-            .flatten()
-            .filter_map(|(key, row)| {
-                let session = <[u8; 16]>::try_from(key.as_slice()).ok()?;
-                let head = row.as_ref().and_then(|row| decode_row::<SessionHead>(Table::Heads, key, row).ok());
+            .rows()
+            .filter(|(physical, _)| physical.len() == 18 && physical[0] == 0 && physical[17] == heads_tag)
+            .filter_map(|(physical, row)| {
+                let session = <[u8; 16]>::try_from(&physical[1..17]).ok()?;
+                let head = row.as_ref().and_then(|row| decode_row::<SessionHead>(Table::Heads, &session, row).ok());
                 Some((session, head.map(Arc::new)))
             })
             .collect();
@@ -628,17 +621,18 @@ impl View {
 
 impl Store for View {
     fn read(&self, table: Table, key: &[u8], f: &mut dyn FnMut(Option<&[u8]>) -> Result<()>) -> Result<()> {
-        let physical = physical_key(table, key);
-        if let Some(v) = self.delta_get(&physical) {
-            return f(v.as_deref().map(Vec::as_slice));
-        }
-        match &self.ckpt.table {
-            Some(table) => match table.get(physical.as_slice())? {
-                Some(guard) => f(Some(guard.value())),
+        crate::store::with_physical(table, key, |physical| {
+            if let Some(v) = self.delta_get(physical) {
+                return f(v.as_deref().map(Vec::as_slice));
+            }
+            match &self.ckpt.table {
+                Some(table) => match table.get(physical)? {
+                    Some(guard) => f(Some(guard.value())),
+                    None => f(None),
+                },
                 None => f(None),
-            },
-            None => f(None),
-        }
+            }
+        })
     }
     fn put(&mut self, _: Table, _: &[u8], _: &[u8]) -> Result<()> {
         Err(Error::Storage("a view is read-only".into()))
@@ -655,11 +649,15 @@ mod tests {
     type Row<'a> = (Table, &'a [u8], Option<&'a [u8]>);
 
     fn writes(rows: &[Row<'_>]) -> Writes {
-        let mut w = Writes::new();
+        let base = crate::store::MemStore::default();
+        let mut o = crate::store::Overlay::new(&base);
         for (t, k, v) in rows {
-            w.entry(*t).or_default().insert(k.to_vec(), v.map(<[u8]>::to_vec));
+            match v {
+                Some(v) => o.put(*t, k, v).unwrap(),
+                None => o.remove(*t, k).unwrap(),
+            }
         }
-        w
+        o.into_writes()
     }
 
     fn newest(layer: &Layer) -> Vec<(Vec<u8>, Option<Vec<u8>>)> {

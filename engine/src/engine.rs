@@ -567,13 +567,12 @@ impl Engine {
             Some(fence) => Command::Fenced { fence, command: Box::new(command) },
             None => command,
         };
-        // Compression runs here, on the caller's thread, so callers compress in parallel
-        // and the writer does not.
-        let compressed = match self.inner.shared.compress_content {
-            true => writer::compress(&command, &self.inner.shared.limits),
-            false => Default::default(),
-        };
-        Request::Command { command: Box::new(command), reply, compressed }
+        // Content is hashed (and compressed) here, on the caller's thread, so callers do it
+        // in parallel and the writer does not. `prepared` finds each object by its buffer
+        // in this very command, which the request carries along with it.
+        let shared = &self.inner.shared;
+        let prepared = Box::new(crate::decide::Prepared::new(&command, &shared.limits, shared.compress_content));
+        Request::Command { command: Box::new(command), reply, prepared }
     }
 
     /// Runs several commands in order, all or nothing. The first rejection is returned as

@@ -4,10 +4,11 @@
 //! the writer stages each command in an [`Overlay`] so that a rejection writes nothing.
 
 use crate::error::{Error, Location, Result};
-use annal_codec::{wire, SessionId};
+use annal_codec::wire;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
 
 /// Every projection table. Each is defined once, in [`crate::tables`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -301,93 +302,162 @@ impl Store for MemStore {
     }
 }
 
+/// A row version held in memory: the value, or `None` for a removal. Shared, so the
+/// delta keeps the very buffer a fold wrote.
+pub(crate) type Value = Option<Arc<Vec<u8>>>;
+
+/// The hasher of in-memory row maps: keys are physical keys, which no outside party
+/// chooses to collide (foldhash's fast, seeded hasher).
+pub(crate) type RowHasher = foldhash::fast::RandomState;
+
+/// Calls `f` with the physical key of `key` in `table`, built on the stack when it is
+/// short (every key but a long label's or input id's).
+pub(crate) fn with_physical<T>(table: Table, key: &[u8], f: impl FnOnce(&[u8]) -> T) -> T {
+    const STACK_KEY_BYTES: usize = 96;
+    if key.len() + 2 <= STACK_KEY_BYTES {
+        let mut buf = [0u8; STACK_KEY_BYTES];
+        let n = crate::tables::physical_key_into_slice(table, key, &mut buf);
+        f(&buf[..n])
+    } else {
+        f(&crate::tables::physical_key(table, key))
+    }
+}
+
 /// Buffers writes on top of a base store. Reads see the buffer first. [`Overlay::into_writes`]
 /// hands the writes over to be applied; dropping the overlay discards them.
+///
+/// Rows are held under their physical keys in one hash map. A command is staged in the
+/// same map ([`Overlay::stage`]): each row it changes first records what the row was, so
+/// a rejected command is undone in place ([`Overlay::discard`]) and an accepted one costs
+/// nothing more ([`Overlay::keep`]).
 pub struct Overlay<'a, S: Store + ?Sized> {
     base: &'a S,
     writes: Writes,
-    streams: BTreeMap<SessionId, u64>,
+    /// While a command is staged: each row it changed, with what the row held before.
+    undo: Option<Undo>,
 }
+
+/// The rows a staged command changed, oldest first, each with what the overlay held for
+/// it before (`None`: nothing).
+type Undo = Vec<(Arc<[u8]>, Option<Value>)>;
 
 impl<'a, S: Store + ?Sized> Overlay<'a, S> {
     /// An empty overlay over `base`.
     pub fn new(base: &'a S) -> Self {
-        Overlay { base, writes: BTreeMap::new(), streams: BTreeMap::new() }
+        Overlay { base, writes: Writes::default(), undo: None }
     }
 
-    /// The buffered writes, in (table, key) order; `None` is a removal.
+    /// The buffered writes; `None` is a removal.
     pub fn into_writes(self) -> Writes {
         self.writes
     }
 
-    /// Takes `writes` (another overlay's, staged on top of this one) as its own, moving
-    /// their rows rather than copying them.
-    pub fn absorb(&mut self, writes: Writes) {
-        for (table, rows) in writes {
-            let mine = self.writes.entry(table).or_default();
-            if mine.is_empty() {
-                *mine = rows;
-            } else {
-                mine.extend(rows);
-            }
+    /// Starts staging a command: what it writes can be undone by [`Overlay::discard`].
+    pub fn stage(&mut self) {
+        self.undo = Some(Vec::new());
+    }
+
+    /// Keeps what the staged command wrote.
+    pub fn keep(&mut self) {
+        self.undo = None;
+    }
+
+    /// Undoes what the staged command wrote: every row is as it was at [`Overlay::stage`].
+    pub fn discard(&mut self) {
+        for (key, before) in self.undo.take().unwrap_or_default().into_iter().rev() {
+            match before {
+                Some(value) => self.writes.rows.insert(key, value),
+                None => self.writes.rows.remove(&key),
+            };
         }
     }
 
-    /// The stream tip this overlay has assigned for `session`, if any.
-    pub fn stream_tip(&self, session: &SessionId) -> Option<u64> {
-        self.streams.get(session).copied()
-    }
-
-    /// Records that `session`'s stream reached `seq` in this overlay.
-    pub fn set_stream_tip(&mut self, session: SessionId, seq: u64) {
-        self.streams.insert(session, seq);
+    fn set(&mut self, table: Table, key: &[u8], value: Value) {
+        let physical: Arc<[u8]> = with_physical(table, key, |k| Arc::from(k));
+        let before = self.writes.rows.insert(physical.clone(), value);
+        if let Some(undo) = self.undo.as_mut() {
+            undo.push((physical, before));
+        }
     }
 }
 
 impl<S: Store + ?Sized> Store for Overlay<'_, S> {
     fn read(&self, table: Table, key: &[u8], f: &mut dyn FnMut(Option<&[u8]>) -> Result<()>) -> Result<()> {
-        match self.writes.get(&table).and_then(|rows| rows.get(key)) {
-            Some(v) => f(v.as_deref()),
+        match with_physical(table, key, |physical| self.writes.rows.get(physical).cloned()) {
+            Some(v) => f(v.as_deref().map(Vec::as_slice)),
             None => self.base.read(table, key, f),
         }
     }
     fn put(&mut self, table: Table, key: &[u8], value: &[u8]) -> Result<()> {
-        // One search per put; a rewritten buffered row (a tip, a head) reuses its buffer.
-        match self.writes.entry(table).or_default().entry(key.to_vec()) {
-            std::collections::btree_map::Entry::Occupied(mut slot) => match slot.get_mut() {
-                Some(row) => {
-                    row.clear();
-                    row.extend_from_slice(value);
-                }
-                removed => *removed = Some(value.to_vec()),
-            },
-            std::collections::btree_map::Entry::Vacant(slot) => {
-                slot.insert(Some(value.to_vec()));
-            }
-        }
+        self.set(table, key, Some(Arc::new(value.to_vec())));
         Ok(())
     }
     fn remove(&mut self, table: Table, key: &[u8]) -> Result<()> {
-        self.writes.entry(table).or_default().insert(key.to_vec(), None);
+        self.set(table, key, None);
         Ok(())
     }
     fn put_vec(&mut self, table: Table, key: &[u8], value: Vec<u8>) -> Result<()> {
-        self.writes.entry(table).or_default().insert(key.to_vec(), Some(value));
+        self.set(table, key, Some(Arc::new(value)));
         Ok(())
     }
 }
 
-/// Writes buffered by an [`Overlay`], per table in key order; `None` is a removal.
-pub type Writes = BTreeMap<Table, BTreeMap<Vec<u8>, Option<Vec<u8>>>>;
+/// Writes buffered by an [`Overlay`]: physical key ([`crate::tables::physical_key`]) →
+/// value, `None` for a removal.
+#[derive(Debug, Default)]
+pub struct Writes {
+    rows: HashMap<Arc<[u8]>, Value, RowHasher>,
+}
 
-/// Applies an overlay's writes to `store`, in key order.
+impl Writes {
+    /// Rows held.
+    pub fn len(&self) -> usize {
+        self.rows.len()
+    }
+
+    /// Whether it holds no row.
+    pub fn is_empty(&self) -> bool {
+        self.rows.is_empty()
+    }
+
+    /// Every row, in no particular order.
+    pub(crate) fn rows(&self) -> impl Iterator<Item = (&Arc<[u8]>, &Value)> {
+        self.rows.iter()
+    }
+
+    /// Every row, in no particular order.
+    pub(crate) fn into_rows(self) -> impl Iterator<Item = (Arc<[u8]>, Value)> {
+        self.rows.into_iter()
+    }
+
+    /// Every row, in physical key order.
+    pub(crate) fn into_sorted(self) -> Vec<(Arc<[u8]>, Value)> {
+        let mut rows: Vec<(Arc<[u8]>, Value)> = self.rows.into_iter().collect();
+        rows.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+        rows
+    }
+
+    /// The rows of `table`, by logical key, in key order.
+    pub fn table(&self, table: Table) -> BTreeMap<Vec<u8>, Option<Vec<u8>>> {
+        self.rows
+            .iter()
+            .filter_map(|(physical, value)| match crate::tables::logical_key(physical) {
+                Some((t, key)) if t == table => Some((key, value.as_ref().map(|v| v.to_vec()))),
+                _ => None,
+            })
+            .collect()
+    }
+}
+
+/// Applies an overlay's writes to `store`, in physical key order.
 pub fn apply_writes<S: Store + ?Sized>(store: &mut S, writes: Writes) -> Result<()> {
-    for (table, rows) in writes {
-        for (key, value) in rows {
-            match value {
-                Some(v) => store.put(table, &key, &v)?,
-                None => store.remove(table, &key)?,
-            }
+    for (physical, value) in writes.into_sorted() {
+        let Some((table, key)) = crate::tables::logical_key(&physical) else {
+            return Err(crate::tables::bad_physical(&physical));
+        };
+        match value {
+            Some(v) => store.put(table, &key, &v)?,
+            None => store.remove(table, &key)?,
         }
     }
     Ok(())
@@ -507,7 +577,7 @@ mod tests {
         assert_eq!(o.get(Table::Heads, b"a").unwrap(), None);
         assert_eq!(o.get(Table::Heads, b"b").unwrap(), Some(b"2".to_vec()));
         let writes = o.into_writes();
-        assert_eq!(writes[&Table::Heads].len(), 2);
+        assert_eq!(writes.table(Table::Heads).len(), 2);
         assert_eq!(base.get(Table::Heads, b"a").unwrap(), Some(b"1".to_vec()));
     }
 

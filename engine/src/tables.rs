@@ -61,6 +61,22 @@ pub(crate) fn physical_key_into(t: Table, key: &[u8], out: &mut Vec<u8>) {
     }
 }
 
+/// [`physical_key`], written at the start of `out` (which holds at least `key.len() + 2`
+/// bytes); returns its length.
+pub(crate) fn physical_key_into_slice(t: Table, key: &[u8], out: &mut [u8]) -> usize {
+    if t.session_scoped() && key.len() >= 16 {
+        out[0] = 0;
+        out[1..17].copy_from_slice(&key[..16]);
+        out[17] = t.tag();
+        out[18..key.len() + 2].copy_from_slice(&key[16..]);
+    } else {
+        out[0] = t.tag();
+        out[1..key.len() + 1].copy_from_slice(key);
+        return key.len() + 1;
+    }
+    key.len() + 2
+}
+
 /// The logical table and key of a physical key, if it is well formed.
 pub fn logical_key(physical: &[u8]) -> Option<(Table, Vec<u8>)> {
     match physical.split_first()? {
@@ -70,7 +86,11 @@ pub fn logical_key(physical: &[u8]) -> Option<(Table, Vec<u8>)> {
             k.extend_from_slice(&rest[17..]);
             Some((t, k))
         }
-        (tag, rest) => Table::from_tag(*tag).filter(|t| !t.session_scoped()).map(|t| (t, rest.to_vec())),
+        // A session-scoped table's key shorter than a session id is stored as a global
+        // one's (see `physical_key_into`).
+        (tag, rest) => {
+            Table::from_tag(*tag).filter(|t| !t.session_scoped() || rest.len() < 16).map(|t| (t, rest.to_vec()))
+        }
     }
 }
 
@@ -235,23 +255,16 @@ impl<'txn> RedbStore<'txn> {
         Ok(RedbStore { table: txn.open_table(PROJECTIONS)? })
     }
 
-    /// Applies an overlay's writes in physical key order. [`crate::store::Writes`] is
-    /// ordered by logical table, but the rows of session-scoped tables are stored
-    /// session-major: inserting them table by table would walk the whole B-tree once per
-    /// table, while physical order visits each leaf once.
+    /// Applies an overlay's writes in physical key order, which visits each leaf of the
+    /// B-tree once.
     pub fn apply(&mut self, writes: crate::store::Writes) -> Result<()> {
-        let mut rows: Vec<(Vec<u8>, Option<Vec<u8>>)> = Vec::with_capacity(writes.values().map(|t| t.len()).sum());
-        for (table, rows_of) in writes {
-            rows.extend(rows_of.into_iter().map(|(key, value)| (physical_key(table, &key), value)));
-        }
-        rows.sort_unstable_by(|a, b| a.0.cmp(&b.0));
-        for (key, value) in rows {
+        for (key, value) in writes.into_sorted() {
             match value {
                 Some(v) => {
-                    self.table.insert(key.as_slice(), v.as_slice())?;
+                    self.table.insert(&*key, v.as_slice())?;
                 }
                 None => {
-                    self.table.remove(key.as_slice())?;
+                    self.table.remove(&*key)?;
                 }
             }
         }

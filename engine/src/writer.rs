@@ -12,7 +12,7 @@
 use crate::absorb::Absorber;
 use crate::checkpoint::{self, CheckpointPolicy, Cursors, Signal};
 use crate::command::{Command, CommitTurn, Outcome};
-use crate::decide::{check_fence, decide, outcome_of, Decision, Now, Renewal, Renewals};
+use crate::decide::{check_fence, decide, outcome_of, Decision, Now, Prepared, Renewal, Renewals};
 use crate::delta::{Delta, LogUpdate};
 use crate::draft::{DraftChange, DraftState, DraftWrites};
 use crate::engine::EngineStats;
@@ -29,7 +29,6 @@ use annal_codec::{ContentId, LogChain, Record, SessionId};
 use crossbeam_channel::{Receiver, Sender};
 use parking_lot::Mutex;
 use redb::ReadableDatabase;
-use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -99,28 +98,12 @@ pub(crate) struct Shared {
     pub draft_flush_interval: Duration,
 }
 
-/// The compressed form of a command's content objects that compress (id → stored
-/// bytes, lz4), computed on the caller's thread so the writer does not compress.
-pub(crate) type Compressed = BTreeMap<ContentId, Vec<u8>>;
-
-/// Compresses the content objects of `command` that compress (see
-/// `annal_codec::content::encode_object`).
-pub(crate) fn compress(command: &Command, limits: &Limits) -> Compressed {
-    let mut compressed = Compressed::new();
-    crate::decide::each_content_object(command, limits, &mut |canonical, id| {
-        if let Some(stored) = annal_codec::content::compress_object(canonical) {
-            compressed.insert(id.unwrap_or_else(|| annal_codec::content_id(canonical)), stored);
-        }
-    });
-    compressed
-}
-
 pub(crate) enum Request {
     /// Boxed: the queue's slots are preallocated, and a command is large.
     Command {
         command: Box<Command>,
         reply: ReplyTo<Outcome>,
-        compressed: Compressed,
+        prepared: Box<Prepared>,
     },
     Rebuild {
         set: ProjectionSet,
@@ -199,7 +182,7 @@ pub(crate) fn run(shared: Arc<Shared>, rx: Receiver<Request>, core: Arc<Core>) {
             // Taken under the state's lock: no caller commits before it is done.
             core.pending.fetch_sub(1, Ordering::AcqRel);
             match req {
-                Request::Command { command, reply, compressed } => commands.push((*command, reply, compressed)),
+                Request::Command { command, reply, prepared } => commands.push((*command, reply, prepared)),
                 other => {
                     // Everything before it goes first, then it runs alone on an idle log.
                     seq.commit(&shared, std::mem::take(&mut commands), checkpoints);
@@ -298,12 +281,12 @@ impl Core {
         if state.previous_batch > 1 || self.pending.load(Ordering::Acquire) > 0 {
             return Err(request);
         }
-        let Request::Command { command, reply, compressed } = request else {
+        let Request::Command { command, reply, prepared } = request else {
             return Err(request);
         };
         let State { seq, checkpoints, .. } = &mut *state;
         shared.stats.caller_commits.fetch_add(1, Ordering::Relaxed);
-        seq.commit(shared, vec![(*command, reply, compressed)], checkpoints);
+        seq.commit(shared, vec![(*command, reply, prepared)], checkpoints);
         Ok(())
     }
 }
@@ -431,7 +414,7 @@ struct Sequencer {
 }
 
 /// A batch of commands with their callers' reply channels.
-type Batch = Vec<(Command, ReplyTo<Outcome>, Compressed)>;
+type Batch = Vec<(Command, ReplyTo<Outcome>, Box<Prepared>)>;
 
 impl Sequencer {
     /// Decides and folds `batch`, appends it durably, applies it to the delta, then
@@ -446,7 +429,7 @@ impl Sequencer {
             }
             return;
         }
-        let commands: Vec<(&Command, &Compressed)> = batch.iter().map(|(c, _, z)| (c, z)).collect();
+        let commands: Vec<(&Command, &Prepared)> = batch.iter().map(|(c, _, p)| (c, &**p)).collect();
         let decided = crate::error::fail_closed("commit", || self.decide_batch(shared, &commands));
         drop(commands);
         let replies = batch.into_iter().map(|(_, reply, _)| reply);
@@ -583,7 +566,7 @@ impl Sequencer {
 
     /// Decides and folds a batch on a view of the delta. A rejected command's staged
     /// writes are dropped, so it consumes no sequence number.
-    fn decide_batch(&mut self, shared: &Shared, commands: &[(&Command, &Compressed)]) -> Result<Decided> {
+    fn decide_batch(&mut self, shared: &Shared, commands: &[(&Command, &Prepared)]) -> Result<Decided> {
         let clock_ms = shared.clock.now_ms().max(self.clock_ms);
         let mut renewals = shared.renewals.lock();
         let mut drafts = shared.drafts.lock();
@@ -593,31 +576,37 @@ impl Sequencer {
         let mut notices = Vec::new();
         let mut entries: Vec<Entry> = Vec::new();
         let mut accepted = Overlay::new(&view);
-        for (command, compressed) in commands {
+        for (command, prepared) in commands {
             let mut staged = Vec::new();
             let mut effects = Vec::new();
             let mut seq = next_seq;
+            accepted.stage();
             let result = {
-                let mut overlay = Overlay::new(&accepted);
                 let to = Staging {
                     next_seq: &mut seq,
-                    now: Now { ms: clock_ms, renewals: Some(&renewals), drafts: Some(&drafts) },
+                    now: Now {
+                        ms: clock_ms,
+                        renewals: Some(&renewals),
+                        drafts: Some(&drafts),
+                        prepared: Some(prepared),
+                    },
                     limits: &shared.limits,
-                    compressed,
                     entries: &mut staged,
                     effects: &mut effects,
                 };
-                apply(&mut overlay, command, to).map(|o| (o, overlay.into_writes()))
+                apply(&mut accepted, command, to)
             };
-            let (outcome, writes) = match result {
-                Ok(ok) => ok,
+            let outcome = match result {
+                Ok(outcome) => outcome,
                 Err(e @ Error::Storage(_)) => return Err(e),
                 Err(e) => {
+                    // Nothing of the command survives, and it consumes no seq.
+                    accepted.discard();
                     outcomes.push(Err(e));
                     continue;
                 }
             };
-            accepted.absorb(writes);
+            accepted.keep();
             next_seq = seq;
             for effect in effects {
                 match effect {
@@ -800,8 +789,6 @@ struct Staging<'a> {
     next_seq: &'a mut u64,
     now: Now<'a>,
     limits: &'a Limits,
-    /// The command's objects that compress, compressed by the caller.
-    compressed: &'a Compressed,
     entries: &'a mut Vec<Entry>,
     /// What the command changes in the writer's memory (applied once it is accepted).
     effects: &'a mut Vec<Effect>,
@@ -816,11 +803,11 @@ enum Effect {
 
 /// Decides and folds one command (or a batch) into `overlay`, sequencing its events.
 fn apply<S: Store + ?Sized>(overlay: &mut Overlay<'_, S>, command: &Command, to: Staging<'_>) -> Result<Outcome> {
-    let Staging { next_seq, now, limits, compressed, entries, effects } = to;
+    let Staging { next_seq, now, limits, entries, effects } = to;
     if let Command::Fenced { fence, command } = command {
         limits.check(Limit::CommandBytes, command.approx_bytes())?;
         check_fence(&*overlay, fence)?;
-        return apply(overlay, command, Staging { next_seq, now, limits, compressed, entries, effects });
+        return apply(overlay, command, Staging { next_seq, now, limits, entries, effects });
     }
     if let Command::Batch(commands) = command {
         limits.check(Limit::BatchCommands, commands.len() as u64)?;
@@ -842,7 +829,6 @@ fn apply<S: Store + ?Sized>(overlay: &mut Overlay<'_, S>, command: &Command, to:
                         next_seq: &mut *next_seq,
                         now,
                         limits,
-                        compressed,
                         entries: &mut *entries,
                         effects: &mut *effects,
                     };
@@ -878,7 +864,7 @@ fn apply<S: Store + ?Sized>(overlay: &mut Overlay<'_, S>, command: &Command, to:
             let record = Record { seq: *next_seq, session, stream_seq, committed_at_ms: now.ms, event };
             let content: Vec<StoredObject> = new_content(&*overlay, content)?
                 .into_iter()
-                .map(|(id, canonical)| match compressed.get(&id) {
+                .map(|(id, canonical)| match now.prepared.and_then(|p| p.compressed(&id)) {
                     Some(stored) => StoredObject { id, encoding: ENCODING_LZ4, bytes: stored.clone() },
                     None => StoredObject::raw(id, canonical),
                 })
