@@ -221,7 +221,28 @@ impl Report {
         for (target, met, detail) in self.targets() {
             let _ = writeln!(md, "- {target}: **{}** ({detail})", if met { "met" } else { "missed" });
         }
+        if let Some(floor) = self.floor() {
+            let _ = writeln!(md, "\n{floor}");
+        }
         md
+    }
+
+    /// Where the floor (`stores/floor.rs`: typed state in memory, no projection written)
+    /// stands at 16 committers: the most a group-committing design reaches on this machine
+    /// that day, against the baselines and annal.
+    pub fn floor(&self) -> Option<String> {
+        let c16 = Some(16);
+        let floor = self.get("floor", "commits_per_s", c16)?;
+        let mut parts = vec![format!("The floor at 16 committers: {} commits/s", fmt(floor))];
+        for (store, label) in [("sqlite", "SQLite"), ("jsonl", "JSONL")] {
+            if let Some(other) = self.get(store, "commits_per_s", c16) {
+                parts.push(format!("{:.2}× {label}", floor / other));
+            }
+        }
+        if let Some(annal) = self.get("annal", "commits_per_s", c16) {
+            parts.push(format!("annal makes {:.0}% of it", 100.0 * annal / floor));
+        }
+        Some(parts.join("; ") + ".")
     }
 
     /// annal's advantage over `store`: above 1 means annal is better.

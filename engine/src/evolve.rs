@@ -514,7 +514,8 @@ fn fold_content<S: Store + ?Sized>(store: &mut S, r: &Record, introduced: &[Cont
         store.put(Table::ContentIndex, &id.0, &r.seq.to_be_bytes())?;
     }
     for id in r.event.content_refs() {
-        if !store.contains(Table::ContentIndex, &id.0)? {
+        // What the record introduced was just indexed above.
+        if !introduced.contains(&id) && !store.contains(Table::ContentIndex, &id.0)? {
             return Err(corrupt(r, format!("refers to content {id}, which is not stored")));
         }
     }

@@ -5,6 +5,7 @@
 //! append, and the naive redb store with `Durability::Immediate`.
 
 pub mod annal_store;
+pub mod floor;
 pub mod jsonl;
 pub mod naive_redb;
 pub mod sqlite;
@@ -27,12 +28,21 @@ pub enum StoreKind {
     Jsonl,
     /// redb with JSON events and a JSON snapshot rewritten every turn.
     NaiveRedb,
+    /// The floor: a group-committed, hash-chained log with its state kept as typed values
+    /// in memory and no projection written (`floor.rs`); the commit phase only.
+    Floor,
 }
 
 impl StoreKind {
     /// Every store, annal first.
-    pub const ALL: [StoreKind; 5] =
-        [StoreKind::Annal, StoreKind::AnnalOtherMode, StoreKind::Sqlite, StoreKind::Jsonl, StoreKind::NaiveRedb];
+    pub const ALL: [StoreKind; 6] = [
+        StoreKind::Annal,
+        StoreKind::AnnalOtherMode,
+        StoreKind::Sqlite,
+        StoreKind::Jsonl,
+        StoreKind::NaiveRedb,
+        StoreKind::Floor,
+    ];
 
     /// The name used in results.
     pub fn name(self) -> &'static str {
@@ -42,7 +52,14 @@ impl StoreKind {
             StoreKind::Sqlite => "sqlite",
             StoreKind::Jsonl => "jsonl",
             StoreKind::NaiveRedb => "naive_redb",
+            StoreKind::Floor => "floor",
         }
+    }
+
+    /// Whether the store takes part in the commit phase only (the floor, which reads
+    /// nothing back and keeps nothing to rebuild).
+    pub fn commits_only(self) -> bool {
+        self == StoreKind::Floor
     }
 
     /// Opens (or creates) the store in directory `dir`.
@@ -58,6 +75,7 @@ impl StoreKind {
             StoreKind::Sqlite => Box::new(sqlite::SqliteStore::open(dir)?),
             StoreKind::Jsonl => Box::new(jsonl::JsonlStore::open(dir)?),
             StoreKind::NaiveRedb => Box::new(naive_redb::NaiveRedbStore::open(dir)?),
+            StoreKind::Floor => Box::new(floor::FloorStore::open(dir)?),
         })
     }
 
@@ -72,7 +90,7 @@ impl StoreKind {
             }
             StoreKind::NaiveRedb => compact_redb(&dir.join(naive_redb::FILE)),
             StoreKind::Sqlite => sqlite::vacuum(dir),
-            StoreKind::Jsonl => Ok(()),
+            StoreKind::Jsonl | StoreKind::Floor => Ok(()),
         }
     }
 
@@ -87,6 +105,7 @@ impl StoreKind {
             StoreKind::Sqlite => sqlite::bulk_load(dir, ids, system, turns),
             StoreKind::Jsonl => jsonl::bulk_load(dir, ids, system, turns),
             StoreKind::NaiveRedb => naive_redb::bulk_load(dir, ids, system, turns),
+            StoreKind::Floor => Err("the floor takes part in the commit phase only".into()),
         }
     }
 }

@@ -1,0 +1,440 @@
+//! The floor: the least work a durable, group-committing, hash-chained session log does
+//! per commit on this workload, measured beside the real stores so that a throughput
+//! target can be set against what any design could reach on the same machine that day.
+//!
+//! What it does, as annal does it:
+//! - each caller encodes its messages, hashes them (blake3) and compresses the ones that
+//!   compress (lz4, kept when it saves an eighth), on its own thread;
+//! - one writer thread gathers whatever is queued (waiting, like annal's, up to 300 µs for
+//!   as many committers as its last batch had), checks each command against the
+//!   session's state (the expected revision, the turn id's idempotency), chains each
+//!   record (`h(seq) = blake3(h(seq-1) ‖ header ‖ blake3(payload))`), stores each content
+//!   object once, writes the batch as one frame into a file preallocated with zeros and
+//!   calls `fdatasync` once, then answers every caller.
+//!
+//! What it leaves out, and annal does not: the state is typed values in memory and is
+//! never written anywhere, so there are no projections, no checkpoints, no indexes, no
+//! log file beside the frames, no recovery, no reads but the head, and no rebuild. It is
+//! a probe, not a store: only the commit phase of the comparison runs it.
+
+use super::{fork_id, Cursor, Head, SessionStore, StoreKind};
+use crate::workload::{Msg, Op, Role};
+use crate::Result;
+use crossbeam_channel::{Receiver, Sender};
+use std::collections::{HashMap, HashSet};
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+type Id = [u8; 32];
+
+/// Bytes of the frame file, preallocated with zeros; frames wrap around at its end.
+const FILE_BYTES: u64 = 256 << 20;
+
+/// How long the writer waits for committers to come back (annal's `GATHER_WAIT_MAX`).
+const GATHER_WAIT: Duration = Duration::from_micros(300);
+
+/// A content object as a caller prepared it.
+struct Object {
+    id: Id,
+    stored: Vec<u8>,
+}
+
+enum Kind {
+    Create { messages: Vec<Object> },
+    Turn { turn_id: String, expected: Id, messages: Vec<Object>, usage: (u64, u64) },
+    Context { key: String, object: Object },
+    Rewrite { expected: Id, start: u64, end: u64, messages: Vec<Object> },
+    Restore { expected: Id, target: Id },
+    Fork { child: [u8; 16], index: u64 },
+}
+
+struct Request {
+    session: [u8; 16],
+    kind: Kind,
+    reply: oneshot::Sender<std::result::Result<Id, String>>,
+}
+
+/// One session's state, as typed values.
+#[derive(Default)]
+struct Session {
+    revision: Id,
+    /// The transcript's content ids and the chain value after each.
+    ids: Vec<Id>,
+    chain: Vec<Id>,
+    stream_seq: u64,
+    turns: HashMap<String, Id>,
+    /// Transcripts a restore may go back to (those a rewrite replaced).
+    revisions: HashMap<Id, Vec<Id>>,
+    context: HashMap<String, Id>,
+    usage: (u64, u64),
+}
+
+impl Session {
+    /// Sets the transcript from position `from` on to `ids`, rechaining from there.
+    fn set_tail(&mut self, from: usize, ids: &[Id]) {
+        self.ids.truncate(from);
+        self.chain.truncate(from);
+        let mut c = self.chain.last().copied().unwrap_or_else(chain_start);
+        for id in ids {
+            c = chain_step(&c, id);
+            self.ids.push(*id);
+            self.chain.push(c);
+        }
+        self.revision = c;
+    }
+}
+
+fn chain_start() -> Id {
+    *blake3::hash(b"annal.transcript.v1").as_bytes()
+}
+
+fn chain_step(c: &Id, id: &Id) -> Id {
+    let mut h = blake3::Hasher::new();
+    h.update(c);
+    h.update(id);
+    *h.finalize().as_bytes()
+}
+
+/// Encodes, hashes and (when it pays) compresses a message on the caller's thread.
+fn prepare(m: &Msg) -> Object {
+    let mut canonical = Vec::with_capacity(m.body.len() + 2 + m.content_type.len());
+    canonical.push(m.role as u8);
+    canonical.push(m.content_type.len() as u8);
+    canonical.extend_from_slice(m.content_type.as_bytes());
+    canonical.extend_from_slice(&m.body);
+    let id = *blake3::hash(&canonical).as_bytes();
+    if canonical.len() >= 128 {
+        let compressed = lz4_flex::block::compress_prepend_size(&canonical);
+        if compressed.len() <= canonical.len() - canonical.len() / 8 {
+            return Object { id, stored: compressed };
+        }
+    }
+    Object { id, stored: canonical }
+}
+
+/// The floor behind the [`SessionStore`] trait (commit phase and head reads only).
+pub struct FloorStore {
+    queue: Option<Sender<Request>>,
+    writer: Option<JoinHandle<()>>,
+    heads: Arc<Mutex<HashMap<[u8; 16], Head>>>,
+    syncs: Arc<AtomicU64>,
+    written: Arc<AtomicU64>,
+    forks: AtomicU64,
+}
+
+impl FloorStore {
+    /// Creates the frame file in `dir` (preallocated with zeros) and starts the writer.
+    pub fn open(dir: &Path) -> Result<FloorStore> {
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(dir.join("floor.frames"))?;
+        let zeros = vec![0u8; 1 << 20];
+        for i in 0..FILE_BYTES / zeros.len() as u64 {
+            file.write_all_at(&zeros, i * zeros.len() as u64)?;
+        }
+        file.sync_all()?;
+        let (queue, rx) = crossbeam_channel::bounded(4096);
+        let heads = Arc::new(Mutex::new(HashMap::new()));
+        let (syncs, written) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+        let mut writer = Writer {
+            file,
+            offset: 0,
+            sessions: HashMap::new(),
+            content: HashSet::new(),
+            seq: 0,
+            tip: *blake3::hash(b"annal.log.v1").as_bytes(),
+            frame: Vec::with_capacity(1 << 20),
+            heads: heads.clone(),
+            syncs: syncs.clone(),
+            written: written.clone(),
+        };
+        let writer = std::thread::Builder::new().name("floor-writer".into()).spawn(move || writer.run(rx))?;
+        Ok(FloorStore { queue: Some(queue), writer: Some(writer), heads, syncs, written, forks: AtomicU64::new(0) })
+    }
+
+    fn call(&self, session: [u8; 16], kind: Kind) -> Result<Id> {
+        let (reply, rx) = oneshot::channel();
+        self.queue.as_ref().ok_or("closed")?.send(Request { session, kind, reply }).map_err(|_| "closed")?;
+        Ok(rx.recv().map_err(|_| "no reply")??)
+    }
+}
+
+struct Writer {
+    file: File,
+    offset: u64,
+    sessions: HashMap<[u8; 16], Session>,
+    content: HashSet<Id>,
+    seq: u64,
+    tip: Id,
+    frame: Vec<u8>,
+    heads: Arc<Mutex<HashMap<[u8; 16], Head>>>,
+    syncs: Arc<AtomicU64>,
+    written: Arc<AtomicU64>,
+}
+
+impl Writer {
+    fn run(&mut self, rx: Receiver<Request>) {
+        let mut previous = 1;
+        while let Ok(first) = rx.recv() {
+            let mut batch = vec![first];
+            let deadline = Instant::now() + GATHER_WAIT;
+            loop {
+                match rx.try_recv() {
+                    Ok(r) => batch.push(r),
+                    Err(_) if batch.len() < previous => match rx.recv_deadline(deadline) {
+                        Ok(r) => batch.push(r),
+                        Err(_) => break,
+                    },
+                    Err(_) => break,
+                }
+            }
+            previous = batch.len();
+            self.frame.clear();
+            let outcomes: Vec<_> = batch.iter().map(|r| self.decide(r)).collect();
+            if !self.frame.is_empty() {
+                if let Err(e) = self.append() {
+                    for r in batch {
+                        let _ = r.reply.send(Err(e.to_string()));
+                    }
+                    return;
+                }
+            }
+            {
+                let mut heads = self.heads.lock().unwrap_or_else(|e| e.into_inner());
+                for r in &batch {
+                    for session in [r.session].into_iter().chain(match &r.kind {
+                        Kind::Fork { child, .. } => Some(*child),
+                        _ => None,
+                    }) {
+                        if let Some(s) = self.sessions.get(&session) {
+                            heads.insert(session, Head { message_count: s.ids.len() as u64, events: s.stream_seq });
+                        }
+                    }
+                }
+            }
+            for (r, outcome) in batch.into_iter().zip(outcomes) {
+                let _ = r.reply.send(outcome);
+            }
+        }
+    }
+
+    /// Writes the frame at the write offset and waits for it to be durable.
+    fn append(&mut self) -> std::io::Result<()> {
+        if self.offset + self.frame.len() as u64 > FILE_BYTES {
+            self.offset = 0;
+        }
+        self.file.write_all_at(&self.frame, self.offset)?;
+        self.file.sync_data()?;
+        self.offset += self.frame.len() as u64;
+        self.syncs.fetch_add(1, Ordering::Relaxed);
+        self.written.fetch_add(self.frame.len() as u64, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Chains a record of `kind` for `session` into the frame, with the objects no
+    /// earlier record stored.
+    fn record(&mut self, session: &[u8; 16], stream_seq: u64, kind: u8, payload: &[u8], objects: &[&Object]) {
+        self.seq += 1;
+        let mut header = [0u8; 52];
+        header[0..4].copy_from_slice(b"ANNL");
+        header[4] = 2;
+        header[5] = kind;
+        header[8..16].copy_from_slice(&self.seq.to_le_bytes());
+        header[16..32].copy_from_slice(session);
+        header[32..40].copy_from_slice(&stream_seq.to_le_bytes());
+        header[48..52].copy_from_slice(&(payload.len() as u32).to_le_bytes());
+        let mut h = blake3::Hasher::new();
+        h.update(&self.tip);
+        h.update(&header);
+        h.update(blake3::hash(payload).as_bytes());
+        self.tip = *h.finalize().as_bytes();
+        self.frame.extend_from_slice(&header);
+        self.frame.extend_from_slice(payload);
+        self.frame.extend_from_slice(&self.tip);
+        for o in objects {
+            if self.content.insert(o.id) {
+                self.frame.extend_from_slice(&o.id);
+                self.frame.extend_from_slice(&(o.stored.len() as u32).to_le_bytes());
+                self.frame.extend_from_slice(&o.stored);
+            }
+        }
+    }
+
+    fn decide(&mut self, r: &Request) -> std::result::Result<Id, String> {
+        let mut payload = Vec::with_capacity(512);
+        let session = r.session;
+        match &r.kind {
+            Kind::Create { messages } => {
+                if self.sessions.contains_key(&session) {
+                    return Err("session exists".into());
+                }
+                let mut s = Session { stream_seq: 1, ..Session::default() };
+                let ids: Vec<Id> = messages.iter().map(|o| o.id).collect();
+                s.set_tail(0, &ids);
+                ids.iter().for_each(|id| payload.extend_from_slice(id));
+                let revision = s.revision;
+                self.sessions.insert(session, s);
+                self.record(&session, 1, 1, &payload, &messages.iter().collect::<Vec<_>>());
+                Ok(revision)
+            }
+            Kind::Turn { turn_id, expected, messages, usage } => {
+                let s = self.sessions.get_mut(&session).ok_or("no such session")?;
+                if let Some(revision) = s.turns.get(turn_id) {
+                    return Ok(*revision);
+                }
+                if s.revision != *expected {
+                    return Err("revision conflict".into());
+                }
+                let ids: Vec<Id> = messages.iter().map(|o| o.id).collect();
+                let len = s.ids.len();
+                s.set_tail(len, &ids);
+                s.stream_seq += 1;
+                s.usage = (s.usage.0 + usage.0, s.usage.1 + usage.1);
+                s.turns.insert(turn_id.clone(), s.revision);
+                payload.extend_from_slice(turn_id.as_bytes());
+                ids.iter().for_each(|id| payload.extend_from_slice(id));
+                payload.extend_from_slice(&s.revision);
+                let (stream_seq, revision) = (s.stream_seq, s.revision);
+                self.record(&session, stream_seq, 2, &payload, &messages.iter().collect::<Vec<_>>());
+                Ok(revision)
+            }
+            Kind::Context { key, object } => {
+                let s = self.sessions.get_mut(&session).ok_or("no such session")?;
+                if s.context.get(key) == Some(&object.id) {
+                    return Ok(s.revision);
+                }
+                s.context.insert(key.clone(), object.id);
+                s.stream_seq += 1;
+                payload.extend_from_slice(key.as_bytes());
+                payload.extend_from_slice(&object.id);
+                let (stream_seq, revision) = (s.stream_seq, s.revision);
+                self.record(&session, stream_seq, 6, &payload, &[object]);
+                Ok(revision)
+            }
+            Kind::Rewrite { expected, start, end, messages } => {
+                let s = self.sessions.get_mut(&session).ok_or("no such session")?;
+                if s.revision != *expected {
+                    return Err("revision conflict".into());
+                }
+                let (start, end) = (*start as usize, (*end as usize).min(s.ids.len()));
+                s.revisions.insert(s.revision, s.ids.clone());
+                let mut tail: Vec<Id> = messages.iter().map(|o| o.id).collect();
+                tail.extend_from_slice(&s.ids[end..]);
+                s.set_tail(start, &tail);
+                s.stream_seq += 1;
+                payload.extend_from_slice(expected);
+                messages.iter().for_each(|o| payload.extend_from_slice(&o.id));
+                let (stream_seq, revision) = (s.stream_seq, s.revision);
+                self.record(&session, stream_seq, 3, &payload, &messages.iter().collect::<Vec<_>>());
+                Ok(revision)
+            }
+            Kind::Restore { expected, target } => {
+                let s = self.sessions.get_mut(&session).ok_or("no such session")?;
+                if s.revision != *expected {
+                    return Err("revision conflict".into());
+                }
+                let ids = s.revisions.get(target).cloned().ok_or("unknown revision")?;
+                let common = s.ids.iter().zip(&ids).take_while(|(a, b)| a == b).count();
+                s.set_tail(common, &ids[common..]);
+                s.stream_seq += 1;
+                payload.extend_from_slice(target);
+                let (stream_seq, revision) = (s.stream_seq, s.revision);
+                self.record(&session, stream_seq, 3, &payload, &[]);
+                Ok(revision)
+            }
+            Kind::Fork { child, index } => {
+                let parent = self.sessions.get(&session).ok_or("no such session")?;
+                let n = (*index as usize).min(parent.ids.len());
+                let mut s = Session { stream_seq: 1, ..Session::default() };
+                s.ids = parent.ids[..n].to_vec();
+                s.chain = parent.chain[..n].to_vec();
+                s.revision = s.chain.last().copied().unwrap_or_else(chain_start);
+                payload.extend_from_slice(&session);
+                payload.extend_from_slice(&s.revision);
+                let revision = s.revision;
+                self.sessions.insert(*child, s);
+                self.record(child, 1, 1, &payload, &[]);
+                Ok(revision)
+            }
+        }
+    }
+}
+
+impl SessionStore for FloorStore {
+    fn kind(&self) -> StoreKind {
+        StoreKind::Floor
+    }
+
+    fn create(&self, id: [u8; 16], system: &Msg) -> Result<Cursor> {
+        let revision = self.call(id, Kind::Create { messages: vec![prepare(system)] })?;
+        Ok(Cursor { id, revision, before_compaction: revision })
+    }
+
+    fn apply(&self, cursor: &mut Cursor, op: &Op) -> Result<()> {
+        let kind = match op {
+            Op::Turn(t) => Kind::Turn {
+                turn_id: t.id.clone(),
+                expected: cursor.revision,
+                messages: t.messages.iter().map(prepare).collect(),
+                usage: t.usage,
+            },
+            Op::Context { key, content } => {
+                let m = Msg { role: Role::System, content_type: "text/plain", body: content.clone() };
+                Kind::Context { key: key.clone(), object: prepare(&m) }
+            }
+            Op::Compact { start, end, summary } => {
+                Kind::Rewrite { expected: cursor.revision, start: *start, end: *end, messages: vec![prepare(summary)] }
+            }
+            Op::Restore => Kind::Restore { expected: cursor.revision, target: cursor.before_compaction },
+            Op::Fork { index } => {
+                let child = fork_id(self.forks.fetch_add(1, Ordering::Relaxed));
+                self.call(cursor.id, Kind::Fork { child, index: *index })?;
+                return Ok(());
+            }
+        };
+        let compacting = matches!(op, Op::Compact { .. });
+        let revision = self.call(cursor.id, kind)?;
+        if compacting {
+            cursor.before_compaction = cursor.revision;
+        }
+        cursor.revision = revision;
+        Ok(())
+    }
+
+    fn head(&self, id: [u8; 16]) -> Result<Head> {
+        let heads = self.heads.lock().unwrap_or_else(|e| e.into_inner());
+        Ok(*heads.get(&id).ok_or("no such session")?)
+    }
+
+    fn page(&self, _: [u8; 16], _: u64, _: u64) -> Result<u64> {
+        Err("the floor keeps no transcript to read".into())
+    }
+
+    fn rebuild(&self) -> Result<u64> {
+        Err("the floor keeps no projection to rebuild".into())
+    }
+
+    fn syncs(&self) -> Option<u64> {
+        Some(self.syncs.load(Ordering::Relaxed))
+    }
+
+    fn written_bytes(&self) -> Option<u64> {
+        Some(self.written.load(Ordering::Relaxed))
+    }
+
+    fn close(mut self: Box<Self>) -> Result<()> {
+        drop(self.queue.take());
+        if let Some(writer) = self.writer.take() {
+            writer.join().map_err(|_| "the floor's writer panicked")?;
+        }
+        Ok(())
+    }
+}
