@@ -90,7 +90,8 @@ impl Projection {
             Projection::Labels => 2,
             // 2: the transcript in chunks of 128 content ids, and its chain values every
             // 128 positions (`crate::transcript`).
-            Projection::Transcript => 2,
+            // 3: the last chunk in pieces of 32 positions (it was a row per position).
+            Projection::Transcript => 3,
             _ => 1,
         }
     }

@@ -4,20 +4,22 @@
 //! - **Ids.** A full chunk `k` (positions `128k .. 128k + 128`, all below the transcript's
 //!   length) is one row of [`Table::Transcript`] under `session ‖ k` (u64 big-endian): 128
 //!   content ids of 32 bytes, with no other framing. The last chunk, while it is not full,
-//!   is kept as one row per position under `session ‖ k ‖ offset` (one byte, `0..127`),
-//!   each a single id. The turn that fills a chunk replaces its single rows with the
-//!   chunk's row.
+//!   is kept in pieces of 32 positions: piece `p` under `session ‖ k ‖ p` (one byte, `0..4`)
+//!   holds the ids of positions `128k + 32p ..`, 1 to 32 of them. A turn rewrites the piece
+//!   it appends to (and starts the next one); the turn that fills a chunk replaces its
+//!   pieces with the chunk's row. (Version 2 kept a row per position of the last chunk.)
 //! - **Chain values.** Checkpoint `j` is `c(128 (j + 1))`, the chain value over the first
 //!   `128 (j + 1)` messages, for every such prefix of the transcript. Row `b` of
 //!   [`Table::TranscriptChains`], under `session ‖ b` (u64 big-endian), holds checkpoints
 //!   `64b ..` (at most 64), 32 bytes each, no other framing. The chain value at any
 //!   position is the checkpoint before it extended over at most 127 ids.
 //!
-//! A turn writes a row per message (and, every 128 messages, a chunk and a checkpoint).
-//! An edit that keeps the length rewrites the chunks it touches and the checkpoints after
-//! it (32 bytes per 128 later positions); a splice that moves positions rewrites the
-//! chunks from its start. A fork copies one row per 128 positions. `docs/design.md` §5 has
-//! the layout with the other tables.
+//! A turn rewrites one piece, about 512 bytes on average (two rows when it crosses a piece
+//! boundary, and every 128 messages a chunk row and a checkpoint). An edit that keeps the
+//! length rewrites the rows it touches and the checkpoints after it (32 bytes per 128 later
+//! positions); a splice that moves positions rewrites the chunks from its start. A fork
+//! copies one row per 128 positions. A page read reads a row per 128 positions (a piece per
+//! 32 in the last chunk). `docs/design.md` §5 has the layout with the other tables.
 
 use crate::error::{Error, Location, Result};
 use crate::projection::TranscriptRow;
@@ -26,6 +28,9 @@ use annal_codec::{ContentId, RevisionId, SessionId};
 
 /// Positions per chunk, and between two checkpoints.
 pub const CHUNK: u64 = 128;
+
+/// Positions per piece of a chunk that is not full.
+pub const PIECE: u64 = 32;
 
 /// Checkpoints per row of [`Table::TranscriptChains`].
 pub const CHECKPOINTS_PER_ROW: u64 = 64;
@@ -37,9 +42,9 @@ fn key(session: &SessionId, chunk: u64) -> Vec<u8> {
     keys::session_u64(session, chunk)
 }
 
-fn single_key(session: &SessionId, pos: u64) -> Vec<u8> {
-    let mut k = keys::session_u64(session, pos / CHUNK);
-    k.push((pos % CHUNK) as u8);
+fn piece_key(session: &SessionId, chunk: u64, piece: u64) -> Vec<u8> {
+    let mut k = keys::session_u64(session, chunk);
+    k.push(piece as u8);
     k
 }
 
@@ -47,16 +52,9 @@ fn corrupt(table: Table, key: &[u8], detail: &str) -> Error {
     Error::corrupt(Location::Projection { table: table.name(), key: hex(key) }, detail)
 }
 
-/// Reads full chunk `chunk` of `session`; `None` when it is not stored as a full chunk.
-fn read_chunk<S: Store + ?Sized>(store: &S, session: &SessionId, chunk: u64) -> Result<Option<Vec<u8>>> {
-    let k = key(session, chunk);
-    match store.get(Table::Transcript, &k)? {
-        None => Ok(None),
-        Some(bytes) if bytes.len() != CHUNK as usize * ID => {
-            Err(corrupt(Table::Transcript, &k, "transcript chunk is not 128 ids"))
-        }
-        Some(bytes) => Ok(Some(bytes)),
-    }
+/// Ids chunk `chunk` holds in a transcript `len` long.
+fn held(chunk: u64, len: u64) -> u64 {
+    len.saturating_sub(chunk * CHUNK).min(CHUNK)
 }
 
 /// Appends the ids of positions `from..to` (all inside one chunk) to `out`, as bytes.
@@ -64,8 +62,8 @@ fn read_ids<S: Store + ?Sized>(store: &S, session: &SessionId, from: u64, to: u6
     each_ids(store, session, from, to, |bytes| out.extend_from_slice(bytes))
 }
 
-/// Hands the ids of positions `from..to` (all inside one chunk) to `emit`, as bytes: the
-/// chunk's slice once, or each single row's id, straight from the rows read.
+/// Hands the ids of positions `from..to` (all inside one chunk) to `emit`, as bytes,
+/// straight from the rows read: one slice of a full chunk's row, or one of each piece.
 fn each_ids<S: Store + ?Sized>(
     store: &S,
     session: &SessionId,
@@ -73,6 +71,9 @@ fn each_ids<S: Store + ?Sized>(
     to: u64,
     mut emit: impl FnMut(&[u8]),
 ) -> Result<()> {
+    if from >= to {
+        return Ok(());
+    }
     let chunk = from / CHUNK;
     let k = key(session, chunk);
     let mut whole = false;
@@ -91,16 +92,65 @@ fn each_ids<S: Store + ?Sized>(
     if whole {
         return Ok(());
     }
-    for pos in from..to {
-        let k = single_key(session, pos);
+    let (first, last) = ((from - chunk * CHUNK) / PIECE, (to - 1 - chunk * CHUNK) / PIECE);
+    for piece in first..=last {
+        let start = chunk * CHUNK + piece * PIECE;
+        let (a, b) = (from.max(start) - start, to.min(start + PIECE) - start);
+        let k = piece_key(session, chunk, piece);
         store.read(Table::Transcript, &k, &mut |bytes| match bytes {
-            Some(bytes) if bytes.len() == ID => {
-                emit(bytes);
+            Some(bytes) if bytes.is_empty() || bytes.len() % ID != 0 || bytes.len() > PIECE as usize * ID => {
+                Err(corrupt(Table::Transcript, &k, "transcript piece is not 1 to 32 ids"))
+            }
+            Some(bytes) if bytes.len() >= b as usize * ID => {
+                emit(&bytes[a as usize * ID..b as usize * ID]);
                 Ok(())
             }
-            Some(_) => Err(corrupt(Table::Transcript, &k, "transcript row is not one id")),
-            None => Err(corrupt(Table::Transcript, &k, "missing row")),
+            _ => Err(corrupt(Table::Transcript, &k, "missing row")),
         })?;
+    }
+    Ok(())
+}
+
+/// Stores chunk `chunk`'s ids `bytes` (all of them, from the chunk's first position),
+/// where it held `old` ids before and its positions before `same` did not change: a full
+/// chunk as its row, a partial one as its pieces from the one holding `same` on. What
+/// stored its old ids and is no longer needed is removed.
+fn store_chunk<S: Store + ?Sized>(
+    store: &mut S,
+    session: &SessionId,
+    chunk: u64,
+    bytes: &[u8],
+    old: u64,
+    same: u64,
+) -> Result<()> {
+    let n = (bytes.len() / ID) as u64;
+    if n == CHUNK {
+        store.put(Table::Transcript, &key(session, chunk), bytes)?;
+        if old < CHUNK {
+            remove_pieces(store, session, chunk, 0, old)?;
+        }
+        return Ok(());
+    }
+    let first = if old == CHUNK {
+        store.remove(Table::Transcript, &key(session, chunk))?;
+        0
+    } else {
+        same.min(old) / PIECE
+    };
+    for piece in first..n.div_ceil(PIECE) {
+        let (a, b) = ((piece * PIECE) as usize * ID, bytes.len().min(((piece + 1) * PIECE) as usize * ID));
+        store.put(Table::Transcript, &piece_key(session, chunk, piece), &bytes[a..b])?;
+    }
+    if old < CHUNK {
+        remove_pieces(store, session, chunk, n, old)?;
+    }
+    Ok(())
+}
+
+/// Removes the pieces of chunk `chunk` past its first `keep` ids, of the `old` it held.
+fn remove_pieces<S: Store + ?Sized>(store: &mut S, session: &SessionId, chunk: u64, keep: u64, old: u64) -> Result<()> {
+    for piece in keep.div_ceil(PIECE)..old.div_ceil(PIECE) {
+        store.remove(Table::Transcript, &piece_key(session, chunk, piece))?;
     }
     Ok(())
 }
@@ -179,52 +229,13 @@ pub fn rows<S: Store + ?Sized>(store: &S, session: &SessionId, from: u64, to: u6
 pub fn row<S: Store + ?Sized>(store: &S, session: &SessionId, pos: u64) -> Result<TranscriptRow> {
     rows(store, session, pos, pos + 1)?
         .pop()
-        .ok_or_else(|| corrupt(Table::Transcript, &single_key(session, pos), "missing row"))
-}
-
-/// Stores the ids `bytes` of positions `from..` of chunk `chunk` of a transcript
-/// `len` long: as the chunk's row when the chunk is full (then `bytes` is the whole
-/// chunk), else as single rows.
-fn write_ids<S: Store + ?Sized>(
-    store: &mut S,
-    session: &SessionId,
-    chunk: u64,
-    from: u64,
-    bytes: &[u8],
-    len: u64,
-) -> Result<()> {
-    if len >= (chunk + 1) * CHUNK {
-        debug_assert_eq!(from, chunk * CHUNK);
-        return store.put(Table::Transcript, &key(session, chunk), bytes);
-    }
-    for (i, id) in bytes.chunks_exact(ID).enumerate() {
-        store.put(Table::Transcript, &single_key(session, from + i as u64), id)?;
-    }
-    Ok(())
-}
-
-/// Removes what stores positions `from..to` (inside chunk `chunk`) of a transcript that
-/// was `len` long.
-fn remove_ids<S: Store + ?Sized>(
-    store: &mut S,
-    session: &SessionId,
-    chunk: u64,
-    from: u64,
-    to: u64,
-    len: u64,
-) -> Result<()> {
-    if len >= (chunk + 1) * CHUNK {
-        return store.remove(Table::Transcript, &key(session, chunk));
-    }
-    for pos in from..to {
-        store.remove(Table::Transcript, &single_key(session, pos))?;
-    }
-    Ok(())
+        .ok_or_else(|| corrupt(Table::Transcript, &key(session, pos / CHUNK), "missing row"))
 }
 
 /// Replaces the ids of positions `start..old_len` with `ids` (the transcript becomes
 /// `start + ids.len()` long). Only the chunks from the one holding `start` are read or
-/// written, and what stored positions past the new end is removed.
+/// written: that chunk's ids before `start` are kept, and what stored positions past the
+/// new end is removed.
 fn splice_ids<S: Store + ?Sized>(
     store: &mut S,
     session: &SessionId,
@@ -232,40 +243,31 @@ fn splice_ids<S: Store + ?Sized>(
     old_len: u64,
     new: &[ContentId],
 ) -> Result<()> {
-    let new_len = start + new.len() as u64;
-    let first = start / CHUNK;
-    let first_start = first * CHUNK;
-    // The first chunk's positions before `start` stay. They are rewritten with the rest
-    // of the chunk only when it changes form (partial to full, or back); a partial chunk
-    // that stays partial keeps its single rows.
+    let mut chunk = start / CHUNK;
+    let mut same = start - chunk * CHUNK;
     let mut buf = Vec::with_capacity(CHUNK as usize * ID);
-    let mut from = start;
-    if start > first_start && (old_len >= (first + 1) * CHUNK || new_len >= (first + 1) * CHUNK) {
-        read_ids(store, session, first_start, start, &mut buf)?;
-        from = first_start;
-    }
-    for chunk in first..old_len.div_ceil(CHUNK) {
-        let lo = if chunk == first { from } else { chunk * CHUNK };
-        remove_ids(store, session, chunk, lo, old_len.min((chunk + 1) * CHUNK), old_len)?;
-    }
-    let mut chunk = first;
+    read_ids(store, session, chunk * CHUNK, start, &mut buf)?;
     for id in new {
         buf.extend_from_slice(&id.0);
-        if from + (buf.len() / ID) as u64 == (chunk + 1) * CHUNK {
-            write_ids(store, session, chunk, from, &buf, new_len)?;
+        if buf.len() == CHUNK as usize * ID {
+            store_chunk(store, session, chunk, &buf, held(chunk, old_len), same)?;
             buf.clear();
             chunk += 1;
-            from = chunk * CHUNK;
+            same = 0;
         }
     }
     if !buf.is_empty() {
-        write_ids(store, session, chunk, from, &buf, new_len)?;
+        store_chunk(store, session, chunk, &buf, held(chunk, old_len), same)?;
+        chunk += 1;
+    }
+    for stale in chunk..old_len.div_ceil(CHUNK) {
+        store_chunk(store, session, stale, &[], held(stale, old_len), 0)?;
     }
     Ok(())
 }
 
 /// Overwrites the ids of positions `start..start + new.len()`, all below the transcript's
-/// length `len`, which does not change: only the chunks holding them are written.
+/// length `len`, which does not change: only the rows holding them are written.
 fn overwrite_ids<S: Store + ?Sized>(
     store: &mut S,
     session: &SessionId,
@@ -277,19 +279,14 @@ fn overwrite_ids<S: Store + ?Sized>(
     while !rest.is_empty() {
         let chunk = pos / CHUNK;
         let n = (((chunk + 1) * CHUNK - pos) as usize).min(rest.len());
-        if len >= (chunk + 1) * CHUNK {
-            let k = key(session, chunk);
-            let mut bytes =
-                read_chunk(store, session, chunk)?.ok_or_else(|| corrupt(Table::Transcript, &k, "missing row"))?;
-            let at = (pos - chunk * CHUNK) as usize * ID;
-            for (i, id) in rest[..n].iter().enumerate() {
-                bytes[at + i * ID..at + (i + 1) * ID].copy_from_slice(&id.0);
-            }
-            store.put(Table::Transcript, &k, &bytes)?;
-        } else {
-            let bytes: Vec<u8> = rest[..n].iter().flat_map(|id| id.0).collect();
-            write_ids(store, session, chunk, pos, &bytes, len)?;
+        let held = held(chunk, len);
+        let mut bytes = Vec::with_capacity(held as usize * ID);
+        read_ids(store, session, chunk * CHUNK, chunk * CHUNK + held, &mut bytes)?;
+        let at = (pos - chunk * CHUNK) as usize * ID;
+        for (slot, id) in bytes[at..at + n * ID].chunks_exact_mut(ID).zip(&rest[..n]) {
+            slot.copy_from_slice(&id.0);
         }
+        store_chunk(store, session, chunk, &bytes, held, pos - chunk * CHUNK)?;
         pos += n as u64;
         rest = &rest[n..];
     }
@@ -376,20 +373,23 @@ pub(crate) fn splice<S: Store + ?Sized>(
 
 /// Copies the first `len` positions of `from`'s transcript to `to` (a fork): full chunks
 /// and checkpoint rows byte for byte (the chain values of a prefix do not depend on the
-/// session), the last partial chunk as single rows, the last checkpoint row cut.
+/// session), the last partial chunk as pieces, the last checkpoint row cut.
 pub(crate) fn copy_prefix<S: Store + ?Sized>(store: &mut S, from: &SessionId, to: &SessionId, len: u64) -> Result<()> {
+    let mut buf = Vec::with_capacity(CHUNK as usize * ID);
     for chunk in 0..len.div_ceil(CHUNK) {
-        let end = len.min((chunk + 1) * CHUNK);
-        if end == (chunk + 1) * CHUNK {
+        let n = held(chunk, len);
+        if n == CHUNK {
             // A whole chunk is copied as the row it is, its buffer handed over.
-            if let Some(bytes) = read_chunk(store, from, chunk)? {
-                store.put_vec(Table::Transcript, &key(to, chunk), bytes)?;
-                continue;
+            if let Some(bytes) = store.get(Table::Transcript, &key(from, chunk))? {
+                if bytes.len() == CHUNK as usize * ID {
+                    store.put_vec(Table::Transcript, &key(to, chunk), bytes)?;
+                    continue;
+                }
             }
         }
-        let mut buf = Vec::with_capacity(CHUNK as usize * ID);
-        read_ids(store, from, chunk * CHUNK, end, &mut buf)?;
-        write_ids(store, to, chunk, chunk * CHUNK, &buf, len)?;
+        buf.clear();
+        read_ids(store, from, chunk * CHUNK, chunk * CHUNK + n, &mut buf)?;
+        store_chunk(store, to, chunk, &buf, 0, 0)?;
     }
     let checkpoints = len / CHUNK;
     for row in 0..checkpoints.div_ceil(CHECKPOINTS_PER_ROW) {
