@@ -16,6 +16,7 @@
 //! hold, so which snapshot of the projections file a view got does not change what it
 //! reads.
 
+use crate::cache::ContentCache;
 use crate::error::{Error, Location, Result};
 use crate::journal::{SealedBatch, Tail};
 use crate::projection::SessionHead;
@@ -214,6 +215,9 @@ impl Checkpoint {
 /// from what it had.
 pub(crate) struct Delta {
     state: RwLock<State>,
+    /// Verified content objects every view of this delta reads first (the engine's own;
+    /// read-only openers have none).
+    content_cache: Option<Arc<ContentCache>>,
     /// Signalled whenever a layer is checkpointed (backpressure and drains wait on it).
     progress: (Mutex<()>, Condvar),
 }
@@ -232,7 +236,21 @@ impl Delta {
                 heads: HashMap::default(),
             }),
             progress: (Mutex::new(()), Condvar::new()),
+            content_cache: None,
         })
+    }
+
+    /// This delta with a content cache of `bytes` (none for 0) that its views read first.
+    pub fn with_content_cache(mut self, bytes: u64) -> Delta {
+        self.content_cache = ContentCache::new(bytes).map(Arc::new);
+        self
+    }
+
+    /// Forgets `ids` from the content cache (a content collection removed them).
+    pub fn forget_content(&self, ids: &[ContentId]) {
+        if let Some(cache) = &self.content_cache {
+            cache.forget(ids);
+        }
     }
 
     /// A consistent view at the last published batch.
@@ -244,6 +262,7 @@ impl Delta {
             layers: state.layers.clone(),
             ckpt: state.checkpoint.clone(),
             log: state.log.clone(),
+            cache: self.content_cache.clone(),
             content: std::cell::OnceCell::new(),
             records: std::cell::OnceCell::new(),
         }
@@ -407,6 +426,8 @@ pub struct View {
     layers: Vec<LayerRef>,
     ckpt: Arc<Checkpoint>,
     log: LogSnap,
+    /// The engine's content cache, if it has one.
+    cache: Option<Arc<ContentCache>>,
     /// The log file's content table, opened at the first content read of this view.
     content: std::cell::OnceCell<redb::ReadOnlyTable<u64, &'static [u8]>>,
     /// The log file's record table, opened at the first record read of this view.
@@ -586,22 +607,43 @@ impl View {
         }
     }
 
-    /// A content object, verified against its id, if it is stored at this view's seq.
+    /// A content object, verified against its id, if it is stored at this view's seq:
+    /// from the engine's content cache when it holds it, else read (and then cached).
     pub fn content(&self, id: &ContentId, object_bytes_max: u64) -> Result<Option<Vec<u8>>> {
+        self.with_content(id, object_bytes_max, |bytes| Ok(bytes.to_vec()))
+    }
+
+    /// Calls `f` with the bytes of content object `id` (verified against its id) if it is
+    /// stored at this view's seq, borrowed from the content cache when it holds them.
+    pub(crate) fn with_content<T>(
+        &self,
+        id: &ContentId,
+        object_bytes_max: u64,
+        f: impl FnOnce(&[u8]) -> Result<T>,
+    ) -> Result<Option<T>> {
+        if let Some(bytes) = self.cache.as_ref().and_then(|c| c.get(id, self.seq)) {
+            return f(&bytes).map(Some);
+        }
         let Some(seq) = self.content_seq(id)? else {
             return Ok(None);
         };
-        if let Some(row) = self.log.tail.get(seq) {
-            return crate::log::object_in_row(&row.content, seq, id, object_bytes_max).map(Some);
-        }
-        let content = match self.content.get() {
-            Some(table) => table,
+        let bytes = match self.log.tail.get(seq) {
+            Some(row) => crate::log::object_in_row(&row.content, seq, id, object_bytes_max)?,
             None => {
-                let table = self.log.txn.open_table(CONTENT)?;
-                self.content.get_or_init(|| table)
+                let content = match self.content.get() {
+                    Some(table) => table,
+                    None => {
+                        let table = self.log.txn.open_table(CONTENT)?;
+                        self.content.get_or_init(|| table)
+                    }
+                };
+                crate::log::read_object(content, seq, id, object_bytes_max)?
             }
         };
-        crate::log::read_object(content, seq, id, object_bytes_max).map(Some)
+        if let Some(cache) = &self.cache {
+            cache.put(*id, seq, &bytes);
+        }
+        f(&bytes).map(Some)
     }
 
     /// The seq whose content row holds `id`, from the content-id index.

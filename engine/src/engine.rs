@@ -50,6 +50,12 @@ pub struct Options {
     pub queue_depth: usize,
     /// redb page cache in bytes.
     pub cache_bytes: usize,
+    /// Bytes of content objects (message bodies, context, tool payloads) kept in memory
+    /// once read and verified, so that reading them again (the recent messages of a
+    /// session, at every turn) skips the content index, the read, decompression and
+    /// hashing. Default 64 MiB; 0 turns it off. An object larger than a sixteenth of it
+    /// is not kept.
+    pub content_cache_bytes: usize,
     /// Verify every page of the file at open (redb's integrity check: checksums of the
     /// committed trees, allocator state rebuilt). Costs a read of the whole file and a
     /// commit. Off by default; an open that fails on damaged data is retried with the
@@ -94,6 +100,7 @@ impl Default for Options {
             batch_commands_max: 1024,
             queue_depth: 4096,
             cache_bytes: 256 << 20,
+            content_cache_bytes: 64 << 20,
             multi_process_readers: true,
             check_integrity_on_open: false,
             checkpoint: CheckpointPolicy::default(),
@@ -425,7 +432,8 @@ impl Engine {
         }
         let log = Arc::new(Db::new(log));
         let projections = Arc::new(Db::new(projections));
-        let delta = Arc::new(Delta::new(projections.begin_read()?, log.begin_read()?, tip.seq, tip.hash)?);
+        let delta = Delta::new(projections.begin_read()?, log.begin_read()?, tip.seq, tip.hash)?;
+        let delta = Arc::new(delta.with_content_cache(options.content_cache_bytes as u64));
         let poisoned = Arc::new(AtomicBool::new(false));
         let stats = Arc::new(EngineStats::default());
         let renewals = Arc::new(Mutex::new(crate::decide::Renewals::new()));

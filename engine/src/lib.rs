@@ -274,6 +274,7 @@
 #![deny(missing_docs)]
 
 mod absorb;
+mod cache;
 pub mod checkpoint;
 pub mod clock;
 pub mod collect;

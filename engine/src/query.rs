@@ -385,11 +385,12 @@ pub fn list_sessions(view: &View, limits: &Limits, q: &ListQuery) -> Result<Page
 }
 
 fn load_message(view: &View, limits: &Limits, id: &ContentId) -> Result<MessageObject> {
-    let bytes = view
-        .content(id, limits.message_object_bytes_max())?
-        .ok_or_else(|| Error::corrupt(Location::Content { id: id.to_hex() }, "missing content object"))?;
-    decode_message(&bytes, limits.message_object_bytes_max())
-        .map_err(|e| Error::corrupt(Location::Content { id: id.to_hex() }, format!("not a message: {e}")))
+    let max = limits.message_object_bytes_max();
+    let decoded = view.with_content(id, max, |bytes| {
+        decode_message(bytes, max)
+            .map_err(|e| Error::corrupt(Location::Content { id: id.to_hex() }, format!("not a message: {e}")))
+    })?;
+    decoded.ok_or_else(|| Error::corrupt(Location::Content { id: id.to_hex() }, "missing content object"))
 }
 
 /// Loads the messages of `rows` (position, content id, chain) into `page`, stopping

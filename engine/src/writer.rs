@@ -391,6 +391,7 @@ fn sweep_batch(
         return Ok(swept);
     }
     txn.commit()?;
+    shared.delta.forget_content(&swept.removed);
     let mut overlay = Overlay::new(&view);
     crate::evolve::content_collected(&mut overlay, &swept.removed)?;
     let writes = overlay.into_writes();
