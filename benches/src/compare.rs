@@ -295,6 +295,7 @@ fn commit_level(
     }
     let syncs_before = store.syncs();
     let written_before = store.written_bytes();
+    let by_file_before = store.written_bytes_by_file();
     let io_before = process_write_bytes();
     let barrier = Barrier::new(level + 1);
     let (wall, results) = std::thread::scope(|scope| {
@@ -332,6 +333,10 @@ fn commit_level(
     if let (Some(before), Some(after)) = (written_before, store.written_bytes()) {
         let per_commit = (after - before) as f64 / commits.max(1) as f64;
         report.push(Entry::new(name, "written_bytes_per_commit", c, per_commit, "bytes"));
+    }
+    for ((file, before), (_, after)) in by_file_before.iter().zip(store.written_bytes_by_file()) {
+        let per_commit = (after - before) as f64 / commits.max(1) as f64;
+        report.push(Entry::new(name, &format!("written_bytes_per_commit_{file}"), c, per_commit, "bytes"));
     }
     if let (Some(before), Some(after)) = (io_before, process_write_bytes()) {
         let per_commit = after.saturating_sub(before) as f64 / commits.max(1) as f64;

@@ -47,6 +47,17 @@ fn tiny_compare_writes_every_store_and_metric() {
     }
     assert!(results.iter().any(|r| r["store"] == "machine" && r["metric"] == "fdatasync_per_s"));
     assert!(results.iter().any(|r| r["store"] == "annal" && r["metric"] == "commits_per_fsync"));
+    // annal's bytes by file add up to its total, at every level.
+    for level in &config.scale.levels {
+        let c = Some(*level as u32);
+        let total = report.get("annal", "written_bytes_per_commit", c).unwrap();
+        let files: Vec<f64> = ["journal", "log", "projections"]
+            .iter()
+            .map(|f| report.get("annal", &format!("written_bytes_per_commit_{f}"), c).unwrap())
+            .collect();
+        assert!(files.iter().all(|b| *b > 0.0), "{files:?}");
+        assert!((files.iter().sum::<f64>() - total).abs() < 1e-6 * total.max(1.0), "{files:?} against {total}");
+    }
 
     // Every store folded the same number of events from the same workload.
     let stores = || StoreKind::ALL.into_iter().filter(|s| !s.commits_only());

@@ -2,8 +2,8 @@
 //! default (durable) options, and writes that name the head they were computed from.
 //!
 //! The engine runs on redb's file backend wrapped in [`FaultyBackend`] with no faults
-//! switched on. The wrapper only counts `sync_data` calls, so the harness can report
-//! how many commits each fsync carried.
+//! switched on. The wrapper only counts `sync_data` calls and the bytes written, so the
+//! harness can report how many commits each fsync carried and what each file wrote.
 
 use super::{fork_id, Cursor, Head, SessionStore, StoreKind};
 use crate::workload::{Msg, Op, Role, Turn};
@@ -23,7 +23,9 @@ pub const FILE: &str = "annal.redb";
 pub struct AnnalStore {
     kind: StoreKind,
     engine: Engine,
-    faults: Faults,
+    /// The counters of each file: the log file, the projections file, the journal (its
+    /// two files together).
+    files: [(&'static str, Faults); 3],
     forks: AtomicU64,
 }
 
@@ -51,8 +53,9 @@ fn turn_command(session: SessionId, t: &Turn, expected: Expected) -> CommitTurn 
 
 impl AnnalStore {
     /// Opens (or creates) `dir/annal.redb`, its projections file and its journal with
-    /// default options. The three files sit behind one [`Faults`], so its counters
-    /// (fsyncs, bytes written) cover the journal, the log and every checkpoint.
+    /// default options. Each file sits behind a [`Faults`] of its own (the journal's two
+    /// files behind one), and the store's counters (fsyncs, bytes written) are their
+    /// sums: the journal, the log and every checkpoint.
     pub fn open(dir: &Path) -> Result<AnnalStore> {
         AnnalStore::open_with(dir, Options::default())
     }
@@ -60,18 +63,18 @@ impl AnnalStore {
     /// Opens (or creates) the store with `options`.
     pub fn open_with(dir: &Path, options: Options) -> Result<AnnalStore> {
         let options_other_mode = options.multi_process_readers != Options::default().multi_process_readers;
-        let faults = Faults::new();
-        let backend = |path: &Path| -> Result<FaultyBackend<redb::backends::FileBackend>> {
+        let files = [("log", Faults::new()), ("projections", Faults::new()), ("journal", Faults::new())];
+        let backend = |path: &Path, faults: &Faults| -> Result<FaultyBackend<redb::backends::FileBackend>> {
             let file = std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(false).open(path)?;
             Ok(FaultyBackend::new(redb::backends::FileBackend::new(file)?, faults.clone()))
         };
-        let log = backend(&dir.join(FILE))?;
-        let projections = backend(&annal::projections_path(dir.join(FILE)))?;
+        let log = backend(&dir.join(FILE), &files[0].1)?;
+        let projections = backend(&annal::projections_path(dir.join(FILE)), &files[1].1)?;
         let [first, second] = annal::journal_paths(&dir.join(FILE));
-        let journal = [backend(&first)?, backend(&second)?];
+        let journal = [backend(&first, &files[2].1)?, backend(&second, &files[2].1)?];
         let engine = Engine::open_with_journal(log, projections, journal, options)?;
         let kind = if options_other_mode { StoreKind::AnnalOtherMode } else { StoreKind::Annal };
-        Ok(AnnalStore { kind, engine, faults, forks: AtomicU64::new(0) })
+        Ok(AnnalStore { kind, engine, files, forks: AtomicU64::new(0) })
     }
 }
 
@@ -182,11 +185,15 @@ impl SessionStore for AnnalStore {
     }
 
     fn syncs(&self) -> Option<u64> {
-        Some(self.faults.syncs())
+        Some(self.files.iter().map(|(_, f)| f.syncs()).sum())
     }
 
     fn written_bytes(&self) -> Option<u64> {
-        Some(self.faults.bytes_written())
+        Some(self.files.iter().map(|(_, f)| f.bytes_written()).sum())
+    }
+
+    fn written_bytes_by_file(&self) -> Vec<(&'static str, u64)> {
+        self.files.iter().map(|(name, f)| (*name, f.bytes_written())).collect()
     }
 
     fn quiesce(&self) -> Result<()> {

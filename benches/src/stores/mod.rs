@@ -169,6 +169,12 @@ pub trait SessionStore: Send + Sync {
         None
     }
 
+    /// [`SessionStore::written_bytes`] by file (a name for each), when the store
+    /// counts its files apart; empty otherwise.
+    fn written_bytes_by_file(&self) -> Vec<(&'static str, u64)> {
+        Vec::new()
+    }
+
     /// Finishes background work the commits left behind (annal: checkpoints the delta),
     /// so that the bytes it writes are counted with the commits that caused them.
     fn quiesce(&self) -> Result<()> {
