@@ -48,7 +48,7 @@ pub(crate) struct Layer {
     /// Physical key → versions, oldest first: point reads are one hash lookup.
     rows: HashMap<Arc<[u8]>, Versions, Hasher>,
     /// The same keys in physical order, for scans and checkpoints.
-    order: BTreeSet<Arc<[u8]>>,
+    order: BTreeSet<OrderKey>,
     /// The last seq folded into this layer.
     pub last_seq: u64,
     /// `h(last_seq)`.
@@ -87,7 +87,7 @@ impl Layer {
                 Entry::Occupied(mut versions) => versions.get_mut().push((seq, value)),
                 Entry::Vacant(slot) => {
                     self.bytes += 2 * slot.key().len() as u64;
-                    self.order.insert(slot.key().clone());
+                    self.order.insert(OrderKey::new(slot.key().clone()));
                     slot.insert(Versions { first: (seq, value), rest: Vec::new() });
                 }
             }
@@ -100,12 +100,57 @@ impl Layer {
 
     /// Every row's newest version, in physical key order: what a checkpoint writes.
     pub fn newest(&self) -> impl Iterator<Item = (&[u8], &Value)> {
-        self.order.iter().filter_map(|k| self.rows.get(k).map(|v| (&**k, &v.last().1)))
+        self.order.iter().filter_map(|k| self.rows.get(&k.key).map(|v| (&*k.key, &v.last().1)))
     }
 
     /// Rows in this layer.
     pub fn rows(&self) -> usize {
         self.rows.len()
+    }
+}
+
+/// A physical key in a layer's ordered set. Its first 32 bytes, zero-padded, are held as
+/// two big-endian integers compared before the bytes: keys of one table and session
+/// differ within them, so most comparisons of an insert are two integer compares instead
+/// of a `memcmp` call. The order is the keys' byte order: zero padding ties only a key
+/// with the same key extended by zero bytes, and the full comparison then puts the
+/// shorter first.
+#[derive(Debug)]
+struct OrderKey {
+    head: (u128, u128),
+    key: Arc<[u8]>,
+}
+
+impl OrderKey {
+    fn new(key: Arc<[u8]>) -> OrderKey {
+        let part = |from: usize| {
+            let mut bytes = [0u8; 16];
+            let rest = key.get(from..).unwrap_or(&[]);
+            let n = rest.len().min(16);
+            bytes[..n].copy_from_slice(&rest[..n]);
+            u128::from_be_bytes(bytes)
+        };
+        OrderKey { head: (part(0), part(16)), key }
+    }
+}
+
+impl PartialEq for OrderKey {
+    fn eq(&self, other: &OrderKey) -> bool {
+        self.head == other.head && self.key == other.key
+    }
+}
+
+impl Eq for OrderKey {}
+
+impl PartialOrd for OrderKey {
+    fn partial_cmp(&self, other: &OrderKey) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for OrderKey {
+    fn cmp(&self, other: &OrderKey) -> std::cmp::Ordering {
+        self.head.cmp(&other.head).then_with(|| self.key.cmp(&other.key))
     }
 }
 
@@ -554,8 +599,8 @@ impl View {
         let mut delta: BTreeMap<Vec<u8>, Value> = BTreeMap::new();
         for layer in &self.layers {
             let layer = layer.read();
-            let from: Arc<[u8]> = Arc::from(start);
-            for k in layer.order.range(from..) {
+            for k in layer.order.range(OrderKey::new(Arc::from(start))..) {
+                let k = &k.key;
                 if !k.starts_with(prefix) {
                     break;
                 }
@@ -749,5 +794,37 @@ mod tests {
         assert_eq!(layer.get_at(&h1, 1).cloned().flatten().map(|v| v.to_vec()), Some(b"h1".to_vec()));
         assert_eq!(layer.get_at(&h1, 2).cloned(), Some(None));
         assert_eq!(layer.rows(), 5);
+    }
+
+    proptest::proptest! {
+        /// The ordered set's keys compare as their bytes do, whatever their length and
+        /// however many zero bytes they end with.
+        #[test]
+        fn order_keys_compare_as_their_bytes(
+            a in proptest::collection::vec(proptest::prop_oneof![proptest::strategy::Just(0u8), proptest::strategy::Just(1u8), proptest::num::u8::ANY], 0..40),
+            b in proptest::collection::vec(proptest::prop_oneof![proptest::strategy::Just(0u8), proptest::strategy::Just(1u8), proptest::num::u8::ANY], 0..40),
+            shared in 0usize..40,
+        ) {
+            // Half the pairs share a prefix, so that the comparison reaches past the
+            // integers.
+            let b = if shared % 2 == 0 { a.iter().take(shared).chain(b.iter()).copied().collect() } else { b };
+            let (x, y) = (OrderKey::new(Arc::from(&a[..])), OrderKey::new(Arc::from(&b[..])));
+            proptest::prop_assert_eq!(x.cmp(&y), a.cmp(&b));
+            proptest::prop_assert_eq!(x == y, a == b);
+        }
+    }
+
+    #[test]
+    fn order_keys_padded_with_zeros_sort_shorter_first() {
+        let keys: Vec<Vec<u8>> = vec![vec![], vec![0], vec![0, 0], vec![1], vec![1; 31], vec![1; 32], vec![1; 33], {
+            let mut k = vec![1; 32];
+            k.push(0);
+            k
+        }];
+        let mut ours: Vec<OrderKey> = keys.iter().rev().map(|k| OrderKey::new(Arc::from(&k[..]))).collect();
+        ours.sort();
+        let mut bytes = keys.clone();
+        bytes.sort();
+        assert_eq!(ours.iter().map(|k| k.key.to_vec()).collect::<Vec<_>>(), bytes);
     }
 }
