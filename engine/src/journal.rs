@@ -53,7 +53,7 @@ pub const FRAME_HEADER_LEN: usize = 92;
 /// Journal bytes past which the writer turns to the other journal file, and the
 /// absorber takes what the first one holds into the log file. It bounds what views read
 /// from memory, and what an open after a crash appends to the log file.
-pub const JOURNAL_SWITCH_BYTES: u64 = 4 << 20;
+pub const JOURNAL_SWITCH_BYTES: u64 = 1 << 20;
 
 /// Journal bytes past which the writer waits for the absorber before it takes more
 /// commits (backpressure: the rows views read from memory stay bounded).
