@@ -281,11 +281,12 @@ impl Report {
             ));
         }
         if let Some(b) = self.get("annal", "written_bytes_per_commit", c16) {
-            let by_file: Vec<String> = ["journal", "log", "projections"]
+            let by_file: Vec<String> = self
+                .entries
                 .iter()
-                .filter_map(|file| {
-                    let metric = format!("written_bytes_per_commit_{file}");
-                    self.get("annal", &metric, c16).map(|v| format!("{file} {}", fmt(v)))
+                .filter(|e| e.store == "annal" && e.committers == c16)
+                .filter_map(|e| {
+                    Some(format!("{} {}", e.metric.strip_prefix("written_bytes_per_commit_")?, fmt(e.value)))
                 })
                 .collect();
             let by_file = if by_file.is_empty() { String::new() } else { format!(": {}", by_file.join(", ")) };
