@@ -346,7 +346,7 @@ pub use rebuild::RebuildStats;
 pub use reply::Reply;
 pub use store::{MemStore, Overlay, Store, StoreExt, Table};
 pub use stream::{CommitStream, StreamItem};
-pub use writer::{CommitNotice, GATHER_WAIT_MAX, SUBSCRIBER_QUEUE_MAX};
+pub use writer::{CommitNotice, SUBSCRIBER_QUEUE_MAX};
 
 #[doc = include_str!("../../README.md")]
 #[cfg(doctest)]

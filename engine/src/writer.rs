@@ -31,7 +31,7 @@ use parking_lot::Mutex;
 use redb::ReadableDatabase;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// A durable commit, announced to subscribers once per accepted command that wrote.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -136,17 +136,10 @@ pub(crate) enum Request {
     },
 }
 
-/// How long the writer waits, at most, for committers to come back before it starts a
-/// batch smaller than the previous one. Committers released by one commit resubmit
-/// within microseconds; without this wait they split into two alternating groups that
-/// each pay a full fsync.
-pub const GATHER_WAIT_MAX: Duration = Duration::from_micros(300);
-
 /// The writer thread: gathers a batch, decides and folds it, appends it, publishes it.
 ///
 /// It holds the group-commit state ([`Core`]) while it works, and does it all in order:
-/// it gathers whatever is queued (waiting up to
-/// [`GATHER_WAIT_MAX`] for as many committers as the previous batch had), decides and
+/// it gathers whatever is queued, without waiting for more, decides and
 /// folds each command on a view of the delta (a rejected command's staged writes are
 /// dropped), appends the batch to the log's journal in one frame and one fsync, applies
 /// its rows to the delta, and only then notifies subscribers and replies; the absorber
@@ -177,7 +170,6 @@ pub(crate) fn run(shared: Arc<Shared>, rx: Receiver<Request>, core: Arc<Core>) {
         let State { seq, checkpoints, previous_batch } = &mut *state;
         let mut commands = Vec::new();
         let mut pending = Some(first);
-        let deadline = Instant::now() + GATHER_WAIT_MAX;
         while let Some(req) = pending.take() {
             // Taken under the state's lock: no caller commits before it is done.
             core.pending.fetch_sub(1, Ordering::AcqRel);
@@ -192,11 +184,9 @@ pub(crate) fn run(shared: Arc<Shared>, rx: Receiver<Request>, core: Arc<Core>) {
             if commands.len() >= shared.batch_commands_max {
                 break;
             }
-            pending = match rx.try_recv() {
-                Ok(req) => Some(req),
-                Err(_) if commands.len() < *previous_batch => rx.recv_deadline(deadline).ok(),
-                Err(_) => None,
-            };
+            // What is queued, and no more: the committers this batch leaves out queue
+            // while it is decided and synced, and make the next one (design §7).
+            pending = rx.try_recv().ok();
         }
         if !commands.is_empty() {
             *previous_batch = commands.len();
@@ -233,7 +223,8 @@ pub(crate) struct Core {
 struct State {
     seq: Sequencer,
     checkpoints: Sender<Signal>,
-    /// The number of commands in the last batch: the writer gathers up to as many again.
+    /// The number of commands in the last batch: a caller commits on its own thread only
+    /// after a batch of one ([`Core::commit_here`]).
     previous_batch: usize,
 }
 

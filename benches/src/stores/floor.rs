@@ -5,8 +5,8 @@
 //! What it does, as annal does it:
 //! - each caller encodes its messages, hashes them (blake3) and compresses the ones that
 //!   compress (lz4, kept when it saves an eighth), on its own thread;
-//! - one writer thread gathers whatever is queued (waiting, like annal's, up to 300 µs for
-//!   as many committers as its last batch had), checks each command against the
+//! - one writer thread gathers whatever is queued (without waiting for more, like
+//!   annal's), checks each command against the
 //!   session's state (the expected revision, the turn id's idempotency), chains each
 //!   record (`h(seq) = blake3(h(seq-1) ‖ header ‖ blake3(payload))`), stores each content
 //!   object once, writes the batch as one frame into a file preallocated with zeros and
@@ -28,15 +28,11 @@ use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
 
 type Id = [u8; 32];
 
 /// Bytes of the frame file, preallocated with zeros; frames wrap around at its end.
 const FILE_BYTES: u64 = 256 << 20;
-
-/// How long the writer waits for committers to come back (annal's `GATHER_WAIT_MAX`).
-const GATHER_WAIT: Duration = Duration::from_micros(300);
 
 /// A content object as a caller prepared it.
 struct Object {
@@ -182,21 +178,9 @@ struct Writer {
 
 impl Writer {
     fn run(&mut self, rx: Receiver<Request>) {
-        let mut previous = 1;
         while let Ok(first) = rx.recv() {
             let mut batch = vec![first];
-            let deadline = Instant::now() + GATHER_WAIT;
-            loop {
-                match rx.try_recv() {
-                    Ok(r) => batch.push(r),
-                    Err(_) if batch.len() < previous => match rx.recv_deadline(deadline) {
-                        Ok(r) => batch.push(r),
-                        Err(_) => break,
-                    },
-                    Err(_) => break,
-                }
-            }
-            previous = batch.len();
+            batch.extend(rx.try_iter());
             self.frame.clear();
             let outcomes: Vec<_> = batch.iter().map(|r| self.decide(r)).collect();
             if !self.frame.is_empty() {
