@@ -6,11 +6,11 @@
 //! - each caller encodes its messages, hashes them (blake3) and compresses the ones that
 //!   compress (lz4, kept when it saves an eighth), on its own thread;
 //! - one writer thread gathers whatever is queued (without waiting for more, like
-//!   annal's), checks each command against the session's state (the expected
-//!   revision, the turn id's idempotency), chains each
-//!   record (`h(seq) = blake3(h(seq-1) ‖ header ‖ blake3(payload))`), stores each content
-//!   object once, writes the batch as one frame into a file preallocated with zeros and
-//!   calls `fdatasync` once, then answers every caller.
+//!   annal's), checks each command against the session's state (the expected revision,
+//!   the turn id's idempotency), chains each record
+//!   (`h(seq) = blake3(h(seq-1) ‖ header ‖ blake3(payload))`), stores each content object
+//!   once, writes the batch as one frame into a file preallocated with zeros and calls
+//!   `fdatasync` once, then answers every caller.
 //!
 //! What it leaves out, and annal does not: the state is typed values in memory and is
 //! never written anywhere, so there are no projections, no checkpoints, no indexes, no
