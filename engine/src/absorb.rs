@@ -43,7 +43,7 @@ struct Progress {
 pub(crate) struct Absorber {
     tx: Option<Sender<Request>>,
     progress: Arc<Progress>,
-    handle: Option<std::thread::JoinHandle<()>>,
+    handle: Option<crate::pool::Task<()>>,
 }
 
 impl Absorber {
@@ -52,8 +52,7 @@ impl Absorber {
         let (tx, rx) = crossbeam_channel::unbounded();
         let progress = Arc::new(Progress { seq: Mutex::new(file_seq), changed: Condvar::new() });
         let thread_progress = progress.clone();
-        let handle =
-            std::thread::Builder::new().name("annal-absorb".into()).spawn(move || run(shared, rx, thread_progress))?;
+        let handle = crate::pool::spawn(move || run(shared, rx, thread_progress))?;
         Ok(Absorber { tx: Some(tx), progress, handle: Some(handle) })
     }
 

@@ -20,7 +20,6 @@ use redb::{ConcurrencyMode, Database, ReadableDatabase};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
-use std::thread::JoinHandle;
 use std::time::Duration;
 
 /// How commits reach the disk.
@@ -163,8 +162,8 @@ struct Inner {
     sender: RwLock<Option<Sender<Request>>>,
     /// The group-commit state, shared by the writer thread and lone committers.
     core: Arc<writer::Core>,
-    writer: Mutex<Option<JoinHandle<()>>>,
-    checkpointer: Mutex<Option<JoinHandle<()>>>,
+    writer: Mutex<Option<crate::pool::Task<()>>>,
+    checkpointer: Mutex<Option<crate::pool::Task<()>>>,
     closed: AtomicBool,
     recovery: RebuildStats,
     /// The drafts the file held at open.
@@ -468,15 +467,12 @@ impl Engine {
             poisoned,
             stats,
         };
-        let checkpointer =
-            std::thread::Builder::new().name("annal-checkpoint".into()).spawn(move || checkpointer.run(ckpt_rx))?;
+        let checkpointer = crate::pool::spawn(move || checkpointer.run(ckpt_rx))?;
         let (tx, rx) = bounded(options.queue_depth.max(1));
         let writer_shared = shared.clone();
         let core = Arc::new(writer::Core::new(&shared, tip, ckpt_tx, journal));
         let writer_core = core.clone();
-        let handle = std::thread::Builder::new()
-            .name("annal-writer".into())
-            .spawn(move || writer::run(writer_shared, rx, writer_core))?;
+        let handle = crate::pool::spawn(move || writer::run(writer_shared, rx, writer_core))?;
         Ok(Engine {
             fence: None,
             inner: Arc::new(Inner {

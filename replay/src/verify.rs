@@ -1,7 +1,9 @@
 //! `annal verify`: check a database end to end and report every finding with its place.
 //!
 //! verify opens the log file read-only itself, so a damaged log is reported, never
-//! refused, and checks one read snapshot of it with three threads at once:
+//! refused, and checks one read snapshot of it with three threads at once (a log of at
+//! most 512 records, which the walk would hand to the fold in one batch at its end, is
+//! checked on the caller's thread, one phase after the other):
 //!
 //! - The walk reads `log` in sequence order and, in step with it, `content_rows` (the
 //!   ids of each row only). For each record: the global sequence is dense, the chain
@@ -679,13 +681,41 @@ pub fn verify_log(
         },
     };
     let fold = Fold::new(walk.fold_set);
-    let (batches, folded) = std::sync::mpsc::sync_channel::<Vec<Item>>(FOLD_QUEUE);
-    let (walked, scan, fold) = std::thread::scope(|s| {
-        let scan = s.spawn(|| guarded("table content_rows", || scan_content(txn, &journal_rows, limits)));
-        let fold = s.spawn(move || fold.run(folded));
-        let walked = guarded("table log", || walk.run(batches, &journal_rows));
-        (walked, scan.join(), fold.join())
-    });
+    let (walked, scan, fold) = if seq.saturating_add(journal_rows.len() as u64) <= FOLD_BATCH as u64 {
+        // The walk hands a log this short to the fold as one batch, at its end: a fold
+        // thread would only wait for it, so everything runs here, one phase after the other.
+        let mut fold = Some(fold);
+        let walked = guarded("table log", || {
+            walk.run(
+                &mut |batch| {
+                    let Some(f) = fold.as_mut() else { return };
+                    if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f.take(batch))).is_err() {
+                        fold = None;
+                    }
+                },
+                &journal_rows,
+            )
+        });
+        let scan = guarded("table content_rows", || scan_content(txn, &journal_rows, limits));
+        (walked, Ok(scan), fold.ok_or(()))
+    } else {
+        let (batches, folded) = std::sync::mpsc::sync_channel::<Vec<Item>>(FOLD_QUEUE);
+        std::thread::scope(|s| {
+            let scan = s.spawn(|| guarded("table content_rows", || scan_content(txn, &journal_rows, limits)));
+            let fold = s.spawn(move || fold.run(folded));
+            let walked = guarded("table log", || {
+                walk.run(
+                    &mut |batch| {
+                        // The fold thread stops early only if it died.
+                        let _ = batches.send(batch);
+                    },
+                    &journal_rows,
+                )
+            });
+            drop(batches);
+            (walked, scan.join().map_err(drop), fold.join().map_err(drop))
+        })
+    };
     if let Err(finding) = walked {
         walk.fold_failed = true;
         walk.find(finding);
@@ -909,6 +939,9 @@ const FOLD_BATCH: usize = 512;
 /// Batches in flight between the walk and the fold.
 const FOLD_QUEUE: usize = 8;
 
+/// Where the log walk hands its batches: the fold thread's channel, or the fold itself.
+type Sink<'a> = &'a mut dyn FnMut(Vec<Item>);
+
 /// What the log walk hands to the fold thread.
 // Nearly every item is a record; boxing it would add an allocation per record.
 #[allow(clippy::large_enum_variant)]
@@ -951,16 +984,21 @@ impl Fold {
 
     fn run(mut self, batches: std::sync::mpsc::Receiver<Vec<Item>>) -> Fold {
         for batch in batches {
-            for item in batch {
-                match item {
-                    Item::Record(r, introduced) => self.record(r, &introduced),
-                    Item::Broken(session) => {
-                        self.broken.insert(session);
-                    }
+            self.take(batch);
+        }
+        self
+    }
+
+    /// Folds one batch of the walk.
+    fn take(&mut self, batch: Vec<Item>) {
+        for item in batch {
+            match item {
+                Item::Record(r, introduced) => self.record(r, &introduced),
+                Item::Broken(session) => {
+                    self.broken.insert(session);
                 }
             }
         }
-        self
     }
 
     fn record(&mut self, r: annal::Record, introduced: &[ContentId]) {
@@ -1162,11 +1200,11 @@ impl<'a> Walk<'a> {
         self.report
     }
 
-    /// Hands the current batch to the fold thread (which stops early only if it died).
-    fn hand_over(&mut self, fold: &std::sync::mpsc::SyncSender<Vec<Item>>) {
+    /// Hands the current batch to the fold.
+    fn hand_over(&mut self, fold: Sink<'_>) {
         if !self.batch.is_empty() {
             let batch = std::mem::replace(&mut self.batch, Vec::with_capacity(FOLD_BATCH));
-            let _ = fold.send(batch);
+            fold(batch);
         }
     }
 
@@ -1182,7 +1220,7 @@ impl<'a> Walk<'a> {
 
     /// Walks the log file's records, then `journal`'s: the rows the journal holds past
     /// the log file's last record.
-    fn run(&mut self, fold: std::sync::mpsc::SyncSender<Vec<Item>>, journal: &[annal::journal::JournalRow]) {
+    fn run(&mut self, fold: Sink<'_>, journal: &[annal::journal::JournalRow]) {
         let log = match self.txn.open_table(LOG) {
             Ok(t) => t,
             Err(e) => return self.find(storage("table log", e)),
@@ -1211,7 +1249,7 @@ impl<'a> Walk<'a> {
             let seq = key.value();
             let introduced = rows.at(seq, &mut strays);
             self.report.findings.extend(strays.drain(..).map(|row| Finding::StrayContentRow { row }));
-            self.step(seq, value.value(), introduced, (&mut expected, &mut prev, &mut clock), &fold);
+            self.step(seq, value.value(), introduced, (&mut expected, &mut prev, &mut clock), fold);
             if self.report.records.is_multiple_of(progress::TICK_ITEMS) {
                 bar.set_position(self.report.records);
             }
@@ -1223,11 +1261,11 @@ impl<'a> Walk<'a> {
             let max = self.limits.message_object_bytes_max();
             for row in journal {
                 let introduced = entries(&row.content, max).map_while(|e| e.ok()).map(|e| e.id).collect();
-                self.step(row.seq, &row.record, introduced, (&mut expected, &mut prev, &mut clock), &fold);
+                self.step(row.seq, &row.record, introduced, (&mut expected, &mut prev, &mut clock), fold);
             }
         }
         self.rows_lost = rows.lost;
-        self.hand_over(&fold);
+        self.hand_over(fold);
         bar.finish_and_clear();
         self.report.tip = self.last_seq.and_then(|(seq, h)| h.map(|h| (seq, h)));
     }
@@ -1239,7 +1277,7 @@ impl<'a> Walk<'a> {
         bytes: &[u8],
         introduced: Vec<ContentId>,
         (expected, prev, clock): (&mut u64, &mut Option<ChainHash>, &mut u64),
-        fold: &std::sync::mpsc::SyncSender<Vec<Item>>,
+        fold: Sink<'_>,
     ) {
         if seq != *expected {
             self.find(Finding::Gap { expected: *expected, found: seq });

@@ -139,6 +139,30 @@ fn a_flipped_byte_names_its_sequence_number() {
     assert_eq!(f.len(), 3, "{f:?}");
 }
 
+/// verify checks a log of at most 512 records on one thread and a longer one with a fold
+/// thread and a content thread: both ways find the same damage, and nothing else.
+#[test]
+fn a_flipped_byte_is_found_on_one_thread_and_on_three() {
+    let dir = tempfile::tempdir().unwrap();
+    for (name, sessions) in [("short.redb", 2), ("long.redb", 40)] {
+        let db = common::demo_db_named(&dir, name, sessions);
+        let (rc, clean) = verify_json(&db, &["--deep"]);
+        assert_eq!(rc, 0, "{clean}");
+        let records = clean["records"].as_u64().expect("records");
+        assert_eq!(records > 512, name == "long.redb", "{name} holds {records} records");
+        let a = first_of_kind(&db, annal::EventKind::ContextAppended);
+        tamper_record(&db, a, |b| {
+            let at = b.windows(7).position(|w| w == b"indexer").expect("the source is in the record");
+            b[at] ^= 0x20;
+        });
+        let (rc, report) = verify_json(&db, &[]);
+        assert_eq!(rc, 1, "{name}");
+        let f = findings(&report);
+        assert_eq!(f.len(), 1, "{name}: {f:?}");
+        assert_eq!((f[0].0.as_str(), f[0].1.clone()), ("chain_mismatch", format!("log seq {a}")), "{name}");
+    }
+}
+
 #[test]
 fn a_deleted_record_is_reported_as_a_gap_and_verify_keeps_going() {
     let dir = tempfile::tempdir().unwrap();
