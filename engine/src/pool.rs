@@ -23,13 +23,8 @@ pub(crate) const IDLE_MAX: usize = 16;
 
 type Job = Box<dyn FnOnce() + Send>;
 
-/// The threads waiting for a task: an id and the sender of its task channel each.
-struct Idle {
-    waiting: Vec<(u64, Sender<Job>)>,
-    next_id: u64,
-}
-
-static IDLE: Mutex<Idle> = Mutex::new(Idle { waiting: Vec::new(), next_id: 0 });
+/// The threads waiting for a task, each by the sender of its task channel.
+static IDLE: Mutex<Vec<Sender<Job>>> = Mutex::new(Vec::new());
 
 /// A task started by [`spawn`].
 pub(crate) struct Task<T> {
@@ -55,7 +50,7 @@ pub(crate) fn spawn<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -
     });
     // A waiting thread leaves the list only under the lock, and never once it is popped
     // here, so the send reaches it; the fallback keeps a lost race harmless.
-    while let Some((_, to)) = IDLE.lock().waiting.pop() {
+    while let Some(to) = IDLE.lock().pop() {
         match to.send(job) {
             Ok(()) => return Ok(Task { done }),
             Err(crossbeam_channel::SendError(back)) => job = back,
@@ -72,23 +67,20 @@ fn run(first: Job) {
     let mut job = first;
     loop {
         job();
-        let id = {
+        {
             let mut idle = IDLE.lock();
-            if idle.waiting.len() >= IDLE_MAX {
+            if idle.len() >= IDLE_MAX {
                 return;
             }
-            let id = idle.next_id;
-            idle.next_id += 1;
-            idle.waiting.push((id, to.clone()));
-            id
-        };
+            idle.push(to.clone());
+        }
         job = loop {
             match tasks.recv_timeout(IDLE_FOR) {
                 Ok(next) => break next,
                 Err(_) => {
                     let mut idle = IDLE.lock();
-                    if let Some(i) = idle.waiting.iter().position(|(w, _)| *w == id) {
-                        idle.waiting.swap_remove(i);
+                    if let Some(i) = idle.iter().position(|w| w.same_channel(&to)) {
+                        idle.swap_remove(i);
                         return;
                     }
                     // A spawner popped this thread: its task is on the way.
@@ -145,6 +137,6 @@ mod tests {
             .collect();
         let sum: u32 = tasks.into_iter().map(|t| t.join().unwrap()).sum();
         assert_eq!(sum, (0..40).sum());
-        assert!(IDLE.lock().waiting.len() <= IDLE_MAX);
+        assert!(IDLE.lock().len() <= IDLE_MAX);
     }
 }

@@ -684,20 +684,15 @@ pub fn verify_log(
     let (walked, scan, fold) = if seq.saturating_add(journal_rows.len() as u64) <= FOLD_BATCH as u64 {
         // The walk hands a log this short to the fold as one batch, at its end: a fold
         // thread would only wait for it, so everything runs here, one phase after the other.
-        let mut fold = Some(fold);
-        let walked = guarded("table log", || {
-            walk.run(
-                &mut |batch| {
-                    let Some(f) = fold.as_mut() else { return };
-                    if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f.take(batch))).is_err() {
-                        fold = None;
-                    }
-                },
-                &journal_rows,
-            )
-        });
+        let mut handed = Vec::new();
+        let walked = guarded("table log", || walk.run(&mut |batch| handed.push(batch), &journal_rows));
+        let fold = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || {
+            let mut fold = fold;
+            handed.into_iter().for_each(|batch| fold.take(batch));
+            fold
+        }));
         let scan = guarded("table content_rows", || scan_content(txn, &journal_rows, limits));
-        (walked, Ok(scan), fold.ok_or(()))
+        (walked, Ok(scan), fold.map_err(drop))
     } else {
         let (batches, folded) = std::sync::mpsc::sync_channel::<Vec<Item>>(FOLD_QUEUE);
         std::thread::scope(|s| {
@@ -983,9 +978,7 @@ impl Fold {
     }
 
     fn run(mut self, batches: std::sync::mpsc::Receiver<Vec<Item>>) -> Fold {
-        for batch in batches {
-            self.take(batch);
-        }
+        batches.into_iter().for_each(|batch| self.take(batch));
         self
     }
 
