@@ -26,7 +26,7 @@ cargo +nightly fuzz build
 # executions are engine opens, commits and closes in safe Rust, where the sanitizer and the
 # comparison hooks cost most of the time and find nothing, and redb's debug assertions
 # walk every page of both files at each open (fuzz/README.md).
-commands_build=(-O -s none --no-trace-compares --target-dir target/commands)
+commands_build=(-O -s none --no-trace-compares --features mimalloc --target-dir target/commands)
 commands_env=(env "RUSTFLAGS=${RUSTFLAGS:-} -Coverflow-checks=on")
 "${commands_env[@]}" cargo +nightly fuzz build "${commands_build[@]}" commands
 for target in $(cargo +nightly fuzz list); do

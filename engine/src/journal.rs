@@ -716,9 +716,14 @@ impl Journal {
     /// (backends are cut to nothing). Their bytes do not outlive them on the disk: a
     /// purge closes the engine first, and a journal may hold what the purge erases.
     pub fn shred(self) -> Result<()> {
-        let zeros = vec![0u8; 1 << 20];
-        for (file, dirty) in self.files.iter().zip(self.dirty) {
-            let len = file.len().map_err(io)?.min(dirty);
+        let mut lens = [0u64; 2];
+        for (len, (file, dirty)) in lens.iter_mut().zip(self.files.iter().zip(self.dirty)) {
+            *len = file.len().map_err(io)?.min(dirty);
+        }
+        // Zeros for the larger of the two, in pieces of at most 1 MiB (a clean close of a
+        // journal that took a few frames writes a few pages, and allocates no more).
+        let zeros = vec![0u8; lens[0].max(lens[1]).min(1 << 20) as usize];
+        for (file, len) in self.files.iter().zip(lens) {
             let mut at = 0;
             while at < len {
                 let n = (len - at).min(zeros.len() as u64) as usize;
@@ -764,6 +769,65 @@ mod tests {
         for cut in 0..f.len() {
             assert!(read_frame(&f[..cut]).is_none(), "cut at {cut}");
         }
+    }
+
+    /// A backend that keeps, when it is cut to nothing, what it held just before.
+    #[derive(Debug, Default)]
+    struct Kept {
+        file: redb::backends::InMemoryBackend,
+        before_cut: Arc<parking_lot::Mutex<Option<Vec<u8>>>>,
+    }
+
+    impl redb::StorageBackend for Kept {
+        fn len(&self) -> std::io::Result<u64> {
+            self.file.len()
+        }
+        fn read(&self, offset: u64, out: &mut [u8]) -> std::io::Result<()> {
+            self.file.read(offset, out)
+        }
+        fn set_len(&self, len: u64) -> std::io::Result<()> {
+            if len == 0 {
+                let mut all = vec![0; self.file.len()? as usize];
+                self.file.read(0, &mut all)?;
+                *self.before_cut.lock() = Some(all);
+            }
+            self.file.set_len(len)
+        }
+        fn sync_data(&self) -> std::io::Result<()> {
+            self.file.sync_data()
+        }
+        fn write(&self, offset: u64, data: &[u8]) -> std::io::Result<()> {
+            // Grows as a file does (redb's in-memory backend wants `set_len` first).
+            let end = offset + data.len() as u64;
+            if end > self.file.len()? {
+                self.file.set_len(end)?;
+            }
+            self.file.write(offset, data)
+        }
+    }
+
+    /// A clean close overwrites with zeros every byte a frame took, and what the file
+    /// held at the open, in pieces of at most 1 MiB: here more than 1 MiB of frames in
+    /// one file and a few old bytes in the other.
+    #[test]
+    fn a_shred_leaves_zeros_wherever_a_frame_or_an_old_byte_was() {
+        let (first, second) = (Kept::default(), Kept::default());
+        redb::StorageBackend::write(&second, 0, &[0xAB; 300]).unwrap();
+        let cuts = [first.before_cut.clone(), second.before_cut.clone()];
+        let mut journal = Journal::on_backends(first, second, 4096).unwrap();
+        let big = Sealed { seq: 1, record: vec![0x5A; 40], content: vec![0xC3; 700 << 10] };
+        let mut prev = ChainHash([0; 32]);
+        for seq in 1..=2u64 {
+            let row = Sealed { seq, ..big.clone() };
+            journal.append(seq, &prev, &[row], &[]).unwrap();
+            prev = ChainHash([seq as u8; 32]);
+        }
+        assert!(journal.offset() > 1 << 20, "the frames took more than one piece of zeros");
+        let took = journal.offset() as usize;
+        journal.shred().unwrap();
+        let [first, second] = cuts.map(|c| c.lock().take().expect("each file was cut to nothing"));
+        assert!(first.len() >= took && first.iter().all(|&b| b == 0), "frames left in the first file");
+        assert!(second.len() >= 300 && second.iter().all(|&b| b == 0), "old bytes left in the second file");
     }
 
     /// Found by the `journal` fuzz target: a frame whose last record is seq `u64::MAX`
