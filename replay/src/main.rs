@@ -14,6 +14,13 @@ use std::io::{BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
+/// The command's memory comes from mimalloc. `verify` decodes records on one thread and
+/// frees them on another (its fold), where the system allocator's arena locks cost about
+/// a third of its time (`docs/benchmarks.md`). The library leaves the allocator to the
+/// host.
+#[global_allocator]
+static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// Operate an annal session database: verify, rebuild, export, import, inspect.
 ///
 /// Read-only commands (verify, sessions, inspect, transcript, log, graph, stats, export)
