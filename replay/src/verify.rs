@@ -801,7 +801,7 @@ const REFS_REDUCE_MIN: usize = 1 << 22;
 /// record of all. Reducing an already reduced list again keeps the same entries, so it
 /// can run at any time.
 fn reduce_refs(refs: &mut Vec<Ref>) {
-    refs.sort_unstable();
+    refs.sort_unstable_by(|a, b| id_prefix(&a.id).cmp(&id_prefix(&b.id)).then_with(|| a.cmp(b)));
     refs.dedup_by(|later, kept| {
         if later.id != kept.id {
             return false;
@@ -809,6 +809,16 @@ fn reduce_refs(refs: &mut Vec<Ref>) {
         kept.first = kept.first.min(later.first);
         true
     });
+}
+
+/// The first eight bytes of `id` as a number. Ordering by it and then by the whole id is
+/// the id's own order, and for ids that are hashes it nearly always decides on its own,
+/// without a call to compare 32 bytes: the two sorts of ids in `verify` are a tenth of its
+/// work otherwise.
+fn id_prefix(id: &ContentId) -> u64 {
+    let mut head = [0; 8];
+    head.copy_from_slice(&id.0[..8]);
+    u64::from_be_bytes(head)
 }
 
 /// What the content scan learnt about one stored object.
@@ -880,7 +890,8 @@ fn scan_content(txn: &ReadTransaction, journal: &[annal::journal::JournalRow], l
         scan_row(&mut scan, row.seq, &row.content, limits);
     }
     // In id order, each id's copies in the order stored; the first copy is the one kept.
-    scan.objects.sort_by_key(|(id, o)| (*id, o.row));
+    scan.objects
+        .sort_by(|(a, x), (b, y)| id_prefix(a).cmp(&id_prefix(b)).then_with(|| a.cmp(b)).then(x.row.cmp(&y.row)));
     let findings = &mut scan.findings;
     scan.objects.dedup_by(|later, kept| {
         if later.0 != kept.0 {
