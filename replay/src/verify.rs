@@ -568,13 +568,19 @@ enum Refused {
     Damaged(Finding),
 }
 
+/// redb's page cache for the log file verify walks. Every phase reads its table once,
+/// in key order, so the cache only has to keep the branch pages: a reader's 64 MiB
+/// filled with leaves read once and cost fresh memory (on 200,000 events, RSS 173 MB
+/// against 100 MB, and 3 to 30% more CPU).
+const VERIFY_CACHE_BYTES: usize = 4 << 20;
+
 /// Opens the log file read-only, as a reader beside a live writer does, and takes the
 /// snapshot verify checks.
 fn open_log(path: &Path) -> std::result::Result<(redb::ReadOnlyDatabase, ReadTransaction), Refused> {
     let opened = guarded("file", || -> std::result::Result<_, redb::Error> {
         let mut builder = redb::Builder::new();
         builder.set_concurrency_mode(redb::ConcurrencyMode::SingleWriter);
-        builder.set_cache_size(annal::reader::READER_CACHE_BYTES);
+        builder.set_cache_size(VERIFY_CACHE_BYTES);
         let db = builder.open_read_only(path)?;
         let txn = db.begin_read()?;
         Ok((db, txn))
