@@ -21,6 +21,9 @@
 //! The database is two files: the log and, beside it, the projections file
 //! ([`annal::projections_path`]); both sizes are printed.
 //!
+//! The bench takes its memory from mimalloc, as the `annal` command does, so that
+//! `verify` and `rebuild` here cost what they cost an operator.
+//!
 //! `cargo bench -p annal-benches --bench replay`
 
 use annal::codec::{decode_record, verify_chain, LogChain};
@@ -29,6 +32,10 @@ use annal::*;
 use redb::ReadableTable;
 use std::path::Path;
 use std::time::{Duration, Instant};
+
+/// The `annal` command's allocator.
+#[global_allocator]
+static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 const EVENTS_DEFAULT: u64 = 1_000_000;
 const EVENTS_PER_SESSION: u64 = 100;

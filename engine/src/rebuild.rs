@@ -26,6 +26,16 @@ pub struct RebuildStats {
 /// Called with (events done, events total) while a rebuild runs.
 pub type Progress<'a> = &'a mut dyn FnMut(u64, u64);
 
+/// redb's page cache for the log file an offline rebuild reads: the fold reads it once,
+/// in order, so only its branch pages are read again.
+pub const REBUILD_LOG_CACHE_BYTES: usize = 4 << 20;
+
+/// redb's page cache for the projections file an offline rebuild writes. The fold reads
+/// back only the rows of sessions it flushed earlier, and writes in bounded flushes; a
+/// cache of redb's default size (1 GiB) filled with pages written once (on 1,000,000
+/// events: peak RSS 2.2 GB against 149 MB, and 27 s against 23 s).
+pub const REBUILD_PROJECTIONS_CACHE_BYTES: usize = 16 << 20;
+
 /// Rebuilds the projections in `set` of the database at `path`, which no other process
 /// may have open for writing: the log is opened read-only, the projections file for
 /// writing, and the rebuild commits in one durable transaction (readers see the old
@@ -42,13 +52,15 @@ pub fn rebuild_offline(
     fail_closed("rebuild", || {
         let mut b = redb::Builder::new();
         b.set_concurrency_mode(redb::ConcurrencyMode::SingleWriter);
+        b.set_cache_size(REBUILD_LOG_CACHE_BYTES);
         let log = b.open_read_only(path)?;
         let log_txn = log.begin_read()?;
         let tip = match crate::log::check_log(&log_txn, &chain)? {
             crate::log::LogState::Ready => crate::log::load_tip(&log_txn, &chain)?,
             crate::log::LogState::New => return Err(Error::Storage(format!("{} holds no log", path.display()))),
         };
-        let projections = redb::Builder::new().create(projections_path(path))?;
+        let projections =
+            redb::Builder::new().set_cache_size(REBUILD_PROJECTIONS_CACHE_BYTES).create(projections_path(path))?;
         let current =
             checkpoint::read_cursors(&projections.begin_read()?, &log_txn, &Default::default(), &chain, &tip)?;
         let cursors = Cursors { seqs: [tip.seq; Projection::ALL.len()] }.reset(set).reset(current.behind(tip.seq));
