@@ -8,7 +8,7 @@ use crate::error::{Error, Location, Result};
 use crate::projection::*;
 use crate::store::{keys, Store, StoreExt, Table};
 use crate::transcript;
-use annal_codec::{ContentId, Event, Record, RevisionId, StateDelta};
+use annal_codec::{ContentId, Event, Record, RevisionId, SessionId, StateDelta};
 
 /// Folds one record into the projections in `set`. `introduced` lists the content
 /// objects stored with the record (its content row, in order): the content-id index
@@ -492,15 +492,41 @@ fn fold_tools<S: Store + ?Sized>(store: &mut S, r: &Record) -> Result<()> {
     }
 }
 
+/// Stream seqs per row of the stream index: row `c` of a session holds the global seqs
+/// of its stream seqs `64c + 1 ..= 64c + 64`, in order, each a u64 big-endian.
+pub const STREAM_CHUNK: u64 = 64;
+
+/// The stream index key of the row holding `stream_seq` (at least 1), and its slot there.
+pub(crate) fn stream_slot(session: &SessionId, stream_seq: u64) -> (Vec<u8>, u64) {
+    let n = stream_seq - 1;
+    (keys::session_u64(session, n / STREAM_CHUNK), n % STREAM_CHUNK)
+}
+
 fn fold_streams<S: Store + ?Sized>(store: &mut S, r: &Record) -> Result<()> {
-    let key = keys::session_u64(&r.session, r.stream_seq);
-    if r.stream_seq > 1 && !store.contains(Table::StreamIndex, &keys::session_u64(&r.session, r.stream_seq - 1))? {
-        return Err(corrupt(r, format!("stream seq {} does not follow the session's stream", r.stream_seq)));
+    if r.stream_seq == 0 {
+        return Err(corrupt(r, "stream seq 0 does not follow the session's stream"));
     }
-    if store.contains(Table::StreamIndex, &key)? {
+    let (key, slot) = stream_slot(&r.session, r.stream_seq);
+    let mut seqs = store.get(Table::StreamIndex, &key)?.unwrap_or_default();
+    if seqs.len() % 8 != 0 || seqs.len() as u64 > STREAM_CHUNK * 8 {
+        return Err(corrupt(r, format!("stream index row of {} bytes", seqs.len())));
+    }
+    let held = seqs.len() as u64 / 8;
+    if held > slot {
         return Err(corrupt(r, format!("stream seq {} used twice", r.stream_seq)));
     }
-    store.put(Table::StreamIndex, &key, &r.seq.to_be_bytes())
+    // Dense from 1: every earlier slot of this row is taken, and a new row starts only
+    // once the one before it is full.
+    let follows = held == slot
+        && (slot > 0
+            || r.stream_seq == 1
+            || store.get(Table::StreamIndex, &stream_slot(&r.session, r.stream_seq - 1).0)?.map(|v| v.len())
+                == Some(STREAM_CHUNK as usize * 8));
+    if !follows {
+        return Err(corrupt(r, format!("stream seq {} does not follow the session's stream", r.stream_seq)));
+    }
+    seqs.extend_from_slice(&r.seq.to_be_bytes());
+    store.put_vec(Table::StreamIndex, &key, seqs)
 }
 
 /// The content-id index: every object stored with a record points at that record's seq,

@@ -92,6 +92,8 @@ impl Projection {
             // 128 positions (`crate::transcript`).
             // 3: the last chunk in pieces of 32 positions (it was a row per position).
             Projection::Transcript => 3,
+            // 2: the stream index in rows of 64 stream seqs (it was a row per event).
+            Projection::Streams => 2,
             _ => 1,
         }
     }

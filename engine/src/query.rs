@@ -735,36 +735,40 @@ pub fn session_events(
     let mut bytes = 0;
     let mut next = from;
     let mut failure = None;
-    view.scan(Table::StreamIndex, &keys::session(session), |k, v| {
-        let stream_seq = match <[u8; 8]>::try_from(&k[16..]) {
+    let (first, _) = crate::evolve::stream_slot(session, from);
+    view.scan_from(Table::StreamIndex, &keys::session(session), &first, |k, v| {
+        let chunk = match <[u8; 8]>::try_from(&k[16..]) {
             Ok(b) => u64::from_be_bytes(b),
             Err(_) => return Err(bad_stream_row(session, k)),
         };
-        if stream_seq < from {
-            return Ok(true);
+        if v.len() % 8 != 0 || v.len() as u64 > crate::evolve::STREAM_CHUNK * 8 {
+            return Err(bad_stream_row(session, k));
         }
-        let seq = match <[u8; 8]>::try_from(v) {
-            Ok(b) => u64::from_be_bytes(b),
-            Err(_) => return Err(bad_stream_row(session, k)),
-        };
-        if (out.events.len() as u64) == q.max_events {
-            out.has_more = true;
-            return Ok(false);
+        for (i, b) in v.chunks_exact(8).enumerate() {
+            let stream_seq = chunk * crate::evolve::STREAM_CHUNK + i as u64 + 1;
+            if stream_seq < from {
+                continue;
+            }
+            let seq = u64::from_be_bytes(b.try_into().map_err(|_| bad_stream_row(session, k))?);
+            if (out.events.len() as u64) == q.max_events {
+                out.has_more = true;
+                return Ok(false);
+            }
+            let prev = prev_hash(log, chain, seq)?;
+            let event = read_event(log, chain, limits, seq, &prev)?
+                .ok_or_else(|| Error::corrupt(Location::Log { seq }, "missing record"))?;
+            if event.record.session != *session || event.record.stream_seq != stream_seq {
+                failure = Some(Error::corrupt(
+                    Location::SessionLog { session: *session, stream_seq },
+                    "index and record disagree",
+                ));
+                return Ok(false);
+            }
+            if !push_event(&mut out, &mut bytes, event, q)? {
+                return Ok(false);
+            }
+            next = stream_seq + 1;
         }
-        let prev = prev_hash(log, chain, seq)?;
-        let event = read_event(log, chain, limits, seq, &prev)?
-            .ok_or_else(|| Error::corrupt(Location::Log { seq }, "missing record"))?;
-        if event.record.session != *session || event.record.stream_seq != stream_seq {
-            failure = Some(Error::corrupt(
-                Location::SessionLog { session: *session, stream_seq },
-                "index and record disagree",
-            ));
-            return Ok(false);
-        }
-        if !push_event(&mut out, &mut bytes, event, q)? {
-            return Ok(false);
-        }
-        next = stream_seq + 1;
         Ok(true)
     })?;
     if let Some(e) = failure {

@@ -752,26 +752,30 @@ pub(crate) fn next_stream_seq<S: Store + ?Sized>(store: &S, session: &SessionId)
     match store.row::<SessionHead>(Table::Heads, &keys::session(session))? {
         Some(h) => Ok(h.stream_seq + 1),
         // No head: a new session, or a purged one (its creation erased), whose stream the
-        // stream index still has: find its end in O(log n) lookups (it is dense from 1).
+        // stream index still has: find its last row in O(log n) lookups (the rows are
+        // dense from 0, each full but the last), then the slots that row holds.
         None => {
-            let has = |n: u64| -> Result<bool> { store.contains(Table::StreamIndex, &keys::session_u64(session, n)) };
-            if !has(1)? {
+            let row =
+                |c: u64| -> Result<Option<Vec<u8>>> { store.get(Table::StreamIndex, &keys::session_u64(session, c)) };
+            if row(0)?.is_none() {
                 return Ok(1);
             }
-            let mut lo = 1u64;
-            while has(lo.saturating_mul(2))? && lo < u64::MAX / 2 {
-                lo *= 2;
+            let mut lo = 0u64;
+            let mut hi = 1u64;
+            while row(hi)?.is_some() && hi < u64::MAX / 2 {
+                lo = hi;
+                hi *= 2;
             }
-            let mut hi = lo.saturating_mul(2);
             while hi - lo > 1 {
                 let mid = lo + (hi - lo) / 2;
-                if has(mid)? {
+                if row(mid)?.is_some() {
                     lo = mid
                 } else {
                     hi = mid
                 }
             }
-            Ok(lo + 1)
+            let held = row(lo)?.map_or(0, |v| v.len() as u64 / 8);
+            Ok(lo * crate::evolve::STREAM_CHUNK + held + 1)
         }
     }
 }
@@ -883,4 +887,35 @@ pub(crate) fn append(shared: &Shared, tip: Tip, entries: &[Entry], drafts: &Draf
     shared.stats.events.fetch_add(entries.len() as u64, Ordering::Relaxed);
     shared.stats.appended_bytes.fetch_add(written.record_bytes + written.content_bytes, Ordering::Relaxed);
     Ok(next)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::projection::{Projection, ProjectionSet};
+    use crate::store::MemStore;
+    use annal_codec::{Event, Record, SessionArchived};
+
+    #[test]
+    fn the_next_stream_seq_of_a_session_without_a_head_is_found_across_index_rows() {
+        // Only the stream index is folded, as for a purged session whose head is gone.
+        let streams = ProjectionSet::none().with(Projection::Streams);
+        let (session, other) = (SessionId([3; 16]), SessionId([4; 16]));
+        let mut store = MemStore::default();
+        let mut seq = 0;
+        let mut held = 0;
+        for want in [0u64, 1, 2, 63, 64, 65, 127, 128, 129, 300, 1000] {
+            while held < want {
+                for s in [session, other] {
+                    seq += 1;
+                    let event = Event::SessionArchived(SessionArchived { reason: String::new() });
+                    let record = Record { seq, session: s, stream_seq: held + 1, committed_at_ms: seq, event };
+                    crate::evolve::evolve(&mut store, &record, &[], streams).expect("folds");
+                }
+                held += 1;
+            }
+            assert_eq!(next_stream_seq(&store, &session).unwrap(), want + 1, "after {want} events");
+        }
+        assert_eq!(next_stream_seq(&store, &SessionId([5; 16])).unwrap(), 1);
+    }
 }

@@ -596,6 +596,39 @@ fn evolve_reports_a_stream_gap_at_its_seq() {
 }
 
 #[test]
+fn the_stream_index_stays_dense_across_its_rows() {
+    // A row holds 64 stream seqs: a gap, a repeat or a new row before the last is full
+    // is corruption on either side of a row's edge, and reads page across the edges.
+    let mut log = Log::new();
+    let s = sid(1);
+    log.ok(create(s, &[]));
+    let archived = || Event::SessionArchived(SessionArchived { reason: String::new() });
+    for _ in 1..annal::evolve::STREAM_CHUNK {
+        let record = log.next_record(s, archived());
+        log.fold(record).unwrap();
+    }
+    let mut record = log.next_record(s, archived());
+    assert_eq!(record.stream_seq, 65);
+    let seq = record.seq;
+    for (stream_seq, why) in [(66, "a gap at a new row"), (64, "a repeat in a full row"), (0, "stream seq 0")] {
+        record.stream_seq = stream_seq;
+        assert_eq!(corrupt_seq(fold_one(&mut log.store.clone(), &record, ProjectionSet::all())), seq, "{why}");
+    }
+    record.stream_seq = 65;
+    log.fold(record).unwrap();
+    let mut record = log.next_record(s, archived());
+    let seq = record.seq;
+    for (stream_seq, why) in [(65, "a repeat in the new row"), (68, "a gap in the new row")] {
+        record.stream_seq = stream_seq;
+        assert_eq!(corrupt_seq(fold_one(&mut log.store.clone(), &record, ProjectionSet::all())), seq, "{why}");
+    }
+    // Two rows for 65 events: the first full, the second holding one seq.
+    assert_eq!(log.keys(Table::StreamIndex).len(), 2);
+    let second: Vec<u8> = log.store.get(Table::StreamIndex, &keys::session_u64(&s, 1)).unwrap().unwrap();
+    assert_eq!(second, 65u64.to_be_bytes());
+}
+
+#[test]
 fn evolve_reports_an_event_on_an_unknown_session() {
     let mut log = Log::new();
     log.ok(create(sid(1), &[]));
