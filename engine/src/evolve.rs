@@ -227,6 +227,15 @@ fn fold_transcript<S: Store + ?Sized>(store: &mut S, r: &Record) -> Result<()> {
     store.put_row(Table::TranscriptTip, &tip_key, &tip)
 }
 
+/// Revision ids per row of the revision order: row `c` of a session holds the ids of its
+/// nodes `32c ..= 32c + 31`, in order, 32 raw bytes each.
+pub const REVISION_ORDER_CHUNK: u64 = 32;
+
+/// The revision order key of the row holding node `ordinal`, and its slot there.
+pub(crate) fn revision_order_slot(session: &SessionId, ordinal: u64) -> (Vec<u8>, u64) {
+    (keys::session_u64(session, ordinal / REVISION_ORDER_CHUNK), ordinal % REVISION_ORDER_CHUNK)
+}
+
 fn fold_graph<S: Store + ?Sized>(store: &mut S, r: &Record) -> Result<()> {
     let tip_key = keys::session(&r.session);
     let (tip, origin, recipe, to, new_len) = match &r.event {
@@ -293,7 +302,13 @@ fn fold_graph<S: Store + ?Sized>(store: &mut S, r: &Record) -> Result<()> {
                 recipe,
             };
             store.put_row(Table::Revisions, &node_key, &node)?;
-            store.put_row(Table::RevisionOrder, &keys::session_u64(&r.session, nodes), &to)?;
+            let (key, slot) = revision_order_slot(&r.session, nodes);
+            let mut ids = store.get(Table::RevisionOrder, &key)?.unwrap_or_default();
+            if ids.len() as u64 != slot * 32 {
+                return Err(corrupt(r, format!("revision order row of {} bytes for node {nodes}", ids.len())));
+            }
+            ids.extend_from_slice(&to.0);
+            store.put_vec(Table::RevisionOrder, &key, ids)?;
             nodes += 1;
         }
     }

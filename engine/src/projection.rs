@@ -81,7 +81,8 @@ impl Projection {
             Projection::Usage => 2,
             // 2: the transition that first produces a node is not stored as an edge.
             // 3: a recipe's message ids are one byte string (`annal_codec::ids::id_list`).
-            Projection::Graph => 3,
+            // 4: the revision order in rows of 32 ids (it was a row per node).
+            Projection::Graph => 4,
             // 2: heads carry the host state; the host state history table.
             // 3: heads carry the execution lease.
             // 4: the tombstones of purged sessions.

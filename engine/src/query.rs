@@ -6,7 +6,7 @@ use crate::delta::View;
 use crate::error::{Error, Limit, Location, Rejection, Result};
 use crate::limits::Limits;
 use crate::projection::*;
-use crate::store::{decode_row, keys, StoreExt, Table};
+use crate::store::{decode_row, keys, Store, StoreExt, Table};
 use crate::tables;
 use annal_codec::*;
 
@@ -497,14 +497,19 @@ pub fn revisions(view: &View, limits: &Limits, session: &SessionId, page: PageRe
 }
 
 fn node_at(store: &View, session: &SessionId, ordinal: u64) -> Result<RevisionNode> {
-    let key = keys::session_u64(session, ordinal);
+    let (key, slot) = crate::evolve::revision_order_slot(session, ordinal);
     let missing = || {
         Error::corrupt(
             Location::Projection { table: Table::RevisionOrder.name(), key: crate::store::hex(&key) },
             "missing node",
         )
     };
-    let rev: RevisionId = store.row(Table::RevisionOrder, &key)?.ok_or_else(missing)?;
+    let ids = store.get(Table::RevisionOrder, &key)?.ok_or_else(missing)?;
+    let at = slot as usize * 32;
+    let rev = match ids.get(at..at + 32).map(<[u8; 32]>::try_from) {
+        Some(Ok(id)) => RevisionId(id),
+        _ => return Err(missing()),
+    };
     store.row(Table::Revisions, &keys::session_rev(session, &rev))?.ok_or_else(missing)
 }
 
@@ -514,12 +519,24 @@ pub fn graph(view: &View, session: &SessionId) -> Result<RevisionGraph> {
     let head = head_of(store, session)?;
     let prefix = keys::session(session);
     let mut nodes = Vec::new();
-    store.scan(Table::RevisionOrder, &prefix, |_, v| {
-        let rev: RevisionId = decode_row(Table::RevisionOrder, &prefix, v)?;
-        let node = store.row(Table::Revisions, &keys::session_rev(session, &rev))?;
-        nodes.push(node.ok_or_else(|| {
-            Error::corrupt(Location::Projection { table: Table::Revisions.name(), key: rev.to_hex() }, "missing node")
-        })?);
+    store.scan(Table::RevisionOrder, &prefix, |k, v| {
+        if v.is_empty() || v.len() % 32 != 0 || v.len() as u64 > crate::evolve::REVISION_ORDER_CHUNK * 32 {
+            return Err(Error::corrupt(
+                Location::Projection { table: Table::RevisionOrder.name(), key: crate::store::hex(k) },
+                "bad revision order row",
+            ));
+        }
+        for id in v.chunks_exact(32) {
+            let mut rev = RevisionId([0; 32]);
+            rev.0.copy_from_slice(id);
+            let node = store.row(Table::Revisions, &keys::session_rev(session, &rev))?;
+            nodes.push(node.ok_or_else(|| {
+                Error::corrupt(
+                    Location::Projection { table: Table::Revisions.name(), key: rev.to_hex() },
+                    "missing node",
+                )
+            })?);
+        }
         Ok(true)
     })?;
     // Every node's creation is a transition; the other transitions are stored edges.

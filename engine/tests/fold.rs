@@ -203,8 +203,9 @@ fn session_created_fills_head_transcript_graph_and_labels() {
     assert!(node.parents.is_empty());
     assert_eq!(node.origin, NodeOrigin::Created);
     assert_eq!(node.recipe, Recipe::Root { fork: None, messages: cids(&ms) });
-    let order: RevisionId = log.row(Table::RevisionOrder, &keys::session_u64(&s, 0)).unwrap();
-    assert_eq!(order, rev);
+    // The revision order's first row holds the node's id, 32 raw bytes.
+    let order = log.store.get(Table::RevisionOrder, &keys::session_u64(&s, 0)).unwrap().unwrap();
+    assert_eq!(order, rev.0);
     // The transition that produced the node is the node itself, not a stored edge.
     assert!(log.keys(Table::RevisionEdges).is_empty());
     let edge = node.creation_edge();

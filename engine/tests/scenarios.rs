@@ -1489,3 +1489,63 @@ fn outcomes_name_the_events_they_wrote() {
     let again = engine.execute(Command::CommitTurn(turn(s, "t1", rev))).unwrap();
     assert_eq!((again.seqs(), again.wrote()), (vec![], false));
 }
+
+/// The stream index keeps 64 stream seqs a row and the revision order 32 ids a row: a
+/// session longer than a few rows pages across their edges, live, from the checkpoint
+/// after a reopen, and from a read-only reader.
+#[test]
+fn a_long_session_pages_its_events_and_revisions_across_index_rows() {
+    let db = Db::new();
+    let engine = db.open();
+    let (s, first) = create(&engine, &[Message::system("be brief")]);
+    let (other, other_head) = create(&engine, &[]);
+    let mut head = first;
+    let mut other_head = other_head;
+    for i in 0..100 {
+        head = commit_turns(&engine, s, &format!("t{i}-"), 1, head);
+        if i % 3 == 0 {
+            other_head = commit_turns(&engine, other, &format!("o{i}-"), 1, other_head);
+        }
+    }
+    let check = |reader: &Reader| {
+        // 101 events: stream seqs 1 ..= 101, in order, from any start.
+        for from in [1u64, 2, 63, 64, 65, 66, 100, 101] {
+            for max_events in [1u64, 7, 64, 200] {
+                let page =
+                    reader.session_events(s, EventQuery { from_seq: from, max_events, max_bytes: 1 << 20 }).unwrap();
+                let streams: Vec<u64> = page.events.iter().map(|e| e.record.stream_seq).collect();
+                let want: Vec<u64> = (from..=101).take(max_events as usize).collect();
+                assert_eq!(streams, want, "from {from}, {max_events} at most");
+                assert_eq!(page.has_more, from + max_events <= 101, "from {from}, {max_events} at most");
+                assert!(page.events.iter().all(|e| e.record.session == s));
+            }
+        }
+        assert!(reader
+            .session_events(s, EventQuery { from_seq: 102, max_events: 10, max_bytes: 1 << 20 })
+            .unwrap()
+            .events
+            .is_empty());
+        assert_eq!(session_events(reader, other).len(), 35);
+        // 101 revision nodes (the creation and one a turn), ordinals in order.
+        for (offset, limit) in [(0u64, 101u64), (30, 5), (31, 2), (32, 40), (95, 10), (101, 5)] {
+            let page = reader.revisions(s, PageRequest::new(offset, limit)).unwrap();
+            assert_eq!(page.total, 101);
+            let ordinals: Vec<u64> = page.page.items.iter().map(|n| n.ordinal).collect();
+            assert_eq!(ordinals, (offset..101.min(offset + limit)).collect::<Vec<_>>(), "offset {offset}");
+        }
+        let graph = reader.graph(s).unwrap();
+        assert_eq!(graph.nodes.iter().map(|n| n.ordinal).collect::<Vec<_>>(), (0..101).collect::<Vec<_>>());
+        assert_eq!(graph.nodes[0].revision, first);
+        assert_eq!(graph.nodes[100].revision, head);
+        assert_eq!(graph.head, head);
+    };
+    check(&engine);
+    drop(engine);
+    check(&Reader::open(&db.path, Limits::default(), None).unwrap());
+    let engine = db.open();
+    check(&engine);
+    // The stream and the graph go on after the reopen.
+    commit_turns(&engine, s, "after-", 1, head);
+    assert_eq!(session_events(&engine, s).last().unwrap().record.stream_seq, 102);
+    assert_eq!(engine.graph(s).unwrap().nodes.len(), 102);
+}
