@@ -228,8 +228,9 @@ fn fold_transcript<S: Store + ?Sized>(store: &mut S, r: &Record) -> Result<()> {
 }
 
 /// Revision ids per row of the revision order: row `c` of a session holds the ids of its
-/// nodes `32c ..= 32c + 31`, in order, 32 raw bytes each.
-pub const REVISION_ORDER_CHUNK: u64 = 32;
+/// nodes `8c ..= 8c + 7`, in order, 32 raw bytes each (small rows for the same reason as
+/// [`STREAM_CHUNK`]: a new node rewrites its session's last row).
+pub const REVISION_ORDER_CHUNK: u64 = 8;
 
 /// The revision order key of the row holding node `ordinal`, and its slot there.
 pub(crate) fn revision_order_slot(session: &SessionId, ordinal: u64) -> (Vec<u8>, u64) {
@@ -508,8 +509,11 @@ fn fold_tools<S: Store + ?Sized>(store: &mut S, r: &Record) -> Result<()> {
 }
 
 /// Stream seqs per row of the stream index: row `c` of a session holds the global seqs
-/// of its stream seqs `64c + 1 ..= 64c + 64`, in order, each a u64 big-endian.
-pub const STREAM_CHUNK: u64 = 64;
+/// of its stream seqs `16c + 1 ..= 16c + 16`, in order, each a u64 big-endian. Each event
+/// rewrites its session's last row, and the delta keeps a version of it per batch: rows
+/// of 16 keep that version about as large as the row of one seq it replaces (64 bytes
+/// on average, against a key and 8 bytes).
+pub const STREAM_CHUNK: u64 = 16;
 
 /// The stream index key of the row holding `stream_seq` (at least 1), and its slot there.
 pub(crate) fn stream_slot(session: &SessionId, stream_seq: u64) -> (Vec<u8>, u64) {

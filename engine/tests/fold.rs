@@ -598,8 +598,8 @@ fn evolve_reports_a_stream_gap_at_its_seq() {
 
 #[test]
 fn the_stream_index_stays_dense_across_its_rows() {
-    // A row holds 64 stream seqs: a gap, a repeat or a new row before the last is full
-    // is corruption on either side of a row's edge, and reads page across the edges.
+    // A row holds `STREAM_CHUNK` stream seqs: a gap, a repeat or a new row before the
+    // last is full is corruption on either side of a row's edge.
     let mut log = Log::new();
     let s = sid(1);
     log.ok(create(s, &[]));
@@ -608,25 +608,26 @@ fn the_stream_index_stays_dense_across_its_rows() {
         let record = log.next_record(s, archived());
         log.fold(record).unwrap();
     }
+    let c = annal::evolve::STREAM_CHUNK;
     let mut record = log.next_record(s, archived());
-    assert_eq!(record.stream_seq, 65);
+    assert_eq!(record.stream_seq, c + 1);
     let seq = record.seq;
-    for (stream_seq, why) in [(66, "a gap at a new row"), (64, "a repeat in a full row"), (0, "stream seq 0")] {
+    for (stream_seq, why) in [(c + 2, "a gap at a new row"), (c, "a repeat in a full row"), (0, "stream seq 0")] {
         record.stream_seq = stream_seq;
         assert_eq!(corrupt_seq(fold_one(&mut log.store.clone(), &record, ProjectionSet::all())), seq, "{why}");
     }
-    record.stream_seq = 65;
+    record.stream_seq = c + 1;
     log.fold(record).unwrap();
     let mut record = log.next_record(s, archived());
     let seq = record.seq;
-    for (stream_seq, why) in [(65, "a repeat in the new row"), (68, "a gap in the new row")] {
+    for (stream_seq, why) in [(c + 1, "a repeat in the new row"), (c + 4, "a gap in the new row")] {
         record.stream_seq = stream_seq;
         assert_eq!(corrupt_seq(fold_one(&mut log.store.clone(), &record, ProjectionSet::all())), seq, "{why}");
     }
-    // Two rows for 65 events: the first full, the second holding one seq.
+    // Two rows for c + 1 events: the first full, the second holding one seq.
     assert_eq!(log.keys(Table::StreamIndex).len(), 2);
     let second: Vec<u8> = log.store.get(Table::StreamIndex, &keys::session_u64(&s, 1)).unwrap().unwrap();
-    assert_eq!(second, 65u64.to_be_bytes());
+    assert_eq!(second, (c + 1).to_be_bytes());
 }
 
 #[test]

@@ -1490,9 +1490,9 @@ fn outcomes_name_the_events_they_wrote() {
     assert_eq!((again.seqs(), again.wrote()), (vec![], false));
 }
 
-/// The stream index keeps 64 stream seqs a row and the revision order 32 ids a row: a
-/// session longer than a few rows pages across their edges, live, from the checkpoint
-/// after a reopen, and from a read-only reader.
+/// The stream index keeps 16 stream seqs a row and the revision order 8 ids a row: a
+/// session of many rows pages across their edges, live, from the checkpoint after a
+/// reopen, and from a read-only reader.
 #[test]
 fn a_long_session_pages_its_events_and_revisions_across_index_rows() {
     let db = Db::new();
@@ -1509,7 +1509,7 @@ fn a_long_session_pages_its_events_and_revisions_across_index_rows() {
     }
     let check = |reader: &Reader| {
         // 101 events: stream seqs 1 ..= 101, in order, from any start.
-        for from in [1u64, 2, 63, 64, 65, 66, 100, 101] {
+        for from in [1u64, 2, 15, 16, 17, 63, 64, 65, 66, 96, 97, 100, 101] {
             for max_events in [1u64, 7, 64, 200] {
                 let page =
                     reader.session_events(s, EventQuery { from_seq: from, max_events, max_bytes: 1 << 20 }).unwrap();
@@ -1527,7 +1527,9 @@ fn a_long_session_pages_its_events_and_revisions_across_index_rows() {
             .is_empty());
         assert_eq!(session_events(reader, other).len(), 35);
         // 101 revision nodes (the creation and one a turn), ordinals in order.
-        for (offset, limit) in [(0u64, 101u64), (30, 5), (31, 2), (32, 40), (95, 10), (101, 5)] {
+        for (offset, limit) in
+            [(0u64, 101u64), (6, 5), (7, 1), (7, 2), (8, 9), (30, 5), (31, 2), (32, 40), (95, 10), (101, 5)]
+        {
             let page = reader.revisions(s, PageRequest::new(offset, limit)).unwrap();
             assert_eq!(page.total, 101);
             let ordinals: Vec<u64> = page.page.items.iter().map(|n| n.ordinal).collect();
