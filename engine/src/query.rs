@@ -761,8 +761,10 @@ pub fn session_events(
         if v.len() % 8 != 0 || v.len() as u64 > crate::evolve::STREAM_CHUNK * 8 {
             return Err(bad_stream_row(session, k));
         }
+        // A damaged key could name a row past any stream: its seqs must not overflow.
+        let base = chunk.checked_mul(crate::evolve::STREAM_CHUNK).ok_or_else(|| bad_stream_row(session, k))?;
         for (i, b) in v.chunks_exact(8).enumerate() {
-            let stream_seq = chunk * crate::evolve::STREAM_CHUNK + i as u64 + 1;
+            let stream_seq = base.checked_add(i as u64 + 1).ok_or_else(|| bad_stream_row(session, k))?;
             if stream_seq < from {
                 continue;
             }

@@ -775,7 +775,12 @@ pub(crate) fn next_stream_seq<S: Store + ?Sized>(store: &S, session: &SessionId)
                 }
             }
             let held = row(lo)?.map_or(0, |v| v.len() as u64 / 8);
-            Ok(lo * crate::evolve::STREAM_CHUNK + held + 1)
+            lo.checked_mul(crate::evolve::STREAM_CHUNK).and_then(|n| n.checked_add(held + 1)).ok_or_else(|| {
+                Error::corrupt(
+                    Location::Projection { table: Table::StreamIndex.name(), key: session.to_string() },
+                    "stream index past any stream",
+                )
+            })
         }
     }
 }
