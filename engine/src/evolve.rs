@@ -5,10 +5,11 @@
 
 use crate::command::Receipt;
 use crate::error::{Error, Location, Result};
+use crate::packed::{Misplaced, Packed};
 use crate::projection::*;
 use crate::store::{keys, Store, StoreExt, Table};
 use crate::transcript;
-use annal_codec::{ContentId, Event, Record, RevisionId, SessionId, StateDelta};
+use annal_codec::{ContentId, Event, Record, RevisionId, StateDelta};
 
 /// Folds one record into the projections in `set`. `introduced` lists the content
 /// objects stored with the record (its content row, in order): the content-id index
@@ -232,10 +233,9 @@ fn fold_transcript<S: Store + ?Sized>(store: &mut S, r: &Record) -> Result<()> {
 /// [`STREAM_CHUNK`]: a new node rewrites its session's last row).
 pub const REVISION_ORDER_CHUNK: u64 = 8;
 
-/// The revision order key of the row holding node `ordinal`, and its slot there.
-pub(crate) fn revision_order_slot(session: &SessionId, ordinal: u64) -> (Vec<u8>, u64) {
-    (keys::session_u64(session, ordinal / REVISION_ORDER_CHUNK), ordinal % REVISION_ORDER_CHUNK)
-}
+/// The revision order: a session's node ids by ordinal, packed.
+pub(crate) const REVISION_ORDER: Packed =
+    Packed { table: Table::RevisionOrder, width: 32, per_row: REVISION_ORDER_CHUNK };
 
 fn fold_graph<S: Store + ?Sized>(store: &mut S, r: &Record) -> Result<()> {
     let tip_key = keys::session(&r.session);
@@ -303,13 +303,9 @@ fn fold_graph<S: Store + ?Sized>(store: &mut S, r: &Record) -> Result<()> {
                 recipe,
             };
             store.put_row(Table::Revisions, &node_key, &node)?;
-            let (key, slot) = revision_order_slot(&r.session, nodes);
-            let mut ids = store.get(Table::RevisionOrder, &key)?.unwrap_or_default();
-            if ids.len() as u64 != slot * 32 {
-                return Err(corrupt(r, format!("revision order row of {} bytes for node {nodes}", ids.len())));
+            if let Err(m) = REVISION_ORDER.append(store, &r.session, nodes, &to.0)? {
+                return Err(corrupt(r, format!("revision order does not take node {nodes}: {m:?}")));
             }
-            ids.extend_from_slice(&to.0);
-            store.put_vec(Table::RevisionOrder, &key, ids)?;
             nodes += 1;
         }
     }
@@ -515,37 +511,23 @@ fn fold_tools<S: Store + ?Sized>(store: &mut S, r: &Record) -> Result<()> {
 /// on average, against a key and 8 bytes).
 pub const STREAM_CHUNK: u64 = 16;
 
-/// The stream index key of the row holding `stream_seq` (at least 1), and its slot there.
-pub(crate) fn stream_slot(session: &SessionId, stream_seq: u64) -> (Vec<u8>, u64) {
-    let n = stream_seq - 1;
-    (keys::session_u64(session, n / STREAM_CHUNK), n % STREAM_CHUNK)
-}
+/// The stream index: a session's global seqs by stream seq (entry `n - 1` for stream seq
+/// `n`), packed.
+pub(crate) const STREAM_INDEX: Packed = Packed { table: Table::StreamIndex, width: 8, per_row: STREAM_CHUNK };
 
 fn fold_streams<S: Store + ?Sized>(store: &mut S, r: &Record) -> Result<()> {
-    if r.stream_seq == 0 {
-        return Err(corrupt(r, "stream seq 0 does not follow the session's stream"));
+    let placed = match r.stream_seq.checked_sub(1) {
+        Some(index) => STREAM_INDEX.append(store, &r.session, index, &r.seq.to_be_bytes())?,
+        None => Err(Misplaced::Gap),
+    };
+    match placed {
+        Ok(()) => Ok(()),
+        Err(Misplaced::Repeated) => Err(corrupt(r, format!("stream seq {} used twice", r.stream_seq))),
+        Err(Misplaced::Gap) => {
+            Err(corrupt(r, format!("stream seq {} does not follow the session's stream", r.stream_seq)))
+        }
+        Err(Misplaced::BadRow(len)) => Err(corrupt(r, format!("stream index row of {len} bytes"))),
     }
-    let (key, slot) = stream_slot(&r.session, r.stream_seq);
-    let mut seqs = store.get(Table::StreamIndex, &key)?.unwrap_or_default();
-    if seqs.len() % 8 != 0 || seqs.len() as u64 > STREAM_CHUNK * 8 {
-        return Err(corrupt(r, format!("stream index row of {} bytes", seqs.len())));
-    }
-    let held = seqs.len() as u64 / 8;
-    if held > slot {
-        return Err(corrupt(r, format!("stream seq {} used twice", r.stream_seq)));
-    }
-    // Dense from 1: every earlier slot of this row is taken, and a new row starts only
-    // once the one before it is full.
-    let follows = held == slot
-        && (slot > 0
-            || r.stream_seq == 1
-            || store.get(Table::StreamIndex, &stream_slot(&r.session, r.stream_seq - 1).0)?.map(|v| v.len())
-                == Some(STREAM_CHUNK as usize * 8));
-    if !follows {
-        return Err(corrupt(r, format!("stream seq {} does not follow the session's stream", r.stream_seq)));
-    }
-    seqs.extend_from_slice(&r.seq.to_be_bytes());
-    store.put_vec(Table::StreamIndex, &key, seqs)
 }
 
 /// The content-id index: every object stored with a record points at that record's seq,

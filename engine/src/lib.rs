@@ -293,6 +293,7 @@ pub mod journal;
 pub mod limits;
 mod log;
 pub mod migrate;
+mod packed;
 mod pool;
 pub mod projection;
 pub mod purge;

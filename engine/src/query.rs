@@ -497,19 +497,13 @@ pub fn revisions(view: &View, limits: &Limits, session: &SessionId, page: PageRe
 }
 
 fn node_at(store: &View, session: &SessionId, ordinal: u64) -> Result<RevisionNode> {
-    let (key, slot) = crate::evolve::revision_order_slot(session, ordinal);
+    let order = crate::evolve::REVISION_ORDER;
+    let (key, slot) = order.slot(session, ordinal);
     let missing = || {
-        Error::corrupt(
-            Location::Projection { table: Table::RevisionOrder.name(), key: crate::store::hex(&key) },
-            "missing node",
-        )
+        Error::corrupt(Location::Projection { table: order.table.name(), key: crate::store::hex(&key) }, "missing node")
     };
-    let ids = store.get(Table::RevisionOrder, &key)?.ok_or_else(missing)?;
-    let at = slot as usize * 32;
-    let rev = match ids.get(at..at + 32).map(<[u8; 32]>::try_from) {
-        Some(Ok(id)) => RevisionId(id),
-        _ => return Err(missing()),
-    };
+    let ids = store.get(order.table, &key)?.ok_or_else(missing)?;
+    let rev = order.entries(&ids).and_then(|mut e| e.nth(slot as usize)).map(revision_id).ok_or_else(missing)?;
     store.row(Table::Revisions, &keys::session_rev(session, &rev))?.ok_or_else(missing)
 }
 
@@ -519,16 +513,15 @@ pub fn graph(view: &View, session: &SessionId) -> Result<RevisionGraph> {
     let head = head_of(store, session)?;
     let prefix = keys::session(session);
     let mut nodes = Vec::new();
-    store.scan(Table::RevisionOrder, &prefix, |k, v| {
-        if v.is_empty() || v.len() % 32 != 0 || v.len() as u64 > crate::evolve::REVISION_ORDER_CHUNK * 32 {
-            return Err(Error::corrupt(
-                Location::Projection { table: Table::RevisionOrder.name(), key: crate::store::hex(k) },
+    let order = crate::evolve::REVISION_ORDER;
+    store.scan(order.table, &prefix, |k, v| {
+        let ids = order.entries(v).ok_or_else(|| {
+            Error::corrupt(
+                Location::Projection { table: order.table.name(), key: crate::store::hex(k) },
                 "bad revision order row",
-            ));
-        }
-        for id in v.chunks_exact(32) {
-            let mut rev = RevisionId([0; 32]);
-            rev.0.copy_from_slice(id);
+            )
+        })?;
+        for rev in ids.map(revision_id) {
             let node = store.row(Table::Revisions, &keys::session_rev(session, &rev))?;
             nodes.push(node.ok_or_else(|| {
                 Error::corrupt(
@@ -752,18 +745,15 @@ pub fn session_events(
     let mut bytes = 0;
     let mut next = from;
     let mut failure = None;
-    let (first, _) = crate::evolve::stream_slot(session, from);
-    view.scan_from(Table::StreamIndex, &keys::session(session), &first, |k, v| {
-        let chunk = match <[u8; 8]>::try_from(&k[16..]) {
-            Ok(b) => u64::from_be_bytes(b),
-            Err(_) => return Err(bad_stream_row(session, k)),
-        };
-        if v.len() % 8 != 0 || v.len() as u64 > crate::evolve::STREAM_CHUNK * 8 {
-            return Err(bad_stream_row(session, k));
-        }
+    let index = crate::evolve::STREAM_INDEX;
+    let (first, _) = index.slot(session, from - 1);
+    view.scan_from(index.table, &keys::session(session), &first, |k, v| {
         // A damaged key could name a row past any stream: its seqs must not overflow.
-        let base = chunk.checked_mul(crate::evolve::STREAM_CHUNK).ok_or_else(|| bad_stream_row(session, k))?;
-        for (i, b) in v.chunks_exact(8).enumerate() {
+        let row = <[u8; 8]>::try_from(&k[16..]).ok().map(u64::from_be_bytes);
+        let (Some(base), Some(seqs)) = (row.and_then(|r| index.first_index(r)), index.entries(v)) else {
+            return Err(bad_stream_row(session, k));
+        };
+        for (i, b) in seqs.enumerate() {
             let stream_seq = base.checked_add(i as u64 + 1).ok_or_else(|| bad_stream_row(session, k))?;
             if stream_seq < from {
                 continue;
@@ -795,6 +785,13 @@ pub fn session_events(
     }
     out.next_seq = next;
     Ok(out)
+}
+
+/// A revision id from an entry of the revision order (32 bytes by construction).
+fn revision_id(entry: &[u8]) -> RevisionId {
+    let mut id = RevisionId([0; 32]);
+    id.0.copy_from_slice(entry);
+    id
 }
 
 fn bad_stream_row(session: &SessionId, key: &[u8]) -> Error {

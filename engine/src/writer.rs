@@ -752,36 +752,11 @@ pub(crate) fn next_stream_seq<S: Store + ?Sized>(store: &S, session: &SessionId)
     match store.row::<SessionHead>(Table::Heads, &keys::session(session))? {
         Some(h) => Ok(h.stream_seq + 1),
         // No head: a new session, or a purged one (its creation erased), whose stream the
-        // stream index still has: find its last row in O(log n) lookups (the rows are
-        // dense from 0, each full but the last), then the slots that row holds.
-        None => {
-            let row =
-                |c: u64| -> Result<Option<Vec<u8>>> { store.get(Table::StreamIndex, &keys::session_u64(session, c)) };
-            if row(0)?.is_none() {
-                return Ok(1);
-            }
-            let mut lo = 0u64;
-            let mut hi = 1u64;
-            while row(hi)?.is_some() && hi < u64::MAX / 2 {
-                lo = hi;
-                hi *= 2;
-            }
-            while hi - lo > 1 {
-                let mid = lo + (hi - lo) / 2;
-                if row(mid)?.is_some() {
-                    lo = mid
-                } else {
-                    hi = mid
-                }
-            }
-            let held = row(lo)?.map_or(0, |v| v.len() as u64 / 8);
-            lo.checked_mul(crate::evolve::STREAM_CHUNK).and_then(|n| n.checked_add(held + 1)).ok_or_else(|| {
-                Error::corrupt(
-                    Location::Projection { table: Table::StreamIndex.name(), key: session.to_string() },
-                    "stream index past any stream",
-                )
-            })
-        }
+        // stream index still has.
+        None => crate::evolve::STREAM_INDEX.len(store, session)?.checked_add(1).ok_or_else(|| {
+            let table = Table::StreamIndex.name();
+            Error::corrupt(Location::Projection { table, key: session.to_string() }, "a stream past any stream seq")
+        }),
     }
 }
 
