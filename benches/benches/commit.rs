@@ -241,7 +241,8 @@ impl RawFixture {
     /// Runs `transactions` durable transactions, each appending what `turns` turn
     /// commits append to annal's log file: a record, a content row and the tip.
     fn run_turn_shaped(&mut self, transactions: u64, turns: u64, tally: &Tally) -> Duration {
-        use annal::tables::{CONTENT, LOG, META};
+        use annal::pieces::ContentWriter;
+        use annal::tables::{LOG, META};
         // Everything that is not a write is prepared before the clock starts, so the
         // baseline times redb alone.
         let record = vec![b'r'; TURN_RECORD_BYTES];
@@ -253,11 +254,11 @@ impl RawFixture {
             txn.set_durability(redb::Durability::Immediate).expect("durability");
             {
                 let mut log = txn.open_table(LOG).expect("log");
-                let mut content = txn.open_table(CONTENT).expect("content");
+                let mut content = ContentWriter::open(&txn).expect("content");
                 for _ in 0..turns {
                     self.next_key += 1;
                     log.insert(self.next_key, record.as_slice()).expect("insert");
-                    content.insert(self.next_key, row.as_slice()).expect("insert");
+                    content.append(self.next_key, &row).expect("insert");
                 }
                 let mut meta = txn.open_table(META).expect("meta");
                 meta.insert("tip", [1u8; 40].as_slice()).expect("insert");

@@ -27,7 +27,8 @@
 //! `cargo bench -p annal-benches --bench replay`
 
 use annal::codec::{decode_record, verify_chain, LogChain};
-use annal::tables::{physical_key, projection_rows, CONTENT, LOG, PROJECTIONS};
+use annal::pieces::ContentReader;
+use annal::tables::{physical_key, projection_rows, LOG, PROJECTIONS};
 use annal::*;
 use redb::ReadableTable;
 use std::path::Path;
@@ -177,14 +178,14 @@ fn read_chain(path: &Path, chain: bool) -> u64 {
 fn read_hash_content(path: &Path) -> (u64, u64) {
     let max = Limits::default().content_bytes_max;
     with_log(path, |txn| {
-        let content = txn.open_table(CONTENT).expect("content");
+        let content = ContentReader::open(txn).expect("content");
         let (mut objects, mut bytes) = (0u64, 0u64);
         for row in content.iter().expect("iter") {
             let (seq, row) = row.expect("row");
-            for entry in annal::codec::content::entries(row.value(), max) {
-                let entry = entry.unwrap_or_else(|e| panic!("content row {}: {e}", seq.value()));
+            for entry in annal::codec::content::entries(&row, max) {
+                let entry = entry.unwrap_or_else(|e| panic!("content row {seq}: {e}"));
                 let canonical = entry.verify(max);
-                let canonical = canonical.unwrap_or_else(|| panic!("content in row {} hashes to its id", seq.value()));
+                let canonical = canonical.unwrap_or_else(|| panic!("content in row {seq} hashes to its id"));
                 objects += 1;
                 bytes += canonical.len() as u64;
             }

@@ -13,7 +13,7 @@
 
 use crate::report::{Entry, Report};
 use crate::rng::SplitMix64;
-use crate::stores::{disk_bytes, Cursor, SessionStore, StoreKind};
+use crate::stores::{allocated_bytes, disk_bytes, Cursor, SessionStore, StoreKind};
 use crate::workload::{self, Msg, Op, Shape};
 use crate::Result;
 use std::fs::OpenOptions;
@@ -445,8 +445,16 @@ fn bytes_on_disk(
     })?;
     store.close()?;
     let on_disk = disk_bytes(&dir)?;
+    let allocated = allocated_bytes(&dir)?;
     let metric = format!("bytes_per_logical_byte_{name}");
     report.push(Entry::new(kind.name(), &metric, None, on_disk as f64 / logical as f64, "ratio"));
+    report.push(Entry::new(
+        kind.name(),
+        &format!("allocated_bytes_per_logical_byte_{name}"),
+        None,
+        allocated as f64 / logical as f64,
+        "ratio",
+    ));
     report.push(Entry::new(kind.name(), &format!("disk_bytes_{name}"), None, on_disk as f64, "bytes"));
     report.push(Entry::new(kind.name(), &format!("logical_bytes_{name}"), None, logical as f64, "bytes"));
     // The same files after the store's own tool gave their free space back.

@@ -12,7 +12,7 @@ use std::path::Path;
 use std::time::Duration;
 
 /// The metrics every store reports, whatever the scale.
-pub const METRICS: [&str; 15] = [
+pub const METRICS: [&str; 17] = [
     "commits_per_s",
     "commit_p50_us",
     "commit_p99_us",
@@ -26,6 +26,8 @@ pub const METRICS: [&str; 15] = [
     "bytes_per_logical_byte_compaction_heavy",
     "bytes_per_logical_byte_append_only_compacted",
     "bytes_per_logical_byte_compaction_heavy_compacted",
+    "allocated_bytes_per_logical_byte_append_only",
+    "allocated_bytes_per_logical_byte_compaction_heavy",
     "open_first_head_ms",
     "recovery_first_head_ms",
 ];

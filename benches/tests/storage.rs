@@ -4,8 +4,9 @@
 //! about 1 KiB, deterministic pseudo-random text) is committed with and without
 //! rewrites. The bytes annal stores are the keys and values of the log file's two
 //! authoritative tables, read with a raw redb read of the closed file: `log` (seq →
-//! record) and the content rows (seq → the objects that record introduced, each behind
-//! a 37-byte entry header, its bytes compressed when that pays). The projections file
+//! record) and the content rows ((seq, piece) → the objects that record introduced, each
+//! behind a 37-byte entry header, its bytes compressed when that pays, the row cut into
+//! pieces of at most `annal::pieces::PIECE_BYTES` bytes). The projections file
 //! beside it is disposable (a rebuild recreates it from the log), so it is reported but
 //! not counted. What the rewrites add is what keeping rewrite history costs. A naive
 //! audit trail would keep one record per rewrite holding the full bodies of the
@@ -21,7 +22,8 @@
 //!
 //! Run with `--nocapture` to see the figures.
 
-use annal::tables::{projection_rows, CONTENT, LOG, META};
+use annal::pieces::{ContentReader, PIECES};
+use annal::tables::{projection_rows, LOG, META};
 use annal::{
     CommitTurn, ContentId, CreateSession, Durability, Engine, Expected, Limits, Message, Options, Reader, RevisionId,
     Rewrite, RewriteReason, Role, Table,
@@ -253,13 +255,13 @@ fn run(path: &Path, rewrites: Rewrites) -> Measured {
         let db = redb::Database::open(path).expect("reopen raw");
         let txn = db.begin_read().expect("read");
         let tables: BTreeSet<String> = txn.list_tables().expect("list tables").map(|t| t.name().to_string()).collect();
-        let expected: BTreeSet<String> = [LOG.name(), CONTENT.name(), META.name()].map(String::from).into();
+        let expected: BTreeSet<String> = [LOG.name(), PIECES.name(), META.name()].map(String::from).into();
         assert_eq!(tables, expected, "the log file holds only the log, the content rows and meta");
         let objects = content_objects(&txn);
         let measured = Measured {
             rewrites: rewrite_count,
             log_bytes: table_bytes(&txn, LOG),
-            content_bytes: table_bytes(&txn, CONTENT),
+            content_bytes: table_bytes(&txn, PIECES),
             content_objects: objects.len() as u64,
             distinct_replacements,
             file_bytes: std::fs::metadata(path).expect("file size").len(),
@@ -293,13 +295,12 @@ fn check_content_index(path: &Path, objects: &BTreeMap<ContentId, u64>) {
 /// Every object in the content rows, by id, with the seq of the row that holds it. Every
 /// row must parse, every object must hash to its id, and no id may be stored twice.
 fn content_objects(txn: &redb::ReadTransaction) -> BTreeMap<ContentId, u64> {
-    let table = txn.open_table(CONTENT).expect("open content rows");
+    let table = ContentReader::open(txn).expect("open content rows");
     let mut objects = BTreeMap::new();
     for row in table.iter().expect("iterate") {
         let (seq, row) = row.expect("row");
-        let seq = seq.value();
         let mut entries = 0;
-        for entry in annal::codec::content::entries(row.value(), Limits::default().content_bytes_max) {
+        for entry in annal::codec::content::entries(&row, Limits::default().content_bytes_max) {
             let entry = entry.unwrap_or_else(|e| panic!("content row {seq}: {e}"));
             let canonical = entry.verify(Limits::default().content_bytes_max);
             assert!(canonical.is_some(), "content row {seq}: object {} decodes and hashes to its id", entry.id);

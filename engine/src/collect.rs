@@ -26,9 +26,9 @@
 
 use crate::delta::View;
 use crate::error::{Error, Location, Result};
-use crate::tables::{meta_keys, CONTENT, META};
+use crate::pieces::ContentWriter;
+use crate::tables::{meta_keys, META};
 use annal_codec::{decode_message, decode_record, ContentId};
-use redb::ReadableTable;
 use std::collections::HashSet;
 
 /// What an online collection did ([`crate::Engine::collect_garbage`]).
@@ -128,16 +128,15 @@ pub(crate) struct Swept {
 /// Rewrites the rows of one batch in `txn` without the objects `marks` does not hold.
 pub(crate) fn sweep_rows(txn: &redb::WriteTransaction, marks: &Marks, sweep: &Sweep, object_max: u64) -> Result<Swept> {
     let mut out = Swept::default();
-    let mut content = txn.open_table(CONTENT)?;
+    let mut content = ContentWriter::open(txn)?;
     let mut rewrites: Vec<(u64, Vec<u8>)> = Vec::new();
     let mut last = None;
     for item in content.range(sweep.from..=sweep.through)?.take(sweep.rows.max(1)) {
-        let (k, v) = item?;
-        let seq = k.value();
+        let (seq, row) = item?;
         last = Some(seq);
         out.rows_read += 1;
         if let Some((row, removed, bytes)) =
-            crate::purge::filter_row(seq, v.value(), object_max, |id| marks.reached.contains(id))?
+            crate::purge::filter_row(seq, &row, object_max, |id| marks.reached.contains(id))?
         {
             out.removed.extend(removed);
             out.bytes += bytes;
@@ -145,11 +144,7 @@ pub(crate) fn sweep_rows(txn: &redb::WriteTransaction, marks: &Marks, sweep: &Sw
         }
     }
     for (seq, row) in &rewrites {
-        if row.is_empty() {
-            content.remove(*seq)?;
-        } else {
-            content.insert(*seq, row.as_slice())?;
-        }
+        content.put(*seq, row)?;
     }
     out.rows_rewritten = rewrites.len() as u64;
     out.next = match last {

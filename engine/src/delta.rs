@@ -21,7 +21,7 @@ use crate::error::{Error, Location, Result};
 use crate::journal::{SealedBatch, Tail};
 use crate::projection::SessionHead;
 use crate::store::{decode_row, Store, StoreExt, Table, Writes};
-use crate::tables::{self, logical_key, physical_key, CONTENT, PROJECTIONS};
+use crate::tables::{self, logical_key, physical_key, PROJECTIONS};
 use annal_codec::{ChainHash, ContentId};
 use parking_lot::{Condvar, Mutex, RwLock};
 use redb::ReadTransaction;
@@ -474,7 +474,7 @@ pub struct View {
     /// The engine's content cache, if it has one.
     cache: Option<Arc<ContentCache>>,
     /// The log file's content table, opened at the first content read of this view.
-    content: std::cell::OnceCell<redb::ReadOnlyTable<u64, &'static [u8]>>,
+    content: std::cell::OnceCell<crate::pieces::ContentReader>,
     /// The log file's record table, opened at the first record read of this view.
     records: std::cell::OnceCell<redb::ReadOnlyTable<u64, &'static [u8]>>,
 }
@@ -497,7 +497,7 @@ impl View {
     }
 
     /// The log file's raw snapshot, for offline tools that read its tables
-    /// ([`crate::tables::LOG`], [`crate::tables::CONTENT`], [`crate::tables::META`])
+    /// ([`crate::tables::LOG`], [`crate::pieces::PIECES`], [`crate::tables::META`])
     /// directly. It may hold commits past [`View::seq`], and it lacks those still in
     /// the journal (see [`View::journalled_rows`]).
     pub fn log(&self) -> &ReadTransaction {
@@ -679,7 +679,7 @@ impl View {
                 let content = match self.content.get() {
                     Some(table) => table,
                     None => {
-                        let table = self.log.txn.open_table(CONTENT)?;
+                        let table = crate::pieces::ContentReader::open(&self.log.txn)?;
                         self.content.get_or_init(|| table)
                     }
                 };

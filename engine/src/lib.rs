@@ -294,6 +294,7 @@ pub mod limits;
 mod log;
 pub mod migrate;
 mod packed;
+pub mod pieces;
 mod pool;
 pub mod projection;
 pub mod purge;

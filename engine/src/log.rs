@@ -8,7 +8,8 @@
 //! [`LogTail`] reads records back, chain-checked, for recovery, rebuild and readers.
 
 use crate::error::{Error, Location, Result};
-use crate::tables::{self, meta_keys, CONTENT, LOG, META};
+use crate::pieces::{ContentReader, ContentWriter};
+use crate::tables::{self, meta_keys, LOG, META};
 use annal_codec::content::{entries, push_stored};
 use annal_codec::{decode_record, encode_record, verify_chain, ChainHash, ContentId, LogChain, Record};
 use redb::{Database, ReadTransaction, ReadableDatabase, ReadableTable, ReadableTableMetadata, WriteTransaction};
@@ -115,7 +116,7 @@ pub(crate) fn append_sealed<'a>(
 ) -> Result<Appended> {
     let mut written = Appended::default();
     let mut log = txn.open_table(LOG)?;
-    let mut content = txn.open_table(CONTENT)?;
+    let mut content = ContentWriter::open(txn)?;
     for (expected, row) in (after + 1..).zip(rows) {
         if row.seq != expected {
             return Err(Error::Storage(format!("append: seq {} does not follow {}", row.seq, expected - 1)));
@@ -124,7 +125,7 @@ pub(crate) fn append_sealed<'a>(
         written.records += 1;
         written.record_bytes += row.record.len() as u64;
         if !row.content.is_empty() {
-            content.insert(row.seq, row.content.as_slice())?;
+            content.append(row.seq, &row.content)?;
             written.content_bytes += row.content.len() as u64;
         }
     }
@@ -170,13 +171,9 @@ pub(crate) fn hash_at(log: &impl ReadableTable<u64, &'static [u8]>, chain: &LogC
 }
 
 /// The ids of the objects in content row `seq` (none if the record introduced none).
-pub(crate) fn introduced(
-    content: &impl ReadableTable<u64, &'static [u8]>,
-    seq: u64,
-    object_bytes_max: u64,
-) -> Result<Vec<ContentId>> {
+pub(crate) fn introduced(content: &ContentReader, seq: u64, object_bytes_max: u64) -> Result<Vec<ContentId>> {
     match content.get(seq)? {
-        Some(row) => ids_in_row(row.value(), seq, object_bytes_max),
+        Some(row) => ids_in_row(&row, seq, object_bytes_max),
         None => Ok(Vec::new()),
     }
 }
@@ -189,15 +186,10 @@ pub(crate) fn ids_in_row(row: &[u8], seq: u64, object_bytes_max: u64) -> Result<
 }
 
 /// Reads object `id` from content row `seq` and checks it against its id.
-pub(crate) fn read_object(
-    content: &impl ReadableTable<u64, &'static [u8]>,
-    seq: u64,
-    id: &ContentId,
-    object_bytes_max: u64,
-) -> Result<Vec<u8>> {
+pub(crate) fn read_object(content: &ContentReader, seq: u64, id: &ContentId, object_bytes_max: u64) -> Result<Vec<u8>> {
     let location = || Location::Content { id: id.to_hex() };
     let row = content.get(seq)?.ok_or_else(|| Error::corrupt(location(), format!("content row {seq} is missing")))?;
-    object_in_row(row.value(), seq, id, object_bytes_max)
+    object_in_row(&row, seq, id, object_bytes_max)
 }
 
 /// Reads object `id` from `row`, the content row of record `seq`, and checks it against
@@ -221,7 +213,7 @@ pub struct LogTail {
     log: redb::Range<'static, u64, &'static [u8]>,
     /// The journalled rows past the log file's snapshot.
     journal: crate::journal::Tail,
-    content: redb::ReadOnlyTable<u64, &'static [u8]>,
+    content: ContentReader,
     chain: LogChain,
     prev: ChainHash,
     next_seq: u64,
@@ -264,7 +256,7 @@ impl LogTail {
             prev,
             log: log.range(after + 1..=file_last.max(after))?,
             journal: journal.after(after),
-            content: txn.open_table(CONTENT)?,
+            content: ContentReader::open(txn)?,
             chain: chain.clone(),
             next_seq: after + 1,
             last_seq: last,
@@ -367,7 +359,8 @@ fn check_key(stored: Option<Vec<u8>>, chain: &LogChain) -> Result<()> {
 }
 
 /// Writes this release's format number into a log file of a format it reads as it is
-/// (`tables::FORMAT_APPEND_ONLY_V1`, `tables::FORMAT_BEFORE_JOURNAL`): from then on it
+/// (`tables::FORMAT_APPEND_ONLY_V1`, `tables::FORMAT_BEFORE_JOURNAL`,
+/// `tables::FORMAT_WHOLE_CONTENT_ROWS`): from then on it
 /// may hold what that release cannot read (records it cannot decode, commits in the
 /// journal), and the number tells it so at open.
 pub(crate) fn upgrade_format(db: &Database) -> Result<bool> {

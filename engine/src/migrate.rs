@@ -10,8 +10,9 @@
 //! with [`crate::Error::MigrationRequired`], which names `annal migrate`.
 
 use crate::error::{fail_closed, Error, Location, Result};
+use crate::pieces::ContentWriter;
 use crate::projection::Projection;
-use crate::tables::{self, legacy, meta_keys, CONTENT, LOG, META};
+use crate::tables::{self, legacy, meta_keys, LOG, META};
 use annal_codec::content::{encode_object, push_stored};
 use annal_codec::{decode_message, decode_record, verify_chain, ContentId, Event, LogChain};
 use redb::{ReadableDatabase, ReadableTable};
@@ -74,7 +75,7 @@ fn migrate_v1(db: &redb::Database, chain: &LogChain) -> Result<MigrateStats> {
     {
         let log = txn.open_table(LOG)?;
         let old = txn.open_table(legacy::CONTENT)?;
-        let mut rows = txn.open_table(CONTENT)?;
+        let mut rows = ContentWriter::open(&txn)?;
         let mut seen: HashSet<ContentId> = HashSet::new();
         let mut prev = chain.genesis();
         let mut row = Vec::new();
@@ -118,7 +119,7 @@ fn migrate_v1(db: &redb::Database, chain: &LogChain) -> Result<MigrateStats> {
                 push_stored(&mut row, id, *encoding, stored);
             }
             if !row.is_empty() {
-                rows.insert(seq, row.as_slice())?;
+                rows.append(seq, &row)?;
             }
             stats.records += 1;
         }

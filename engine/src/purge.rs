@@ -29,9 +29,10 @@
 use crate::engine::{projections_path, Engine, Options};
 use crate::error::{fail_closed, Error, Limit, Location, Rejection, Result};
 use crate::log::{self, Entry, Tip};
+use crate::pieces::ContentWriter;
 use crate::projection::{ForkEdge, SessionHead};
 use crate::store::{keys, StoreExt, Table};
-use crate::tables::{meta_keys, CONTENT, LOG, META};
+use crate::tables::{meta_keys, LOG, META};
 use annal_codec::content::{entries, push_stored};
 use annal_codec::{
     decode_header, decode_message, decode_record, erase_record, reseal, verify_chain, ContentId, Event, LogChain,
@@ -312,11 +313,11 @@ fn erase_in_log(
     // What the live messages' attachments add, then the rows rewritten without the rest.
     let mut content_rewrites: Vec<(u64, Option<Vec<u8>>)> = Vec::new();
     {
-        let content = txn.open_table(CONTENT)?;
+        let content = ContentWriter::open(&txn)?;
         for item in content.iter()? {
-            let (k, v) = item?;
-            for entry in entries(v.value(), object_max) {
-                let entry = entry.map_err(|e| Error::corrupt(Location::Log { seq: k.value() }, e.to_string()))?;
+            let (seq, row) = item?;
+            for entry in entries(&row, object_max) {
+                let entry = entry.map_err(|e| Error::corrupt(Location::Log { seq }, e.to_string()))?;
                 if messages.contains(&entry.id) {
                     let bytes = entry
                         .canonical(object_max)
@@ -328,12 +329,12 @@ fn erase_in_log(
             }
         }
         for item in content.iter()? {
-            let (k, v) = item?;
+            let (seq, row) = item?;
             let keep = |id: &ContentId| messages.contains(id) || others.contains(id);
-            if let Some((row, removed, bytes)) = filter_row(k.value(), v.value(), object_max, keep)? {
+            if let Some((row, removed, bytes)) = filter_row(seq, &row, object_max, keep)? {
                 report.objects_erased += removed.len() as u64;
                 report.content_bytes_erased += bytes;
-                content_rewrites.push((k.value(), (!row.is_empty()).then_some(row)));
+                content_rewrites.push((seq, (!row.is_empty()).then_some(row)));
             }
         }
     }
@@ -345,11 +346,11 @@ fn erase_in_log(
         for (seq, bytes) in &rewrites {
             log.insert(*seq, bytes.as_slice())?;
         }
-        let mut content = txn.open_table(CONTENT)?;
+        let mut content = ContentWriter::open(&txn)?;
         for (seq, row) in &content_rewrites {
             match row {
-                Some(row) => drop(content.insert(*seq, row.as_slice())?),
-                None => drop(content.remove(*seq)?),
+                Some(row) => content.put(*seq, row)?,
+                None => content.remove(*seq)?,
             }
         }
     }
@@ -502,7 +503,7 @@ fn scrub(path: &Path) -> Result<()> {
             redb::Database::create(&tmp).map_err(|e| Error::Storage(format!("create {}: {e}", tmp.display())))?;
         let read = old.begin_read()?;
         copy_table(&read, &new, LOG)?;
-        copy_table(&read, &new, CONTENT)?;
+        copy_content(&read, &new)?;
         copy_bytes_table(&read, &new, crate::draft::DRAFTS)?;
         copy_bytes_table(&read, &new, crate::draft::DRAFT_INDEX)?;
         let txn = new.begin_write()?;
@@ -539,6 +540,30 @@ fn scrub(path: &Path) -> Result<()> {
 /// [`SCRUB_TXN_BYTES`]. Each is durable: redb reuses the pages a transaction frees only
 /// after a durable commit, so non-durable ones would grow the new file (measured: a
 /// 48.5 MB log was rewritten into 71 MB), and a sync per 64 MiB costs little.
+/// Copies every content row into `new`, in pieces whatever its layout in the old file.
+fn copy_content(read: &redb::ReadTransaction, new: &redb::Database) -> Result<()> {
+    let source = crate::pieces::ContentReader::open(read)?;
+    let mut rows = source.iter()?.peekable();
+    loop {
+        let txn = new.begin_write()?;
+        let last = {
+            let mut out = ContentWriter::open(&txn)?;
+            let mut bytes = 0u64;
+            while bytes < SCRUB_TXN_BYTES {
+                let Some(item) = rows.next() else { break };
+                let (seq, row) = item?;
+                bytes += row.len() as u64 + 8;
+                out.append(seq, &row)?;
+            }
+            rows.peek().is_none()
+        };
+        txn.commit()?;
+        if last {
+            return Ok(());
+        }
+    }
+}
+
 fn copy_table(
     read: &redb::ReadTransaction,
     new: &redb::Database,

@@ -5,7 +5,8 @@
 //! checkpointer, rebuild and migrate), whose storage internals are private.
 //!
 //! The log file holds what is authoritative, written only by appending: [`LOG`],
-//! [`CONTENT`] and [`META`]. The projections file beside it holds what is disposable:
+//! [`crate::pieces::PIECES`] (and, in files of earlier formats, [`CONTENT`]) and
+//! [`META`]. The projections file beside it holds what is disposable:
 //! every projection row in [`PROJECTIONS`], under a physical key that names its logical
 //! [`Table`] (see [`physical_key`]), and the projections' versions and cursors in its own
 //! [`META`].
@@ -19,7 +20,9 @@ use redb::{ReadableTable, TableDefinition, TableHandle, WriteTransaction};
 /// Global sequence → encoded record.
 pub const LOG: TableDefinition<u64, &[u8]> = TableDefinition::new("log");
 /// Global sequence → the content row of the objects that record introduced
-/// (`annal_codec::content`).
+/// (`annal_codec::content`), whole: files of formats 2 to 4. This format keeps rows in
+/// pieces ([`crate::pieces::PIECES`]) and reads these as they are
+/// ([`crate::pieces::ContentRows`]).
 pub const CONTENT: TableDefinition<u64, &[u8]> = TableDefinition::new("content_rows");
 /// Log file: format version, log tip, key check. Projections file: format version,
 /// projection versions and cursors, and the chain hash at the checkpoint.
@@ -137,9 +140,15 @@ pub fn clear_projection_tables(txn: &WriteTransaction, tables: &[Table]) -> Resu
 /// may also hold records of record format 2 and erased records, which a release that
 /// reads format 2 cannot decode. Format 4 (this release) commits through the journal
 /// beside the log file (`crate::journal`): after a crash the journal holds acknowledged
-/// commits that a release reading format 3 would not look for. A file of format 2 or 3
-/// is read as it is, and the first open for writing rewrites its format number.
-pub const FORMAT: u32 = 4;
+/// commits that a release reading format 3 would not look for. Format 5 (this release)
+/// keeps content rows in pieces ([`crate::pieces`]), which a release reading format 4
+/// would not find. A file of format 2, 3 or 4 is read as it is (its whole content rows
+/// stay where they are until a rewrite moves one to pieces), and the first open for
+/// writing rewrites its format number.
+pub const FORMAT: u32 = 5;
+
+/// The journal's layout before content pieces: read as it is, upgraded in place.
+pub const FORMAT_WHOLE_CONTENT_ROWS: u32 = 4;
 
 /// The append-only layout before record format 2: read as it is, upgraded in place.
 pub const FORMAT_APPEND_ONLY_V1: u32 = 2;
@@ -149,7 +158,10 @@ pub const FORMAT_BEFORE_JOURNAL: u32 = 3;
 
 /// Whether this release reads a log file of format `f` without a migration.
 pub fn readable_format(f: u64) -> bool {
-    f == FORMAT as u64 || f == FORMAT_BEFORE_JOURNAL as u64 || f == FORMAT_APPEND_ONLY_V1 as u64
+    f == FORMAT as u64
+        || f == FORMAT_WHOLE_CONTENT_ROWS as u64
+        || f == FORMAT_BEFORE_JOURNAL as u64
+        || f == FORMAT_APPEND_ONLY_V1 as u64
 }
 
 /// The projections file's format version.
@@ -232,7 +244,7 @@ pub(crate) fn write_projection_meta(meta: &mut redb::Table<&str, &[u8]>, p: Proj
 /// Creates every table of the log file that does not exist yet.
 pub(crate) fn create_log_tables(txn: &WriteTransaction) -> Result<()> {
     txn.open_table(LOG)?;
-    txn.open_table(CONTENT)?;
+    txn.open_table(crate::pieces::PIECES)?;
     txn.open_table(META)?;
     Ok(())
 }

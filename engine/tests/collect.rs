@@ -7,10 +7,11 @@ mod common;
 
 use annal::codec::content::{encode_object, entries, push_stored};
 use annal::codec::{content_id, encode_message, ContentId, MessageObject};
-use annal::tables::{meta_keys, CONTENT};
+use annal::pieces::{ContentReader, ContentWriter};
+use annal::tables::meta_keys;
 use annal::{Engine, Message, ProjectionSet, Role};
 use common::*;
-use redb::{ReadableDatabase, ReadableTable};
+use redb::ReadableDatabase;
 use std::collections::BTreeSet;
 use std::path::Path;
 
@@ -33,13 +34,13 @@ fn inject(path: &Path, seq: u64, objects: &[Vec<u8>]) {
     let raw = redb::Database::create(path).unwrap();
     let txn = raw.begin_write().unwrap();
     {
-        let mut content = txn.open_table(CONTENT).unwrap();
-        let mut row = content.get(seq).unwrap().map(|g| g.value().to_vec()).unwrap_or_default();
+        let mut content = ContentWriter::open(&txn).unwrap();
+        let mut row = content.get(seq).unwrap().unwrap_or_default();
         for o in objects {
             let (encoding, stored) = encode_object(o);
             push_stored(&mut row, &content_id(o), encoding, &stored);
         }
-        content.insert(seq, row.as_slice()).unwrap();
+        content.put(seq, &row).unwrap();
     }
     txn.commit().unwrap();
     drop(raw);
@@ -50,11 +51,11 @@ fn inject(path: &Path, seq: u64, objects: &[Vec<u8>]) {
 fn stored_ids(path: &Path) -> BTreeSet<ContentId> {
     let raw = redb::Database::create(path).unwrap();
     let txn = raw.begin_read().unwrap();
-    let content = txn.open_table(CONTENT).unwrap();
+    let content = ContentReader::open(&txn).unwrap();
     let mut ids = BTreeSet::new();
     for item in content.iter().unwrap() {
-        let (_, v) = item.unwrap();
-        for e in entries(v.value(), u64::MAX) {
+        let (_, row) = item.unwrap();
+        for e in entries(&row, u64::MAX) {
             ids.insert(e.unwrap().id);
         }
     }
@@ -166,8 +167,8 @@ fn an_interrupted_collection_is_finished_by_the_next_open() {
         let raw = redb::Database::create(&db.path).unwrap();
         let txn = raw.begin_write().unwrap();
         {
-            let mut content = txn.open_table(CONTENT).unwrap();
-            let row = content.get(2).unwrap().unwrap().value().to_vec();
+            let mut content = ContentWriter::open(&txn).unwrap();
+            let row = content.get(2).unwrap().unwrap();
             let mut kept = Vec::new();
             for e in entries(&row, u64::MAX) {
                 let e = e.unwrap();
@@ -175,7 +176,7 @@ fn an_interrupted_collection_is_finished_by_the_next_open() {
                     push_stored(&mut kept, &e.id, e.encoding, e.stored);
                 }
             }
-            content.insert(2, kept.as_slice()).unwrap();
+            content.put(2, &kept).unwrap();
         }
         txn.open_table(annal::tables::META).unwrap().insert(meta_keys::CONTENT_COLLECTING, [1u8].as_slice()).unwrap();
         txn.commit().unwrap();

@@ -7,10 +7,10 @@
 mod common;
 
 use annal::codec::content::entries;
-use annal::tables::CONTENT;
+use annal::pieces::ContentReader;
 use annal::*;
 use common::*;
-use redb::{ReadableDatabase, ReadableTable};
+use redb::ReadableDatabase;
 use std::collections::HashSet;
 use std::fmt::Debug;
 
@@ -112,11 +112,11 @@ fn assert_consistent(engine: &Engine) {
 fn stored_content(db: &Db) -> Vec<ContentId> {
     let raw = redb::Database::open(&db.path).unwrap();
     let txn = raw.begin_read().unwrap();
-    let table = txn.open_table(CONTENT).unwrap();
+    let table = ContentReader::open(&txn).unwrap();
     let mut ids = Vec::new();
     for row in table.iter().unwrap() {
         let (_, value) = row.unwrap();
-        for object in entries(value.value(), u64::MAX) {
+        for object in entries(&value, u64::MAX) {
             ids.push(object.unwrap().id);
         }
     }

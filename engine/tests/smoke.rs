@@ -196,8 +196,8 @@ fn compressed_and_raw_content_round_trip_with_the_same_ids() {
         let view = Reader::open(&path, Limits::default(), None).unwrap();
         let stored: usize = {
             let snapshot = view.snapshot().unwrap();
-            let table = snapshot.log().open_table(annal::tables::CONTENT).unwrap();
-            redb::ReadableTable::iter(&table).unwrap().map(|e| e.unwrap().1.value().len()).sum()
+            let rows = annal::pieces::ContentReader::open(snapshot.log()).unwrap();
+            rows.iter().unwrap().map(|e| e.unwrap().1.len()).sum()
         };
         sizes.push(stored);
     }

@@ -1,15 +1,17 @@
 //! A demo database whose rows are tampered with through redb (log records replaced,
-//! flipped, removed or added; content rows replaced, flipped, removed, added at any seq,
-//! or an object moved to another row; meta values changed; projection rows changed or
-//! removed in the projections file), then checked by `annal verify --deep`'s own
-//! function on the two files. Verification must report, never panic and never hang,
-//! whatever the rows hold; the untampered files must verify clean, with every projection
-//! table compared.
+//! flipped, removed or added; content rows, read and rewritten through their pieces,
+//! replaced, flipped, removed, added at any seq, or an object moved to another row; one
+//! piece written at any index; a whole row of an earlier format added; meta
+//! values changed; projection rows changed or removed in the projections file), then
+//! checked by `annal verify --deep`'s own function on the two files. Verification must
+//! report, never panic and never hang, whatever the rows hold; the untampered files must
+//! verify clean, with every projection table compared.
 
 #![no_main]
 
 use annal::codec::content::entries;
 use annal::fault::SharedMemory;
+use annal::pieces::{PIECES, PIECE_BYTES};
 use annal::tables::{CONTENT, LOG, META, PROJECTIONS};
 use annal_replay::verify::{verify, VerifyOptions};
 use arbitrary::Arbitrary;
@@ -39,6 +41,12 @@ enum Tamper {
     /// Move the first object of one content row to the end of another row (at the seq
     /// of a record), so it may be introduced after its first reference, or twice.
     MoveObject { from: u16, to: u16, keep: bool },
+    /// Write one piece of a content row at any piece index (a gap, an empty piece, a
+    /// row made longer), whatever the row's other pieces.
+    SetPiece { at: u16, piece: u8, bytes: Vec<u8> },
+    /// Write a content row whole, as a file of an earlier format holds it: beside the
+    /// pieces of the same seq, or at a seq that has none.
+    WholeContentRow { seq: u8, bytes: Vec<u8> },
     /// Replace a meta value.
     SetMeta { at: u8, bytes: Vec<u8> },
     /// Replace a projection row's value in the projections file.
@@ -107,13 +115,45 @@ fn raw_entries(row: &[u8]) -> Vec<Vec<u8>> {
     out
 }
 
+/// The content pieces of a log file: (seq, piece) → bytes.
+type Pieces<'txn> = redb::Table<'txn, (u64, u32), &'static [u8]>;
+
+/// The content row of `seq`: its pieces in key order, concatenated (empty if it has none).
+fn get_row(pieces: &Pieces, seq: u64) -> Result<Vec<u8>, redb::Error> {
+    let mut row = Vec::new();
+    for piece in pieces.range((seq, 0)..=(seq, u32::MAX))? {
+        row.extend_from_slice(piece?.1.value());
+    }
+    Ok(row)
+}
+
+/// Removes every piece of the row of `seq`.
+fn remove_row(pieces: &mut Pieces, seq: u64) -> Result<(), redb::Error> {
+    pieces.retain_in((seq, 0)..=(seq, u32::MAX), |_, _| false)?;
+    Ok(())
+}
+
+/// Replaces the row of `seq` with `bytes`, cut into pieces as the engine cuts them; an
+/// empty `bytes` is stored as one empty piece, so the row is there and empty.
+fn put_row(pieces: &mut Pieces, seq: u64, bytes: &[u8]) -> Result<(), redb::Error> {
+    remove_row(pieces, seq)?;
+    if bytes.is_empty() {
+        pieces.insert((seq, 0), bytes)?;
+    }
+    for (i, piece) in (0u32..).zip(bytes.chunks(PIECE_BYTES)) {
+        pieces.insert((seq, i), piece)?;
+    }
+    Ok(())
+}
+
 fn tamper_log(txn: &redb::WriteTransaction, tampers: &[Tamper]) -> Result<(), redb::Error> {
     let mut log = txn.open_table(LOG)?;
-    let mut content = txn.open_table(CONTENT)?;
+    let mut content = txn.open_table(PIECES)?;
     let mut meta = txn.open_table(META)?;
     // The keys as they were: a tamper may pick a key an earlier one removed.
     let seqs: Vec<u64> = log.iter()?.filter_map(Result::ok).map(|(k, _)| k.value()).collect();
-    let rows: Vec<u64> = content.iter()?.filter_map(Result::ok).map(|(k, _)| k.value()).collect();
+    let mut rows: Vec<u64> = content.iter()?.filter_map(Result::ok).map(|(k, _)| k.value().0).collect();
+    rows.dedup();
     let names: Vec<String> = meta.iter()?.filter_map(Result::ok).map(|(k, _)| k.value().to_string()).collect();
     let tip = seqs.last().copied().unwrap_or(0);
     for t in tampers {
@@ -144,32 +184,32 @@ fn tamper_log(txn: &redb::WriteTransaction, tampers: &[Tamper]) -> Result<(), re
             }
             Tamper::SetContentRow { at, bytes } => {
                 if let Some(seq) = pick(&rows, *at) {
-                    content.insert(seq, bytes.as_slice())?;
+                    put_row(&mut content, seq, bytes)?;
                 }
             }
             Tamper::FlipContentRow { at, offset, bit } => {
                 if let Some(seq) = pick(&rows, *at) {
-                    let mut bytes = content.get(seq)?.map(|g| g.value().to_vec()).unwrap_or_default();
+                    let mut bytes = get_row(&content, seq)?;
                     if !bytes.is_empty() {
                         let i = *offset as usize % bytes.len();
                         bytes[i] ^= 1 << (bit % 8);
-                        content.insert(seq, bytes.as_slice())?;
+                        put_row(&mut content, seq, &bytes)?;
                     }
                 }
             }
             Tamper::RemoveContentRow { at } => {
                 if let Some(seq) = pick(&rows, *at) {
-                    content.remove(seq)?;
+                    remove_row(&mut content, seq)?;
                 }
             }
             Tamper::InsertContentRow { seq, bytes } => {
-                content.insert(u64::from(*seq) % (tip + 4), bytes.as_slice())?;
+                put_row(&mut content, u64::from(*seq) % (tip + 4), bytes)?;
             }
             Tamper::MoveObject { from, to, keep } => {
                 let (Some(from), Some(to)) = (pick(&rows, *from), pick(&seqs, *to)) else {
                     continue;
                 };
-                let source = content.get(from)?.map(|g| g.value().to_vec()).unwrap_or_default();
+                let source = get_row(&content, from)?;
                 let mut objects = raw_entries(&source);
                 if objects.is_empty() {
                     continue;
@@ -177,14 +217,22 @@ fn tamper_log(txn: &redb::WriteTransaction, tampers: &[Tamper]) -> Result<(), re
                 let moved = objects.remove(0);
                 if !keep {
                     if objects.is_empty() {
-                        content.remove(from)?;
+                        remove_row(&mut content, from)?;
                     } else {
-                        content.insert(from, objects.concat().as_slice())?;
+                        put_row(&mut content, from, &objects.concat())?;
                     }
                 }
-                let mut target = content.get(to)?.map(|g| g.value().to_vec()).unwrap_or_default();
+                let mut target = get_row(&content, to)?;
                 target.extend_from_slice(&moved);
-                content.insert(to, target.as_slice())?;
+                put_row(&mut content, to, &target)?;
+            }
+            Tamper::SetPiece { at, piece, bytes } => {
+                if let Some(seq) = pick(&rows, *at) {
+                    content.insert((seq, u32::from(*piece % 8)), bytes.as_slice())?;
+                }
+            }
+            Tamper::WholeContentRow { seq, bytes } => {
+                txn.open_table(CONTENT)?.insert(u64::from(*seq) % (tip + 4), bytes.as_slice())?;
             }
             Tamper::SetMeta { at, bytes } => {
                 if !names.is_empty() {

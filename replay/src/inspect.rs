@@ -4,6 +4,7 @@
 use crate::export::{export_line, for_each_record};
 use crate::{format_time_ms, human_bytes, CliError, Result};
 use annal::codec::decode_header;
+use annal::pieces::{ContentReader, PIECES};
 use annal::query::{self, ListQuery, PageRequest};
 use annal::tables::{CONTENT, LOG, META, PROJECTIONS};
 use annal::{ContentId, ContextState, Event, EventKind, Reader, RevisionId, SessionHead, SessionId, ToolState};
@@ -768,13 +769,13 @@ pub fn stats(reader: &Reader, path: &Path) -> Result<Stats> {
     for kind in EventKind::ALL {
         s.by_kind.insert(kind.name().to_string(), 0);
     }
-    let content = txn.open_table(CONTENT).map_err(redb::Error::from)?;
+    let content = ContentReader::open(txn)?;
     let mut sizes: HashMap<ContentId, u64> = HashMap::new();
     let mut attachments: HashMap<ContentId, Vec<ContentId>> = HashMap::new();
     // The log file's rows, then those the journal holds past them.
-    for entry in content.iter().map_err(redb::Error::from)? {
-        let (_, v) = entry.map_err(redb::Error::from)?;
-        count_content_row(&mut s, &mut sizes, &mut attachments, v.value(), limits);
+    for entry in content.iter()? {
+        let (_, row) = entry?;
+        count_content_row(&mut s, &mut sizes, &mut attachments, &row, limits);
     }
     for (_, _, row) in view.journalled_rows() {
         count_content_row(&mut s, &mut sizes, &mut attachments, row, limits);
@@ -789,11 +790,15 @@ pub fn stats(reader: &Reader, path: &Path) -> Result<Stats> {
     }
     s.sessions = annal::tables::projection_len(&view, annal::Table::Heads)?;
     let meta = txn.open_table(META).map_err(redb::Error::from)?;
-    s.tables = vec![
-        TableStorage::of(LOG.name(), &log)?,
-        TableStorage::of(CONTENT.name(), &content)?,
-        TableStorage::of(META.name(), &meta)?,
-    ];
+    s.tables = vec![TableStorage::of(LOG.name(), &log)?];
+    if let Ok(pieces) = txn.open_table(PIECES) {
+        s.tables.push(TableStorage::of(PIECES.name(), &pieces)?);
+    }
+    // The whole content rows of a file written by an earlier format, if it has them.
+    if let Ok(whole) = txn.open_table(CONTENT) {
+        s.tables.push(TableStorage::of(CONTENT.name(), &whole)?);
+    }
+    s.tables.push(TableStorage::of(META.name(), &meta)?);
     if projections_bytes > 0 {
         let mut b = redb::Builder::new();
         b.set_concurrency_mode(redb::ConcurrencyMode::SingleWriter);

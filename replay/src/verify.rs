@@ -5,8 +5,8 @@
 //! most 512 records, which the walk would hand to the fold in one batch at its end, is
 //! checked on the caller's thread, one phase after the other):
 //!
-//! - The walk reads `log` in sequence order and, in step with it, `content_rows` (the
-//!   ids of each row only). For each record: the global sequence is dense, the chain
+//! - The walk reads `log` in sequence order and, in step with it, the content rows
+//!   (`annal::pieces`: the ids of each row only). For each record: the global sequence is dense, the chain
 //!   link from the previous record holds (plain or keyed), the record decodes with a
 //!   supported schema version and names its own seq, its per-session stream sequence is
 //!   dense, and the clock never goes back. A content row at a seq that holds no record is
@@ -15,8 +15,8 @@
 //! - The fold recomputes each turn's commit hash and runs the engine's own `evolve` into
 //!   scratch state: the transcript fold, which recomputes every `revision_after`, and
 //!   with `deep` every fold (the stream index and the content-id index included).
-//! - The content scan reads `content_rows` in seq order. A row that is empty or does not
-//!   parse is a finding (the entries before the damage are still checked). Every entry
+//! - The content scan reads the content rows in seq order. A row that is empty, does not
+//!   parse, has its pieces out of order or is stored both whole and in pieces is a finding (the entries before the damage are still checked). Every entry
 //!   must use a known encoding and its bytes must hash to its id (a damaged object is
 //!   named with the row that holds it); the scan notes which objects decode as message
 //!   objects, and their attachments. An id stored twice is a finding.
@@ -54,8 +54,9 @@
 use crate::{progress, require_file, CliError, Result};
 use annal::codec::content::entries;
 use annal::codec::{decode_message, decode_record, stored_chain_hash, verify_chain, DecodeError, LogChain};
+use annal::pieces::ContentReader;
 use annal::query::{mem_digests, projection_digests};
-use annal::tables::{self, meta_keys, CONTENT, LOG, META};
+use annal::tables::{self, meta_keys, LOG, META};
 use annal::{
     evolve, ChainHash, ContentId, Event, EventKind, Limits, Location, MemStore, Projection, ProjectionSet, Reader,
     SessionId, Table, View,
@@ -697,12 +698,12 @@ pub fn verify_log(
             handed.into_iter().for_each(|batch| fold.take(batch));
             fold
         }));
-        let scan = guarded("table content_rows", || scan_content(txn, &journal_rows, limits));
+        let scan = guarded("content rows", || scan_content(txn, &journal_rows, limits));
         (walked, Ok(scan), fold.map_err(drop))
     } else {
         let (batches, folded) = std::sync::mpsc::sync_channel::<Vec<Item>>(FOLD_QUEUE);
         std::thread::scope(|s| {
-            let scan = s.spawn(|| guarded("table content_rows", || scan_content(txn, &journal_rows, limits)));
+            let scan = s.spawn(|| guarded("content rows", || scan_content(txn, &journal_rows, limits)));
             let fold = s.spawn(move || fold.run(folded));
             let walked = guarded("table log", || {
                 walk.run(
@@ -730,12 +731,12 @@ pub fn verify_log(
     }
     match scan {
         Ok(Ok(scan)) => {
-            if let Err(finding) = guarded("table content_rows", || walk.check_content(&scan)) {
+            if let Err(finding) = guarded("content rows", || walk.check_content(&scan)) {
                 walk.find(finding);
             }
         }
         Ok(Err(finding)) => walk.find(finding),
-        Err(_) => walk.find(storage("table content_rows", "the content scan failed")),
+        Err(_) => walk.find(storage("content rows", "the content scan failed")),
     }
     if let Err(finding) = guarded("table meta", || walk.check_meta()) {
         walk.find(finding);
@@ -840,7 +841,7 @@ struct Object {
     message: bool,
 }
 
-/// The result of scanning `content_rows` once, in seq order.
+/// The result of scanning the content rows once, in seq order.
 #[derive(Default)]
 struct ContentScan {
     /// Every stored object once, in id order.
@@ -867,30 +868,32 @@ impl ContentScan {
 /// which objects decode as messages.
 fn scan_content(txn: &ReadTransaction, journal: &[annal::journal::JournalRow], limits: &Limits) -> ContentScan {
     let mut scan = ContentScan::default();
-    let table = match txn.open_table(CONTENT) {
+    let table = match ContentReader::open(txn) {
         Ok(t) => t,
         Err(e) => {
-            scan.findings.push(storage("table content_rows", e));
+            scan.findings.push(storage("content rows", e));
             return scan;
         }
     };
-    scan.objects.reserve(table.len().unwrap_or(0) as usize);
-    let iter = match table.iter() {
-        Ok(i) => i,
+    let mut iter = match table.iter() {
+        Ok(i) => i.lenient(),
         Err(e) => {
-            scan.findings.push(storage("table content_rows", e));
+            scan.findings.push(storage("content rows", e));
             return scan;
         }
     };
-    for entry in iter {
-        let (k, v) = match entry {
-            Ok(kv) => kv,
+    while let Some(entry) = iter.next() {
+        let (seq, row) = match entry {
+            Ok(row) => row,
             Err(e) => {
-                scan.findings.push(storage("table content_rows", e));
+                scan.findings.push(storage("content rows", e));
                 break;
             }
         };
-        scan_row(&mut scan, k.value(), v.value(), limits);
+        if let Some((row, detail)) = iter.take_damage() {
+            scan.findings.push(Finding::ContentRow { row, detail });
+        }
+        scan_row(&mut scan, seq, &row, limits);
     }
     for row in journal.iter().filter(|r| !r.content.is_empty()) {
         scan_row(&mut scan, row.seq, &row.content, limits);
@@ -1051,11 +1054,11 @@ fn fold_detail(e: annal::Error) -> String {
     }
 }
 
-/// The walk's reader of `content_rows`, in step with the log: the ids of the row at each
+/// The walk's reader of the content rows, in step with the log: the ids of the row at each
 /// record's seq, and the rows at seqs the log does not hold. It stops quietly at the
 /// first error (the content scan reports it) and says so in `lost`.
 struct ContentRows {
-    iter: Option<redb::Range<'static, u64, &'static [u8]>>,
+    iter: Option<annal::pieces::Rows<'static>>,
     /// The next row not yet matched to a record.
     next: Option<(u64, Vec<ContentId>)>,
     object_bytes_max: u64,
@@ -1064,7 +1067,9 @@ struct ContentRows {
 
 impl ContentRows {
     fn open(txn: &ReadTransaction, object_bytes_max: u64) -> ContentRows {
-        let iter = guarded("table content_rows", || txn.open_table(CONTENT).and_then(|t| Ok(t.range::<u64>(..)?)));
+        let iter = guarded("content rows", || {
+            ContentReader::open(txn).and_then(|t| Ok(t.range_owned(0..=u64::MAX)?.lenient()))
+        });
         let (iter, lost) = match iter {
             Ok(Ok(iter)) => (Some(iter), false),
             _ => (None, true),
@@ -1078,11 +1083,11 @@ impl ContentRows {
             return;
         };
         let max = self.object_bytes_max;
-        let read = guarded("table content_rows", || {
+        let read = guarded("content rows", || {
             iter.next().map(|entry| {
-                entry.map(|(k, v)| {
-                    let ids = entries(v.value(), max).map_while(|e| e.ok()).map(|e| e.id).collect();
-                    (k.value(), ids)
+                entry.map(|(seq, row)| {
+                    let ids = entries(&row, max).map_while(|e| e.ok()).map(|e| e.id).collect();
+                    (seq, ids)
                 })
             })
         });
@@ -1450,16 +1455,16 @@ impl<'a> Walk<'a> {
     /// again: findings are rare).
     fn message_error(&self, id: ContentId, row: u64) -> String {
         let limit = self.limits.message_object_bytes_max();
-        let table = match self.txn.open_table(CONTENT) {
+        let table = match ContentReader::open(self.txn) {
             Ok(t) => t,
             Err(e) => return e.to_string(),
         };
         let bytes = match table.get(row) {
-            Ok(Some(g)) => g,
+            Ok(Some(row)) => row,
             Ok(None) => return "missing".into(),
             Err(e) => return e.to_string(),
         };
-        match annal::codec::content::find(bytes.value(), &id, self.limits.message_object_bytes_max()) {
+        match annal::codec::content::find(&bytes, &id, self.limits.message_object_bytes_max()) {
             Ok(Some(entry)) => match entry.canonical(limit) {
                 Ok(canonical) => decode_message(&canonical, limit).err().map_or_else(String::new, |e| e.to_string()),
                 Err(e) => e.to_string(),

@@ -2,7 +2,7 @@
 //! files), rebuild, export/import, graph, exit codes, and verify beside a live writer.
 
 use annal::codec::{content_id, stored_chain_hash, LogChain, HEADER_LEN};
-use annal::tables::{meta_keys, CONTENT, LOG, META};
+use annal::tables::{meta_keys, LOG, META};
 use annal::{CommitTurn, Engine, Expected, Limits, ListQuery, Message, Reader, SessionId};
 use redb::{ReadableDatabase, ReadableTable};
 use serde_json::Value;
@@ -192,27 +192,27 @@ fn edit_content_rows<T>(db: &Path, f: impl FnOnce(&mut ContentRows) -> T) -> T {
     let database = redb::Database::open(db).unwrap();
     let txn = database.begin_write().unwrap();
     let out = {
-        let mut table = txn.open_table(annal::tables::CONTENT).unwrap();
+        let mut table = annal::pieces::ContentWriter::open(&txn).unwrap();
         let mut rows = ContentRows::new();
         for entry in table.iter().unwrap() {
-            let (k, v) = entry.unwrap();
+            let (seq, row) = entry.unwrap();
             // Canonical bytes: edited rows are written back with every object raw.
-            let objects = annal::codec::content::entries(v.value(), u64::MAX)
+            let objects = annal::codec::content::entries(&row, u64::MAX)
                 .map(|e| e.map(|e| (e.id, e.canonical(u64::MAX).unwrap().into_owned())).unwrap())
                 .collect();
-            rows.insert(k.value(), objects);
+            rows.insert(seq, objects);
         }
         let before = rows.clone();
         let out = f(&mut rows);
         for seq in before.keys().filter(|seq| rows.get(seq).is_none_or(Vec::is_empty)) {
-            table.remove(seq).unwrap();
+            table.remove(*seq).unwrap();
         }
         for (seq, objects) in rows.iter().filter(|(seq, o)| !o.is_empty() && before.get(seq) != Some(o)) {
             let mut row = Vec::new();
             for (id, bytes) in objects {
                 annal::codec::content::push_entry(&mut row, id, bytes);
             }
-            table.insert(seq, row.as_slice()).unwrap();
+            table.put(*seq, &row).unwrap();
         }
         out
     };
@@ -243,10 +243,9 @@ fn a_damaged_compressed_object_is_named_at_its_id() {
         let database = redb::Database::open(&db).unwrap();
         let txn = database.begin_write().unwrap();
         let found = {
-            let mut table = txn.open_table(annal::tables::CONTENT).unwrap();
+            let mut table = annal::pieces::ContentWriter::open(&txn).unwrap();
             let mut found = None;
-            let rows: Vec<(u64, Vec<u8>)> =
-                table.iter().unwrap().map(|e| e.unwrap()).map(|(k, v)| (k.value(), v.value().to_vec())).collect();
+            let rows: Vec<(u64, Vec<u8>)> = table.iter().unwrap().map(|e| e.unwrap()).collect();
             'rows: for (seq, mut bytes) in rows {
                 let mut at = 0;
                 for entry in annal::codec::content::entries(&bytes.clone(), u64::MAX) {
@@ -255,7 +254,7 @@ fn a_damaged_compressed_object_is_named_at_its_id() {
                     if entry.encoding == annal::codec::content::ENCODING_LZ4 {
                         // Past the declared length: a byte of the lz4 block.
                         bytes[at + header + 4 + entry.stored.len() / 2] ^= 0x5a;
-                        table.insert(seq, bytes.as_slice()).unwrap();
+                        table.put(seq, &bytes).unwrap();
                         found = Some((seq, entry.id));
                         break 'rows;
                     }
@@ -326,10 +325,10 @@ fn a_damaged_content_row_a_stray_row_and_a_second_copy_are_named() {
         let database = redb::Database::open(&db).unwrap();
         let txn = database.begin_write().unwrap();
         {
-            let mut table = txn.open_table(annal::tables::CONTENT).unwrap();
-            let mut row = table.get(cut_row).unwrap().unwrap().value().to_vec();
+            let mut table = annal::pieces::ContentWriter::open(&txn).unwrap();
+            let mut row = table.get(cut_row).unwrap().unwrap();
             row.pop();
-            table.insert(cut_row, row.as_slice()).unwrap();
+            table.put(cut_row, &row).unwrap();
         }
         txn.commit().unwrap();
     }
@@ -850,7 +849,7 @@ fn expect_tip_catches_a_truncated_tail() {
         {
             let mut log = txn.open_table(LOG).unwrap();
             log.remove(last).unwrap();
-            txn.open_table(annal::tables::CONTENT).unwrap().remove(last).unwrap();
+            annal::pieces::ContentWriter::open(&txn).unwrap().remove(last).unwrap();
             let hash = stored_chain_hash(log.get(last - 1).unwrap().unwrap().value()).unwrap();
             let mut meta = txn.open_table(META).unwrap();
             meta.insert(meta_keys::TIP, annal::tables::encode_tip(last - 1, &hash).as_slice()).unwrap();
@@ -971,10 +970,16 @@ fn read_views_show_the_demo() {
     assert_eq!(json["content_objects"].as_u64().unwrap() as usize, count_content(&db));
     let tables = json["tables"].as_array().unwrap();
     let names: Vec<&str> = tables.iter().map(|t| t["name"].as_str().unwrap()).collect();
-    assert_eq!(names, ["log", "content_rows", "meta", "projections"]);
+    assert_eq!(names, ["log", "content_pieces", "meta", "projections"]);
     assert_eq!(tables[0]["entries"].as_u64().unwrap(), tip);
-    let rows_of_content = tables[1]["entries"].as_u64().unwrap() as usize;
-    assert!(rows_of_content > 0 && rows_of_content <= count_content(&db), "one row per record that brought content");
+    let pieces = tables[1]["entries"].as_u64().unwrap();
+    let rows = annal::pieces::ContentReader::open(&redb::Database::open(&db).unwrap().begin_read().unwrap())
+        .unwrap()
+        .iter()
+        .unwrap()
+        .count();
+    assert!(rows > 0 && rows <= count_content(&db), "one row per record that brought content");
+    assert!(pieces >= rows as u64, "{pieces} pieces for {rows} rows");
     assert!(tables.iter().all(|t| t["leaf_pages"].as_u64().unwrap() > 0 && t["stored_bytes"].as_u64().unwrap() > 0));
     let rows: u64 = json["projections"].as_object().unwrap().values().map(|t| t["rows"].as_u64().unwrap()).sum();
     assert_eq!(rows, tables[3]["entries"].as_u64().unwrap(), "every projection row is counted under its table");
@@ -986,11 +991,11 @@ fn read_views_show_the_demo() {
 fn count_content(db: &Path) -> usize {
     let database = redb::Database::open(db).unwrap();
     let txn = database.begin_read().unwrap();
-    let table = txn.open_table(CONTENT).unwrap();
+    let table = annal::pieces::ContentReader::open(&txn).unwrap();
     let mut n = 0;
     for entry in table.iter().unwrap() {
-        let (_, v) = entry.unwrap();
-        for object in annal::codec::content::entries(v.value(), u64::MAX) {
+        let (_, row) = entry.unwrap();
+        for object in annal::codec::content::entries(&row, u64::MAX) {
             let object = object.unwrap();
             assert_eq!(content_id(object.stored), object.id);
             n += 1;
@@ -1109,4 +1114,40 @@ fn stats_reports_compression_per_content_type() {
     let out = annal(&["stats", p(&db)]);
     let text_out = stdout(&out);
     assert!(text_out.contains("compression") && text_out.contains("text/plain"), "{text_out}");
+}
+
+/// A content row whose pieces are out of order (a piece missing before a later one) is
+/// reported at that row by verify, with the other rows still checked, and reads of it
+/// fail closed.
+#[test]
+fn a_content_row_with_a_missing_piece_is_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = demo_db(&dir, 2);
+    let row = {
+        let database = redb::Database::open(&db).unwrap();
+        let txn = database.begin_write().unwrap();
+        let row = {
+            let mut pieces = txn.open_table(annal::pieces::PIECES).unwrap();
+            let (seq, last) = {
+                let (k, _) = pieces.last().unwrap().unwrap();
+                k.value()
+            };
+            // A piece two past the row's last: the one between is missing.
+            pieces.insert((seq, last + 2), b"stray".as_slice()).unwrap();
+            seq
+        };
+        txn.commit().unwrap();
+        row
+    };
+    let (rc, report) = verify_json(&db, &[]);
+    assert_eq!(rc, 1, "{report}");
+    let f = findings(&report);
+    assert!(
+        f.iter().any(|(k, l, d)| k == "content_row" && *l == format!("content row {row}") && d.contains("missing")),
+        "{f:?}"
+    );
+    let database = redb::Database::open(&db).unwrap();
+    let txn = database.begin_read().unwrap();
+    let rows = annal::pieces::ContentReader::open(&txn).unwrap();
+    assert!(matches!(rows.get(row), Err(annal::Error::Corrupt { .. })));
 }

@@ -216,14 +216,14 @@ fn a_session_export_creates_a_missing_database_and_leaves_none_on_failure() {
 }
 
 fn count_content(db: &Path) -> usize {
-    use redb::{ReadableDatabase, ReadableTable};
+    use redb::ReadableDatabase;
     let database = redb::Database::open(db).unwrap();
     let txn = database.begin_read().unwrap();
-    let table = txn.open_table(annal::tables::CONTENT).unwrap();
+    let table = annal::pieces::ContentReader::open(&txn).unwrap();
     let mut n = 0;
     for entry in table.iter().unwrap() {
-        let (_, v) = entry.unwrap();
-        n += annal::codec::content::entries(v.value(), u64::MAX).count();
+        let (_, row) = entry.unwrap();
+        n += annal::codec::content::entries(&row, u64::MAX).count();
     }
     n
 }

@@ -181,7 +181,6 @@ fn a_fork_parent_needs_descendants() {
 /// and `annal stats` counts what it reclaimed.
 #[test]
 fn an_online_collection_leaves_verify_clean() {
-    use redb::ReadableTable;
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("gc.redb");
     let engine = Engine::open(&db).unwrap();
@@ -191,14 +190,14 @@ fn an_online_collection_leaves_verify_clean() {
         let raw = redb::Database::create(&db).unwrap();
         let txn = raw.begin_write().unwrap();
         {
-            let mut content = txn.open_table(annal::tables::CONTENT).unwrap();
-            let mut row = content.get(1).unwrap().map(|g| g.value().to_vec()).unwrap_or_default();
+            let mut content = annal::pieces::ContentWriter::open(&txn).unwrap();
+            let mut row = content.get(1).unwrap().unwrap_or_default();
             for i in 0..3 {
                 let object = format!("leftover object {i}").into_bytes();
                 let (encoding, stored) = codec::content::encode_object(&object);
                 codec::content::push_stored(&mut row, &codec::content_id(&object), encoding, &stored);
             }
-            content.insert(1, row.as_slice()).unwrap();
+            content.put(1, &row).unwrap();
         }
         txn.commit().unwrap();
     }

@@ -198,6 +198,17 @@ fn compact_redb(path: &Path) -> Result<()> {
 
 /// Total bytes of the files under `dir`.
 pub fn disk_bytes(dir: &Path) -> Result<u64> {
+    files_bytes(dir, |meta| meta.len())
+}
+
+/// Bytes the file system allocated to every file under `dir` (`du`: 512-byte blocks),
+/// which leaves out the holes of a file grown with `set_len` and never written there.
+pub fn allocated_bytes(dir: &Path) -> Result<u64> {
+    use std::os::unix::fs::MetadataExt;
+    files_bytes(dir, |meta| meta.blocks() * 512)
+}
+
+fn files_bytes(dir: &Path, size: impl Fn(&std::fs::Metadata) -> u64) -> Result<u64> {
     let mut total = 0;
     let mut stack: Vec<PathBuf> = vec![dir.to_path_buf()];
     while let Some(d) = stack.pop() {
@@ -207,7 +218,7 @@ pub fn disk_bytes(dir: &Path) -> Result<u64> {
             if meta.is_dir() {
                 stack.push(entry.path());
             } else {
-                total += meta.len();
+                total += size(&meta);
             }
         }
     }

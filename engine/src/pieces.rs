@@ -1,0 +1,394 @@
+//! Content rows on disk, cut into pieces.
+//!
+//! A record's content row (the objects it introduced, `annal_codec::content`) is stored
+//! in [`PIECES`] as pieces of at most [`PIECE_BYTES`] bytes under the keys
+//! `(seq, 0)`, `(seq, 1)`, …; reading the row concatenates them. redb gives a value
+//! larger than a page a leaf of its own, sized in powers of two pages, so whole rows of a
+//! few KiB left a third of the content table's pages empty; pieces under a quarter page
+//! fill the leaves (`docs/design.md` §5, `docs/benchmarks.md`).
+//!
+//! Files of formats 2 to 4 keep their rows whole in [`crate::tables::CONTENT`]. They are
+//! read as they are: a seq's row is its pieces if it has any, else its whole row. A row
+//! that is rewritten (an erasure, a content collection) moves to pieces, so a seq's row
+//! is only ever in one of the two tables.
+
+use crate::error::{Error, Location, Result};
+use crate::tables::CONTENT;
+use redb::{ReadOnlyTable, ReadTransaction, ReadableTable, Table, TableDefinition, TableHandle, WriteTransaction};
+use std::ops::RangeInclusive;
+
+/// (seq, piece) → up to [`PIECE_BYTES`] bytes of the content row of record `seq`.
+pub const PIECES: TableDefinition<(u64, u32), &[u8]> = TableDefinition::new("content_pieces");
+
+/// The size of every piece but a row's last. Four pieces and their keys fill a 4 KiB
+/// leaf: redb spends 8 bytes of offsets and 12 of key on each entry.
+pub const PIECE_BYTES: usize = 1000;
+
+/// The content rows of a log file: its pieces and, in a file that has them, its whole
+/// rows of an earlier format. `P` and `W` are the two tables, read-only or writable.
+pub struct ContentRows<P, W> {
+    pieces: Option<P>,
+    whole: Option<W>,
+}
+
+/// The content rows of a read snapshot.
+pub type ContentReader = ContentRows<ReadOnlyTable<(u64, u32), &'static [u8]>, ReadOnlyTable<u64, &'static [u8]>>;
+
+/// The content rows of a write transaction.
+pub type ContentWriter<'txn> = ContentRows<Table<'txn, (u64, u32), &'static [u8]>, Table<'txn, u64, &'static [u8]>>;
+
+fn has_table(mut names: impl Iterator<Item = String>, name: &str) -> bool {
+    names.any(|n| n == name)
+}
+
+impl ContentReader {
+    /// Opens the content rows of `txn` (a file with neither table has no rows).
+    pub fn open(txn: &ReadTransaction) -> Result<ContentReader> {
+        let names: Vec<String> = txn.list_tables()?.map(|t| t.name().to_string()).collect();
+        let pieces = if has_table(names.iter().cloned(), PIECES.name()) { Some(txn.open_table(PIECES)?) } else { None };
+        let whole =
+            if has_table(names.iter().cloned(), CONTENT.name()) { Some(txn.open_table(CONTENT)?) } else { None };
+        Ok(ContentRows { pieces, whole })
+    }
+
+    /// [`ContentRows::range`], as an iterator that owns its snapshot's pages (it may
+    /// outlive this reader).
+    pub fn range_owned(&self, seqs: RangeInclusive<u64>) -> Result<Rows<'static>> {
+        let (from, through) = (*seqs.start(), *seqs.end());
+        let pieces = match &self.pieces {
+            Some(p) if from <= through => Some(p.range((from, 0)..=(through, u32::MAX))?),
+            _ => None,
+        };
+        let whole = match &self.whole {
+            Some(w) if from <= through => Some(w.range(from..=through)?),
+            _ => None,
+        };
+        Ok(Rows::new(pieces, whole))
+    }
+}
+
+impl<'txn> ContentWriter<'txn> {
+    /// Opens the content rows of `txn` for writing, creating [`PIECES`] if need be.
+    pub fn open(txn: &'txn WriteTransaction) -> Result<ContentWriter<'txn>> {
+        let whole = if has_table(txn.list_tables()?.map(|t| t.name().to_string()), CONTENT.name()) {
+            Some(txn.open_table(CONTENT)?)
+        } else {
+            None
+        };
+        Ok(ContentRows { pieces: Some(txn.open_table(PIECES)?), whole })
+    }
+
+    /// Writes the row of a new record `seq` (one that has no row yet).
+    pub fn append(&mut self, seq: u64, row: &[u8]) -> Result<()> {
+        let pieces = self.pieces.as_mut().expect("a writer opens its pieces");
+        for (i, piece) in row.chunks(PIECE_BYTES).enumerate() {
+            let i = u32::try_from(i).map_err(|_| Error::Storage(format!("content row {seq} is too long")))?;
+            pieces.insert((seq, i), piece)?;
+        }
+        Ok(())
+    }
+
+    /// Replaces the row of `seq` (an empty `row` removes it).
+    pub fn put(&mut self, seq: u64, row: &[u8]) -> Result<()> {
+        self.remove(seq)?;
+        self.append(seq, row)
+    }
+
+    /// Removes the row of `seq`, wherever it is.
+    pub fn remove(&mut self, seq: u64) -> Result<()> {
+        if let Some(pieces) = self.pieces.as_mut() {
+            pieces.retain_in((seq, 0)..=(seq, u32::MAX), |_, _| false)?;
+        }
+        if let Some(whole) = self.whole.as_mut() {
+            whole.remove(seq)?;
+        }
+        Ok(())
+    }
+}
+
+/// A row's pieces out of order: a missing, repeated or empty piece.
+fn bad_piece(seq: u64, detail: impl std::fmt::Display) -> Error {
+    Error::corrupt(Location::Log { seq }, format!("content row: {detail}"))
+}
+
+impl<P, W> ContentRows<P, W>
+where
+    P: ReadableTable<(u64, u32), &'static [u8]>,
+    W: ReadableTable<u64, &'static [u8]>,
+{
+    /// The content row of record `seq`, if it has one.
+    pub fn get(&self, seq: u64) -> Result<Option<Vec<u8>>> {
+        if let Some(pieces) = &self.pieces {
+            let mut row: Option<Vec<u8>> = None;
+            for (expected, item) in (0u32..).zip(pieces.range((seq, 0)..=(seq, u32::MAX))?) {
+                let (k, v) = item?;
+                let (_, i) = k.value();
+                if i != expected || v.value().is_empty() {
+                    return Err(bad_piece(seq, format!("piece {expected} is missing or empty")));
+                }
+                row.get_or_insert_with(Vec::new).extend_from_slice(v.value());
+            }
+            if row.is_some() {
+                return Ok(row);
+            }
+        }
+        match &self.whole {
+            Some(whole) => Ok(whole.get(seq)?.map(|g| g.value().to_vec())),
+            None => Ok(None),
+        }
+    }
+
+    /// The rows of the seqs in `seqs`, in seq order.
+    pub fn range(&self, seqs: RangeInclusive<u64>) -> Result<Rows<'_>> {
+        let (from, through) = (*seqs.start(), *seqs.end());
+        let pieces = match &self.pieces {
+            Some(p) if from <= through => Some(p.range((from, 0)..=(through, u32::MAX))?),
+            _ => None,
+        };
+        let whole = match &self.whole {
+            Some(w) if from <= through => Some(w.range(from..=through)?),
+            _ => None,
+        };
+        Ok(Rows::new(pieces, whole))
+    }
+
+    /// Every row, in seq order.
+    pub fn iter(&self) -> Result<Rows<'_>> {
+        self.range(0..=u64::MAX)
+    }
+}
+
+/// Content rows in seq order, each whole: from [`ContentRows::range`].
+pub struct Rows<'a> {
+    pieces: Option<redb::Range<'a, (u64, u32), &'static [u8]>>,
+    whole: Option<redb::Range<'a, u64, &'static [u8]>>,
+    next_piece: Option<(u64, u32, Vec<u8>)>,
+    next_whole: Option<(u64, Vec<u8>)>,
+    failed: bool,
+    lenient: bool,
+    damage: Option<(u64, String)>,
+}
+
+impl<'a> Rows<'a> {
+    fn new(
+        pieces: Option<redb::Range<'a, (u64, u32), &'static [u8]>>,
+        whole: Option<redb::Range<'a, u64, &'static [u8]>>,
+    ) -> Rows<'a> {
+        Rows { pieces, whole, next_piece: None, next_whole: None, failed: false, lenient: false, damage: None }
+    }
+
+    /// Yields a damaged row too, as far as it reads (its pieces in key order, the pieces
+    /// of a row stored both ways), and keeps what was wrong with it for
+    /// [`Rows::take_damage`]: for `annal verify`, which reports the damage and checks the
+    /// objects it can still read.
+    pub fn lenient(mut self) -> Self {
+        self.lenient = true;
+        self
+    }
+
+    /// What was wrong with the row a lenient iterator yielded last: its seq and why.
+    pub fn take_damage(&mut self) -> Option<(u64, String)> {
+        self.damage.take()
+    }
+
+    /// A damaged row: an error, or in lenient mode the row, with the damage kept.
+    fn damaged(&mut self, seq: u64, row: Vec<u8>, detail: String) -> Result<Option<(u64, Vec<u8>)>> {
+        if self.lenient {
+            self.damage = Some((seq, detail));
+            Ok(Some((seq, row)))
+        } else {
+            Err(bad_piece(seq, detail))
+        }
+    }
+
+    fn peek_piece(&mut self) -> Result<Option<u64>> {
+        if self.next_piece.is_none() {
+            if let Some(iter) = self.pieces.as_mut() {
+                match iter.next() {
+                    Some(item) => {
+                        let (k, v) = item?;
+                        let (seq, i) = k.value();
+                        self.next_piece = Some((seq, i, v.value().to_vec()));
+                    }
+                    None => self.pieces = None,
+                }
+            }
+        }
+        Ok(self.next_piece.as_ref().map(|p| p.0))
+    }
+
+    fn peek_whole(&mut self) -> Result<Option<u64>> {
+        if self.next_whole.is_none() {
+            if let Some(iter) = self.whole.as_mut() {
+                match iter.next() {
+                    Some(item) => {
+                        let (k, v) = item?;
+                        self.next_whole = Some((k.value(), v.value().to_vec()));
+                    }
+                    None => self.whole = None,
+                }
+            }
+        }
+        Ok(self.next_whole.as_ref().map(|w| w.0))
+    }
+
+    /// The pieces of the row at `seq`, the next one: a row out of order is reported
+    /// once, its remaining pieces skipped, and the rows after it still read.
+    fn take_pieces(&mut self, seq: u64) -> Result<Option<(u64, Vec<u8>)>> {
+        let mut row = Vec::new();
+        let mut bad = None;
+        let mut expected = 0u32;
+        loop {
+            match self.next_piece.take() {
+                Some((s, i, bytes)) if s == seq => {
+                    if bad.is_none() && (i != expected || bytes.is_empty()) {
+                        bad = Some(expected);
+                    }
+                    row.extend_from_slice(&bytes);
+                    expected = expected.saturating_add(1);
+                }
+                other => {
+                    self.next_piece = other;
+                    break;
+                }
+            }
+            self.peek_piece()?;
+        }
+        match bad {
+            Some(i) => self.damaged(seq, row, format!("piece {i} is missing or empty")),
+            None => Ok(Some((seq, row))),
+        }
+    }
+
+    fn step(&mut self) -> Result<Option<(u64, Vec<u8>)>> {
+        let (piece, whole) = (self.peek_piece()?, self.peek_whole()?);
+        match (piece, whole) {
+            (None, None) => Ok(None),
+            (Some(p), Some(w)) if w < p => Ok(self.next_whole.take()),
+            (Some(p), Some(w)) if w == p => {
+                self.next_whole = None;
+                let lenient = std::mem::replace(&mut self.lenient, true);
+                let row = self.take_pieces(p);
+                self.lenient = lenient;
+                let (_, bytes) = row?.unwrap_or_default();
+                self.damaged(p, bytes, "the row is stored whole and in pieces".into())
+            }
+            (Some(p), _) => self.take_pieces(p),
+            (None, Some(_)) => Ok(self.next_whole.take()),
+        }
+    }
+}
+
+impl Iterator for Rows<'_> {
+    type Item = Result<(u64, Vec<u8>)>;
+
+    /// The next row, or the error that kept it from being read. A damaged row (pieces
+    /// out of order, a row in both tables) is an error for that row only; a storage
+    /// error ends the iteration.
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.failed {
+            return None;
+        }
+        match self.step() {
+            Ok(row) => row.map(Ok),
+            Err(e @ Error::Corrupt { .. }) => Some(Err(e)),
+            Err(e) => {
+                self.failed = true;
+                Some(Err(e))
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use redb::{ReadableDatabase, ReadableTableMetadata};
+
+    fn db() -> redb::Database {
+        redb::Builder::new().create_with_backend(redb::backends::InMemoryBackend::new()).unwrap()
+    }
+
+    fn rows(db: &redb::Database) -> Vec<(u64, Vec<u8>)> {
+        let txn = db.begin_read().unwrap();
+        ContentReader::open(&txn).unwrap().iter().unwrap().map(Result::unwrap).collect()
+    }
+
+    #[test]
+    fn rows_round_trip_in_pieces() {
+        let db = db();
+        let row = |seq: u64, len: usize| (seq, (0..len).map(|i| (i as u64 * 7 + seq) as u8).collect::<Vec<u8>>());
+        let written = vec![row(1, 1), row(2, PIECE_BYTES), row(4, PIECE_BYTES + 1), row(9, 5 * PIECE_BYTES - 3)];
+        let txn = db.begin_write().unwrap();
+        {
+            let mut w = ContentWriter::open(&txn).unwrap();
+            for (seq, bytes) in &written {
+                w.append(*seq, bytes).unwrap();
+            }
+        }
+        txn.commit().unwrap();
+        assert_eq!(rows(&db), written);
+        let txn = db.begin_read().unwrap();
+        let r = ContentReader::open(&txn).unwrap();
+        assert_eq!(r.get(4).unwrap().as_deref(), Some(written[2].1.as_slice()));
+        assert_eq!(r.get(3).unwrap(), None);
+        assert_eq!(r.range(2..=4).unwrap().map(|r| r.unwrap().0).collect::<Vec<_>>(), vec![2, 4]);
+        assert_eq!(txn.open_table(PIECES).unwrap().len().unwrap(), 1 + 1 + 2 + 5);
+    }
+
+    #[test]
+    fn whole_rows_of_an_older_file_are_read_and_move_to_pieces_when_rewritten() {
+        let db = db();
+        let txn = db.begin_write().unwrap();
+        {
+            let mut whole = txn.open_table(CONTENT).unwrap();
+            whole.insert(1, [1u8; 10].as_slice()).unwrap();
+            whole.insert(3, [3u8; 2500].as_slice()).unwrap();
+        }
+        txn.commit().unwrap();
+        let txn = db.begin_write().unwrap();
+        {
+            let mut w = ContentWriter::open(&txn).unwrap();
+            w.append(5, &[5u8; 20]).unwrap();
+            w.put(3, &[4u8; 1200]).unwrap();
+            w.remove(1).unwrap();
+        }
+        txn.commit().unwrap();
+        assert_eq!(rows(&db), vec![(3, vec![4u8; 1200]), (5, vec![5u8; 20])]);
+        let txn = db.begin_read().unwrap();
+        assert!(txn.open_table(CONTENT).unwrap().is_empty().unwrap());
+    }
+
+    #[test]
+    fn damaged_pieces_are_reported_for_their_row_only() {
+        let db = db();
+        let txn = db.begin_write().unwrap();
+        {
+            let mut w = ContentWriter::open(&txn).unwrap();
+            w.append(1, &[1u8; 2 * PIECE_BYTES + 1]).unwrap();
+            w.append(2, &[2u8; 10]).unwrap();
+            w.append(3, &[3u8; 10]).unwrap();
+            w.pieces.as_mut().unwrap().remove((1, 1)).unwrap();
+            let mut whole = txn.open_table(CONTENT).unwrap();
+            whole.insert(2, [9u8; 3].as_slice()).unwrap();
+        }
+        txn.commit().unwrap();
+        let txn = db.begin_read().unwrap();
+        let r = ContentReader::open(&txn).unwrap();
+        let got: Vec<_> = r.iter().unwrap().collect();
+        assert_eq!(got.len(), 3);
+        assert!(matches!(&got[0], Err(Error::Corrupt { .. })), "{:?}", got[0]);
+        assert!(matches!(&got[1], Err(Error::Corrupt { .. })), "{:?}", got[1]);
+        assert_eq!(got[2].as_ref().unwrap(), &(3, vec![3u8; 10]));
+        assert!(matches!(r.get(1), Err(Error::Corrupt { .. })));
+        let mut lenient = r.iter().unwrap().lenient();
+        let first = lenient.next().unwrap().unwrap();
+        assert_eq!((first.0, first.1.len()), (1, PIECE_BYTES + 1));
+        assert_eq!(lenient.take_damage().map(|d| d.0), Some(1));
+        assert_eq!(lenient.next().unwrap().unwrap(), (2, vec![2u8; 10]));
+        assert_eq!(lenient.take_damage().map(|d| d.0), Some(2));
+        assert_eq!(lenient.next().unwrap().unwrap(), (3, vec![3u8; 10]));
+        assert_eq!(lenient.take_damage(), None);
+        assert!(lenient.next().is_none());
+    }
+}
