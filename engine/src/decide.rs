@@ -390,13 +390,15 @@ fn follow_recipes<S: Store + ?Sized>(
     let (mut s, mut r) = (*session, *revision);
     let mut bound = u64::MAX;
     let base = loop {
-        let key = keys::session_rev(&s, &r);
-        let node: RevisionNode = match store.row(Table::Revisions, &key)? {
+        let node: RevisionNode = match crate::projection::revision_node(store, &s, &r)? {
             Some(n) => n,
             None if splices.is_empty() && s == *session => return Ok(None),
             None => {
                 return Err(Error::corrupt(
-                    Location::Projection { table: Table::Revisions.name(), key: crate::store::hex(&key) },
+                    Location::Projection {
+                        table: Table::Revisions.name(),
+                        key: crate::store::hex(&keys::session_rev(&s, &r)),
+                    },
                     "recipe refers to a missing revision",
                 ))
             }

@@ -239,6 +239,7 @@ pub(crate) const REVISION_ORDER: Packed =
 
 fn fold_graph<S: Store + ?Sized>(store: &mut S, r: &Record) -> Result<()> {
     let tip_key = keys::session(&r.session);
+    // The recipe as the node stores it: a splice is always of the node's first parent.
     let (tip, origin, recipe, to, new_len) = match &r.event {
         Event::SessionCreated(e) => {
             if let Some(f) = &e.forked_from {
@@ -247,7 +248,7 @@ fn fold_graph<S: Store + ?Sized>(store: &mut S, r: &Record) -> Result<()> {
                 store.put_row(Table::Forks, &keys::session_pair(&f.session, &r.session), &edge)?;
             }
             let len = e.forked_from.as_ref().map_or(0, |f| f.message_count) + e.messages.len() as u64;
-            let recipe = Recipe::Root { fork: e.forked_from.clone(), messages: e.messages.clone() };
+            let recipe = StoredRecipe::Root { fork: e.forked_from.clone(), messages: e.messages.clone() };
             (None, NodeOrigin::Created, recipe, e.revision_after, len)
         }
         // A turn with no messages (usage, applied context or tool references only)
@@ -255,8 +256,7 @@ fn fold_graph<S: Store + ?Sized>(store: &mut S, r: &Record) -> Result<()> {
         Event::TurnCommitted(e) if e.messages.is_empty() => return Ok(()),
         Event::TurnCommitted(e) => {
             let tip: GraphTip = need(r, store.row(Table::GraphTip, &tip_key)?, "graph")?;
-            let recipe =
-                Recipe::Splice { parent: tip.head, start: tip.len, end: tip.len, replacement: e.messages.clone() };
+            let recipe = StoredRecipe::Splice { start: tip.len, end: tip.len, replacement: e.messages.clone() };
             let origin = NodeOrigin::Turn { turn_id: e.turn_id.clone() };
             (Some(tip), origin, recipe, e.revision_after, tip.len + e.messages.len() as u64)
         }
@@ -265,8 +265,7 @@ fn fold_graph<S: Store + ?Sized>(store: &mut S, r: &Record) -> Result<()> {
             if tip.head != e.parent_revision || e.start > e.end || e.end > tip.len {
                 return Err(corrupt(r, "rewrite does not splice the graph head"));
             }
-            let recipe =
-                Recipe::Splice { parent: tip.head, start: e.start, end: e.end, replacement: e.replacement.clone() };
+            let recipe = StoredRecipe::Splice { start: e.start, end: e.end, replacement: e.replacement.clone() };
             let origin =
                 NodeOrigin::Rewrite { kind: e.kind.name().into(), note: e.note.clone(), actor: e.actor.clone() };
             (Some(tip), origin, recipe, e.revision_after, tip.len - (e.end - e.start) + e.replacement.len() as u64)
@@ -276,7 +275,7 @@ fn fold_graph<S: Store + ?Sized>(store: &mut S, r: &Record) -> Result<()> {
     let from = tip.map(|t| t.head);
     let mut nodes = tip.map_or(0, |t| t.nodes);
     let node_key = keys::session_rev(&r.session, &to);
-    match store.row::<RevisionNode>(Table::Revisions, &node_key)? {
+    match store.row::<StoredNode>(Table::Revisions, &node_key)? {
         Some(mut node) => {
             if let Some(f) = from {
                 if !node.parents.contains(&f) {
@@ -292,8 +291,7 @@ fn fold_graph<S: Store + ?Sized>(store: &mut S, r: &Record) -> Result<()> {
             store.put_row(Table::RevisionEdges, &keys::session_u64(&r.session, r.seq), &edge)?;
         }
         None => {
-            let node = RevisionNode {
-                revision: to,
+            let node = StoredNode {
                 ordinal: nodes,
                 parents: from.into_iter().collect(),
                 origin: origin.clone(),

@@ -82,7 +82,8 @@ impl Projection {
             // 2: the transition that first produces a node is not stored as an edge.
             // 3: a recipe's message ids are one byte string (`annal_codec::ids::id_list`).
             // 4: the revision order in rows of 32 ids (it was a row per node).
-            Projection::Graph => 4,
+            // 5: a node's row leaves out its revision and its splice's parent.
+            Projection::Graph => 5,
             // 2: heads carry the host state; the host state history table.
             // 3: heads carry the execution lease.
             // 4: the tombstones of purged sessions.
@@ -415,6 +416,81 @@ pub struct RevisionNode {
     pub recipe: Recipe,
 }
 
+/// A revision node as the graph projection stores it (version 5): [`RevisionNode`]
+/// without what its key and its first parent already hold (the revision, and a splice's
+/// parent, which is always the node's first parent): 64 bytes less a node.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct StoredNode {
+    pub ordinal: u64,
+    pub parents: Vec<RevisionId>,
+    pub origin: NodeOrigin,
+    pub seq: u64,
+    pub message_count: u64,
+    pub created_at_ms: u64,
+    pub recipe: StoredRecipe,
+}
+
+/// [`Recipe`] as a [`StoredNode`] holds it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) enum StoredRecipe {
+    /// [`Recipe::Root`].
+    Root {
+        fork: Option<ForkOrigin>,
+        #[serde(with = "annal_codec::ids::id_list")]
+        messages: Vec<ContentId>,
+    },
+    /// [`Recipe::Splice`] of the node's first parent.
+    Splice {
+        start: u64,
+        end: u64,
+        #[serde(with = "annal_codec::ids::id_list")]
+        replacement: Vec<ContentId>,
+    },
+}
+
+impl StoredNode {
+    /// The node of `revision` (the revision its key names); `None` for a splice with no
+    /// parent to splice.
+    pub(crate) fn into_node(self, revision: RevisionId) -> Option<RevisionNode> {
+        let recipe = match self.recipe {
+            StoredRecipe::Root { fork, messages } => Recipe::Root { fork, messages },
+            StoredRecipe::Splice { start, end, replacement } => {
+                Recipe::Splice { parent: *self.parents.first()?, start, end, replacement }
+            }
+        };
+        Some(RevisionNode {
+            revision,
+            ordinal: self.ordinal,
+            parents: self.parents,
+            origin: self.origin,
+            seq: self.seq,
+            message_count: self.message_count,
+            created_at_ms: self.created_at_ms,
+            recipe,
+        })
+    }
+}
+
+/// Reads the revision node of `revision` in `session` from the graph projection of any
+/// store (`None` if the session never had that revision).
+pub fn revision_node<S: crate::store::Store + ?Sized>(
+    store: &S,
+    session: &SessionId,
+    revision: &RevisionId,
+) -> crate::error::Result<Option<RevisionNode>> {
+    use crate::store::StoreExt;
+    let key = crate::store::keys::session_rev(session, revision);
+    match store.row::<StoredNode>(Table::Revisions, &key)? {
+        None => Ok(None),
+        Some(stored) => stored.into_node(*revision).map(Some).ok_or_else(|| {
+            crate::error::Error::corrupt(
+                crate::error::Location::Projection { table: Table::Revisions.name(), key: crate::store::hex(&key) },
+                "a splice with no parent",
+            )
+        }),
+    }
+}
+
 impl RevisionNode {
     /// The head transition that first produced this revision, by its origin event: from
     /// nothing for a session's first revision, else from its first parent (the head it
@@ -585,4 +661,49 @@ pub struct ToolOp {
 pub struct ToolTip {
     /// Count.
     pub count: u64,
+}
+
+#[cfg(test)]
+mod stored_node_tests {
+    use super::*;
+    use crate::store::{keys, MemStore, StoreExt};
+
+    fn stored(recipe: StoredRecipe, parents: Vec<RevisionId>) -> StoredNode {
+        StoredNode {
+            ordinal: 1,
+            parents,
+            origin: NodeOrigin::Turn { turn_id: "t".into() },
+            seq: 7,
+            message_count: 3,
+            created_at_ms: 9,
+            recipe,
+        }
+    }
+
+    #[test]
+    fn a_stored_node_reads_back_with_its_revision_and_its_splice_parent() {
+        let (session, rev, parent) = (SessionId([1; 16]), RevisionId([2; 32]), RevisionId([3; 32]));
+        let mut store = MemStore::default();
+        let recipe = StoredRecipe::Splice { start: 2, end: 2, replacement: vec![ContentId([4; 32])] };
+        let node = stored(recipe, vec![parent, RevisionId([5; 32])]);
+        store.put_row(Table::Revisions, &keys::session_rev(&session, &rev), &node).unwrap();
+        let read = revision_node(&store, &session, &rev).unwrap().unwrap();
+        assert_eq!(read.revision, rev);
+        assert_eq!(read.recipe, Recipe::Splice { parent, start: 2, end: 2, replacement: vec![ContentId([4; 32])] });
+        assert_eq!(read.parents, vec![parent, RevisionId([5; 32])]);
+        assert_eq!(revision_node(&store, &session, &parent).unwrap(), None);
+        // The stored row leaves out 64 bytes: the revision and the splice's parent.
+        let full = crate::store::encode_row(&read).unwrap().len();
+        let kept = crate::store::encode_row(&node).unwrap().len();
+        assert_eq!(full - kept, 64);
+    }
+
+    #[test]
+    fn a_stored_splice_with_no_parent_is_corrupt() {
+        let (session, rev) = (SessionId([1; 16]), RevisionId([2; 32]));
+        let mut store = MemStore::default();
+        let node = stored(StoredRecipe::Splice { start: 0, end: 0, replacement: vec![] }, vec![]);
+        store.put_row(Table::Revisions, &keys::session_rev(&session, &rev), &node).unwrap();
+        assert!(matches!(revision_node(&store, &session, &rev), Err(crate::Error::Corrupt { .. })));
+    }
 }

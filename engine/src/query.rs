@@ -504,7 +504,7 @@ fn node_at(store: &View, session: &SessionId, ordinal: u64) -> Result<RevisionNo
     };
     let ids = store.get(order.table, &key)?.ok_or_else(missing)?;
     let rev = order.entries(&ids).and_then(|mut e| e.nth(slot as usize)).map(revision_id).ok_or_else(missing)?;
-    store.row(Table::Revisions, &keys::session_rev(session, &rev))?.ok_or_else(missing)
+    crate::projection::revision_node(store, session, &rev)?.ok_or_else(missing)
 }
 
 /// The whole revision graph of `session`.
@@ -522,7 +522,7 @@ pub fn graph(view: &View, session: &SessionId) -> Result<RevisionGraph> {
             )
         })?;
         for rev in ids.map(revision_id) {
-            let node = store.row(Table::Revisions, &keys::session_rev(session, &rev))?;
+            let node = crate::projection::revision_node(store, session, &rev)?;
             nodes.push(node.ok_or_else(|| {
                 Error::corrupt(
                     Location::Projection { table: Table::Revisions.name(), key: rev.to_hex() },

@@ -89,7 +89,7 @@ impl Log {
     }
 
     fn node(&self, s: SessionId, r: RevisionId) -> RevisionNode {
-        self.row(Table::Revisions, &keys::session_rev(&s, &r)).expect("revision node")
+        annal::revision_node(&self.store, &s, &r).expect("node decodes").expect("revision node")
     }
 
     /// Every key of `table`.

@@ -1241,6 +1241,10 @@ impl<'a> Walk<'a> {
             Err(e) => return self.find(storage("table log", e)),
         };
         let total = log.len().unwrap_or(0);
+        // Room for about two references a record, up to the first reduction: growing the
+        // list by doubling copied it and faulted in its pages again at each step.
+        let expected_refs = (total as usize + journal.len()).saturating_mul(2).min(REFS_REDUCE_MIN);
+        self.refs.reserve(expected_refs.saturating_sub(self.refs.len()));
         let bar = progress::bar(total, "verify", self.opts.progress);
         let iter = match log.iter() {
             Ok(i) => i,
