@@ -396,11 +396,15 @@ impl Delta {
     }
 
     /// Freezes the active layer if it holds anything, and starts a new one. Returns
-    /// whether a layer was frozen.
+    /// whether a layer was frozen. A layer of writes that no event made (a content
+    /// collection's removals from the content-id index) holds something too.
     pub fn freeze(&self) -> bool {
         let mut state = self.state.write();
         let (seq, hash) = (state.visible, state.visible_hash);
-        let empty = state.layers.last().is_none_or(|l| l.read().events == 0);
+        let empty = state.layers.last().is_none_or(|l| {
+            let l = l.read();
+            l.events == 0 && l.rows() == 0
+        });
         if empty {
             return false;
         }

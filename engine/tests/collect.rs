@@ -248,3 +248,33 @@ fn an_object_read_before_its_collection_is_not_read_after_it() {
     transcript(engine.reader(), s);
     engine.close().unwrap();
 }
+
+/// A collection that ends with nothing committed after it: the index removals are the
+/// delta's only writes (no event made them), and the close must still checkpoint them.
+/// Otherwise the projections file keeps index entries for objects whose rows no longer
+/// hold them, and a command that brings the same bytes again is told they are stored.
+#[test]
+fn the_removals_of_a_collection_that_nothing_follows_reach_the_projections_file() {
+    let db = Db::new();
+    let engine = db.open_durable();
+    let (s, head) = create(&engine, &[Message::user("hello")]);
+    engine.close().unwrap();
+    let extra = leftovers(3);
+    let objects: Vec<Vec<u8>> = extra.iter().map(object_of).collect();
+    inject(&db.path, 1, &objects);
+
+    let engine = db.open_durable();
+    // The open folded the leftovers into the index; checkpoint that, so the removals
+    // below are all the next layer holds.
+    engine.checkpoint().unwrap();
+    assert_eq!(engine.collect_garbage(64).unwrap().objects_removed, 3);
+    engine.close().unwrap();
+
+    let engine = db.open_durable();
+    equal_a_rebuild(&engine);
+    let turn = annal::CommitTurn::new(s, "again", annal::Expected::Exact(head)).message(extra[0].clone());
+    engine.commit_turn(turn).unwrap();
+    assert_eq!(transcript(engine.reader(), s).last().unwrap().message.body, extra[0].body, "stored again");
+    engine.close().unwrap();
+    assert!(stored_ids(&db.path).contains(&message_id(&extra[0])));
+}

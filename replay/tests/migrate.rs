@@ -329,3 +329,79 @@ fn a_file_with_whole_content_rows_opens_reads_and_writes_on() {
     let rebuilt = annal(&["rebuild", path]);
     assert_eq!(rebuilt.status.code(), Some(0), "{}", String::from_utf8_lossy(&rebuilt.stderr));
 }
+
+/// In a format-4 file, a content collection rewrites the whole rows it touches in pieces
+/// (a row is never in both tables) and leaves the others where they are; a purge's scrub
+/// then copies every row into the new file in pieces. The other sessions answer as
+/// before and the file verifies at each step.
+#[test]
+fn a_collection_and_a_purge_move_whole_content_rows_to_pieces() {
+    use annal::codec::content::{encode_object, push_stored};
+    use redb::{ReadableDatabase, ReadableTable};
+    let dir = tempfile::tempdir().unwrap();
+    let src = fixture_dir("format4-whole-content-rows");
+    let db = dir.path().join("v4.redb");
+    std::fs::copy(src.join("v4.redb"), &db).expect("copy the log");
+    let path = db.to_str().unwrap();
+    let layout = |db: &Path| {
+        let raw = redb::Database::open(db).unwrap();
+        let txn = raw.begin_read().unwrap();
+        let whole: Vec<u64> = match txn.open_table(annal::tables::CONTENT) {
+            Ok(t) => t.iter().unwrap().map(|e| e.unwrap().0.value()).collect(),
+            Err(_) => Vec::new(),
+        };
+        let mut pieced: Vec<u64> = match txn.open_table(annal::pieces::PIECES) {
+            Ok(t) => t.iter().unwrap().map(|e| e.unwrap().0.value().0).collect(),
+            Err(_) => Vec::new(),
+        };
+        pieced.dedup();
+        (whole, pieced)
+    };
+    let (whole, pieced) = layout(&db);
+    assert!(pieced.is_empty());
+    // Objects nothing refers to in the first whole row, as an interrupted tool of the
+    // release that wrote the file could have left them.
+    let first = whole[0];
+    {
+        let raw = redb::Database::open(&db).unwrap();
+        let txn = raw.begin_write().unwrap();
+        {
+            let mut rows = txn.open_table(annal::tables::CONTENT).unwrap();
+            let mut row = rows.get(first).unwrap().unwrap().value().to_vec();
+            for i in 0..3 {
+                let object = format!("leftover {i}").into_bytes();
+                let (encoding, stored) = encode_object(&object);
+                push_stored(&mut row, &annal::codec::content_id(&object), encoding, &stored);
+            }
+            rows.insert(first, row.as_slice()).unwrap();
+        }
+        txn.commit().unwrap();
+    }
+    let engine = annal::Engine::open(&db).unwrap();
+    assert_eq!(engine.collect_garbage(1_000).unwrap().objects_removed, 3);
+    engine.close().unwrap();
+    let (whole_after, pieced) = layout(&db);
+    assert_eq!(pieced, vec![first], "the rewritten row moved to pieces");
+    assert_eq!(whole_after, whole[1..].to_vec(), "the other rows stayed whole");
+    let verify = annal(&["verify", path, "--deep"]);
+    assert_eq!(verify.status.code(), Some(0), "{}", String::from_utf8_lossy(&verify.stdout));
+
+    // The session the demo's workers shared: no fork of it, its own content rows.
+    let purged = "01a23b3e-3a3d-7293-a8d8-2a72ee31fa18";
+    let out = annal(&["purge", path, purged, "--reason", "test", "--actor", "ops"]);
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    let (whole_after, pieced) = layout(&db);
+    assert!(whole_after.is_empty(), "the scrub copied every row in pieces: {whole_after:?}");
+    assert!(!pieced.is_empty() && pieced.len() < whole.len(), "{pieced:?}");
+    let verify = annal(&["verify", path, "--deep"]);
+    assert_eq!(verify.status.code(), Some(0), "{}", String::from_utf8_lossy(&verify.stdout));
+    let old: serde_json::Value = serde_json::from_str(&expected_in(&src, "sessions.json")).unwrap();
+    for head in old.as_array().unwrap().iter().filter(|h| h["session"] != purged) {
+        let id = head["session"].as_str().unwrap();
+        assert_eq!(
+            stdout_of(&["transcript", path, id, "--limit", "10000", "--json"]),
+            expected_in(&src, &format!("transcript-{id}.json")),
+            "{id}"
+        );
+    }
+}
