@@ -391,4 +391,107 @@ mod tests {
         assert_eq!(lenient.take_damage(), None);
         assert!(lenient.next().is_none());
     }
+
+    /// What a seq holds in the reference model: a whole row, pieces (by index, any
+    /// indexes, possibly empty), or both.
+    #[derive(Clone, Debug)]
+    struct Stored {
+        whole: Option<Vec<u8>>,
+        pieces: std::collections::BTreeMap<u32, Vec<u8>>,
+    }
+
+    /// What the model says a seq reads as: `None` (no row), `Some(Ok(row))`, or
+    /// `Some(Err(row as far as it reads))` for damage.
+    fn expected(stored: &Stored) -> Option<Result<Vec<u8>, Vec<u8>>> {
+        if stored.pieces.is_empty() {
+            return stored.whole.clone().map(Ok);
+        }
+        let row: Vec<u8> = stored.pieces.values().flatten().copied().collect();
+        let dense = stored.pieces.keys().copied().eq(0..stored.pieces.len() as u32);
+        let ok = dense && stored.pieces.values().all(|p| !p.is_empty()) && stored.whole.is_none();
+        Some(if ok { Ok(row) } else { Err(row) })
+    }
+
+    fn stored_strategy() -> impl proptest::strategy::Strategy<Value = Stored> {
+        use proptest::prelude::*;
+        let bytes = proptest::collection::vec(any::<u8>(), 0..40);
+        (
+            proptest::option::of(proptest::collection::vec(any::<u8>(), 1..40)),
+            proptest::collection::btree_map(0u32..5, bytes, 0..4),
+        )
+            .prop_map(|(whole, pieces)| Stored { whole, pieces })
+    }
+
+    proptest::proptest! {
+        /// Rows read, by `get`, by `range` and leniently, as the model says: pieces
+        /// concatenated in key order, a whole row where there are no pieces, and damage
+        /// (a gap, an empty piece, a row both ways) an error for that row alone.
+        #[test]
+        fn rows_read_as_the_model_says(
+            layout in proptest::collection::btree_map(1u64..30, stored_strategy(), 0..12),
+            from in 0u64..32,
+            len in 0u64..32,
+        ) {
+            let db = db();
+            let txn = db.begin_write().unwrap();
+            {
+                let mut pieces = txn.open_table(PIECES).unwrap();
+                let mut whole = txn.open_table(CONTENT).unwrap();
+                for (seq, stored) in &layout {
+                    if let Some(w) = &stored.whole {
+                        whole.insert(*seq, w.as_slice()).unwrap();
+                    }
+                    for (i, p) in &stored.pieces {
+                        pieces.insert((*seq, *i), p.as_slice()).unwrap();
+                    }
+                }
+            }
+            txn.commit().unwrap();
+            let txn = db.begin_read().unwrap();
+            let rows = ContentReader::open(&txn).unwrap();
+            for seq in 0..32u64 {
+                let want = layout.get(&seq).and_then(expected);
+                match (rows.get(seq), want) {
+                    (Ok(None), None) => {}
+                    (Ok(Some(row)), Some(Ok(w))) => proptest::prop_assert_eq!(row, w),
+                    // `get` reads the pieces when there are any, and does not look for a
+                    // whole row beside them (a reader trusts the pieces; verify reports).
+                    (Ok(Some(row)), Some(Err(w))) => {
+                        let stored = &layout[&seq];
+                        let dense = stored.pieces.keys().copied().eq(0..stored.pieces.len() as u32);
+                        proptest::prop_assert!(dense && stored.pieces.values().all(|p| !p.is_empty()));
+                        proptest::prop_assert_eq!(row, w);
+                    }
+                    (Err(Error::Corrupt { .. }), Some(Err(_))) => {}
+                    (got, want) => proptest::prop_assert!(false, "seq {}: {:?} against {:?}", seq, got, want),
+                }
+            }
+            let through = from.saturating_add(len);
+            let in_range: Vec<(u64, Option<Result<Vec<u8>, Vec<u8>>>)> =
+                layout.iter().filter(|(s, _)| (from..=through).contains(*s)).map(|(s, st)| (*s, expected(st))).filter(|(_, w)| w.is_some()).collect();
+            let strict: Vec<_> = rows.range(from..=through).unwrap().collect();
+            proptest::prop_assert_eq!(strict.len(), in_range.len());
+            for (got, (seq, want)) in strict.iter().zip(&in_range) {
+                match (got, want) {
+                    (Ok((s, row)), Some(Ok(w))) => proptest::prop_assert!(s == seq && row == w),
+                    (Err(Error::Corrupt { .. }), Some(Err(_))) => {}
+                    (got, want) => proptest::prop_assert!(false, "seq {}: {:?} against {:?}", seq, got, want),
+                }
+            }
+            let mut lenient = rows.range(from..=through).unwrap().lenient();
+            for (seq, want) in &in_range {
+                let (s, row) = lenient.next().unwrap().unwrap();
+                proptest::prop_assert_eq!(s, *seq);
+                match want {
+                    Some(Ok(w)) => proptest::prop_assert!(row == *w && lenient.take_damage().is_none()),
+                    Some(Err(w)) => {
+                        proptest::prop_assert_eq!(&row, w);
+                        proptest::prop_assert_eq!(lenient.take_damage().map(|d| d.0), Some(*seq));
+                    }
+                    None => proptest::prop_assert!(false, "a seq in the layout has no row"),
+                }
+            }
+            proptest::prop_assert!(lenient.next().is_none());
+        }
+    }
 }
