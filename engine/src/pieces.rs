@@ -402,7 +402,9 @@ mod tests {
 
     /// What the model says a seq reads as: `None` (no row), `Some(Ok(row))`, or
     /// `Some(Err(row as far as it reads))` for damage.
-    fn expected(stored: &Stored) -> Option<Result<Vec<u8>, Vec<u8>>> {
+    type Expected = Option<Result<Vec<u8>, Vec<u8>>>;
+
+    fn expected(stored: &Stored) -> Expected {
         if stored.pieces.is_empty() {
             return stored.whole.clone().map(Ok);
         }
@@ -467,7 +469,7 @@ mod tests {
                 }
             }
             let through = from.saturating_add(len);
-            let in_range: Vec<(u64, Option<Result<Vec<u8>, Vec<u8>>>)> =
+            let in_range: Vec<(u64, Expected)> =
                 layout.iter().filter(|(s, _)| (from..=through).contains(*s)).map(|(s, st)| (*s, expected(st))).filter(|(_, w)| w.is_some()).collect();
             let strict: Vec<_> = rows.range(from..=through).unwrap().collect();
             proptest::prop_assert_eq!(strict.len(), in_range.len());
