@@ -498,8 +498,11 @@ pub struct Stats {
     pub content_refs: u64,
     /// Bytes the references would take if every reference stored its own copy.
     pub referenced_bytes: u64,
-    /// The database file's size.
+    /// The database files' sizes (the log file, its projections file and its journal).
     pub file_bytes: u64,
+    /// The bytes the file system allocated to those files (`du`): less than their sizes
+    /// where redb grew a file with `set_len` and has not written its end yet.
+    pub allocated_bytes: u64,
     /// How each redb table uses the file.
     pub tables: Vec<TableStorage>,
     /// Rows and bytes (key plus value) of each projection table.
@@ -644,7 +647,12 @@ impl Stats {
         );
         let _ = writeln!(out, "dedup saved       {:>12}", human_bytes(self.dedup_saved_bytes()));
         let _ = writeln!(out, "logical bytes     {:>12}", human_bytes(self.logical_bytes()));
-        let _ = writeln!(out, "file size         {:>12}", human_bytes(self.file_bytes));
+        let _ = writeln!(
+            out,
+            "file size         {:>12}   ({} allocated on disk)",
+            human_bytes(self.file_bytes),
+            human_bytes(self.allocated_bytes)
+        );
         let r = &self.reclaimed;
         let _ = writeln!(
             out,
@@ -723,6 +731,7 @@ impl Stats {
             "dedup_saved_bytes": self.dedup_saved_bytes(),
             "logical_bytes": self.logical_bytes(),
             "file_bytes": self.file_bytes,
+            "allocated_bytes": self.allocated_bytes,
             "reclaimed": {
                 "sessions_purged": self.reclaimed.sessions,
                 "records_erased": self.reclaimed.records,
@@ -763,6 +772,11 @@ pub fn stats(reader: &Reader, path: &Path) -> Result<Stats> {
     let projections_bytes = std::fs::metadata(&projections_path).map_or(0, |m| m.len());
     let mut s = Stats {
         file_bytes: annal::database_files(path).iter().filter_map(|f| std::fs::metadata(f).ok()).map(|m| m.len()).sum(),
+        allocated_bytes: {
+            use std::os::unix::fs::MetadataExt;
+            let files = annal::database_files(path);
+            files.iter().filter_map(|f| std::fs::metadata(f).ok()).map(|m| m.blocks() * 512).sum()
+        },
         reclaimed: annal::Reclaimed::read(txn)?,
         ..Stats::default()
     };

@@ -967,6 +967,7 @@ fn read_views_show_the_demo() {
     assert_eq!(by_kind, tip);
     assert!(json["dedup_saved_bytes"].as_u64().unwrap() > 0, "the demo repeats its system prompt");
     assert!(json["file_bytes"].as_u64().unwrap() > 0);
+    assert!(json["allocated_bytes"].as_u64().unwrap() > 0, "the files take room on disk");
     assert_eq!(json["content_objects"].as_u64().unwrap() as usize, count_content(&db));
     let tables = json["tables"].as_array().unwrap();
     let names: Vec<&str> = tables.iter().map(|t| t["name"].as_str().unwrap()).collect();
