@@ -9,8 +9,12 @@
 //!
 //! Files of formats 2 to 4 keep their rows whole in [`crate::tables::CONTENT`]. They are
 //! read as they are: a seq's row is its pieces if it has any, else its whole row. A row
-//! that is rewritten (an erasure, a content collection) moves to pieces, so a seq's row
-//! is only ever in one of the two tables.
+//! that is rewritten (an erasure, a content collection, a purge's scrub) moves to pieces,
+//! so a seq's row is only ever in one of the two tables.
+//!
+//! The engine reads and writes content rows only through [`ContentRows`]; the writer is
+//! public, like the table definitions in [`crate::tables`], for offline tools and tamper
+//! tests.
 
 use crate::error::{Error, Location, Result};
 use crate::tables::CONTENT;
