@@ -41,6 +41,11 @@ pub type ContentReader = ContentRows<ReadOnlyTable<(u64, u32), &'static [u8]>, R
 /// The content rows of a write transaction.
 pub type ContentWriter<'txn> = ContentRows<Table<'txn, (u64, u32), &'static [u8]>, Table<'txn, u64, &'static [u8]>>;
 
+/// The first and last seq of `seqs`, if it holds any.
+fn bounds(seqs: &RangeInclusive<u64>) -> Option<(u64, u64)> {
+    (seqs.start() <= seqs.end()).then(|| (*seqs.start(), *seqs.end()))
+}
+
 fn has_table(mut names: impl Iterator<Item = String>, name: &str) -> bool {
     names.any(|n| n == name)
 }
@@ -58,16 +63,9 @@ impl ContentReader {
     /// [`ContentRows::range`], as an iterator that owns its snapshot's pages (it may
     /// outlive this reader).
     pub fn range_owned(&self, seqs: RangeInclusive<u64>) -> Result<Rows<'static>> {
-        let (from, through) = (*seqs.start(), *seqs.end());
-        let pieces = match &self.pieces {
-            Some(p) if from <= through => Some(p.range((from, 0)..=(through, u32::MAX))?),
-            _ => None,
-        };
-        let whole = match &self.whole {
-            Some(w) if from <= through => Some(w.range(from..=through)?),
-            _ => None,
-        };
-        Ok(Rows::new(pieces, whole))
+        let Some((lo, hi)) = bounds(&seqs) else { return Ok(Rows::new(None, None)) };
+        let pieces = self.pieces.as_ref().map(|p| p.range((lo, 0)..=(hi, u32::MAX))).transpose()?;
+        Ok(Rows::new(pieces, self.whole.as_ref().map(|w| w.range(lo..=hi)).transpose()?))
     }
 }
 
@@ -144,16 +142,9 @@ where
 
     /// The rows of the seqs in `seqs`, in seq order.
     pub fn range(&self, seqs: RangeInclusive<u64>) -> Result<Rows<'_>> {
-        let (from, through) = (*seqs.start(), *seqs.end());
-        let pieces = match &self.pieces {
-            Some(p) if from <= through => Some(p.range((from, 0)..=(through, u32::MAX))?),
-            _ => None,
-        };
-        let whole = match &self.whole {
-            Some(w) if from <= through => Some(w.range(from..=through)?),
-            _ => None,
-        };
-        Ok(Rows::new(pieces, whole))
+        let Some((lo, hi)) = bounds(&seqs) else { return Ok(Rows::new(None, None)) };
+        let pieces = self.pieces.as_ref().map(|p| p.range((lo, 0)..=(hi, u32::MAX))).transpose()?;
+        Ok(Rows::new(pieces, self.whole.as_ref().map(|w| w.range(lo..=hi)).transpose()?))
     }
 
     /// Every row, in seq order.
