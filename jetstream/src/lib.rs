@@ -1,0 +1,626 @@
+//! annal's log on a replicated NATS JetStream stream.
+//!
+//! [`JetStreamLog`] is the client that the JetStream log backend is built on
+//! (`docs/design.md` §13): one stream per database, one subject per session
+//! (`<prefix>.s.<session id in hex>`) and one for commands that write several sessions
+//! (`<prefix>.x`). It connects with TLS and credentials, creates or checks the stream
+//! (file storage, replicated, deletes and purges denied: the log only appends), and
+//! offers what the engine needs of a log:
+//!
+//! - [`JetStreamLog::append`]: a batch of messages published without waiting for each
+//!   acknowledgement in turn (pipelined), each with the per-session expectation it was
+//!   decided under (`Nats-Expected-Last-Subject-Sequence`) and an idempotency key
+//!   (`Nats-Msg-Id`), so that a retried publish is stored once;
+//! - [`JetStreamLog::read`] and [`JetStreamLog::subscribe`]: the stream in order, from any
+//!   stream sequence;
+//! - [`JetStreamLog::tip`] and [`JetStreamLog::last_of`]: the stream's last sequence, and
+//!   a subject's.
+//!
+//! The calls block. The client runs on a tokio runtime of its own with one worker
+//! thread, so a host needs no async runtime, and the engine crate keeps none.
+//!
+//! ```no_run
+//! use annal_jetstream::{Append, Credentials, Expected, JetStreamLog, Options, Outcome, Target, Tls};
+//! use annal_codec::SessionId;
+//!
+//! let options = Options {
+//!     servers: vec!["tls://127.0.0.1:4222".into()],
+//!     credentials: Credentials::UserPassword { user: "annal".into(), password: "secret".into() },
+//!     tls: Tls { required: true, ca_file: Some("ca.pem".into()), client_cert: None },
+//!     ..Options::default()
+//! };
+//! let log = JetStreamLog::connect(&options)?;
+//! let session = SessionId([7; 16]);
+//! let outcomes = log.append(vec![Append {
+//!     target: Target::Session(session),
+//!     payload: b"a record".to_vec(),
+//!     expected: Expected::NoMessage,
+//!     msg_id: Some("turn-1".into()),
+//! }])?;
+//! assert!(matches!(outcomes[0], Outcome::Stored { .. }));
+//! for message in log.read(1, 100)? {
+//!     println!("{} {:?} {} bytes", message.seq, message.target, message.payload.len());
+//! }
+//! # Ok::<(), annal_jetstream::Error>(())
+//! ```
+
+#![warn(missing_docs)]
+
+use annal_codec::SessionId;
+use async_nats::jetstream::{self, consumer, stream};
+use futures_util::StreamExt;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// What can go wrong talking to the stream. Every error leaves the stream as it was,
+/// except that a publish whose acknowledgement was lost ([`Error::Timeout`]) may have
+/// been stored: retry it with the same `msg_id` and the server stores it once.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The servers could not be reached, or the TLS handshake failed.
+    #[error("cannot connect to the JetStream servers: {0}")]
+    Connect(String),
+    /// The servers refused the credentials, or the account may not do this.
+    #[error("refused by the JetStream servers: {0}")]
+    Refused(String),
+    /// The stream does not exist and `Options::create` is off.
+    #[error("stream {0} does not exist")]
+    StreamNotFound(String),
+    /// The stream exists with a configuration this client does not accept.
+    #[error("stream {stream} is configured differently: {what}")]
+    StreamMismatch {
+        /// The stream.
+        stream: String,
+        /// What differs.
+        what: String,
+    },
+    /// A message is larger than the servers accept.
+    #[error("a message of {size} bytes is over the servers' limit of {max}")]
+    PayloadTooLarge {
+        /// The message's payload and headers, in bytes.
+        size: usize,
+        /// The servers' limit.
+        max: usize,
+    },
+    /// No answer within `Options::timeout`.
+    #[error("no answer from the JetStream servers within {0:?}")]
+    Timeout(Duration),
+    /// A message on the stream is not one this client wrote.
+    #[error("stream sequence {seq}: {what}")]
+    Malformed {
+        /// Where.
+        seq: u64,
+        /// What.
+        what: String,
+    },
+    /// Any other failure the servers or the client reported.
+    #[error("JetStream: {0}")]
+    Other(String),
+}
+
+/// This crate's results.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// How the client proves who it is.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum Credentials {
+    /// None: only for servers without authorization.
+    #[default]
+    None,
+    /// A user and password of the servers' configuration.
+    UserPassword {
+        /// The user.
+        user: String,
+        /// The password.
+        password: String,
+    },
+    /// An NKey seed (`SU...`): the client signs the server's nonce with it.
+    NKey(String),
+    /// A credentials file (a user JWT and its NKey seed), as `nsc` writes them.
+    CredsFile(PathBuf),
+    /// An authorization token.
+    Token(String),
+}
+
+/// TLS settings.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Tls {
+    /// Refuse a connection that is not TLS. On by default.
+    pub required: bool,
+    /// PEM file of the certificate authorities to trust (besides the system's).
+    pub ca_file: Option<PathBuf>,
+    /// PEM files of a client certificate and its key, for servers that verify clients
+    /// (mutual TLS).
+    pub client_cert: Option<(PathBuf, PathBuf)>,
+}
+
+impl Default for Tls {
+    fn default() -> Self {
+        Tls { required: true, ca_file: None, client_cert: None }
+    }
+}
+
+/// Where the log is and how to reach it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Options {
+    /// Server URLs (`tls://host:port` or `nats://host:port`); the client also learns the
+    /// cluster's other servers from them.
+    pub servers: Vec<String>,
+    /// Who the client is.
+    pub credentials: Credentials,
+    /// TLS.
+    pub tls: Tls,
+    /// The stream's name: one stream per database. Default `ANNAL`.
+    pub stream: String,
+    /// The first token of the stream's subjects. Default `annal`.
+    pub subject_prefix: String,
+    /// Replicas of the stream when this client creates it. Default 3.
+    pub replicas: usize,
+    /// How long the servers remember a `msg_id`, to store a retried publish once.
+    /// Default two minutes.
+    pub duplicate_window: Duration,
+    /// Create the stream if it does not exist. Default on.
+    pub create: bool,
+    /// How long a request or an acknowledgement may take. Default ten seconds.
+    pub timeout: Duration,
+    /// Publishes in flight at once. Default 256.
+    pub window: usize,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            servers: vec!["tls://127.0.0.1:4222".into()],
+            credentials: Credentials::None,
+            tls: Tls::default(),
+            stream: "ANNAL".into(),
+            subject_prefix: "annal".into(),
+            replicas: 3,
+            duplicate_window: Duration::from_secs(120),
+            create: true,
+            timeout: Duration::from_secs(10),
+            window: 256,
+        }
+    }
+}
+
+/// What a message writes: one session, or several (a command that spans sessions).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Target {
+    /// One session: subject `<prefix>.s.<session id in hex>`.
+    Session(SessionId),
+    /// Several sessions: subject `<prefix>.x`.
+    Many,
+}
+
+/// The state of its subject that a message was decided under.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Expected {
+    /// Any: the server checks nothing.
+    Any,
+    /// The subject holds no message yet.
+    NoMessage,
+    /// The subject's last message is at this stream sequence.
+    Last(u64),
+}
+
+/// One message to append.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Append {
+    /// Its subject.
+    pub target: Target,
+    /// Its bytes.
+    pub payload: Vec<u8>,
+    /// What its subject must hold for the server to store it.
+    pub expected: Expected,
+    /// Its idempotency key (`Nats-Msg-Id`): within the stream's duplicate window, a
+    /// second message with the same key is not stored again, and is acknowledged with
+    /// the first one's sequence.
+    pub msg_id: Option<String>,
+}
+
+/// What became of one appended message.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// Stored at `seq`, or stored before (`duplicate`: its `msg_id` was seen within the
+    /// duplicate window, and `seq` is the first copy's).
+    Stored {
+        /// The stream sequence.
+        seq: u64,
+        /// The servers had it already.
+        duplicate: bool,
+    },
+    /// Refused: its subject did not hold what [`Append::expected`] said. Nothing was
+    /// stored.
+    Conflict,
+}
+
+/// A message read from the stream.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StoredMessage {
+    /// Its stream sequence (from 1, dense: the stream denies deletes).
+    pub seq: u64,
+    /// Its subject.
+    pub target: Target,
+    /// Its bytes.
+    pub payload: Vec<u8>,
+    /// Its idempotency key, if it had one.
+    pub msg_id: Option<String>,
+}
+
+/// A client of annal's stream. Cheap to share between threads: every call takes `&self`.
+pub struct JetStreamLog {
+    runtime: Arc<tokio::runtime::Runtime>,
+    client: async_nats::Client,
+    context: jetstream::Context,
+    stream: stream::Stream,
+    options: Options,
+}
+
+impl std::fmt::Debug for JetStreamLog {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("JetStreamLog").field("stream", &self.options.stream).finish_non_exhaustive()
+    }
+}
+
+fn other(e: impl std::fmt::Display) -> Error {
+    Error::Other(e.to_string())
+}
+
+/// Authorization and permission failures are told apart by the servers' words: the
+/// client library reports them as text.
+fn refused_or(e: impl std::fmt::Display, otherwise: fn(String) -> Error) -> Error {
+    let text = e.to_string();
+    let lower = text.to_lowercase();
+    if lower.contains("authorization") || lower.contains("permission") || lower.contains("authentication") {
+        Error::Refused(text)
+    } else {
+        otherwise(text)
+    }
+}
+
+fn decode_hex_session(text: &str) -> Option<SessionId> {
+    if text.len() != 32 {
+        return None;
+    }
+    let mut out = [0u8; 16];
+    for (i, pair) in text.as_bytes().chunks(2).enumerate() {
+        let digit = |c: u8| match c {
+            b'0'..=b'9' => Some(c - b'0'),
+            b'a'..=b'f' => Some(c - b'a' + 10),
+            _ => None,
+        };
+        out[i] = digit(pair[0])? << 4 | digit(pair[1])?;
+    }
+    Some(SessionId(out))
+}
+
+impl JetStreamLog {
+    /// Connects, then opens the stream (creating it if `options.create` and it is
+    /// missing) and checks that it is one this client can use: its subjects are the
+    /// prefix's, its storage is on file, and deletes and purges are denied.
+    pub fn connect(options: &Options) -> Result<JetStreamLog> {
+        if options.servers.is_empty() {
+            return Err(Error::Connect("no server URL given".into()));
+        }
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("annal-jetstream")
+            .enable_all()
+            .build()
+            .map_err(|e| Error::Other(format!("cannot start the client's runtime: {e}")))?;
+        let mut connect = async_nats::ConnectOptions::new()
+            .name("annal")
+            .connection_timeout(options.timeout)
+            .request_timeout(Some(options.timeout))
+            .require_tls(options.tls.required);
+        if let Some(ca) = &options.tls.ca_file {
+            connect = connect.add_root_certificates(ca.clone());
+        }
+        if let Some((cert, key)) = &options.tls.client_cert {
+            connect = connect.add_client_certificate(cert.clone(), key.clone());
+        }
+        connect = match &options.credentials {
+            Credentials::None => connect,
+            Credentials::UserPassword { user, password } => connect.user_and_password(user.clone(), password.clone()),
+            Credentials::NKey(seed) => connect.nkey(seed.clone()),
+            Credentials::Token(token) => connect.token(token.clone()),
+            Credentials::CredsFile(path) => {
+                let text = std::fs::read_to_string(path)
+                    .map_err(|e| Error::Connect(format!("cannot read {}: {e}", path.display())))?;
+                connect.credentials(&text).map_err(|e| Error::Connect(format!("{}: {e}", path.display())))?
+            }
+        };
+        let servers = options.servers.clone();
+        let (client, context, stream) = runtime.block_on(async {
+            let client = connect.connect(servers).await.map_err(|e| refused_or(e, Error::Connect))?;
+            let context = jetstream::ContextBuilder::new()
+                .timeout(options.timeout)
+                .max_ack_inflight(options.window.max(1))
+                .build(client.clone());
+            let stream = open_stream(&context, options).await?;
+            Ok::<_, Error>((client, context, stream))
+        })?;
+        Ok(JetStreamLog { runtime: Arc::new(runtime), client, context, stream, options: options.clone() })
+    }
+
+    /// The subject of `target`.
+    pub fn subject(&self, target: &Target) -> String {
+        subject(&self.options.subject_prefix, target)
+    }
+
+    /// The largest message the servers take, in bytes (payload and headers).
+    pub fn max_payload(&self) -> usize {
+        self.client.server_info().max_payload
+    }
+
+    /// Publishes `batch` in order, without waiting for one acknowledgement before the
+    /// next publish (at most `Options::window` in flight), and returns each message's
+    /// outcome in the same order. A message refused for its expectation is a
+    /// [`Outcome::Conflict`] and does not stop the others: each was decided under its own
+    /// expectation. An error (a lost connection, a timeout) stops the call; messages
+    /// before it may be stored, and a retry with the same `msg_id`s stores them once.
+    pub fn append(&self, batch: Vec<Append>) -> Result<Vec<Outcome>> {
+        let max = self.max_payload();
+        for a in &batch {
+            if a.payload.len() > max {
+                return Err(Error::PayloadTooLarge { size: a.payload.len(), max });
+            }
+        }
+        let prefix = self.options.subject_prefix.clone();
+        self.runtime.block_on(async {
+            let mut pending = Vec::with_capacity(batch.len());
+            for a in batch {
+                let mut message = jetstream::message::PublishMessage::build().payload(a.payload.into());
+                message = match a.expected {
+                    Expected::Any => message,
+                    Expected::NoMessage => message.expected_last_subject_sequence(0),
+                    Expected::Last(seq) => message.expected_last_subject_sequence(seq),
+                };
+                if let Some(id) = &a.msg_id {
+                    message = message.message_id(id);
+                }
+                let ack = self
+                    .context
+                    .send_publish(subject(&prefix, &a.target), message)
+                    .await
+                    .map_err(|e| publish_error(e, self.options.timeout))?;
+                pending.push(ack);
+            }
+            let mut outcomes = Vec::with_capacity(pending.len());
+            for ack in pending {
+                outcomes.push(match ack.await {
+                    Ok(ack) => Outcome::Stored { seq: ack.sequence, duplicate: ack.duplicate },
+                    Err(e) if e.kind() == jetstream::context::PublishErrorKind::WrongLastSequence => Outcome::Conflict,
+                    Err(e) => return Err(publish_error(e, self.options.timeout)),
+                });
+            }
+            Ok(outcomes)
+        })
+    }
+
+    /// Runs a request that changes nothing the log holds again until it succeeds, the
+    /// servers refuse it, or `Options::timeout` has passed three times over: while the
+    /// cluster elects a leader after a server is lost, a request can go unanswered or
+    /// fail for a few seconds (a consumer created twice is an ephemeral one the servers
+    /// drop when it idles).
+    async fn retrying<T, E, F, Fut>(&self, mut request: F) -> std::result::Result<T, E>
+    where
+        E: std::fmt::Display,
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = std::result::Result<T, E>>,
+    {
+        let deadline = tokio::time::Instant::now() + self.options.timeout * 3;
+        let mut pause = Duration::from_millis(100);
+        loop {
+            match request().await {
+                Ok(v) => return Ok(v),
+                Err(e) => {
+                    let refused = matches!(refused_or(&e, Error::Other), Error::Refused(_));
+                    if refused || tokio::time::Instant::now() + pause > deadline {
+                        return Err(e);
+                    }
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(Duration::from_secs(2));
+                }
+            }
+        }
+    }
+
+    /// The stream's last sequence (0 while it is empty).
+    pub fn tip(&self) -> Result<u64> {
+        self.runtime.block_on(async {
+            let info = self.retrying(|| self.stream.get_info()).await.map_err(|e| refused_or(e, Error::Other))?;
+            Ok(info.state.last_sequence)
+        })
+    }
+
+    /// The stream sequence of the last message on `target`'s subject, if it has one: what
+    /// [`Expected::Last`] takes.
+    pub fn last_of(&self, target: &Target) -> Result<Option<u64>> {
+        let subject = self.subject(target);
+        self.runtime.block_on(async {
+            let last = || async {
+                match self.stream.get_last_raw_message_by_subject(&subject).await {
+                    Ok(m) => Ok(Some(m.sequence)),
+                    Err(e) if e.kind() == stream::LastRawMessageErrorKind::NoMessageFound => Ok(None),
+                    Err(e) => Err(e),
+                }
+            };
+            self.retrying(last).await.map_err(|e| refused_or(e, Error::Other))
+        })
+    }
+
+    /// Up to `max` messages in stream order, from stream sequence `from` (1 is the first):
+    /// fewer when the stream ends sooner.
+    pub fn read(&self, from: u64, max: usize) -> Result<Vec<StoredMessage>> {
+        if max == 0 {
+            return Ok(Vec::new());
+        }
+        self.runtime.block_on(async {
+            let config = consumer::pull::Config {
+                deliver_policy: consumer::DeliverPolicy::ByStartSequence { start_sequence: from.max(1) },
+                ack_policy: consumer::AckPolicy::None,
+                inactive_threshold: Duration::from_secs(30),
+                ..Default::default()
+            };
+            let consumer = self
+                .retrying(|| self.stream.create_consumer(config.clone()))
+                .await
+                .map_err(|e| refused_or(format!("creating a consumer from {from}: {e}"), Error::Other))?;
+            let mut out = Vec::new();
+            // A fetch returns what the consumer has at once, up to its batch; loop until
+            // `max`, or until a fetch comes back short.
+            while out.len() < max {
+                let want = (max - out.len()).min(4096);
+                let mut batch = consumer
+                    .fetch()
+                    .max_messages(want)
+                    .expires(self.options.timeout)
+                    .messages()
+                    .await
+                    .map_err(|e| Error::Other(format!("fetching from {from}: {e}")))?;
+                let before = out.len();
+                while let Some(m) = batch.next().await {
+                    out.push(stored(&self.options.subject_prefix, &m.map_err(other)?)?);
+                }
+                if out.len() - before < want {
+                    break;
+                }
+            }
+            let name = consumer.cached_info().name.clone();
+            // The servers drop an idle ephemeral consumer by themselves; deleting it now
+            // only spares them the wait.
+            let _ = self.stream.delete_consumer(&name).await;
+            Ok(out)
+        })
+    }
+
+    /// Every message from stream sequence `from` on, as the servers store them: an
+    /// ordered consumer that the client recreates past the last message it delivered if
+    /// the servers lose it.
+    pub fn subscribe(&self, from: u64) -> Result<Subscription> {
+        let messages = self.runtime.block_on(async {
+            let config = consumer::pull::OrderedConfig {
+                deliver_policy: consumer::DeliverPolicy::ByStartSequence { start_sequence: from.max(1) },
+                ..Default::default()
+            };
+            let consumer = self
+                .retrying(|| self.stream.create_consumer(config.clone()))
+                .await
+                .map_err(|e| refused_or(format!("creating a consumer from {from}: {e}"), Error::Other))?;
+            consumer.messages().await.map_err(other)
+        })?;
+        Ok(Subscription { runtime: self.runtime.clone(), messages, prefix: self.options.subject_prefix.clone() })
+    }
+}
+
+/// The stream from some sequence on; see [`JetStreamLog::subscribe`].
+pub struct Subscription {
+    runtime: Arc<tokio::runtime::Runtime>,
+    messages: consumer::pull::Ordered,
+    prefix: String,
+}
+
+impl std::fmt::Debug for Subscription {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Subscription").finish_non_exhaustive()
+    }
+}
+
+impl Subscription {
+    /// The next message, waiting at most `wait` for it (`None` if none came).
+    pub fn next_within(&mut self, wait: Duration) -> Result<Option<StoredMessage>> {
+        let prefix = &self.prefix;
+        let messages = &mut self.messages;
+        self.runtime.block_on(async {
+            match tokio::time::timeout(wait, messages.next()).await {
+                Err(_) => Ok(None),
+                Ok(None) => Err(Error::Other("the subscription ended".into())),
+                Ok(Some(m)) => stored(prefix, &m.map_err(other)?).map(Some),
+            }
+        })
+    }
+}
+
+fn subject(prefix: &str, target: &Target) -> String {
+    match target {
+        Target::Session(s) => format!("{prefix}.s.{}", annal_codec::ids::hex(&s.0)),
+        Target::Many => format!("{prefix}.x"),
+    }
+}
+
+fn target_of(prefix: &str, subject: &str) -> Option<Target> {
+    let rest = subject.strip_prefix(prefix)?.strip_prefix('.')?;
+    if rest == "x" {
+        return Some(Target::Many);
+    }
+    decode_hex_session(rest.strip_prefix("s.")?).map(Target::Session)
+}
+
+fn stored(prefix: &str, m: &jetstream::Message) -> Result<StoredMessage> {
+    let seq = m.info().map_err(other)?.stream_sequence;
+    let target = target_of(prefix, m.subject.as_str())
+        .ok_or_else(|| Error::Malformed { seq, what: format!("subject {} is not one of the log's", m.subject) })?;
+    let msg_id =
+        m.headers.as_ref().and_then(|h| h.get(async_nats::header::NATS_MESSAGE_ID)).map(|v| v.as_str().to_owned());
+    Ok(StoredMessage { seq, target, payload: m.payload.to_vec(), msg_id })
+}
+
+fn publish_error(e: jetstream::context::PublishError, timeout: Duration) -> Error {
+    use jetstream::context::PublishErrorKind as K;
+    match e.kind() {
+        K::TimedOut => Error::Timeout(timeout),
+        K::StreamNotFound => Error::Other(format!("no stream takes the log's subjects: {e}")),
+        _ => refused_or(e, Error::Other),
+    }
+}
+
+fn stream_config(options: &Options) -> stream::Config {
+    stream::Config {
+        name: options.stream.clone(),
+        subjects: vec![format!("{}.s.*", options.subject_prefix), format!("{}.x", options.subject_prefix)],
+        storage: stream::StorageType::File,
+        num_replicas: options.replicas,
+        duplicate_window: options.duplicate_window,
+        deny_delete: true,
+        deny_purge: true,
+        ..Default::default()
+    }
+}
+
+async fn open_stream(context: &jetstream::Context, options: &Options) -> Result<stream::Stream> {
+    let mut stream = match context.get_stream(&options.stream).await {
+        Ok(s) => s,
+        Err(e) if is_stream_not_found(&e) => {
+            if !options.create {
+                return Err(Error::StreamNotFound(options.stream.clone()));
+            }
+            context.create_stream(stream_config(options)).await.map_err(|e| refused_or(e, Error::Other))?
+        }
+        Err(e) => return Err(refused_or(e, Error::Other)),
+    };
+    let config = &stream.info().await.map_err(|e| refused_or(e, Error::Other))?.config;
+    let want = stream_config(options);
+    let mismatch = |what: &str| Error::StreamMismatch { stream: options.stream.clone(), what: what.into() };
+    let mut subjects = config.subjects.clone();
+    subjects.sort();
+    let mut wanted = want.subjects.clone();
+    wanted.sort();
+    if subjects != wanted {
+        return Err(mismatch(&format!("subjects {subjects:?}, not {wanted:?}")));
+    }
+    if config.storage != stream::StorageType::File {
+        return Err(mismatch("its storage is not on file"));
+    }
+    if !config.deny_delete || !config.deny_purge {
+        return Err(mismatch("it allows deleting or purging messages"));
+    }
+    Ok(stream)
+}
+
+fn is_stream_not_found(e: &jetstream::context::GetStreamError) -> bool {
+    matches!(e.kind(), jetstream::context::GetStreamErrorKind::JetStream(j)
+        if j.error_code() == jetstream::ErrorCode::STREAM_NOT_FOUND)
+}
