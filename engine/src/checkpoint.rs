@@ -138,7 +138,7 @@ pub(crate) fn write_layer(db: &Database, layer: &crate::delta::Layer, durability
 }
 
 /// Writes the format, the versions and cursors of `set` and the checkpoint mark.
-fn write_cursors(txn: &WriteTransaction, set: ProjectionSet, seq: u64, hash: &ChainHash) -> Result<()> {
+pub(crate) fn write_cursors(txn: &WriteTransaction, set: ProjectionSet, seq: u64, hash: &ChainHash) -> Result<()> {
     let mut meta = txn.open_table(META)?;
     meta.insert(meta_keys::FORMAT, tables::PROJECTIONS_FORMAT.to_le_bytes().as_slice())?;
     for p in set.iter() {

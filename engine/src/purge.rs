@@ -465,7 +465,7 @@ fn zero(file: &mut std::fs::File, path: &Path) -> Result<()> {
     file.sync_all().map_err(io("sync", path))
 }
 
-fn sync_dir(path: &Path) -> Result<()> {
+pub(crate) fn sync_dir(path: &Path) -> Result<()> {
     let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
     std::fs::File::open(dir).and_then(|d| d.sync_all()).map_err(io("sync directory", dir))
 }

@@ -6,6 +6,8 @@
 use crate::checkpoint::{self, Cursors};
 use crate::engine::{projections_path, Options};
 use crate::error::{fail_closed, Error, Result};
+use crate::evolve::evolve;
+use crate::log::LogTail;
 use crate::projection::{Projection, ProjectionSet};
 use annal_codec::LogChain;
 use redb::ReadableDatabase;
@@ -47,7 +49,17 @@ pub fn rebuild_offline(
     set: ProjectionSet,
     progress: Progress<'_>,
 ) -> Result<RebuildStats> {
-    let path = path.as_ref();
+    rebuild_offline_in_chunks(path.as_ref(), options, set, progress, checkpoint::FOLD_CHUNK_EVENTS)
+}
+
+/// [`rebuild_offline`], handing over the fold's writes every `chunk_events` events.
+fn rebuild_offline_in_chunks(
+    path: &Path,
+    options: &Options,
+    set: ProjectionSet,
+    progress: Progress<'_>,
+    chunk_events: u64,
+) -> Result<RebuildStats> {
     let chain = options.chain_key.map_or_else(LogChain::plain, LogChain::keyed);
     fail_closed("rebuild", || {
         let mut b = redb::Builder::new();
@@ -59,11 +71,31 @@ pub fn rebuild_offline(
             crate::log::LogState::Ready => crate::log::load_tip(&log_txn, &chain)?,
             crate::log::LogState::New => return Err(Error::Storage(format!("{} holds no log", path.display()))),
         };
-        let projections =
-            redb::Builder::new().set_cache_size(REBUILD_PROJECTIONS_CACHE_BYTES).create(projections_path(path))?;
+        let final_path = projections_path(path);
+        // Every projection from 0 (the usual rebuild): fold into a new file beside the
+        // old one, written by a second thread, then put it in the old one's place.
+        let all = ProjectionSet::all();
+        if set == all {
+            return rebuild_into_new_file(
+                &LogSource { txn: &log_txn, chain: &chain, limits: &options.limits, tip: &tip },
+                &final_path,
+                progress,
+                chunk_events,
+            );
+        }
+        let projections = redb::Builder::new().set_cache_size(REBUILD_PROJECTIONS_CACHE_BYTES).create(&final_path)?;
         let current =
             checkpoint::read_cursors(&projections.begin_read()?, &log_txn, &Default::default(), &chain, &tip)?;
         let cursors = Cursors { seqs: [tip.seq; Projection::ALL.len()] }.reset(set).reset(current.behind(tip.seq));
+        if cursors.behind(1) == all {
+            drop(projections);
+            return rebuild_into_new_file(
+                &LogSource { txn: &log_txn, chain: &chain, limits: &options.limits, tip: &tip },
+                &final_path,
+                progress,
+                chunk_events,
+            );
+        }
         checkpoint::catch_up(
             &projections,
             &log_txn,
@@ -75,4 +107,346 @@ pub fn rebuild_offline(
             progress,
         )
     })
+}
+
+/// The file a full rebuild writes before it replaces the projections file.
+pub fn rebuild_path(projections: &Path) -> std::path::PathBuf {
+    let mut name = projections.as_os_str().to_owned();
+    name.push(".rebuild");
+    std::path::PathBuf::from(name)
+}
+
+/// Records a full rebuild's reading thread hands the fold at a time, and batches of them
+/// it reads ahead.
+const READ_BATCH: usize = 1024;
+const READ_AHEAD: usize = 16;
+
+/// The log a rebuild folds: a snapshot of it, its chain, limits and tip.
+#[derive(Clone, Copy)]
+struct LogSource<'a> {
+    txn: &'a redb::ReadTransaction,
+    chain: &'a LogChain,
+    limits: &'a crate::limits::Limits,
+    tip: &'a crate::log::Tip,
+}
+
+/// Chunks a full rebuild's fold runs ahead of the thread that writes them.
+const CHUNKS_AHEAD: usize = 2;
+
+/// What a full rebuild's fold reads under its overlay: the chunks folded but not yet
+/// committed to the new file (newest first wins), then a snapshot of the file.
+struct Folded {
+    chunks: std::collections::VecDeque<std::sync::Arc<crate::store::Writes>>,
+    table: redb::ReadOnlyTable<&'static [u8], &'static [u8]>,
+    /// Keeps the snapshot `table` reads.
+    _txn: redb::ReadTransaction,
+}
+
+impl Folded {
+    fn new(txn: redb::ReadTransaction) -> Result<Folded> {
+        Ok(Folded { chunks: Default::default(), table: txn.open_table(crate::tables::PROJECTIONS)?, _txn: txn })
+    }
+}
+
+impl crate::store::Store for Folded {
+    fn read(&self, table: crate::Table, key: &[u8], f: &mut dyn FnMut(Option<&[u8]>) -> Result<()>) -> Result<()> {
+        crate::store::with_physical(table, key, |physical| {
+            if let Some(v) = self.chunks.iter().rev().find_map(|c| c.get(physical)) {
+                return f(v.as_deref().map(Vec::as_slice));
+            }
+            match self.table.get(physical)? {
+                Some(guard) => f(Some(guard.value())),
+                None => f(None),
+            }
+        })
+    }
+    fn put(&mut self, _: crate::Table, _: &[u8], _: &[u8]) -> Result<()> {
+        Err(Error::Storage("the rebuild's folded rows are read-only".into()))
+    }
+    fn remove(&mut self, _: crate::Table, _: &[u8]) -> Result<()> {
+        Err(Error::Storage("the rebuild's folded rows are read-only".into()))
+    }
+}
+
+/// A rebuild of every projection, on two threads: this one folds the log through a
+/// write-back overlay and hands over its writes every `chunk_events` events
+/// ([`checkpoint::FOLD_CHUNK_EVENTS`]); a second thread writes each chunk into a new projections file in physical key
+/// order, in a commit of its own with no fsync, and hands back a snapshot of the file.
+/// The fold reads the chunks not yet committed, then that snapshot, and runs at most
+/// [`CHUNKS_AHEAD`] chunks ahead (bounded memory). The last commit writes the cursors
+/// and is durable; the new file then replaces the old one by a rename, so a reader sees
+/// the old projections or the new ones, and a rebuild that stops before the rename
+/// leaves the old file as it was (the next rebuild removes what it left).
+fn rebuild_into_new_file(
+    log: &LogSource<'_>,
+    final_path: &Path,
+    progress: Progress<'_>,
+    chunk_events: u64,
+) -> Result<RebuildStats> {
+    let temp = rebuild_path(final_path);
+    let remove_temp = || match std::fs::remove_file(&temp) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(Error::Storage(format!("remove {}: {e}", temp.display()))),
+    };
+    remove_temp()?;
+    let rebuilt = fold_into(&temp, log, progress, chunk_events);
+    if rebuilt.is_err() {
+        // What the failed rebuild wrote goes; the projections file was never touched.
+        let _ = remove_temp();
+        return rebuilt;
+    }
+    std::fs::rename(&temp, final_path)
+        .map_err(|e| Error::Storage(format!("rename {} over {}: {e}", temp.display(), final_path.display())))?;
+    crate::purge::sync_dir(final_path)?;
+    rebuilt
+}
+
+/// The fold and the writes of [`rebuild_into_new_file`], into the new file at `temp`.
+fn fold_into(temp: &Path, log: &LogSource<'_>, progress: Progress<'_>, chunk_events: u64) -> Result<RebuildStats> {
+    use crate::store::{Overlay, Writes};
+    use std::sync::Arc;
+
+    let LogSource { txn: log_txn, chain, limits, tip } = *log;
+    let started = std::time::Instant::now();
+    let db = redb::Builder::new().set_cache_size(REBUILD_PROJECTIONS_CACHE_BYTES).create(temp)?;
+    {
+        let mut txn = db.begin_write()?;
+        txn.set_durability(redb::Durability::None)?;
+        crate::tables::create_projection_tables(&txn)?;
+        txn.commit()?;
+    }
+    let (to_writer, chunks) = crossbeam_channel::bounded::<Arc<Writes>>(CHUNKS_AHEAD + 1);
+    let (to_fold, snapshots) = crossbeam_channel::unbounded::<Result<redb::ReadTransaction>>();
+    let (events, bytes) = std::thread::scope(|scope| -> Result<(u64, u64)> {
+        // Owned here, so that a fold that fails closes the channel and the writing
+        // thread ends.
+        let to_writer = to_writer;
+        let db = &db;
+        scope.spawn(move || {
+            for writes in chunks {
+                let committed = (|| -> Result<redb::ReadTransaction> {
+                    let mut rows: Vec<(&Arc<[u8]>, &crate::store::Value)> = writes.rows().collect();
+                    rows.sort_unstable_by(|a, b| a.0.cmp(b.0));
+                    let mut txn = db.begin_write()?;
+                    txn.set_durability(redb::Durability::None)?;
+                    {
+                        let mut table = txn.open_table(crate::tables::PROJECTIONS)?;
+                        for (key, value) in rows {
+                            match value {
+                                Some(v) => drop(table.insert(&**key, v.as_slice())?),
+                                None => drop(table.remove(&**key)?),
+                            }
+                        }
+                    }
+                    txn.commit()?;
+                    Ok(db.begin_read()?)
+                })();
+                let failed = committed.is_err();
+                if to_fold.send(committed).is_err() || failed {
+                    return;
+                }
+            }
+        });
+        let mut base = Folded::new(db.begin_read()?)?;
+        // A third thread reads and decodes the log ahead of the fold, in batches.
+        let (to_fold_entries, read) = crossbeam_channel::bounded::<Result<Vec<crate::log::LogEntry>>>(READ_AHEAD);
+        scope.spawn(move || {
+            let entries = match LogTail::new(
+                log_txn,
+                &crate::journal::Tail::default(),
+                chain,
+                0,
+                tip.seq,
+                limits.record_bytes_max,
+                limits.message_object_bytes_max(),
+            ) {
+                Ok(entries) => entries,
+                Err(e) => return drop(to_fold_entries.send(Err(e))),
+            };
+            let mut batch = Vec::with_capacity(READ_BATCH);
+            for entry in entries {
+                match entry {
+                    Ok(entry) => batch.push(entry),
+                    Err(e) => return drop(to_fold_entries.send(Err(e))),
+                }
+                if batch.len() == READ_BATCH
+                    && to_fold_entries.send(Ok(std::mem::replace(&mut batch, Vec::with_capacity(READ_BATCH)))).is_err()
+                {
+                    return;
+                }
+            }
+            if !batch.is_empty() {
+                let _ = to_fold_entries.send(Ok(batch));
+            }
+        });
+        let mut batch = Vec::new().into_iter();
+        let mut next_entry = || -> Result<Option<crate::log::LogEntry>> {
+            loop {
+                if let Some(entry) = batch.next() {
+                    return Ok(Some(entry));
+                }
+                match read.recv() {
+                    Ok(next) => batch = next?.into_iter(),
+                    Err(_) => return Ok(None),
+                }
+            }
+        };
+        let (mut events, mut bytes) = (0u64, 0u64);
+        loop {
+            let mut overlay = Overlay::new(&base);
+            let mut folded = 0u64;
+            while let Some(entry) = next_entry()? {
+                evolve(&mut overlay, &entry.record, &entry.introduced, ProjectionSet::all())?;
+                bytes += entry.bytes;
+                folded += 1;
+                if folded == chunk_events {
+                    break;
+                }
+            }
+            let writes = Arc::new(overlay.into_writes());
+            events += folded;
+            if !writes.is_empty() {
+                base.chunks.push_back(writes.clone());
+                to_writer.send(writes).map_err(|_| Error::Storage("the rebuild's writing thread stopped".into()))?;
+            }
+            progress(events, tip.seq);
+            let last = folded < chunk_events;
+            // Take every snapshot that is ready; wait while too many chunks are in
+            // flight, or for all of them after the last.
+            while !base.chunks.is_empty() {
+                let snapshot = if last || base.chunks.len() > CHUNKS_AHEAD {
+                    snapshots.recv().map_err(|_| Error::Storage("the rebuild's writing thread stopped".into()))?
+                } else {
+                    match snapshots.try_recv() {
+                        Ok(s) => s,
+                        Err(_) => break,
+                    }
+                };
+                let chunks = std::mem::take(&mut base.chunks);
+                base = Folded::new(snapshot?)?;
+                base.chunks = chunks;
+                base.chunks.pop_front();
+            }
+            if last {
+                return Ok((events, bytes));
+            }
+        }
+    })?;
+    if events != tip.seq {
+        return Err(Error::Storage(format!("the rebuild folded {events} events of {}", tip.seq)));
+    }
+    let mut txn = db.begin_write()?;
+    txn.set_durability(redb::Durability::Immediate)?;
+    checkpoint::write_cursors(&txn, ProjectionSet::all(), tip.seq, &tip.hash)?;
+    txn.commit()?;
+    Ok(RebuildStats { events, bytes, elapsed: started.elapsed() })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tables::{meta_keys, meta_u64, LOG, META};
+    use crate::{CommitTurn, CreateSession, Engine, Expected, Message};
+    use redb::{ReadableDatabase, ReadableTable};
+
+    /// Six sessions of seven turns each, turn after turn across the sessions, so that a
+    /// chunk of a few events reads the rows that earlier chunks wrote. Returns the
+    /// live projections' digests and the tip.
+    fn workload(path: &Path) -> (Vec<crate::query::TableDigest>, u64) {
+        let engine = Engine::open(path).unwrap();
+        let mut sessions = Vec::new();
+        for i in 0..6 {
+            let session = CreateSession::new().label("n", i.to_string()).message(Message::system("be brief"));
+            let created = engine.create_session(session).unwrap();
+            sessions.push((created.session, created.receipt.revision));
+        }
+        for round in 0..7 {
+            for (session, revision) in sessions.iter_mut() {
+                let turn = CommitTurn::new(*session, format!("turn-{round}"), Expected::Exact(*revision))
+                    .message(Message::user(format!("question {round}")))
+                    .message(Message::assistant(format!("answer {round} of {session:?}")))
+                    .usage("provider", "model", 10, 20);
+                *revision = engine.commit_turn(turn).unwrap().receipt().revision;
+            }
+        }
+        let digests = engine.projection_digests().unwrap();
+        let tip = engine.tip().unwrap().0;
+        engine.close().unwrap();
+        (digests, tip)
+    }
+
+    fn cursors(path: &Path) -> Vec<Option<u64>> {
+        let db = redb::Database::open(projections_path(path)).unwrap();
+        let txn = db.begin_read().unwrap();
+        let meta = txn.open_table(META).unwrap();
+        Projection::ALL
+            .iter()
+            .map(|p| meta.get(meta_keys::cursor(*p).as_str()).unwrap().and_then(|g| meta_u64(g.value())))
+            .collect()
+    }
+
+    #[test]
+    fn a_full_rebuild_in_many_chunks_writes_the_live_projections_and_their_cursors() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("r.redb");
+        let (live, tip) = workload(&path);
+        let mut reported = Vec::new();
+        let stats = rebuild_offline_in_chunks(
+            &path,
+            &Options::default(),
+            ProjectionSet::all(),
+            &mut |done, total| reported.push((done, total)),
+            4,
+        )
+        .unwrap();
+        assert_eq!(stats.events, tip);
+        assert_eq!(reported.last(), Some(&(tip, tip)));
+        assert!(reported.len() as u64 >= tip / 4, "a report per chunk: {reported:?}");
+        assert_eq!(cursors(&path), vec![Some(tip); Projection::ALL.len()]);
+        assert!(!rebuild_path(&projections_path(&path)).exists());
+        let engine = Engine::open(&path).unwrap();
+        assert_eq!(engine.projection_digests().unwrap(), live);
+        engine.close().unwrap();
+    }
+
+    #[test]
+    fn what_an_interrupted_rebuild_left_is_replaced() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("r.redb");
+        let (live, _) = workload(&path);
+        let leftover = rebuild_path(&projections_path(&path));
+        std::fs::write(&leftover, b"half of a rebuild").unwrap();
+        rebuild_offline(&path, &Options::default(), ProjectionSet::all(), &mut |_, _| {}).unwrap();
+        assert!(!leftover.exists());
+        let engine = Engine::open(&path).unwrap();
+        assert_eq!(engine.projection_digests().unwrap(), live);
+        engine.close().unwrap();
+    }
+
+    #[test]
+    fn a_rebuild_that_fails_leaves_the_projections_file_as_it_was() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("r.redb");
+        workload(&path);
+        // A record in the middle of the log no longer matches its chain hash.
+        {
+            let db = redb::Database::open(&path).unwrap();
+            let txn = db.begin_write().unwrap();
+            {
+                let mut log = txn.open_table(LOG).unwrap();
+                let mut record = log.get(20).unwrap().unwrap().value().to_vec();
+                let last = record.len() - 40;
+                record[last] ^= 1;
+                log.insert(20, record.as_slice()).unwrap();
+            }
+            txn.commit().unwrap();
+        }
+        let projections = projections_path(&path);
+        let before = std::fs::read(&projections).unwrap();
+        let failed = rebuild_offline_in_chunks(&path, &Options::default(), ProjectionSet::all(), &mut |_, _| {}, 4);
+        assert!(matches!(failed, Err(Error::Decode { seq: 20, .. })), "{failed:?}");
+        assert_eq!(std::fs::read(&projections).unwrap(), before);
+        assert!(!rebuild_path(&projections).exists());
+    }
 }

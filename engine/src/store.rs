@@ -420,6 +420,12 @@ impl Writes {
         self.rows.is_empty()
     }
 
+    /// The row of physical key `physical`, if these writes hold one (`Some(None)`: a
+    /// removal).
+    pub(crate) fn get(&self, physical: &[u8]) -> Option<&Value> {
+        self.rows.get(physical)
+    }
+
     /// Every row, in no particular order.
     pub(crate) fn rows(&self) -> impl Iterator<Item = (&Arc<[u8]>, &Value)> {
         self.rows.iter()
