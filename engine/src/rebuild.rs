@@ -168,15 +168,11 @@ impl crate::store::Store for Folded {
     }
 }
 
-/// A rebuild of every projection, on two threads: this one folds the log through a
-/// write-back overlay and hands over its writes every `chunk_events` events
-/// ([`checkpoint::FOLD_CHUNK_EVENTS`]); a second thread writes each chunk into a new projections file in physical key
-/// order, in a commit of its own with no fsync, and hands back a snapshot of the file.
-/// The fold reads the chunks not yet committed, then that snapshot, and runs at most
-/// [`CHUNKS_AHEAD`] chunks ahead (bounded memory). The last commit writes the cursors
-/// and is durable; the new file then replaces the old one by a rename, so a reader sees
-/// the old projections or the new ones, and a rebuild that stops before the rename
-/// leaves the old file as it was (the next rebuild removes what it left).
+/// A rebuild of every projection into a new file beside the projections file
+/// ([`fold_into`]), which then replaces it by a rename: a reader sees the old projections
+/// or the new ones. A rebuild that fails removes the new file and leaves the projections
+/// file as it was; one that is killed leaves the new file, which the next rebuild
+/// removes first.
 fn rebuild_into_new_file(
     log: &LogSource<'_>,
     final_path: &Path,
@@ -202,7 +198,15 @@ fn rebuild_into_new_file(
     rebuilt
 }
 
-/// The fold and the writes of [`rebuild_into_new_file`], into the new file at `temp`.
+/// The fold and the writes of [`rebuild_into_new_file`], into the new file at `temp`,
+/// on three threads: a reading thread reads and decodes the log ahead of the fold; this
+/// thread folds it (`evolve`, every projection) through a write-back overlay and hands
+/// over its writes every `chunk_events` events ([`checkpoint::FOLD_CHUNK_EVENTS`]); a
+/// writing thread sorts each chunk in physical key order, writes it in a commit of its
+/// own with no fsync, and hands back a snapshot of the file. The fold reads the chunks
+/// not yet committed (newest first), then that snapshot, and runs at most
+/// [`CHUNKS_AHEAD`] chunks ahead (bounded memory). The last commit writes the cursors and
+/// the checkpoint mark at the tip, durably.
 fn fold_into(temp: &Path, log: &LogSource<'_>, progress: Progress<'_>, chunk_events: u64) -> Result<RebuildStats> {
     use crate::store::{Overlay, Writes};
     use std::sync::Arc;
