@@ -12,7 +12,7 @@
 //!    rewrites up to `rows` content rows at or below `T` without the objects nothing
 //!    marked, in one durable transaction that also adds to `meta.erased` and sets the
 //!    `content_collecting` mark; then the fold forgets those objects in the content-id
-//!    index ([`crate::evolve::content_collected`]), so a later command that brings the
+//!    index (`evolve::content_collected`), so a later command that brings the
 //!    same bytes stores them again.
 //!
 //! At the end the writer checkpoints the delta, commits the projections file durably,

@@ -102,7 +102,7 @@ fn invalid<T>(reason: impl Into<String>) -> Result<T> {
 /// object that compresses.
 ///
 /// An object is found by the buffer it was computed from (its address and length in
-/// the command): the command is neither changed nor dropped between [`Prepared::new`]
+/// the command): the command is neither changed nor dropped between `Prepared::new`
 /// and `decide`, since the request that carries both owns it. An object it does not hold
 /// (an empty buffer, a copy of the command) is encoded and hashed as usual, so a
 /// `Prepared` changes no decision, only its cost. Only the engine builds a non-empty one.

@@ -580,7 +580,7 @@ impl Engine {
     }
 
     /// Runs several commands in order, all or nothing. The first rejection is returned as
-    /// [`Rejection::Batch`] with its index.
+    /// [`crate::Rejection::Batch`] with its index.
     pub fn batch(&self, commands: Vec<Command>) -> Result<Vec<Outcome>> {
         self.execute(Command::Batch(commands)).and_then(convert::batch)
     }
@@ -909,7 +909,7 @@ impl Engine {
     /// the canonical bytes of every content object the records refer to that this
     /// database does not hold yet. The first record must follow the current tip. Runs in
     /// one transaction: on any error nothing is appended
-    /// ([`Rejection::InvalidImport`] names the record).
+    /// ([`crate::Rejection::InvalidImport`] names the record).
     pub fn import(&self, records: Vec<annal_codec::Record>, content: Vec<Vec<u8>>) -> Result<ImportStats> {
         let (reply, rx) = oneshot::channel();
         self.send(Request::Import { records, content, reply })?;

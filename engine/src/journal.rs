@@ -9,9 +9,9 @@
 //!
 //! The log file takes the same rows later, when the writer **absorbs** the journal: one
 //! redb transaction appends every journalled record and content row under its seq (the
-//! one appender, [`crate::log::append_sealed`]) with the draft changes, commits durably,
+//! one appender, `log::append_sealed`) with the draft changes, commits durably,
 //! and the journal starts again at offset 0. Until then the rows are read from memory:
-//! every view holds the [`Tail`] of sealed batches past the log file's snapshot.
+//! every view holds the `Tail` of sealed batches past the log file's snapshot.
 //!
 //! Frame layout (little-endian):
 //!

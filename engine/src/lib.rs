@@ -2,9 +2,9 @@
 //!
 //! An event-sourced storage engine for AI-agent sessions, built on redb.
 //!
-//! Every mutation is a [`Command`]. A pure [`decide`] validates it against the current
+//! Every mutation is a [`Command`]. A pure [`decide()`] validates it against the current
 //! state and either rejects it with a typed [`Rejection`] (nothing written) or returns
-//! the event it causes. A pure [`evolve`] folds events into projections: session heads,
+//! the event it causes. A pure [`evolve()`] folds events into projections: session heads,
 //! transcripts, revision graphs, context, turn records, usage, labels and the tool
 //! ledger. The live writer and offline replay run the same `evolve`, so projections are
 //! disposable: [`Engine::rebuild`] refolds them from the log at any time.

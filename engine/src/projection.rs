@@ -1,5 +1,5 @@
 //! Projection rows and the projection catalogue. Every row here is written by
-//! [`crate::evolve`] and nothing else.
+//! [`crate::evolve()`] and nothing else.
 
 use crate::store::Table;
 use annal_codec::{
@@ -8,7 +8,7 @@ use annal_codec::{
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
-/// A disposable projection: a set of tables folded from the log by [`crate::evolve`].
+/// A disposable projection: a set of tables folded from the log by [`crate::evolve()`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Projection {
     /// Session heads.

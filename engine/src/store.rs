@@ -1,6 +1,6 @@
 //! The abstract store that `decide` reads and `evolve` writes: point reads and writes
 //! over named projection tables. The live writer and the offline rebuild run the fold on
-//! a redb transaction ([`crate::tables::RedbStore`]); unit tests run it on [`MemStore`];
+//! a redb transaction (`tables::RedbStore`); unit tests run it on [`MemStore`];
 //! the writer stages each command in an [`Overlay`] so that a rejection writes nothing.
 
 use crate::error::{Error, Location, Result};

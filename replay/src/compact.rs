@@ -1,4 +1,4 @@
-//! `annal compact`: the engine's [`annal::compact`] with a one-line report.
+//! `annal compact`: the engine's [`annal::compact()`] with a one-line report.
 
 use crate::{require_file, CliError, Result};
 use annal::{CompactStats, Options};
@@ -15,7 +15,7 @@ pub fn render(stats: &CompactStats) -> String {
     )
 }
 
-/// Compacts the database at `path` (see [`annal::compact`]): no other process may have
+/// Compacts the database at `path` (see [`annal::compact()`]): no other process may have
 /// it open, not even for reading.
 pub fn compact(path: &Path, key: Option<[u8; 32]>) -> Result<CompactStats> {
     require_file(path)?;
