@@ -50,14 +50,22 @@ fn has_table(mut names: impl Iterator<Item = String>, name: &str) -> bool {
     names.any(|n| n == name)
 }
 
+/// `table` of a read snapshot, or `None` if the file has no such table.
+fn open_if_present<K: redb::Key + 'static, V: redb::Value + 'static>(
+    txn: &ReadTransaction,
+    table: TableDefinition<K, V>,
+) -> Result<Option<ReadOnlyTable<K, V>>> {
+    match txn.open_table(table) {
+        Ok(t) => Ok(Some(t)),
+        Err(redb::TableError::TableDoesNotExist(_)) => Ok(None),
+        Err(e) => Err(e.into()),
+    }
+}
+
 impl ContentReader {
     /// Opens the content rows of `txn` (a file with neither table has no rows).
     pub fn open(txn: &ReadTransaction) -> Result<ContentReader> {
-        let names: Vec<String> = txn.list_tables()?.map(|t| t.name().to_string()).collect();
-        let pieces = if has_table(names.iter().cloned(), PIECES.name()) { Some(txn.open_table(PIECES)?) } else { None };
-        let whole =
-            if has_table(names.iter().cloned(), CONTENT.name()) { Some(txn.open_table(CONTENT)?) } else { None };
-        Ok(ContentRows { pieces, whole })
+        Ok(ContentRows { pieces: open_if_present(txn, PIECES)?, whole: open_if_present(txn, CONTENT)? })
     }
 
     /// [`ContentRows::range`], as an iterator that owns its snapshot's pages (it may
@@ -70,7 +78,9 @@ impl ContentReader {
 }
 
 impl<'txn> ContentWriter<'txn> {
-    /// Opens the content rows of `txn` for writing, creating [`PIECES`] if need be.
+    /// Opens the content rows of `txn` for writing, creating [`PIECES`] if need be. The
+    /// whole rows' table is looked for in the file's table list: opening a table in a
+    /// write transaction creates it, and a file that never had whole rows keeps none.
     pub fn open(txn: &'txn WriteTransaction) -> Result<ContentWriter<'txn>> {
         let whole = if has_table(txn.list_tables()?.map(|t| t.name().to_string()), CONTENT.name()) {
             Some(txn.open_table(CONTENT)?)
@@ -105,6 +115,28 @@ impl<'txn> ContentWriter<'txn> {
             whole.remove(seq)?;
         }
         Ok(())
+    }
+}
+
+/// A value read in place, in its page.
+type Bytes<'a> = redb::AccessGuard<'a, &'static [u8]>;
+
+/// The next entry of `range`, its key decoded by `key` and its value in place; `None`
+/// once the range is done (and dropped).
+fn next_entry<'a, K: redb::Key + 'static, T>(
+    range: &mut Option<redb::Range<'a, K, &'static [u8]>>,
+    key: impl FnOnce(&redb::AccessGuard<'a, K>) -> T,
+) -> Result<Option<(T, Bytes<'a>)>> {
+    let Some(iter) = range.as_mut() else { return Ok(None) };
+    match iter.next() {
+        Some(item) => {
+            let (k, v) = item?;
+            Ok(Some((key(&k), v)))
+        }
+        None => {
+            *range = None;
+            Ok(None)
+        }
     }
 }
 
@@ -157,8 +189,10 @@ where
 pub struct Rows<'a> {
     pieces: Option<redb::Range<'a, (u64, u32), &'static [u8]>>,
     whole: Option<redb::Range<'a, u64, &'static [u8]>>,
-    next_piece: Option<(u64, u32, Vec<u8>)>,
-    next_whole: Option<(u64, Vec<u8>)>,
+    /// The next piece read and not yet taken (key, bytes in place).
+    next_piece: Option<((u64, u32), Bytes<'a>)>,
+    /// The next whole row read and not yet taken.
+    next_whole: Option<(u64, Bytes<'a>)>,
     failed: bool,
     lenient: bool,
     damage: Option<(u64, String)>,
@@ -198,33 +232,21 @@ impl<'a> Rows<'a> {
 
     fn peek_piece(&mut self) -> Result<Option<u64>> {
         if self.next_piece.is_none() {
-            if let Some(iter) = self.pieces.as_mut() {
-                match iter.next() {
-                    Some(item) => {
-                        let (k, v) = item?;
-                        let (seq, i) = k.value();
-                        self.next_piece = Some((seq, i, v.value().to_vec()));
-                    }
-                    None => self.pieces = None,
-                }
-            }
+            self.next_piece = next_entry(&mut self.pieces, |k| k.value())?;
         }
-        Ok(self.next_piece.as_ref().map(|p| p.0))
+        Ok(self.next_piece.as_ref().map(|((seq, _), _)| *seq))
     }
 
     fn peek_whole(&mut self) -> Result<Option<u64>> {
         if self.next_whole.is_none() {
-            if let Some(iter) = self.whole.as_mut() {
-                match iter.next() {
-                    Some(item) => {
-                        let (k, v) = item?;
-                        self.next_whole = Some((k.value(), v.value().to_vec()));
-                    }
-                    None => self.whole = None,
-                }
-            }
+            self.next_whole = next_entry(&mut self.whole, |k| k.value())?;
         }
-        Ok(self.next_whole.as_ref().map(|w| w.0))
+        Ok(self.next_whole.as_ref().map(|(seq, _)| *seq))
+    }
+
+    /// The next whole row, copied out of its page.
+    fn take_whole(&mut self) -> Option<(u64, Vec<u8>)> {
+        self.next_whole.take().map(|(seq, bytes)| (seq, bytes.value().to_vec()))
     }
 
     /// The pieces of the row at `seq`, the next one: a row out of order is reported
@@ -235,11 +257,12 @@ impl<'a> Rows<'a> {
         let mut expected = 0u32;
         loop {
             match self.next_piece.take() {
-                Some((s, i, bytes)) if s == seq => {
+                Some(((s, i), bytes)) if s == seq => {
+                    let bytes = bytes.value();
                     if bad.is_none() && (i != expected || bytes.is_empty()) {
                         bad = Some(expected);
                     }
-                    row.extend_from_slice(&bytes);
+                    row.extend_from_slice(bytes);
                     expected = expected.saturating_add(1);
                 }
                 other => {
@@ -259,7 +282,7 @@ impl<'a> Rows<'a> {
         let (piece, whole) = (self.peek_piece()?, self.peek_whole()?);
         match (piece, whole) {
             (None, None) => Ok(None),
-            (Some(p), Some(w)) if w < p => Ok(self.next_whole.take()),
+            (Some(p), Some(w)) if w < p => Ok(self.take_whole()),
             (Some(p), Some(w)) if w == p => {
                 self.next_whole = None;
                 let lenient = std::mem::replace(&mut self.lenient, true);
@@ -269,7 +292,7 @@ impl<'a> Rows<'a> {
                 self.damaged(p, bytes, "the row is stored whole and in pieces".into())
             }
             (Some(p), _) => self.take_pieces(p),
-            (None, Some(_)) => Ok(self.next_whole.take()),
+            (None, Some(_)) => Ok(self.take_whole()),
         }
     }
 }
