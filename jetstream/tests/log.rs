@@ -232,6 +232,23 @@ fn clients_without_the_credentials_or_of_another_account_are_refused_and_write_n
 }
 
 #[test]
+fn a_client_with_an_nkey_of_the_account_connects_and_one_with_another_nkey_is_refused() {
+    let cluster = Cluster::start();
+    let good = Options { credentials: Credentials::NKey(cluster.nkey_seed()), ..options(&cluster, "NKEY") };
+    let log = JetStreamLog::connect(&good).unwrap();
+    let stored = log.append(vec![append(Target::Session(session(1)), "signed", Expected::NoMessage, None)]).unwrap();
+    assert_eq!(stored, [Outcome::Stored { seq: 1, duplicate: false }]);
+    let read: Vec<(u64, Vec<u8>)> = log.read(1, 10).unwrap().into_iter().map(|m| (m.seq, m.payload)).collect();
+    assert_eq!(read, [(1, b"signed".to_vec())]);
+
+    // A well-formed user key the servers were never told of.
+    let stranger = nkeys::KeyPair::new_user().seed().unwrap();
+    let unknown = Options { credentials: Credentials::NKey(stranger), ..good };
+    assert!(matches!(JetStreamLog::connect(&unknown), Err(Error::Refused(_))), "an unknown NKey");
+    assert_eq!(log.tip().unwrap(), 1, "the refused client wrote nothing");
+}
+
+#[test]
 fn servers_that_verify_clients_take_only_a_certificate_of_their_authority() {
     let cluster = Cluster::start_with(cluster::ClusterOptions { verify_clients: true });
     let without = options(&cluster, "MTLS");

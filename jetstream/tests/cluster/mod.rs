@@ -1,4 +1,5 @@
-//! A real three-node NATS JetStream cluster on loopback, with TLS and password authorization, for integration tests.
+//! A real three-node NATS JetStream cluster on loopback, with TLS and password and NKey authorization, for integration
+//! tests.
 //!
 //! [`Cluster::start`] generates a throwaway CA plus server and client certificates with the `openssl` CLI, writes one
 //! `nats-server` configuration per node into a temporary directory, starts the three processes and waits until the
@@ -79,6 +80,8 @@ pub struct Cluster {
     options: ClusterOptions,
     tls: TlsFiles,
     user: (String, String),
+    /// An NKey user of the `ANNAL` account, registered by its public key.
+    nkey_user: nkeys::KeyPair,
     other_user: (String, String),
     route_password: String,
     nodes: Vec<Node>,
@@ -125,6 +128,7 @@ impl Cluster {
             options,
             tls,
             user: ("annal".to_string(), secret()),
+            nkey_user: nkeys::KeyPair::new_user(),
             other_user: ("other".to_string(), secret()),
             route_password: secret(),
             nodes: Vec::new(),
@@ -181,6 +185,11 @@ impl Cluster {
     /// `(user, password)` of the `ANNAL` account.
     pub fn user(&self) -> (String, String) {
         self.user.clone()
+    }
+
+    /// The seed (`SU...`) of the `ANNAL` account's NKey user; the servers know only its public key.
+    pub fn nkey_seed(&self) -> String {
+        self.nkey_user.seed().expect("a generated key pair has a seed")
     }
 
     /// `(user, password)` of the `OTHER` account, for isolation tests.
@@ -337,7 +346,10 @@ tls {{
 accounts {{
   ANNAL {{
     jetstream: enabled
-    users: [ {{ user: {user}, password: {password} }} ]
+    users: [
+      {{ user: {user}, password: {password} }}
+      {{ nkey: {nkey} }}
+    ]
   }}
   OTHER {{
     jetstream: enabled
@@ -365,6 +377,7 @@ cluster {{
             ca = quote_path(&self.tls.ca),
             user = quote(&self.user.0),
             password = quote(&self.user.1),
+            nkey = quote(&self.nkey_user.public_key()),
             other_user = quote(&self.other_user.0),
             other_password = quote(&self.other_user.1),
             cluster_name = quote(CLUSTER_NAME),
