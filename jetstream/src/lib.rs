@@ -75,7 +75,7 @@ pub enum Error {
         /// What differs.
         what: String,
     },
-    /// A message is larger than the servers accept.
+    /// A message is larger than the servers accept. Nothing of its batch was sent.
     #[error("a message of {size} bytes is over the servers' limit of {max}")]
     PayloadTooLarge {
         /// The message's payload and headers, in bytes.
@@ -364,8 +364,9 @@ impl JetStreamLog {
     pub fn append(&self, batch: Vec<Append>) -> Result<Vec<Outcome>> {
         let max = self.max_payload();
         for a in &batch {
-            if a.payload.len() > max {
-                return Err(Error::PayloadTooLarge { size: a.payload.len(), max });
+            let size = a.payload.len() + header_bytes(a);
+            if size > max {
+                return Err(Error::PayloadTooLarge { size, max });
             }
         }
         let prefix = self.options.subject_prefix.clone();
@@ -566,6 +567,22 @@ fn stored(prefix: &str, m: &jetstream::Message) -> Result<StoredMessage> {
     let msg_id =
         m.headers.as_ref().and_then(|h| h.get(async_nats::header::NATS_MESSAGE_ID)).map(|v| v.as_str().to_owned());
     Ok(StoredMessage { seq, target, payload: m.payload.to_vec(), msg_id })
+}
+
+/// The bytes of the headers a publish of `a` carries, as the servers count them against
+/// their payload limit: the status line, each `name: value` line, the blank line.
+fn header_bytes(a: &Append) -> usize {
+    let line = |name: &str, value: usize| name.len() + 2 + value + 2;
+    let expected = match a.expected {
+        Expected::Any => 0,
+        Expected::NoMessage => line("Nats-Expected-Last-Subject-Sequence", 1),
+        Expected::Last(seq) => line("Nats-Expected-Last-Subject-Sequence", seq.to_string().len()),
+    };
+    let id = a.msg_id.as_ref().map_or(0, |id| line("Nats-Msg-Id", id.len()));
+    match expected + id {
+        0 => 0,
+        lines => "NATS/1.0\r\n".len() + lines + 2,
+    }
 }
 
 fn publish_error(e: jetstream::context::PublishError, timeout: Duration) -> Error {

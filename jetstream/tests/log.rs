@@ -120,10 +120,25 @@ fn expectations_are_a_compare_and_set_per_session_and_retries_are_stored_once() 
     let payloads: Vec<Vec<u8>> = log.read(1, 10).unwrap().into_iter().map(|m| m.payload).collect();
     assert_eq!(payloads, [b"1".to_vec(), b"2".to_vec(), b"o".to_vec(), b"turn".to_vec()]);
 
-    // Too large for the servers: refused before anything is sent.
-    let big = Append { target: s, payload: vec![0; log.max_payload() + 1], expected: Expected::Any, msg_id: None };
-    assert!(matches!(log.append(vec![big]), Err(Error::PayloadTooLarge { .. })));
+    // Too large for the servers, headers included: refused before anything is sent,
+    // even the messages before it in the batch. Exactly at the limit: stored.
+    let max = log.max_payload();
+    let sized = |payload: usize, id: &str| Append {
+        target: s,
+        payload: vec![0; payload],
+        expected: Expected::Last(4),
+        msg_id: Some(id.into()),
+    };
+    let headers = "NATS/1.0\r\n".len()
+        + "Nats-Expected-Last-Subject-Sequence: 4\r\n".len()
+        + "Nats-Msg-Id: at-limit\r\n".len()
+        + 2;
+    let over = sized(max - headers + 1, "at-limit");
+    let small = sized(10, "small");
+    assert!(matches!(log.append(vec![small, over]), Err(Error::PayloadTooLarge { .. })));
     assert_eq!(log.tip().unwrap(), 4);
+    let at_limit = sized(max - headers, "at-limit");
+    assert_eq!(log.append(vec![at_limit]).unwrap(), [Outcome::Stored { seq: 5, duplicate: false }]);
 }
 
 /// Two clients, as two hosts, with 16 threads each, race on a few shared sessions: each
