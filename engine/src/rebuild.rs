@@ -380,6 +380,13 @@ mod tests {
         (digests, tip)
     }
 
+    /// Opens the database and checks its projections against `live`.
+    fn assert_projections(path: &Path, live: &[crate::query::TableDigest]) {
+        let engine = Engine::open(path).unwrap();
+        assert_eq!(engine.projection_digests().unwrap(), live);
+        engine.close().unwrap();
+    }
+
     fn cursors(path: &Path) -> Vec<Option<u64>> {
         let db = redb::Database::open(projections_path(path)).unwrap();
         let txn = db.begin_read().unwrap();
@@ -409,9 +416,7 @@ mod tests {
         assert!(reported.len() as u64 >= tip / 4, "a report per chunk: {reported:?}");
         assert_eq!(cursors(&path), vec![Some(tip); Projection::ALL.len()]);
         assert!(!rebuild_path(&projections_path(&path)).exists());
-        let engine = Engine::open(&path).unwrap();
-        assert_eq!(engine.projection_digests().unwrap(), live);
-        engine.close().unwrap();
+        assert_projections(&path, &live);
     }
 
     #[test]
@@ -423,9 +428,7 @@ mod tests {
         std::fs::write(&leftover, b"half of a rebuild").unwrap();
         rebuild_offline(&path, &Options::default(), ProjectionSet::all(), &mut |_, _| {}).unwrap();
         assert!(!leftover.exists());
-        let engine = Engine::open(&path).unwrap();
-        assert_eq!(engine.projection_digests().unwrap(), live);
-        engine.close().unwrap();
+        assert_projections(&path, &live);
     }
 
     #[test]
