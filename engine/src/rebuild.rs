@@ -296,6 +296,14 @@ fn fold_into(temp: &Path, log: &LogSource<'_>, progress: Progress<'_>, chunk_eve
                 }
             }
         };
+        // The writing thread stops at its first failure, after handing it over: that
+        // failure, not the closed channel, is what the rebuild reports.
+        let stopped = || {
+            snapshots
+                .try_iter()
+                .find_map(|s| s.err())
+                .unwrap_or_else(|| Error::Storage("the rebuild's writing thread stopped".into()))
+        };
         let (mut events, mut bytes) = (0u64, 0u64);
         loop {
             let mut overlay = Overlay::new(&base);
@@ -312,7 +320,7 @@ fn fold_into(temp: &Path, log: &LogSource<'_>, progress: Progress<'_>, chunk_eve
             events += folded;
             if !writes.is_empty() {
                 base.chunks.push_back(writes.clone());
-                to_writer.send(writes).map_err(|_| Error::Storage("the rebuild's writing thread stopped".into()))?;
+                to_writer.send(writes).map_err(|_| stopped())?;
             }
             progress(events, tip.seq);
             let last = folded < chunk_events;
@@ -320,7 +328,7 @@ fn fold_into(temp: &Path, log: &LogSource<'_>, progress: Progress<'_>, chunk_eve
             // flight, or for all of them after the last.
             while !base.chunks.is_empty() {
                 let snapshot = if last || base.chunks.len() > CHUNKS_AHEAD {
-                    snapshots.recv().map_err(|_| Error::Storage("the rebuild's writing thread stopped".into()))?
+                    snapshots.recv().map_err(|_| stopped())?
                 } else {
                     match snapshots.try_recv() {
                         Ok(s) => s,
