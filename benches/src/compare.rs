@@ -444,6 +444,25 @@ fn bytes_on_disk(
         Ok(())
     })?;
     store.close()?;
+    if kind == StoreKind::Annal {
+        // Issue 13's targets are per event of this workload: rows and bytes of projection.
+        let (events, rows, bytes) = crate::stores::annal_store::projection_footprint(&dir)?;
+        let per_event = |n: u64| n as f64 / events.max(1) as f64;
+        report.push(Entry::new(
+            kind.name(),
+            &format!("projection_rows_per_event_{name}"),
+            None,
+            per_event(rows),
+            "rows",
+        ));
+        report.push(Entry::new(
+            kind.name(),
+            &format!("projection_bytes_per_event_{name}"),
+            None,
+            per_event(bytes),
+            "bytes",
+        ));
+    }
     let on_disk = disk_bytes(&dir)?;
     let allocated = allocated_bytes(&dir)?;
     let metric = format!("bytes_per_logical_byte_{name}");

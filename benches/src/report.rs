@@ -298,6 +298,19 @@ impl Report {
                 format!("{} bytes{by_file}", fmt(b)),
             ));
         }
+        for shape in ["append_only", "compaction_heavy"] {
+            let rows = self.get("annal", &format!("projection_rows_per_event_{shape}"), None);
+            let bytes = self.get("annal", &format!("projection_bytes_per_event_{shape}"), None);
+            if let (Some(rows), Some(bytes)) = (rows, bytes) {
+                let what = shape.replace('_', "-");
+                out.push((format!("projection rows per event ≤ 1.5 ({what})"), rows <= 1.5, format!("{rows:.2} rows")));
+                out.push((
+                    format!("projection bytes per event ≤ 150 ({what})"),
+                    bytes <= 150.0,
+                    format!("{bytes:.0} bytes"),
+                ));
+            }
+        }
         if let Some(r) = self.advantage("sqlite", "head_reads_per_s", None) {
             out.push(("head reads ≥ 5× SQLite".into(), r >= 5.0, format!("{r:.2}×")));
         }

@@ -51,6 +51,19 @@ fn turn_command(session: SessionId, t: &Turn, expected: Expected) -> CommitTurn 
     c
 }
 
+/// The projections of the closed database in `dir`: events in its log, rows of its
+/// projections table, and the bytes of their keys and values (redb's `stored_bytes`: no
+/// page overhead or free space), for rows and bytes per event.
+pub fn projection_footprint(dir: &Path) -> Result<(u64, u64, u64)> {
+    use redb::{ReadableDatabase, ReadableTableMetadata};
+    let path = dir.join(FILE);
+    let events = annal::Reader::open(&path, annal::Limits::default(), None)?.tip()?.0;
+    let db = redb::Builder::new().open_read_only(annal::projections_path(&path))?;
+    let txn = db.begin_read()?;
+    let table = txn.open_table(annal::tables::PROJECTIONS)?;
+    Ok((events, table.len()?, table.stats()?.stored_bytes()))
+}
+
 impl AnnalStore {
     /// Opens (or creates) `dir/annal.redb`, its projections file and its journal with
     /// default options. Each file sits behind a [`Faults`] of its own (the journal's two
