@@ -242,13 +242,24 @@ pub(crate) struct Checkpoint {
 }
 
 impl Checkpoint {
-    fn new(txn: ReadTransaction) -> Result<Checkpoint> {
+    pub(crate) fn new(txn: ReadTransaction) -> Result<Checkpoint> {
         let table = match txn.open_table(PROJECTIONS) {
             Ok(t) => Some(t),
             Err(redb::TableError::TableDoesNotExist(_)) => None,
             Err(e) => return Err(e.into()),
         };
         Ok(Checkpoint { table, _txn: txn })
+    }
+
+    /// Calls `f` with the row of physical key `physical` in this snapshot.
+    pub(crate) fn read(&self, physical: &[u8], f: &mut dyn FnMut(Option<&[u8]>) -> Result<()>) -> Result<()> {
+        match &self.table {
+            Some(table) => match table.get(physical)? {
+                Some(guard) => f(Some(guard.value())),
+                None => f(None),
+            },
+            None => f(None),
+        }
     }
 }
 
@@ -717,13 +728,7 @@ impl Store for View {
             if let Some(v) = self.delta_get(physical) {
                 return f(v.as_deref().map(Vec::as_slice));
             }
-            match &self.ckpt.table {
-                Some(table) => match table.get(physical)? {
-                    Some(guard) => f(Some(guard.value())),
-                    None => f(None),
-                },
-                None => f(None),
-            }
+            self.ckpt.read(physical, f)
         })
     }
     fn put(&mut self, _: Table, _: &[u8], _: &[u8]) -> Result<()> {

@@ -137,14 +137,12 @@ const CHUNKS_AHEAD: usize = 2;
 /// committed to the new file (newest first wins), then a snapshot of the file.
 struct Folded {
     chunks: std::collections::VecDeque<std::sync::Arc<crate::store::Writes>>,
-    table: redb::ReadOnlyTable<&'static [u8], &'static [u8]>,
-    /// Keeps the snapshot `table` reads.
-    _txn: redb::ReadTransaction,
+    snapshot: crate::delta::Checkpoint,
 }
 
 impl Folded {
     fn new(txn: redb::ReadTransaction) -> Result<Folded> {
-        Ok(Folded { chunks: Default::default(), table: txn.open_table(crate::tables::PROJECTIONS)?, _txn: txn })
+        Ok(Folded { chunks: Default::default(), snapshot: crate::delta::Checkpoint::new(txn)? })
     }
 }
 
@@ -154,10 +152,7 @@ impl crate::store::Store for Folded {
             if let Some(v) = self.chunks.iter().rev().find_map(|c| c.get(physical)) {
                 return f(v.as_deref().map(Vec::as_slice));
             }
-            match self.table.get(physical)? {
-                Some(guard) => f(Some(guard.value())),
-                None => f(None),
-            }
+            self.snapshot.read(physical, f)
         })
     }
     fn put(&mut self, _: crate::Table, _: &[u8], _: &[u8]) -> Result<()> {

@@ -280,22 +280,6 @@ fn refused_or(e: impl std::fmt::Display, otherwise: fn(String) -> Error) -> Erro
     }
 }
 
-fn decode_hex_session(text: &str) -> Option<SessionId> {
-    if text.len() != 32 {
-        return None;
-    }
-    let mut out = [0u8; 16];
-    for (i, pair) in text.as_bytes().chunks(2).enumerate() {
-        let digit = |c: u8| match c {
-            b'0'..=b'9' => Some(c - b'0'),
-            b'a'..=b'f' => Some(c - b'a' + 10),
-            _ => None,
-        };
-        out[i] = digit(pair[0])? << 4 | digit(pair[1])?;
-    }
-    Some(SessionId(out))
-}
-
 impl JetStreamLog {
     /// Connects, then opens the stream (creating it if `options.create` and it is
     /// missing) and checks that it is one this client can use: its subjects are the
@@ -557,7 +541,9 @@ fn target_of(prefix: &str, subject: &str) -> Option<Target> {
     if rest == "x" {
         return Some(Target::Many);
     }
-    decode_hex_session(rest.strip_prefix("s.")?).map(Target::Session)
+    // The log writes 32 hex digits, without the UUID's hyphens.
+    let hex = rest.strip_prefix("s.").filter(|h| h.len() == 32)?;
+    hex.parse::<SessionId>().ok().map(Target::Session)
 }
 
 fn stored(prefix: &str, m: &jetstream::Message) -> Result<StoredMessage> {
