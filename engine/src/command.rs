@@ -840,6 +840,39 @@ impl Outcome {
         !self.seqs().is_empty()
     }
 
+    /// Moves what this outcome wrote to where it landed: each written event's seq
+    /// through `seq`, and each written receipt's time to `at_ms` (a shared log's fold
+    /// numbers and stamps the events it applies, `crate::backend`).
+    pub(crate) fn relocate(&mut self, seq: &impl Fn(u64) -> u64, at_ms: u64) {
+        match self {
+            Outcome::Created { receipt, .. } | Outcome::Committed(receipt) | Outcome::Rewritten(receipt) => {
+                receipt.seq = seq(receipt.seq);
+                receipt.committed_at_ms = at_ms;
+            }
+            Outcome::Revived { seq: s } | Outcome::Staged { seq: s } | Outcome::Purged { seq: s } => *s = seq(*s),
+            Outcome::Archived { seq: s }
+            | Outcome::Labels { seq: s }
+            | Outcome::Metadata { seq: s }
+            | Outcome::HostState { seq: s }
+            | Outcome::Tool { seq: s, .. }
+            | Outcome::Lease { seq: s, .. }
+            | Outcome::LeaseReleased { seq: s }
+            | Outcome::Enqueued { seq: s }
+            | Outcome::ClaimAbandoned { seq: s }
+            | Outcome::InputCancelled { seq: s }
+            | Outcome::Claimed { seq: s, .. } => {
+                if let Some(s) = s.as_mut() {
+                    *s = seq(*s);
+                }
+            }
+            Outcome::AlreadyCommitted(_)
+            | Outcome::Duplicate
+            | Outcome::DraftAppended { .. }
+            | Outcome::DraftDiscarded { .. } => {}
+            Outcome::Batch(outcomes) => outcomes.iter_mut().for_each(|o| o.relocate(seq, at_ms)),
+        }
+    }
+
     fn push_seqs(&self, out: &mut Vec<u64>) {
         match self {
             Outcome::Created { receipt, .. } | Outcome::Committed(receipt) | Outcome::Rewritten(receipt) => {

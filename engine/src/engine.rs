@@ -172,6 +172,10 @@ struct Inner {
     path: Option<PathBuf>,
     /// The options it was opened with.
     options: Options,
+    /// On a shared log ([`Engine::open_shared`]): the backend and the fold's position.
+    host: Option<Arc<crate::shared::HostShared>>,
+    /// On a shared log: the thread that reads the stream.
+    pump: Mutex<Option<crate::pool::Task<()>>>,
 }
 
 impl Inner {
@@ -184,6 +188,12 @@ impl Inner {
             let _ = handle.join();
         }
         if let Some(handle) = self.checkpointer.lock().take() {
+            let _ = handle.join();
+        }
+        if let Some(host) = &self.host {
+            host.stop.store(true, Ordering::Release);
+        }
+        if let Some(handle) = self.pump.lock().take() {
             let _ = handle.join();
         }
     }
@@ -312,7 +322,7 @@ impl Engine {
             true => Some(Journal::open(path, preallocate_bytes(&options))?),
             false => None,
         };
-        fail_closed("open", || Engine::start(log, projections, journal, options, Some(path.to_path_buf())))
+        fail_closed("open", || Engine::start(log, projections, journal, options, Some(path.to_path_buf()), None))
     }
 
     /// Opens (or creates) a database on a custom redb storage backend for the log, for
@@ -325,7 +335,7 @@ impl Engine {
         let mut b = builder(&options);
         b.set_concurrency_mode(ConcurrencyMode::ExclusiveWriter);
         let projections = b.create_with_backend(redb::backends::InMemoryBackend::new())?;
-        fail_closed("open", || Engine::start(log, projections, None, options, None))
+        fail_closed("open", || Engine::start(log, projections, None, options, None, None))
     }
 
     /// Opens (or creates) a database with the log on one storage backend and the
@@ -338,7 +348,7 @@ impl Engine {
         options.limits.validate()?;
         let log = fail_closed("open", || Ok(builder(&options).create_with_backend(log)?))?;
         let projections = fail_closed("open", || Ok(builder(&options).create_with_backend(projections)?))?;
-        fail_closed("open", || Engine::start(log, projections, None, options, None))
+        fail_closed("open", || Engine::start(log, projections, None, options, None, None))
     }
 
     /// Opens (or creates) a database with the log, the projections and the two journal
@@ -358,7 +368,65 @@ impl Engine {
         let projections = fail_closed("open", || Ok(builder(&options).create_with_backend(projections)?))?;
         let [first, second] = journal;
         let journal = Some(Journal::on_backends(first, second, preallocate_bytes(&options))?);
-        fail_closed("open", || Engine::start(log, projections, journal, options, None))
+        fail_closed("open", || Engine::start(log, projections, journal, options, None, None))
+    }
+
+    /// Opens (or creates) a host of a shared log at `path`: the engine's files hold
+    /// this host's fold of the log on `backend`, which every host appends to
+    /// (`docs/design.md` §13, [`crate::backend`]). Commands are decided here, published
+    /// to the backend, and answered once this host's fold has taken them in, with the
+    /// fold's verdict, so every query on this host sees a command once it returns.
+    /// Other hosts' commands arrive through the fold ([`Engine::host_status`],
+    /// [`Engine::wait_for_stream`]).
+    ///
+    /// The backend is the durable copy: the host's files are written without an fsync
+    /// on the commit path (`options.durability` is taken as
+    /// [`Durability::Relaxed`]), and after a crash the host folds the stream again past
+    /// what its file kept. Every host must use the same chain key: a message is
+    /// authenticated with it. Import, session copy and content collection are refused
+    /// on a host, since they would write the log other than through the stream.
+    pub fn open_shared(
+        path: impl AsRef<Path>,
+        mut options: Options,
+        backend: Arc<dyn crate::backend::LogBackend>,
+    ) -> Result<Engine> {
+        let path = path.as_ref();
+        options.limits.validate()?;
+        options.durability = Durability::Relaxed;
+        if crate::journal::journal_paths(path).iter().any(|p| p.exists()) {
+            return Err(Error::Rejected(crate::Rejection::InvalidRequest {
+                reason: format!("{} has a journal: it is an embedded database, not a host's", path.display()),
+            }));
+        }
+        refuse_unreadable_format(path, &options)?;
+        let log = open_file(path, &options)?;
+        let projections = open_projections(&projections_path(path), &options)?;
+        fail_closed("open", || Engine::start(log, projections, None, options, Some(path.to_path_buf()), Some(backend)))
+    }
+
+    /// On a host of a shared log, how far its fold has come through the stream.
+    pub fn host_status(&self) -> Option<crate::shared::HostStatus> {
+        let host = self.inner.host.as_ref()?;
+        let position = *host.position.lock();
+        let stream_tip = host.seen.load(Ordering::Relaxed).max(position);
+        Some(crate::shared::HostStatus { position, stream_tip })
+    }
+
+    /// On a host of a shared log, waits until its fold has taken in stream sequence
+    /// `seq` (a sequence another host's caller carried here, for example), at most
+    /// `timeout`. Returns whether it has; always true on an embedded engine.
+    pub fn wait_for_stream(&self, seq: u64, timeout: std::time::Duration) -> bool {
+        let Some(host) = self.inner.host.as_ref() else {
+            return true;
+        };
+        let deadline = std::time::Instant::now() + timeout;
+        let mut position = host.position.lock();
+        while *position < seq {
+            if host.moved.wait_until(&mut position, deadline).timed_out() {
+                return *position >= seq;
+            }
+        }
+        true
     }
 
     fn start(
@@ -367,6 +435,7 @@ impl Engine {
         mut journal: Option<Journal>,
         options: Options,
         path: Option<PathBuf>,
+        backend: Option<Arc<dyn crate::backend::LogBackend>>,
     ) -> Result<Engine> {
         let chain = match options.chain_key {
             Some(k) => LogChain::keyed(k),
@@ -470,9 +539,44 @@ impl Engine {
         let checkpointer = crate::pool::spawn(move || checkpointer.run(ckpt_rx))?;
         let (tx, rx) = bounded(options.queue_depth.max(1));
         let writer_shared = shared.clone();
-        let core = Arc::new(writer::Core::new(&shared, tip, ckpt_tx, journal));
-        let writer_core = core.clone();
-        let handle = crate::pool::spawn(move || writer::run(writer_shared, rx, writer_core))?;
+        let (host, pump, handle, core) = match backend {
+            None => {
+                let core = Arc::new(writer::Core::new(&shared, tip, ckpt_tx, journal));
+                let writer_core = core.clone();
+                let handle = crate::pool::spawn(move || writer::run(writer_shared, rx, writer_core))?;
+                (None, None, handle, core)
+            }
+            Some(backend) => {
+                let position = crate::shared::read_position(&log.begin_read()?)?;
+                if position == 0 && tip.seq > 0 {
+                    return Err(Error::Rejected(crate::Rejection::InvalidRequest {
+                        reason: "the file holds records that did not come from a shared log".into(),
+                    }));
+                }
+                let host = Arc::new(crate::shared::HostShared {
+                    backend,
+                    position: parking_lot::Mutex::new(position),
+                    moved: parking_lot::Condvar::new(),
+                    seen: std::sync::atomic::AtomicU64::new(position),
+                    stop: AtomicBool::new(false),
+                });
+                let (fold_tx, fold_rx) = bounded(4096);
+                let pump_host = host.clone();
+                let pump = crate::pool::spawn(move || crate::shared::pump(pump_host, position, fold_tx))?;
+                // A host's commands always go through the writer thread.
+                let core = Arc::new(writer::Core::new(&shared, tip, ckpt_tx.clone(), None));
+                let state = crate::shared::HostState {
+                    position,
+                    subject_last: Default::default(),
+                    last_durable: std::time::Instant::now(),
+                };
+                let writer_host = host.clone();
+                let handle = crate::pool::spawn(move || {
+                    crate::shared::run(writer_shared, rx, fold_rx, writer_host, state, ckpt_tx)
+                })?;
+                (Some(host), Some(pump), handle, core)
+            }
+        };
         Ok(Engine {
             fence: None,
             inner: Arc::new(Inner {
@@ -487,6 +591,8 @@ impl Engine {
                 abandoned,
                 path,
                 options,
+                host,
+                pump: Mutex::new(pump),
             }),
         })
     }
@@ -530,7 +636,7 @@ impl Engine {
         }
         let guard = self.inner.sender.read();
         let sender = guard.as_ref().ok_or(Error::Closed)?;
-        let request = match here {
+        let request = match here && self.inner.host.is_none() {
             true => match self.inner.core.commit_here(&self.inner.shared, request) {
                 Ok(()) => return Ok(()),
                 Err(request) => request,

@@ -462,6 +462,11 @@ pub enum Error {
     /// The storage layer failed.
     #[error("storage: {0}")]
     Storage(String),
+    /// The shared log a host appends to failed (`crate::Engine::open_shared`). It does
+    /// not poison the engine; a command it failed may or may not have been stored, and
+    /// retrying it is safe where the command is idempotent (a turn with its id).
+    #[error(transparent)]
+    Backend(#[from] crate::backend::BackendError),
 }
 
 impl Error {

@@ -274,6 +274,7 @@
 #![deny(missing_docs)]
 
 mod absorb;
+pub mod backend;
 mod cache;
 pub mod checkpoint;
 pub mod clock;
@@ -302,6 +303,7 @@ pub mod query;
 pub mod reader;
 pub mod rebuild;
 mod reply;
+pub mod shared;
 pub mod store;
 mod stream;
 pub mod tables;

@@ -185,6 +185,9 @@ pub mod meta_keys {
     /// removal from the content-id index may not be in the projections file yet: the next
     /// open folds the content projection again.
     pub const CONTENT_COLLECTING: &str = "content_collecting";
+    /// u64 LE, in the log file of a host of a shared log: the last stream sequence its
+    /// fold has taken in, written with the records it applied.
+    pub const STREAM_POSITION: &str = "stream_position";
 
     /// u32 LE: the fold version a projection was built with.
     pub fn version(p: crate::Projection) -> String {

@@ -283,7 +283,7 @@ impl Core {
 }
 
 /// Writes draft changes in a transaction of their own.
-fn write_drafts(shared: &Shared, writes: &DraftWrites) -> Result<()> {
+pub(crate) fn write_drafts(shared: &Shared, writes: &DraftWrites) -> Result<()> {
     let mut txn = shared.log_db.begin_write()?;
     txn.set_durability(shared.durability)?;
     crate::draft::write(&txn, writes)?;
@@ -292,7 +292,7 @@ fn write_drafts(shared: &Shared, writes: &DraftWrites) -> Result<()> {
 }
 
 /// Fails a request that cannot run.
-fn fail(req: Request, e: Error) {
+pub(crate) fn fail(req: Request, e: Error) {
     match req {
         Request::Command { reply, .. } => drop(reply.send(Err(e))),
         Request::Rebuild { reply, .. } => drop(reply.send(Err(e))),
@@ -406,7 +406,7 @@ struct Sequencer {
 }
 
 /// A batch of commands with their callers' reply channels.
-type Batch = Vec<(Command, ReplyTo<Outcome>, Box<Prepared>)>;
+pub(crate) type Batch = Vec<(Command, ReplyTo<Outcome>, Box<Prepared>)>;
 
 impl Sequencer {
     /// Decides and folds `batch`, appends it durably, applies it to the delta, then
@@ -422,10 +422,11 @@ impl Sequencer {
             return;
         }
         let commands: Vec<(&Command, &Prepared)> = batch.iter().map(|(c, _, p)| (c, &**p)).collect();
-        let decided = crate::error::fail_closed("commit", || self.decide_batch(shared, &commands));
+        let decided =
+            crate::error::fail_closed("commit", || decide_batch(shared, self.next_seq, self.clock_ms, &commands));
         drop(commands);
         let replies = batch.into_iter().map(|(_, reply, _)| reply);
-        let Decided { entries, writes, outcomes, notices, clock_ms } = match decided {
+        let Decided { entries, writes, outcomes, notices, clock_ms, .. } = match decided {
             Ok(decided) => decided,
             Err(e) => {
                 shared.poisoned.store(true, Ordering::Release);
@@ -555,16 +556,25 @@ impl Sequencer {
             }
         }
     }
+}
 
-    /// Decides and folds a batch on a view of the delta. A rejected command's staged
-    /// writes are dropped, so it consumes no sequence number.
-    fn decide_batch(&mut self, shared: &Shared, commands: &[(&Command, &Prepared)]) -> Result<Decided> {
-        let clock_ms = shared.clock.now_ms().max(self.clock_ms);
+/// Decides and folds a batch on a view of the delta, its events numbered from
+/// `next_seq` and stamped no earlier than `clock_ms`. A rejected command's staged writes
+/// are dropped, so it consumes no sequence number.
+pub(crate) fn decide_batch(
+    shared: &Shared,
+    next_seq: u64,
+    clock_ms: u64,
+    commands: &[(&Command, &Prepared)],
+) -> Result<Decided> {
+    {
+        let clock_ms = shared.clock.now_ms().max(clock_ms);
         let mut renewals = shared.renewals.lock();
         let mut drafts = shared.drafts.lock();
         let view = shared.delta.view();
-        let mut next_seq = self.next_seq;
+        let mut next_seq = next_seq;
         let mut outcomes = Vec::with_capacity(commands.len());
+        let mut spans = Vec::with_capacity(commands.len());
         let mut notices = Vec::new();
         let mut entries: Vec<Entry> = Vec::new();
         let mut accepted = Overlay::new(&view);
@@ -595,6 +605,7 @@ impl Sequencer {
                     // Nothing of the command survives, and it consumes no seq.
                     accepted.discard();
                     outcomes.push(Err(e));
+                    spans.push(entries.len()..entries.len());
                     continue;
                 }
             };
@@ -624,20 +635,23 @@ impl Sequencer {
                     committed_at_ms: clock_ms,
                 });
             }
+            spans.push(entries.len()..entries.len() + staged.len());
             entries.extend(staged);
             outcomes.push(Ok(outcome));
         }
-        Ok(Decided { entries, writes: accepted.into_writes(), outcomes, notices, clock_ms })
+        Ok(Decided { entries, writes: accepted.into_writes(), outcomes, notices, clock_ms, spans })
     }
 }
 
 /// A decided batch.
-struct Decided {
-    entries: Vec<Entry>,
-    writes: Writes,
-    outcomes: Vec<Result<Outcome>>,
-    notices: Vec<CommitNotice>,
-    clock_ms: u64,
+pub(crate) struct Decided {
+    pub entries: Vec<Entry>,
+    pub writes: Writes,
+    pub outcomes: Vec<Result<Outcome>>,
+    pub notices: Vec<CommitNotice>,
+    pub clock_ms: u64,
+    /// Each command's entries, as a range of `entries`.
+    pub spans: Vec<std::ops::Range<usize>>,
 }
 
 /// Writes a batch's frame to the journal, durably: its records sealed after `tip`,
@@ -663,7 +677,7 @@ fn journal_frame(
 /// After a batch is applied to the delta: freezes the active layer for the checkpointer
 /// when the policy says so, and waits for the checkpointer while the delta is over its
 /// bound (backpressure: the delta never grows without limit).
-fn after_apply(shared: &Shared, checkpoints: &Sender<Signal>) {
+pub(crate) fn after_apply(shared: &Shared, checkpoints: &Sender<Signal>) {
     let (events, bytes, _) = shared.delta.active_stats();
     if (events >= shared.policy.events || bytes >= shared.policy.delta_bytes) && shared.delta.freeze() {
         let _ = checkpoints.send(Signal::Work);
@@ -679,7 +693,7 @@ fn after_apply(shared: &Shared, checkpoints: &Sender<Signal>) {
 }
 
 /// Checkpoints the whole delta and waits for it (rebuild runs on an empty delta).
-fn drain(shared: &Shared, checkpoints: &Sender<Signal>) -> Result<()> {
+pub(crate) fn drain(shared: &Shared, checkpoints: &Sender<Signal>) -> Result<()> {
     if shared.delta.freeze() {
         let _ = checkpoints.send(Signal::Work);
     }
@@ -690,7 +704,12 @@ fn drain(shared: &Shared, checkpoints: &Sender<Signal>) -> Result<()> {
     Ok(())
 }
 
-fn rebuild(shared: &Shared, tip: &Tip, set: ProjectionSet, checkpoints: &Sender<Signal>) -> Result<RebuildStats> {
+pub(crate) fn rebuild(
+    shared: &Shared,
+    tip: &Tip,
+    set: ProjectionSet,
+    checkpoints: &Sender<Signal>,
+) -> Result<RebuildStats> {
     alone_on_the_log(shared, "rebuild", || {
         drain(shared, checkpoints)?;
         let log = shared.log_db.begin_read()?;

@@ -1,0 +1,829 @@
+//! A host of a shared log (`docs/design.md` §13): the engine with its log on a
+//! [`LogBackend`] that several hosts append to, each folding every host's messages into
+//! its own files.
+//!
+//! - **Publishing.** The writer gathers a batch of commands and decides them, as the
+//!   embedded engine does, against its fold of the stream. Each accepted command that
+//!   writes becomes one message ([`encode_message`]): its records, with their session
+//!   stream sequences as decided and the global sequence left to the fold, the content
+//!   objects they introduce, and a MAC under the chain key. The batch is appended in one
+//!   pipelined call. The writer then waits until its own fold has taken in every message
+//!   it stored, and answers each caller with the fold's verdict.
+//! - **Folding.** A pump thread subscribes to the stream from the host's position and
+//!   hands messages to the writer thread in order. The fold ([`fold_batch`]) applies a
+//!   message only if its MAC holds, it decodes, every record's session stream sequence
+//!   follows the session's last applied record at that point of the stream, and every
+//!   record folds (`evolve`, the same checks as an import). Otherwise the whole message
+//!   is *void* on every host: nothing of it is applied. Applied records take the next
+//!   global sequence numbers and the host's chain, and go into the host's log file with
+//!   the stream position, without an fsync (the stream is the durable copy); the delta,
+//!   the checkpointer and every query work as in the embedded engine.
+//! - **Conflicts.** A command whose message was void, or that the backend refused
+//!   under its expectation, is decided again against the fold that now holds what beat
+//!   it, and published again, a bounded number of times: a command with an expectation
+//!   (an expected revision) then gets its typed rejection, and one without is applied
+//!   after the other, as on one host. A turn retried across hosts is answered by the
+//!   turn index, as on one host.
+
+use crate::backend::{BackendError, Expected, LogBackend, Publish, Published, StreamMessage, Target};
+use crate::checkpoint::Signal;
+use crate::command::{Command, Outcome};
+use crate::decide::Prepared;
+use crate::delta::LogUpdate;
+use crate::error::{Error, Rejection, Result};
+use crate::log::Entry;
+use crate::store::Overlay;
+use crate::tables::{meta_keys, META};
+use crate::writer::{after_apply, notify, CommitNotice, ReplyTo, Request, Shared};
+use annal_codec::content::{entries as content_entries, push_stored};
+use annal_codec::{content_id, decode_record, encode_record, ChainHash, ContentId, LogChain, Record, SessionId};
+use crossbeam_channel::{Receiver, Sender};
+use parking_lot::{Condvar, Mutex};
+use redb::ReadableDatabase;
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// The magic of a message.
+pub const MESSAGE_MAGIC: &[u8; 4] = b"ANNM";
+/// The message format this release writes and reads.
+pub const MESSAGE_VERSION: u8 = 1;
+/// How many times a command is decided again after its message lost to another.
+pub const REDECIDE_MAX: u32 = 64;
+/// The most messages the fold takes in one transaction of the host's log file.
+const FOLD_BATCH_MAX: usize = 1024;
+/// How often the host's log file gets a durable commit while messages arrive.
+const DURABLE_EVERY: Duration = Duration::from_secs(1);
+/// How long a published message may wait for the fold before its caller gets
+/// [`BackendError::Unavailable`].
+const FOLD_WAIT_MAX: Duration = Duration::from_secs(60);
+
+/// Encodes the entries one command decided as a message: `"ANNM"`, the version, the
+/// entry count (u32 LE), then per entry the record (u32 LE length, the record encoded
+/// with global sequence 0 and a zero previous hash) and its content row (u32 LE length,
+/// the row), then a 32-byte MAC, `H_k(zero hash ‖ everything before)` with the chain's
+/// key (`docs/design.md` §13).
+pub fn encode_message(records: &[(Record, Vec<u8>)], chain: &LogChain, record_bytes_max: u64) -> Result<Vec<u8>> {
+    let mut out = Vec::new();
+    out.extend_from_slice(MESSAGE_MAGIC);
+    out.push(MESSAGE_VERSION);
+    out.extend_from_slice(&(records.len() as u32).to_le_bytes());
+    for (record, row) in records {
+        let mut record = record.clone();
+        record.seq = 0;
+        let (bytes, _) = encode_record(&record, &ChainHash([0; 32]), chain, record_bytes_max)
+            .map_err(|e| Error::Rejected(Rejection::InvalidRequest { reason: format!("record: {e}") }))?;
+        out.extend_from_slice(&(bytes.len() as u32).to_le_bytes());
+        out.extend_from_slice(&bytes);
+        out.extend_from_slice(&(row.len() as u32).to_le_bytes());
+        out.extend_from_slice(row);
+    }
+    let mac = chain.next(&ChainHash([0; 32]), &out);
+    out.extend_from_slice(&mac.0);
+    Ok(out)
+}
+
+/// Why a message was void: nothing of it applies, on any host.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Void {
+    /// Its MAC does not hold under this host's chain key: not written by a holder of
+    /// the key, or damaged.
+    Forged,
+    /// It does not decode.
+    Malformed(String),
+    /// A record's session stream sequence does not follow the session's last applied
+    /// record: it was decided under a state that another message changed first.
+    Stale {
+        /// The session.
+        session: SessionId,
+        /// The sequence the record carried.
+        carried: u64,
+        /// The sequence the session's next record takes.
+        next: u64,
+    },
+    /// A record does not fold (what an import would refuse).
+    Invalid(String),
+}
+
+impl std::fmt::Display for Void {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Void::Forged => write!(f, "its MAC does not hold"),
+            Void::Malformed(why) => write!(f, "malformed: {why}"),
+            Void::Stale { session, carried, next } => {
+                write!(f, "session {session} record {carried} decided where the next is {next}")
+            }
+            Void::Invalid(why) => write!(f, "does not fold: {why}"),
+        }
+    }
+}
+
+/// A decoded message: its records, and the content objects it carries by id
+/// (canonical bytes, each checked against its id).
+#[derive(Clone, Debug, Default)]
+pub struct Message {
+    /// The records, with global sequence 0.
+    pub records: Vec<Record>,
+    /// The objects.
+    pub objects: BTreeMap<ContentId, Vec<u8>>,
+}
+
+fn take<'a>(bytes: &mut &'a [u8], n: usize) -> std::result::Result<&'a [u8], Void> {
+    if bytes.len() < n {
+        return Err(Void::Malformed("truncated".into()));
+    }
+    let (head, rest) = bytes.split_at(n);
+    *bytes = rest;
+    Ok(head)
+}
+
+fn take_u32(bytes: &mut &[u8]) -> std::result::Result<usize, Void> {
+    let b = take(bytes, 4)?;
+    Ok(u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as usize)
+}
+
+/// Decodes a message and checks its MAC. Never panics, whatever the bytes; every
+/// length is checked against what is left and against the limits.
+pub fn decode_message(
+    bytes: &[u8],
+    chain: &LogChain,
+    record_bytes_max: u64,
+    object_bytes_max: u64,
+) -> std::result::Result<Message, Void> {
+    if bytes.len() < MESSAGE_MAGIC.len() + 1 + 4 + 32 {
+        return Err(Void::Malformed("shorter than a message".into()));
+    }
+    let (body, mac) = bytes.split_at(bytes.len() - 32);
+    if chain.next(&ChainHash([0; 32]), body).0[..] != mac[..] {
+        return Err(Void::Forged);
+    }
+    let mut rest = body;
+    if take(&mut rest, 4)? != MESSAGE_MAGIC {
+        return Err(Void::Malformed("bad magic".into()));
+    }
+    let version = take(&mut rest, 1)?[0];
+    if version != MESSAGE_VERSION {
+        return Err(Void::Malformed(format!("message version {version}")));
+    }
+    let count = take_u32(&mut rest)?;
+    let mut message = Message::default();
+    for _ in 0..count {
+        let len = take_u32(&mut rest)?;
+        let record = decode_record(take(&mut rest, len)?, record_bytes_max)
+            .map_err(|e| Void::Malformed(format!("record: {e}")))?
+            .record;
+        let len = take_u32(&mut rest)?;
+        let row = take(&mut rest, len)?;
+        for entry in content_entries(row, object_bytes_max) {
+            let entry = entry.map_err(|e| Void::Malformed(format!("content: {e}")))?;
+            let canonical = entry.canonical(object_bytes_max).map_err(|e| Void::Malformed(format!("content: {e}")))?;
+            if content_id(&canonical) != entry.id {
+                return Err(Void::Malformed(format!("content {} does not hash to its id", entry.id)));
+            }
+            message.objects.insert(entry.id, canonical.into_owned());
+        }
+        message.records.push(record);
+    }
+    if !rest.is_empty() {
+        return Err(Void::Malformed("trailing bytes".into()));
+    }
+    Ok(message)
+}
+
+/// What the fold made of one message.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Verdict {
+    /// Applied: its records took global seqs from `first_seq`, stamped `at_ms`.
+    Applied { first_seq: u64, at_ms: u64 },
+    /// Void.
+    Void(Void),
+}
+
+/// What the writer thread of a host keeps.
+pub(crate) struct HostState {
+    /// The last stream sequence folded.
+    pub position: u64,
+    /// Each session's last message on its own subject (what the backend's expectation
+    /// takes), as far as this host has folded.
+    pub subject_last: HashMap<SessionId, u64>,
+    /// When the host's log file last had a durable commit.
+    pub last_durable: Instant,
+}
+
+/// What callers and the writer share about a host: its position, and a condition to
+/// wait on for it.
+pub(crate) struct HostShared {
+    pub backend: Arc<dyn LogBackend>,
+    pub position: Mutex<u64>,
+    pub moved: Condvar,
+    /// The highest stream sequence the pump has seen.
+    pub seen: AtomicU64,
+    pub stop: AtomicBool,
+}
+
+/// A host's progress through the stream.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HostStatus {
+    /// The last stream sequence this host's fold took in.
+    pub position: u64,
+    /// The stream's last sequence, as the backend last told it.
+    pub stream_tip: u64,
+}
+
+impl HostStatus {
+    /// Messages the fold is behind the stream.
+    pub fn lag(&self) -> u64 {
+        self.stream_tip.saturating_sub(self.position)
+    }
+}
+
+/// Reads the stream position from the host's log file (0 for a new host).
+pub(crate) fn read_position(txn: &redb::ReadTransaction) -> Result<u64> {
+    let Ok(meta) = txn.open_table(META) else {
+        return Ok(0);
+    };
+    let position = meta.get(meta_keys::STREAM_POSITION)?.and_then(|g| crate::tables::meta_u64(g.value()));
+    Ok(position.unwrap_or(0))
+}
+
+/// Folds `messages` (in stream order, each the one after the host's position) into the
+/// host's files in one transaction, and returns each message's verdict.
+pub(crate) fn fold_batch(
+    shared: &Shared,
+    host: &mut HostState,
+    messages: Vec<StreamMessage>,
+    checkpoints: &Sender<Signal>,
+) -> Result<Vec<(u64, Verdict)>> {
+    let tip = *shared.tip.lock();
+    let view = shared.delta.view();
+    let mut overlay = Overlay::new(&view);
+    let (mut next_seq, mut clock_ms) = (tip.seq + 1, tip.clock_ms);
+    let mut entries = Vec::new();
+    let mut verdicts = Vec::with_capacity(messages.len());
+    let mut notices = Vec::new();
+    for m in messages {
+        if m.seq != host.position + 1 {
+            return Err(Error::Backend(BackendError::Other(format!(
+                "the stream gave message {} after {}",
+                m.seq, host.position
+            ))));
+        }
+        host.position = m.seq;
+        if let Target::Session(s) = m.target {
+            host.subject_last.insert(s, m.seq);
+        }
+        overlay.stage();
+        match fold_one(shared, &mut overlay, &m, next_seq, clock_ms) {
+            Ok((staged, at_ms)) => {
+                overlay.keep();
+                let mut sessions = Vec::new();
+                for e in &staged {
+                    if !sessions.contains(&e.record.session) {
+                        sessions.push(e.record.session);
+                    }
+                }
+                let last_seq = next_seq + staged.len() as u64 - 1;
+                notices.push(CommitNotice { first_seq: next_seq, last_seq, sessions, committed_at_ms: at_ms });
+                verdicts.push((m.seq, Verdict::Applied { first_seq: next_seq, at_ms }));
+                next_seq = last_seq + 1;
+                clock_ms = at_ms;
+                entries.extend(staged);
+            }
+            Err(Folding::Void(void)) => {
+                overlay.discard();
+                verdicts.push((m.seq, Verdict::Void(void)));
+            }
+            Err(Folding::Failed(e)) => return Err(e),
+        }
+    }
+    let writes = overlay.into_writes();
+    drop(view);
+    let mut txn = shared.log_db.begin_write()?;
+    let durable = host.last_durable.elapsed() >= DURABLE_EVERY;
+    txn.set_durability(if durable { redb::Durability::Immediate } else { shared.durability })?;
+    let next = match entries.is_empty() {
+        true => tip,
+        false => crate::log::append(&txn, tip, &shared.chain, shared.limits.record_bytes_max, &entries)?.0,
+    };
+    txn.open_table(META)?.insert(meta_keys::STREAM_POSITION, &host.position.to_le_bytes()[..])?;
+    txn.commit()?;
+    if durable {
+        host.last_durable = Instant::now();
+    }
+    if !entries.is_empty() {
+        shared.stats.log_commits.fetch_add(1, Ordering::Relaxed);
+        shared.stats.events.fetch_add(entries.len() as u64, Ordering::Relaxed);
+        let log = LogUpdate::File(shared.log_db.begin_read()?);
+        shared.delta.apply(writes, next.seq, next.hash, entries.len() as u64, log);
+        *shared.tip.lock() = next;
+        notify(shared, notices);
+        after_apply(shared, checkpoints);
+    }
+    Ok(verdicts)
+}
+
+enum Folding {
+    Void(Void),
+    Failed(Error),
+}
+
+/// Folds one message into `overlay`: its records numbered from `next_seq` and stamped
+/// no earlier than `clock_ms`. Returns its entries and their time.
+fn fold_one(
+    shared: &Shared,
+    overlay: &mut Overlay<'_, crate::delta::View>,
+    m: &StreamMessage,
+    next_seq: u64,
+    clock_ms: u64,
+) -> std::result::Result<(Vec<Entry>, u64), Folding> {
+    let limits = &shared.limits;
+    let message = decode_message(&m.payload, &shared.chain, limits.record_bytes_max, limits.message_object_bytes_max())
+        .map_err(Folding::Void)?;
+    if message.records.is_empty() {
+        return Err(Folding::Void(Void::Malformed("no records".into())));
+    }
+    if let Target::Session(s) = m.target {
+        if message.records.iter().any(|r| r.session != s) {
+            return Err(Folding::Void(Void::Malformed("a record of another session than its subject's".into())));
+        }
+    }
+    let mut staged = Vec::with_capacity(message.records.len());
+    let mut at_ms = clock_ms;
+    for (i, mut record) in message.records.into_iter().enumerate() {
+        let next = crate::writer::next_stream_seq(&*overlay, &record.session).map_err(Folding::Failed)?;
+        if record.stream_seq != next {
+            let void = Void::Stale { session: record.session, carried: record.stream_seq, next };
+            return Err(Folding::Void(void));
+        }
+        record.seq = next_seq + i as u64;
+        record.committed_at_ms = record.committed_at_ms.max(at_ms);
+        at_ms = record.committed_at_ms;
+        match crate::import::fold_foreign(overlay, &message.objects, record, m.seq, limits) {
+            Ok(entry) => staged.push(entry),
+            Err(e @ Error::Storage(_)) => return Err(Folding::Failed(e)),
+            Err(e) => return Err(Folding::Void(Void::Invalid(e.to_string()))),
+        }
+    }
+    Ok((staged, at_ms))
+}
+
+/// A command waiting for its message's verdict.
+struct Waiting {
+    command: Command,
+    prepared: Box<Prepared>,
+    reply: ReplyTo<Outcome>,
+    tries: u32,
+    /// The outcome as decided, its seqs counted from `placeholder`.
+    outcome: Outcome,
+    placeholder: u64,
+    since: Instant,
+}
+
+/// A command queued to be decided (again).
+struct Queued {
+    command: Command,
+    prepared: Box<Prepared>,
+    reply: ReplyTo<Outcome>,
+    tries: u32,
+}
+
+/// The writer thread of a host: decides and publishes batches, folds the stream, and
+/// answers callers once their messages are folded.
+pub(crate) fn run(
+    shared: Arc<Shared>,
+    rx: Receiver<Request>,
+    folds: Receiver<StreamMessage>,
+    host: Arc<HostShared>,
+    mut state: HostState,
+    checkpoints: Sender<Signal>,
+) {
+    let mut requests = Some(rx);
+    let mut queue: VecDeque<Queued> = VecDeque::new();
+    let mut waiting: BTreeMap<u64, Vec<Waiting>> = BTreeMap::new();
+    let never = crossbeam_channel::never();
+    loop {
+        let taking = waiting.is_empty() && queue.is_empty();
+        let rx = match (&requests, taking) {
+            (Some(rx), true) => rx,
+            _ => &never,
+        };
+        crossbeam_channel::select! {
+            recv(folds) -> m => match m {
+                Ok(first) => {
+                    let mut batch = vec![first];
+                    while batch.len() < FOLD_BATCH_MAX {
+                        match folds.try_recv() {
+                            Ok(m) => batch.push(m),
+                            Err(_) => break,
+                        }
+                    }
+                    fold(&shared, &host, &mut state, batch, &checkpoints, &mut waiting, &mut queue);
+                }
+                Err(_) => break,
+            },
+            recv(rx) -> req => match req {
+                Ok(req) => {
+                    let mut pending = Some(req);
+                    while let Some(req) = pending.take() {
+                        match req {
+                            Request::Command { command, reply, prepared } => {
+                                queue.push_back(Queued { command: *command, prepared, reply, tries: 0 });
+                            }
+                            other => {
+                                // Alone: what is queued is decided first, after it.
+                                exclusive(&shared, other, &checkpoints);
+                            }
+                        }
+                        if queue.len() >= shared.batch_commands_max {
+                            break;
+                        }
+                        pending = requests.as_ref().and_then(|rx| rx.try_recv().ok());
+                    }
+                }
+                Err(_) => requests = None,
+            },
+            default(Duration::from_millis(100)) => {}
+        }
+        expire(&mut waiting);
+        if waiting.is_empty() && !queue.is_empty() {
+            publish(&shared, &host, &state, &mut queue, &mut waiting);
+        }
+        if requests.is_none() && waiting.is_empty() && queue.is_empty() {
+            break;
+        }
+    }
+    // Closing: the host's log file gets a durable commit, and the checkpointer stops.
+    host.stop.store(true, Ordering::Release);
+    for (_, ws) in std::mem::take(&mut waiting) {
+        for w in ws {
+            let _ = w.reply.send(Err(Error::Closed));
+        }
+    }
+    let _ = durable_commit(&shared);
+    shared.subscribers.lock().clear();
+    let _ = checkpoints.send(Signal::Stop);
+}
+
+/// Commits the host's log file durably (what the fold wrote without an fsync).
+fn durable_commit(shared: &Shared) -> Result<()> {
+    let mut txn = shared.log_db.begin_write()?;
+    txn.set_durability(redb::Durability::Immediate)?;
+    txn.commit()?;
+    Ok(())
+}
+
+/// Runs a request that is not a command on a host: those that only read or rewrite the
+/// host's own files run; those that would write the log other than through the stream
+/// are refused.
+fn exclusive(shared: &Shared, req: Request, checkpoints: &Sender<Signal>) {
+    let refuse = |what: &str| {
+        Error::Rejected(Rejection::InvalidRequest { reason: format!("{what} is not available on a shared log") })
+    };
+    if shared.poisoned.load(Ordering::Acquire) {
+        return crate::writer::fail(req, Error::Poisoned);
+    }
+    match req {
+        Request::Command { .. } => {}
+        Request::Checkpoint { reply } => drop(reply.send(crate::writer::drain(shared, checkpoints))),
+        Request::FlushDrafts { reply } => {
+            let writes = shared.drafts.lock().writes();
+            let result = crate::writer::write_drafts(shared, &writes);
+            if result.is_ok() {
+                shared.drafts.lock().written(&writes);
+            }
+            let _ = reply.send(result);
+        }
+        Request::Rebuild { set, reply } => {
+            let tip = *shared.tip.lock();
+            let _ = reply.send(crate::writer::rebuild(shared, &tip, set, checkpoints));
+        }
+        Request::Import { reply, .. } => drop(reply.send(Err(refuse("import")))),
+        Request::Copy { reply, .. } => drop(reply.send(Err(refuse("session copy")))),
+        Request::Sweep { reply, .. } => drop(reply.send(Err(refuse("content collection")))),
+        Request::CollectDone { reply } => drop(reply.send(Err(refuse("content collection")))),
+    }
+}
+
+/// Folds a batch from the stream, then answers the waiting commands it decided: an
+/// applied message's caller gets its outcome where the fold put it; a void one's
+/// command is queued to be decided again.
+fn fold(
+    shared: &Shared,
+    host: &HostShared,
+    state: &mut HostState,
+    batch: Vec<StreamMessage>,
+    checkpoints: &Sender<Signal>,
+    waiting: &mut BTreeMap<u64, Vec<Waiting>>,
+    queue: &mut VecDeque<Queued>,
+) {
+    if shared.poisoned.load(Ordering::Acquire) {
+        return;
+    }
+    let verdicts = match crate::error::fail_closed("fold", || fold_batch(shared, state, batch, checkpoints)) {
+        Ok(verdicts) => verdicts,
+        Err(e) => {
+            shared.poisoned.store(true, Ordering::Release);
+            for (_, ws) in std::mem::take(waiting) {
+                for w in ws {
+                    let _ = w.reply.send(Err(e.clone()));
+                }
+            }
+            return;
+        }
+    };
+    *host.position.lock() = state.position;
+    host.moved.notify_all();
+    for (seq, verdict) in verdicts {
+        let Some(ws) = waiting.remove(&seq) else { continue };
+        for mut w in ws {
+            match &verdict {
+                Verdict::Applied { first_seq, at_ms } => {
+                    let (from, to) = (w.placeholder, *first_seq);
+                    w.outcome.relocate(&|s| s.wrapping_sub(from).wrapping_add(to), *at_ms);
+                    let _ = w.reply.send(Ok(w.outcome));
+                }
+                Verdict::Void(_) => requeue(queue, w.command, w.prepared, w.reply, w.tries),
+            }
+        }
+    }
+    // A message stored at or before the position that the fold did not answer (a
+    // duplicate of one folded earlier) is decided again.
+    let stale: Vec<u64> = waiting.range(..=state.position).map(|(k, _)| *k).collect();
+    for seq in stale {
+        for w in waiting.remove(&seq).unwrap_or_default() {
+            requeue(queue, w.command, w.prepared, w.reply, w.tries);
+        }
+    }
+}
+
+fn requeue(
+    queue: &mut VecDeque<Queued>,
+    command: Command,
+    prepared: Box<Prepared>,
+    reply: ReplyTo<Outcome>,
+    tries: u32,
+) {
+    if tries + 1 >= REDECIDE_MAX {
+        let detail = format!("the command lost to other hosts' commands {REDECIDE_MAX} times");
+        let _ = reply.send(Err(Error::Backend(BackendError::Unavailable(detail))));
+        return;
+    }
+    queue.push_back(Queued { command, prepared, reply, tries: tries + 1 });
+}
+
+/// Fails the commands whose messages the fold has not reached in [`FOLD_WAIT_MAX`].
+fn expire(waiting: &mut BTreeMap<u64, Vec<Waiting>>) {
+    let late: Vec<u64> = waiting
+        .iter()
+        .filter(|(_, ws)| ws.iter().any(|w| w.since.elapsed() > FOLD_WAIT_MAX))
+        .map(|(k, _)| *k)
+        .collect();
+    for seq in late {
+        for w in waiting.remove(&seq).unwrap_or_default() {
+            let detail = format!("message {seq} was stored but the fold did not reach it");
+            let _ = w.reply.send(Err(Error::Backend(BackendError::Unavailable(detail))));
+        }
+    }
+}
+
+/// Decides what is queued against the fold, and publishes each accepted command that
+/// writes as one message; the batch's messages go in one pipelined append.
+fn publish(
+    shared: &Shared,
+    host: &HostShared,
+    state: &HostState,
+    queue: &mut VecDeque<Queued>,
+    waiting: &mut BTreeMap<u64, Vec<Waiting>>,
+) {
+    let batch: Vec<Queued> = queue.drain(..).collect();
+    if shared.poisoned.load(Ordering::Acquire) {
+        for q in batch {
+            let _ = q.reply.send(Err(Error::Poisoned));
+        }
+        return;
+    }
+    let tip = *shared.tip.lock();
+    let placeholder = tip.seq + 1;
+    let commands: Vec<(&Command, &Prepared)> = batch.iter().map(|q| (&q.command, &*q.prepared)).collect();
+    let decided = crate::error::fail_closed("decide", || {
+        crate::writer::decide_batch(shared, placeholder, tip.clock_ms, &commands)
+    });
+    drop(commands);
+    let decided = match decided {
+        Ok(d) => d,
+        Err(e) => {
+            shared.poisoned.store(true, Ordering::Release);
+            for q in batch {
+                let _ = q.reply.send(Err(e.clone()));
+            }
+            return;
+        }
+    };
+    let mut publishes = Vec::new();
+    let mut sent = Vec::new();
+    for ((q, outcome), span) in batch.into_iter().zip(decided.outcomes).zip(decided.spans) {
+        let outcome = match outcome {
+            Ok(o) if !span.is_empty() => o,
+            answer => {
+                let _ = q.reply.send(answer);
+                continue;
+            }
+        };
+        let entries = &decided.entries[span];
+        match message_of(shared, state, entries) {
+            Ok(p) => {
+                publishes.push(p);
+                let first = entries[0].record.seq;
+                sent.push((q, outcome, first));
+            }
+            Err(e) => drop(q.reply.send(Err(e))),
+        }
+    }
+    if publishes.is_empty() {
+        return;
+    }
+    match host.backend.append(publishes) {
+        Ok(outcomes) => {
+            for ((q, outcome, placeholder), published) in sent.into_iter().zip(outcomes) {
+                match published {
+                    Published::Stored { seq, .. } => {
+                        let w = Waiting {
+                            command: q.command,
+                            prepared: q.prepared,
+                            reply: q.reply,
+                            tries: q.tries,
+                            outcome,
+                            placeholder,
+                            since: Instant::now(),
+                        };
+                        waiting.entry(seq).or_default().push(w);
+                    }
+                    Published::Conflict => requeue(queue, q.command, q.prepared, q.reply, q.tries),
+                }
+            }
+        }
+        Err(e) => {
+            for (q, _, _) in sent {
+                let _ = q.reply.send(Err(Error::Backend(e.clone())));
+            }
+        }
+    }
+    // Stored before the fold's position (duplicates of folded messages): decided again.
+    let stale: Vec<u64> = waiting.range(..=state.position).map(|(k, _)| *k).collect();
+    for seq in stale {
+        for w in waiting.remove(&seq).unwrap_or_default() {
+            requeue(queue, w.command, w.prepared, w.reply, w.tries);
+        }
+    }
+}
+
+/// The message of one command's entries, with its target, expectation and key.
+fn message_of(shared: &Shared, state: &HostState, entries: &[Entry]) -> Result<Publish> {
+    let records: Vec<(Record, Vec<u8>)> = entries
+        .iter()
+        .map(|e| {
+            let mut row = Vec::new();
+            for o in &e.content {
+                push_stored(&mut row, &o.id, o.encoding, &o.bytes);
+            }
+            (e.record.clone(), row)
+        })
+        .collect();
+    let payload = encode_message(&records, &shared.chain, shared.limits.record_bytes_max)?;
+    let first = &entries[0].record;
+    let single = entries.iter().all(|e| e.record.session == first.session);
+    let (target, expected) = match single {
+        true => {
+            let expected = match (state.subject_last.get(&first.session), first.stream_seq) {
+                (_, 1) => Expected::NoMessage,
+                (Some(last), _) => Expected::Last(*last),
+                (None, _) => Expected::Any,
+            };
+            (Target::Session(first.session), expected)
+        }
+        false => (Target::Many, Expected::Any),
+    };
+    // The key names the decision: a retry of the same decision is stored once, and a
+    // decision taken again (after a conflict) is a new message.
+    let msg_id = match &first.event {
+        annal_codec::Event::TurnCommitted(t) => Some(format!("{}:{}:{}", first.session, first.stream_seq, t.turn_id)),
+        _ => None,
+    };
+    Ok(Publish { target, payload, expected, msg_id })
+}
+
+/// The pump: subscribes to the stream after `position` and hands every message to the
+/// writer thread in order, filling any gap from a read, and subscribing again after a
+/// failure.
+pub(crate) fn pump(host: Arc<HostShared>, position: u64, tx: Sender<StreamMessage>) {
+    let mut next = position + 1;
+    let mut subscription = None;
+    let mut last_tip_check = Instant::now() - Duration::from_secs(1);
+    while !host.stop.load(Ordering::Acquire) {
+        if last_tip_check.elapsed() >= Duration::from_millis(200) {
+            if let Ok(tip) = host.backend.tip() {
+                host.seen.fetch_max(tip, Ordering::Relaxed);
+            }
+            last_tip_check = Instant::now();
+        }
+        let sub = match subscription.as_mut() {
+            Some(sub) => sub,
+            None => match host.backend.subscribe(next) {
+                Ok(sub) => subscription.insert(sub),
+                Err(_) => {
+                    std::thread::sleep(Duration::from_millis(200));
+                    continue;
+                }
+            },
+        };
+        let m = match sub.next_within(Duration::from_millis(100)) {
+            Ok(Some(m)) => m,
+            Ok(None) => continue,
+            Err(_) => {
+                subscription = None;
+                std::thread::sleep(Duration::from_millis(100));
+                continue;
+            }
+        };
+        if m.seq < next {
+            continue;
+        }
+        let mut batch = Vec::new();
+        if m.seq > next {
+            match host.backend.read(next, (m.seq - next) as usize) {
+                Ok(gap) if gap.len() as u64 == m.seq - next && gap.first().map(|g| g.seq) == Some(next) => {
+                    batch.extend(gap)
+                }
+                _ => {
+                    subscription = None;
+                    continue;
+                }
+            }
+        }
+        batch.push(m);
+        for m in batch {
+            host.seen.fetch_max(m.seq, Ordering::Relaxed);
+            next = m.seq + 1;
+            if tx.send(m).is_err() {
+                return;
+            }
+        }
+    }
+}
+
+/// What [`verify_stream`] found.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct StreamReport {
+    /// Messages read.
+    pub messages: u64,
+    /// Records in the messages that authenticate and decode.
+    pub records: u64,
+    /// Messages whose MAC does not hold under the key: written without it, or damaged.
+    pub forged: Vec<u64>,
+    /// Messages that authenticate but do not decode.
+    pub malformed: Vec<(u64, String)>,
+    /// The stream's last sequence when the walk ended.
+    pub tip: u64,
+}
+
+impl StreamReport {
+    /// Whether every message authenticates and decodes.
+    pub fn is_clean(&self) -> bool {
+        self.forged.is_empty() && self.malformed.is_empty()
+    }
+}
+
+/// Walks a shared log from its first message to its tip, checking that the stream is
+/// dense and that every message authenticates under `chain` and decodes. A message
+/// that fails is what the fold voids on every host; one that fails its MAC was
+/// published by someone without the chain key (or damaged). Whether an authentic
+/// message applied is the fold's business: a host's own log file then verifies like
+/// any other (`annal verify`).
+pub fn verify_stream(
+    backend: &dyn LogBackend,
+    chain: &LogChain,
+    limits: &crate::Limits,
+) -> std::result::Result<StreamReport, BackendError> {
+    let mut report = StreamReport { tip: backend.tip()?, ..StreamReport::default() };
+    let mut next = 1;
+    while next <= report.tip {
+        let batch = backend.read(next, 1024)?;
+        if batch.is_empty() {
+            return Err(BackendError::Other(format!("the stream ends at {} before its tip {}", next - 1, report.tip)));
+        }
+        for m in batch {
+            if m.seq != next {
+                return Err(BackendError::Other(format!("the stream skips from {} to {}", next - 1, m.seq)));
+            }
+            next += 1;
+            report.messages += 1;
+            match decode_message(&m.payload, chain, limits.record_bytes_max, limits.message_object_bytes_max()) {
+                Ok(message) => report.records += message.records.len() as u64,
+                Err(Void::Forged) => report.forged.push(m.seq),
+                Err(other) => report.malformed.push((m.seq, other.to_string())),
+            }
+        }
+    }
+    Ok(report)
+}

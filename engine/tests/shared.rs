@@ -1,0 +1,215 @@
+//! Hosts of a shared log (`docs/design.md` §13): engines in one process on one
+//! `RedbStream`, each folding every host's commands into its own files.
+
+mod common;
+
+use annal::backend::{LogBackend, RedbStream};
+use annal::*;
+use common::*;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// A host's files in a fresh directory.
+struct Host {
+    db: Db,
+}
+
+impl Host {
+    fn new() -> Host {
+        Host { db: Db::new() }
+    }
+
+    fn open(&self, stream: &RedbStream) -> Engine {
+        let backend: Arc<dyn LogBackend> = Arc::new(stream.clone());
+        Engine::open_shared(&self.db.path, Options::default(), backend).unwrap()
+    }
+}
+
+/// Waits until `engine` has folded the whole stream.
+fn caught_up(engine: &Engine, stream: &RedbStream) {
+    let tip = stream.tip().unwrap();
+    assert!(engine.wait_for_stream(tip, Duration::from_secs(30)), "the fold reaches {tip}");
+}
+
+/// Two hosts hold the same log and the same projections.
+fn assert_same(a: &Engine, b: &Engine) {
+    assert_eq!(all_events(a), all_events(b), "the same records, seqs and chain");
+    assert_eq!(a.projection_digests().unwrap(), b.projection_digests().unwrap(), "the same projections");
+    assert_eq!(a.tip().unwrap(), b.tip().unwrap());
+}
+
+#[test]
+fn a_workload_on_one_host_is_folded_alike_by_another_by_a_new_one_and_after_a_reopen() {
+    let stream = RedbStream::memory().unwrap();
+    let (ha, hb, hc) = (Host::new(), Host::new(), Host::new());
+    let a = ha.open(&stream);
+    let b = hb.open(&stream);
+    let sessions = workload(&a);
+    assert!(!sessions.is_empty());
+    caught_up(&a, &stream);
+    caught_up(&b, &stream);
+    assert_same(&a, &b);
+    let events = all_events(&a);
+    assert_eq!(events.iter().map(|e| e.record.seq).collect::<Vec<_>>(), (1..=events.len() as u64).collect::<Vec<_>>());
+    // A host that joins later folds the stream from its first message.
+    let c = hc.open(&stream);
+    caught_up(&c, &stream);
+    assert_same(&a, &c);
+    // Commands on the second host reach the first.
+    let (s, rev) = create(&b, &[Message::system("from b")]);
+    let receipt = b.commit_turn(turn(s, "t1", rev)).unwrap().receipt();
+    assert_eq!(head(&b, s).revision, receipt.revision, "read-your-writes on the committing host");
+    caught_up(&a, &stream);
+    assert_eq!(head(&a, s).revision, receipt.revision);
+    // Reopened, a host resumes from its position.
+    a.close().unwrap();
+    let a = ha.open(&stream);
+    caught_up(&a, &stream);
+    caught_up(&c, &stream);
+    assert_same(&a, &b);
+    assert_same(&a, &c);
+    assert_eq!(a.host_status().unwrap().lag(), 0);
+}
+
+/// (host, round, outcome) of one commit attempt.
+type Attempt = (usize, usize, RevisionId, Result<TurnOutcome>, String);
+
+#[test]
+fn sixteen_threads_on_each_of_two_hosts_race_and_each_revision_is_won_exactly_once() {
+    const THREADS: usize = 16;
+    const ROUNDS: usize = 6;
+    let stream = RedbStream::memory().unwrap();
+    let (ha, hb) = (Host::new(), Host::new());
+    let hosts = [ha.open(&stream), hb.open(&stream)];
+    let sessions: Vec<(SessionId, RevisionId)> =
+        (0..2).map(|i| create(&hosts[i], &[Message::system("shared")])).collect();
+    for h in &hosts {
+        caught_up(h, &stream);
+    }
+    let attempts: std::sync::Mutex<Vec<Attempt>> = std::sync::Mutex::new(Vec::new());
+    let barrier = std::sync::Barrier::new(2 * THREADS);
+    std::thread::scope(|scope| {
+        for host in 0..2 {
+            for thread in 0..THREADS {
+                let (engine, other) = (&hosts[host], &hosts[1 - host]);
+                let (sessions, attempts, barrier) = (&sessions, &attempts, &barrier);
+                scope.spawn(move || {
+                    let (session, _) = sessions[thread % sessions.len()];
+                    for round in 0..ROUNDS {
+                        barrier.wait();
+                        let expected = head(engine, session).revision;
+                        let turn_id = format!("h{host}-t{thread}-r{round}");
+                        let result = engine.commit_turn(turn(session, &turn_id, expected));
+                        if let Ok(outcome) = &result {
+                            // The same turn retried on the other host is answered, not
+                            // committed again.
+                            let receipt = outcome.receipt();
+                            assert!(
+                                other.wait_for_stream(engine.host_status().unwrap().position, Duration::from_secs(30))
+                            );
+                            let again = other.commit_turn(turn(session, &turn_id, expected)).unwrap();
+                            assert_eq!(
+                                again,
+                                TurnOutcome::AlreadyCommitted(receipt),
+                                "{turn_id} retried on the other host"
+                            );
+                        }
+                        attempts.lock().unwrap().push((host, round, expected, result, turn_id));
+                    }
+                });
+            }
+        }
+    });
+    let attempts = attempts.into_inner().unwrap();
+    let mut wins: std::collections::BTreeMap<(SessionId, RevisionId), Vec<String>> = Default::default();
+    let mut conflicts = 0;
+    for (host, _, expected, result, turn_id) in &attempts {
+        let session =
+            sessions[turn_id.split("-t").nth(1).unwrap().split('-').next().unwrap().parse::<usize>().unwrap() % 2].0;
+        match result {
+            Ok(TurnOutcome::Committed(_)) => wins.entry((session, *expected)).or_default().push(turn_id.clone()),
+            Ok(other) => panic!("host {host}: {turn_id} gave {other:?}"),
+            Err(Error::Rejected(Rejection::RevisionConflict { .. })) => conflicts += 1,
+            Err(e) => panic!("host {host}: {turn_id} failed: {e}"),
+        }
+    }
+    for ((_, revision), winners) in &wins {
+        assert_eq!(winners.len(), 1, "revision {revision} won by {winners:?}");
+    }
+    assert!(conflicts > 0, "the hosts raced");
+    for h in &hosts {
+        caught_up(h, &stream);
+    }
+    assert_same(&hosts[0], &hosts[1]);
+    // Every win is in the log, once, in a dense stream per session.
+    let events = all_events(&hosts[0]);
+    let turns = events.iter().filter(|e| matches!(e.record.event, Event::TurnCommitted(_))).count();
+    assert_eq!(turns, wins.len());
+    for (session, _) in &sessions {
+        let streams: Vec<u64> = session_events(&hosts[0], *session).iter().map(|e| e.record.stream_seq).collect();
+        assert_eq!(streams, (1..=streams.len() as u64).collect::<Vec<_>>());
+    }
+}
+
+/// A host with a chain key.
+fn open_keyed(host: &Host, stream: &RedbStream, key: [u8; 32]) -> Engine {
+    let backend: Arc<dyn LogBackend> = Arc::new(stream.clone());
+    Engine::open_shared(&host.db.path, Options { chain_key: Some(key), ..Options::default() }, backend).unwrap()
+}
+
+#[test]
+fn forged_stale_and_malformed_messages_are_void_on_every_host_and_verify_names_the_forged() {
+    use annal::backend::{Expected as Expect, Publish, Target};
+    use annal::codec::{Event, LogChain, Record, SessionArchived};
+    let key = [7u8; 32];
+    let stream = RedbStream::memory().unwrap();
+    let (ha, hb) = (Host::new(), Host::new());
+    let a = open_keyed(&ha, &stream, key);
+    let b = open_keyed(&hb, &stream, key);
+    let (s, _) = create(&a, &[Message::system("guarded")]);
+    caught_up(&b, &stream);
+    let before = all_events(&a);
+    let archive = |stream_seq: u64| Record {
+        seq: 0,
+        session: s,
+        stream_seq,
+        committed_at_ms: 1,
+        event: Event::SessionArchived(SessionArchived { reason: "intruder".into() }),
+    };
+    let limits = Limits::default();
+    let publish = |payload: Vec<u8>| {
+        let p = Publish { target: Target::Session(s), payload, expected: Expect::Any, msg_id: None };
+        stream.append(vec![p]).unwrap();
+    };
+    // Without the key: a well-formed archive of the session, next in its stream.
+    let forged =
+        annal::shared::encode_message(&[(archive(2), vec![])], &LogChain::plain(), limits.record_bytes_max).unwrap();
+    publish(forged);
+    let forged_seq = stream.tip().unwrap();
+    // With the key, but decided under a stale state: the session's first record again.
+    let keyed = LogChain::keyed(key);
+    publish(annal::shared::encode_message(&[(archive(1), vec![])], &keyed, limits.record_bytes_max).unwrap());
+    // Bytes that are no message at all.
+    publish(b"not a message".to_vec());
+    // An authentic message whose record of another session than its subject's.
+    let mut elsewhere = archive(1);
+    elsewhere.session = SessionId([9; 16]);
+    publish(annal::shared::encode_message(&[(elsewhere, vec![])], &keyed, limits.record_bytes_max).unwrap());
+    for h in [&a, &b] {
+        caught_up(h, &stream);
+        assert_eq!(all_events(h), before, "nothing of a void message applies");
+        assert!(!head(h, s).archived);
+    }
+    // The genuine command still applies after them.
+    assert!(a.archive(s, "done").unwrap());
+    caught_up(&b, &stream);
+    assert!(head(&b, s).archived);
+    assert_same(&a, &b);
+    let report = annal::shared::verify_stream(&stream, &keyed, &limits).unwrap();
+    assert_eq!(report.forged, vec![forged_seq], "the message written without the key");
+    assert_eq!(report.malformed.len(), 1, "{report:?}");
+    assert_eq!(report.messages, stream.tip().unwrap());
+    // Under another key, every message is forged.
+    let other = annal::shared::verify_stream(&stream, &LogChain::keyed([8; 32]), &limits).unwrap();
+    assert_eq!(other.forged.len() as u64, report.messages - 1, "all but the bytes too short to be one");
+}
