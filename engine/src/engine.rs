@@ -569,6 +569,7 @@ impl Engine {
                     position,
                     subject_last: Default::default(),
                     last_durable: std::time::Instant::now(),
+                    nonce: crate::command::new_session_id().0,
                 };
                 let writer_host = host.clone();
                 let handle = crate::pool::spawn(move || {

@@ -209,6 +209,8 @@ pub(crate) struct HostState {
     pub subject_last: HashMap<SessionId, u64>,
     /// When the host's log file last had a durable commit.
     pub last_durable: Instant,
+    /// Drawn at open: the idempotency keys of this host's messages are its own.
+    pub nonce: [u8; 16],
 }
 
 /// What callers and the writer share about a host: its position, and a condition to
@@ -622,6 +624,7 @@ fn publish(
     };
     let mut publishes = Vec::new();
     let mut sent = Vec::new();
+    let mut targeted = std::collections::HashSet::new();
     for ((q, outcome), span) in batch.into_iter().zip(decided.outcomes).zip(decided.spans) {
         let outcome = match outcome {
             Ok(o) if !span.is_empty() => o,
@@ -631,7 +634,7 @@ fn publish(
             }
         };
         let entries = &decided.entries[span];
-        match message_of(shared, state, entries) {
+        match message_of(shared, state, entries, q.tries, &mut targeted) {
             Ok(p) => {
                 publishes.push(p);
                 let first = entries[0].record.seq;
@@ -679,7 +682,19 @@ fn publish(
 }
 
 /// The message of one command's entries, with its target, expectation and key.
-fn message_of(shared: &Shared, state: &HostState, entries: &[Entry]) -> Result<Publish> {
+///
+/// A second message of a session in one batch carries no expectation: the backend
+/// checks one against the messages it has stored, and the first is still in flight. Nor
+/// does a command decided again (`tries` > 0): the backend refuses before the fold has
+/// seen what beat it, so a command refused once is stored and left to the fold, which
+/// has then passed what beat it when it answers.
+fn message_of(
+    shared: &Shared,
+    state: &HostState,
+    entries: &[Entry],
+    tries: u32,
+    targeted: &mut std::collections::HashSet<SessionId>,
+) -> Result<Publish> {
     let records: Vec<(Record, Vec<u8>)> = entries
         .iter()
         .map(|e| {
@@ -695,19 +710,34 @@ fn message_of(shared: &Shared, state: &HostState, entries: &[Entry]) -> Result<P
     let single = entries.iter().all(|e| e.record.session == first.session);
     let (target, expected) = match single {
         true => {
+            let again = !targeted.insert(first.session) || tries > 0;
             let expected = match (state.subject_last.get(&first.session), first.stream_seq) {
+                _ if again => Expected::Any,
                 (_, 1) => Expected::NoMessage,
                 (Some(last), _) => Expected::Last(*last),
                 (None, _) => Expected::Any,
             };
             (Target::Session(first.session), expected)
         }
-        false => (Target::Many, Expected::Any),
+        false => {
+            targeted.extend(entries.iter().map(|e| e.record.session));
+            (Target::Many, Expected::Any)
+        }
     };
-    // The key names the decision: a retry of the same decision is stored once, and a
-    // decision taken again (after a conflict) is a new message.
+    // The key names this host's decision: a retry of the same decision (after a lost
+    // acknowledgement) is stored once; a decision taken again (after a conflict), or the
+    // same turn decided on another host, is a new message, which the fold voids or
+    // applies, so that each caller learns whether its own command wrote.
     let msg_id = match &first.event {
-        annal_codec::Event::TurnCommitted(t) => Some(format!("{}:{}:{}", first.session, first.stream_seq, t.turn_id)),
+        annal_codec::Event::TurnCommitted(t) => {
+            let mut h = blake3::Hasher::new();
+            h.update(b"annal.message.key.v1");
+            h.update(&state.nonce);
+            h.update(&first.session.0);
+            h.update(&first.stream_seq.to_le_bytes());
+            h.update(t.turn_id.as_bytes());
+            Some(annal_codec::ids::hex(&h.finalize().as_bytes()[..16]))
+        }
         _ => None,
     };
     Ok(Publish { target, payload, expected, msg_id })

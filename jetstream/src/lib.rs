@@ -19,6 +19,12 @@
 //! The calls block. The client runs on a tokio runtime of its own with one worker
 //! thread, so a host needs no async runtime, and the engine crate keeps none.
 //!
+//! [`JetStreamLog`] implements annal's [`LogBackend`](annal::backend::LogBackend): an
+//! engine whose hosts share their log (`annal::Engine::open_shared`) can keep it on the
+//! stream. The trait's types convert to and from this crate's one for one (`From`
+//! impls); [`LogBackend::max_payload`](annal::backend::LogBackend::max_payload) leaves
+//! room for the headers a publish carries ([`BACKEND_HEADER_ROOM`]).
+//!
 //! ```no_run
 //! use annal_jetstream::{Append, Credentials, Expected, JetStreamLog, Options, Outcome, Target, Tls};
 //! use annal_codec::SessionId;
@@ -183,6 +189,117 @@ impl Default for Options {
             window: 256,
         }
     }
+}
+
+impl Options {
+    /// Options from a URL, so that a command line can take a stream wherever it takes a
+    /// file:
+    ///
+    /// ```text
+    /// tls://[user[:password]@]host:port[,host:port...][/STREAM][?key=value&...]
+    /// nats://...   the same, TLS not required
+    /// ```
+    ///
+    /// The user and password may be percent-encoded. Keys: `ca` (a CA file), `cert` and
+    /// `key` (a client certificate and its key, for mutual TLS), `creds` (a credentials
+    /// file), `nkey` (a file holding an NKey seed), `token`, `prefix` (the subject
+    /// prefix; default the stream's name in lower case, or `annal` for the default
+    /// stream), `replicas`, `create` (`true` or `false`), `timeout_ms`. Anything else
+    /// is an error, so a typo is not silently ignored.
+    pub fn from_url(url: &str) -> Result<Options> {
+        let bad = |why: String| Error::Other(format!("JetStream URL {url:?}: {why}"));
+        let (scheme, rest) = url.split_once("://").ok_or_else(|| bad("no scheme (tls:// or nats://)".into()))?;
+        let required = match scheme {
+            "tls" => true,
+            "nats" => false,
+            other => return Err(bad(format!("unknown scheme {other:?}"))),
+        };
+        let (rest, query) = match rest.split_once('?') {
+            Some((r, q)) => (r, Some(q)),
+            None => (rest, None),
+        };
+        let (rest, stream) = match rest.split_once('/') {
+            Some((r, s)) if !s.is_empty() => (r, Some(s.to_string())),
+            Some((r, _)) => (r, None),
+            None => (rest, None),
+        };
+        let (auth, hosts) = match rest.rsplit_once('@') {
+            Some((a, h)) => (Some(a), h),
+            None => (None, rest),
+        };
+        if hosts.is_empty() {
+            return Err(bad("no server".into()));
+        }
+        let mut options = Options {
+            servers: hosts.split(',').map(|h| format!("{scheme}://{h}")).collect(),
+            tls: Tls { required, ..Tls::default() },
+            ..Options::default()
+        };
+        if let Some(auth) = auth {
+            let (user, password) = auth.split_once(':').unwrap_or((auth, ""));
+            options.credentials = Credentials::UserPassword {
+                user: percent_decode(user).map_err(bad)?,
+                password: percent_decode(password).map_err(bad)?,
+            };
+        }
+        if let Some(stream) = stream {
+            options.subject_prefix = stream.to_lowercase();
+            options.stream = stream;
+        }
+        let mut cert = None;
+        let mut key = None;
+        for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
+            let (k, v) = pair.split_once('=').ok_or_else(|| bad(format!("{pair:?} is not key=value")))?;
+            let v = percent_decode(v).map_err(bad)?;
+            match k {
+                "ca" => options.tls.ca_file = Some(PathBuf::from(v)),
+                "cert" => cert = Some(PathBuf::from(v)),
+                "key" => key = Some(PathBuf::from(v)),
+                "creds" => options.credentials = Credentials::CredsFile(PathBuf::from(v)),
+                "nkey" => {
+                    let seed = std::fs::read_to_string(&v).map_err(|e| bad(format!("nkey file {v}: {e}")))?;
+                    options.credentials = Credentials::NKey(seed.trim().to_string());
+                }
+                "token" => options.credentials = Credentials::Token(v),
+                "prefix" => options.subject_prefix = v,
+                "replicas" => options.replicas = v.parse().map_err(|_| bad(format!("replicas {v:?}")))?,
+                "create" => options.create = v.parse().map_err(|_| bad(format!("create {v:?}")))?,
+                "timeout_ms" => {
+                    let ms: u64 = v.parse().map_err(|_| bad(format!("timeout_ms {v:?}")))?;
+                    options.timeout = Duration::from_millis(ms);
+                }
+                other => return Err(bad(format!("unknown key {other:?}"))),
+            }
+        }
+        match (cert, key) {
+            (Some(c), Some(k)) => options.tls.client_cert = Some((c, k)),
+            (None, None) => {}
+            _ => return Err(bad("cert and key go together".into())),
+        }
+        Ok(options)
+    }
+}
+
+/// Whether a command-line argument names a JetStream stream rather than a file.
+pub fn is_url(arg: &str) -> bool {
+    arg.starts_with("tls://") || arg.starts_with("nats://")
+}
+
+fn percent_decode(s: &str) -> std::result::Result<String, String> {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let hex = s.get(i + 1..i + 3).ok_or_else(|| format!("bad escape in {s:?}"))?;
+            out.push(u8::from_str_radix(hex, 16).map_err(|_| format!("bad escape in {s:?}"))?);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).map_err(|_| format!("{s:?} is not UTF-8"))
 }
 
 /// What a message writes: one session, or several (a command that spans sessions).
@@ -454,6 +571,10 @@ impl JetStreamLog {
                 .retrying(|| self.stream.create_consumer(config.clone()))
                 .await
                 .map_err(|e| refused_or(format!("creating a consumer from {from}: {e}"), Error::Other))?;
+            // The messages the stream held from `from` on when the consumer was created:
+            // a fetch with nothing to deliver waits out its expiry (nats-server 2.9), so
+            // read no more than these.
+            let max = max.min(usize::try_from(consumer.cached_info().num_pending).unwrap_or(usize::MAX));
             let mut out = Vec::new();
             // A fetch returns what the consumer has at once, up to its batch; loop until
             // `max`, or until a fetch comes back short.
@@ -526,6 +647,145 @@ impl Subscription {
                 Ok(Some(m)) => stored(prefix, &m.map_err(other)?).map(Some),
             }
         })
+    }
+}
+
+/// The bytes that [`JetStreamLog`]'s [`LogBackend::max_payload`](annal::backend::LogBackend::max_payload)
+/// keeps free under the servers' limit ([`JetStreamLog::max_payload`], which counts
+/// headers) for the headers a publish adds. The most an expectation and a 64-byte
+/// `msg_id` take is 150 bytes: the status line `NATS/1.0\r\n` (10),
+/// `Nats-Expected-Last-Subject-Sequence: <20 digits>\r\n` (59),
+/// `Nats-Msg-Id: <64 bytes>\r\n` (79) and the blank line (2). 256 covers that with room
+/// to spare: a payload of the backend's largest size is taken under any expectation with
+/// a `msg_id` of up to 170 bytes. A longer `msg_id` can still push a message over the
+/// servers' limit; the append then fails with
+/// [`BackendError::TooLarge`](annal::backend::BackendError::TooLarge) counting headers.
+pub const BACKEND_HEADER_ROOM: usize = 256;
+
+/// A session is a session; several sessions are several sessions.
+impl From<annal::backend::Target> for Target {
+    fn from(target: annal::backend::Target) -> Target {
+        match target {
+            annal::backend::Target::Session(s) => Target::Session(s),
+            annal::backend::Target::Many => Target::Many,
+        }
+    }
+}
+
+/// A session is a session; several sessions are several sessions.
+impl From<Target> for annal::backend::Target {
+    fn from(target: Target) -> annal::backend::Target {
+        match target {
+            Target::Session(s) => annal::backend::Target::Session(s),
+            Target::Many => annal::backend::Target::Many,
+        }
+    }
+}
+
+/// The same expectation.
+impl From<annal::backend::Expected> for Expected {
+    fn from(expected: annal::backend::Expected) -> Expected {
+        match expected {
+            annal::backend::Expected::Any => Expected::Any,
+            annal::backend::Expected::NoMessage => Expected::NoMessage,
+            annal::backend::Expected::Last(seq) => Expected::Last(seq),
+        }
+    }
+}
+
+/// The same message, subject, expectation and idempotency key.
+impl From<annal::backend::Publish> for Append {
+    fn from(p: annal::backend::Publish) -> Append {
+        Append { target: p.target.into(), payload: p.payload, expected: p.expected.into(), msg_id: p.msg_id }
+    }
+}
+
+/// The same outcome.
+impl From<Outcome> for annal::backend::Published {
+    fn from(outcome: Outcome) -> annal::backend::Published {
+        match outcome {
+            Outcome::Stored { seq, duplicate } => annal::backend::Published::Stored { seq, duplicate },
+            Outcome::Conflict => annal::backend::Published::Conflict,
+        }
+    }
+}
+
+/// The same message, without its idempotency key (the trait does not read it back).
+impl From<StoredMessage> for annal::backend::StreamMessage {
+    fn from(m: StoredMessage) -> annal::backend::StreamMessage {
+        annal::backend::StreamMessage { seq: m.seq, target: m.target.into(), payload: m.payload }
+    }
+}
+
+/// A timeout or a connection that failed is [`Unavailable`](annal::backend::BackendError::Unavailable)
+/// (a message sent may be stored); refused credentials or permissions are
+/// [`Refused`](annal::backend::BackendError::Refused); a message over the servers' limit is
+/// [`TooLarge`](annal::backend::BackendError::TooLarge), its size counting headers; anything
+/// else is [`Other`](annal::backend::BackendError::Other).
+impl From<Error> for annal::backend::BackendError {
+    fn from(e: Error) -> annal::backend::BackendError {
+        use annal::backend::BackendError as B;
+        match e {
+            Error::Timeout(_) | Error::Connect(_) => B::Unavailable(e.to_string()),
+            Error::Refused(why) => B::Refused(why),
+            Error::PayloadTooLarge { size, max } => B::TooLarge { size: size as u64, max: max as u64 },
+            e => B::Other(e.to_string()),
+        }
+    }
+}
+
+/// The client as annal's shared log: each call is the inherent method of the same name,
+/// its types converted.
+impl annal::backend::LogBackend for JetStreamLog {
+    /// Refuses a batch with a payload over [`LogBackend::max_payload`](annal::backend::LogBackend::max_payload)
+    /// before sending any of it; then [`JetStreamLog::append`]. The servers check an
+    /// expectation against the messages they have applied: an
+    /// [`Expected::Last`](annal::backend::Expected::Last) that names a message of the
+    /// same batch, still in flight, can be refused
+    /// ([`Published::Conflict`](annal::backend::Published::Conflict)).
+    fn append(
+        &self,
+        batch: Vec<annal::backend::Publish>,
+    ) -> Result<Vec<annal::backend::Published>, annal::backend::BackendError> {
+        let max = annal::backend::LogBackend::max_payload(self);
+        if let Some(p) = batch.iter().find(|p| p.payload.len() as u64 > max) {
+            return Err(annal::backend::BackendError::TooLarge { size: p.payload.len() as u64, max });
+        }
+        let outcomes = JetStreamLog::append(self, batch.into_iter().map(Append::from).collect())?;
+        Ok(outcomes.into_iter().map(Into::into).collect())
+    }
+
+    fn read(&self, from: u64, max: usize) -> Result<Vec<annal::backend::StreamMessage>, annal::backend::BackendError> {
+        Ok(JetStreamLog::read(self, from, max)?.into_iter().map(Into::into).collect())
+    }
+
+    fn tip(&self) -> Result<u64, annal::backend::BackendError> {
+        Ok(JetStreamLog::tip(self)?)
+    }
+
+    fn last_of(&self, target: &annal::backend::Target) -> Result<Option<u64>, annal::backend::BackendError> {
+        Ok(JetStreamLog::last_of(self, &Target::from(*target))?)
+    }
+
+    fn subscribe(&self, from: u64) -> Result<Box<dyn annal::backend::Subscription>, annal::backend::BackendError> {
+        Ok(Box::new(BackendSubscription(JetStreamLog::subscribe(self, from)?)))
+    }
+
+    /// [`JetStreamLog::max_payload`] less [`BACKEND_HEADER_ROOM`] for the headers.
+    fn max_payload(&self) -> u64 {
+        JetStreamLog::max_payload(self).saturating_sub(BACKEND_HEADER_ROOM) as u64
+    }
+}
+
+/// A [`Subscription`] as annal's.
+struct BackendSubscription(Subscription);
+
+impl annal::backend::Subscription for BackendSubscription {
+    fn next_within(
+        &mut self,
+        wait: Duration,
+    ) -> Result<Option<annal::backend::StreamMessage>, annal::backend::BackendError> {
+        Ok(self.0.next_within(wait)?.map(Into::into))
     }
 }
 
@@ -626,4 +886,30 @@ async fn open_stream(context: &jetstream::Context, options: &Options) -> Result<
 fn is_stream_not_found(e: &jetstream::context::GetStreamError) -> bool {
     matches!(e.kind(), jetstream::context::GetStreamErrorKind::JetStream(j)
         if j.error_code() == jetstream::ErrorCode::STREAM_NOT_FOUND)
+}
+
+#[cfg(test)]
+mod url_tests {
+    use super::*;
+
+    #[test]
+    fn a_url_gives_servers_credentials_tls_and_the_stream() {
+        let o = Options::from_url("tls://an%40nal:p%3Ass@h1:4222,h2:4223/LOGS?ca=/ca.pem&cert=/c.pem&key=/k.pem&replicas=1&create=false&timeout_ms=2500").unwrap();
+        assert_eq!(o.servers, vec!["tls://h1:4222".to_string(), "tls://h2:4223".to_string()]);
+        assert_eq!(o.credentials, Credentials::UserPassword { user: "an@nal".into(), password: "p:ss".into() });
+        assert!(o.tls.required);
+        assert_eq!(o.tls.ca_file, Some(PathBuf::from("/ca.pem")));
+        assert_eq!(o.tls.client_cert, Some((PathBuf::from("/c.pem"), PathBuf::from("/k.pem"))));
+        assert_eq!((o.stream.as_str(), o.subject_prefix.as_str(), o.replicas, o.create), ("LOGS", "logs", 1, false));
+        assert_eq!(o.timeout, Duration::from_millis(2500));
+        let plain = Options::from_url("nats://127.0.0.1:4222?token=t").unwrap();
+        assert!(!plain.tls.required);
+        assert_eq!((plain.stream.as_str(), plain.credentials), ("ANNAL", Credentials::Token("t".into())));
+        for bad in
+            ["127.0.0.1:4222", "http://h:1", "tls://", "tls://h:1?bogus=1", "tls://h:1?cert=/c", "tls://u:%zz@h:1"]
+        {
+            assert!(Options::from_url(bad).is_err(), "{bad}");
+        }
+        assert!(is_url("tls://h:1") && is_url("nats://h:1") && !is_url("/tmp/annal.redb"));
+    }
 }
