@@ -4,7 +4,9 @@
 //! `-malloc_limit_mb`), or loop. A record that decodes re-encodes to a record that decodes
 //! to the same value, a message that decodes re-encodes to bytes that decode to it, and
 //! an object that decompresses is at most the limit long and recompresses to bytes that
-//! decompress to it.
+//! decompress to it. The bytes also go, sealed with a valid MAC (so that they get past
+//! it), into a shared log's message decoder (`annal::shared::decode_message`): what
+//! decodes re-encodes to a message that decodes to the same records and objects.
 
 #![no_main]
 
@@ -37,6 +39,39 @@ fuzz_target!(|data: &[u8]| {
     if let Ok(message) = decode_message(data, LIMIT) {
         let bytes = encode_message(&message, LIMIT).expect("a decoded message encodes within its limit");
         assert_eq!(decode_message(&bytes, LIMIT).as_ref(), Ok(&message), "decode(encode(m)) == m");
+    }
+    // The bytes as the body of a shared log's message, sealed under each chain.
+    for chain in [&plain, &keyed] {
+        let mut sealed = data.to_vec();
+        sealed.extend_from_slice(&chain.next(&annal_codec::ChainHash([0; 32]), data).0);
+        if let Ok(m) = annal::shared::decode_message(&sealed, chain, LIMIT, LIMIT) {
+            let entries: Vec<_> = m
+                .records
+                .iter()
+                .enumerate()
+                .map(|(i, r)| {
+                    // Every object rides with the first record, raw.
+                    let mut row = Vec::new();
+                    if i == 0 {
+                        for (id, bytes) in &m.objects {
+                            content::push_entry(&mut row, id, bytes);
+                        }
+                    }
+                    (r.clone(), row)
+                })
+                .collect();
+            if let Ok(bytes) = annal::shared::encode_message(&entries, chain, LIMIT + 64) {
+                let again = annal::shared::decode_message(&bytes, chain, LIMIT + 64, LIMIT).expect("re-encoded decodes");
+                let zeroed: Vec<_> = m.records.iter().cloned().map(|mut r| {
+                    r.seq = 0;
+                    r
+                }).collect();
+                assert_eq!(again.records, zeroed, "decode(encode(m)) keeps the records (at seq 0)");
+                if !m.records.is_empty() {
+                    assert_eq!(again.objects, m.objects, "and the objects");
+                }
+            }
+        }
     }
     // The bytes as a content row: every entry's canonical bytes, which hash or not.
     for entry in content::entries(data, LIMIT) {

@@ -21,7 +21,25 @@
 //!
 //! [`JetStreamLog`] implements annal's [`LogBackend`](annal::backend::LogBackend): an
 //! engine whose hosts share their log (`annal::Engine::open_shared`) can keep it on the
-//! stream. The trait's types convert to and from this crate's one for one (`From`
+//! stream:
+//!
+//! ```no_run
+//! use std::sync::Arc;
+//!
+//! fn main() -> Result<(), Box<dyn std::error::Error>> {
+//!     let url = "tls://annal:secret@10.0.0.1:4222,10.0.0.2:4222,10.0.0.3:4222/ANNAL?ca=/etc/annal/ca.pem";
+//!     let stream = annal_jetstream::JetStreamLog::connect(&annal_jetstream::Options::from_url(url)?)?;
+//!     let key = [7u8; 32]; // the chain key: every host the same
+//!     let options = annal::Options { chain_key: Some(key), ..Default::default() };
+//!     let engine = annal::Engine::open_shared("/var/lib/annal/host.redb", options, Arc::new(stream))?;
+//!     // The same commands and queries as an embedded engine: each command is published to
+//!     // the stream, and answered once this host's fold has taken it in.
+//!     engine.close()?;
+//!     Ok(())
+//! }
+//! ```
+//!
+//! The trait's types convert to and from this crate's one for one (`From`
 //! impls); [`LogBackend::max_payload`](annal::backend::LogBackend::max_payload) leaves
 //! room for the headers a publish carries ([`BACKEND_HEADER_ROOM`]).
 //!

@@ -5,7 +5,8 @@
 //! `t<t>-r<r>` for every round `r` to session `t mod sessions`, each against the head
 //! it reads, and retries the same turn after a conflict until it is in, so that every
 //! host running the same script commits the same turns, each exactly once over all of
-//! them. It writes one line per attempt to `--report`, then a summary.
+//! them (`--offset` gives a host sessions of its own instead). It writes one line per
+//! attempt to `--report`, then a summary.
 //!
 //! Report lines (space-separated):
 //! - `committed <turn> <session> <parent revision> <seq> <latency µs>`
@@ -44,6 +45,10 @@ struct Args {
     /// Shared sessions (created if missing).
     #[arg(long, default_value_t = 4)]
     sessions: u64,
+    /// The script's first session: hosts with offsets `sessions` apart commit to
+    /// sessions of their own.
+    #[arg(long, default_value_t = 0)]
+    offset: u64,
     /// Committer threads.
     #[arg(long, default_value_t = 16)]
     threads: usize,
@@ -130,7 +135,7 @@ fn run(args: &Args) -> Result<(), String> {
         let mut r = report.lock().unwrap();
         let _ = writeln!(r, "{s}");
     };
-    for i in 0..args.sessions {
+    for i in args.offset..args.offset + args.sessions {
         let c = CreateSession::with_id(session(i)).message(Message::system("a shared session"));
         loop {
             match engine.create_session(c.clone()) {
@@ -145,7 +150,7 @@ fn run(args: &Args) -> Result<(), String> {
     }
     // Every host waits for every session before it starts.
     let deadline = Instant::now() + Duration::from_secs(60);
-    while (0..args.sessions).any(|i| !matches!(engine.head(session(i)), Ok(Some(_)))) {
+    while (args.offset..args.offset + args.sessions).any(|i| !matches!(engine.head(session(i)), Ok(Some(_)))) {
         if Instant::now() > deadline {
             return Err("the sessions did not arrive".into());
         }
@@ -178,7 +183,7 @@ fn run(args: &Args) -> Result<(), String> {
         for t in 0..args.threads {
             let (engine, line, latencies, counts) = (&engine, &line, &latencies, &counts);
             threads.push(scope.spawn(move || -> Result<(), String> {
-                let s = session(t as u64 % args.sessions);
+                let s = session(args.offset + t as u64 % args.sessions);
                 let body = |what: &str, r: usize| {
                     let mut text = format!("{what} of thread {t} round {r} ");
                     while text.len() < args.body {
