@@ -61,11 +61,17 @@ fuzz_target!(|data: &[u8]| {
                 })
                 .collect();
             if let Ok(bytes) = annal::shared::encode_message(&entries, chain, LIMIT + 64) {
-                let again = annal::shared::decode_message(&bytes, chain, LIMIT + 64, LIMIT).expect("re-encoded decodes");
-                let zeroed: Vec<_> = m.records.iter().cloned().map(|mut r| {
-                    r.seq = 0;
-                    r
-                }).collect();
+                let again =
+                    annal::shared::decode_message(&bytes, chain, LIMIT + 64, LIMIT).expect("re-encoded decodes");
+                let zeroed: Vec<_> = m
+                    .records
+                    .iter()
+                    .cloned()
+                    .map(|mut r| {
+                        r.seq = 0;
+                        r
+                    })
+                    .collect();
                 assert_eq!(again.records, zeroed, "decode(encode(m)) keeps the records (at seq 0)");
                 if !m.records.is_empty() {
                     assert_eq!(again.objects, m.objects, "and the objects");

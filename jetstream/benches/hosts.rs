@@ -95,7 +95,10 @@ fn main() {
         args
     };
     println!("{THREADS} committers a host, {rounds} turns each, two messages of {body} bytes a turn");
-    println!("{:<26} {:>10} {:>9} {:>9} {:>12} {:>9}", "mode", "commits/s", "p50 ms", "p99 ms", "max lag", "vs embedded");
+    println!(
+        "{:<26} {:>10} {:>9} {:>9} {:>12} {:>9}",
+        "mode", "commits/s", "p50 ms", "p99 ms", "max lag", "vs embedded"
+    );
     let ms = |s: &std::collections::BTreeMap<String, String>, k: &str| s[k].parse::<f64>().unwrap() / 1000.0;
     for round in 0..repeats {
         let embedded = {
