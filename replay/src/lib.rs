@@ -45,6 +45,7 @@ pub mod inspect;
 pub mod progress;
 pub mod purge;
 pub mod rebuild;
+pub mod stream;
 pub mod verify;
 
 use annal::{Limits, Reader};

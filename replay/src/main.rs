@@ -6,7 +6,7 @@ use annal_replay::inspect::LogQuery;
 use annal_replay::rebuild::RebuildOptions;
 use annal_replay::verify::VerifyOptions;
 use annal_replay::{
-    compact, demo, export, graph, inspect, open_reader, parse_session, purge, read_key_file, rebuild, verify,
+    compact, demo, export, graph, inspect, open_reader, parse_session, purge, read_key_file, rebuild, stream, verify,
 };
 use annal_replay::{CliError, Exit, Result};
 use clap::{Parser, Subcommand, ValueEnum};
@@ -27,8 +27,24 @@ static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
 /// open the file read-only and work beside a live host that has it open for writing.
 /// rebuild, import and compact need the file to themselves.
 ///
+/// verify, export and stats also take the JetStream stream of a shared log in place of
+/// the file: the whole stream is folded into a temporary host, and the command works on
+/// that host's files (verify first checks every message of the stream). rebuild FILE
+/// --from URL makes a host's files again from its stream. A stream URL reads:
+///
+///   tls://[USER[:PASSWORD]@]HOST:PORT[,HOST:PORT...][/STREAM][?KEY=VALUE&...]
+///
+/// for example tls://annal:secret@10.0.0.1:4222,10.0.0.2:4222/ANNAL?ca=/etc/annal/ca.pem
+/// (nats:// for servers without TLS; the user and password may be percent-encoded; the
+/// stream is ANNAL by default). Keys: ca (a PEM file of CAs to trust), cert and key (a
+/// client certificate and its key, for mutual TLS), creds (a credentials file), nkey (a
+/// file holding an NKey seed), token, prefix (the subject prefix), replicas, create,
+/// timeout_ms. A command never creates the stream unless the URL says create=true. The
+/// chain key (--key-file) is the hosts' one.
+///
 /// Exit codes: 0 ok, 1 a finding (corruption, failed verification, data that cannot be
-/// imported), 2 a usage error (bad arguments, ids or paths).
+/// imported, a forged or malformed message on a stream), 2 a usage error (bad arguments,
+/// ids or paths, a stream that cannot be reached or refuses the credentials).
 #[derive(Parser, Debug)]
 #[command(name = "annal", version, about, long_about)]
 struct Cli {
@@ -59,8 +75,18 @@ enum Command {
     },
     /// Check sequence density, the record chain, schema versions, content ids,
     /// recomputed revisions and the meta tip; report every finding with its location.
+    ///
+    /// Given a stream URL (see `annal --help` for its form), first walk the stream and
+    /// check that it is dense and that every message authenticates under the chain key
+    /// and decodes: a forged or malformed message, which every host voids, is a finding
+    /// named by its stream sequence. Then fold the whole stream into a temporary host
+    /// and verify its files as a file is verified (--deep and --expect-tip apply to
+    /// them). --json prints {"clean", "stream": {url, messages, records, forged,
+    /// malformed, tip}, "file": the file's report}.
     Verify {
-        /// The database file.
+        /// The database file, or a stream URL
+        /// (tls://USER:PASSWORD@HOST:PORT[,HOST:PORT]/STREAM?ca=FILE).
+        #[arg(value_name = "DB|URL")]
         db: PathBuf,
         /// Key of a keyed chain: 32 raw bytes or 64 hex digits.
         #[arg(long)]
@@ -77,13 +103,25 @@ enum Command {
         json: bool,
     },
     /// Drop projections and fold them again from the log, in one durable transaction.
+    ///
+    /// With --from URL, make a shared log's host's files again from its stream (see
+    /// `annal --help` for the URL's form): the whole stream is folded into new files
+    /// beside the host's, which are then renamed over the host's log file and its
+    /// projections file. All or nothing: on a failure the old files are left as they
+    /// were. The host may not exist yet; drafts, which never go to the stream, are not
+    /// kept.
     Rebuild {
-        /// The database file (no other process may have it open).
+        /// The database file, or with --from the host's file (no other process may have
+        /// it open).
         db: PathBuf,
         /// A projection to rebuild (repeatable): heads, transcript, graph, context,
         /// turns, usage, labels, tools. All of them by default.
         #[arg(long = "projection", value_name = "NAME")]
         projections: Vec<String>,
+        /// Rebuild the host's whole files from this stream
+        /// (tls://USER:PASSWORD@HOST:PORT[,HOST:PORT]/STREAM?ca=FILE).
+        #[arg(long, value_name = "URL", conflicts_with = "projections")]
+        from: Option<String>,
         /// Key of a keyed chain: 32 raw bytes or 64 hex digits.
         #[arg(long)]
         key_file: Option<PathBuf>,
@@ -138,8 +176,13 @@ enum Command {
         key_file: Option<PathBuf>,
     },
     /// Write events as JSON Lines, one event per line, content inlined.
+    ///
+    /// Given a stream URL (see `annal --help` for its form), fold the whole stream into
+    /// a temporary host and export its files: the records every host holds.
     Export {
-        /// The database file.
+        /// The database file, or a stream URL
+        /// (tls://USER:PASSWORD@HOST:PORT[,HOST:PORT]/STREAM?ca=FILE).
+        #[arg(value_name = "DB|URL")]
         db: PathBuf,
         /// Only this session (repeatable): a session export, which `annal import` copies
         /// into a database that holds other sessions.
@@ -245,12 +288,22 @@ enum Command {
         format: GraphFormat,
     },
     /// Count events by kind, content objects, bytes saved by deduplication, file size.
+    ///
+    /// Given a stream URL (see `annal --help` for its form), fold the whole stream into
+    /// a temporary host and count its files; the stream's tip and message count come
+    /// first (under "stream" with --json).
     Stats {
-        /// The database file.
+        /// The database file, or a stream URL
+        /// (tls://USER:PASSWORD@HOST:PORT[,HOST:PORT]/STREAM?ca=FILE).
+        #[arg(value_name = "DB|URL")]
         db: PathBuf,
         /// Print JSON.
         #[arg(long)]
         json: bool,
+        /// Key of a keyed chain: 32 raw bytes or 64 hex digits (needed to fold a keyed
+        /// stream).
+        #[arg(long)]
+        key_file: Option<PathBuf>,
     },
 }
 
@@ -270,7 +323,39 @@ fn print_json(value: &serde_json::Value) -> Result<()> {
     print(&format!("{text}\n"))
 }
 
+/// Refuses a stream URL where a command takes only a database file.
+fn file_only(db: &Path, command: &str) -> Result<()> {
+    match stream::url_of(db) {
+        Some(url) => Err(CliError::usage(format!(
+            "{command} takes a database file, not a stream ({}); fold the stream into a host's files with \
+             `annal rebuild FILE --from URL`",
+            stream::redact(url)
+        ))),
+        None => Ok(()),
+    }
+}
+
 fn run(cli: Cli) -> Result<Exit> {
+    let file = match &cli.command {
+        Command::Migrate { db, .. } => Some((db, "migrate")),
+        Command::Compact { db, .. } => Some((db, "compact")),
+        Command::Purge { db, .. } => Some((db, "purge")),
+        Command::Gc { db, .. } => Some((db, "gc")),
+        Command::Import { db, .. } => Some((db, "import")),
+        Command::Sessions { db, .. } => Some((db, "sessions")),
+        Command::Inspect { db, .. } => Some((db, "inspect")),
+        Command::Transcript { db, .. } => Some((db, "transcript")),
+        Command::Log { db, .. } => Some((db, "log")),
+        Command::Graph { db, .. } => Some((db, "graph")),
+        Command::Rebuild { db, from: None, .. } => Some((db, "rebuild")),
+        Command::Rebuild { db, from: Some(_), .. } if stream::url_of(db).is_some() => {
+            return Err(CliError::usage("rebuild --from URL takes the host's file, not a stream"));
+        }
+        _ => None,
+    };
+    if let Some((db, command)) = file {
+        file_only(db, command)?;
+    }
     match cli.command {
         Command::Demo { db, sessions } => {
             let report = demo::demo(&demo::DemoOptions { db, sessions, progress: true })?;
@@ -283,6 +368,15 @@ fn run(cli: Cli) -> Result<Exit> {
                 Some(h) => Some(h.parse().map_err(|e| CliError::usage(format!("--expect-tip: {e}")))?),
             };
             let opts = VerifyOptions { key: key(&key_file)?, deep, expect_tip, progress: true };
+            if let Some(url) = stream::url_of(&db) {
+                let report = stream::verify(url, &opts)?;
+                if json {
+                    print_json(&report.to_json())?;
+                } else {
+                    print(&report.render())?;
+                }
+                return Ok(if report.is_clean() { Exit::Ok } else { Exit::Finding });
+            }
             let report = verify::verify(&db, &opts)?;
             if json {
                 print_json(&report.to_json())?;
@@ -322,7 +416,11 @@ fn run(cli: Cli) -> Result<Exit> {
             print(&purge::render(&purge::gc(&db, key(&key_file)?)?))?;
             Ok(Exit::Ok)
         }
-        Command::Rebuild { db, projections, key_file } => {
+        Command::Rebuild { db, from: Some(url), key_file, .. } => {
+            print(&stream::rebuild_from(&db, &url, key(&key_file)?, true)?.render())?;
+            Ok(Exit::Ok)
+        }
+        Command::Rebuild { db, projections, key_file, from: None } => {
             let projections = rebuild::parse_projections(&projections)?;
             let report = rebuild::rebuild(&db, &RebuildOptions { projections, key: key(&key_file)?, progress: true })?;
             print(&report.render())?;
@@ -330,10 +428,16 @@ fn run(cli: Cli) -> Result<Exit> {
         }
         Command::Export { db, sessions, ancestry, key_file } => {
             let sessions = sessions.iter().map(|s| parse_session(s)).collect::<Result<Vec<_>>>()?;
+            let key = key(&key_file)?;
+            let folded = stream::url_of(&db).map(|url| stream::fold(url, key, true)).transpose()?;
+            if let Some(warning) = folded.as_ref().and_then(stream::Folded::warning) {
+                eprintln!("annal: {warning}");
+            }
+            let db = folded.as_ref().map_or(db.as_path(), |f| f.path.as_path());
             let mut out = std::io::BufWriter::new(std::io::stdout().lock());
             match sessions.is_empty() {
-                true => export::export(&db, key(&key_file)?, &[], &mut out, true)?,
-                false => export::export_sessions(&db, key(&key_file)?, &sessions, ancestry, &mut out, true)?,
+                true => export::export(db, key, &[], &mut out, true)?,
+                false => export::export_sessions(db, key, &sessions, ancestry, &mut out, true)?,
             };
             Ok(Exit::Ok)
         }
@@ -406,12 +510,33 @@ fn run(cli: Cli) -> Result<Exit> {
             print(&graph::render(&g, format)?)?;
             Ok(Exit::Ok)
         }
-        Command::Stats { db, json } => {
-            let stats = inspect::stats(&open_reader(&db, None)?, Path::new(&db))?;
+        Command::Stats { db, json, key_file } => {
+            let key = key(&key_file)?;
+            let Some(url) = stream::url_of(&db) else {
+                let stats = inspect::stats(&open_reader(&db, key)?, Path::new(&db))?;
+                if json {
+                    print_json(&stats.to_json())?;
+                } else {
+                    print(&stats.render())?;
+                }
+                return Ok(Exit::Ok);
+            };
+            let folded = stream::fold(url, key, true)?;
+            if let Some(warning) = folded.warning() {
+                eprintln!("annal: {warning}");
+            }
+            let stats = inspect::stats(&open_reader(&folded.path, key)?, &folded.path)?;
             if json {
-                print_json(&stats.to_json())?;
+                let mut value = stats.to_json();
+                value["stream"] = serde_json::json!({
+                    "url": stream::redact(url),
+                    "tip": folded.tip,
+                    "messages": folded.tip,
+                    "records": folded.records,
+                });
+                print_json(&value)?;
             } else {
-                print(&stats.render())?;
+                print(&format!("{}{}", stream::render_tip(url, &folded), stats.render()))?;
             }
             Ok(Exit::Ok)
         }
