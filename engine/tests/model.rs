@@ -36,8 +36,8 @@ mod ops;
 mod reference;
 
 use annal::*;
-use check::{compare_all, learn_clock, ok, same, Checked};
-use ops::{in_universe, limits, policy, resolve, sequence, AtOpen, History, Op, Policy};
+use check::{compare_all, execute, learn_clock, ok, same, Checked};
+use ops::{limits, policy, resolve, sequence, AtOpen, History, Op, Policy};
 use proptest::prelude::*;
 use proptest::test_runner::TestCaseError;
 use reference::{carried_content, Model};
@@ -67,40 +67,6 @@ fn open(path: &Path, policy: Policy, clock: &ManualClock) -> Checked<Engine> {
 
 fn io<T>(r: std::io::Result<T>, what: &str) -> Checked<T> {
     r.map_err(|e| TestCaseError::fail(format!("{what}: {e}")))
-}
-
-/// Runs `command` on the engine, through the typed method where one returns the whole
-/// outcome. A fork to a fresh id goes through `fork_at` or `fork_replace`, which pick
-/// the id themselves: the command is returned with the id the engine picked.
-fn execute(engine: &Engine, command: Command) -> (Command, annal::Result<Outcome>) {
-    let created = |r: SessionReceipt| Outcome::Created { session: r.session, receipt: r.receipt };
-    match command {
-        Command::Batch(members) => {
-            let got = engine.batch(members.clone()).map(Outcome::Batch);
-            (Command::Batch(members), got)
-        }
-        Command::Fork(mut f) if f.labels.is_none() && !in_universe(&f.session) => {
-            let got = match f.replacement.clone() {
-                None => engine.fork_at(f.parent, f.index),
-                Some(m) => engine.fork_replace(f.parent, f.index, m),
-            };
-            if let Ok(r) = &got {
-                f.session = r.session;
-            }
-            (Command::Fork(f), got.map(created))
-        }
-        Command::CreateSession(c) => (Command::CreateSession(c.clone()), engine.create_session(c).map(created)),
-        Command::CommitTurn(c) => {
-            let got = engine.commit_turn(c.clone()).map(|t| match t {
-                TurnOutcome::Committed(r) => Outcome::Committed(r),
-                TurnOutcome::AlreadyCommitted(r) => Outcome::AlreadyCommitted(r),
-            });
-            (Command::CommitTurn(c), got)
-        }
-        Command::Rewrite(c) => (Command::Rewrite(c.clone()), engine.rewrite(c).map(Outcome::Rewritten)),
-        Command::Restore(c) => (Command::Restore(c.clone()), engine.restore(c).map(Outcome::Rewritten)),
-        other => (other.clone(), engine.execute(other)),
-    }
 }
 
 /// Checks the projections against a rebuild from the log (which leaves them rebuilt).
@@ -254,13 +220,8 @@ fn run(first: Policy, ops: &[Op]) -> Checked {
     ok(engine.close(), "close")
 }
 
-fn config() -> ProptestConfig {
-    let cases = std::env::var("PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(CASES_DEFAULT);
-    ProptestConfig { cases, failure_persistence: None, ..ProptestConfig::default() }
-}
-
 proptest! {
-    #![proptest_config(config())]
+    #![proptest_config(check::config(CASES_DEFAULT))]
 
     #[test]
     fn engine_agrees_with_the_model(first in policy(), ops in sequence(OPS_MAX)) {

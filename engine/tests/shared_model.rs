@@ -23,8 +23,8 @@ mod reference;
 
 use annal::backend::{LogBackend, RedbStream};
 use annal::*;
-use check::{compare_all, learn_clock, ok, same, Checked};
-use ops::{in_universe, limits, policy, resolve, sequence, AtOpen, History, Op, Policy};
+use check::{compare_all, execute, learn_clock, ok, same, Checked};
+use ops::{limits, policy, resolve, sequence, AtOpen, History, Op, Policy};
 use proptest::prelude::*;
 use proptest::test_runner::TestCaseError;
 use reference::{carried_content, Model};
@@ -74,35 +74,6 @@ fn host_bound(command: &Command) -> bool {
         | Command::DiscardDraft { .. } => true,
         Command::CommitTurn(c) => c.draft.is_some() || !c.inputs.is_empty(),
         _ => false,
-    }
-}
-
-/// Runs `command` through the typed method, as `model.rs` does.
-fn execute(engine: &Engine, command: Command) -> (Command, annal::Result<Outcome>) {
-    let created = |r: SessionReceipt| Outcome::Created { session: r.session, receipt: r.receipt };
-    match command {
-        Command::Batch(members) => {
-            let got = engine.batch(members.clone()).map(Outcome::Batch);
-            (Command::Batch(members), got)
-        }
-        Command::Fork(mut f) if f.labels.is_none() && !in_universe(&f.session) => {
-            let got = match f.replacement.clone() {
-                None => engine.fork_at(f.parent, f.index),
-                Some(m) => engine.fork_replace(f.parent, f.index, m),
-            };
-            if let Ok(r) = &got {
-                f.session = r.session;
-            }
-            (Command::Fork(f), got.map(created))
-        }
-        Command::CommitTurn(c) => {
-            let got = engine.commit_turn(c.clone()).map(|t| match t {
-                TurnOutcome::Committed(r) => Outcome::Committed(r),
-                TurnOutcome::AlreadyCommitted(r) => Outcome::AlreadyCommitted(r),
-            });
-            (Command::CommitTurn(c), got)
-        }
-        other => (other.clone(), engine.execute(other)),
     }
 }
 
@@ -199,13 +170,8 @@ fn run(first: Policy, ops: &[Op], routes: &[bool]) -> Checked {
     Ok(())
 }
 
-fn config() -> ProptestConfig {
-    let cases = std::env::var("PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(CASES_DEFAULT);
-    ProptestConfig { cases, failure_persistence: None, ..ProptestConfig::default() }
-}
-
 proptest! {
-    #![proptest_config(config())]
+    #![proptest_config(check::config(CASES_DEFAULT))]
 
     #[test]
     fn hosts_of_a_shared_log_agree_with_the_model(

@@ -28,6 +28,7 @@
 //! schedule printed), and the ignored `simulation_long` runs for `SIM_MINUTES` minutes
 //! (default 10). A failing seed prints the one command that replays it.
 
+#[allow(dead_code)] // the model tests use the rest
 #[path = "model/check.rs"]
 mod check;
 #[allow(dead_code)] // the model test uses the rest

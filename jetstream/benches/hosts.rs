@@ -73,12 +73,6 @@ fn run(work: &Path, name: &str, hosts: Vec<Vec<String>>) -> Vec<std::collections
     reports.iter().map(|r| summary(r)).collect()
 }
 
-fn url(cluster: &cluster::Cluster, stream: &str) -> String {
-    let (user, password) = cluster.user();
-    let hosts: Vec<String> = (0..3).map(|i| cluster.url(i).trim_start_matches("tls://").to_string()).collect();
-    format!("tls://{user}:{password}@{}/{stream}?ca={}", hosts.join(","), cluster.ca_file().display())
-}
-
 fn main() {
     if std::env::args().any(|a| a == "--list") {
         return;
@@ -119,14 +113,14 @@ fn main() {
         print("embedded, durable", &embedded, base);
         let stream = format!("ONE{round}");
         let mut args = common(0);
-        args.extend(["--url".into(), url(&cluster, &stream)]);
+        args.extend(["--url".into(), cluster.stream_url(&stream)]);
         let one = run(work.path(), &format!("one{round}"), vec![args]).remove(0);
         print("1 host", &one, one["commits_per_s"].parse().unwrap());
         let stream = format!("TWO{round}");
         let hosts: Vec<Vec<String>> = (0..2)
             .map(|h| {
                 let mut args = common(h * THREADS);
-                args.extend(["--url".into(), url(&cluster, &stream)]);
+                args.extend(["--url".into(), cluster.stream_url(&stream)]);
                 args
             })
             .collect();

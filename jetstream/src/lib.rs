@@ -39,8 +39,8 @@
 //! }
 //! ```
 //!
-//! The trait's types convert to and from this crate's one for one (`From`
-//! impls); [`LogBackend::max_payload`](annal::backend::LogBackend::max_payload) leaves
+//! The client's message types are the trait's own ([`Append`] is its `Publish`,
+//! [`Outcome`] its `Published`); [`LogBackend::max_payload`](annal::backend::LogBackend::max_payload) leaves
 //! room for the headers a publish carries ([`BACKEND_HEADER_ROOM`]).
 //!
 //! ```no_run
@@ -320,56 +320,10 @@ fn percent_decode(s: &str) -> std::result::Result<String, String> {
     String::from_utf8(out).map_err(|_| format!("{s:?} is not UTF-8"))
 }
 
-/// What a message writes: one session, or several (a command that spans sessions).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Target {
-    /// One session: subject `<prefix>.s.<session id in hex>`.
-    Session(SessionId),
-    /// Several sessions: subject `<prefix>.x`.
-    Many,
-}
-
-/// The state of its subject that a message was decided under.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Expected {
-    /// Any: the server checks nothing.
-    Any,
-    /// The subject holds no message yet.
-    NoMessage,
-    /// The subject's last message is at this stream sequence.
-    Last(u64),
-}
-
-/// One message to append.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Append {
-    /// Its subject.
-    pub target: Target,
-    /// Its bytes.
-    pub payload: Vec<u8>,
-    /// What its subject must hold for the server to store it.
-    pub expected: Expected,
-    /// Its idempotency key (`Nats-Msg-Id`): within the stream's duplicate window, a
-    /// second message with the same key is not stored again, and is acknowledged with
-    /// the first one's sequence.
-    pub msg_id: Option<String>,
-}
-
-/// What became of one appended message.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Outcome {
-    /// Stored at `seq`, or stored before (`duplicate`: its `msg_id` was seen within the
-    /// duplicate window, and `seq` is the first copy's).
-    Stored {
-        /// The stream sequence.
-        seq: u64,
-        /// The servers had it already.
-        duplicate: bool,
-    },
-    /// Refused: its subject did not hold what [`Append::expected`] said. Nothing was
-    /// stored.
-    Conflict,
-}
+/// What a message writes, the state of its subject it was decided under, one message to
+/// append, and what became of it: annal's own [`LogBackend`](annal::backend::LogBackend)
+/// types, under the names this client has always used.
+pub use annal::backend::{Expected, Publish as Append, Published as Outcome, Target};
 
 /// A message read from the stream.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -680,58 +634,10 @@ impl Subscription {
 /// [`BackendError::TooLarge`](annal::backend::BackendError::TooLarge) counting headers.
 pub const BACKEND_HEADER_ROOM: usize = 256;
 
-/// A session is a session; several sessions are several sessions.
-impl From<annal::backend::Target> for Target {
-    fn from(target: annal::backend::Target) -> Target {
-        match target {
-            annal::backend::Target::Session(s) => Target::Session(s),
-            annal::backend::Target::Many => Target::Many,
-        }
-    }
-}
-
-/// A session is a session; several sessions are several sessions.
-impl From<Target> for annal::backend::Target {
-    fn from(target: Target) -> annal::backend::Target {
-        match target {
-            Target::Session(s) => annal::backend::Target::Session(s),
-            Target::Many => annal::backend::Target::Many,
-        }
-    }
-}
-
-/// The same expectation.
-impl From<annal::backend::Expected> for Expected {
-    fn from(expected: annal::backend::Expected) -> Expected {
-        match expected {
-            annal::backend::Expected::Any => Expected::Any,
-            annal::backend::Expected::NoMessage => Expected::NoMessage,
-            annal::backend::Expected::Last(seq) => Expected::Last(seq),
-        }
-    }
-}
-
-/// The same message, subject, expectation and idempotency key.
-impl From<annal::backend::Publish> for Append {
-    fn from(p: annal::backend::Publish) -> Append {
-        Append { target: p.target.into(), payload: p.payload, expected: p.expected.into(), msg_id: p.msg_id }
-    }
-}
-
-/// The same outcome.
-impl From<Outcome> for annal::backend::Published {
-    fn from(outcome: Outcome) -> annal::backend::Published {
-        match outcome {
-            Outcome::Stored { seq, duplicate } => annal::backend::Published::Stored { seq, duplicate },
-            Outcome::Conflict => annal::backend::Published::Conflict,
-        }
-    }
-}
-
 /// The same message, without its idempotency key (the trait does not read it back).
 impl From<StoredMessage> for annal::backend::StreamMessage {
     fn from(m: StoredMessage) -> annal::backend::StreamMessage {
-        annal::backend::StreamMessage { seq: m.seq, target: m.target.into(), payload: m.payload }
+        annal::backend::StreamMessage { seq: m.seq, target: m.target, payload: m.payload }
     }
 }
 
@@ -753,12 +659,12 @@ impl From<Error> for annal::backend::BackendError {
 }
 
 /// The client as annal's shared log: each call is the inherent method of the same name,
-/// its types converted.
+/// errors converted.
 impl annal::backend::LogBackend for JetStreamLog {
     /// Refuses a batch with a payload over [`LogBackend::max_payload`](annal::backend::LogBackend::max_payload)
     /// before sending any of it; then [`JetStreamLog::append`]. The servers check an
     /// expectation against the messages they have applied: an
-    /// [`Expected::Last`](annal::backend::Expected::Last) that names a message of the
+    /// [`Expected::Last`] that names a message of the
     /// same batch, still in flight, can be refused
     /// ([`Published::Conflict`](annal::backend::Published::Conflict)).
     fn append(
@@ -769,8 +675,7 @@ impl annal::backend::LogBackend for JetStreamLog {
         if let Some(p) = batch.iter().find(|p| p.payload.len() as u64 > max) {
             return Err(annal::backend::BackendError::TooLarge { size: p.payload.len() as u64, max });
         }
-        let outcomes = JetStreamLog::append(self, batch.into_iter().map(Append::from).collect())?;
-        Ok(outcomes.into_iter().map(Into::into).collect())
+        Ok(JetStreamLog::append(self, batch)?)
     }
 
     fn read(&self, from: u64, max: usize) -> Result<Vec<annal::backend::StreamMessage>, annal::backend::BackendError> {
@@ -782,7 +687,7 @@ impl annal::backend::LogBackend for JetStreamLog {
     }
 
     fn last_of(&self, target: &annal::backend::Target) -> Result<Option<u64>, annal::backend::BackendError> {
-        Ok(JetStreamLog::last_of(self, &Target::from(*target))?)
+        Ok(JetStreamLog::last_of(self, target)?)
     }
 
     fn subscribe(&self, from: u64) -> Result<Box<dyn annal::backend::Subscription>, annal::backend::BackendError> {

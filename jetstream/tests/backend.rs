@@ -6,21 +6,9 @@ mod cluster;
 
 use annal::backend::{BackendError, Expected, LogBackend, Publish, Published, Target};
 use annal_codec::SessionId;
-use annal_jetstream::{Credentials, JetStreamLog, Options, Tls};
+use annal_jetstream::JetStreamLog;
 use cluster::Cluster;
 use std::time::{Duration, Instant};
-
-fn options(cluster: &Cluster, stream: &str) -> Options {
-    let (user, password) = cluster.user();
-    Options {
-        servers: cluster.urls(),
-        credentials: Credentials::UserPassword { user, password },
-        tls: Tls { required: true, ca_file: Some(cluster.ca_file()), client_cert: None },
-        stream: stream.into(),
-        subject_prefix: stream.to_lowercase(),
-        ..Options::default()
-    }
-}
 
 fn publish(target: Target, payload: &str, expected: Expected, msg_id: Option<&str>) -> Publish {
     Publish { target, payload: payload.as_bytes().to_vec(), expected, msg_id: msg_id.map(Into::into) }
@@ -33,7 +21,7 @@ fn stored(seq: u64) -> Published {
 #[test]
 fn the_client_is_a_log_backend_with_expectations_keys_reads_subscriptions_and_a_payload_limit() {
     let cluster = Cluster::start();
-    let log = JetStreamLog::connect(&options(&cluster, "BACKEND")).unwrap();
+    let log = JetStreamLog::connect(&cluster.client_options("BACKEND")).unwrap();
     let backend: &dyn LogBackend = &log;
     let (a, b) = (Target::Session(SessionId([1; 16])), Target::Session(SessionId([2; 16])));
     let wait = Duration::from_secs(10);

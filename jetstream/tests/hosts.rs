@@ -5,7 +5,7 @@
 
 mod cluster;
 
-use annal::{EventQuery, Limits, Options, Reader, StoredEvent};
+use annal::{Options, StoredEvent};
 use cluster::Cluster;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -19,13 +19,6 @@ const SESSIONS: u64 = 4;
 
 fn key() -> [u8; 32] {
     [0x4b; 32]
-}
-
-/// The URL of the cluster's stream `stream`, with the ANNAL account's user.
-fn url(cluster: &Cluster, stream: &str) -> String {
-    let (user, password) = cluster.user();
-    let hosts: Vec<String> = (0..3).map(|i| cluster.url(i).trim_start_matches("tls://").to_string()).collect();
-    format!("tls://{user}:{password}@{}/{stream}?ca={}", hosts.join(","), cluster.ca_file().display())
 }
 
 /// An `annal-load` process, killed if the test ends before it does.
@@ -97,27 +90,16 @@ fn wait_until(what: &str, timeout: Duration, mut ok: impl FnMut() -> bool) {
     }
 }
 
-/// Every event of a host's files, read offline.
 fn events(path: &Path) -> (Vec<StoredEvent>, Vec<annal::TableDigest>) {
-    let reader = Reader::open(path, Limits::default(), Some(key())).unwrap();
-    let mut out = Vec::new();
-    let mut from_seq = 1;
-    loop {
-        let page = reader.events(EventQuery { from_seq, max_events: 512, max_bytes: 8 << 20 }).unwrap();
-        out.extend(page.events);
-        if !page.has_more {
-            break;
-        }
-        from_seq = page.next_seq;
-    }
-    (out, reader.projection_digests().unwrap())
+    cluster::host_files(path, key())
 }
 
 /// A new host, in this process, folds the whole stream; returns its file.
 fn new_host(cluster: &Cluster, stream: &str, dir: &Path) -> PathBuf {
-    let client =
-        annal_jetstream::JetStreamLog::connect(&annal_jetstream::Options::from_url(&url(cluster, stream)).unwrap())
-            .unwrap();
+    let client = annal_jetstream::JetStreamLog::connect(
+        &annal_jetstream::Options::from_url(&cluster.stream_url(stream)).unwrap(),
+    )
+    .unwrap();
     let tip = client.tip().unwrap();
     std::fs::create_dir_all(dir).unwrap();
     let path = dir.join("host.redb");
@@ -173,7 +155,7 @@ fn two_host_processes_race_while_a_server_dies_and_a_new_host_folds_the_same_log
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let mut cluster = Cluster::start();
     let work = tempfile::tempdir().unwrap();
-    let url = url(&cluster, "RACE");
+    let url = cluster.stream_url("RACE");
     const ROUNDS: usize = 40;
     let (ra, rb) = (work.path().join("a.txt"), work.path().join("b.txt"));
     let mut a = load(&url, &work.path().join("a"), ROUNDS, &ra);
@@ -202,7 +184,7 @@ fn a_host_killed_mid_run_catches_up_and_matches_the_other_byte_for_byte() {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let cluster = Cluster::start();
     let work = tempfile::tempdir().unwrap();
-    let url = url(&cluster, "KILL");
+    let url = cluster.stream_url("KILL");
     const ROUNDS: usize = 40;
     let (ra, rb, rb2) = (work.path().join("a.txt"), work.path().join("b.txt"), work.path().join("b2.txt"));
     let mut a = load(&url, &work.path().join("a"), ROUNDS, &ra);

@@ -11,18 +11,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-fn options(cluster: &Cluster, stream: &str) -> Options {
-    let (user, password) = cluster.user();
-    Options {
-        servers: cluster.urls(),
-        credentials: Credentials::UserPassword { user, password },
-        tls: Tls { required: true, ca_file: Some(cluster.ca_file()), client_cert: None },
-        stream: stream.into(),
-        subject_prefix: stream.to_lowercase(),
-        ..Options::default()
-    }
-}
-
 fn append(target: Target, payload: &str, expected: Expected, msg_id: Option<&str>) -> Append {
     Append { target, payload: payload.as_bytes().to_vec(), expected, msg_id: msg_id.map(Into::into) }
 }
@@ -34,7 +22,7 @@ fn session(n: u8) -> SessionId {
 #[test]
 fn messages_are_stored_in_order_and_read_back() {
     let cluster = Cluster::start();
-    let log = JetStreamLog::connect(&options(&cluster, "ORDER")).unwrap();
+    let log = JetStreamLog::connect(&cluster.client_options("ORDER")).unwrap();
     assert_eq!(log.tip().unwrap(), 0);
     assert_eq!(log.last_of(&Target::Session(session(1))).unwrap(), None);
     let outcomes = log
@@ -86,14 +74,14 @@ fn messages_are_stored_in_order_and_read_back() {
 
     // Reconnecting finds the same stream.
     drop(log);
-    let again = JetStreamLog::connect(&options(&cluster, "ORDER")).unwrap();
+    let again = JetStreamLog::connect(&cluster.client_options("ORDER")).unwrap();
     assert_eq!(again.tip().unwrap(), 5);
 }
 
 #[test]
 fn expectations_are_a_compare_and_set_per_session_and_retries_are_stored_once() {
     let cluster = Cluster::start();
-    let log = JetStreamLog::connect(&options(&cluster, "CAS")).unwrap();
+    let log = JetStreamLog::connect(&cluster.client_options("CAS")).unwrap();
     let s = Target::Session(session(3));
     let first = log.append(vec![append(s, "1", Expected::NoMessage, None)]).unwrap();
     assert_eq!(first, [Outcome::Stored { seq: 1, duplicate: false }]);
@@ -156,7 +144,7 @@ fn expectations_are_a_compare_and_set_per_session_and_retries_are_stored_once() 
 fn racing_hosts_are_refused_or_stored_and_nothing_acknowledged_is_lost() {
     let cluster = Cluster::start();
     let hosts: Vec<Arc<JetStreamLog>> =
-        (0..2).map(|_| Arc::new(JetStreamLog::connect(&options(&cluster, "RACE")).unwrap())).collect();
+        (0..2).map(|_| Arc::new(JetStreamLog::connect(&cluster.client_options("RACE")).unwrap())).collect();
     // Stream sequence -> (session, the last message it was decided under, payload).
     type Stored = BTreeMap<u64, (SessionId, Option<u64>, Vec<u8>)>;
     let stored: Arc<Mutex<Stored>> = Arc::default();
@@ -212,7 +200,7 @@ fn racing_hosts_are_refused_or_stored_and_nothing_acknowledged_is_lost() {
 #[test]
 fn clients_without_the_credentials_or_of_another_account_are_refused_and_write_nothing() {
     let cluster = Cluster::start();
-    let good = options(&cluster, "SECURE");
+    let good = cluster.client_options("SECURE");
     let log = JetStreamLog::connect(&good).unwrap();
     log.append(vec![append(Target::Session(session(1)), "mine", Expected::NoMessage, None)]).unwrap();
 
@@ -249,7 +237,7 @@ fn clients_without_the_credentials_or_of_another_account_are_refused_and_write_n
 #[test]
 fn a_client_with_an_nkey_of_the_account_connects_and_one_with_another_nkey_is_refused() {
     let cluster = Cluster::start();
-    let good = Options { credentials: Credentials::NKey(cluster.nkey_seed()), ..options(&cluster, "NKEY") };
+    let good = Options { credentials: Credentials::NKey(cluster.nkey_seed()), ..cluster.client_options("NKEY") };
     let log = JetStreamLog::connect(&good).unwrap();
     let stored = log.append(vec![append(Target::Session(session(1)), "signed", Expected::NoMessage, None)]).unwrap();
     assert_eq!(stored, [Outcome::Stored { seq: 1, duplicate: false }]);
@@ -266,7 +254,7 @@ fn a_client_with_an_nkey_of_the_account_connects_and_one_with_another_nkey_is_re
 #[test]
 fn servers_that_verify_clients_take_only_a_certificate_of_their_authority() {
     let cluster = Cluster::start_with(cluster::ClusterOptions { verify_clients: true });
-    let without = options(&cluster, "MTLS");
+    let without = cluster.client_options("MTLS");
     assert!(JetStreamLog::connect(&without).is_err(), "no client certificate");
     let with = Options { tls: Tls { client_cert: Some(cluster.client_cert()), ..without.tls.clone() }, ..without };
     let log = JetStreamLog::connect(&with).unwrap();
@@ -279,7 +267,7 @@ fn servers_that_verify_clients_take_only_a_certificate_of_their_authority() {
 #[test]
 fn a_killed_server_loses_no_acknowledged_message_and_writes_continue() {
     let mut cluster = Cluster::start();
-    let opts = options(&cluster, "KILL");
+    let opts = cluster.client_options("KILL");
     let log = Arc::new(JetStreamLog::connect(&opts).unwrap());
     let acked: Arc<Mutex<BTreeMap<u64, Vec<u8>>>> = Arc::default();
     let stop = Arc::new(AtomicBool::new(false));

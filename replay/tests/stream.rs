@@ -10,7 +10,7 @@ mod cluster;
 
 use annal::backend::{Expected as Expect, LogBackend, Publish, Target};
 use annal::codec::{Event, LogChain, Record, SessionArchived};
-use annal::{CommitTurn, CreateSession, Engine, EventQuery, Expected, Limits, Message, Options, Reader, StoredEvent};
+use annal::{CommitTurn, CreateSession, Engine, Expected, Limits, Message, Options, StoredEvent};
 use cluster::Cluster;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
@@ -22,19 +22,6 @@ const KEY_HEX: &str = "4b4b4b4b4b4b4b4b4b4b4b4b4b4b4b4b4b4b4b4b4b4b4b4b4b4b4b4b4
 
 fn key() -> [u8; 32] {
     [0x4b; 32]
-}
-
-/// The URL of the cluster's stream `stream`, with the ANNAL account's user and
-/// `password`.
-fn url_with(cluster: &Cluster, stream: &str, password: &str) -> String {
-    let (user, _) = cluster.user();
-    let hosts: Vec<String> = (0..3).map(|i| cluster.url(i).trim_start_matches("tls://").to_string()).collect();
-    format!("tls://{user}:{password}@{}/{stream}?ca={}", hosts.join(","), cluster.ca_file().display())
-}
-
-/// The URL of the cluster's stream `stream`, with the ANNAL account's user.
-fn url(cluster: &Cluster, stream: &str) -> String {
-    url_with(cluster, stream, &cluster.user().1)
 }
 
 fn annal(args: &[&str]) -> Output {
@@ -53,20 +40,8 @@ fn p(path: &Path) -> &str {
     path.to_str().unwrap()
 }
 
-/// Every event of a host's files, read offline, and its projection digests.
 fn events(path: &Path) -> (Vec<StoredEvent>, Vec<annal::TableDigest>) {
-    let reader = Reader::open(path, Limits::default(), Some(key())).unwrap();
-    let mut out = Vec::new();
-    let mut from_seq = 1;
-    loop {
-        let page = reader.events(EventQuery { from_seq, max_events: 512, max_bytes: 8 << 20 }).unwrap();
-        out.extend(page.events);
-        if !page.has_more {
-            break;
-        }
-        from_seq = page.next_seq;
-    }
-    (out, reader.projection_digests().unwrap())
+    cluster::host_files(path, key())
 }
 
 /// The names in `dir`, sorted.
@@ -110,7 +85,7 @@ fn verify_export_stats_and_rebuild_take_a_stream() {
     let key_file = dir.path().join("chain.key");
     std::fs::write(&key_file, KEY_HEX).unwrap();
     let kf = p(&key_file);
-    let url = url(&cluster, "REPLAY");
+    let url = cluster.stream_url("REPLAY");
     let hosts = dir.path().join("hosts");
     std::fs::create_dir(&hosts).unwrap();
     let (host, session, tip) = workload(&url, &hosts);
@@ -151,7 +126,7 @@ fn verify_export_stats_and_rebuild_take_a_stream() {
 
     // A stream that does not exist: nothing changes, and it is not created.
     let host_bytes = std::fs::read(&host).unwrap();
-    let out = annal(&["rebuild", p(&host), "--from", &url_with(&cluster, "NOPE", &cluster.user().1)]);
+    let out = annal(&["rebuild", p(&host), "--from", &cluster.stream_url_with("NOPE", &cluster.user().1)]);
     assert_eq!(code(&out), 2, "{}", text(&out));
     assert!(String::from_utf8_lossy(&out.stderr).contains("does not exist"), "{}", text(&out));
     assert_eq!(std::fs::read(&host).unwrap(), host_bytes);
@@ -190,7 +165,7 @@ fn verify_export_stats_and_rebuild_take_a_stream() {
 
     // A wrong password: refused at once, with the servers' word for it.
     let started = Instant::now();
-    let out = annal(&["stats", &url_with(&cluster, "REPLAY", "wrong"), "--key-file", kf]);
+    let out = annal(&["stats", &cluster.stream_url_with("REPLAY", "wrong"), "--key-file", kf]);
     assert_eq!(code(&out), 2, "{}", text(&out));
     let err = String::from_utf8_lossy(&out.stderr).to_lowercase();
     assert!(err.contains("refused") && err.contains("authorization"), "{}", text(&out));

@@ -1,7 +1,7 @@
 //! The comparisons shared by the model test and the simulation: every query of an
 //! [`Engine`] against the reference model, and the log against the model's events.
 
-use super::ops::{sid, unknown_revision, SESSIONS};
+use super::ops::{in_universe, sid, unknown_revision, SESSIONS};
 use super::reference::{revision_view, GraphView, Model};
 use annal::*;
 use proptest::test_runner::TestCaseError;
@@ -210,4 +210,45 @@ pub fn compare_all(engine: &Engine, model: &Model, never_stored: &BTreeSet<Conte
         same(ok(engine.content(*id), "content")?, None, format_args!("{when}: rejected content {id:?} stored"))?;
     }
     Ok(())
+}
+
+/// Runs `command` on the engine, through the typed method where one returns the whole
+/// outcome. A fork to a fresh id goes through `fork_at` or `fork_replace`, which pick
+/// the id themselves: the command is returned with the id the engine picked.
+pub fn execute(engine: &Engine, command: Command) -> (Command, annal::Result<Outcome>) {
+    let created = |r: SessionReceipt| Outcome::Created { session: r.session, receipt: r.receipt };
+    match command {
+        Command::Batch(members) => {
+            let got = engine.batch(members.clone()).map(Outcome::Batch);
+            (Command::Batch(members), got)
+        }
+        Command::Fork(mut f) if f.labels.is_none() && !in_universe(&f.session) => {
+            let got = match f.replacement.clone() {
+                None => engine.fork_at(f.parent, f.index),
+                Some(m) => engine.fork_replace(f.parent, f.index, m),
+            };
+            if let Ok(r) = &got {
+                f.session = r.session;
+            }
+            (Command::Fork(f), got.map(created))
+        }
+        Command::CreateSession(c) => (Command::CreateSession(c.clone()), engine.create_session(c).map(created)),
+        Command::CommitTurn(c) => {
+            let got = engine.commit_turn(c.clone()).map(|t| match t {
+                TurnOutcome::Committed(r) => Outcome::Committed(r),
+                TurnOutcome::AlreadyCommitted(r) => Outcome::AlreadyCommitted(r),
+            });
+            (Command::CommitTurn(c), got)
+        }
+        Command::Rewrite(c) => (Command::Rewrite(c.clone()), engine.rewrite(c).map(Outcome::Rewritten)),
+        Command::Restore(c) => (Command::Restore(c.clone()), engine.restore(c).map(Outcome::Rewritten)),
+        other => (other.clone(), engine.execute(other)),
+    }
+}
+
+/// The proptest configuration of a model test: `cases_default` cases unless
+/// `PROPTEST_CASES` says otherwise, and no failure files.
+pub fn config(cases_default: u32) -> proptest::test_runner::Config {
+    let cases = std::env::var("PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(cases_default);
+    proptest::test_runner::Config { cases, failure_persistence: None, ..proptest::test_runner::Config::default() }
 }

@@ -182,6 +182,33 @@ impl Cluster {
         (self.tls.client_cert.clone(), self.tls.client_key.clone())
     }
 
+    /// Client options for stream `stream` (subject prefix its name in lower case), as
+    /// the `ANNAL` account's password user, over TLS with the test CA.
+    pub fn client_options(&self, stream: &str) -> annal_jetstream::Options {
+        let (user, password) = self.user();
+        annal_jetstream::Options {
+            servers: self.urls(),
+            credentials: annal_jetstream::Credentials::UserPassword { user, password },
+            tls: annal_jetstream::Tls { required: true, ca_file: Some(self.ca_file()), client_cert: None },
+            stream: stream.into(),
+            subject_prefix: stream.to_lowercase(),
+            ..annal_jetstream::Options::default()
+        }
+    }
+
+    /// The URL (`annal_jetstream::Options::from_url`) of stream `stream` on every node,
+    /// as the `ANNAL` account's user with `password`.
+    pub fn stream_url_with(&self, stream: &str, password: &str) -> String {
+        let (user, _) = self.user();
+        let hosts: Vec<String> = (0..NODES).map(|i| self.url(i).trim_start_matches("tls://").to_string()).collect();
+        format!("tls://{user}:{password}@{}/{stream}?ca={}", hosts.join(","), self.ca_file().display())
+    }
+
+    /// [`Cluster::stream_url_with`] the account's own password.
+    pub fn stream_url(&self, stream: &str) -> String {
+        self.stream_url_with(stream, &self.user().1)
+    }
+
     /// `(user, password)` of the `ANNAL` account.
     pub fn user(&self) -> (String, String) {
         self.user.clone()
@@ -657,4 +684,21 @@ fn meta_leader_in_jsz(body: &str) -> Option<String> {
     let rest = rest.trim_start().strip_prefix(':')?.trim_start().strip_prefix('"')?;
     let leader = &rest[..rest.find('"')?];
     (!leader.is_empty()).then(|| leader.to_string())
+}
+
+/// Every event of a shared log's host's files, read offline with chain key `key`, and
+/// its projection digests: what two hosts that folded the same stream hold alike.
+pub fn host_files(path: &Path, key: [u8; 32]) -> (Vec<annal::StoredEvent>, Vec<annal::TableDigest>) {
+    let reader = annal::Reader::open(path, annal::Limits::default(), Some(key)).unwrap();
+    let mut out = Vec::new();
+    let mut from_seq = 1;
+    loop {
+        let page = reader.events(annal::EventQuery { from_seq, max_events: 512, max_bytes: 8 << 20 }).unwrap();
+        out.extend(page.events);
+        if !page.has_more {
+            break;
+        }
+        from_seq = page.next_seq;
+    }
+    (out, reader.projection_digests().unwrap())
 }
