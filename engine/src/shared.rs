@@ -635,6 +635,11 @@ fn publish(
         };
         let entries = &decided.entries[span];
         match message_of(shared, state, entries, q.tries, &mut targeted) {
+            // Over the backend's limit: this command alone fails, before anything is sent.
+            Ok(p) if p.payload.len() as u64 > host.backend.max_payload() => {
+                let (size, max) = (p.payload.len() as u64, host.backend.max_payload());
+                drop(q.reply.send(Err(Error::Backend(BackendError::TooLarge { size, max }))));
+            }
             Ok(p) => {
                 publishes.push(p);
                 let first = entries[0].record.seq;

@@ -213,3 +213,35 @@ fn forged_stale_and_malformed_messages_are_void_on_every_host_and_verify_names_t
     let other = annal::shared::verify_stream(&stream, &LogChain::keyed([8; 32]), &limits).unwrap();
     assert_eq!(other.forged.len() as u64, report.messages - 1, "all but the bytes too short to be one");
 }
+
+#[test]
+fn a_command_over_the_backends_limit_fails_alone_and_writes_nothing() {
+    let stream = RedbStream::memory().unwrap();
+    let host = Host::new();
+    let limits = Limits { content_bytes_max: 32 << 20, ..Limits::default() };
+    let backend: Arc<dyn LogBackend> = Arc::new(stream.clone());
+    let engine = Engine::open_shared(&host.db.path, Options { limits, ..Options::default() }, backend).unwrap();
+    let (s, rev) = create(&engine, &[Message::system("small")]);
+    let tip = stream.tip().unwrap();
+    // Random bytes do not compress: the message is larger than the stream takes.
+    let mut noise = vec![0u8; annal::backend::REDB_STREAM_PAYLOAD_MAX as usize + 1024];
+    let mut x = 0x9e3779b97f4a7c15u64;
+    for b in noise.iter_mut() {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        *b = x as u8;
+    }
+    let big = CommitTurn::new(s, "big", Expected::Exact(rev)).message(Message::new(
+        Role::Tool,
+        "application/octet-stream",
+        noise,
+    ));
+    match engine.commit_turn(big) {
+        Err(Error::Backend(annal::backend::BackendError::TooLarge { size, max })) => assert!(size > max),
+        other => panic!("an oversized message gave {other:?}"),
+    }
+    assert_eq!(stream.tip().unwrap(), tip, "nothing was stored");
+    // The host goes on.
+    engine.commit_turn(turn(s, "small", rev)).unwrap();
+}

@@ -303,4 +303,11 @@ class Storage(Unavailable):
     detail: str
 
 
+class Backend(Unavailable):
+    """The shared log a host appends to failed (a host of a shared log only); the command
+    may or may not have been stored, and a retry of an idempotent one is safe. Fields:
+    ``detail``."""
+    detail: str
+
+
 __all__ = [name for name, value in list(globals().items()) if isinstance(value, type) and issubclass(value, AnnalError)]

@@ -119,6 +119,7 @@ fn error<'py>(py: Python<'py>, e: &Error) -> (&'static str, Fields<'py>) {
         Error::Poisoned => ("Poisoned", vec![]),
         Error::Closed => ("Closed", vec![]),
         Error::Storage(detail) => ("Storage", vec![("detail", v(py, detail.clone()))]),
+        Error::Backend(e) => ("Backend", vec![("detail", v(py, e.to_string()))]),
     }
 }
 
