@@ -12,7 +12,10 @@
 //! Each host runs 16 committer threads, each on a session of its own (two hosts use
 //! sixteen sessions each), so the figures are throughput, not contention. The fold lag
 //! is what each host's `host_status().lag()` showed at most, sampled every 5 ms: the
-//! messages the stream held that its fold had not taken in.
+//! messages the stream held that its fold had not taken in. The CPU columns are the CPU
+//! time, per commit, that the host process (its own `/proc/self/stat`) and the three
+//! servers together used while the committers ran: against the machine's two cores,
+//! they say whether a mode was bound by the CPU or by waiting.
 
 #[path = "../tests/cluster/mod.rs"]
 mod cluster;
@@ -32,6 +35,23 @@ fn summary(report: &Path) -> std::collections::BTreeMap<String, String> {
     let text = std::fs::read_to_string(report).unwrap();
     let line = text.lines().find(|l| l.starts_with("summary ")).expect("a summary");
     line.split(' ').skip(1).filter_map(|kv| kv.split_once('=')).map(|(k, v)| (k.to_string(), v.to_string())).collect()
+}
+
+/// The CPU time all `nats-server` processes have used, in milliseconds (Linux).
+fn servers_cpu_ms() -> u64 {
+    let mut total = 0;
+    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let comm = std::fs::read_to_string(entry.path().join("comm")).unwrap_or_default();
+        if comm.trim() != "nats-server" {
+            continue;
+        }
+        let stat = std::fs::read_to_string(entry.path().join("stat")).unwrap_or_default();
+        let Some((_, rest)) = stat.rsplit_once(')') else { continue };
+        let fields: Vec<&str> = rest.split_whitespace().collect();
+        let ticks = |i: usize| fields.get(i).and_then(|f| f.parse::<u64>().ok()).unwrap_or(0);
+        total += (ticks(11) + ticks(12)) * 10;
+    }
+    total
 }
 
 fn spawn(args: &[String], dir: &Path, report: &Path, go: &Path) -> Child {
@@ -66,11 +86,15 @@ fn run(work: &Path, name: &str, hosts: Vec<Vec<String>>) -> Vec<std::collections
         assert!(Instant::now() < deadline, "hosts not ready");
         std::thread::sleep(Duration::from_millis(10));
     }
+    let servers_before = servers_cpu_ms();
     std::fs::write(&go, b"go").unwrap();
     for mut c in children {
         assert!(c.wait().unwrap().success(), "a host failed");
     }
-    reports.iter().map(|r| summary(r)).collect()
+    let servers = servers_cpu_ms() - servers_before;
+    let mut summaries: Vec<_> = reports.iter().map(|r| summary(r)).collect();
+    summaries[0].insert("servers_cpu_ms".into(), servers.to_string());
+    summaries
 }
 
 fn main() {
@@ -90,8 +114,8 @@ fn main() {
     };
     println!("{THREADS} committers a host, {rounds} turns each, two messages of {body} bytes a turn");
     println!(
-        "{:<26} {:>10} {:>9} {:>9} {:>12} {:>9}",
-        "mode", "commits/s", "p50 ms", "p99 ms", "max lag", "vs embedded"
+        "{:<26} {:>10} {:>9} {:>9} {:>8} {:>11} {:>10} {:>11}",
+        "mode", "commits/s", "p50 ms", "p99 ms", "max lag", "vs embedded", "host µs/c", "servers µs/c"
     );
     let ms = |s: &std::collections::BTreeMap<String, String>, k: &str| s[k].parse::<f64>().unwrap() / 1000.0;
     for round in 0..repeats {
@@ -101,21 +125,27 @@ fn main() {
             run(work.path(), &format!("embedded{round}"), vec![args]).remove(0)
         };
         let base: f64 = embedded["commits_per_s"].parse().unwrap();
-        let print = |mode: &str, s: &std::collections::BTreeMap<String, String>, per_s: f64| {
+        let per_commit = |s: &std::collections::BTreeMap<String, String>, k: &str, commits: f64| {
+            s.get(k).map_or(String::new(), |v| format!("{:.0}", v.parse::<f64>().unwrap() * 1000.0 / commits))
+        };
+        let print = |mode: &str, s: &std::collections::BTreeMap<String, String>, per_s: f64, commits: f64| {
             println!(
-                "{mode:<26} {per_s:>10.0} {:>9.2} {:>9.2} {:>12} {:>9.2}x",
+                "{mode:<26} {per_s:>10.0} {:>9.2} {:>9.2} {:>8} {:>10.2}x {:>10} {:>11}",
                 ms(s, "p50_us"),
                 ms(s, "p99_us"),
                 s["max_lag"],
-                per_s / base
+                per_s / base,
+                per_commit(s, "cpu_ms", commits),
+                per_commit(s, "servers_cpu_ms", commits),
             );
         };
-        print("embedded, durable", &embedded, base);
+        let commits = |s: &std::collections::BTreeMap<String, String>| s["committed"].parse::<f64>().unwrap();
+        print("embedded, durable", &embedded, base, commits(&embedded));
         let stream = format!("ONE{round}");
         let mut args = common(0);
         args.extend(["--url".into(), cluster.stream_url(&stream)]);
         let one = run(work.path(), &format!("one{round}"), vec![args]).remove(0);
-        print("1 host", &one, one["commits_per_s"].parse().unwrap());
+        print("1 host", &one, one["commits_per_s"].parse().unwrap(), commits(&one));
         let stream = format!("TWO{round}");
         let hosts: Vec<Vec<String>> = (0..2)
             .map(|h| {
@@ -126,9 +156,19 @@ fn main() {
             .collect();
         let two = run(work.path(), &format!("two{round}"), hosts);
         let total: f64 = two.iter().map(|s| s["commits_per_s"].parse::<f64>().unwrap()).sum();
+        let all: f64 = two.iter().map(commits).sum();
         for (h, s) in two.iter().enumerate() {
-            print(&format!("2 hosts: host {h}"), s, s["commits_per_s"].parse().unwrap());
+            print(&format!("2 hosts: host {h}"), s, s["commits_per_s"].parse().unwrap(), commits(s));
         }
-        println!("{:<26} {total:>10.0} {:>9} {:>9} {:>12} {:>9.2}x", "2 hosts: together", "", "", "", total / base);
+        println!(
+            "{:<26} {total:>10.0} {:>9} {:>9} {:>8} {:>10.2}x {:>10} {:>11}",
+            "2 hosts: together",
+            "",
+            "",
+            "",
+            total / base,
+            "",
+            per_commit(&two[0], "servers_cpu_ms", all)
+        );
     }
 }

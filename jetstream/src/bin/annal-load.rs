@@ -14,7 +14,8 @@
 //! - `conflict <turn> <session> <parent revision>`
 //! - `unavailable <turn> <error>`: the backend failed; the turn is retried
 //! - `ready`: the sessions are in, and it waits for `--go`
-//! - `summary <key>=<value> ...`
+//! - `summary <key>=<value> ...` (with `cpu_ms`, the CPU time the process used while its
+//!   committers ran)
 
 use annal::{
     CommitTurn, CreateSession, Durability, Engine, Error, Expected, Message, Options, Rejection, SessionId, TurnOutcome,
@@ -116,6 +117,18 @@ fn open(args: &Args) -> Result<Engine, String> {
     Engine::open_shared(&path, options, Arc::new(client)).map_err(|e| e.to_string())
 }
 
+/// The CPU time this process has used, in milliseconds (Linux: `/proc/self/stat`, user
+/// and system, in clock ticks of 10 ms); 0 where that file is not there.
+fn cpu_ms() -> u64 {
+    let Ok(stat) = std::fs::read_to_string("/proc/self/stat") else { return 0 };
+    // The fields after the command name, which is in parentheses and may hold spaces.
+    let Some(rest) = stat.rsplit_once(')').map(|(_, r)| r) else { return 0 };
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |i: usize| fields.get(i).and_then(|f| f.parse::<u64>().ok()).unwrap_or(0);
+    // utime and stime are fields 14 and 15 of the line, 12 and 13 after the name.
+    (ticks(11) + ticks(12)) * 10
+}
+
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
@@ -165,6 +178,7 @@ fn run(args: &Args) -> Result<(), String> {
             std::thread::sleep(Duration::from_millis(2));
         }
     }
+    let cpu_before = cpu_ms();
     let done = AtomicBool::new(false);
     let max_lag = AtomicU64::new(0);
     let latencies = Mutex::new(Vec::new());
@@ -238,6 +252,7 @@ fn run(args: &Args) -> Result<(), String> {
         Ok(())
     })?;
     let elapsed = started.elapsed();
+    let cpu = cpu_ms().saturating_sub(cpu_before);
     let settled = match (args.settle_secs, engine.host_status()) {
         (0, _) | (_, None) => true,
         (secs, Some(status)) => engine.wait_for_stream(status.stream_tip, Duration::from_secs(secs)),
@@ -253,7 +268,7 @@ fn run(args: &Args) -> Result<(), String> {
     let committed = counts[0].load(Ordering::Relaxed);
     let position = engine.host_status().map_or(0, |s| s.position);
     line(format!(
-        "summary committed={committed} already={} conflicts={} unavailable={} elapsed_ms={} commits_per_s={:.0} p50_us={} p99_us={} max_lag={} settled={settled} position={position}",
+        "summary committed={committed} already={} conflicts={} unavailable={} elapsed_ms={} commits_per_s={:.0} p50_us={} p99_us={} max_lag={} settled={settled} position={position} cpu_ms={cpu}",
         counts[1].load(Ordering::Relaxed),
         counts[2].load(Ordering::Relaxed),
         counts[3].load(Ordering::Relaxed),
