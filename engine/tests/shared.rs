@@ -245,3 +245,95 @@ fn a_command_over_the_backends_limit_fails_alone_and_writes_nothing() {
     // The host goes on.
     engine.commit_turn(turn(s, "small", rev)).unwrap();
 }
+
+/// A stream that fails on demand: before storing (`refuse`), or after storing with the
+/// acknowledgement lost (`lose_ack`).
+struct Flaky {
+    inner: RedbStream,
+    refuse: std::sync::atomic::AtomicBool,
+    lose_ack: std::sync::atomic::AtomicBool,
+}
+
+impl LogBackend for Flaky {
+    fn append(
+        &self,
+        batch: Vec<annal::backend::Publish>,
+    ) -> std::result::Result<Vec<annal::backend::Published>, annal::backend::BackendError> {
+        use std::sync::atomic::Ordering::SeqCst;
+        let down = || annal::backend::BackendError::Unavailable("the servers did not answer".into());
+        if self.refuse.load(SeqCst) {
+            return Err(down());
+        }
+        let stored = self.inner.append(batch)?;
+        match self.lose_ack.swap(false, SeqCst) {
+            true => Err(down()),
+            false => Ok(stored),
+        }
+    }
+    fn read(
+        &self,
+        from: u64,
+        max: usize,
+    ) -> std::result::Result<Vec<annal::backend::StreamMessage>, annal::backend::BackendError> {
+        self.inner.read(from, max)
+    }
+    fn tip(&self) -> std::result::Result<u64, annal::backend::BackendError> {
+        self.inner.tip()
+    }
+    fn last_of(
+        &self,
+        target: &annal::backend::Target,
+    ) -> std::result::Result<Option<u64>, annal::backend::BackendError> {
+        self.inner.last_of(target)
+    }
+    fn subscribe(
+        &self,
+        from: u64,
+    ) -> std::result::Result<Box<dyn annal::backend::Subscription>, annal::backend::BackendError> {
+        self.inner.subscribe(from)
+    }
+    fn max_payload(&self) -> u64 {
+        self.inner.max_payload()
+    }
+}
+
+#[test]
+fn a_failed_append_is_a_backend_error_that_poisons_nothing_and_a_retried_turn_is_in_once() {
+    use std::sync::atomic::Ordering::SeqCst;
+    let stream = RedbStream::memory().unwrap();
+    let flaky = Arc::new(Flaky { inner: stream.clone(), refuse: false.into(), lose_ack: false.into() });
+    let host = Host::new();
+    let engine = Engine::open_shared(&host.db.path, Options::default(), flaky.clone()).unwrap();
+    let (s, rev) = create(&engine, &[Message::system("flaky")]);
+    // The servers are down: nothing is stored, and the engine is not poisoned.
+    flaky.refuse.store(true, SeqCst);
+    let tip = stream.tip().unwrap();
+    match engine.commit_turn(turn(s, "t1", rev)) {
+        Err(Error::Backend(annal::backend::BackendError::Unavailable(_))) => {}
+        other => panic!("a refused append gave {other:?}"),
+    }
+    assert!(!engine.is_poisoned());
+    assert_eq!(stream.tip().unwrap(), tip);
+    assert_eq!(head(&engine, s).revision, rev);
+    // Back up: the retry commits.
+    flaky.refuse.store(false, SeqCst);
+    let first = engine.commit_turn(turn(s, "t1", rev)).unwrap();
+    assert!(matches!(first, TurnOutcome::Committed(_)));
+    // Stored, but the acknowledgement is lost: the caller gets an error, and its retry
+    // finds the turn in, once.
+    let rev = first.receipt().revision;
+    flaky.lose_ack.store(true, SeqCst);
+    assert!(matches!(engine.commit_turn(turn(s, "t2", rev)), Err(Error::Backend(_))));
+    let again = engine.commit_turn(turn(s, "t2", rev)).unwrap();
+    caught_up(&engine, &stream);
+    let turns: Vec<String> = session_events(&engine, s)
+        .iter()
+        .filter_map(|e| match &e.record.event {
+            Event::TurnCommitted(t) => Some(t.turn_id.clone()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(turns, vec!["t1".to_string(), "t2".to_string()], "each turn once");
+    assert_eq!(head(&engine, s).revision, again.receipt().revision);
+    assert!(!engine.is_poisoned());
+}
