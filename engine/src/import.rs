@@ -24,6 +24,11 @@ pub struct ImportStats {
     pub tip_seq: u64,
 }
 
+/// Objects offered with their stored form already made (encoding, stored bytes), by id:
+/// what a shared log's message carries, so that its fold stores them as they came
+/// instead of compressing them again.
+pub(crate) type StoredForms = BTreeMap<ContentId, (u8, Vec<u8>)>;
+
 fn import_error(seq: u64, reason: impl Into<String>) -> Error {
     Error::Rejected(Rejection::InvalidImport { seq, reason: reason.into() })
 }
@@ -63,7 +68,7 @@ fn import_txn(shared: &Shared, tip: &mut Tip, records: Vec<Record>, content: Vec
             return Err(import_error(seq, format!("expected stream seq {next_stream}")));
         }
         let clock_ms = record.committed_at_ms;
-        let entry = fold_foreign(&mut overlay, &offered, record, seq, limits)?;
+        let entry = fold_foreign(&mut overlay, &offered, &StoredForms::new(), record, seq, limits)?;
         stored_objects += entry.content.len() as u64;
         expected = Tip { seq, hash: expected.hash, clock_ms };
         entries.push(entry);
@@ -81,12 +86,14 @@ fn import_txn(shared: &Shared, tip: &mut Tip, records: Vec<Record>, content: Vec
 
 /// Checks a record that comes from another database and folds it into `store`: a
 /// turn's commit hash must recompute, every content object it refers to must be stored
-/// or offered (the offered ones it is the first to refer to become its content row,
-/// compressed when that pays), and `evolve` must accept it. Any failure but a storage
+/// or offered (the offered ones it is the first to refer to become its content row, in
+/// the stored form `stored` gives, or else compressed when that pays), and `evolve` must
+/// accept it. Any failure but a storage
 /// error is [`Rejection::InvalidImport`] at `source_seq`, the record's seq in the export.
 pub(crate) fn fold_foreign<S: Store + ?Sized>(
     store: &mut S,
     offered: &BTreeMap<ContentId, Vec<u8>>,
+    stored: &StoredForms,
     record: Record,
     source_seq: u64,
     limits: &Limits,
@@ -104,7 +111,7 @@ pub(crate) fn fold_foreign<S: Store + ?Sized>(
     }
     let mut introduced = Vec::new();
     for id in record.event.content_refs() {
-        take_offered(offered, &*store, &id, limits, &mut introduced).map_err(invalid)?;
+        take_offered(offered, stored, &*store, &id, limits, &mut introduced).map_err(invalid)?;
     }
     introduced.sort_by_key(|o| o.id);
     let ids: Vec<ContentId> = introduced.iter().map(|o| o.id).collect();
@@ -116,6 +123,7 @@ pub(crate) fn fold_foreign<S: Store + ?Sized>(
 /// nor already taken; message objects bring their attachments along.
 fn take_offered<S: Store + ?Sized>(
     offered: &BTreeMap<ContentId, Vec<u8>>,
+    stored: &StoredForms,
     store: &S,
     id: &ContentId,
     limits: &Limits,
@@ -138,10 +146,13 @@ fn take_offered<S: Store + ?Sized>(
         };
         return Err(Error::Rejected(rejection));
     }
-    taken.push(StoredObject::encoded(*id, bytes));
+    taken.push(match stored.get(id) {
+        Some((encoding, form)) => StoredObject { id: *id, encoding: *encoding, bytes: form.clone() },
+        None => StoredObject::encoded(*id, bytes),
+    });
     if let Ok(message) = annal_codec::decode_message(bytes, limits.message_object_bytes_max()) {
         for a in &message.attachments {
-            take_offered(offered, store, a, limits, taken)?;
+            take_offered(offered, stored, store, a, limits, taken)?;
         }
     }
     Ok(())

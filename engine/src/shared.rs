@@ -127,6 +127,9 @@ pub struct Message {
     pub records: Vec<Record>,
     /// The objects.
     pub objects: BTreeMap<ContentId, Vec<u8>>,
+    /// Each object's stored form as the message carries it (encoding, stored bytes), so
+    /// that the fold stores it without compressing it again.
+    pub stored: BTreeMap<ContentId, (u8, Vec<u8>)>,
 }
 
 fn take<'a>(bytes: &mut &'a [u8], n: usize) -> std::result::Result<&'a [u8], Void> {
@@ -182,6 +185,7 @@ pub fn decode_message(
                 return Err(Void::Malformed(format!("content {} does not hash to its id", entry.id)));
             }
             message.objects.insert(entry.id, canonical.into_owned());
+            message.stored.insert(entry.id, (entry.encoding, entry.stored.to_vec()));
         }
         message.records.push(record);
     }
@@ -361,7 +365,7 @@ fn fold_one(
         record.seq = next_seq + i as u64;
         record.committed_at_ms = record.committed_at_ms.max(at_ms);
         at_ms = record.committed_at_ms;
-        match crate::import::fold_foreign(overlay, &message.objects, record, m.seq, limits) {
+        match crate::import::fold_foreign(overlay, &message.objects, &message.stored, record, m.seq, limits) {
             Ok(entry) => staged.push(entry),
             Err(e @ Error::Storage(_)) => return Err(Folding::Failed(e)),
             Err(e) => return Err(Folding::Void(Void::Invalid(e.to_string()))),
