@@ -376,10 +376,7 @@ fn fold_one(
 
 /// A command waiting for its message's verdict.
 struct Waiting {
-    command: Command,
-    prepared: Box<Prepared>,
-    reply: ReplyTo<Outcome>,
-    tries: u32,
+    queued: Queued,
     /// The outcome as decided, its seqs counted from `placeholder`.
     outcome: Outcome,
     placeholder: u64,
@@ -463,7 +460,7 @@ pub(crate) fn run(
     host.stop.store(true, Ordering::Release);
     for (_, ws) in std::mem::take(&mut waiting) {
         for w in ws {
-            let _ = w.reply.send(Err(Error::Closed));
+            let _ = w.queued.reply.send(Err(Error::Closed));
         }
     }
     let _ = durable_commit(&shared);
@@ -532,7 +529,7 @@ fn fold(
             shared.poisoned.store(true, Ordering::Release);
             for (_, ws) in std::mem::take(waiting) {
                 for w in ws {
-                    let _ = w.reply.send(Err(e.clone()));
+                    let _ = w.queued.reply.send(Err(e.clone()));
                 }
             }
             return;
@@ -547,35 +544,34 @@ fn fold(
                 Verdict::Applied { first_seq, at_ms } => {
                     let (from, to) = (w.placeholder, *first_seq);
                     w.outcome.relocate(&|s| s.wrapping_sub(from).wrapping_add(to), *at_ms);
-                    let _ = w.reply.send(Ok(w.outcome));
+                    let _ = w.queued.reply.send(Ok(w.outcome));
                 }
-                Verdict::Void(_) => requeue(queue, w.command, w.prepared, w.reply, w.tries),
+                Verdict::Void(_) => requeue(queue, w.queued),
             }
         }
     }
-    // A message stored at or before the position that the fold did not answer (a
-    // duplicate of one folded earlier) is decided again.
-    let stale: Vec<u64> = waiting.range(..=state.position).map(|(k, _)| *k).collect();
-    for seq in stale {
+    requeue_folded(waiting, queue, state.position);
+}
+
+/// Decides again the commands whose messages were stored at or before `position` but
+/// that the fold did not answer: duplicates of messages folded earlier.
+fn requeue_folded(waiting: &mut BTreeMap<u64, Vec<Waiting>>, queue: &mut VecDeque<Queued>, position: u64) {
+    let folded: Vec<u64> = waiting.range(..=position).map(|(k, _)| *k).collect();
+    for seq in folded {
         for w in waiting.remove(&seq).unwrap_or_default() {
-            requeue(queue, w.command, w.prepared, w.reply, w.tries);
+            requeue(queue, w.queued);
         }
     }
 }
 
-fn requeue(
-    queue: &mut VecDeque<Queued>,
-    command: Command,
-    prepared: Box<Prepared>,
-    reply: ReplyTo<Outcome>,
-    tries: u32,
-) {
-    if tries + 1 >= REDECIDE_MAX {
+/// Queues a command to be decided again, unless it has lost [`REDECIDE_MAX`] times.
+fn requeue(queue: &mut VecDeque<Queued>, q: Queued) {
+    if q.tries + 1 >= REDECIDE_MAX {
         let detail = format!("the command lost to other hosts' commands {REDECIDE_MAX} times");
-        let _ = reply.send(Err(Error::Backend(BackendError::Unavailable(detail))));
+        let _ = q.reply.send(Err(Error::Backend(BackendError::Unavailable(detail))));
         return;
     }
-    queue.push_back(Queued { command, prepared, reply, tries: tries + 1 });
+    queue.push_back(Queued { tries: q.tries + 1, ..q });
 }
 
 /// Fails the commands whose messages the fold has not reached in [`FOLD_WAIT_MAX`].
@@ -588,7 +584,7 @@ fn expire(waiting: &mut BTreeMap<u64, Vec<Waiting>>) {
     for seq in late {
         for w in waiting.remove(&seq).unwrap_or_default() {
             let detail = format!("message {seq} was stored but the fold did not reach it");
-            let _ = w.reply.send(Err(Error::Backend(BackendError::Unavailable(detail))));
+            let _ = w.queued.reply.send(Err(Error::Backend(BackendError::Unavailable(detail))));
         }
     }
 }
@@ -660,18 +656,10 @@ fn publish(
             for ((q, outcome, placeholder), published) in sent.into_iter().zip(outcomes) {
                 match published {
                     Published::Stored { seq, .. } => {
-                        let w = Waiting {
-                            command: q.command,
-                            prepared: q.prepared,
-                            reply: q.reply,
-                            tries: q.tries,
-                            outcome,
-                            placeholder,
-                            since: Instant::now(),
-                        };
+                        let w = Waiting { queued: q, outcome, placeholder, since: Instant::now() };
                         waiting.entry(seq).or_default().push(w);
                     }
-                    Published::Conflict => requeue(queue, q.command, q.prepared, q.reply, q.tries),
+                    Published::Conflict => requeue(queue, q),
                 }
             }
         }
@@ -681,13 +669,7 @@ fn publish(
             }
         }
     }
-    // Stored before the fold's position (duplicates of folded messages): decided again.
-    let stale: Vec<u64> = waiting.range(..=state.position).map(|(k, _)| *k).collect();
-    for seq in stale {
-        for w in waiting.remove(&seq).unwrap_or_default() {
-            requeue(queue, w.command, w.prepared, w.reply, w.tries);
-        }
-    }
+    requeue_folded(waiting, queue, state.position);
 }
 
 /// The message of one command's entries, with its target, expectation and key.
