@@ -311,6 +311,17 @@ impl Report {
                 ));
             }
         }
+        for shape in ["append_only", "compaction_heavy"] {
+            let metric = format!("bytes_per_logical_byte_{shape}");
+            if let (Some(a), Some(s)) = (self.get("annal", &metric, None), self.get("sqlite", &metric, None)) {
+                let what = shape.replace('_', "-");
+                out.push((
+                    format!("file bytes per logical byte ≤ 1.0 and ≤ 0.8× SQLite's, as written ({what})"),
+                    a <= 1.0 && a <= 0.8 * s,
+                    format!("{a:.2} vs SQLite {s:.2}: {:.2}×", a / s.max(1e-9)),
+                ));
+            }
+        }
         if let Some(r) = self.advantage("sqlite", "head_reads_per_s", None) {
             out.push(("head reads ≥ 5× SQLite".into(), r >= 5.0, format!("{r:.2}×")));
         }

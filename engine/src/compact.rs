@@ -4,10 +4,19 @@
 //! file by itself. A rebuild (which writes every projection anew), a bulk import or a
 //! load in relaxed durability can leave much of a file free. Compaction moves the live
 //! pages towards the start of the file and truncates it; no row changes.
+//!
+//! A closing engine also compacts a file of its own that is small enough
+//! ([`Options::compact_on_close_bytes_max`]) and at least an eighth free
+//! ([`worth_compacting`]): redb grows a small file by doubling it, so a file at rest would
+//! otherwise keep up to half of its length unused.
 
 use crate::engine::{Engine, Options};
 use crate::error::{fail_closed, Error, Result};
+use redb::{Database, StorageBackend};
+use std::ops::Bound;
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// Compaction passes at most; each can free the pages the previous one moved.
@@ -51,4 +60,182 @@ pub fn compact(path: impl AsRef<Path>, options: Options) -> Result<CompactStats>
         })?;
     }
     Ok(CompactStats { bytes_before, bytes_after: size()?, elapsed: started.elapsed() })
+}
+
+/// Free space below which a closing engine leaves a file as it is: whatever its share of
+/// the file, compacting less than this is not worth the work.
+pub const CLOSE_SLACK_MIN_BYTES: u64 = 1 << 20;
+
+/// The default of [`Options::compact_on_close_bytes_max`]: 64 MiB.
+pub const COMPACT_ON_CLOSE_BYTES_MAX: u64 = 64 << 20;
+
+/// Where a closing engine reads one of its files' length.
+#[derive(Clone)]
+pub(crate) enum FileLength {
+    /// A file opened by path.
+    Path(std::path::PathBuf),
+    /// A storage backend's, as [`Measured`] last saw it.
+    Measured(Arc<AtomicU64>),
+    /// Memory, or a file the engine does not own: never compacted.
+    Unknown,
+}
+
+impl FileLength {
+    fn get(&self) -> Option<u64> {
+        match self {
+            FileLength::Path(path) => std::fs::metadata(path).ok().map(|m| m.len()),
+            FileLength::Measured(len) => Some(len.load(Ordering::Acquire)),
+            FileLength::Unknown => None,
+        }
+    }
+}
+
+/// A storage backend that keeps its current length where the engine can read it at
+/// close, after redb owns the backend. Every call goes to `inner` unchanged.
+#[derive(Debug)]
+pub(crate) struct Measured<B> {
+    inner: B,
+    len: Arc<AtomicU64>,
+}
+
+impl<B: StorageBackend> Measured<B> {
+    /// Wraps `inner`; the returned length follows it.
+    pub(crate) fn new(inner: B) -> (Measured<B>, FileLength) {
+        let len = Arc::new(AtomicU64::new(inner.len().unwrap_or(0)));
+        (Measured { inner, len: len.clone() }, FileLength::Measured(len))
+    }
+}
+
+impl<B: StorageBackend> StorageBackend for Measured<B> {
+    fn len(&self) -> std::result::Result<u64, std::io::Error> {
+        let len = self.inner.len()?;
+        self.len.store(len, Ordering::Release);
+        Ok(len)
+    }
+
+    fn read(&self, offset: u64, out: &mut [u8]) -> std::result::Result<(), std::io::Error> {
+        self.inner.read(offset, out)
+    }
+
+    fn set_len(&self, len: u64) -> std::result::Result<(), std::io::Error> {
+        self.inner.set_len(len)?;
+        self.len.store(len, Ordering::Release);
+        Ok(())
+    }
+
+    fn sync_data(&self) -> std::result::Result<(), std::io::Error> {
+        self.inner.sync_data()
+    }
+
+    fn write(&self, offset: u64, data: &[u8]) -> std::result::Result<(), std::io::Error> {
+        self.inner.write(offset, data)?;
+        self.len.fetch_max(offset.saturating_add(data.len() as u64), Ordering::AcqRel);
+        Ok(())
+    }
+
+    fn close(&self) -> std::result::Result<(), std::io::Error> {
+        self.inner.close()
+    }
+
+    fn try_lock_range(&self, start: Bound<u64>, end: Bound<u64>) -> std::result::Result<bool, redb::BackendError> {
+        self.inner.try_lock_range(start, end)
+    }
+
+    fn try_lock_shared_range(
+        &self,
+        start: Bound<u64>,
+        end: Bound<u64>,
+    ) -> std::result::Result<bool, redb::BackendError> {
+        self.inner.try_lock_shared_range(start, end)
+    }
+
+    fn lock_range(&self, start: Bound<u64>, end: Bound<u64>) -> std::result::Result<(), redb::BackendError> {
+        self.inner.lock_range(start, end)
+    }
+
+    fn lock_shared_range(&self, start: Bound<u64>, end: Bound<u64>) -> std::result::Result<(), redb::BackendError> {
+        self.inner.lock_shared_range(start, end)
+    }
+
+    fn unlock_range(&self, start: Bound<u64>, end: Bound<u64>) -> std::result::Result<(), redb::BackendError> {
+        self.inner.unlock_range(start, end)
+    }
+
+    fn query_lock_range(&self, start: Bound<u64>, end: Bound<u64>) -> std::result::Result<bool, redb::BackendError> {
+        self.inner.query_lock_range(start, end)
+    }
+}
+
+/// What a closing engine did with one of its files.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum CloseCompaction {
+    /// Not compacted: its free space was under an eighth of it (or under
+    /// [`CLOSE_SLACK_MIN_BYTES`]), it was larger than the bound, or its length is not known.
+    Skipped,
+    /// Not compacted: a transaction of another handle or process was still open on it.
+    InUse,
+    /// Compacted from `before` bytes to `after`.
+    Compacted {
+        /// Its length before.
+        before: u64,
+        /// Its length after.
+        after: u64,
+    },
+}
+
+/// Whether a file of `len` bytes, of which `used` are allocated to redb's pages, is worth
+/// compacting at close under the bound `max`: at most `max` long, and at least an eighth
+/// of it (and [`CLOSE_SLACK_MIN_BYTES`]) free.
+pub(crate) fn worth_compacting(len: u64, used: u64, max: u64) -> bool {
+    let free = len.saturating_sub(used);
+    len <= max && free >= CLOSE_SLACK_MIN_BYTES && free >= len / 8
+}
+
+/// Compacts `db` at close when [`worth_compacting`] says so. `length` tells its length
+/// before and after. A transaction still open on it (another handle's reader, or another
+/// process's) leaves it as it was ([`CloseCompaction::InUse`]); an I/O error is returned.
+pub(crate) fn compact_at_close(db: &mut Database, length: &FileLength, max: u64) -> Result<CloseCompaction> {
+    let Some(before) = length.get() else {
+        return Ok(CloseCompaction::Skipped);
+    };
+    if before > max {
+        return Ok(CloseCompaction::Skipped);
+    }
+    let used = {
+        let txn = db.begin_write()?;
+        let stats = txn.stats()?;
+        txn.abort()?;
+        stats.allocated_pages().saturating_mul(stats.page_size() as u64)
+    };
+    if !worth_compacting(before, used, max) {
+        return Ok(CloseCompaction::Skipped);
+    }
+    for _ in 0..PASSES_MAX {
+        match db.compact() {
+            Ok(true) => {}
+            Ok(false) => break,
+            Err(redb::CompactionError::Storage(e)) => return Err(e.into()),
+            Err(_) => return Ok(CloseCompaction::InUse),
+        }
+    }
+    Ok(CloseCompaction::Compacted { before, after: length.get().unwrap_or(before) })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_file_is_worth_compacting_at_close_when_an_eighth_and_a_mib_are_free_under_the_bound() {
+        const MIB: u64 = 1 << 20;
+        let max = COMPACT_ON_CLOSE_BYTES_MAX;
+        assert!(worth_compacting(9 * MIB, 7 * MIB, max), "2 of 9 MiB free");
+        assert!(!worth_compacting(9 * MIB, 8 * MIB + MIB / 2, max), "under an eighth free");
+        assert!(!worth_compacting(4 * MIB, 3 * MIB + MIB / 2, max), "an eighth, but under 1 MiB");
+        assert!(worth_compacting(8 * MIB, 7 * MIB, max), "exactly an eighth and 1 MiB");
+        assert!(!worth_compacting(max + 1, 0, max), "over the bound");
+        assert!(worth_compacting(max, max / 2, max), "at the bound");
+        assert!(!worth_compacting(9 * MIB, 10 * MIB, max), "more allocated than the length");
+        assert!(!worth_compacting(9 * MIB, 0, 0), "turned off");
+    }
 }

@@ -204,3 +204,115 @@ fn compressed_and_raw_content_round_trip_with_the_same_ids() {
     assert_eq!(ids[0], ids[1], "ids are over the canonical bytes");
     assert!(sizes[0] * 5 < sizes[1], "compressed {} vs raw {}", sizes[0], sizes[1]);
 }
+
+/// A workload that leaves the log file a few MiB long, written through `engine`.
+fn fill(engine: &Engine, sessions: u64) {
+    let mut x = 0x9E37_79B9_7F4A_7C15u64;
+    for i in 0..sessions {
+        let s = engine.create_session(CreateSession::new().message(Message::system(format!("prompt {i}")))).unwrap();
+        for t in 0..40 {
+            // Random lower-case words: about 0.6 of their size after compression.
+            let body: String = (0..1_500)
+                .map(|_| {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    if x.is_multiple_of(7) {
+                        ' '
+                    } else {
+                        char::from(b'a' + (x % 26) as u8)
+                    }
+                })
+                .collect();
+            let turn = CommitTurn::new(s.session, format!("t{t}"), Expected::Any).message(Message::user(body));
+            engine.commit_turn(turn).unwrap();
+        }
+    }
+}
+
+fn file_len(path: &std::path::Path) -> u64 {
+    std::fs::metadata(path).unwrap().len()
+}
+
+/// redb grows a small file by doubling it; the last handle's close gives the unused part
+/// back when it is at least an eighth of the file, and every answer stays the same.
+#[test]
+fn close_gives_back_the_free_space_of_a_small_file_and_changes_no_answer() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("close.redb");
+    let kept = Options { compact_on_close_bytes_max: 0, ..Options::default() };
+    let engine = Engine::open_with(&path, kept.clone()).unwrap();
+    fill(&engine, 60);
+    let answers = |engine: &Engine| (engine.projection_digests().unwrap(), engine.tip().unwrap());
+    let before = answers(&engine);
+    engine.close().unwrap();
+    let long = file_len(&path);
+
+    // The same file, opened and closed with the default options.
+    Engine::open(&path).unwrap().close().unwrap();
+    let short = file_len(&path);
+    assert!(short * 8 <= long * 7, "compacted at close: {short} bytes against {long}");
+    let engine = Engine::open_with(&path, kept).unwrap();
+    assert_eq!(answers(&engine), before, "the same projections and the same log");
+    engine.close().unwrap();
+}
+
+/// A reader the host still holds keeps the file as it is; the close succeeds all the same,
+/// and the files opened on storage backends are compacted like files opened by path.
+#[test]
+fn close_leaves_a_file_alone_while_a_reader_holds_it_and_compacts_backends_too() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("held.redb");
+    let engine = Engine::open(&path).unwrap();
+    fill(&engine, 60);
+    let reader = engine.reader().clone();
+    let tip = engine.tip().unwrap();
+    engine.close().unwrap();
+    let held = file_len(&path);
+    assert_eq!(reader.tip().unwrap(), tip, "the reader still reads");
+    drop(reader);
+
+    let backend = |p: &std::path::Path| {
+        let file = std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(false).open(p).unwrap();
+        redb::backends::FileBackend::new(file).unwrap()
+    };
+    let engine =
+        Engine::open_with_backends(backend(&path), backend(&projections_path(&path)), Options::default()).unwrap();
+    assert_eq!(engine.tip().unwrap(), tip);
+    engine.close().unwrap();
+    assert!(file_len(&path) * 8 <= held * 7, "compacted at close: {} bytes against {held}", file_len(&path));
+    let engine = Engine::open(&path).unwrap();
+    assert_eq!(engine.tip().unwrap(), tip);
+    engine.close().unwrap();
+}
+
+/// A write that fails inside the compaction at close is the close's error; every commit
+/// was durable before it, and the file opens with the same answers.
+#[test]
+fn a_write_fault_in_the_compaction_at_close_is_its_error_and_loses_nothing() {
+    use annal::fault::{Faults, FaultyBackend};
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("fault.redb");
+    let kept = Options { compact_on_close_bytes_max: 0, ..Options::default() };
+    let engine = Engine::open_with(&path, kept.clone()).unwrap();
+    fill(&engine, 60);
+    let answers = |engine: &Engine| (engine.projection_digests().unwrap(), engine.tip().unwrap());
+    let before = answers(&engine);
+    engine.close().unwrap();
+
+    let faults = Faults::new();
+    let backend = |p: &std::path::Path| {
+        let file = std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(false).open(p).unwrap();
+        FaultyBackend::new(redb::backends::FileBackend::new(file).unwrap(), faults.clone())
+    };
+    let engine =
+        Engine::open_with_backends(backend(&path), backend(&projections_path(&path)), Options::default()).unwrap();
+    // A caught-up database opens and closes without a write of its own: the first write
+    // after this is the compaction's.
+    faults.fail_write_after(0);
+    assert!(matches!(engine.close(), Err(Error::Storage(_))));
+
+    let engine = Engine::open_with(&path, kept).unwrap();
+    assert_eq!(answers(&engine), before);
+    engine.close().unwrap();
+}
