@@ -234,25 +234,45 @@ fn file_len(path: &std::path::Path) -> u64 {
     std::fs::metadata(path).unwrap().len()
 }
 
+/// What the compaction at close must not change: every projection and the log's tip.
+fn answers(engine: &Engine) -> (Vec<TableDigest>, (u64, ChainHash)) {
+    (engine.projection_digests().unwrap(), engine.tip().unwrap())
+}
+
+/// Options that never compact at close.
+fn kept() -> Options {
+    Options { compact_on_close_bytes_max: 0, ..Options::default() }
+}
+
+/// A database filled and closed without compaction: its directory, its path and its
+/// answers.
+fn filled_and_kept(name: &str) -> (tempfile::TempDir, std::path::PathBuf, (Vec<TableDigest>, (u64, ChainHash))) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join(name);
+    let engine = Engine::open_with(&path, kept()).unwrap();
+    fill(&engine, 60);
+    let before = answers(&engine);
+    engine.close().unwrap();
+    (dir, path, before)
+}
+
+fn file_backend(path: &std::path::Path) -> redb::backends::FileBackend {
+    let file = std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(false).open(path).unwrap();
+    redb::backends::FileBackend::new(file).unwrap()
+}
+
 /// redb grows a small file by doubling it; the last handle's close gives the unused part
 /// back when it is at least an eighth of the file, and every answer stays the same.
 #[test]
 fn close_gives_back_the_free_space_of_a_small_file_and_changes_no_answer() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("close.redb");
-    let kept = Options { compact_on_close_bytes_max: 0, ..Options::default() };
-    let engine = Engine::open_with(&path, kept.clone()).unwrap();
-    fill(&engine, 60);
-    let answers = |engine: &Engine| (engine.projection_digests().unwrap(), engine.tip().unwrap());
-    let before = answers(&engine);
-    engine.close().unwrap();
+    let (_dir, path, before) = filled_and_kept("close.redb");
     let long = file_len(&path);
 
     // The same file, opened and closed with the default options.
     Engine::open(&path).unwrap().close().unwrap();
     let short = file_len(&path);
     assert!(short * 8 <= long * 7, "compacted at close: {short} bytes against {long}");
-    let engine = Engine::open_with(&path, kept).unwrap();
+    let engine = Engine::open_with(&path, kept()).unwrap();
     assert_eq!(answers(&engine), before, "the same projections and the same log");
     engine.close().unwrap();
 }
@@ -272,12 +292,8 @@ fn close_leaves_a_file_alone_while_a_reader_holds_it_and_compacts_backends_too()
     assert_eq!(reader.tip().unwrap(), tip, "the reader still reads");
     drop(reader);
 
-    let backend = |p: &std::path::Path| {
-        let file = std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(false).open(p).unwrap();
-        redb::backends::FileBackend::new(file).unwrap()
-    };
-    let engine =
-        Engine::open_with_backends(backend(&path), backend(&projections_path(&path)), Options::default()).unwrap();
+    let projections = file_backend(&projections_path(&path));
+    let engine = Engine::open_with_backends(file_backend(&path), projections, Options::default()).unwrap();
     assert_eq!(engine.tip().unwrap(), tip);
     engine.close().unwrap();
     assert!(file_len(&path) * 8 <= held * 7, "compacted at close: {} bytes against {held}", file_len(&path));
@@ -291,20 +307,9 @@ fn close_leaves_a_file_alone_while_a_reader_holds_it_and_compacts_backends_too()
 #[test]
 fn a_write_fault_in_the_compaction_at_close_is_its_error_and_loses_nothing() {
     use annal::fault::{Faults, FaultyBackend};
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("fault.redb");
-    let kept = Options { compact_on_close_bytes_max: 0, ..Options::default() };
-    let engine = Engine::open_with(&path, kept.clone()).unwrap();
-    fill(&engine, 60);
-    let answers = |engine: &Engine| (engine.projection_digests().unwrap(), engine.tip().unwrap());
-    let before = answers(&engine);
-    engine.close().unwrap();
-
+    let (_dir, path, before) = filled_and_kept("fault.redb");
     let faults = Faults::new();
-    let backend = |p: &std::path::Path| {
-        let file = std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(false).open(p).unwrap();
-        FaultyBackend::new(redb::backends::FileBackend::new(file).unwrap(), faults.clone())
-    };
+    let backend = |p: &std::path::Path| FaultyBackend::new(file_backend(p), faults.clone());
     let engine =
         Engine::open_with_backends(backend(&path), backend(&projections_path(&path)), Options::default()).unwrap();
     // A caught-up database opens and closes without a write of its own: the first write
@@ -312,7 +317,7 @@ fn a_write_fault_in_the_compaction_at_close_is_its_error_and_loses_nothing() {
     faults.fail_write_after(0);
     assert!(matches!(engine.close(), Err(Error::Storage(_))));
 
-    let engine = Engine::open_with(&path, kept).unwrap();
+    let engine = Engine::open_with(&path, kept()).unwrap();
     assert_eq!(answers(&engine), before);
     engine.close().unwrap();
 }
