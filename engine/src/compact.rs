@@ -51,12 +51,7 @@ pub fn compact(path: impl AsRef<Path>, options: Options) -> Result<CompactStats>
     for file in &files {
         fail_closed("compact", || {
             let mut db = redb::Database::open(file).map_err(|e| Error::Storage(format!("open exclusively: {e}")))?;
-            for _ in 0..PASSES_MAX {
-                if !db.compact().map_err(|e| Error::Storage(format!("compaction: {e}")))? {
-                    break;
-                }
-            }
-            Ok(())
+            compact_passes(&mut db).map_err(|e| Error::Storage(format!("compaction: {e}")))
         })?;
     }
     Ok(CompactStats { bytes_before, bytes_after: size()?, elapsed: started.elapsed() })
@@ -166,21 +161,15 @@ impl<B: StorageBackend> StorageBackend for Measured<B> {
     }
 }
 
-/// What a closing engine did with one of its files.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum CloseCompaction {
-    /// Not compacted: its free space was under an eighth of it (or under
-    /// [`CLOSE_SLACK_MIN_BYTES`]), it was larger than the bound, or its length is not known.
-    Skipped,
-    /// Not compacted: a transaction of another handle or process was still open on it.
-    InUse,
-    /// Compacted from `before` bytes to `after`.
-    Compacted {
-        /// Its length before.
-        before: u64,
-        /// Its length after.
-        after: u64,
-    },
+/// redb's compaction of `db`, repeated until a pass frees nothing (at most
+/// [`PASSES_MAX`] passes): each can free the pages the previous one moved.
+fn compact_passes(db: &mut Database) -> std::result::Result<(), redb::CompactionError> {
+    for _ in 0..PASSES_MAX {
+        if !db.compact()? {
+            break;
+        }
+    }
+    Ok(())
 }
 
 /// Whether a file of `len` bytes, of which `used` are allocated to redb's pages, is worth
@@ -191,34 +180,27 @@ pub(crate) fn worth_compacting(len: u64, used: u64, max: u64) -> bool {
     len <= max && free >= CLOSE_SLACK_MIN_BYTES && free >= len / 8
 }
 
-/// Compacts `db` at close when [`worth_compacting`] says so. `length` tells its length
-/// before and after. A transaction still open on it (another handle's reader, or another
-/// process's) leaves it as it was ([`CloseCompaction::InUse`]); an I/O error is returned.
-pub(crate) fn compact_at_close(db: &mut Database, length: &FileLength, max: u64) -> Result<CloseCompaction> {
-    let Some(before) = length.get() else {
-        return Ok(CloseCompaction::Skipped);
+/// Compacts `db` at close when [`worth_compacting`] says so, its length read from
+/// `length`; returns whether it did. A transaction still open on it (another handle's
+/// reader, or another process's) leaves it as it was; an I/O error is returned.
+pub(crate) fn compact_at_close(db: &mut Database, length: &FileLength, max: u64) -> Result<bool> {
+    let Some(len) = length.get().filter(|len| *len <= max) else {
+        return Ok(false);
     };
-    if before > max {
-        return Ok(CloseCompaction::Skipped);
-    }
     let used = {
         let txn = db.begin_write()?;
         let stats = txn.stats()?;
         txn.abort()?;
         stats.allocated_pages().saturating_mul(stats.page_size() as u64)
     };
-    if !worth_compacting(before, used, max) {
-        return Ok(CloseCompaction::Skipped);
+    if !worth_compacting(len, used, max) {
+        return Ok(false);
     }
-    for _ in 0..PASSES_MAX {
-        match db.compact() {
-            Ok(true) => {}
-            Ok(false) => break,
-            Err(redb::CompactionError::Storage(e)) => return Err(e.into()),
-            Err(_) => return Ok(CloseCompaction::InUse),
-        }
+    match compact_passes(db) {
+        Ok(()) => Ok(true),
+        Err(redb::CompactionError::Storage(e)) => Err(e.into()),
+        Err(_) => Ok(false),
     }
-    Ok(CloseCompaction::Compacted { before, after: length.get().unwrap_or(before) })
 }
 
 #[cfg(test)]
