@@ -311,6 +311,100 @@ impl Iterator for LogTail {
     }
 }
 
+/// Records a [`ReadAhead`] hands its consumer at a time, and batches of them it reads
+/// ahead.
+const READ_BATCH: usize = 1024;
+const READ_AHEAD: usize = 16;
+
+/// A [`LogTail`] read on a thread of its own, ahead of the fold that consumes it, in
+/// batches of [`READ_BATCH`] records, at most [`READ_AHEAD`] batches ahead (bounded
+/// memory). Chain checks, decoding and the content rows' ids then run beside the fold
+/// instead of before it: a rebuild, a recovery at open and a read-only opener's fold of
+/// the tail each spent about 30% of their time there. Yields what the tail yields, in
+/// order, and stops after its first error; dropping it stops the reading thread at its
+/// next batch.
+pub(crate) struct ReadAhead {
+    batches: crossbeam_channel::Receiver<Result<Vec<LogEntry>>>,
+    batch: std::vec::IntoIter<LogEntry>,
+    failed: bool,
+}
+
+impl ReadAhead {
+    /// Reads the tail that `open` makes on a thread of `scope`.
+    pub(crate) fn spawn<'scope>(
+        scope: &'scope std::thread::Scope<'scope, '_>,
+        open: impl FnOnce() -> Result<LogTail> + Send + 'scope,
+    ) -> ReadAhead {
+        let (to_fold, batches) = crossbeam_channel::bounded::<Result<Vec<LogEntry>>>(READ_AHEAD);
+        scope.spawn(move || {
+            let entries = match open() {
+                Ok(entries) => entries,
+                Err(e) => return drop(to_fold.send(Err(e))),
+            };
+            let mut batch = Vec::with_capacity(READ_BATCH);
+            for entry in entries {
+                match entry {
+                    Ok(entry) => batch.push(entry),
+                    Err(e) => {
+                        // What was read before the failure is folded first.
+                        if !batch.is_empty() && to_fold.send(Ok(std::mem::take(&mut batch))).is_err() {
+                            return;
+                        }
+                        return drop(to_fold.send(Err(e)));
+                    }
+                }
+                if batch.len() == READ_BATCH
+                    && to_fold.send(Ok(std::mem::replace(&mut batch, Vec::with_capacity(READ_BATCH)))).is_err()
+                {
+                    return;
+                }
+            }
+            if !batch.is_empty() {
+                let _ = to_fold.send(Ok(batch));
+            }
+        });
+        ReadAhead { batches, batch: Vec::new().into_iter(), failed: false }
+    }
+}
+
+/// Calls `fold` with the entries of the tail that `open` makes, which holds `records`
+/// records: read ahead on a thread of its own ([`ReadAhead`]) when they fill a batch,
+/// and inline when they do not, where a thread would cost more than it saves (a
+/// read-only opener folds the few records committed since its last query).
+pub(crate) fn fold_entries<T>(
+    records: u64,
+    open: impl FnOnce() -> Result<LogTail> + Send,
+    fold: impl FnOnce(&mut dyn Iterator<Item = Result<LogEntry>>) -> Result<T>,
+) -> Result<T> {
+    if records < READ_BATCH as u64 {
+        return fold(&mut open()?);
+    }
+    std::thread::scope(|scope| fold(&mut ReadAhead::spawn(scope, open)))
+}
+
+impl Iterator for ReadAhead {
+    type Item = Result<LogEntry>;
+
+    fn next(&mut self) -> Option<Result<LogEntry>> {
+        loop {
+            if self.failed {
+                return None;
+            }
+            if let Some(entry) = self.batch.next() {
+                return Some(Ok(entry));
+            }
+            match self.batches.recv() {
+                Ok(Ok(batch)) => self.batch = batch.into_iter(),
+                Ok(Err(e)) => {
+                    self.failed = true;
+                    return Some(Err(e));
+                }
+                Err(_) => return None,
+            }
+        }
+    }
+}
+
 /// What the log file's `meta` says about opening it.
 pub(crate) enum LogState {
     /// Ready: format and key check out.
