@@ -29,7 +29,8 @@ const USAGE: &str = "usage: annal-benches compare [--quick] [--out DIR] [--data-
   --data-dir DIR where the databases are created (default: the system's temporary directory);
                  the disk's fsync ceiling is measured there too
   --seed N       workload seed (default 42)
-  --stores LIST  only these stores (for profiling one of them)
+  --stores LIST  only these stores (for profiling one of them): annal, annal_other_mode,
+                 sqlite, jsonl, naive_redb, and the commit-phase-only floor and redb_insert
   --levels LIST  only these numbers of concurrent committers
   --commits N    durable commits per store at each level (default 3000, 400 with --quick)
   --commits-only only the fsync ceiling and the commit phase (for profiling)

@@ -269,6 +269,17 @@ impl Report {
         if let Some(r) = self.advantage("sqlite", "commits_per_s", c1) {
             out.push(("durable commits at 1 committer ≥ 1.0× SQLite".into(), r >= 1.0, format!("{r:.2}×")));
         }
+        if let (Some(a), Some(b)) =
+            (self.get("annal", "commit_p50_us", c1), self.get("redb_insert", "commit_p50_us", c1))
+        {
+            out.push((
+                "commit latency at 1 committer ≤ 1.3× a bare redb single-insert durable commit \
+                 (p50, same concurrency mode)"
+                    .into(),
+                a <= 1.3 * b,
+                format!("{} µs vs {} µs: {:.2}×", fmt(a), fmt(b), a / b.max(1e-9)),
+            ));
+        }
         if let (Some(a), Some(s)) = (self.get("annal", "commit_p99_us", c16), self.get("sqlite", "commit_p99_us", c16))
         {
             out.push(("p99 at 16 committers ≤ SQLite's p99".into(), a <= s, format!("{} µs vs {} µs", fmt(a), fmt(s))));
@@ -324,6 +335,12 @@ impl Report {
         }
         if let Some(r) = self.advantage("sqlite", "head_reads_per_s", None) {
             out.push(("head reads ≥ 5× SQLite".into(), r >= 5.0, format!("{r:.2}×")));
+        }
+        if let Some(r) = self.advantage("sqlite", "page_reads_per_s", None) {
+            out.push(("transcript page reads ≥ 1.5× SQLite".into(), r >= 1.5, format!("{r:.2}×")));
+        }
+        if let Some(r) = self.advantage("sqlite", "rebuild_events_per_s", None) {
+            out.push(("rebuild ≥ 2× SQLite (events/s)".into(), r >= 2.0, format!("{r:.2}×")));
         }
         if let Some(ms) = self.get("annal", "recovery_first_head_ms", None) {
             out.push((
@@ -437,5 +454,81 @@ impl Report {
             .map_err(|e| e.to_string())?;
         root.present().map_err(|e| e.to_string())?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A report holding `entries` only.
+    fn report(entries: &[(&str, &str, Option<u32>, f64)]) -> Report {
+        let mut r = Report::new(&Scale::tiny(), 42);
+        for (store, metric, c, value) in entries {
+            r.push(Entry::new(store, metric, *c, *value, "-"));
+        }
+        r
+    }
+
+    /// Whether the target whose name starts with `name` was met, and its figures.
+    fn target(r: &Report, name: &str) -> Option<(bool, String)> {
+        r.targets().into_iter().find(|(t, _, _)| t.starts_with(name)).map(|(_, met, detail)| (met, detail))
+    }
+
+    const LATENCY: &str = "commit latency at 1 committer ≤ 1.3× a bare redb single-insert durable commit";
+
+    #[test]
+    fn latency_against_the_bare_redb_insert() {
+        let figures = |annal| {
+            report(&[("annal", "commit_p50_us", Some(1), annal), ("redb_insert", "commit_p50_us", Some(1), 800.0)])
+        };
+        assert_eq!(target(&figures(1000.0), LATENCY), Some((true, "1,000 µs vs 800 µs: 1.25×".into())));
+        assert_eq!(target(&figures(1120.0), LATENCY), Some((false, "1,120 µs vs 800 µs: 1.40×".into())));
+        // Figures at another level, or no bare insert at all, give no line.
+        let other_level =
+            report(&[("annal", "commit_p50_us", Some(16), 900.0), ("redb_insert", "commit_p50_us", Some(16), 800.0)]);
+        assert_eq!(target(&other_level, LATENCY), None);
+        assert_eq!(target(&report(&[("annal", "commit_p50_us", Some(1), 900.0)]), LATENCY), None);
+    }
+
+    #[test]
+    fn page_reads_and_rebuild_against_sqlite() {
+        let met = report(&[
+            ("annal", "page_reads_per_s", None, 30_000.0),
+            ("sqlite", "page_reads_per_s", None, 20_000.0),
+            ("annal", "rebuild_events_per_s", None, 200_000.0),
+            ("sqlite", "rebuild_events_per_s", None, 100_000.0),
+        ]);
+        assert_eq!(target(&met, "transcript page reads ≥ 1.5× SQLite"), Some((true, "1.50×".into())));
+        assert_eq!(target(&met, "rebuild ≥ 2× SQLite (events/s)"), Some((true, "2.00×".into())));
+        let missed = report(&[
+            ("annal", "page_reads_per_s", None, 19_594.0),
+            ("sqlite", "page_reads_per_s", None, 38_262.0),
+            ("annal", "rebuild_events_per_s", None, 28_021.0),
+            ("sqlite", "rebuild_events_per_s", None, 93_787.0),
+        ]);
+        assert_eq!(target(&missed, "transcript page reads ≥ 1.5× SQLite"), Some((false, "0.51×".into())));
+        assert_eq!(target(&missed, "rebuild ≥ 2× SQLite (events/s)"), Some((false, "0.30×".into())));
+    }
+
+    #[test]
+    fn targets_keep_their_order() {
+        let r = report(&[
+            ("annal", "commits_per_s", Some(1), 1000.0),
+            ("sqlite", "commits_per_s", Some(1), 2000.0),
+            ("annal", "commit_p50_us", Some(1), 1000.0),
+            ("redb_insert", "commit_p50_us", Some(1), 800.0),
+            ("annal", "head_reads_per_s", None, 1e7),
+            ("sqlite", "head_reads_per_s", None, 1e6),
+            ("annal", "page_reads_per_s", None, 1e4),
+            ("sqlite", "page_reads_per_s", None, 1e4),
+            ("annal", "rebuild_events_per_s", None, 1e4),
+            ("sqlite", "rebuild_events_per_s", None, 1e4),
+        ]);
+        let names: Vec<String> = r.targets().into_iter().map(|(t, _, _)| t).collect();
+        let position = |prefix: &str| names.iter().position(|t| t.starts_with(prefix)).unwrap();
+        assert_eq!(position(LATENCY), position("durable commits at 1 committer") + 1);
+        assert_eq!(position("transcript page reads"), position("head reads") + 1);
+        assert_eq!(position("rebuild"), position("transcript page reads") + 1);
     }
 }

@@ -1,13 +1,16 @@
-//! The four session stores the harness compares, behind one trait.
+//! The four session stores the harness compares, and two probes that take part in the
+//! commit phase only, behind one trait.
 //!
 //! Every store commits each op durably before it returns: annal through its group
 //! commit, SQLite with `synchronous=FULL` in WAL mode, JSON Lines with `sync_data` per
-//! append, and the naive redb store with `Durability::Immediate`.
+//! append, and the naive redb store with `Durability::Immediate`. The probes do too: the
+//! floor with one `fdatasync` per group, the bare redb insert with `Durability::Immediate`.
 
 pub mod annal_store;
 pub mod floor;
 pub mod jsonl;
 pub mod naive_redb;
+pub mod redb_insert;
 pub mod sqlite;
 
 use crate::workload::{Msg, Op, Turn};
@@ -31,17 +34,21 @@ pub enum StoreKind {
     /// The floor: a group-committed, hash-chained log with its state kept as typed values
     /// in memory and no projection written (`floor.rs`); the commit phase only.
     Floor,
+    /// The bare redb commit: one row inserted in one durable transaction, in annal's
+    /// default concurrency mode (`redb_insert.rs`); the commit phase only.
+    RedbInsert,
 }
 
 impl StoreKind {
     /// Every store, annal first.
-    pub const ALL: [StoreKind; 6] = [
+    pub const ALL: [StoreKind; 7] = [
         StoreKind::Annal,
         StoreKind::AnnalOtherMode,
         StoreKind::Sqlite,
         StoreKind::Jsonl,
         StoreKind::NaiveRedb,
         StoreKind::Floor,
+        StoreKind::RedbInsert,
     ];
 
     /// The name used in results.
@@ -53,13 +60,14 @@ impl StoreKind {
             StoreKind::Jsonl => "jsonl",
             StoreKind::NaiveRedb => "naive_redb",
             StoreKind::Floor => "floor",
+            StoreKind::RedbInsert => "redb_insert",
         }
     }
 
-    /// Whether the store takes part in the commit phase only (the floor, which reads
-    /// nothing back and keeps nothing to rebuild).
+    /// Whether the store takes part in the commit phase only (the floor and the bare
+    /// redb insert, which read nothing back and keep nothing to rebuild).
     pub fn commits_only(self) -> bool {
-        self == StoreKind::Floor
+        matches!(self, StoreKind::Floor | StoreKind::RedbInsert)
     }
 
     /// Opens (or creates) the store in directory `dir`.
@@ -76,12 +84,13 @@ impl StoreKind {
             StoreKind::Jsonl => Box::new(jsonl::JsonlStore::open(dir)?),
             StoreKind::NaiveRedb => Box::new(naive_redb::NaiveRedbStore::open(dir)?),
             StoreKind::Floor => Box::new(floor::FloorStore::open(dir)?),
+            StoreKind::RedbInsert => Box::new(redb_insert::RedbInsertStore::open(dir)?),
         })
     }
 
     /// Gives the free space inside the closed store's files back, the way its own tools
     /// do: redb's compaction (`annal compact` for annal), SQLite's `VACUUM` and a WAL
-    /// checkpoint; JSON Lines files have none.
+    /// checkpoint; JSON Lines files and the commit-phase-only probes have none.
     pub fn compact(self, dir: &Path) -> Result<()> {
         match self {
             StoreKind::Annal | StoreKind::AnnalOtherMode => {
@@ -90,7 +99,7 @@ impl StoreKind {
             }
             StoreKind::NaiveRedb => compact_redb(&dir.join(naive_redb::FILE)),
             StoreKind::Sqlite => sqlite::vacuum(dir),
-            StoreKind::Jsonl | StoreKind::Floor => Ok(()),
+            StoreKind::Jsonl | StoreKind::Floor | StoreKind::RedbInsert => Ok(()),
         }
     }
 
@@ -106,6 +115,7 @@ impl StoreKind {
             StoreKind::Jsonl => jsonl::bulk_load(dir, ids, system, turns),
             StoreKind::NaiveRedb => naive_redb::bulk_load(dir, ids, system, turns),
             StoreKind::Floor => Err("the floor takes part in the commit phase only".into()),
+            StoreKind::RedbInsert => Err("the bare redb insert takes part in the commit phase only".into()),
         }
     }
 }
