@@ -14,7 +14,7 @@ use crate::delta::{LogSnap, LogUpdate};
 use crate::error::{Error, Result};
 use crate::evolve::evolve;
 use crate::limits::Limits;
-use crate::log::{fold_entries, hash_at, LogTail, Tip};
+use crate::log::{hash_at, LogTail, Tip};
 use crate::projection::{Projection, ProjectionSet};
 use crate::rebuild::{Progress, RebuildStats};
 use crate::store::Overlay;
@@ -284,10 +284,12 @@ pub(crate) fn catch_up(
         tables::clear_projection_tables(&txn, &doomed)?;
     }
     let (mut events, mut bytes) = (0u64, 0u64);
-    let from = cursors.min();
-    let total = tip.seq.saturating_sub(from);
-    let open = move || {
-        LogTail::new(
+    {
+        let mut store = RedbStore::open(&txn)?;
+        let mut overlay = Overlay::new(&store);
+        let from = cursors.min();
+        let total = tip.seq.saturating_sub(from);
+        for entry in LogTail::new(
             log,
             &crate::journal::Tail::default(),
             chain,
@@ -295,12 +297,7 @@ pub(crate) fn catch_up(
             tip.seq,
             limits.record_bytes_max,
             limits.message_object_bytes_max(),
-        )
-    };
-    fold_entries(total, open, |entries| {
-        let mut store = RedbStore::open(&txn)?;
-        let mut overlay = Overlay::new(&store);
-        for entry in entries {
+        )? {
             let entry = entry?;
             evolve(&mut overlay, &entry.record, &entry.introduced, cursors.behind(entry.record.seq))?;
             events += 1;
@@ -313,10 +310,6 @@ pub(crate) fn catch_up(
         }
         store.apply(overlay.into_writes())?;
         progress(events, total);
-        Ok(())
-    })?;
-    if events != total {
-        return Err(Error::Storage(format!("the catch-up folded {events} events of {total}")));
     }
     write_cursors(&txn, ProjectionSet::all(), tip.seq, &tip.hash)?;
     txn.commit()?;
@@ -345,19 +338,10 @@ pub(crate) fn fold_tail(
     let mut overlay = Overlay::new(&view);
     let mut events = 0;
     let (record_max, object_max) = (limits.record_bytes_max, limits.message_object_bytes_max());
-    let after = view.seq();
-    let (txn_ref, tail_ref) = (&txn, &tail);
-    let open = move || LogTail::new(txn_ref, tail_ref, chain, after, last, record_max, object_max);
-    fold_entries(last - after, open, |entries| {
-        for entry in entries {
-            let entry = entry?;
-            evolve(&mut overlay, &entry.record, &entry.introduced, ProjectionSet::all())?;
-            events += 1;
-        }
-        Ok(())
-    })?;
-    if events != last - after {
-        return Err(Error::Storage(format!("the fold of the tail read {events} events of {}", last - after)));
+    for entry in LogTail::new(&txn, &tail, chain, view.seq(), last, record_max, object_max)? {
+        let entry = entry?;
+        evolve(&mut overlay, &entry.record, &entry.introduced, ProjectionSet::all())?;
+        events += 1;
     }
     let writes = overlay.into_writes();
     drop(view);

@@ -7,7 +7,7 @@ use crate::checkpoint::{self, Cursors};
 use crate::engine::{projections_path, Options};
 use crate::error::{fail_closed, Error, Result};
 use crate::evolve::evolve;
-use crate::log::{LogTail, ReadAhead};
+use crate::log::LogTail;
 use crate::projection::{Projection, ProjectionSet};
 use annal_codec::LogChain;
 use redb::ReadableDatabase;
@@ -115,6 +115,11 @@ pub fn rebuild_path(projections: &Path) -> std::path::PathBuf {
     name.push(".rebuild");
     std::path::PathBuf::from(name)
 }
+
+/// Records a full rebuild's reading thread hands the fold at a time, and batches of them
+/// it reads ahead.
+const READ_BATCH: usize = 1024;
+const READ_AHEAD: usize = 16;
 
 /// The log a rebuild folds: a snapshot of it, its chain, limits and tip.
 #[derive(Clone, Copy)]
@@ -243,9 +248,10 @@ fn fold_into(temp: &Path, log: &LogSource<'_>, progress: Progress<'_>, chunk_eve
             }
         });
         let mut base = Folded::new(db.begin_read()?)?;
-        // A third thread reads and decodes the log ahead of the fold.
-        let mut entries = ReadAhead::spawn(scope, move || {
-            LogTail::new(
+        // A third thread reads and decodes the log ahead of the fold, in batches.
+        let (to_fold_entries, read) = crossbeam_channel::bounded::<Result<Vec<crate::log::LogEntry>>>(READ_AHEAD);
+        scope.spawn(move || {
+            let entries = match LogTail::new(
                 log_txn,
                 &crate::journal::Tail::default(),
                 chain,
@@ -253,9 +259,38 @@ fn fold_into(temp: &Path, log: &LogSource<'_>, progress: Progress<'_>, chunk_eve
                 tip.seq,
                 limits.record_bytes_max,
                 limits.message_object_bytes_max(),
-            )
+            ) {
+                Ok(entries) => entries,
+                Err(e) => return drop(to_fold_entries.send(Err(e))),
+            };
+            let mut batch = Vec::with_capacity(READ_BATCH);
+            for entry in entries {
+                match entry {
+                    Ok(entry) => batch.push(entry),
+                    Err(e) => return drop(to_fold_entries.send(Err(e))),
+                }
+                if batch.len() == READ_BATCH
+                    && to_fold_entries.send(Ok(std::mem::replace(&mut batch, Vec::with_capacity(READ_BATCH)))).is_err()
+                {
+                    return;
+                }
+            }
+            if !batch.is_empty() {
+                let _ = to_fold_entries.send(Ok(batch));
+            }
         });
-        let mut next_entry = || entries.next().transpose();
+        let mut batch = Vec::new().into_iter();
+        let mut next_entry = || -> Result<Option<crate::log::LogEntry>> {
+            loop {
+                if let Some(entry) = batch.next() {
+                    return Ok(Some(entry));
+                }
+                match read.recv() {
+                    Ok(next) => batch = next?.into_iter(),
+                    Err(_) => return Ok(None),
+                }
+            }
+        };
         // The writing thread stops at its first failure, after handing it over: that
         // failure, not the closed channel, is what the rebuild reports.
         let stopped = || {
@@ -363,79 +398,6 @@ mod tests {
             .iter()
             .map(|p| meta.get(meta_keys::cursor(*p).as_str()).unwrap().and_then(|g| meta_u64(g.value())))
             .collect()
-    }
-
-    /// Every entry of `entries` until its first error, then that error's text.
-    fn read_all(
-        entries: impl Iterator<Item = Result<crate::log::LogEntry>>,
-    ) -> (Vec<crate::log::LogEntry>, Option<String>) {
-        let mut read = Vec::new();
-        for entry in entries {
-            match entry {
-                Ok(entry) => read.push(entry),
-                Err(e) => return (read, Some(e.to_string())),
-            }
-        }
-        (read, None)
-    }
-
-    #[test]
-    fn reading_ahead_yields_the_tail_in_order_and_stops_at_its_first_error() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("r.redb");
-        // More records than a batch of the reading thread holds, each with content.
-        let engine = Engine::open(&path).unwrap();
-        let commands = (0..2_500)
-            .map(|i| {
-                crate::Command::CreateSession(CreateSession::new().message(Message::system(format!("prompt {i}"))))
-            })
-            .collect();
-        engine.batch(commands).unwrap();
-        engine.close().unwrap();
-        let (chain, limits) = (LogChain::plain(), crate::Limits::default());
-        let read_both = |after: u64| {
-            let log = redb::Database::open(&path).unwrap();
-            let txn = log.begin_read().unwrap();
-            let tail = crate::journal::Tail::default();
-            let open = || {
-                LogTail::new(
-                    &txn,
-                    &tail,
-                    &chain,
-                    after,
-                    2_500,
-                    limits.record_bytes_max,
-                    limits.message_object_bytes_max(),
-                )
-            };
-            let direct = read_all(open().unwrap());
-            let ahead = std::thread::scope(|scope| read_all(ReadAhead::spawn(scope, open)));
-            (direct, ahead)
-        };
-        let ((direct, none), ahead) = read_both(7);
-        assert_eq!(none, None);
-        assert_eq!(direct.len(), 2_493);
-        assert_eq!(direct.first().map(|e| e.record.seq), Some(8));
-        assert!(direct.iter().all(|e| e.introduced.len() == 1));
-        assert_eq!(ahead, (direct, None));
-
-        // A record past the second batch that no longer decodes ends both, at that record.
-        {
-            let log = redb::Database::create(&path).unwrap();
-            let txn = log.begin_write().unwrap();
-            {
-                let mut table = txn.open_table(LOG).unwrap();
-                let mut bytes = table.get(2_100).unwrap().unwrap().value().to_vec();
-                let last = bytes.len() - 1;
-                bytes[last] ^= 0x40;
-                table.insert(2_100, bytes.as_slice()).unwrap();
-            }
-            txn.commit().unwrap();
-        }
-        let ((direct, failure), ahead) = read_both(0);
-        assert_eq!(direct.len(), 2_099);
-        assert!(failure.as_deref().is_some_and(|e| e.contains("2100")), "{failure:?}");
-        assert_eq!(ahead, (direct, failure));
     }
 
     #[test]
