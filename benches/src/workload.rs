@@ -105,14 +105,20 @@ pub enum Op {
 }
 
 impl Op {
+    /// The content the host hands in with this op: a turn's message bodies, a context
+    /// append's content, a compaction's summary; nothing for a restore or a fork.
+    pub fn content(&self) -> Vec<&[u8]> {
+        match self {
+            Op::Turn(t) => t.messages.iter().map(|m| m.body.as_slice()).collect(),
+            Op::Context { content, .. } => vec![content.as_slice()],
+            Op::Compact { summary, .. } => vec![summary.body.as_slice()],
+            Op::Restore | Op::Fork { .. } => Vec::new(),
+        }
+    }
+
     /// Bytes of content the host hands in with this op.
     pub fn logical_bytes(&self) -> u64 {
-        match self {
-            Op::Turn(t) => t.messages.iter().map(|m| m.body.len() as u64).sum(),
-            Op::Context { content, .. } => content.len() as u64,
-            Op::Compact { summary, .. } => summary.body.len() as u64,
-            Op::Restore | Op::Fork { .. } => 0,
-        }
+        self.content().iter().map(|c| c.len() as u64).sum()
     }
 
     /// Short name for counting.

@@ -4,7 +4,7 @@
 //!
 //! What one commit does: one write transaction (`Durability::Immediate`) that inserts one
 //! row into one table, keyed by a `u64` sequence number, whose value is the content bytes
-//! the op carries ([`payload`]). The database is opened with
+//! the op carries ([`Op::content`], concatenated). The database is opened with
 //! `ConcurrencyMode::SingleWriter`, the mode annal's default options (durable, readers in
 //! other processes allowed) choose, in which redb commits in two phases. Concurrent
 //! committers queue on redb's single write transaction: there is no group commit, so a
@@ -28,18 +28,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 pub const FILE: &str = "insert.redb";
 
 const ROWS: TableDefinition<u64, &[u8]> = TableDefinition::new("rows");
-
-/// The value one commit inserts for `op`: the content bytes the host hands in with it
-/// (as [`Op::logical_bytes`] counts them), that is a turn's message bodies concatenated,
-/// a context append's content or a compaction's summary; empty for a restore or a fork.
-pub fn payload(op: &Op) -> Vec<u8> {
-    match op {
-        Op::Turn(t) => t.messages.iter().flat_map(|m| m.body.iter().copied()).collect(),
-        Op::Context { content, .. } => content.clone(),
-        Op::Compact { summary, .. } => summary.body.clone(),
-        Op::Restore | Op::Fork { .. } => Vec::new(),
-    }
-}
 
 /// The bare redb commit behind the [`SessionStore`] trait (the commit phase only).
 pub struct RedbInsertStore {
@@ -88,7 +76,7 @@ impl SessionStore for RedbInsertStore {
     }
 
     fn apply(&self, _: &mut Cursor, op: &Op) -> Result<()> {
-        self.insert(&payload(op))
+        self.insert(&op.content().concat())
     }
 
     fn head(&self, _: [u8; 16]) -> Result<Head> {
