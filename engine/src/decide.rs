@@ -561,7 +561,7 @@ fn commit_turn<S: Store + ?Sized>(store: &S, c: &CommitTurn, limits: &Limits, no
     let h = head(store, &c.session)?;
     let commit_hash =
         turn_commit_hash_with_inputs(&messages, &c.usage, &c.applied_context, &c.tool_ops, &state, &c.inputs);
-    if let Some(rec) = store.row::<TurnRecord>(Table::Turns, &keys::session_str(&c.session, &c.turn_id))? {
+    if let Some(rec) = crate::buckets::turn_record(store, &c.session, &c.turn_id)? {
         if rec.commit_hash == commit_hash {
             return Ok(Decision::Noop(Outcome::AlreadyCommitted(rec.receipt)));
         }
@@ -1063,7 +1063,7 @@ fn enqueue_input<S: Store + ?Sized>(store: &S, c: &EnqueueInput, limits: &Limits
 }
 
 fn turn_committed<S: Store + ?Sized>(store: &S, session: &SessionId, turn_id: &str) -> Result<bool> {
-    store.contains(Table::Turns, &keys::session_str(session, turn_id))
+    crate::buckets::TURNS.contains(store, &session.0, turn_id.as_bytes())
 }
 
 fn claim_inputs<S: Store + ?Sized>(store: &S, c: &ClaimInputs, limits: &Limits, now: &Now<'_>) -> Result<Decision> {

@@ -709,15 +709,12 @@ impl View {
 
     /// The seq whose content row holds `id`, from the content-id index.
     pub(crate) fn content_seq(&self, id: &ContentId) -> Result<Option<u64>> {
-        match self.get(Table::ContentIndex, &id.0)? {
-            None => Ok(None),
-            Some(v) => match <[u8; 8]>::try_from(v.as_slice()) {
-                Ok(b) if u64::from_be_bytes(b) <= self.seq => Ok(Some(u64::from_be_bytes(b))),
-                _ => Err(Error::corrupt(
-                    Location::Projection { table: Table::ContentIndex.name(), key: id.to_hex() },
-                    "bad content index row",
-                )),
-            },
+        match crate::buckets::content_seq(self, id)? {
+            Some(seq) if seq > self.seq => Err(Error::corrupt(
+                Location::Projection { table: Table::ContentIndex.name(), key: id.to_hex() },
+                format!("content indexed at seq {seq}, past the view's {}", self.seq),
+            )),
+            found => Ok(found),
         }
     }
 }

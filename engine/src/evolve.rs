@@ -3,6 +3,7 @@
 //! of projections can be rebuilt alone. The fold recomputes every `revision_after` and
 //! checks the stream density; a mismatch is [`crate::Error::Corrupt`] at that seq.
 
+use crate::buckets::{CONTENT, TURNS};
 use crate::command::Receipt;
 use crate::error::{Error, Location, Result};
 use crate::packed::{Misplaced, Packed};
@@ -344,12 +345,11 @@ fn fold_context<S: Store + ?Sized>(store: &mut S, r: &Record) -> Result<()> {
 
 fn fold_turns<S: Store + ?Sized>(store: &mut S, r: &Record) -> Result<()> {
     if let Event::TurnCommitted(e) = &r.event {
-        let key = keys::session_str(&r.session, &e.turn_id);
-        if store.contains(Table::Turns, &key)? {
+        let receipt = Receipt { seq: r.seq, revision: e.revision_after, committed_at_ms: r.committed_at_ms };
+        let row = crate::store::encode_row(&TurnRecord { commit_hash: e.commit_hash, receipt })?;
+        if !TURNS.insert(store, &r.session.0, e.turn_id.as_bytes(), &row)? {
             return Err(corrupt(r, format!("turn {} committed twice", e.turn_id)));
         }
-        let receipt = Receipt { seq: r.seq, revision: e.revision_after, committed_at_ms: r.committed_at_ms };
-        store.put_row(Table::Turns, &key, &TurnRecord { commit_hash: e.commit_hash, receipt })?;
     }
     Ok(())
 }
@@ -533,14 +533,13 @@ fn fold_streams<S: Store + ?Sized>(store: &mut S, r: &Record) -> Result<()> {
 /// where their message is read).
 fn fold_content<S: Store + ?Sized>(store: &mut S, r: &Record, introduced: &[ContentId]) -> Result<()> {
     for id in introduced {
-        if store.contains(Table::ContentIndex, &id.0)? {
+        if !CONTENT.insert(store, &[], &id.0, &r.seq.to_be_bytes())? {
             return Err(corrupt(r, format!("content {id} stored twice")));
         }
-        store.put(Table::ContentIndex, &id.0, &r.seq.to_be_bytes())?;
     }
     for id in r.event.content_refs() {
         // What the record introduced was just indexed above.
-        if !introduced.contains(&id) && !store.contains(Table::ContentIndex, &id.0)? {
+        if !introduced.contains(&id) && !CONTENT.contains(store, &[], &id.0)? {
             return Err(corrupt(r, format!("refers to content {id}, which is not stored")));
         }
     }
@@ -552,7 +551,7 @@ fn fold_content<S: Store + ?Sized>(store: &mut S, r: &Record, introduced: &[Cont
 /// holds), so a later command that brings the same bytes stores them again.
 pub(crate) fn content_collected<S: Store + ?Sized>(store: &mut S, removed: &[ContentId]) -> Result<()> {
     for id in removed {
-        store.remove(Table::ContentIndex, &id.0)?;
+        CONTENT.remove(store, &[], &id.0)?;
     }
     Ok(())
 }

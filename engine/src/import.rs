@@ -7,7 +7,7 @@ use crate::evolve::evolve;
 use crate::limits::Limits;
 use crate::log::{Entry, StoredObject, Tip};
 use crate::projection::ProjectionSet;
-use crate::store::{Overlay, Store, Table};
+use crate::store::{Overlay, Store};
 use crate::writer::{append, next_stream_seq, Shared};
 use annal_codec::{ContentId, Record};
 use redb::ReadableDatabase;
@@ -129,7 +129,7 @@ fn take_offered<S: Store + ?Sized>(
     limits: &Limits,
     taken: &mut Vec<StoredObject>,
 ) -> Result<()> {
-    if taken.iter().any(|t| t.id == *id) || store.get(Table::ContentIndex, &id.0)?.is_some() {
+    if taken.iter().any(|t| t.id == *id) || crate::buckets::CONTENT.contains(store, &[], &id.0)? {
         return Ok(());
     }
     let bytes = offered.get(id).ok_or_else(|| {

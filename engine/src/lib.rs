@@ -275,6 +275,7 @@
 
 mod absorb;
 pub mod backend;
+pub mod buckets;
 mod cache;
 pub mod checkpoint;
 pub mod clock;

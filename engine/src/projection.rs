@@ -96,6 +96,11 @@ impl Projection {
             Projection::Transcript => 3,
             // 2: the stream index in rows of 64 stream seqs (it was a row per event).
             Projection::Streams => 2,
+            // 2: a session's turn records in hashed buckets (`crate::buckets`; it was a
+            // row per turn).
+            Projection::Turns => 2,
+            // 2: the content-id index in hashed buckets (it was a row per object).
+            Projection::Content => 2,
             _ => 1,
         }
     }

@@ -759,7 +759,7 @@ pub(crate) fn notify(shared: &Shared, notices: Vec<CommitNotice>) {
 fn new_content<S: Store + ?Sized>(store: &S, content: Vec<(ContentId, Vec<u8>)>) -> Result<Vec<(ContentId, Vec<u8>)>> {
     let mut fresh = Vec::with_capacity(content.len());
     for (id, bytes) in content {
-        if !store.contains(Table::ContentIndex, &id.0)? {
+        if !crate::buckets::CONTENT.contains(store, &[], &id.0)? {
             fresh.push((id, bytes));
         }
     }

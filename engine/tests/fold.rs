@@ -14,7 +14,7 @@ use std::collections::{BTreeMap, BTreeSet};
 fn fold_one(store: &mut MemStore, r: &Record, set: ProjectionSet) -> Result<()> {
     let mut fresh: Vec<ContentId> = Vec::new();
     for id in r.event.content_refs() {
-        if !fresh.contains(&id) && store.get(Table::ContentIndex, &id.0)?.is_none() {
+        if !fresh.contains(&id) && annal::buckets::content_seq(store, &id)?.is_none() {
             fresh.push(id);
         }
     }
@@ -252,7 +252,7 @@ fn turn_committed_appends_applies_context_and_counts_usage() {
 
     let entry: ContextEntry = log.row(Table::Context, &keys::session_str(&s, "mem")).unwrap();
     assert_eq!(entry.state, ContextState::Applied { seq: 3, turn_id: "t1".into() });
-    let rec: TurnRecord = log.row(Table::Turns, &keys::session_str(&s, "t1")).unwrap();
+    let rec = annal::buckets::turn_record(&log.store, &s, "t1").unwrap().unwrap();
     assert_eq!(rec.receipt, r);
 
     let pm: UsageTotals = log.row(Table::Usage, &keys::usage(&s, "p", "m")).unwrap();

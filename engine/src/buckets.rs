@@ -1,0 +1,522 @@
+//! Hashed buckets: a map of many small entries kept in few projection rows.
+//!
+//! The content-id index (one entry a content object) and the turn records (one entry a
+//! committed turn) are lookups by a key that has no useful order. A row an entry made them
+//! most of the projections' rows. A [`Buckets`] map packs its entries into buckets by a
+//! 64-bit hash of the key, with linear hashing: a map of `count` entries has
+//! `n = max(1, ⌈count / load⌉)` buckets, and an entry whose hash is `h` lives in bucket
+//! `h mod 2^(i+1)` if that is below `n`, else `h mod 2^i`, where `2^i ≤ n < 2^(i+1)`. An
+//! insert that makes `n` grow splits bucket `n - 2^i` into itself and bucket `n`; a removal
+//! that makes it shrink merges the last bucket back into the one it was split from.
+//!
+//! So which entries a bucket holds is a function of the map's entries alone, not of the
+//! order they came in or went out: a live map and one folded again from the log are the
+//! same rows, byte for byte.
+//!
+//! Rows (in the map's table, under the map's prefix: a session id, or nothing for a global
+//! map):
+//!
+//! ```text
+//! prefix                              count: u64 LE (absent when the map is empty)
+//! prefix ‖ bucket (u64 BE) ‖ part (u16 BE)
+//!                                     more: u8 (1 when part + 1 follows, else 0)
+//!                                     entries: (key length: u16 LE, value length: u32 LE,
+//!                                               key, value)*
+//! ```
+//!
+//! A bucket's entries are sorted by key and split greedily into parts of at most
+//! [`PART_BYTES`] (an entry larger than that has a part of its own); an empty bucket has no
+//! row. A bucket holds `load` entries on average, so a part is one row in the common case;
+//! the parts bound a row's size when a bucket holds more than its share.
+
+use crate::error::{Error, Location, Result};
+use crate::projection::TurnRecord;
+use crate::store::{decode_row, Store, Table};
+use annal_codec::{ContentId, SessionId};
+
+/// Most bytes of entries in one part of a bucket (an entry larger than that is a part of
+/// its own).
+pub const PART_BYTES: usize = 3_072;
+
+/// Bytes an entry takes beside its key and value.
+const ENTRY_HEADER: usize = 6;
+
+/// One hashed map: its table, the hash of its keys and the entries a bucket holds on
+/// average.
+#[derive(Clone, Copy, Debug)]
+pub struct Buckets {
+    /// The logical table holding the map's rows.
+    pub table: Table,
+    /// The hash of a key: 64 bits that an outside party cannot make collide cheaply.
+    pub hash: fn(&[u8]) -> u64,
+    /// Entries a bucket holds on average.
+    pub load: u64,
+}
+
+/// The content-id index: content id (32 bytes) → seq of the content row that holds it
+/// (u64 BE). Content ids are blake3 hashes already; their first 8 bytes are the hash.
+pub const CONTENT: Buckets = Buckets { table: Table::ContentIndex, hash: leading_u64, load: 16 };
+
+/// A session's turn records: turn id (UTF-8) → `TurnRecord` (canonically encoded), under
+/// the session's prefix. A turn id is chosen by the host, so it is hashed (blake3).
+pub const TURNS: Buckets = Buckets { table: Table::Turns, hash: blake3_u64, load: 16 };
+
+fn leading_u64(key: &[u8]) -> u64 {
+    let mut b = [0u8; 8];
+    let n = key.len().min(8);
+    b[..n].copy_from_slice(&key[..n]);
+    u64::from_le_bytes(b)
+}
+
+fn blake3_u64(key: &[u8]) -> u64 {
+    leading_u64(blake3::hash(key).as_bytes())
+}
+
+/// The seq of the content row holding `id`, from the content-id index.
+pub fn content_seq<S: Store + ?Sized>(store: &S, id: &ContentId) -> Result<Option<u64>> {
+    CONTENT.get(store, &[], &id.0, |v| {
+        <[u8; 8]>::try_from(v).map(u64::from_be_bytes).map_err(|_| CONTENT.corrupt(&id.0, "bad content index entry"))
+    })
+}
+
+/// The record of turn `turn_id` of `session`, if it was committed.
+pub fn turn_record<S: Store + ?Sized>(store: &S, session: &SessionId, turn_id: &str) -> Result<Option<TurnRecord>> {
+    let key = crate::store::keys::session_str(session, turn_id);
+    TURNS.get(store, &session.0, turn_id.as_bytes(), |v| decode_row(Table::Turns, &key, v))
+}
+
+/// Buckets a map of `count` entries has.
+fn buckets_for(count: u64, load: u64) -> u64 {
+    count.div_ceil(load).max(1)
+}
+
+/// `i` with `2^i ≤ n < 2^(i+1)`, for `n ≥ 1`.
+fn level(n: u64) -> u32 {
+    63 - n.max(1).leading_zeros()
+}
+
+/// The bucket of `hash` in a map of `n` buckets.
+fn address(hash: u64, n: u64) -> u64 {
+    let i = level(n);
+    let b = if i >= 63 { hash } else { hash & ((2u64 << i) - 1) };
+    if b < n {
+        b
+    } else {
+        b - (1u64 << i)
+    }
+}
+
+/// The key of `prefix`'s bucket `bucket`, part `part`.
+fn part_key(prefix: &[u8], bucket: u64, part: u16) -> Vec<u8> {
+    let mut k = Vec::with_capacity(prefix.len() + 10);
+    k.extend_from_slice(prefix);
+    k.extend_from_slice(&bucket.to_be_bytes());
+    k.extend_from_slice(&part.to_be_bytes());
+    k
+}
+
+/// One entry of a part, borrowed.
+type Entry<'a> = (&'a [u8], &'a [u8]);
+
+impl Buckets {
+    fn corrupt(&self, key: &[u8], detail: impl Into<String>) -> Error {
+        Error::corrupt(Location::Projection { table: self.table.name(), key: crate::store::hex(key) }, detail)
+    }
+
+    /// Entries in `prefix`'s map.
+    pub fn count<S: Store + ?Sized>(&self, store: &S, prefix: &[u8]) -> Result<u64> {
+        let mut count = 0;
+        store.read(self.table, prefix, &mut |v| {
+            if let Some(v) = v {
+                let b = <[u8; 8]>::try_from(v).map_err(|_| self.corrupt(prefix, "bad bucket count row"))?;
+                count = u64::from_le_bytes(b);
+            }
+            Ok(())
+        })?;
+        Ok(count)
+    }
+
+    /// A part's `more` flag and the bytes of its entries.
+    fn split<'a>(&self, row_key: &[u8], part: &'a [u8]) -> Result<(bool, &'a [u8])> {
+        match part.split_first() {
+            Some((&more, rest)) if more <= 1 => Ok((more == 1, rest)),
+            _ => Err(self.corrupt(row_key, "bad bucket row")),
+        }
+    }
+
+    /// The next entry of a part's entry bytes, advancing `rest` past it; bytes that are not
+    /// a whole entry are corrupt.
+    fn next_entry<'a>(&self, row_key: &[u8], rest: &mut &'a [u8]) -> Result<Option<Entry<'a>>> {
+        if rest.is_empty() {
+            return Ok(None);
+        }
+        let bad = || self.corrupt(row_key, "bad bucket row");
+        let header = rest.get(..ENTRY_HEADER).ok_or_else(bad)?;
+        let klen = u16::from_le_bytes([header[0], header[1]]) as usize;
+        let vlen = u32::from_le_bytes([header[2], header[3], header[4], header[5]]) as usize;
+        let body = &rest[ENTRY_HEADER..];
+        if body.len() < klen || body.len() - klen < vlen {
+            return Err(bad());
+        }
+        let entry = (&body[..klen], &body[klen..klen + vlen]);
+        *rest = &body[klen + vlen..];
+        Ok(Some(entry))
+    }
+
+    /// Appends a part's entries to `out`; returns its `more` flag.
+    fn parse<'a>(&self, row_key: &[u8], part: &'a [u8], out: &mut Vec<Entry<'a>>) -> Result<bool> {
+        let (more, mut rest) = self.split(row_key, part)?;
+        while let Some(entry) = self.next_entry(row_key, &mut rest)? {
+            out.push(entry);
+        }
+        Ok(more)
+    }
+
+    /// The value of `key` in one part, if it holds it, and the part's `more` flag: the
+    /// lookup's scan, which allocates nothing.
+    fn find<'a>(&self, row_key: &[u8], part: &'a [u8], key: &[u8]) -> Result<(Option<&'a [u8]>, bool)> {
+        let (more, mut rest) = self.split(row_key, part)?;
+        while let Some((k, v)) = self.next_entry(row_key, &mut rest)? {
+            if k == key {
+                return Ok((Some(v), more));
+            }
+        }
+        Ok((None, more))
+    }
+
+    /// The raw parts of `prefix`'s bucket `bucket`, in order (none for an empty bucket).
+    fn read_parts<S: Store + ?Sized>(&self, store: &S, prefix: &[u8], bucket: u64) -> Result<Vec<Vec<u8>>> {
+        let mut parts = Vec::new();
+        loop {
+            let part = u16::try_from(parts.len()).map_err(|_| self.corrupt(prefix, "bucket of too many parts"))?;
+            let key = part_key(prefix, bucket, part);
+            let mut row = None;
+            store.read(self.table, &key, &mut |v| {
+                row = v.map(<[u8]>::to_vec);
+                Ok(())
+            })?;
+            match row {
+                None if part == 0 => return Ok(parts),
+                None => return Err(self.corrupt(&key, "bucket part missing")),
+                Some(row) => {
+                    let more = row.first() == Some(&1);
+                    parts.push(row);
+                    if !more {
+                        return Ok(parts);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Parses parts read by [`Buckets::read_parts`] into their entries, checking that they
+    /// are sorted, unique and in the right bucket of a map of `n` buckets.
+    fn entries<'a>(&self, prefix: &[u8], bucket: u64, n: u64, parts: &'a [Vec<u8>]) -> Result<Vec<Entry<'a>>> {
+        let mut out = Vec::new();
+        for (i, part) in parts.iter().enumerate() {
+            let key = part_key(prefix, bucket, i as u16);
+            let more = self.parse(&key, part, &mut out)?;
+            if more != (i + 1 < parts.len()) {
+                return Err(self.corrupt(&key, "bad bucket part flag"));
+            }
+        }
+        let misplaced = out.iter().any(|(k, _)| address((self.hash)(k), n) != bucket);
+        if misplaced || out.windows(2).any(|w| w[0].0 >= w[1].0) {
+            return Err(self.corrupt(&part_key(prefix, bucket, 0), "bucket entries out of order or place"));
+        }
+        Ok(out)
+    }
+
+    /// Calls `f` with the value of `key` in `prefix`'s map, if it holds one.
+    pub fn get<S: Store + ?Sized, R>(
+        &self,
+        store: &S,
+        prefix: &[u8],
+        key: &[u8],
+        f: impl FnOnce(&[u8]) -> Result<R>,
+    ) -> Result<Option<R>> {
+        let count = self.count(store, prefix)?;
+        if count == 0 {
+            return Ok(None);
+        }
+        let bucket = address((self.hash)(key), buckets_for(count, self.load));
+        let mut f = Some(f);
+        let mut found = None;
+        let mut part = 0u16;
+        loop {
+            let row_key = part_key(prefix, bucket, part);
+            let mut more = false;
+            store.read(self.table, &row_key, &mut |v| {
+                let Some(v) = v else {
+                    if part > 0 {
+                        return Err(self.corrupt(&row_key, "bucket part missing"));
+                    }
+                    return Ok(());
+                };
+                let (value, next) = self.find(&row_key, v, key)?;
+                more = next;
+                if let Some(value) = value {
+                    if let Some(f) = f.take() {
+                        found = Some(f(value)?);
+                    }
+                    more = false;
+                }
+                Ok(())
+            })?;
+            if !more {
+                return Ok(found);
+            }
+            part = part.checked_add(1).ok_or_else(|| self.corrupt(prefix, "bucket of too many parts"))?;
+        }
+    }
+
+    /// Whether `prefix`'s map holds `key`.
+    pub fn contains<S: Store + ?Sized>(&self, store: &S, prefix: &[u8], key: &[u8]) -> Result<bool> {
+        Ok(self.get(store, prefix, key, |_| Ok(()))?.is_some())
+    }
+
+    /// Writes `prefix`'s bucket `bucket` as `entries` (sorted), in parts, removing parts
+    /// past the new last one up to `old_parts`.
+    fn write_bucket<S: Store + ?Sized>(
+        &self,
+        store: &mut S,
+        prefix: &[u8],
+        bucket: u64,
+        entries: &[Entry<'_>],
+        old_parts: usize,
+    ) -> Result<()> {
+        let mut parts: Vec<Vec<u8>> = Vec::new();
+        let mut current: Vec<u8> = Vec::new();
+        for (k, v) in entries {
+            let size = ENTRY_HEADER + k.len() + v.len();
+            if current.len() > 1 && current.len() - 1 + size > PART_BYTES {
+                parts.push(std::mem::take(&mut current));
+            }
+            if current.is_empty() {
+                current.push(0);
+            }
+            let klen = u16::try_from(k.len()).map_err(|_| self.corrupt(prefix, "bucket key too long"))?;
+            let vlen = u32::try_from(v.len()).map_err(|_| self.corrupt(prefix, "bucket value too long"))?;
+            current.extend_from_slice(&klen.to_le_bytes());
+            current.extend_from_slice(&vlen.to_le_bytes());
+            current.extend_from_slice(k);
+            current.extend_from_slice(v);
+        }
+        if !current.is_empty() {
+            parts.push(current);
+        }
+        let written = parts.len();
+        if written > u16::MAX as usize + 1 {
+            return Err(self.corrupt(prefix, "bucket of too many parts"));
+        }
+        for (i, mut part) in parts.into_iter().enumerate() {
+            part[0] = u8::from(i + 1 < written);
+            store.put_vec(self.table, &part_key(prefix, bucket, i as u16), part)?;
+        }
+        for i in written..old_parts {
+            store.remove(self.table, &part_key(prefix, bucket, i as u16))?;
+        }
+        Ok(())
+    }
+
+    fn set_count<S: Store + ?Sized>(&self, store: &mut S, prefix: &[u8], count: u64) -> Result<()> {
+        if count == 0 {
+            store.remove(self.table, prefix)
+        } else {
+            store.put(self.table, prefix, &count.to_le_bytes())
+        }
+    }
+
+    /// Sets `key` to `value` in `prefix`'s map; returns whether the key is new.
+    pub fn insert<S: Store + ?Sized>(&self, store: &mut S, prefix: &[u8], key: &[u8], value: &[u8]) -> Result<bool> {
+        let count = self.count(store, prefix)?;
+        let n = buckets_for(count, self.load);
+        let bucket = address((self.hash)(key), n);
+        let parts = self.read_parts(store, prefix, bucket)?;
+        let mut entries = self.entries(prefix, bucket, n, &parts)?;
+        let fresh = match entries.binary_search_by(|(k, _)| (*k).cmp(key)) {
+            Ok(i) => {
+                entries[i].1 = value;
+                false
+            }
+            Err(i) => {
+                entries.insert(i, (key, value));
+                true
+            }
+        };
+        self.write_bucket(store, prefix, bucket, &entries, parts.len())?;
+        if !fresh {
+            return Ok(false);
+        }
+        let count = count + 1;
+        self.set_count(store, prefix, count)?;
+        if buckets_for(count, self.load) > n {
+            // Bucket `n - 2^i` splits into itself and bucket `n`.
+            let from = n - (1u64 << level(n));
+            let parts = self.read_parts(store, prefix, from)?;
+            let entries = self.entries(prefix, from, n, &parts)?;
+            let (moved, kept): (Vec<Entry<'_>>, Vec<Entry<'_>>) =
+                entries.into_iter().partition(|(k, _)| address((self.hash)(k), n + 1) == n);
+            self.write_bucket(store, prefix, from, &kept, parts.len())?;
+            self.write_bucket(store, prefix, n, &moved, 0)?;
+        }
+        Ok(true)
+    }
+
+    /// Removes `key` from `prefix`'s map; returns whether it held it.
+    pub fn remove<S: Store + ?Sized>(&self, store: &mut S, prefix: &[u8], key: &[u8]) -> Result<bool> {
+        let count = self.count(store, prefix)?;
+        if count == 0 {
+            return Ok(false);
+        }
+        let n = buckets_for(count, self.load);
+        let bucket = address((self.hash)(key), n);
+        let parts = self.read_parts(store, prefix, bucket)?;
+        let mut entries = self.entries(prefix, bucket, n, &parts)?;
+        let Ok(i) = entries.binary_search_by(|(k, _)| (*k).cmp(key)) else {
+            return Ok(false);
+        };
+        entries.remove(i);
+        self.write_bucket(store, prefix, bucket, &entries, parts.len())?;
+        let count = count - 1;
+        self.set_count(store, prefix, count)?;
+        if buckets_for(count, self.load) < n {
+            // The last bucket merges back into the one it was split from.
+            let last = n - 1;
+            let into = last - (1u64 << level(last));
+            let last_parts = self.read_parts(store, prefix, last)?;
+            let into_parts = self.read_parts(store, prefix, into)?;
+            let mut merged = self.entries(prefix, last, n, &last_parts)?;
+            merged.extend(self.entries(prefix, into, n, &into_parts)?);
+            merged.sort_unstable_by(|a, b| a.0.cmp(b.0));
+            self.write_bucket(store, prefix, into, &merged, into_parts.len())?;
+            self.write_bucket(store, prefix, last, &[], last_parts.len())?;
+        }
+        Ok(true)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::MemStore;
+    use proptest::prelude::*;
+    use std::collections::BTreeMap;
+
+    /// A map whose hash is the key's first 8 bytes: tests choose where keys land.
+    const RAW: Buckets = Buckets { table: Table::ContentIndex, hash: leading_u64, load: 4 };
+
+    fn rows(store: &MemStore) -> Vec<(Vec<u8>, Vec<u8>)> {
+        store.tables.get(&Table::ContentIndex).map(|t| t.clone().into_iter().collect()).unwrap_or_default()
+    }
+
+    #[test]
+    fn addresses_follow_linear_hashing() {
+        // One bucket: everything in 0.
+        assert_eq!(address(7, 1), 0);
+        // Two buckets: the low bit.
+        assert_eq!((address(6, 2), address(7, 2)), (0, 1));
+        // Three: bucket 0 split into 0 and 2 (two bits), bucket 1 not yet (one bit).
+        assert_eq!((address(4, 3), address(6, 3), address(5, 3), address(7, 3)), (0, 2, 1, 1));
+        assert_eq!((buckets_for(0, 4), buckets_for(4, 4), buckets_for(5, 4)), (1, 1, 2));
+    }
+
+    #[test]
+    fn a_map_splits_and_merges_back_to_the_same_rows() {
+        let mut store = MemStore::default();
+        let key = |i: u64| i.to_le_bytes().to_vec();
+        for i in 0..40u64 {
+            assert!(RAW.insert(&mut store, b"", &key(i), &i.to_be_bytes()).unwrap());
+        }
+        assert!(!RAW.insert(&mut store, b"", &key(3), b"x").unwrap(), "a second insert replaces");
+        assert_eq!(RAW.count(&store, b"").unwrap(), 40);
+        // 40 entries at 4 a bucket: 10 buckets and the count row.
+        assert_eq!(rows(&store).len(), 11);
+        for i in 0..40u64 {
+            let v = RAW.get(&store, b"", &key(i), |v| Ok(v.to_vec())).unwrap().unwrap();
+            assert_eq!(v, if i == 3 { b"x".to_vec() } else { i.to_be_bytes().to_vec() });
+        }
+        assert!(!RAW.contains(&store, b"", &key(99)).unwrap());
+        // Removing the last 30 leaves what inserting the first 10 alone writes.
+        for i in 10..40u64 {
+            assert!(RAW.remove(&mut store, b"", &key(i)).unwrap());
+        }
+        assert!(!RAW.remove(&mut store, b"", &key(10)).unwrap());
+        let mut fresh = MemStore::default();
+        for i in 0..10u64 {
+            let v = if i == 3 { b"x".to_vec() } else { i.to_be_bytes().to_vec() };
+            RAW.insert(&mut fresh, b"", &key(i), &v).unwrap();
+        }
+        assert_eq!(rows(&store), rows(&fresh));
+        for i in 0..10u64 {
+            RAW.remove(&mut store, b"", &key(i)).unwrap();
+        }
+        assert!(rows(&store).is_empty(), "an empty map has no rows");
+    }
+
+    #[test]
+    fn a_crowded_bucket_spills_into_parts() {
+        let mut store = MemStore::default();
+        // Every key hashes to 0: one bucket holds them all whatever the map's size.
+        let key = |i: u64| {
+            let mut k = vec![0u8; 8];
+            k.extend_from_slice(&i.to_be_bytes());
+            k
+        };
+        let value = vec![7u8; 500];
+        for i in 0..30u64 {
+            RAW.insert(&mut store, b"", &key(i), &value).unwrap();
+        }
+        let parts: Vec<_> = rows(&store).into_iter().filter(|(k, _)| !k.is_empty()).collect();
+        assert!(parts.len() >= 5, "{} parts", parts.len());
+        assert!(parts.iter().all(|(_, v)| v.len() <= PART_BYTES + 1));
+        for i in 0..30u64 {
+            assert!(RAW.contains(&store, b"", &key(i)).unwrap());
+        }
+        for i in 0..30u64 {
+            assert!(RAW.remove(&mut store, b"", &key(i)).unwrap());
+        }
+        assert!(rows(&store).is_empty());
+    }
+
+    #[test]
+    fn a_bad_row_is_corrupt_not_a_panic() {
+        let mut store = MemStore::default();
+        RAW.insert(&mut store, b"", &1u64.to_le_bytes(), b"v").unwrap();
+        for bad in [vec![], vec![2], vec![0, 9, 0, 0, 0, 0, 0], vec![0, 1, 0, 5, 0, 0, 0, 1]] {
+            store.put(Table::ContentIndex, &part_key(b"", 0, 0), &bad).unwrap();
+            let err = RAW.get(&store, b"", &1u64.to_le_bytes(), |_| Ok(())).unwrap_err();
+            assert!(matches!(err, Error::Corrupt { .. }), "{err}");
+        }
+        store.put(Table::ContentIndex, b"", b"short").unwrap();
+        assert!(matches!(RAW.count(&store, b"").unwrap_err(), Error::Corrupt { .. }));
+    }
+
+    proptest! {
+        /// Against a `BTreeMap`: every lookup agrees, and the rows are those of the same
+        /// entries inserted alone in any order (the layout is a function of the entries).
+        #[test]
+        fn a_map_is_a_map(ops in proptest::collection::vec((any::<bool>(), 0u8..64, any::<u8>()), 0..300)) {
+            let mut store = MemStore::default();
+            let mut model = BTreeMap::new();
+            let key = |k: u8| blake3::hash(&[k]).as_bytes().to_vec();
+            for (insert, k, v) in ops {
+                if insert {
+                    prop_assert_eq!(CONTENT.insert(&mut store, b"s", &key(k), &[v]).unwrap(), model.insert(k, v).is_none());
+                } else {
+                    prop_assert_eq!(CONTENT.remove(&mut store, b"s", &key(k)).unwrap(), model.remove(&k).is_some());
+                }
+            }
+            for k in 0..64u8 {
+                let got = CONTENT.get(&store, b"s", &key(k), |v| Ok(v[0])).unwrap();
+                prop_assert_eq!(got, model.get(&k).copied());
+            }
+            prop_assert_eq!(CONTENT.count(&store, b"s").unwrap(), model.len() as u64);
+            let mut fresh = MemStore::default();
+            for (k, v) in model.iter().rev() {
+                CONTENT.insert(&mut fresh, b"s", &key(*k), &[*v]).unwrap();
+            }
+            prop_assert_eq!(rows(&store), rows(&fresh));
+        }
+    }
+}
