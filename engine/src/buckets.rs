@@ -72,6 +72,12 @@ fn blake3_u64(key: &[u8]) -> u64 {
     leading_u64(blake3::hash(key).as_bytes())
 }
 
+/// A session's revision nodes: revision id (32 bytes) → `StoredNode` (canonically
+/// encoded), under the session's prefix. Revision ids are blake3 hashes; their first 8
+/// bytes are the hash. A node is larger than the other maps' entries (about 270 bytes on
+/// the comparison's workload), so a bucket holds 8 on average.
+pub const REVISIONS: Buckets = Buckets { table: Table::Revisions, hash: leading_u64, load: 8 };
+
 /// The seq of the content row holding `id`, from the content-id index.
 pub fn content_seq<S: Store + ?Sized>(store: &S, id: &ContentId) -> Result<Option<u64>> {
     CONTENT.get(store, &[], &id.0, |v| {

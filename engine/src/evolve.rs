@@ -3,12 +3,12 @@
 //! of projections can be rebuilt alone. The fold recomputes every `revision_after` and
 //! checks the stream density; a mismatch is [`crate::Error::Corrupt`] at that seq.
 
-use crate::buckets::{CONTENT, TURNS};
+use crate::buckets::{CONTENT, REVISIONS, TURNS};
 use crate::command::Receipt;
 use crate::error::{Error, Location, Result};
 use crate::packed::{Misplaced, Packed};
 use crate::projection::*;
-use crate::store::{keys, Store, StoreExt, Table};
+use crate::store::{decode_row, keys, Store, StoreExt, Table};
 use crate::transcript;
 use annal_codec::{ContentId, Event, Record, RevisionId, StateDelta};
 
@@ -276,12 +276,14 @@ fn fold_graph<S: Store + ?Sized>(store: &mut S, r: &Record) -> Result<()> {
     let from = tip.map(|t| t.head);
     let mut nodes = tip.map_or(0, |t| t.nodes);
     let node_key = keys::session_rev(&r.session, &to);
-    match store.row::<StoredNode>(Table::Revisions, &node_key)? {
+    let stored =
+        REVISIONS.get(store, &r.session.0, &to.0, |v| decode_row::<StoredNode>(Table::Revisions, &node_key, v))?;
+    match stored {
         Some(mut node) => {
             if let Some(f) = from {
                 if !node.parents.contains(&f) {
                     node.parents.push(f);
-                    store.put_row(Table::Revisions, &node_key, &node)?;
+                    REVISIONS.insert(store, &r.session.0, &to.0, &crate::store::encode_row(&node)?)?;
                 }
             }
             // A transition to a revision the session already had (a restore, or a
@@ -301,7 +303,7 @@ fn fold_graph<S: Store + ?Sized>(store: &mut S, r: &Record) -> Result<()> {
                 created_at_ms: r.committed_at_ms,
                 recipe,
             };
-            store.put_row(Table::Revisions, &node_key, &node)?;
+            REVISIONS.insert(store, &r.session.0, &to.0, &crate::store::encode_row(&node)?)?;
             if let Err(m) = REVISION_ORDER.append(store, &r.session, nodes, &to.0)? {
                 return Err(corrupt(r, format!("revision order does not take node {nodes}: {m:?}")));
             }

@@ -83,7 +83,9 @@ impl Projection {
             // 3: a recipe's message ids are one byte string (`annal_codec::ids::id_list`).
             // 4: the revision order in rows of 32 ids (it was a row per node).
             // 5: a node's row leaves out its revision and its splice's parent.
-            Projection::Graph => 5,
+            // 6: a session's nodes in hashed buckets (`crate::buckets`; it was a row per
+            // node).
+            Projection::Graph => 6,
             // 2: heads carry the host state; the host state history table.
             // 3: heads carry the execution lease.
             // 4: the tombstones of purged sessions.
@@ -483,9 +485,10 @@ pub fn revision_node<S: crate::store::Store + ?Sized>(
     session: &SessionId,
     revision: &RevisionId,
 ) -> crate::error::Result<Option<RevisionNode>> {
-    use crate::store::StoreExt;
     let key = crate::store::keys::session_rev(session, revision);
-    match store.row::<StoredNode>(Table::Revisions, &key)? {
+    let stored = crate::buckets::REVISIONS
+        .get(store, &session.0, &revision.0, |v| crate::store::decode_row::<StoredNode>(Table::Revisions, &key, v))?;
+    match stored {
         None => Ok(None),
         Some(stored) => stored.into_node(*revision).map(Some).ok_or_else(|| {
             crate::error::Error::corrupt(
@@ -691,7 +694,8 @@ mod stored_node_tests {
         let mut store = MemStore::default();
         let recipe = StoredRecipe::Splice { start: 2, end: 2, replacement: vec![ContentId([4; 32])] };
         let node = stored(recipe, vec![parent, RevisionId([5; 32])]);
-        store.put_row(Table::Revisions, &keys::session_rev(&session, &rev), &node).unwrap();
+        let row = crate::store::encode_row(&node).unwrap();
+        crate::buckets::REVISIONS.insert(&mut store, &session.0, &rev.0, &row).unwrap();
         let read = revision_node(&store, &session, &rev).unwrap().unwrap();
         assert_eq!(read.revision, rev);
         assert_eq!(read.recipe, Recipe::Splice { parent, start: 2, end: 2, replacement: vec![ContentId([4; 32])] });
@@ -708,7 +712,8 @@ mod stored_node_tests {
         let (session, rev) = (SessionId([1; 16]), RevisionId([2; 32]));
         let mut store = MemStore::default();
         let node = stored(StoredRecipe::Splice { start: 0, end: 0, replacement: vec![] }, vec![]);
-        store.put_row(Table::Revisions, &keys::session_rev(&session, &rev), &node).unwrap();
+        let row = crate::store::encode_row(&node).unwrap();
+        crate::buckets::REVISIONS.insert(&mut store, &session.0, &rev.0, &row).unwrap();
         assert!(matches!(revision_node(&store, &session, &rev), Err(crate::Error::Corrupt { .. })));
     }
 }
