@@ -1,8 +1,8 @@
 //! Hashed buckets: a map of many small entries kept in few projection rows.
 //!
-//! The content-id index (one entry a content object) and the turn records (one entry a
-//! committed turn) are lookups by a key that has no useful order. A row an entry made them
-//! most of the projections' rows. A [`Buckets`] map packs its entries into buckets by a
+//! The content-id index (one entry a content object), the turn records (one entry a
+//! committed turn) and the revision nodes (one entry a revision) are lookups by a key
+//! that has no useful order. A row an entry made them most of the projections' rows. A [`Buckets`] map packs its entries into buckets by a
 //! 64-bit hash of the key, with linear hashing: a map of `count` entries has
 //! `n = max(1, ⌈count / load⌉)` buckets, and an entry whose hash is `h` lives in bucket
 //! `h mod 2^(i+1)` if that is below `n`, else `h mod 2^i`, where `2^i ≤ n < 2^(i+1)`. An
@@ -75,8 +75,9 @@ fn blake3_u64(key: &[u8]) -> u64 {
 /// A session's revision nodes: revision id (32 bytes) → `StoredNode` (canonically
 /// encoded), under the session's prefix. Revision ids are blake3 hashes; their first 8
 /// bytes are the hash. A node is larger than the other maps' entries (about 270 bytes on
-/// the comparison's workload), so a bucket holds 8 on average.
-pub const REVISIONS: Buckets = Buckets { table: Table::Revisions, hash: leading_u64, load: 8 };
+/// the comparison's workload), and a restore reads hundreds of them, so a bucket holds 4
+/// on average.
+pub const REVISIONS: Buckets = Buckets { table: Table::Revisions, hash: leading_u64, load: 4 };
 
 /// The seq of the content row holding `id`, from the content-id index.
 pub fn content_seq<S: Store + ?Sized>(store: &S, id: &ContentId) -> Result<Option<u64>> {
@@ -241,7 +242,19 @@ impl Buckets {
         key: &[u8],
         f: impl FnOnce(&[u8]) -> Result<R>,
     ) -> Result<Option<R>> {
-        let count = self.count(store, prefix)?;
+        self.get_counted(store, prefix, self.count(store, prefix)?, key, f)
+    }
+
+    /// [`Buckets::get`] in a map whose [`Buckets::count`] the caller read already (a walk
+    /// that looks up many keys of one map reads it once).
+    pub fn get_counted<S: Store + ?Sized, R>(
+        &self,
+        store: &S,
+        prefix: &[u8],
+        count: u64,
+        key: &[u8],
+        f: impl FnOnce(&[u8]) -> Result<R>,
+    ) -> Result<Option<R>> {
         if count == 0 {
             return Ok(None);
         }

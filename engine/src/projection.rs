@@ -485,9 +485,22 @@ pub fn revision_node<S: crate::store::Store + ?Sized>(
     session: &SessionId,
     revision: &RevisionId,
 ) -> crate::error::Result<Option<RevisionNode>> {
+    let count = crate::buckets::REVISIONS.count(store, &session.0)?;
+    revision_node_counted(store, session, count, revision)
+}
+
+/// [`revision_node`] in a session whose graph holds `count` nodes
+/// (`buckets::REVISIONS.count`), for a walk that reads many nodes of one session.
+pub fn revision_node_counted<S: crate::store::Store + ?Sized>(
+    store: &S,
+    session: &SessionId,
+    count: u64,
+    revision: &RevisionId,
+) -> crate::error::Result<Option<RevisionNode>> {
     let key = crate::store::keys::session_rev(session, revision);
-    let stored = crate::buckets::REVISIONS
-        .get(store, &session.0, &revision.0, |v| crate::store::decode_row::<StoredNode>(Table::Revisions, &key, v))?;
+    let stored = crate::buckets::REVISIONS.get_counted(store, &session.0, count, &revision.0, |v| {
+        crate::store::decode_row::<StoredNode>(Table::Revisions, &key, v)
+    })?;
     match stored {
         None => Ok(None),
         Some(stored) => stored.into_node(*revision).map(Some).ok_or_else(|| {
