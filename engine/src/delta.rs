@@ -80,11 +80,18 @@ impl Layer {
     }
 
     /// Adds the writes of a batch that ends at `seq`, keeping their key and value buffers.
-    fn apply(&mut self, writes: Writes, seq: u64, hash: ChainHash, events: u64) {
+    /// A key's versions that no view can read any more go: those followed by a version at
+    /// or below `oldest_reader`, the seq of the oldest live view (every later view reads
+    /// at the last published seq or above).
+    fn apply(&mut self, writes: Writes, seq: u64, hash: ChainHash, events: u64, oldest_reader: u64) {
         for (physical, value) in writes.into_rows() {
             self.bytes += VERSION_OVERHEAD_BYTES + value.as_ref().map_or(0, |v| v.len() as u64);
             match self.rows.entry(physical) {
-                Entry::Occupied(mut versions) => versions.get_mut().push((seq, value)),
+                Entry::Occupied(mut versions) => {
+                    let versions = versions.get_mut();
+                    self.bytes -= versions.prune(oldest_reader);
+                    versions.push((seq, value));
+                }
                 Entry::Vacant(slot) => {
                     self.bytes += 2 * slot.key().len() as u64;
                     self.order.insert(OrderKey::new(slot.key().clone()));
@@ -165,6 +172,25 @@ struct Versions {
 impl Versions {
     fn push(&mut self, version: (u64, Value)) {
         self.rest.push(version);
+    }
+
+    /// Drops the versions that a view at `oldest_reader` or later cannot read (each one
+    /// followed by a version at or below it); returns the bytes they held.
+    fn prune(&mut self, oldest_reader: u64) -> u64 {
+        let invisible = self.rest.iter().take_while(|(s, _)| *s <= oldest_reader).count();
+        if invisible == 0 {
+            return 0;
+        }
+        let mut freed = 0;
+        let mut dropped = self.rest.drain(..invisible);
+        let newest_dropped = dropped.next_back();
+        for (_, v) in std::iter::once(std::mem::take(&mut self.first)).chain(dropped) {
+            freed += VERSION_OVERHEAD_BYTES + v.as_ref().map_or(0, |v| v.len() as u64);
+        }
+        if let Some(newest) = newest_dropped {
+            self.first = newest;
+        }
+        freed
     }
 
     fn last(&self) -> &(u64, Value) {
@@ -276,6 +302,48 @@ pub(crate) struct Delta {
     content_cache: Option<Arc<ContentCache>>,
     /// Signalled whenever a layer is checkpointed (backpressure and drains wait on it).
     progress: (Mutex<()>, Condvar),
+    /// The seqs live views read at.
+    readers: Arc<Readers>,
+}
+
+/// The seqs that live views read at, each with its number of views: a version of a row
+/// that none of them can read is dropped when the next batch rewrites the row, so a row
+/// rewritten by many batches (a tip, a bucket of a hashed map) does not keep a copy per
+/// batch until the checkpoint.
+#[derive(Debug, Default)]
+pub(crate) struct Readers(Mutex<BTreeMap<u64, usize>>);
+
+impl Readers {
+    /// The oldest seq a live view reads at, if any view is live.
+    fn oldest(&self) -> Option<u64> {
+        self.0.lock().keys().next().copied()
+    }
+}
+
+/// A view's place in [`Readers`], given back when the view is dropped.
+#[derive(Debug)]
+struct ReaderPin {
+    readers: Arc<Readers>,
+    seq: u64,
+}
+
+impl ReaderPin {
+    fn new(readers: &Arc<Readers>, seq: u64) -> ReaderPin {
+        *readers.0.lock().entry(seq).or_default() += 1;
+        ReaderPin { readers: readers.clone(), seq }
+    }
+}
+
+impl Drop for ReaderPin {
+    fn drop(&mut self) {
+        let mut live = self.readers.0.lock();
+        if let std::collections::btree_map::Entry::Occupied(mut n) = live.entry(self.seq) {
+            *n.get_mut() -= 1;
+            if *n.get() == 0 {
+                n.remove();
+            }
+        }
+    }
 }
 
 impl Delta {
@@ -293,6 +361,7 @@ impl Delta {
             }),
             progress: (Mutex::new(()), Condvar::new()),
             content_cache: None,
+            readers: Arc::default(),
         })
     }
 
@@ -313,6 +382,9 @@ impl Delta {
     pub fn view(&self) -> View {
         let state = self.state.read();
         View {
+            // Registered under the state lock, so no batch is applied between reading
+            // `visible` and pinning it.
+            _pin: ReaderPin::new(&self.readers, state.visible),
             seq: state.visible,
             hash: state.visible_hash,
             layers: state.layers.clone(),
@@ -340,8 +412,10 @@ impl Delta {
             })
             .collect();
         let mut state = self.state.write();
+        // Views taken later read at `state.visible` or above.
+        let oldest_reader = self.readers.oldest().unwrap_or(state.visible).min(state.visible);
         if let Some(active) = state.layers.last() {
-            active.write().apply(writes, seq, hash, events);
+            active.write().apply(writes, seq, hash, events, oldest_reader);
         }
         for (session, head) in heads {
             match head {
@@ -481,6 +555,8 @@ fn cache_head(heads: &mut HashMap<[u8; 16], Arc<SessionHead>, Hasher>, session: 
 /// A consistent read of the projections (checkpoint plus delta) and the log, at one seq.
 /// Implements [`Store`] for `decide` and the queries. Writes through it are refused.
 pub struct View {
+    /// Keeps the versions this view reads from being dropped.
+    _pin: ReaderPin,
     seq: u64,
     hash: ChainHash,
     layers: Vec<LayerRef>,
@@ -772,6 +848,7 @@ mod tests {
             1,
             ChainHash([0; 32]),
             1,
+            0,
         );
         let first: Vec<Vec<u8>> = newest(&layer).into_iter().map(|(k, _)| k).collect();
         let mut sorted = first.clone();
@@ -788,6 +865,7 @@ mod tests {
             2,
             ChainHash([0; 32]),
             1,
+            0,
         );
         let rows = newest(&layer);
         let keys: Vec<Vec<u8>> = rows.iter().map(|(k, _)| k.clone()).collect();
@@ -801,6 +879,46 @@ mod tests {
         assert_eq!(layer.get_at(&h1, 1).cloned().flatten().map(|v| v.to_vec()), Some(b"h1".to_vec()));
         assert_eq!(layer.get_at(&h1, 2).cloned(), Some(None));
         assert_eq!(layer.rows(), 5);
+    }
+
+    #[test]
+    fn versions_no_view_can_read_are_dropped_as_the_row_is_rewritten() {
+        let s1 = [1u8; 16];
+        let h1 = physical_key(Table::Heads, &s1);
+        let mut layer = Layer::new(0, ChainHash([0; 32]));
+        let value = |i: u8| vec![i; 100];
+        let batch = |i: u8| writes(&[(Table::Heads, &s1, Some(&value(i)))]);
+        let read = |layer: &Layer, seq: u64| layer.get_at(&h1, seq).cloned().flatten().map(|v| v.to_vec());
+        // A view reads at 1 while batches 2 to 4 rewrite the row: it keeps reading 1.
+        for seq in 1..=4u64 {
+            layer.apply(batch(seq as u8), seq, ChainHash([0; 32]), 1, 1);
+        }
+        assert_eq!(read(&layer, 1), Some(value(1)));
+        assert_eq!(read(&layer, 3), Some(value(3)));
+        let held = layer.bytes;
+        // The oldest view now reads at 4: versions 1 to 3 go when batch 5 comes.
+        layer.apply(batch(5), 5, ChainHash([0; 32]), 1, 4);
+        assert_eq!(read(&layer, 4), Some(value(4)));
+        assert_eq!(read(&layer, 5), Some(value(5)));
+        assert_eq!(read(&layer, 3), None, "nothing reads at 3 any more");
+        assert_eq!(layer.bytes, held - 2 * (VERSION_OVERHEAD_BYTES + 100));
+        assert_eq!(newest(&layer), vec![(h1.clone(), Some(value(5)))]);
+    }
+
+    #[test]
+    fn readers_know_the_oldest_live_view() {
+        let readers = Arc::new(Readers::default());
+        assert_eq!(readers.oldest(), None);
+        let a = ReaderPin::new(&readers, 7);
+        let b = ReaderPin::new(&readers, 3);
+        let c = ReaderPin::new(&readers, 3);
+        assert_eq!(readers.oldest(), Some(3));
+        drop(b);
+        assert_eq!(readers.oldest(), Some(3), "a second view still reads at 3");
+        drop(c);
+        assert_eq!(readers.oldest(), Some(7));
+        drop(a);
+        assert_eq!(readers.oldest(), None);
     }
 
     /// Keys of up to 40 bytes, rich in zeros and ones, so that zero padding and shared
