@@ -3,8 +3,8 @@
 //! The content-id index (one entry a content object), the turn records (one entry a
 //! committed turn) and the revision nodes (one entry a revision) are lookups by a key
 //! that has no useful order. A row an entry made them most of the projections' rows. A [`Buckets`] map packs its entries into buckets by a
-//! 64-bit hash of the key, with linear hashing: a map of `count` entries has
-//! `n = max(1, ⌈count / load⌉)` buckets, and an entry whose hash is `h` lives in bucket
+//! 64-bit hash of the key, with linear hashing: a map whose entries take `size` bytes has
+//! `n = max(1, ⌈size / bytes⌉)` buckets, and an entry whose hash is `h` lives in bucket
 //! `h mod 2^(i+1)` if that is below `n`, else `h mod 2^i`, where `2^i ≤ n < 2^(i+1)`. An
 //! insert that makes `n` grow splits bucket `n - 2^i` into itself and bucket `n`; a removal
 //! that makes it shrink merges the last bucket back into the one it was split from.
@@ -17,16 +17,17 @@
 //! map):
 //!
 //! ```text
-//! prefix                              count: u64 LE (absent when the map is empty)
+//! prefix                              size: u64 LE (absent when the map is empty)
 //! prefix ‖ bucket (u64 BE) ‖ part (u16 BE)
 //!                                     more: u8 (1 when part + 1 follows, else 0)
-//!                                     entries: (key length: u16 LE, value length: u32 LE,
-//!                                               key, value)*
+//!                                     entries: (key length: varint, value length:
+//!                                               varint, key, value)*
 //! ```
 //!
 //! A bucket's entries are sorted by key and split greedily into parts of at most
 //! [`PART_BYTES`] (an entry larger than that has a part of its own); an empty bucket has no
-//! row. A bucket holds `load` entries on average, so a part is one row in the common case;
+//! row. A bucket holds `bytes` of entries on average, a third of a part, so a part is one
+//! row in the common case;
 //! the parts bound a row's size when a bucket holds more than its share.
 
 use crate::error::{Error, Location, Result};
@@ -38,28 +39,80 @@ use annal_codec::{ContentId, SessionId};
 /// its own).
 pub const PART_BYTES: usize = 3_072;
 
-/// Bytes an entry takes beside its key and value.
-const ENTRY_HEADER: usize = 6;
+/// Bytes of a varint (LEB128) holding `n`.
+fn varint_len(n: usize) -> usize {
+    (usize::BITS - (n | 1).leading_zeros()).div_ceil(7) as usize
+}
 
-/// One hashed map: its table, the hash of its keys and the entries a bucket holds on
-/// average.
+fn put_varint(out: &mut Vec<u8>, mut n: usize) {
+    while n >= 0x80 {
+        out.push(n as u8 | 0x80);
+        n >>= 7;
+    }
+    out.push(n as u8);
+}
+
+/// Reads a varint of at most `usize` bits, in its shortest form, advancing `rest`.
+fn read_varint(rest: &mut &[u8]) -> Option<usize> {
+    let mut n = 0usize;
+    for (i, &b) in rest.iter().enumerate().take(10) {
+        let bits = ((b & 0x7f) as usize).checked_shl(7 * i as u32)?;
+        if bits >> (7 * i) != (b & 0x7f) as usize {
+            return None;
+        }
+        n |= bits;
+        if b & 0x80 == 0 {
+            if b == 0 && i > 0 {
+                return None;
+            }
+            *rest = &rest[i + 1..];
+            return Some(n);
+        }
+    }
+    None
+}
+
+/// Bytes an entry takes: its lengths as varints, its key and its value.
+fn entry_size(key: &[u8], value: &[u8]) -> usize {
+    varint_len(key.len()) + varint_len(value.len()) + key.len() + value.len()
+}
+
+/// Appends an entry.
+fn put_entry(out: &mut Vec<u8>, key: &[u8], value: &[u8]) {
+    put_varint(out, key.len());
+    put_varint(out, value.len());
+    out.extend_from_slice(key);
+    out.extend_from_slice(value);
+}
+
+/// Longest key a map takes.
+const KEY_BYTES_MAX: usize = u16::MAX as usize;
+
+/// One hashed map: its table, the hash of its keys and the bytes of entries a bucket
+/// holds on average.
 #[derive(Clone, Copy, Debug)]
 pub struct Buckets {
     /// The logical table holding the map's rows.
     pub table: Table,
     /// The hash of a key: 64 bits that an outside party cannot make collide cheaply.
     pub hash: fn(&[u8]) -> u64,
-    /// Entries a bucket holds on average.
-    pub load: u64,
+    /// Bytes of entries a bucket holds on average: a map of `size` bytes has
+    /// `max(1, ⌈size / bytes⌉)` buckets.
+    pub bytes: u64,
 }
+
+/// Bytes of entries a bucket of the engine's maps holds on average: about 24 content
+/// index entries, 12 turn records or 4 revision nodes of the comparison's workload, and
+/// a third of a part, so that a bucket seldom needs a second one.
+pub const BUCKET_BYTES: u64 = 1_024;
 
 /// The content-id index: content id (32 bytes) → seq of the content row that holds it
 /// (u64 BE). Content ids are blake3 hashes already; their first 8 bytes are the hash.
-pub const CONTENT: Buckets = Buckets { table: Table::ContentIndex, hash: leading_u64, load: 16 };
+pub const CONTENT: Buckets = Buckets { table: Table::ContentIndex, hash: leading_u64, bytes: BUCKET_BYTES };
 
 /// A session's turn records: turn id (UTF-8) → `TurnRecord` (canonically encoded), under
 /// the session's prefix. A turn id is chosen by the host, so it is hashed (blake3).
-pub const TURNS: Buckets = Buckets { table: Table::Turns, hash: blake3_u64, load: 16 };
+pub const TURNS: Buckets = Buckets { table: Table::Turns, hash: blake3_u64, bytes: BUCKET_BYTES };
 
 fn leading_u64(key: &[u8]) -> u64 {
     let mut b = [0u8; 8];
@@ -74,10 +127,11 @@ fn blake3_u64(key: &[u8]) -> u64 {
 
 /// A session's revision nodes: revision id (32 bytes) → `StoredNode` (canonically
 /// encoded), under the session's prefix. Revision ids are blake3 hashes; their first 8
-/// bytes are the hash. A node is larger than the other maps' entries (about 270 bytes on
-/// the comparison's workload), and a restore reads hundreds of them, so a bucket holds 4
-/// on average.
-pub const REVISIONS: Buckets = Buckets { table: Table::Revisions, hash: leading_u64, load: 4 };
+/// bytes are the hash. A node of a turn holds the turn's message ids, so its size
+/// follows the turn's (about 270 bytes on the comparison's workload, 3.3 KB for turns of
+/// 100 messages); buckets of a fixed number of bytes keep a lookup to about one part
+/// whatever the nodes' size.
+pub const REVISIONS: Buckets = Buckets { table: Table::Revisions, hash: leading_u64, bytes: BUCKET_BYTES };
 
 /// The seq of the content row holding `id`, from the content-id index.
 pub fn content_seq<S: Store + ?Sized>(store: &S, id: &ContentId) -> Result<Option<u64>> {
@@ -92,9 +146,9 @@ pub fn turn_record<S: Store + ?Sized>(store: &S, session: &SessionId, turn_id: &
     TURNS.get(store, &session.0, turn_id.as_bytes(), |v| decode_row(Table::Turns, &key, v))
 }
 
-/// Buckets a map of `count` entries has.
-fn buckets_for(count: u64, load: u64) -> u64 {
-    count.div_ceil(load).max(1)
+/// Buckets a map of `size` bytes of entries has.
+fn buckets_for(size: u64, bytes: u64) -> u64 {
+    size.div_ceil(bytes).max(1)
 }
 
 /// `i` with `2^i ≤ n < 2^(i+1)`, for `n ≥ 1`.
@@ -130,17 +184,18 @@ impl Buckets {
         Error::corrupt(Location::Projection { table: self.table.name(), key: crate::store::hex(key) }, detail)
     }
 
-    /// Entries in `prefix`'s map.
-    pub fn count<S: Store + ?Sized>(&self, store: &S, prefix: &[u8]) -> Result<u64> {
-        let mut count = 0;
+    /// Bytes of the entries in `prefix`'s map (each entry's lengths, key and value, as a
+    /// part holds them): what its number of buckets follows.
+    pub fn size<S: Store + ?Sized>(&self, store: &S, prefix: &[u8]) -> Result<u64> {
+        let mut size = 0;
         store.read(self.table, prefix, &mut |v| {
             if let Some(v) = v {
-                let b = <[u8; 8]>::try_from(v).map_err(|_| self.corrupt(prefix, "bad bucket count row"))?;
-                count = u64::from_le_bytes(b);
+                let b = <[u8; 8]>::try_from(v).map_err(|_| self.corrupt(prefix, "bad map size row"))?;
+                size = u64::from_le_bytes(b);
             }
             Ok(())
         })?;
-        Ok(count)
+        Ok(size)
     }
 
     /// A part's `more` flag and the bytes of its entries.
@@ -158,10 +213,9 @@ impl Buckets {
             return Ok(None);
         }
         let bad = || self.corrupt(row_key, "bad bucket row");
-        let header = rest.get(..ENTRY_HEADER).ok_or_else(bad)?;
-        let klen = u16::from_le_bytes([header[0], header[1]]) as usize;
-        let vlen = u32::from_le_bytes([header[2], header[3], header[4], header[5]]) as usize;
-        let body = &rest[ENTRY_HEADER..];
+        let mut body = *rest;
+        let klen = read_varint(&mut body).ok_or_else(bad)?;
+        let vlen = read_varint(&mut body).ok_or_else(bad)?;
         if body.len() < klen || body.len() - klen < vlen {
             return Err(bad());
         }
@@ -242,23 +296,23 @@ impl Buckets {
         key: &[u8],
         f: impl FnOnce(&[u8]) -> Result<R>,
     ) -> Result<Option<R>> {
-        self.get_counted(store, prefix, self.count(store, prefix)?, key, f)
+        self.get_sized(store, prefix, self.size(store, prefix)?, key, f)
     }
 
-    /// [`Buckets::get`] in a map whose [`Buckets::count`] the caller read already (a walk
+    /// [`Buckets::get`] in a map whose [`Buckets::size`] the caller read already (a walk
     /// that looks up many keys of one map reads it once).
-    pub fn get_counted<S: Store + ?Sized, R>(
+    pub fn get_sized<S: Store + ?Sized, R>(
         &self,
         store: &S,
         prefix: &[u8],
-        count: u64,
+        size: u64,
         key: &[u8],
         f: impl FnOnce(&[u8]) -> Result<R>,
     ) -> Result<Option<R>> {
-        if count == 0 {
+        if size == 0 {
             return Ok(None);
         }
-        let bucket = address((self.hash)(key), buckets_for(count, self.load));
+        let bucket = address((self.hash)(key), buckets_for(size, self.bytes));
         let mut f = Some(f);
         let mut found = None;
         let mut part = 0u16;
@@ -307,19 +361,16 @@ impl Buckets {
         let mut parts: Vec<Vec<u8>> = Vec::new();
         let mut current: Vec<u8> = Vec::new();
         for (k, v) in entries {
-            let size = ENTRY_HEADER + k.len() + v.len();
-            if current.len() > 1 && current.len() - 1 + size > PART_BYTES {
+            if k.len() > KEY_BYTES_MAX {
+                return Err(self.corrupt(prefix, "bucket key too long"));
+            }
+            if current.len() > 1 && current.len() - 1 + entry_size(k, v) > PART_BYTES {
                 parts.push(std::mem::take(&mut current));
             }
             if current.is_empty() {
                 current.push(0);
             }
-            let klen = u16::try_from(k.len()).map_err(|_| self.corrupt(prefix, "bucket key too long"))?;
-            let vlen = u32::try_from(v.len()).map_err(|_| self.corrupt(prefix, "bucket value too long"))?;
-            current.extend_from_slice(&klen.to_le_bytes());
-            current.extend_from_slice(&vlen.to_le_bytes());
-            current.extend_from_slice(k);
-            current.extend_from_slice(v);
+            put_entry(&mut current, k, v);
         }
         if !current.is_empty() {
             parts.push(current);
@@ -338,14 +389,6 @@ impl Buckets {
         Ok(())
     }
 
-    fn set_count<S: Store + ?Sized>(&self, store: &mut S, prefix: &[u8], count: u64) -> Result<()> {
-        if count == 0 {
-            store.remove(self.table, prefix)
-        } else {
-            store.put(self.table, prefix, &count.to_le_bytes())
-        }
-    }
-
     /// The common case of an insert: the bucket is one part (or empty) and stays one
     /// part, so its new row is the old one with the entry spliced in, written without
     /// taking the bucket apart. Returns whether the key is new, or `None` when the bucket
@@ -357,9 +400,10 @@ impl Buckets {
         bucket: u64,
         key: &[u8],
         value: &[u8],
-    ) -> Result<Option<bool>> {
-        let klen = u16::try_from(key.len()).map_err(|_| self.corrupt(prefix, "bucket key too long"))?;
-        let vlen = u32::try_from(value.len()).map_err(|_| self.corrupt(prefix, "bucket value too long"))?;
+    ) -> Result<Option<Option<usize>>> {
+        if key.len() > KEY_BYTES_MAX {
+            return Err(self.corrupt(prefix, "bucket key too long"));
+        }
         let row_key = part_key(prefix, bucket, 0);
         let mut row = None;
         store.read(self.table, &row_key, &mut |v| {
@@ -388,25 +432,22 @@ impl Buckets {
             if !equal {
                 end = at;
             }
-            let size = entries.len() - (end - at) + ENTRY_HEADER + key.len() + value.len();
+            let size = entries.len() - (end - at) + entry_size(key, value);
             if size > PART_BYTES && others > 0 {
                 return Ok(());
             }
             let mut out = Vec::with_capacity(1 + size);
             out.push(0);
             out.extend_from_slice(&entries[..at]);
-            out.extend_from_slice(&klen.to_le_bytes());
-            out.extend_from_slice(&vlen.to_le_bytes());
-            out.extend_from_slice(key);
-            out.extend_from_slice(value);
+            put_entry(&mut out, key, value);
             out.extend_from_slice(&entries[end..]);
-            row = Some((out, !equal));
+            row = Some((out, equal.then_some(end - at)));
             Ok(())
         })?;
         match row {
-            Some((out, fresh)) => {
+            Some((out, old)) => {
                 store.put_vec(self.table, &row_key, out)?;
-                Ok(Some(fresh))
+                Ok(Some(old))
             }
             None => Ok(None),
         }
@@ -414,34 +455,60 @@ impl Buckets {
 
     /// Sets `key` to `value` in `prefix`'s map; returns whether the key is new.
     pub fn insert<S: Store + ?Sized>(&self, store: &mut S, prefix: &[u8], key: &[u8], value: &[u8]) -> Result<bool> {
-        let count = self.count(store, prefix)?;
-        let n = buckets_for(count, self.load);
+        let size = self.size(store, prefix)?;
+        let n = buckets_for(size, self.bytes);
         let bucket = address((self.hash)(key), n);
-        let fresh = match self.insert_in_one_part(store, prefix, bucket, key, value)? {
-            Some(fresh) => fresh,
+        let old = match self.insert_in_one_part(store, prefix, bucket, key, value)? {
+            Some(old) => old,
             None => {
                 let parts = self.read_parts(store, prefix, bucket)?;
                 let mut entries = self.entries(prefix, bucket, n, &parts)?;
-                let fresh = match entries.binary_search_by(|(k, _)| (*k).cmp(key)) {
-                    Ok(i) => {
-                        entries[i].1 = value;
-                        false
-                    }
+                let old = match entries.binary_search_by(|(k, _)| (*k).cmp(key)) {
+                    Ok(i) => Some(entry_size(entries[i].0, std::mem::replace(&mut entries[i].1, value))),
                     Err(i) => {
                         entries.insert(i, (key, value));
-                        true
+                        None
                     }
                 };
                 self.write_bucket(store, prefix, bucket, &entries, parts.len())?;
-                fresh
+                old
             }
         };
-        if !fresh {
+        let resized = size + entry_size(key, value) as u64 - old.unwrap_or(0) as u64;
+        self.resize(store, prefix, size, resized)?;
+        Ok(old.is_none())
+    }
+
+    /// Removes `key` from `prefix`'s map; returns whether it held it.
+    pub fn remove<S: Store + ?Sized>(&self, store: &mut S, prefix: &[u8], key: &[u8]) -> Result<bool> {
+        let size = self.size(store, prefix)?;
+        if size == 0 {
             return Ok(false);
         }
-        let count = count + 1;
-        self.set_count(store, prefix, count)?;
-        if buckets_for(count, self.load) > n {
+        let n = buckets_for(size, self.bytes);
+        let bucket = address((self.hash)(key), n);
+        let parts = self.read_parts(store, prefix, bucket)?;
+        let mut entries = self.entries(prefix, bucket, n, &parts)?;
+        let Ok(i) = entries.binary_search_by(|(k, _)| (*k).cmp(key)) else {
+            return Ok(false);
+        };
+        let (k, v) = entries.remove(i);
+        let resized = size.checked_sub(entry_size(k, v) as u64).ok_or_else(|| self.corrupt(prefix, "bad map size"))?;
+        self.write_bucket(store, prefix, bucket, &entries, parts.len())?;
+        self.resize(store, prefix, size, resized)?;
+        Ok(true)
+    }
+
+    /// Records that the map's entries went from `from` to `to` bytes, and splits or merges
+    /// buckets until the map has the buckets that `to` gives.
+    fn resize<S: Store + ?Sized>(&self, store: &mut S, prefix: &[u8], from: u64, to: u64) -> Result<()> {
+        if to == 0 {
+            store.remove(self.table, prefix)?;
+        } else {
+            store.put(self.table, prefix, &to.to_le_bytes())?;
+        }
+        let (mut n, target) = (buckets_for(from, self.bytes), buckets_for(to, self.bytes));
+        while n < target {
             // Bucket `n - 2^i` splits into itself and bucket `n`.
             let from = n - (1u64 << level(n));
             let parts = self.read_parts(store, prefix, from)?;
@@ -450,28 +517,9 @@ impl Buckets {
                 entries.into_iter().partition(|(k, _)| address((self.hash)(k), n + 1) == n);
             self.write_bucket(store, prefix, from, &kept, parts.len())?;
             self.write_bucket(store, prefix, n, &moved, 0)?;
+            n += 1;
         }
-        Ok(true)
-    }
-
-    /// Removes `key` from `prefix`'s map; returns whether it held it.
-    pub fn remove<S: Store + ?Sized>(&self, store: &mut S, prefix: &[u8], key: &[u8]) -> Result<bool> {
-        let count = self.count(store, prefix)?;
-        if count == 0 {
-            return Ok(false);
-        }
-        let n = buckets_for(count, self.load);
-        let bucket = address((self.hash)(key), n);
-        let parts = self.read_parts(store, prefix, bucket)?;
-        let mut entries = self.entries(prefix, bucket, n, &parts)?;
-        let Ok(i) = entries.binary_search_by(|(k, _)| (*k).cmp(key)) else {
-            return Ok(false);
-        };
-        entries.remove(i);
-        self.write_bucket(store, prefix, bucket, &entries, parts.len())?;
-        let count = count - 1;
-        self.set_count(store, prefix, count)?;
-        if buckets_for(count, self.load) < n {
+        while n > target {
             // The last bucket merges back into the one it was split from.
             let last = n - 1;
             let into = last - (1u64 << level(last));
@@ -482,8 +530,9 @@ impl Buckets {
             merged.sort_unstable_by(|a, b| a.0.cmp(b.0));
             self.write_bucket(store, prefix, into, &merged, into_parts.len())?;
             self.write_bucket(store, prefix, last, &[], last_parts.len())?;
+            n -= 1;
         }
-        Ok(true)
+        Ok(())
     }
 }
 
@@ -495,10 +544,26 @@ mod tests {
     use std::collections::BTreeMap;
 
     /// A map whose hash is the key's first 8 bytes: tests choose where keys land.
-    const RAW: Buckets = Buckets { table: Table::ContentIndex, hash: leading_u64, load: 4 };
+    /// 72 bytes a bucket: four entries of an 8-byte key and an 8-byte value (and 2 bytes
+    /// of lengths each).
+    const RAW: Buckets = Buckets { table: Table::ContentIndex, hash: leading_u64, bytes: 72 };
 
     fn rows(store: &MemStore) -> Vec<(Vec<u8>, Vec<u8>)> {
         store.tables.get(&Table::ContentIndex).map(|t| t.clone().into_iter().collect()).unwrap_or_default()
+    }
+
+    #[test]
+    fn varints_round_trip_in_their_shortest_form() {
+        for n in [0usize, 1, 127, 128, 300, 16_383, 16_384, u32::MAX as usize, usize::MAX] {
+            let mut out = Vec::new();
+            put_varint(&mut out, n);
+            assert_eq!(out.len(), varint_len(n), "{n}");
+            let mut rest = &out[..];
+            assert_eq!(read_varint(&mut rest), Some(n));
+            assert!(rest.is_empty());
+        }
+        assert_eq!(read_varint(&mut &[0xff; 11][..]), None, "longer than a usize");
+        assert_eq!(read_varint(&mut &[0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x7f][..]), None);
     }
 
     #[test]
@@ -509,7 +574,7 @@ mod tests {
         assert_eq!((address(6, 2), address(7, 2)), (0, 1));
         // Three: bucket 0 split into 0 and 2 (two bits), bucket 1 not yet (one bit).
         assert_eq!((address(4, 3), address(6, 3), address(5, 3), address(7, 3)), (0, 2, 1, 1));
-        assert_eq!((buckets_for(0, 4), buckets_for(4, 4), buckets_for(5, 4)), (1, 1, 2));
+        assert_eq!((buckets_for(0, 4), buckets_for(4, 4), buckets_for(5, 4), buckets_for(9, 4)), (1, 1, 2, 3));
     }
 
     #[test]
@@ -520,8 +585,8 @@ mod tests {
             assert!(RAW.insert(&mut store, b"", &key(i), &i.to_be_bytes()).unwrap());
         }
         assert!(!RAW.insert(&mut store, b"", &key(3), b"x").unwrap(), "a second insert replaces");
-        assert_eq!(RAW.count(&store, b"").unwrap(), 40);
-        // 40 entries at 4 a bucket: 10 buckets and the count row.
+        assert_eq!(RAW.size(&store, b"").unwrap(), 40 * 18 - 7);
+        // 713 bytes at 72 a bucket: 10 buckets and the size row.
         assert_eq!(rows(&store).len(), 11);
         for i in 0..40u64 {
             let v = RAW.get(&store, b"", &key(i), |v| Ok(v.to_vec())).unwrap().unwrap();
@@ -574,13 +639,15 @@ mod tests {
     fn a_bad_row_is_corrupt_not_a_panic() {
         let mut store = MemStore::default();
         RAW.insert(&mut store, b"", &1u64.to_le_bytes(), b"v").unwrap();
-        for bad in [vec![], vec![2], vec![0, 9, 0, 0, 0, 0, 0], vec![0, 1, 0, 5, 0, 0, 0, 1]] {
+        // No flag, a bad flag, lengths past the row, a varint that does not end, and one
+        // not in its shortest form.
+        for bad in [vec![], vec![2], vec![0, 1, 5, 1], vec![0, 0x80], vec![0, 0x81, 0, 0, 1]] {
             store.put(Table::ContentIndex, &part_key(b"", 0, 0), &bad).unwrap();
             let err = RAW.get(&store, b"", &1u64.to_le_bytes(), |_| Ok(())).unwrap_err();
             assert!(matches!(err, Error::Corrupt { .. }), "{err}");
         }
         store.put(Table::ContentIndex, b"", b"short").unwrap();
-        assert!(matches!(RAW.count(&store, b"").unwrap_err(), Error::Corrupt { .. }));
+        assert!(matches!(RAW.size(&store, b"").unwrap_err(), Error::Corrupt { .. }));
     }
 
     proptest! {
@@ -606,7 +673,8 @@ mod tests {
                 let got = RAW.get(&store, b"s", &key(k), |v| Ok(v.to_vec())).unwrap();
                 prop_assert_eq!(got.as_ref(), model.get(&k));
             }
-            prop_assert_eq!(RAW.count(&store, b"s").unwrap(), model.len() as u64);
+            let size: usize = model.iter().map(|(k, v)| entry_size(&key(*k), v)).sum();
+            prop_assert_eq!(RAW.size(&store, b"s").unwrap(), size as u64);
             let mut fresh = MemStore::default();
             for (k, v) in model.iter().rev() {
                 RAW.insert(&mut fresh, b"s", &key(*k), v).unwrap();

@@ -389,14 +389,14 @@ fn follow_recipes<S: Store + ?Sized>(
     let mut splices = Vec::new();
     let (mut s, mut r) = (*session, *revision);
     let mut bound = u64::MAX;
-    // The node count of the session the walk is in: read again only when a fork takes
-    // the walk into its parent.
-    let mut counted = (s, crate::buckets::REVISIONS.count(store, &s.0)?);
+    // The size of the nodes' map of the session the walk is in: read again only when a
+    // fork takes the walk into its parent.
+    let mut sized = (s, crate::buckets::REVISIONS.size(store, &s.0)?);
     let base = loop {
-        if counted.0 != s {
-            counted = (s, crate::buckets::REVISIONS.count(store, &s.0)?);
+        if sized.0 != s {
+            sized = (s, crate::buckets::REVISIONS.size(store, &s.0)?);
         }
-        let node: RevisionNode = match crate::projection::revision_node_counted(store, &s, counted.1, &r)? {
+        let node: RevisionNode = match crate::projection::revision_node_sized(store, &s, sized.1, &r)? {
             Some(n) => n,
             None if splices.is_empty() && s == *session => return Ok(None),
             None => {

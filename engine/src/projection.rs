@@ -485,20 +485,20 @@ pub fn revision_node<S: crate::store::Store + ?Sized>(
     session: &SessionId,
     revision: &RevisionId,
 ) -> crate::error::Result<Option<RevisionNode>> {
-    let count = crate::buckets::REVISIONS.count(store, &session.0)?;
-    revision_node_counted(store, session, count, revision)
+    let size = crate::buckets::REVISIONS.size(store, &session.0)?;
+    revision_node_sized(store, session, size, revision)
 }
 
-/// [`revision_node`] in a session whose graph holds `count` nodes
-/// (`buckets::REVISIONS.count`), for a walk that reads many nodes of one session.
-pub fn revision_node_counted<S: crate::store::Store + ?Sized>(
+/// [`revision_node`] in a session whose nodes' map is `size` bytes
+/// (`buckets::REVISIONS.size`), for a walk that reads many nodes of one session.
+pub fn revision_node_sized<S: crate::store::Store + ?Sized>(
     store: &S,
     session: &SessionId,
-    count: u64,
+    size: u64,
     revision: &RevisionId,
 ) -> crate::error::Result<Option<RevisionNode>> {
     let key = crate::store::keys::session_rev(session, revision);
-    let stored = crate::buckets::REVISIONS.get_counted(store, &session.0, count, &revision.0, |v| {
+    let stored = crate::buckets::REVISIONS.get_sized(store, &session.0, size, &revision.0, |v| {
         crate::store::decode_row::<StoredNode>(Table::Revisions, &key, v)
     })?;
     match stored {
@@ -687,7 +687,7 @@ pub struct ToolTip {
 #[cfg(test)]
 mod stored_node_tests {
     use super::*;
-    use crate::store::{keys, MemStore, StoreExt};
+    use crate::store::MemStore;
 
     fn stored(recipe: StoredRecipe, parents: Vec<RevisionId>) -> StoredNode {
         StoredNode {
