@@ -23,10 +23,10 @@
 //! Run with `--nocapture` to see the figures.
 
 use annal::pieces::{ContentReader, PIECES};
-use annal::tables::{projection_rows, LOG, META};
+use annal::tables::{LOG, META};
 use annal::{
     CommitTurn, ContentId, CreateSession, Durability, Engine, Expected, Limits, Message, Options, Reader, RevisionId,
-    Rewrite, RewriteReason, Role, Table,
+    Rewrite, RewriteReason, Role,
 };
 use redb::{ReadableDatabase, ReadableTable, TableDefinition, TableHandle};
 use std::collections::{BTreeMap, BTreeSet};
@@ -277,12 +277,13 @@ fn run(path: &Path, rewrites: Rewrites) -> Measured {
 }
 
 /// The content-id index (a projection, read through a reader of the closed database) has
-/// one row per stored object, pointing at the content row that holds it.
+/// one entry per stored object, pointing at the content row that holds it.
 fn check_content_index(path: &Path, objects: &BTreeMap<ContentId, u64>) {
     let reader = Reader::open(path, Limits::default(), None).expect("open reader");
     let view = reader.snapshot().expect("view");
-    let index: BTreeMap<ContentId, u64> = projection_rows(&view, Table::ContentIndex)
-        .expect("content index rows")
+    let index: BTreeMap<ContentId, u64> = annal::buckets::CONTENT
+        .all(&view, &[])
+        .expect("content index entries")
         .into_iter()
         .map(|(k, v)| {
             let id = ContentId(k.try_into().expect("content index key is an id"));

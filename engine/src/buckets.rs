@@ -343,6 +343,23 @@ impl Buckets {
         }
     }
 
+    /// Every entry of `prefix`'s map, bucket by bucket, each bucket in key order (for
+    /// checks and tools; a lookup reads one bucket).
+    pub fn all<S: Store + ?Sized>(&self, store: &S, prefix: &[u8]) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
+        let size = self.size(store, prefix)?;
+        let mut out = Vec::new();
+        if size == 0 {
+            return Ok(out);
+        }
+        let n = buckets_for(size, self.bytes);
+        for bucket in 0..n {
+            let parts = self.read_parts(store, prefix, bucket)?;
+            let entries = self.entries(prefix, bucket, n, &parts)?;
+            out.extend(entries.into_iter().map(|(k, v)| (k.to_vec(), v.to_vec())));
+        }
+        Ok(out)
+    }
+
     /// Whether `prefix`'s map holds `key`.
     pub fn contains<S: Store + ?Sized>(&self, store: &S, prefix: &[u8], key: &[u8]) -> Result<bool> {
         Ok(self.get(store, prefix, key, |_| Ok(()))?.is_some())
@@ -675,6 +692,10 @@ mod tests {
             }
             let size: usize = model.iter().map(|(k, v)| entry_size(&key(*k), v)).sum();
             prop_assert_eq!(RAW.size(&store, b"s").unwrap(), size as u64);
+            let mut all = RAW.all(&store, b"s").unwrap();
+            all.sort();
+            let expected: Vec<(Vec<u8>, Vec<u8>)> = model.iter().map(|(k, v)| (key(*k), v.clone())).collect::<BTreeMap<_, _>>().into_iter().collect();
+            prop_assert_eq!(all, expected);
             let mut fresh = MemStore::default();
             for (k, v) in model.iter().rev() {
                 RAW.insert(&mut fresh, b"s", &key(*k), v).unwrap();
