@@ -135,7 +135,13 @@ pub const REVISIONS: Buckets = Buckets { table: Table::Revisions, hash: leading_
 
 /// The seq of the content row holding `id`, from the content-id index.
 pub fn content_seq<S: Store + ?Sized>(store: &S, id: &ContentId) -> Result<Option<u64>> {
-    CONTENT.get(store, &[], &id.0, |v| {
+    content_seq_sized(store, CONTENT.size(store, &[])?, id)
+}
+
+/// [`content_seq`] in an index of `size` bytes ([`Buckets::size`]), for a reader that
+/// looks up many ids at one seq.
+pub fn content_seq_sized<S: Store + ?Sized>(store: &S, size: u64, id: &ContentId) -> Result<Option<u64>> {
+    CONTENT.get_sized(store, &[], size, &id.0, |v| {
         <[u8; 8]>::try_from(v).map(u64::from_be_bytes).map_err(|_| CONTENT.corrupt(&id.0, "bad content index entry"))
     })
 }

@@ -393,6 +393,7 @@ impl Delta {
             cache: self.content_cache.clone(),
             content: std::cell::OnceCell::new(),
             records: std::cell::OnceCell::new(),
+            content_index_size: std::cell::OnceCell::new(),
         }
     }
 
@@ -568,6 +569,9 @@ pub struct View {
     content: std::cell::OnceCell<crate::pieces::ContentReader>,
     /// The log file's record table, opened at the first record read of this view.
     records: std::cell::OnceCell<redb::ReadOnlyTable<u64, &'static [u8]>>,
+    /// The size of the content-id index at this view's seq (`Buckets::size`), read at the
+    /// view's first content lookup: a page of messages reads it once.
+    content_index_size: std::cell::OnceCell<u64>,
 }
 
 impl std::fmt::Debug for View {
@@ -785,7 +789,14 @@ impl View {
 
     /// The seq whose content row holds `id`, from the content-id index.
     pub(crate) fn content_seq(&self, id: &ContentId) -> Result<Option<u64>> {
-        match crate::buckets::content_seq(self, id)? {
+        let size = match self.content_index_size.get() {
+            Some(size) => *size,
+            None => {
+                let size = crate::buckets::CONTENT.size(self, &[])?;
+                *self.content_index_size.get_or_init(|| size)
+            }
+        };
+        match crate::buckets::content_seq_sized(self, size, id)? {
             Some(seq) if seq > self.seq => Err(Error::corrupt(
                 Location::Projection { table: Table::ContentIndex.name(), key: id.to_hex() },
                 format!("content indexed at seq {seq}, past the view's {}", self.seq),
