@@ -734,19 +734,48 @@ fn message_of(
     Ok(Publish { target, payload, expected, msg_id })
 }
 
+/// How long the pump lets a subscription stay silent while the stream's tip is past the
+/// host's position before it reads the messages itself and subscribes again.
+pub const SUBSCRIPTION_STALL: Duration = Duration::from_secs(2);
+
 /// The pump: subscribes to the stream after `position` and hands every message to the
 /// writer thread in order, filling any gap from a read, and subscribing again after a
-/// failure.
+/// failure. A subscription that goes silent while the stream holds messages past the
+/// host's position (a consumer lost with a server, which the client does not always
+/// recreate) is replaced after [`SUBSCRIPTION_STALL`]: the pump reads what it missed
+/// and subscribes again after it.
 pub(crate) fn pump(host: Arc<HostShared>, position: u64, tx: Sender<StreamMessage>) {
     let mut next = position + 1;
     let mut subscription = None;
     let mut last_tip_check = Instant::now() - Duration::from_secs(1);
+    let mut last_message = Instant::now();
     while !host.stop.load(Ordering::Acquire) {
         if last_tip_check.elapsed() >= Duration::from_millis(200) {
             if let Ok(tip) = host.backend.tip() {
                 host.seen.fetch_max(tip, Ordering::Relaxed);
             }
             last_tip_check = Instant::now();
+        }
+        let behind = host.seen.load(Ordering::Relaxed) >= next;
+        if behind && last_message.elapsed() >= SUBSCRIPTION_STALL {
+            subscription = None;
+            let missed = (host.seen.load(Ordering::Relaxed) - next + 1).min(FOLD_BATCH_MAX as u64) as usize;
+            if let Ok(batch) = host.backend.read(next, missed) {
+                for m in batch {
+                    if m.seq != next {
+                        break;
+                    }
+                    next = m.seq + 1;
+                    if tx.send(m).is_err() {
+                        return;
+                    }
+                }
+            }
+            last_message = Instant::now();
+            continue;
+        }
+        if !behind {
+            last_message = Instant::now();
         }
         let sub = match subscription.as_mut() {
             Some(sub) => sub,
@@ -790,6 +819,7 @@ pub(crate) fn pump(host: Arc<HostShared>, position: u64, tx: Sender<StreamMessag
                 return;
             }
         }
+        last_message = Instant::now();
     }
 }
 

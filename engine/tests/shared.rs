@@ -246,12 +246,53 @@ fn a_command_over_the_backends_limit_fails_alone_and_writes_nothing() {
     engine.commit_turn(turn(s, "small", rev)).unwrap();
 }
 
-/// A stream that fails on demand: before storing (`refuse`), or after storing with the
-/// acknowledgement lost (`lose_ack`).
+/// A stream that fails on demand: before storing (`refuse`), after storing with the
+/// acknowledgement lost (`lose_ack`), or by going silent: every subscription opened
+/// before `mute_before` delivers nothing more, as a consumer lost with a server does.
 struct Flaky {
     inner: RedbStream,
     refuse: std::sync::atomic::AtomicBool,
     lose_ack: std::sync::atomic::AtomicBool,
+    subscriptions: Arc<std::sync::atomic::AtomicU64>,
+    mute_before: Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl Flaky {
+    fn on(stream: &RedbStream) -> Flaky {
+        Flaky {
+            inner: stream.clone(),
+            refuse: false.into(),
+            lose_ack: false.into(),
+            subscriptions: Default::default(),
+            mute_before: Default::default(),
+        }
+    }
+
+    /// Silences every subscription opened so far.
+    fn mute(&self) {
+        use std::sync::atomic::Ordering::SeqCst;
+        self.mute_before.store(self.subscriptions.load(SeqCst), SeqCst);
+    }
+}
+
+/// One of [`Flaky`]'s subscriptions: the stream's, until it is muted.
+struct MaybeSilent {
+    inner: Box<dyn annal::backend::Subscription>,
+    id: u64,
+    mute_before: Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl annal::backend::Subscription for MaybeSilent {
+    fn next_within(
+        &mut self,
+        wait: Duration,
+    ) -> std::result::Result<Option<annal::backend::StreamMessage>, annal::backend::BackendError> {
+        if self.id < self.mute_before.load(std::sync::atomic::Ordering::SeqCst) {
+            std::thread::sleep(wait);
+            return Ok(None);
+        }
+        self.inner.next_within(wait)
+    }
 }
 
 impl LogBackend for Flaky {
@@ -290,7 +331,9 @@ impl LogBackend for Flaky {
         &self,
         from: u64,
     ) -> std::result::Result<Box<dyn annal::backend::Subscription>, annal::backend::BackendError> {
-        self.inner.subscribe(from)
+        let id = self.subscriptions.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let inner = self.inner.subscribe(from)?;
+        Ok(Box::new(MaybeSilent { inner, id, mute_before: self.mute_before.clone() }))
     }
     fn max_payload(&self) -> u64 {
         self.inner.max_payload()
@@ -301,7 +344,7 @@ impl LogBackend for Flaky {
 fn a_failed_append_is_a_backend_error_that_poisons_nothing_and_a_retried_turn_is_in_once() {
     use std::sync::atomic::Ordering::SeqCst;
     let stream = RedbStream::memory().unwrap();
-    let flaky = Arc::new(Flaky { inner: stream.clone(), refuse: false.into(), lose_ack: false.into() });
+    let flaky = Arc::new(Flaky::on(&stream));
     let host = Host::new();
     let engine = Engine::open_shared(&host.db.path, Options::default(), flaky.clone()).unwrap();
     let (s, rev) = create(&engine, &[Message::system("flaky")]);
@@ -336,4 +379,29 @@ fn a_failed_append_is_a_backend_error_that_poisons_nothing_and_a_retried_turn_is
     assert_eq!(turns, vec!["t1".to_string(), "t2".to_string()], "each turn once");
     assert_eq!(head(&engine, s).revision, again.receipt().revision);
     assert!(!engine.is_poisoned());
+}
+
+#[test]
+fn a_subscription_that_goes_silent_is_replaced_and_the_fold_goes_on() {
+    let stream = RedbStream::memory().unwrap();
+    let flaky = Arc::new(Flaky::on(&stream));
+    let host = Host::new();
+    let engine = Engine::open_shared(&host.db.path, Options::default(), flaky.clone()).unwrap();
+    let (s, mut rev) = create(&engine, &[Message::system("silent")]);
+    // The host's subscription goes silent, as a consumer lost with a server does: the
+    // messages after it still reach the fold, and each caller gets its answer (without
+    // the pump's watch, the first would wait for the fold until it timed out).
+    flaky.mute();
+    for i in 0..3 {
+        let outcome = engine.commit_turn(turn(s, &format!("t{i}"), rev)).expect("the turn is answered");
+        rev = outcome.receipt().revision;
+    }
+    // Another host's message too.
+    let other = Host::new().open(&stream);
+    caught_up(&other, &stream);
+    let next = other.commit_turn(turn(s, "from-the-other", rev)).unwrap().receipt().revision;
+    caught_up(&engine, &stream);
+    assert_eq!(head(&engine, s).revision, next);
+    assert_same(&engine, &other);
+    assert!(flaky.subscriptions.load(std::sync::atomic::Ordering::SeqCst) > 1, "the pump subscribed again");
 }
