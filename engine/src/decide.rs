@@ -353,7 +353,7 @@ fn expect_revision(head: &SessionHead, expected: &RevisionId) -> Result<()> {
     Ok(())
 }
 
-use crate::transcript::{chain_at, ids as current_messages};
+use crate::transcript::chain_at;
 
 /// Rebuilds the message list of any revision a session has held, from the revision
 /// graph's recipes. Costs O(the session's events), never O(the whole log). `None` when
@@ -426,7 +426,11 @@ fn follow_recipes<S: Store + ?Sized>(
             }
         }
     };
+    // The list never holds more than the root's messages and every replacement: room
+    // for that at once, so that a long walk of appends does not grow it step by step.
+    let room: usize = splices.iter().map(|(_, _, replacement)| replacement.len()).sum();
     let mut list = base;
+    list.reserve_exact(room);
     for (start, end, replacement) in splices.into_iter().rev() {
         let len = list.len() as u64;
         let end = end.min(len);
@@ -656,22 +660,22 @@ fn restore<S: Store + ?Sized>(store: &S, c: &Restore, limits: &Limits) -> Result
     let Some(target) = follow_recipes(store, &c.session, &c.target)? else {
         return reject(Rejection::UnknownRevision { revision: c.target });
     };
-    // The fold hashes the target's list from the splice on again: keep its chain values.
-    check_materialized(&c.target, crate::transcript::remember_chain(RevisionId::empty(), target.clone()))?;
+    let chains = crate::transcript::hash_chain(RevisionId::empty(), &target);
+    check_materialized(&c.target, chains.last().copied().unwrap_or(RevisionId::empty()))?;
     if c.target == h.revision {
         return reject(Rejection::NoChange);
     }
-    let current = current_messages(store, &c.session, 0, h.message_count)?;
     // The smallest splice that turns the head into the target: skip the common prefix
     // and the common suffix.
-    let prefix = current.iter().zip(&target).take_while(|(a, b)| a == b).count();
-    let room = current.len().min(target.len()) - prefix;
-    let suffix = current.iter().rev().zip(target.iter().rev()).take(room).take_while(|(a, b)| a == b).count();
+    let (prefix, suffix) = crate::transcript::common_ends(store, &c.session, h.message_count, &target)?;
+    let replacement = target[prefix..target.len() - suffix].to_vec();
+    // The fold hashes the target's list from the splice on again: keep its chain values.
+    crate::transcript::remember(RevisionId::empty(), target, chains);
     let event = Event::TranscriptRewritten(TranscriptRewritten {
         parent_revision: h.revision,
         start: prefix as u64,
-        end: (current.len() - suffix) as u64,
-        replacement: target[prefix..target.len() - suffix].to_vec(),
+        end: h.message_count - suffix as u64,
+        replacement,
         kind: RewriteKind::Restore { target: c.target },
         note: c.note.clone(),
         actor: c.actor.clone(),

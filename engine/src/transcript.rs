@@ -425,10 +425,62 @@ thread_local! {
 pub(crate) fn remember_chain(base: RevisionId, ids: Vec<ContentId>) -> RevisionId {
     let chains = hash_chain(base, &ids);
     let end = chains.last().copied().unwrap_or(base);
-    if ids.len() >= REMEMBER_MIN {
+    remember(base, ids, chains);
+    end
+}
+
+/// Keeps `ids` and their chain values from `base` ([`hash_chain`]'s) for [`chain_over`],
+/// as [`remember_chain`] does, for a caller that needed the values before it could hand
+/// over the list.
+pub(crate) fn remember(base: RevisionId, ids: Vec<ContentId>, chains: Vec<RevisionId>) {
+    debug_assert_eq!(ids.len(), chains.len());
+    if ids.len() >= REMEMBER_MIN && ids.len() == chains.len() {
         REMEMBERED.with(|r| *r.borrow_mut() = Some(Remembered { base, ids, chains }));
     }
-    end
+}
+
+/// How many of the first and of the last of a session's `len` positions hold the same
+/// ids as `other`'s: the common prefix, then the common suffix of what is left after it
+/// (so that the two never overlap). Reads the transcript a chunk at a time from each
+/// end, and stops at the first difference, instead of listing it whole.
+pub(crate) fn common_ends<S: Store + ?Sized>(
+    store: &S,
+    session: &SessionId,
+    len: u64,
+    other: &[ContentId],
+) -> Result<(usize, usize)> {
+    let shared = len.min(other.len() as u64);
+    let mut buf = Vec::with_capacity(CHUNK as usize);
+    let mut prefix = 0u64;
+    'forward: while prefix < shared {
+        let end = ((prefix / CHUNK + 1) * CHUNK).min(shared);
+        buf.clear();
+        ids_into(store, session, prefix, end, &mut buf)?;
+        for (i, id) in buf.iter().enumerate() {
+            if *id != other[prefix as usize + i] {
+                prefix += i as u64;
+                break 'forward;
+            }
+        }
+        prefix = end;
+    }
+    let room = shared - prefix;
+    let mut suffix = 0u64;
+    'backward: while suffix < room {
+        // Positions `from..to` of the session, the chunk that holds `len - suffix - 1`.
+        let to = len - suffix;
+        let from = ((to - 1) / CHUNK * CHUNK).max(len - room);
+        buf.clear();
+        ids_into(store, session, from, to, &mut buf)?;
+        for (i, id) in buf.iter().rev().enumerate() {
+            if *id != other[other.len() - 1 - (suffix as usize + i)] {
+                suffix += i as u64;
+                break 'backward;
+            }
+        }
+        suffix += to - from;
+    }
+    Ok((prefix as usize, suffix as usize))
 }
 
 /// The chain values after each of `ids`, chaining from `base`: `base.extend(ids[0])`, and
@@ -457,7 +509,8 @@ pub(crate) fn chain_over(base: RevisionId, ids: &[ContentId]) -> Vec<RevisionId>
     hash_chain(base, ids)
 }
 
-fn hash_chain(base: RevisionId, ids: &[ContentId]) -> Vec<RevisionId> {
+/// The chain values after each of `ids`, chaining from `base`, hashed.
+pub(crate) fn hash_chain(base: RevisionId, ids: &[ContentId]) -> Vec<RevisionId> {
     let mut chains = Vec::with_capacity(ids.len());
     let mut c = base;
     for id in ids {
@@ -473,6 +526,42 @@ mod tests {
 
     fn ids(n: usize, salt: u8) -> Vec<ContentId> {
         (0..n).map(|i| ContentId(*blake3::hash(&[(i % 251) as u8, (i / 251) as u8, salt]).as_bytes())).collect()
+    }
+
+    /// The common ends the naive way: both lists whole.
+    fn naive_ends(a: &[ContentId], b: &[ContentId]) -> (usize, usize) {
+        let prefix = a.iter().zip(b).take_while(|(x, y)| x == y).count();
+        let room = a.len().min(b.len()) - prefix;
+        let suffix = a.iter().rev().zip(b.iter().rev()).take(room).take_while(|(x, y)| x == y).count();
+        (prefix, suffix)
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn common_ends_match_the_whole_lists(
+            len in 0usize..700,
+            start in 0usize..700,
+            cut in 0usize..300,
+            inserted in 0usize..300,
+            salt in 0u8..3,
+        ) {
+            let session = SessionId([7; 16]);
+            let stored = ids(len, 0);
+            let mut store = crate::store::MemStore::default();
+            splice(&mut store, &session, 0, 0, 0, RevisionId::empty(), &stored, stored.len()).unwrap();
+            let start = start.min(len);
+            let end = (start + cut).min(len);
+            // The replacement: other ids, or (salt 0) the same ones, so that the ends can
+            // run into each other.
+            let replacement = match salt {
+                0 => stored[start..end].to_vec(),
+                s => ids(inserted, s),
+            };
+            let mut other = stored.clone();
+            other.splice(start..end, replacement);
+            let got = common_ends(&store, &session, len as u64, &other).unwrap();
+            proptest::prop_assert_eq!(got, naive_ends(&stored, &other));
+        }
     }
 
     #[test]
