@@ -429,8 +429,9 @@ fn follow_recipes<S: Store + ?Sized>(
     // The list never holds more than the root's messages and every replacement: room
     // for that at once, so that a long walk of appends does not grow it step by step.
     let room: usize = splices.iter().map(|(_, _, replacement)| replacement.len()).sum();
-    let mut list = base;
-    list.reserve_exact(room);
+    let mut list = crate::transcript::spare_ids();
+    list.reserve_exact(base.len() + room);
+    list.extend_from_slice(&base);
     for (start, end, replacement) in splices.into_iter().rev() {
         let len = list.len() as u64;
         let end = end.min(len);
@@ -628,7 +629,8 @@ fn rewrite<S: Store + ?Sized>(store: &S, c: &Rewrite, limits: &Limits, now: &Now
         return reject(Rejection::InvalidRange { start: c.start, end: c.end, len: h.message_count });
     }
     let base = chain_at(store, &c.session, c.start)?;
-    let mut after_splice = replacement.clone();
+    let mut after_splice = crate::transcript::spare_ids();
+    after_splice.extend_from_slice(&replacement);
     crate::transcript::ids_into(store, &c.session, c.end, h.message_count, &mut after_splice)?;
     let after = crate::transcript::remember_chain(base, after_splice);
     if after == h.revision {

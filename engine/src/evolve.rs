@@ -216,13 +216,16 @@ fn fold_transcript<S: Store + ?Sized>(store: &mut S, r: &Record) -> Result<()> {
             if e.start > e.end || e.end > tip.len {
                 return Err(corrupt(r, "rewrite range outside the transcript"));
             }
-            let mut after = e.replacement.clone();
+            let mut after = transcript::spare_ids();
+            after.extend_from_slice(&e.replacement);
             transcript::ids_into(store, &r.session, e.end, tip.len, &mut after)?;
             let base = transcript::chain_at(store, &r.session, e.start)?;
             let chain =
                 transcript::splice(store, &r.session, e.start, e.end, tip.len, base, &after, e.replacement.len())?;
             check_revision(r, chain, e.revision_after)?;
-            TranscriptTip { len: e.start + after.len() as u64, revision: chain }
+            let len = e.start + after.len() as u64;
+            transcript::recycle_ids(after);
+            TranscriptTip { len, revision: chain }
         }
         _ => return Ok(()),
     };

@@ -368,7 +368,9 @@ pub(crate) fn splice<S: Store + ?Sized>(
         splice_ids(store, session, start, old_len, after)?;
     }
     set_checkpoints(store, session, start, old_len, new_len, &chains)?;
-    Ok(chains.last().copied().unwrap_or(chain))
+    let end = chains.last().copied().unwrap_or(chain);
+    recycle_chains(chains);
+    Ok(end)
 }
 
 /// Copies the first `len` positions of `from`'s transcript to `to` (a fork): full chunks
@@ -435,8 +437,80 @@ pub(crate) fn remember_chain(base: RevisionId, ids: Vec<ContentId>) -> RevisionI
 pub(crate) fn remember(base: RevisionId, ids: Vec<ContentId>, chains: Vec<RevisionId>) {
     debug_assert_eq!(ids.len(), chains.len());
     if ids.len() >= REMEMBER_MIN && ids.len() == chains.len() {
-        REMEMBERED.with(|r| *r.borrow_mut() = Some(Remembered { base, ids, chains }));
+        let old = REMEMBERED.with(|r| r.borrow_mut().replace(Remembered { base, ids, chains }));
+        if let Some(old) = old {
+            recycle_ids(old.ids);
+            recycle_chains(old.chains);
+        }
+    } else {
+        recycle_ids(ids);
+        recycle_chains(chains);
     }
+}
+
+/// Spare buffers kept per kind and thread by [`recycle_ids`] and [`recycle_chains`].
+const SPARES_MAX: usize = 2;
+/// The largest buffer kept: 8 MiB, a list of 262,144 ids.
+const SPARE_BYTES_MAX: usize = 8 << 20;
+
+/// Emptied buffers of the long lists a rewrite, a restore and their folds go through,
+/// kept for the next (see [`spare_ids`]).
+#[derive(Default)]
+struct Spares {
+    ids: Vec<Vec<ContentId>>,
+    chains: Vec<Vec<RevisionId>>,
+}
+
+thread_local! {
+    static SPARES: std::cell::RefCell<Spares> = std::cell::RefCell::new(Spares::default());
+}
+
+/// An empty list, with the room of one that an earlier command on this thread gave
+/// back if there is one. A rewrite or a restore of a long transcript lists it several
+/// times (the list after the splice, its chain values, the fold's list): 1.6 MB each at
+/// 50,000 messages. Buffers that fresh allocations would take from the system each time
+/// (the system allocator gives memory back past its trim threshold, and touching it
+/// again costs a page fault per 4 KiB) are kept instead: at most [`SPARES_MAX`] per kind
+/// and thread, none over [`SPARE_BYTES_MAX`].
+pub(crate) fn spare_ids() -> Vec<ContentId> {
+    SPARES.with(|s| s.borrow_mut().ids.pop()).unwrap_or_default()
+}
+
+/// Gives a list back for [`spare_ids`].
+pub(crate) fn recycle_ids(mut v: Vec<ContentId>) {
+    if keep(v.capacity() * ID) {
+        v.clear();
+        SPARES.with(|s| {
+            let mut s = s.borrow_mut();
+            if s.ids.len() < SPARES_MAX {
+                s.ids.push(v);
+            }
+        });
+    }
+}
+
+/// [`spare_ids`] for chain values.
+fn spare_chains() -> Vec<RevisionId> {
+    SPARES.with(|s| s.borrow_mut().chains.pop()).unwrap_or_default()
+}
+
+/// Gives a list of chain values back for [`spare_chains`].
+fn recycle_chains(mut v: Vec<RevisionId>) {
+    if keep(v.capacity() * ID) {
+        v.clear();
+        SPARES.with(|s| {
+            let mut s = s.borrow_mut();
+            if s.chains.len() < SPARES_MAX {
+                s.chains.push(v);
+            }
+        });
+    }
+}
+
+/// Whether a buffer of `bytes` is worth keeping: a list of [`REMEMBER_MIN`] ids or more,
+/// and at most [`SPARE_BYTES_MAX`].
+fn keep(bytes: usize) -> bool {
+    (REMEMBER_MIN * ID..=SPARE_BYTES_MAX).contains(&bytes)
 }
 
 /// How many of the first and of the last of a session's `len` positions hold the same
@@ -498,7 +572,8 @@ pub(crate) fn chain_over(base: RevisionId, ids: &[ContentId]) -> Vec<RevisionId>
             if before != base || m.ids[skip..] != *ids {
                 return None;
             }
-            let mut chains = r.take()?.chains;
+            let Remembered { ids, mut chains, .. } = r.take()?;
+            recycle_ids(ids);
             chains.drain(..skip);
             Some(chains)
         });
@@ -511,7 +586,8 @@ pub(crate) fn chain_over(base: RevisionId, ids: &[ContentId]) -> Vec<RevisionId>
 
 /// The chain values after each of `ids`, chaining from `base`, hashed.
 pub(crate) fn hash_chain(base: RevisionId, ids: &[ContentId]) -> Vec<RevisionId> {
-    let mut chains = Vec::with_capacity(ids.len());
+    let mut chains = spare_chains();
+    chains.reserve_exact(ids.len());
     let mut c = base;
     for id in ids {
         c = c.extend(id);
@@ -562,6 +638,30 @@ mod tests {
             let got = common_ends(&store, &session, len as u64, &other).unwrap();
             proptest::prop_assert_eq!(got, naive_ends(&stored, &other));
         }
+    }
+
+    #[test]
+    fn spare_buffers_are_kept_emptied_and_within_bounds() {
+        let list = ids(2000, 1);
+        let room = list.capacity();
+        recycle_ids(list);
+        let spare = spare_ids();
+        assert!(spare.is_empty());
+        assert_eq!(spare.capacity(), room, "the same buffer, emptied");
+        // Short lists, and lists over the cap, are not kept.
+        recycle_ids(Vec::with_capacity(10));
+        assert_eq!(spare_ids().capacity(), 0);
+        recycle_ids(Vec::with_capacity(SPARE_BYTES_MAX / ID + 1));
+        assert_eq!(spare_ids().capacity(), 0);
+        // At most a few a kind.
+        for _ in 0..5 {
+            recycle_ids(Vec::with_capacity(2000));
+            recycle_chains(Vec::with_capacity(2000));
+        }
+        assert_eq!(SPARES.with(|s| (s.borrow().ids.len(), s.borrow().chains.len())), (SPARES_MAX, SPARES_MAX));
+        // A chain hashed into a spare buffer is the same chain.
+        let list = ids(1500, 2);
+        assert_eq!(hash_chain(RevisionId::empty(), &list).last(), Some(&RevisionId::of(&list)));
     }
 
     #[test]
