@@ -477,16 +477,8 @@ pub(crate) fn spare_ids() -> Vec<ContentId> {
 }
 
 /// Gives a list back for [`spare_ids`].
-pub(crate) fn recycle_ids(mut v: Vec<ContentId>) {
-    if keep(v.capacity() * ID) {
-        v.clear();
-        SPARES.with(|s| {
-            let mut s = s.borrow_mut();
-            if s.ids.len() < SPARES_MAX {
-                s.ids.push(v);
-            }
-        });
-    }
+pub(crate) fn recycle_ids(v: Vec<ContentId>) {
+    recycle(v, |s| &mut s.ids);
 }
 
 /// [`spare_ids`] for chain values.
@@ -495,13 +487,20 @@ fn spare_chains() -> Vec<RevisionId> {
 }
 
 /// Gives a list of chain values back for [`spare_chains`].
-fn recycle_chains(mut v: Vec<RevisionId>) {
-    if keep(v.capacity() * ID) {
+fn recycle_chains(v: Vec<RevisionId>) {
+    recycle(v, |s| &mut s.chains);
+}
+
+/// Keeps `v`, emptied, in the pool `pool` picks, if it is worth keeping and the pool
+/// has room.
+fn recycle<T>(mut v: Vec<T>, pool: fn(&mut Spares) -> &mut Vec<Vec<T>>) {
+    if keep(v.capacity() * std::mem::size_of::<T>()) {
         v.clear();
         SPARES.with(|s| {
             let mut s = s.borrow_mut();
-            if s.chains.len() < SPARES_MAX {
-                s.chains.push(v);
+            let pool = pool(&mut s);
+            if pool.len() < SPARES_MAX {
+                pool.push(v);
             }
         });
     }
