@@ -756,19 +756,14 @@ pub(crate) fn pump(host: Arc<HostShared>, position: u64, tx: Sender<StreamMessag
             }
             last_tip_check = Instant::now();
         }
-        let behind = host.seen.load(Ordering::Relaxed) >= next;
+        let seen = host.seen.load(Ordering::Relaxed);
+        let behind = seen >= next;
         if behind && last_message.elapsed() >= SUBSCRIPTION_STALL {
             subscription = None;
-            let missed = (host.seen.load(Ordering::Relaxed) - next + 1).min(FOLD_BATCH_MAX as u64) as usize;
+            let missed = (seen - next + 1).min(FOLD_BATCH_MAX as u64) as usize;
             if let Ok(batch) = host.backend.read(next, missed) {
-                for m in batch {
-                    if m.seq != next {
-                        break;
-                    }
-                    next = m.seq + 1;
-                    if tx.send(m).is_err() {
-                        return;
-                    }
+                if forward(&host, batch, &mut next, &tx).is_err() {
+                    return;
                 }
             }
             last_message = Instant::now();
@@ -812,15 +807,30 @@ pub(crate) fn pump(host: Arc<HostShared>, position: u64, tx: Sender<StreamMessag
             }
         }
         batch.push(m);
-        for m in batch {
-            host.seen.fetch_max(m.seq, Ordering::Relaxed);
-            next = m.seq + 1;
-            if tx.send(m).is_err() {
-                return;
-            }
+        if forward(&host, batch, &mut next, &tx).is_err() {
+            return;
         }
         last_message = Instant::now();
     }
+}
+
+/// Queues `batch` for the fold from `next` on, in order, stopping at the first message
+/// that is not the next one. `Err` when the writer is gone.
+fn forward(
+    host: &HostShared,
+    batch: Vec<StreamMessage>,
+    next: &mut u64,
+    tx: &Sender<StreamMessage>,
+) -> std::result::Result<(), ()> {
+    for m in batch {
+        if m.seq != *next {
+            break;
+        }
+        host.seen.fetch_max(m.seq, Ordering::Relaxed);
+        *next = m.seq + 1;
+        tx.send(m).map_err(drop)?;
+    }
+    Ok(())
 }
 
 /// What [`verify_stream`] found.
