@@ -431,7 +431,7 @@ fn follow_recipes<S: Store + ?Sized>(
     let room: usize = splices.iter().map(|(_, _, replacement)| replacement.len()).sum();
     let mut list = crate::transcript::spare_ids();
     list.reserve_exact(base.len() + room);
-    list.extend_from_slice(&base);
+    list.extend(base);
     for (start, end, replacement) in splices.into_iter().rev() {
         let len = list.len() as u64;
         let end = end.min(len);
@@ -629,8 +629,7 @@ fn rewrite<S: Store + ?Sized>(store: &S, c: &Rewrite, limits: &Limits, now: &Now
         return reject(Rejection::InvalidRange { start: c.start, end: c.end, len: h.message_count });
     }
     let base = chain_at(store, &c.session, c.start)?;
-    let mut after_splice = crate::transcript::spare_ids();
-    after_splice.extend_from_slice(&replacement);
+    let mut after_splice = crate::transcript::spare_ids_from(&replacement);
     crate::transcript::ids_into(store, &c.session, c.end, h.message_count, &mut after_splice)?;
     let after = crate::transcript::remember_chain(base, after_splice);
     if after == h.revision {

@@ -216,8 +216,7 @@ fn fold_transcript<S: Store + ?Sized>(store: &mut S, r: &Record) -> Result<()> {
             if e.start > e.end || e.end > tip.len {
                 return Err(corrupt(r, "rewrite range outside the transcript"));
             }
-            let mut after = transcript::spare_ids();
-            after.extend_from_slice(&e.replacement);
+            let mut after = transcript::spare_ids_from(&e.replacement);
             transcript::ids_into(store, &r.session, e.end, tip.len, &mut after)?;
             let base = transcript::chain_at(store, &r.session, e.start)?;
             let chain =

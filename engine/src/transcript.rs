@@ -476,6 +476,13 @@ pub(crate) fn spare_ids() -> Vec<ContentId> {
     SPARES.with(|s| s.borrow_mut().ids.pop()).unwrap_or_default()
 }
 
+/// [`spare_ids`], starting with `first`.
+pub(crate) fn spare_ids_from(first: &[ContentId]) -> Vec<ContentId> {
+    let mut ids = spare_ids();
+    ids.extend_from_slice(first);
+    ids
+}
+
 /// Gives a list back for [`spare_ids`].
 pub(crate) fn recycle_ids(v: Vec<ContentId>) {
     recycle(v, |s| &mut s.ids);
