@@ -1086,7 +1086,9 @@ impl Engine {
     ///
     /// When this is the last handle, each file that is small and at least an eighth free
     /// is then compacted ([`Options::compact_on_close_bytes_max`]); an I/O error of that
-    /// compaction is returned, with every commit already durable.
+    /// compaction is returned, with every commit already durable. Damage that the
+    /// compaction meets in the projections file is not an error: that file is a cache of
+    /// folds of the log, and is removed (the next open folds the log again).
     pub fn close(self) -> Result<()> {
         self.inner.shutdown();
         let max = self.inner.options.compact_on_close_bytes_max;
@@ -1099,13 +1101,25 @@ impl Engine {
         // The files are this engine's alone once every other holder is gone: the last
         // handle drops the engine's threads, views and caches here.
         drop(self);
-        for (db, length) in files {
+        // The projections file first, while the log file (and its lock) is still held: no
+        // other engine can have opened the database meanwhile.
+        for (index, (db, length)) in files.into_iter().enumerate().rev() {
             let Some(mut db) = Arc::try_unwrap(db).ok().and_then(Db::into_database) else {
                 continue;
             };
             let compacted = fail_closed("compact at close", || crate::compact::compact_at_close(&mut db, &length, max));
             drop(Db::new(db));
-            compacted?;
+            match (index, compacted) {
+                // Damage that only the compaction met in the projections file, a cache of
+                // folds of the log: the file goes, and the next open folds the log again.
+                (1, Err(Error::Corrupt { .. })) => {
+                    if let crate::compact::FileLength::Path(path) = &length {
+                        std::fs::remove_file(path)?;
+                        crate::purge::sync_dir(path)?;
+                    }
+                }
+                (_, compacted) => drop(compacted?),
+            }
         }
         Ok(())
     }
