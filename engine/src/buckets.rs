@@ -85,6 +85,19 @@ fn put_entry(out: &mut Vec<u8>, key: &[u8], value: &[u8]) {
     out.extend_from_slice(value);
 }
 
+/// The byte order of two keys, with their first 8 bytes compared as one integer: the
+/// engine's keys are 32-byte hashes and turn ids, which nearly always differ there, and
+/// a bucket's scan compares the key sought with each entry's.
+fn key_cmp(a: &[u8], b: &[u8]) -> std::cmp::Ordering {
+    if let (Some(x), Some(y)) = (a.first_chunk::<8>(), b.first_chunk::<8>()) {
+        let order = u64::from_be_bytes(*x).cmp(&u64::from_be_bytes(*y));
+        if order.is_ne() {
+            return order;
+        }
+    }
+    a.cmp(b)
+}
+
 /// Longest key a map takes.
 const KEY_BYTES_MAX: usize = u16::MAX as usize;
 
@@ -185,6 +198,16 @@ fn part_key(prefix: &[u8], bucket: u64, part: u16) -> Vec<u8> {
 /// One entry of a part, borrowed.
 type Entry<'a> = (&'a [u8], &'a [u8]);
 
+/// An insert into a one-part bucket: the new entry replaces the entry bytes `at..end`
+/// (empty for a new key; the old entry of `old` bytes otherwise), and the entries then
+/// take `size` bytes.
+struct Splice {
+    at: usize,
+    end: usize,
+    size: usize,
+    old: Option<usize>,
+}
+
 impl Buckets {
     fn corrupt(&self, key: &[u8], detail: impl Into<String>) -> Error {
         Error::corrupt(Location::Projection { table: self.table.name(), key: crate::store::hex(key) }, detail)
@@ -239,13 +262,18 @@ impl Buckets {
         Ok(more)
     }
 
-    /// The value of `key` in one part, if it holds it, and the part's `more` flag: the
-    /// lookup's scan, which allocates nothing.
+    /// The value of `key` in one part, if it holds it, and whether the key may be in the
+    /// next part (the part's `more` flag, unless an entry past the key was met): the
+    /// lookup's scan, which allocates nothing and stops at the first entry at or past the
+    /// key.
     fn find<'a>(&self, row_key: &[u8], part: &'a [u8], key: &[u8]) -> Result<(Option<&'a [u8]>, bool)> {
         let (more, mut rest) = self.split(row_key, part)?;
         while let Some((k, v)) = self.next_entry(row_key, &mut rest)? {
-            if k == key {
-                return Ok((Some(v), more));
+            match key_cmp(k, key) {
+                std::cmp::Ordering::Less => {}
+                std::cmp::Ordering::Equal => return Ok((Some(v), more)),
+                // Entries are sorted across a bucket's parts: the key is in none of them.
+                std::cmp::Ordering::Greater => return Ok((None, false)),
             }
         }
         Ok((None, more))
@@ -382,6 +410,8 @@ impl Buckets {
         old_parts: usize,
     ) -> Result<()> {
         let mut parts: Vec<Vec<u8>> = Vec::new();
+        // Each part is sized once: the entries left, up to a part's bytes.
+        let mut left: usize = entries.iter().map(|(k, v)| entry_size(k, v)).sum();
         let mut current: Vec<u8> = Vec::new();
         for (k, v) in entries {
             if k.len() > KEY_BYTES_MAX {
@@ -391,9 +421,11 @@ impl Buckets {
                 parts.push(std::mem::take(&mut current));
             }
             if current.is_empty() {
+                current.reserve_exact(1 + left.min(PART_BYTES));
                 current.push(0);
             }
             put_entry(&mut current, k, v);
+            left -= entry_size(k, v);
         }
         if !current.is_empty() {
             parts.push(current);
@@ -428,43 +460,30 @@ impl Buckets {
             return Err(self.corrupt(prefix, "bucket key too long"));
         }
         let row_key = part_key(prefix, bucket, 0);
+        // Where the store holds the row in a buffer of its own (a rebuild's overlay), the
+        // entry is spliced into it there.
+        let mut old = None;
+        let in_place = store.update_in_place(self.table, &row_key, &mut |row| {
+            let Some(splice) = self.one_part_splice(&row_key, Some(row), key, value)? else { return Ok(false) };
+            let mut entry = Vec::with_capacity(entry_size(key, value));
+            put_entry(&mut entry, key, value);
+            row.splice(1 + splice.at..1 + splice.end, entry);
+            old = Some(splice.old);
+            Ok(true)
+        })?;
+        if in_place {
+            return Ok(old);
+        }
         let mut row = None;
         store.read(self.table, &row_key, &mut |v| {
-            let (more, entries) = match v {
-                Some(v) => self.split(&row_key, v)?,
-                None => (false, &[][..]),
-            };
-            if more {
-                return Ok(());
-            }
-            // `at..end`: where the entry goes, and the old entry of the same key, if any.
-            let (mut at, mut end, mut rest, mut others) = (0, 0, entries, 0usize);
-            let mut equal = false;
-            while let Some((k, _)) = self.next_entry(&row_key, &mut rest)? {
-                let next = entries.len() - rest.len();
-                match k.cmp(key) {
-                    std::cmp::Ordering::Less => at = next,
-                    std::cmp::Ordering::Equal => {
-                        equal = true;
-                        end = next;
-                    }
-                    std::cmp::Ordering::Greater => {}
-                }
-                others += usize::from(k != key);
-            }
-            if !equal {
-                end = at;
-            }
-            let size = entries.len() - (end - at) + entry_size(key, value);
-            if size > PART_BYTES && others > 0 {
-                return Ok(());
-            }
-            let mut out = Vec::with_capacity(1 + size);
+            let Some(splice) = self.one_part_splice(&row_key, v, key, value)? else { return Ok(()) };
+            let entries = v.map_or(&[][..], |v| &v[1..]);
+            let mut out = Vec::with_capacity(1 + splice.size);
             out.push(0);
-            out.extend_from_slice(&entries[..at]);
+            out.extend_from_slice(&entries[..splice.at]);
             put_entry(&mut out, key, value);
-            out.extend_from_slice(&entries[end..]);
-            row = Some((out, equal.then_some(end - at)));
+            out.extend_from_slice(&entries[splice.end..]);
+            row = Some((out, splice.old));
             Ok(())
         })?;
         match row {
@@ -474,6 +493,51 @@ impl Buckets {
             }
             None => Ok(None),
         }
+    }
+
+    /// Where `key` goes in the one-part bucket row `row` (or an empty bucket), as
+    /// [`Buckets::insert_in_one_part`] splices it; `None` when the bucket has parts or
+    /// would need them.
+    fn one_part_splice(&self, row_key: &[u8], row: Option<&[u8]>, key: &[u8], value: &[u8]) -> Result<Option<Splice>> {
+        let (more, entries) = match row {
+            Some(v) => self.split(row_key, v)?,
+            None => (false, &[][..]),
+        };
+        if more {
+            return Ok(None);
+        }
+        // `at..end`: where the entry goes, and the old entry of the same key, if any.
+        let (mut at, mut end, mut rest, mut others) = (0, 0, entries, 0usize);
+        let mut equal = false;
+        // Entries past the key are only walked (a row that does not parse whole is
+        // corrupt, and is not written back), not compared.
+        let mut past = false;
+        while let Some((k, _)) = self.next_entry(row_key, &mut rest)? {
+            let next = entries.len() - rest.len();
+            if past {
+                others += 1;
+                continue;
+            }
+            match key_cmp(k, key) {
+                std::cmp::Ordering::Less => at = next,
+                std::cmp::Ordering::Equal => {
+                    equal = true;
+                    end = next;
+                    past = true;
+                    continue;
+                }
+                std::cmp::Ordering::Greater => past = true,
+            }
+            others += 1;
+        }
+        if !equal {
+            end = at;
+        }
+        let size = entries.len() - (end - at) + entry_size(key, value);
+        if size > PART_BYTES && others > 0 {
+            return Ok(None);
+        }
+        Ok(Some(Splice { at, end, size, old: equal.then_some(end - at) }))
     }
 
     /// Sets `key` to `value` in `prefix`'s map; returns whether the key is new.
@@ -674,6 +738,19 @@ mod tests {
     }
 
     proptest! {
+        /// The scans' comparison is the keys' byte order, whatever their lengths and
+        /// however much of their first 8 bytes they share.
+        #[test]
+        fn keys_compare_in_byte_order(
+            a in proptest::collection::vec(0u8..3, 0..12),
+            b in proptest::collection::vec(0u8..3, 0..12),
+            shared in proptest::collection::vec(any::<u8>(), 0..10),
+        ) {
+            let (a, b) = ([&shared[..], &a].concat(), [&shared[..], &b].concat());
+            prop_assert_eq!(key_cmp(&a, &b), a.cmp(&b));
+            prop_assert_eq!(key_cmp(&b, &a), b.cmp(&a));
+        }
+
         /// Against a `BTreeMap`: every lookup agrees, and the rows are those of the same
         /// entries inserted alone in any order (the layout is a function of the entries).
         #[test]
@@ -683,15 +760,26 @@ mod tests {
             let mut store = MemStore::default();
             let mut model = BTreeMap::new();
             let key = |k: u8| blake3::hash(&[k]).as_bytes().to_vec();
+            // The same operations through an overlay that no command stages, which splices
+            // entries into the rows it holds in place (a rebuild's), over an empty store.
+            let base = MemStore::default();
+            let mut overlay = crate::store::Overlay::new(&base);
             // Values up to 1,200 bytes: buckets of a few entries spill into parts.
             for (insert, k, v, len) in ops {
                 let value = vec![v; len];
                 if insert {
-                    prop_assert_eq!(RAW.insert(&mut store, b"s", &key(k), &value).unwrap(), model.insert(k, value).is_none());
+                    let new = model.insert(k, value.clone()).is_none();
+                    prop_assert_eq!(RAW.insert(&mut store, b"s", &key(k), &value).unwrap(), new);
+                    prop_assert_eq!(RAW.insert(&mut overlay, b"s", &key(k), &value).unwrap(), new);
                 } else {
-                    prop_assert_eq!(RAW.remove(&mut store, b"s", &key(k)).unwrap(), model.remove(&k).is_some());
+                    let held = model.remove(&k).is_some();
+                    prop_assert_eq!(RAW.remove(&mut store, b"s", &key(k)).unwrap(), held);
+                    prop_assert_eq!(RAW.remove(&mut overlay, b"s", &key(k)).unwrap(), held);
                 }
             }
+            let mut folded = MemStore::default();
+            crate::store::apply_writes(&mut folded, overlay.into_writes()).unwrap();
+            prop_assert_eq!(rows(&store), rows(&folded));
             for k in 0..64u8 {
                 let got = RAW.get(&store, b"s", &key(k), |v| Ok(v.to_vec())).unwrap();
                 prop_assert_eq!(got.as_ref(), model.get(&k));

@@ -210,6 +210,19 @@ pub trait Store {
     fn put_vec(&mut self, table: Table, key: &[u8], value: Vec<u8>) -> Result<()> {
         self.put(table, key, &value)
     }
+    /// Lets `f` change the value at `key` in place, where the store holds it in a buffer
+    /// of its own that no reader shares and that nothing needs to restore; `f` returns
+    /// whether it changed it. Returns false, without calling `f`, where the store holds
+    /// no such buffer (the caller then writes the row as usual): the default.
+    fn update_in_place(
+        &mut self,
+        table: Table,
+        key: &[u8],
+        f: &mut dyn FnMut(&mut Vec<u8>) -> Result<bool>,
+    ) -> Result<bool> {
+        let _ = (table, key, f);
+        Ok(false)
+    }
 }
 
 /// Typed helpers over any [`Store`].
@@ -373,10 +386,28 @@ impl<'a, S: Store + ?Sized> Overlay<'a, S> {
     }
 
     fn set(&mut self, table: Table, key: &[u8], value: Value) {
-        let physical: Arc<[u8]> = with_physical(table, key, |k| Arc::from(k));
-        let before = self.writes.rows.insert(physical.clone(), value);
-        if let Some(undo) = self.undo.as_mut() {
-            undo.push((physical, before));
+        with_physical(table, key, |k| {
+            // A row written before keeps its key: no key is allocated for it again.
+            let physical: Arc<[u8]> = match self.writes.rows.get_key_value(k) {
+                Some((held, _)) => held.clone(),
+                None => Arc::from(k),
+            };
+            let before = self.writes.rows.insert(physical.clone(), value);
+            if let Some(undo) = self.undo.as_mut() {
+                undo.push((physical, before));
+            }
+        })
+    }
+
+    /// The buffer of a row these writes hold alone, while no command is staged.
+    fn own_buffer(&mut self, table: Table, key: &[u8], f: impl FnOnce(&mut Vec<u8>) -> Result<bool>) -> Result<bool> {
+        if self.undo.is_some() {
+            return Ok(false);
+        }
+        match with_physical(table, key, |k| self.writes.rows.get_mut(k).and_then(|v| v.as_mut()).and_then(Arc::get_mut))
+        {
+            Some(buffer) => f(buffer),
+            None => Ok(false),
         }
     }
 }
@@ -389,7 +420,14 @@ impl<S: Store + ?Sized> Store for Overlay<'_, S> {
         }
     }
     fn put(&mut self, table: Table, key: &[u8], value: &[u8]) -> Result<()> {
-        self.set(table, key, Some(Arc::new(value.to_vec())));
+        let overwritten = self.own_buffer(table, key, |buffer| {
+            buffer.clear();
+            buffer.extend_from_slice(value);
+            Ok(true)
+        })?;
+        if !overwritten {
+            self.set(table, key, Some(Arc::new(value.to_vec())));
+        }
         Ok(())
     }
     fn remove(&mut self, table: Table, key: &[u8]) -> Result<()> {
@@ -399,6 +437,14 @@ impl<S: Store + ?Sized> Store for Overlay<'_, S> {
     fn put_vec(&mut self, table: Table, key: &[u8], value: Vec<u8>) -> Result<()> {
         self.set(table, key, Some(Arc::new(value)));
         Ok(())
+    }
+    fn update_in_place(
+        &mut self,
+        table: Table,
+        key: &[u8],
+        f: &mut dyn FnMut(&mut Vec<u8>) -> Result<bool>,
+    ) -> Result<bool> {
+        self.own_buffer(table, key, f)
     }
 }
 
