@@ -170,14 +170,6 @@ pub(crate) fn hash_at(log: &impl ReadableTable<u64, &'static [u8]>, chain: &LogC
     }
 }
 
-/// The ids of the objects in content row `seq` (none if the record introduced none).
-pub(crate) fn introduced(content: &ContentReader, seq: u64, object_bytes_max: u64) -> Result<Vec<ContentId>> {
-    match content.get(seq)? {
-        Some(row) => ids_in_row(&row, seq, object_bytes_max),
-        None => Ok(Vec::new()),
-    }
-}
-
 /// The ids of the objects in the content row of record `seq`.
 pub(crate) fn ids_in_row(row: &[u8], seq: u64, object_bytes_max: u64) -> Result<Vec<ContentId>> {
     entries(row, object_bytes_max)
@@ -213,7 +205,7 @@ pub struct LogTail {
     log: redb::Range<'static, u64, &'static [u8]>,
     /// The journalled rows past the log file's snapshot.
     journal: crate::journal::Tail,
-    content: ContentReader,
+    content: ContentCursor,
     chain: LogChain,
     prev: ChainHash,
     next_seq: u64,
@@ -221,6 +213,52 @@ pub struct LogTail {
     record_bytes_max: u64,
     object_bytes_max: u64,
     failed: bool,
+}
+
+/// The content rows of a [`LogTail`]'s log file, read in seq order beside its records:
+/// one range scan over the content table instead of a lookup from the root a record
+/// (about a seventh of a rebuild's time on the comparison's workload). Rows are asked for
+/// in increasing seq order. A row the scan cannot read whole (damaged pieces, a row in
+/// both tables) is read again by seq, and so is every row after it, so that an error is
+/// reported at the seq it belongs to and reads as a lookup's would.
+struct ContentCursor {
+    reader: ContentReader,
+    /// The scan, until it meets a row it cannot read.
+    rows: Option<crate::pieces::Rows<'static>>,
+    /// The next row the scan read and no record asked for yet.
+    pending: Option<(u64, Vec<u8>)>,
+}
+
+impl ContentCursor {
+    fn new(reader: ContentReader, seqs: std::ops::RangeInclusive<u64>) -> Result<ContentCursor> {
+        let rows = Some(reader.range_owned(seqs)?);
+        Ok(ContentCursor { reader, rows, pending: None })
+    }
+
+    /// The content row of record `seq`, if it has one; `seq` is above every seq asked
+    /// for before.
+    fn get(&mut self, seq: u64) -> Result<Option<Vec<u8>>> {
+        loop {
+            let Some(rows) = self.rows.as_mut() else { return self.reader.get(seq) };
+            if self.pending.is_none() {
+                match rows.next() {
+                    Some(Ok(row)) => self.pending = Some(row),
+                    Some(Err(_)) => self.rows = None,
+                    None => return Ok(None),
+                }
+                continue;
+            }
+            match self.pending.as_ref().map(|(s, _)| *s) {
+                Some(s) if s == seq => return Ok(self.pending.take().map(|(_, row)| row)),
+                Some(s) if s > seq => return Ok(None),
+                // A row below the seq asked for: not the order this cursor serves.
+                _ => {
+                    self.pending = None;
+                    self.rows = None;
+                }
+            }
+        }
+    }
 }
 
 /// One record read by [`LogTail`].
@@ -256,7 +294,7 @@ impl LogTail {
             prev,
             log: log.range(after + 1..=file_last.max(after))?,
             journal: journal.after(after),
-            content: ContentReader::open(txn)?,
+            content: ContentCursor::new(ContentReader::open(txn)?, after + 1..=file_last)?,
             chain: chain.clone(),
             next_seq: after + 1,
             last_seq: last,
@@ -277,7 +315,10 @@ impl LogTail {
         }
         let introduced = match row {
             Some(row) => ids_in_row(row, seq, self.object_bytes_max)?,
-            None => introduced(&self.content, seq, self.object_bytes_max)?,
+            None => match self.content.get(seq)? {
+                Some(row) => ids_in_row(&row, seq, self.object_bytes_max)?,
+                None => Vec::new(),
+            },
         };
         self.prev = hash;
         self.next_seq += 1;
@@ -308,6 +349,60 @@ impl Iterator for LogTail {
         };
         self.failed = item.is_err();
         Some(item)
+    }
+}
+
+/// Records a [`read_ahead`] thread hands over at a time, and batches of them it reads
+/// ahead of the fold.
+const READ_BATCH: usize = 1024;
+const READ_AHEAD: usize = 16;
+
+/// Reads the log file of `txn` after `after` up to `last` ([`LogTail`]: chain-checked,
+/// decoded, with the ids of the content each record introduced) on a thread of `scope`,
+/// in batches, ahead of the caller: a rebuild or catch-up folds on its own thread while
+/// the next records are read. Returns the next record, `None` after the last; the first
+/// error ends the read. The thread stops when the returned reader is dropped.
+pub(crate) fn read_ahead<'scope, 'env: 'scope>(
+    scope: &'scope std::thread::Scope<'scope, 'env>,
+    txn: &'env ReadTransaction,
+    chain: &'env LogChain,
+    after: u64,
+    last: u64,
+    record_bytes_max: u64,
+    object_bytes_max: u64,
+) -> impl FnMut() -> Result<Option<LogEntry>> + 'scope {
+    let (to_fold, read) = crossbeam_channel::bounded::<Result<Vec<LogEntry>>>(READ_AHEAD);
+    scope.spawn(move || {
+        let tail = crate::journal::Tail::default();
+        let entries = match LogTail::new(txn, &tail, chain, after, last, record_bytes_max, object_bytes_max) {
+            Ok(entries) => entries,
+            Err(e) => return drop(to_fold.send(Err(e))),
+        };
+        let mut batch = Vec::with_capacity(READ_BATCH);
+        for entry in entries {
+            match entry {
+                Ok(entry) => batch.push(entry),
+                Err(e) => return drop(to_fold.send(Err(e))),
+            }
+            if batch.len() == READ_BATCH
+                && to_fold.send(Ok(std::mem::replace(&mut batch, Vec::with_capacity(READ_BATCH)))).is_err()
+            {
+                return;
+            }
+        }
+        if !batch.is_empty() {
+            let _ = to_fold.send(Ok(batch));
+        }
+    });
+    let mut batch = Vec::new().into_iter();
+    move || loop {
+        if let Some(entry) = batch.next() {
+            return Ok(Some(entry));
+        }
+        match read.recv() {
+            Ok(next) => batch = next?.into_iter(),
+            Err(_) => return Ok(None),
+        }
     }
 }
 

@@ -262,6 +262,10 @@ impl<'a> Rows<'a> {
                     if bad.is_none() && (i != expected || bytes.is_empty()) {
                         bad = Some(expected);
                     }
+                    if row.is_empty() && bytes.len() >= PIECE_BYTES {
+                        // A full first piece: more follow; room for a row of four.
+                        row.reserve_exact(4 * PIECE_BYTES);
+                    }
                     row.extend_from_slice(bytes);
                     expected = expected.saturating_add(1);
                 }
