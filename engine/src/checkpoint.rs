@@ -286,30 +286,34 @@ pub(crate) fn catch_up(
     let (mut events, mut bytes) = (0u64, 0u64);
     {
         let mut store = RedbStore::open(&txn)?;
-        let mut overlay = Overlay::new(&store);
         let from = cursors.min();
         let total = tip.seq.saturating_sub(from);
-        for entry in LogTail::new(
-            log,
-            &crate::journal::Tail::default(),
-            chain,
-            from,
-            tip.seq,
-            limits.record_bytes_max,
-            limits.message_object_bytes_max(),
-        )? {
-            let entry = entry?;
-            evolve(&mut overlay, &entry.record, &entry.introduced, cursors.behind(entry.record.seq))?;
-            events += 1;
-            bytes += entry.bytes;
-            if events % FOLD_CHUNK_EVENTS == 0 {
-                store.apply(overlay.into_writes())?;
-                overlay = Overlay::new(&store);
-                progress(events, total);
+        std::thread::scope(|scope| -> Result<()> {
+            let mut overlay = Overlay::new(&store);
+            // The log is read and decoded on a thread of its own, ahead of the fold.
+            let mut next_entry = crate::log::read_ahead(
+                scope,
+                log,
+                chain,
+                from,
+                tip.seq,
+                limits.record_bytes_max,
+                limits.message_object_bytes_max(),
+            );
+            while let Some(entry) = next_entry()? {
+                evolve(&mut overlay, &entry.record, &entry.introduced, cursors.behind(entry.record.seq))?;
+                events += 1;
+                bytes += entry.bytes;
+                if events % FOLD_CHUNK_EVENTS == 0 {
+                    store.apply(overlay.into_writes())?;
+                    overlay = Overlay::new(&store);
+                    progress(events, total);
+                }
             }
-        }
-        store.apply(overlay.into_writes())?;
-        progress(events, total);
+            store.apply(overlay.into_writes())?;
+            progress(events, total);
+            Ok(())
+        })?;
     }
     write_cursors(&txn, ProjectionSet::all(), tip.seq, &tip.hash)?;
     txn.commit()?;

@@ -7,7 +7,6 @@ use crate::checkpoint::{self, Cursors};
 use crate::engine::{projections_path, Options};
 use crate::error::{fail_closed, Error, Result};
 use crate::evolve::evolve;
-use crate::log::LogTail;
 use crate::projection::{Projection, ProjectionSet};
 use annal_codec::LogChain;
 use redb::ReadableDatabase;
@@ -115,11 +114,6 @@ pub fn rebuild_path(projections: &Path) -> std::path::PathBuf {
     name.push(".rebuild");
     std::path::PathBuf::from(name)
 }
-
-/// Records a full rebuild's reading thread hands the fold at a time, and batches of them
-/// it reads ahead.
-const READ_BATCH: usize = 1024;
-const READ_AHEAD: usize = 16;
 
 /// The log a rebuild folds: a snapshot of it, its chain, limits and tip.
 #[derive(Clone, Copy)]
@@ -249,48 +243,15 @@ fn fold_into(temp: &Path, log: &LogSource<'_>, progress: Progress<'_>, chunk_eve
         });
         let mut base = Folded::new(db.begin_read()?)?;
         // A third thread reads and decodes the log ahead of the fold, in batches.
-        let (to_fold_entries, read) = crossbeam_channel::bounded::<Result<Vec<crate::log::LogEntry>>>(READ_AHEAD);
-        scope.spawn(move || {
-            let entries = match LogTail::new(
-                log_txn,
-                &crate::journal::Tail::default(),
-                chain,
-                0,
-                tip.seq,
-                limits.record_bytes_max,
-                limits.message_object_bytes_max(),
-            ) {
-                Ok(entries) => entries,
-                Err(e) => return drop(to_fold_entries.send(Err(e))),
-            };
-            let mut batch = Vec::with_capacity(READ_BATCH);
-            for entry in entries {
-                match entry {
-                    Ok(entry) => batch.push(entry),
-                    Err(e) => return drop(to_fold_entries.send(Err(e))),
-                }
-                if batch.len() == READ_BATCH
-                    && to_fold_entries.send(Ok(std::mem::replace(&mut batch, Vec::with_capacity(READ_BATCH)))).is_err()
-                {
-                    return;
-                }
-            }
-            if !batch.is_empty() {
-                let _ = to_fold_entries.send(Ok(batch));
-            }
-        });
-        let mut batch = Vec::new().into_iter();
-        let mut next_entry = || -> Result<Option<crate::log::LogEntry>> {
-            loop {
-                if let Some(entry) = batch.next() {
-                    return Ok(Some(entry));
-                }
-                match read.recv() {
-                    Ok(next) => batch = next?.into_iter(),
-                    Err(_) => return Ok(None),
-                }
-            }
-        };
+        let mut next_entry = crate::log::read_ahead(
+            scope,
+            log_txn,
+            chain,
+            0,
+            tip.seq,
+            limits.record_bytes_max,
+            limits.message_object_bytes_max(),
+        );
         // The writing thread stops at its first failure, after handing it over: that
         // failure, not the closed channel, is what the rebuild reports.
         let stopped = || {
