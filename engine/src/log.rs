@@ -519,3 +519,51 @@ pub(crate) fn read_tip(db: &dyn ReadableDatabase, chain: &LogChain) -> Result<(R
     let tip = load_tip(&txn, chain)?;
     Ok((txn, tip))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pieces::PIECES;
+
+    /// The cursor's rows and errors are those of a lookup by seq, seq after seq: rows in
+    /// pieces and whole (an older file's), a row with a piece missing, a row stored both
+    /// ways, and the rows after them.
+    #[test]
+    fn a_content_cursor_reads_as_lookups_by_seq_do() {
+        let db = redb::Builder::new().create_with_backend(redb::backends::InMemoryBackend::new()).unwrap();
+        let txn = db.begin_write().unwrap();
+        {
+            let mut whole = txn.open_table(crate::tables::CONTENT).unwrap();
+            whole.insert(3, [3u8; 40].as_slice()).unwrap();
+            whole.insert(8, [8u8; 30].as_slice()).unwrap();
+            drop(whole);
+            let mut rows = ContentWriter::open(&txn).unwrap();
+            rows.append(2, &[2u8; 2_500]).unwrap();
+            rows.append(5, &[5u8; 10]).unwrap();
+            rows.append(8, &[9u8; 10]).unwrap();
+            rows.append(11, &[11u8; 1_000]).unwrap();
+            rows.append(12, &[12u8; 3]).unwrap();
+            drop(rows);
+            // Row 6: pieces 0 and 2, piece 1 missing.
+            let mut pieces = txn.open_table(PIECES).unwrap();
+            pieces.insert((6, 0), [6u8; 1_000].as_slice()).unwrap();
+            pieces.insert((6, 2), [6u8; 7].as_slice()).unwrap();
+        }
+        txn.commit().unwrap();
+        let txn = db.begin_read().unwrap();
+        let reader = ContentReader::open(&txn).unwrap();
+        let expected: Vec<std::result::Result<Option<Vec<u8>>, String>> =
+            (1..=13).map(|seq| reader.get(seq).map_err(|e| e.to_string())).collect();
+        assert!(expected[5].is_err(), "row 6 is damaged");
+        assert_eq!(expected[7].as_ref().unwrap().as_deref(), Some(&[9u8; 10][..]), "pieces first, as a lookup");
+        let mut cursor = ContentCursor::new(ContentReader::open(&txn).unwrap(), 1..=13).unwrap();
+        let got: Vec<std::result::Result<Option<Vec<u8>>, String>> =
+            (1..=13).map(|seq| cursor.get(seq).map_err(|e| e.to_string())).collect();
+        assert_eq!(got, expected);
+        // Asked for every other seq, it skips the rows between.
+        let mut cursor = ContentCursor::new(ContentReader::open(&txn).unwrap(), 1..=13).unwrap();
+        for seq in [2, 4, 11, 12, 13] {
+            assert_eq!(cursor.get(seq).map_err(|e| e.to_string()), expected[seq as usize - 1], "seq {seq}");
+        }
+    }
+}
