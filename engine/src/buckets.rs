@@ -514,19 +514,16 @@ impl Buckets {
         let mut past = false;
         while let Some((k, _)) = self.next_entry(row_key, &mut rest)? {
             let next = entries.len() - rest.len();
-            if past {
-                others += 1;
-                continue;
-            }
-            match key_cmp(k, key) {
-                std::cmp::Ordering::Less => at = next,
-                std::cmp::Ordering::Equal => {
-                    equal = true;
-                    end = next;
-                    past = true;
-                    continue;
+            if !past {
+                match key_cmp(k, key) {
+                    std::cmp::Ordering::Less => at = next,
+                    std::cmp::Ordering::Greater => past = true,
+                    std::cmp::Ordering::Equal => {
+                        (equal, end, past) = (true, next, true);
+                        // The key's own entry is not one of the others.
+                        continue;
+                    }
                 }
-                std::cmp::Ordering::Greater => past = true,
             }
             others += 1;
         }

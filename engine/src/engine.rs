@@ -1097,22 +1097,24 @@ impl Engine {
         }
         let shared = &self.inner.shared;
         let [log_length, projections_length] = self.inner.lengths.clone();
-        let files = [(shared.log_db.clone(), log_length), (shared.projections.clone(), projections_length)];
+        // Each file with whether it is a cache of folds of the log (the projections file).
+        let files =
+            [(shared.log_db.clone(), log_length, false), (shared.projections.clone(), projections_length, true)];
         // The files are this engine's alone once every other holder is gone: the last
         // handle drops the engine's threads, views and caches here.
         drop(self);
         // The projections file first, while the log file (and its lock) is still held: no
         // other engine can have opened the database meanwhile.
-        for (index, (db, length)) in files.into_iter().enumerate().rev() {
+        for (db, length, cache) in files.into_iter().rev() {
             let Some(mut db) = Arc::try_unwrap(db).ok().and_then(Db::into_database) else {
                 continue;
             };
             let compacted = fail_closed("compact at close", || crate::compact::compact_at_close(&mut db, &length, max));
             drop(Db::new(db));
-            match (index, compacted) {
+            match (cache, compacted) {
                 // Damage that only the compaction met in the projections file, a cache of
                 // folds of the log: the file goes, and the next open folds the log again.
-                (1, Err(Error::Corrupt { .. })) => {
+                (true, Err(Error::Corrupt { .. })) => {
                     if let crate::compact::FileLength::Path(path) = &length {
                         std::fs::remove_file(path)?;
                         crate::purge::sync_dir(path)?;
