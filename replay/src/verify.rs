@@ -5,21 +5,24 @@
 //! most 512 records, which the walk would hand to the fold in one batch at its end, is
 //! checked on the caller's thread, one phase after the other):
 //!
-//! - The walk reads `log` in sequence order and, in step with it, the content rows
-//!   (`annal::pieces`: the ids of each row only). For each record: the global sequence is dense, the chain
-//!   link from the previous record holds (plain or keyed), the record decodes with a
-//!   supported schema version and names its own seq, its per-session stream sequence is
-//!   dense, and the clock never goes back. A content row at a seq that holds no record is
-//!   a finding. The walk hands each decoded record, with the ids its content row
-//!   introduced, to the fold.
-//! - The fold recomputes each turn's commit hash and runs the engine's own `evolve` into
+//! - The walk reads `log` in sequence order. For each record: the global sequence is
+//!   dense, the record decodes with a supported schema version and names its own seq,
+//!   its per-session stream sequence is dense, and the clock never goes back. It hands
+//!   each decoded record to the fold, with its bytes for the chain check; with `deep`,
+//!   it reads the content rows in step with the log (`annal::pieces`: the ids of each
+//!   row only) and hands over the ids each record's row introduced too, which the
+//!   content-id fold needs.
+//! - The fold checks that each record's chain link from the record before it holds
+//!   (plain or keyed), recomputes each turn's commit hash and runs the engine's own `evolve` into
 //!   scratch state: the transcript fold, which recomputes every `revision_after`, and
 //!   with `deep` every fold (the stream index and the content-id index included).
 //! - The content scan reads the content rows in seq order. A row that is empty, does not
 //!   parse, has its pieces out of order or is stored both whole and in pieces is a finding (the entries before the damage are still checked). Every entry
 //!   must use a known encoding and its bytes must hash to its id (a damaged object is
 //!   named with the row that holds it); the scan notes which objects decode as message
-//!   objects, and their attachments. An id stored twice is a finding.
+//!   objects, and their attachments. An id stored twice is a finding, and so is a
+//!   content row at a seq that holds no record (matched against the walk's seqs once
+//!   both are done).
 //!
 //! Then the content references the walk gathered are sorted and merged with the scan,
 //! both in id order: every id the log refers to must be stored, hash to its id, and be
@@ -59,12 +62,13 @@ use annal::query::{mem_digests, projection_digests};
 use annal::tables::{self, meta_keys, LOG, META};
 use annal::{
     evolve, ChainHash, ContentId, Event, EventKind, Limits, Location, MemStore, Projection, ProjectionSet, Reader,
-    SessionId, Table, View,
+    SessionId, Store, Table, View,
 };
 use redb::{ReadTransaction, ReadableDatabase, ReadableTable, ReadableTableMetadata};
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt;
 use std::path::Path;
+use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
 
 /// What to check.
 #[derive(Clone, Debug, Default)]
@@ -687,7 +691,7 @@ pub fn verify_log(
             }
         },
     };
-    let fold = Fold::new(walk.fold_set);
+    let fold = Fold::new(walk.fold_set, chain.clone());
     let (walked, scan, fold) = if seq.saturating_add(journal_rows.len() as u64) <= FOLD_BATCH as u64 {
         // The walk hands a log this short to the fold as one batch, at its end: a fold
         // thread would only wait for it, so everything runs here, one phase after the other.
@@ -695,16 +699,18 @@ pub fn verify_log(
         let walked = guarded("table log", || walk.run(&mut |batch| handed.push(batch), &journal_rows));
         let fold = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || {
             let mut fold = fold;
-            handed.into_iter().for_each(|batch| fold.take(batch));
+            handed.iter_mut().for_each(|batch| fold.take(batch));
             fold
         }));
         let scan = guarded("content rows", || scan_content(txn, &journal_rows, limits));
         (walked, Ok(scan), fold.map_err(drop))
     } else {
-        let (batches, folded) = std::sync::mpsc::sync_channel::<Vec<Item>>(FOLD_QUEUE);
+        let (batches, folded) = sync_channel::<Batch>(FOLD_QUEUE);
+        let (spare, spares) = sync_channel::<Batch>(FOLD_QUEUE + 2);
+        walk.spares = Some(spares);
         std::thread::scope(|s| {
             let scan = s.spawn(|| guarded("content rows", || scan_content(txn, &journal_rows, limits)));
-            let fold = s.spawn(move || fold.run(folded));
+            let fold = s.spawn(move || fold.run(folded, spare));
             let walked = guarded("table log", || {
                 walk.run(
                     &mut |batch| {
@@ -731,6 +737,7 @@ pub fn verify_log(
     }
     match scan {
         Ok(Ok(scan)) => {
+            walk.check_strays(&scan.rows);
             if let Err(finding) = guarded("content rows", || walk.check_content(&scan)) {
                 walk.find(finding);
             }
@@ -833,6 +840,8 @@ fn id_prefix(id: &ContentId) -> u64 {
 struct Object {
     /// The seq of the content row that holds it (its first copy, if stored twice).
     row: u64,
+    /// Its place in that row: with the row, it orders the copies of an id.
+    place: u32,
     /// The stored encoding byte.
     encoding: u8,
     /// The encoding is known and the bytes hash to the id.
@@ -852,6 +861,9 @@ struct ContentScan {
     bad: Vec<(ContentId, u64, u8)>,
     /// Rows that do not parse, ids stored twice, storage errors met on the way.
     findings: Vec<Finding>,
+    /// The seq of every content row of the log file read, in order (the journal's rows
+    /// come with their records), for the rows that no record holds.
+    rows: Vec<u64>,
 }
 
 impl ContentScan {
@@ -863,6 +875,10 @@ impl ContentScan {
         self.attachments.get(&(*id, object.row)).map_or(&[], Vec::as_slice)
     }
 }
+
+/// The most objects [`scan_content`] makes room for before it reads (768 MiB of
+/// entries): a longer list grows as it goes.
+const OBJECTS_RESERVE_MAX: usize = 1 << 24;
 
 /// Scans every content row: parses it, checks every object against its id, and notes
 /// which objects decode as messages.
@@ -882,6 +898,10 @@ fn scan_content(txn: &ReadTransaction, journal: &[annal::journal::JournalRow], l
             return scan;
         }
     };
+    // Room for about two objects a record: growing the list by doubling copied it and
+    // faulted its pages in again at each step.
+    let records = txn.open_table(LOG).and_then(|t| Ok(t.len()?)).unwrap_or(0);
+    scan.objects.reserve((records as usize).saturating_mul(2).min(OBJECTS_RESERVE_MAX));
     while let Some(entry) = iter.next() {
         let (seq, row) = match entry {
             Ok(row) => row,
@@ -893,14 +913,18 @@ fn scan_content(txn: &ReadTransaction, journal: &[annal::journal::JournalRow], l
         if let Some((row, detail)) = iter.take_damage() {
             scan.findings.push(Finding::ContentRow { row, detail });
         }
+        scan.rows.push(seq);
         scan_row(&mut scan, seq, &row, limits);
     }
     for row in journal.iter().filter(|r| !r.content.is_empty()) {
         scan_row(&mut scan, row.seq, &row.content, limits);
     }
     // In id order, each id's copies in the order stored; the first copy is the one kept.
-    scan.objects
-        .sort_by(|(a, x), (b, y)| id_prefix(a).cmp(&id_prefix(b)).then_with(|| a.cmp(b)).then(x.row.cmp(&y.row)));
+    // (Row and place order the copies of an id, so the unstable sort, which needs no
+    // scratch copy of the list, gives one order.)
+    scan.objects.sort_unstable_by(|(a, x), (b, y)| {
+        id_prefix(a).cmp(&id_prefix(b)).then_with(|| a.cmp(b)).then((x.row, x.place).cmp(&(y.row, y.place)))
+    });
     let findings = &mut scan.findings;
     scan.objects.dedup_by(|later, kept| {
         if later.0 != kept.0 {
@@ -944,7 +968,8 @@ fn scan_row(scan: &mut ContentScan, row: u64, bytes: &[u8], limits: &Limits) {
                 }
                 _ => false,
             };
-            scan.objects.push((id, Object { row, encoding, hash_ok: canonical.is_some(), message }));
+            let place = u32::try_from(n).unwrap_or(u32::MAX);
+            scan.objects.push((id, Object { row, place, encoding, hash_ok: canonical.is_some(), message }));
         }
     }
 }
@@ -955,7 +980,37 @@ const FOLD_BATCH: usize = 512;
 const FOLD_QUEUE: usize = 8;
 
 /// Where the log walk hands its batches: the fold thread's channel, or the fold itself.
-type Sink<'a> = &'a mut dyn FnMut(Vec<Item>);
+type Sink<'a> = &'a mut dyn FnMut(Batch);
+
+/// What the log walk hands to the fold thread at a time: decoded records, and the chain
+/// links to check, whose hashing is about a third of the walk's work otherwise.
+#[derive(Default)]
+struct Batch {
+    items: Vec<Item>,
+    links: Vec<Link>,
+    /// The bytes of the records in `links`, one after the other.
+    bytes: Vec<u8>,
+}
+
+impl Batch {
+    fn with_capacity(records: usize) -> Batch {
+        let bytes = Vec::with_capacity(records * 256);
+        Batch { items: Vec::with_capacity(records), links: Vec::with_capacity(records), bytes }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.items.is_empty() && self.links.is_empty()
+    }
+}
+
+/// A record's chain link to check: its bytes are `bytes[start..end]` of its batch, and
+/// `prev` the stored chain hash of the record before it.
+struct Link {
+    seq: u64,
+    prev: ChainHash,
+    start: usize,
+    end: usize,
+}
 
 /// What the log walk hands to the fold thread.
 // Nearly every item is a record; boxing it would add an allocation per record.
@@ -967,10 +1022,64 @@ enum Item {
     Broken(SessionId),
 }
 
+/// The fold's scratch state: a hash map of rows per table. `evolve` reads and writes rows
+/// by key and never scans, so the fold needs no order; `deep` puts the rows in key order
+/// once, at the end ([`FoldStore::into_mem`]), to compare them with the stored tables.
+#[derive(Default)]
+struct FoldStore {
+    tables: BTreeMap<Table, HashMap<Vec<u8>, Vec<u8>, foldhash::fast::RandomState>>,
+}
+
+impl FoldStore {
+    /// The same rows in key order.
+    fn into_mem(self) -> MemStore {
+        MemStore { tables: self.tables.into_iter().map(|(t, rows)| (t, rows.into_iter().collect())).collect() }
+    }
+}
+
+impl Store for FoldStore {
+    fn read(
+        &self,
+        table: Table,
+        key: &[u8],
+        f: &mut dyn FnMut(Option<&[u8]>) -> annal::Result<()>,
+    ) -> annal::Result<()> {
+        f(self.tables.get(&table).and_then(|t| t.get(key)).map(Vec::as_slice))
+    }
+
+    fn put(&mut self, table: Table, key: &[u8], value: &[u8]) -> annal::Result<()> {
+        let rows = self.tables.entry(table).or_default();
+        match rows.get_mut(key) {
+            // A rewritten row (a tip, the last chunk) keeps its buffer.
+            Some(row) => {
+                row.clear();
+                row.extend_from_slice(value);
+            }
+            None => drop(rows.insert(key.to_vec(), value.to_vec())),
+        }
+        Ok(())
+    }
+
+    fn remove(&mut self, table: Table, key: &[u8]) -> annal::Result<()> {
+        if let Some(rows) = self.tables.get_mut(&table) {
+            rows.remove(key);
+            if rows.is_empty() {
+                self.tables.remove(&table);
+            }
+        }
+        Ok(())
+    }
+
+    fn put_vec(&mut self, table: Table, key: &[u8], value: Vec<u8>) -> annal::Result<()> {
+        self.tables.entry(table).or_default().insert(key.to_vec(), value);
+        Ok(())
+    }
+}
+
 /// The fold side of the walk, on its own thread: commit hashes and the engine's
 /// `evolve` into scratch state.
 struct Fold {
-    store: MemStore,
+    store: FoldStore,
     /// Sessions whose fold failed: their later records are not folded (no cascades).
     broken: HashSet<SessionId>,
     failed: bool,
@@ -982,12 +1091,15 @@ struct Fold {
     /// Why the content-id fold first failed.
     content_error: Option<Finding>,
     findings: Vec<Finding>,
+    /// The chain the links are checked under.
+    chain: LogChain,
 }
 
 impl Fold {
-    fn new(set: ProjectionSet) -> Fold {
+    fn new(set: ProjectionSet, chain: LogChain) -> Fold {
         Fold {
-            store: MemStore::default(),
+            chain,
+            store: FoldStore::default(),
             broken: HashSet::new(),
             failed: false,
             set: set.iter().filter(|p| *p != Projection::Content).collect(),
@@ -997,14 +1109,31 @@ impl Fold {
         }
     }
 
-    fn run(mut self, batches: std::sync::mpsc::Receiver<Vec<Item>>) -> Fold {
-        batches.into_iter().for_each(|batch| self.take(batch));
+    /// Takes the walk's batches until it is done, and hands each back emptied, for the
+    /// walk to fill again (fresh buffers are pages the kernel must clear first).
+    fn run(mut self, batches: Receiver<Batch>, spares: SyncSender<Batch>) -> Fold {
+        for mut batch in batches {
+            self.take(&mut batch);
+            let _ = spares.try_send(batch);
+        }
         self
     }
 
-    /// Folds one batch of the walk.
-    fn take(&mut self, batch: Vec<Item>) {
-        for item in batch {
+    /// Checks the chain links of one batch of the walk and folds its records, which
+    /// leaves it empty.
+    fn take(&mut self, batch: &mut Batch) {
+        for link in &batch.links {
+            if let Err(e) = verify_chain(&batch.bytes[link.start..link.end], &link.prev, &self.chain, link.seq) {
+                let seq = link.seq;
+                self.findings.push(match e {
+                    DecodeError::ChainMismatch { .. } => Finding::ChainMismatch { seq },
+                    error => Finding::Undecodable { seq, error },
+                });
+            }
+        }
+        batch.links.clear();
+        batch.bytes.clear();
+        for item in batch.items.drain(..) {
             match item {
                 Item::Record(r, introduced) => self.record(r, &introduced),
                 Item::Broken(session) => {
@@ -1055,7 +1184,7 @@ fn fold_detail(e: annal::Error) -> String {
 }
 
 /// The walk's reader of the content rows, in step with the log: the ids of the row at each
-/// record's seq, and the rows at seqs the log does not hold. It stops quietly at the
+/// record's seq, which only the content-id fold needs (`deep`). It stops quietly at the
 /// first error (the content scan reports it) and says so in `lost`.
 struct ContentRows {
     iter: Option<annal::pieces::Rows<'static>>,
@@ -1102,33 +1231,20 @@ impl ContentRows {
     }
 
     /// The ids of the row at `seq` (none if it has no row). Rows before it hold no
-    /// record: their seqs go to `strays`.
-    fn at(&mut self, seq: u64, strays: &mut Vec<u64>) -> Vec<ContentId> {
+    /// record (the content scan reports them).
+    fn at(&mut self, seq: u64) -> Vec<ContentId> {
         loop {
             if self.next.is_none() {
                 self.advance();
             }
             match self.next.take() {
                 None => return Vec::new(),
-                Some((row, _)) if row < seq => strays.push(row),
+                Some((row, _)) if row < seq => {}
                 Some((row, ids)) if row == seq => return ids,
                 later => {
                     self.next = later;
                     return Vec::new();
                 }
-            }
-        }
-    }
-
-    /// The seqs of every row not matched yet.
-    fn rest(&mut self, strays: &mut Vec<u64>) {
-        loop {
-            if self.next.is_none() {
-                self.advance();
-            }
-            match self.next.take() {
-                Some((row, _)) => strays.push(row),
-                None => return,
             }
         }
     }
@@ -1149,7 +1265,9 @@ struct Walk<'a> {
     /// Why the content-id fold failed, if it did (see [`Fold::content`]).
     content_fold_error: Option<Finding>,
     /// Records decoded and not yet handed to the fold thread.
-    batch: Vec<Item>,
+    batch: Batch,
+    /// Batches the fold thread has emptied, to fill again.
+    spares: Option<Receiver<Batch>>,
     streams: HashMap<SessionId, u64>,
     /// Sessions with erased records, and the first of them.
     erased: HashMap<SessionId, u64>,
@@ -1167,6 +1285,10 @@ struct Walk<'a> {
     last_seq: Option<(u64, Option<ChainHash>)>,
     /// The last record of the log file itself (what `meta.tip` must name).
     file_tip: Option<(u64, ChainHash)>,
+    /// The seqs of the log file's records walked, as runs `(first, last)` in order.
+    walked: Vec<(u64, u64)>,
+    /// The walk read the log file to its end.
+    walked_whole: bool,
 }
 
 impl<'a> Walk<'a> {
@@ -1181,7 +1303,8 @@ impl<'a> Walk<'a> {
             fold_failed: false,
             rows_lost: false,
             content_fold_error: None,
-            batch: Vec::with_capacity(FOLD_BATCH),
+            batch: Batch::with_capacity(FOLD_BATCH),
+            spares: None,
             streams: HashMap::new(),
             erased: HashMap::new(),
             purged: HashSet::new(),
@@ -1195,6 +1318,8 @@ impl<'a> Walk<'a> {
             },
             last_seq: None,
             file_tip: None,
+            walked: Vec::new(),
+            walked_whole: false,
         }
     }
 
@@ -1218,7 +1343,8 @@ impl<'a> Walk<'a> {
     /// Hands the current batch to the fold.
     fn hand_over(&mut self, fold: Sink<'_>) {
         if !self.batch.is_empty() {
-            let batch = std::mem::replace(&mut self.batch, Vec::with_capacity(FOLD_BATCH));
+            let spare = self.spares.as_ref().and_then(|spares| spares.try_recv().ok());
+            let batch = std::mem::replace(&mut self.batch, spare.unwrap_or_else(|| Batch::with_capacity(FOLD_BATCH)));
             fold(batch);
         }
     }
@@ -1226,7 +1352,9 @@ impl<'a> Walk<'a> {
     /// Takes the fold thread's scratch state and findings; findings of the log walk are
     /// kept in sequence order.
     fn merge_fold(&mut self, fold: Fold) {
-        self.store = fold.store;
+        if self.opts.deep {
+            self.store = fold.store.into_mem();
+        }
         self.fold_failed |= fold.failed;
         self.content_fold_error = fold.content_error;
         self.report.findings.extend(fold.findings);
@@ -1250,8 +1378,12 @@ impl<'a> Walk<'a> {
             Ok(i) => i,
             Err(e) => return self.find(storage("table log", e)),
         };
-        let mut rows = ContentRows::open(self.txn, self.limits.message_object_bytes_max());
-        let mut strays = Vec::new();
+        // Only the content-id fold needs the ids each record introduced; the content scan
+        // reads every row anyway, so the walk reads them only for it.
+        let mut rows = match self.fold_set.contains(Projection::Content) {
+            true => Some(ContentRows::open(self.txn, self.limits.message_object_bytes_max())),
+            false => None,
+        };
         let mut expected = 1u64;
         let mut prev: Option<ChainHash> = Some(self.chain.genesis());
         let mut clock = 0u64;
@@ -1266,25 +1398,30 @@ impl<'a> Walk<'a> {
                 }
             };
             let seq = key.value();
-            let introduced = rows.at(seq, &mut strays);
-            self.report.findings.extend(strays.drain(..).map(|row| Finding::StrayContentRow { row }));
+            match self.walked.last_mut() {
+                Some((_, last)) if last.checked_add(1) == Some(seq) => *last = seq,
+                _ => self.walked.push((seq, seq)),
+            }
+            let introduced = rows.as_mut().map_or_else(Vec::new, |rows| rows.at(seq));
             self.step(seq, value.value(), introduced, (&mut expected, &mut prev, &mut clock), fold);
             if self.report.records.is_multiple_of(progress::TICK_ITEMS) {
                 bar.set_position(self.report.records);
             }
         }
         self.file_tip = self.last_seq.and_then(|(seq, h)| h.map(|h| (seq, h)));
+        self.walked_whole = complete;
         if complete {
-            rows.rest(&mut strays);
-            self.report.findings.extend(strays.drain(..).map(|row| Finding::StrayContentRow { row }));
             let max = self.limits.message_object_bytes_max();
             for row in journal {
                 let introduced = entries(&row.content, max).map_while(|e| e.ok()).map(|e| e.id).collect();
                 self.step(row.seq, &row.record, introduced, (&mut expected, &mut prev, &mut clock), fold);
             }
         }
-        self.rows_lost = rows.lost;
+        self.rows_lost = rows.is_some_and(|rows| rows.lost);
         self.hand_over(fold);
+        // Sorted here, on the walk's thread, while the fold and the content scan finish:
+        // `check_content` reduces the list again after the joins, which finds it in order.
+        reduce_refs(&mut self.refs);
         bar.finish_and_clear();
         self.report.tip = self.last_seq.and_then(|(seq, h)| h.map(|h| (seq, h)));
     }
@@ -1305,18 +1442,16 @@ impl<'a> Walk<'a> {
         }
         *expected = seq.saturating_add(1);
         self.report.records += 1;
-        if let Some(p) = *prev {
-            if let Err(e) = verify_chain(bytes, &p, &self.chain, seq) {
-                self.find(match e {
-                    DecodeError::ChainMismatch { .. } => Finding::ChainMismatch { seq },
-                    error => Finding::Undecodable { seq, error },
-                });
-            }
+        if let Some(prev) = *prev {
+            // Checked by the fold thread (`Fold::take`).
+            let start = self.batch.bytes.len();
+            self.batch.bytes.extend_from_slice(bytes);
+            self.batch.links.push(Link { seq, prev, start, end: self.batch.bytes.len() });
         }
         *prev = stored_chain_hash(bytes);
         self.last_seq = Some((seq, *prev));
         self.record(seq, bytes, clock, introduced);
-        if self.batch.len() >= FOLD_BATCH {
+        if self.batch.links.len() >= FOLD_BATCH || self.batch.items.len() >= FOLD_BATCH {
             self.hand_over(fold);
         }
     }
@@ -1365,7 +1500,7 @@ impl<'a> Walk<'a> {
             reduce_refs(&mut self.refs);
             self.refs_reduce_at = (2 * self.refs.len()).max(REFS_REDUCE_MIN);
         }
-        self.batch.push(Item::Record(r, introduced));
+        self.batch.items.push(Item::Record(r, introduced));
     }
 
     /// A record that does not decode: if its envelope still names a session and stream
@@ -1383,7 +1518,24 @@ impl<'a> Walk<'a> {
         let last = self.streams.entry(session).or_insert(0);
         if stream_seq == *last + 1 {
             *last = stream_seq;
-            self.batch.push(Item::Broken(session));
+            self.batch.items.push(Item::Broken(session));
+        }
+    }
+
+    /// Every content row of the log file at a seq that holds no record (`rows`, in order):
+    /// up to the last record walked, or past it too when the walk read the whole log.
+    fn check_strays(&mut self, rows: &[u64]) {
+        let end = match (self.walked_whole, self.walked.last()) {
+            (true, _) => u64::MAX,
+            (false, Some(&(_, last))) => last,
+            (false, None) => 0,
+        };
+        let mut runs = self.walked.iter().peekable();
+        for &row in rows.iter().take_while(|&&row| row <= end) {
+            while runs.next_if(|&&(_, last)| last < row).is_some() {}
+            if runs.peek().is_none_or(|&&(first, _)| first > row) {
+                self.report.findings.push(Finding::StrayContentRow { row });
+            }
         }
     }
 

@@ -183,6 +183,38 @@ fn a_deleted_record_is_reported_as_a_gap_and_verify_keeps_going() {
     assert_eq!(report["records"], report["tip"]["seq"].as_u64().unwrap() - 1);
 }
 
+/// A content row whose record is gone, and one before the first record, are stray rows
+/// wherever they sit in the log, with or without `deep` (which reads the rows beside the
+/// log; without it, the content scan's rows are matched to the records walked).
+#[test]
+fn content_rows_with_no_record_inside_the_log_are_stray() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = demo_db(&dir, 2);
+    let tip = records(&db).len() as u64;
+    // A record in the middle of the log that introduced content: its row stays.
+    let orphan = edit_content_rows(&db, |rows| {
+        let (&seq, first) = rows.iter().find(|(seq, _)| **seq > 2 && **seq < tip - 2).expect("a row inside the log");
+        rows.insert(0, vec![first[0].clone()]);
+        seq
+    });
+    {
+        let database = redb::Database::open(&db).unwrap();
+        let txn = database.begin_write().unwrap();
+        txn.open_table(LOG).unwrap().remove(orphan).unwrap();
+        txn.commit().unwrap();
+    }
+    for deep in [false, true] {
+        let (rc, report) = verify_json(&db, if deep { &["--deep"] } else { &[] });
+        assert_eq!(rc, 1);
+        let f = findings(&report);
+        let stray: Vec<&str> =
+            f.iter().filter(|(k, _, _)| k == "stray_content_row").map(|(_, l, _)| l.as_str()).collect();
+        assert_eq!(stray, ["content row 0".to_string(), format!("content row {orphan}")], "deep {deep}: {f:?}");
+        let gap = format!("log seq {orphan}");
+        assert!(f.iter().any(|(k, l, _)| k == "gap" && *l == gap), "deep {deep}: {f:?}");
+    }
+}
+
 /// The content rows of a log file: seq → the objects of its row (id, stored bytes).
 type ContentRows = std::collections::BTreeMap<u64, Vec<(annal::ContentId, Vec<u8>)>>;
 
