@@ -68,7 +68,7 @@ use redb::{ReadTransaction, ReadableDatabase, ReadableTable, ReadableTableMetada
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt;
 use std::path::Path;
-use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
+use std::sync::mpsc::{sync_channel, Receiver};
 
 /// What to check.
 #[derive(Clone, Debug, Default)]
@@ -699,18 +699,16 @@ pub fn verify_log(
         let walked = guarded("table log", || walk.run(&mut |batch| handed.push(batch), &journal_rows));
         let fold = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || {
             let mut fold = fold;
-            handed.iter_mut().for_each(|batch| fold.take(batch));
+            handed.into_iter().for_each(|batch| fold.take(batch));
             fold
         }));
         let scan = guarded("content rows", || scan_content(txn, &journal_rows, limits));
         (walked, Ok(scan), fold.map_err(drop))
     } else {
         let (batches, folded) = sync_channel::<Batch>(FOLD_QUEUE);
-        let (spare, spares) = sync_channel::<Batch>(FOLD_QUEUE + 2);
-        walk.spares = Some(spares);
         std::thread::scope(|s| {
             let scan = s.spawn(|| guarded("content rows", || scan_content(txn, &journal_rows, limits)));
-            let fold = s.spawn(move || fold.run(folded, spare));
+            let fold = s.spawn(move || fold.run(folded));
             let walked = guarded("table log", || {
                 walk.run(
                     &mut |batch| {
@@ -1109,19 +1107,13 @@ impl Fold {
         }
     }
 
-    /// Takes the walk's batches until it is done, and hands each back emptied, for the
-    /// walk to fill again (fresh buffers are pages the kernel must clear first).
-    fn run(mut self, batches: Receiver<Batch>, spares: SyncSender<Batch>) -> Fold {
-        for mut batch in batches {
-            self.take(&mut batch);
-            let _ = spares.try_send(batch);
-        }
+    fn run(mut self, batches: Receiver<Batch>) -> Fold {
+        batches.into_iter().for_each(|batch| self.take(batch));
         self
     }
 
-    /// Checks the chain links of one batch of the walk and folds its records, which
-    /// leaves it empty.
-    fn take(&mut self, batch: &mut Batch) {
+    /// Checks the chain links of one batch of the walk and folds its records.
+    fn take(&mut self, batch: Batch) {
         for link in &batch.links {
             if let Err(e) = verify_chain(&batch.bytes[link.start..link.end], &link.prev, &self.chain, link.seq) {
                 let seq = link.seq;
@@ -1131,9 +1123,7 @@ impl Fold {
                 });
             }
         }
-        batch.links.clear();
-        batch.bytes.clear();
-        for item in batch.items.drain(..) {
+        for item in batch.items {
             match item {
                 Item::Record(r, introduced) => self.record(r, &introduced),
                 Item::Broken(session) => {
@@ -1266,8 +1256,6 @@ struct Walk<'a> {
     content_fold_error: Option<Finding>,
     /// Records decoded and not yet handed to the fold thread.
     batch: Batch,
-    /// Batches the fold thread has emptied, to fill again.
-    spares: Option<Receiver<Batch>>,
     streams: HashMap<SessionId, u64>,
     /// Sessions with erased records, and the first of them.
     erased: HashMap<SessionId, u64>,
@@ -1304,7 +1292,6 @@ impl<'a> Walk<'a> {
             rows_lost: false,
             content_fold_error: None,
             batch: Batch::with_capacity(FOLD_BATCH),
-            spares: None,
             streams: HashMap::new(),
             erased: HashMap::new(),
             purged: HashSet::new(),
@@ -1343,8 +1330,7 @@ impl<'a> Walk<'a> {
     /// Hands the current batch to the fold.
     fn hand_over(&mut self, fold: Sink<'_>) {
         if !self.batch.is_empty() {
-            let spare = self.spares.as_ref().and_then(|spares| spares.try_recv().ok());
-            let batch = std::mem::replace(&mut self.batch, spare.unwrap_or_else(|| Batch::with_capacity(FOLD_BATCH)));
+            let batch = std::mem::replace(&mut self.batch, Batch::with_capacity(FOLD_BATCH));
             fold(batch);
         }
     }
