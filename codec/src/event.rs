@@ -678,15 +678,23 @@ impl Event {
 
     /// Every content id this event refers to, in field order.
     pub fn content_refs(&self) -> Vec<ContentId> {
+        let mut refs = Vec::new();
+        self.each_content_ref(|id| refs.push(id));
+        refs
+    }
+
+    /// Calls `f` with every content id this event refers to, in field order (the ids of
+    /// [`Event::content_refs`], without collecting them).
+    pub fn each_content_ref(&self, mut f: impl FnMut(ContentId)) {
         match self {
-            Event::SessionCreated(e) => e.messages.clone(),
-            Event::TurnCommitted(e) => e.messages.iter().chain(e.state.set.values()).copied().collect(),
-            Event::TranscriptRewritten(e) => e.replacement.clone(),
-            Event::ContextAppended(e) => vec![e.content],
-            Event::ToolCallRecorded(e) => vec![e.args],
-            Event::ToolResultRecorded(e) => vec![e.result],
-            Event::HostStateChanged(e) => e.state.set.values().copied().collect(),
-            Event::InputEnqueued(e) => vec![e.message],
+            Event::SessionCreated(e) => e.messages.iter().copied().for_each(f),
+            Event::TurnCommitted(e) => e.messages.iter().chain(e.state.set.values()).copied().for_each(f),
+            Event::TranscriptRewritten(e) => e.replacement.iter().copied().for_each(f),
+            Event::ContextAppended(e) => f(e.content),
+            Event::ToolCallRecorded(e) => f(e.args),
+            Event::ToolResultRecorded(e) => f(e.result),
+            Event::HostStateChanged(e) => e.state.set.values().copied().for_each(f),
+            Event::InputEnqueued(e) => f(e.message),
             Event::InputsClaimed(_)
             | Event::ClaimAbandoned(_)
             | Event::InputCancelled(_)
@@ -697,7 +705,7 @@ impl Event {
             | Event::LeaseAcquired(_)
             | Event::LeaseReleased(_)
             | Event::SessionPurged(_)
-            | Event::Erased(_) => Vec::new(),
+            | Event::Erased(_) => {}
         }
     }
 

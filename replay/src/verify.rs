@@ -1,21 +1,23 @@
 //! `annal verify`: check a database end to end and report every finding with its place.
 //!
 //! verify opens the log file read-only itself, so a damaged log is reported, never
-//! refused, and checks one read snapshot of it with three threads at once (a log of at
+//! refused, and checks one read snapshot of it with four threads at once (a log of at
 //! most 512 records, which the walk would hand to the fold in one batch at its end, is
 //! checked on the caller's thread, one phase after the other):
 //!
 //! - The walk reads `log` in sequence order. For each record: the global sequence is
 //!   dense, the record decodes with a supported schema version and names its own seq,
 //!   its per-session stream sequence is dense, and the clock never goes back. It hands
-//!   each decoded record to the fold, with its bytes for the chain check; with `deep`,
+//!   each decoded record to the fold, and its bytes to the chain check; with `deep`,
 //!   it reads the content rows in step with the log (`annal::pieces`: the ids of each
 //!   row only) and hands over the ids each record's row introduced too, which the
 //!   content-id fold needs.
-//! - The fold checks that each record's chain link from the record before it holds
-//!   (plain or keyed), recomputes each turn's commit hash and runs the engine's own `evolve` into
-//!   scratch state: the transcript fold, which recomputes every `revision_after`, and
-//!   with `deep` every fold (the stream index and the content-id index included).
+//! - The chain check checks that each record's chain link from the record before it
+//!   holds (plain or keyed).
+//! - The fold gathers every content reference, recomputes each turn's commit hash and
+//!   runs the engine's own `evolve` into scratch state: the transcript fold, which
+//!   recomputes every `revision_after`, and with `deep` every fold (the stream index and
+//!   the content-id index included).
 //! - The content scan reads the content rows in seq order. A row that is empty, does not
 //!   parse, has its pieces out of order or is stored both whole and in pieces is a finding (the entries before the damage are still checked). Every entry
 //!   must use a known encoding and its bytes must hash to its id (a damaged object is
@@ -24,7 +26,7 @@
 //!   content row at a seq that holds no record (matched against the walk's seqs once
 //!   both are done).
 //!
-//! Then the content references the walk gathered are sorted and merged with the scan,
+//! Then the content references the fold gathered are sorted and merged with the scan,
 //! both in id order: every id the log refers to must be stored, hash to its id, and be
 //! introduced by a content row at or before the first record that refers to it. A
 //! message reference must name a message object, whose attachments must be stored and
@@ -691,37 +693,58 @@ pub fn verify_log(
             }
         },
     };
-    let fold = Fold::new(walk.fold_set, chain.clone());
-    let (walked, scan, fold) = if seq.saturating_add(journal_rows.len() as u64) <= FOLD_BATCH as u64 {
+    // The log's length sizes the list of content references the fold gathers.
+    let records = guarded("table log", || txn.open_table(LOG).and_then(|t| Ok(t.len()?))).ok().and_then(Result::ok);
+    let fold = Fold::new(walk.fold_set, records.unwrap_or(0) + journal_rows.len() as u64);
+    let (walked, scan, fold, links) = if seq.saturating_add(journal_rows.len() as u64) <= FOLD_BATCH as u64 {
         // The walk hands a log this short to the fold as one batch, at its end: a fold
         // thread would only wait for it, so everything runs here, one phase after the other.
         let mut handed = Vec::new();
         let walked = guarded("table log", || walk.run(&mut |batch| handed.push(batch), &journal_rows));
+        let mut links = Vec::new();
+        for batch in &handed {
+            check_links(&batch.links, &chain, &mut links);
+        }
         let fold = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || {
             let mut fold = fold;
-            handed.into_iter().for_each(|batch| fold.take(batch));
+            handed.into_iter().for_each(|batch| fold.take(batch.items));
             fold
         }));
         let scan = guarded("content rows", || scan_content(txn, &journal_rows, limits));
-        (walked, Ok(scan), fold.map_err(drop))
+        (walked, Ok(scan), fold.map_err(drop), Ok(links))
     } else {
-        let (batches, folded) = sync_channel::<Batch>(FOLD_QUEUE);
+        // Four threads on the cores there are: the walk (reading and decoding), the fold,
+        // the chain links and the content scan, each a fair share of the work.
+        let (batches, folded) = sync_channel::<Vec<Item>>(FOLD_QUEUE);
+        let (to_check, checked) = sync_channel::<Links>(FOLD_QUEUE);
         std::thread::scope(|s| {
             let scan = s.spawn(|| guarded("content rows", || scan_content(txn, &journal_rows, limits)));
             let fold = s.spawn(move || fold.run(folded));
+            let chain = &chain;
+            let links = s.spawn(move || {
+                let mut findings = Vec::new();
+                checked.into_iter().for_each(|links| check_links(&links, chain, &mut findings));
+                findings
+            });
             let walked = guarded("table log", || {
                 walk.run(
                     &mut |batch| {
-                        // The fold thread stops early only if it died.
-                        let _ = batches.send(batch);
+                        // Either thread stops early only if it died.
+                        let _ = to_check.send(batch.links);
+                        let _ = batches.send(batch.items);
                     },
                     &journal_rows,
                 )
             });
             drop(batches);
-            (walked, scan.join().map_err(drop), fold.join().map_err(drop))
+            drop(to_check);
+            (walked, scan.join().map_err(drop), fold.join().map_err(drop), links.join().map_err(drop))
         })
     };
+    match links {
+        Ok(findings) => walk.report.findings.extend(findings),
+        Err(_) => walk.find(storage("log", "the chain check failed")),
+    }
     if let Err(finding) = walked {
         walk.fold_failed = true;
         walk.find(finding);
@@ -776,19 +799,53 @@ enum Shape {
     Bytes,
 }
 
-/// Every content reference of `event`, with the shape it needs: message lists refer to
-/// message objects; context, tool payloads and host state values are raw bytes.
-fn shaped_refs(event: &Event) -> Vec<(ContentId, Shape)> {
-    let messages: &[ContentId] = match event {
-        Event::SessionCreated(e) => &e.messages,
-        Event::TurnCommitted(e) => &e.messages,
-        Event::TranscriptRewritten(e) => &e.replacement,
-        _ => &[],
-    };
-    let mut refs: Vec<(ContentId, Shape)> = messages.iter().map(|id| (*id, Shape::Message)).collect();
-    // The rest of the event's references (`content_refs` lists messages first) are bytes.
-    refs.extend(event.content_refs().into_iter().skip(messages.len()).map(|id| (id, Shape::Bytes)));
-    refs
+/// The content references of the log as the fold takes its records, for the merge with
+/// the content scan. Gathered on the fold's thread, which waits on the walk otherwise
+/// (the walk's decoding is the longest of its threads' work).
+struct Refs {
+    refs: Vec<Ref>,
+    /// The list is reduced to one entry per id when it reaches this length.
+    reduce_at: usize,
+}
+
+impl Refs {
+    /// An empty list with room for about two references a record of a log of `records`,
+    /// up to the first reduction: growing it by doubling copied it and faulted in its
+    /// pages again at each step.
+    fn new(records: u64) -> Refs {
+        let expected = usize::try_from(records).unwrap_or(usize::MAX).saturating_mul(2).min(REFS_REDUCE_MIN);
+        Refs { refs: Vec::with_capacity(expected), reduce_at: REFS_REDUCE_MIN }
+    }
+
+    /// Appends every content reference of `event` (at `seq`), with the shape it needs:
+    /// message lists refer to message objects; context, tool payloads and host state
+    /// values are raw bytes.
+    fn push(&mut self, event: &Event, seq: u64) {
+        let messages = match event {
+            Event::SessionCreated(e) => e.messages.len(),
+            Event::TurnCommitted(e) => e.messages.len(),
+            Event::TranscriptRewritten(e) => e.replacement.len(),
+            _ => 0,
+        };
+        // `each_content_ref` gives the messages first; the rest are bytes.
+        let mut n = 0;
+        event.each_content_ref(|id| {
+            let shape = if n < messages { Shape::Message } else { Shape::Bytes };
+            n += 1;
+            self.refs.push(Ref { id, shape, seq, first: seq });
+        });
+        if self.refs.len() >= self.reduce_at {
+            // Keep memory in proportion to the distinct ids, not to every reference.
+            reduce_refs(&mut self.refs);
+            self.reduce_at = (2 * self.refs.len()).max(REFS_REDUCE_MIN);
+        }
+    }
+
+    /// One reference per id, in id order ([`reduce_refs`]).
+    fn into_reduced(mut self) -> Vec<Ref> {
+        reduce_refs(&mut self.refs);
+        self.refs
+    }
 }
 
 /// A content reference of the log, or (reduced) every reference to one id.
@@ -980,24 +1037,41 @@ const FOLD_QUEUE: usize = 8;
 /// Where the log walk hands its batches: the fold thread's channel, or the fold itself.
 type Sink<'a> = &'a mut dyn FnMut(Batch);
 
-/// What the log walk hands to the fold thread at a time: decoded records, and the chain
-/// links to check, whose hashing is about a third of the walk's work otherwise.
-#[derive(Default)]
+/// What the log walk hands over at a time: decoded records for the fold thread, and
+/// the chain links for the chain thread.
 struct Batch {
     items: Vec<Item>,
-    links: Vec<Link>,
-    /// The bytes of the records in `links`, one after the other.
-    bytes: Vec<u8>,
+    links: Links,
 }
 
 impl Batch {
     fn with_capacity(records: usize) -> Batch {
         let bytes = Vec::with_capacity(records * 256);
-        Batch { items: Vec::with_capacity(records), links: Vec::with_capacity(records), bytes }
+        Batch { items: Vec::with_capacity(records), links: Links { links: Vec::with_capacity(records), bytes } }
     }
 
     fn is_empty(&self) -> bool {
-        self.items.is_empty() && self.links.is_empty()
+        self.items.is_empty() && self.links.links.is_empty()
+    }
+}
+
+/// Chain links to check, with the bytes of their records one after the other.
+struct Links {
+    links: Vec<Link>,
+    bytes: Vec<u8>,
+}
+
+/// Checks every chain link of `links` (the two blake3 passes a record were a third of
+/// the walk's work, and then a third of the fold's).
+fn check_links(links: &Links, chain: &LogChain, findings: &mut Vec<Finding>) {
+    for link in &links.links {
+        if let Err(e) = verify_chain(&links.bytes[link.start..link.end], &link.prev, chain, link.seq) {
+            let seq = link.seq;
+            findings.push(match e {
+                DecodeError::ChainMismatch { .. } => Finding::ChainMismatch { seq },
+                error => Finding::Undecodable { seq, error },
+            });
+        }
     }
 }
 
@@ -1089,14 +1163,14 @@ struct Fold {
     /// Why the content-id fold first failed.
     content_error: Option<Finding>,
     findings: Vec<Finding>,
-    /// The chain the links are checked under.
-    chain: LogChain,
+    /// Every content reference of the records taken.
+    refs: Refs,
 }
 
 impl Fold {
-    fn new(set: ProjectionSet, chain: LogChain) -> Fold {
+    fn new(set: ProjectionSet, records: u64) -> Fold {
         Fold {
-            chain,
+            refs: Refs::new(records),
             store: FoldStore::default(),
             broken: HashSet::new(),
             failed: false,
@@ -1107,23 +1181,16 @@ impl Fold {
         }
     }
 
-    fn run(mut self, batches: Receiver<Batch>) -> Fold {
+    fn run(mut self, batches: Receiver<Vec<Item>>) -> Fold {
         batches.into_iter().for_each(|batch| self.take(batch));
+        // Sorted here, on the fold's thread: the merge after the joins finds it in order.
+        reduce_refs(&mut self.refs.refs);
         self
     }
 
-    /// Checks the chain links of one batch of the walk and folds its records.
-    fn take(&mut self, batch: Batch) {
-        for link in &batch.links {
-            if let Err(e) = verify_chain(&batch.bytes[link.start..link.end], &link.prev, &self.chain, link.seq) {
-                let seq = link.seq;
-                self.findings.push(match e {
-                    DecodeError::ChainMismatch { .. } => Finding::ChainMismatch { seq },
-                    error => Finding::Undecodable { seq, error },
-                });
-            }
-        }
-        for item in batch.items {
+    /// Folds one batch of the walk.
+    fn take(&mut self, batch: Vec<Item>) {
+        for item in batch {
             match item {
                 Item::Record(r, introduced) => self.record(r, &introduced),
                 Item::Broken(session) => {
@@ -1135,6 +1202,7 @@ impl Fold {
 
     fn record(&mut self, r: annal::Record, introduced: &[ContentId]) {
         let seq = r.seq;
+        self.refs.push(&r.event, seq);
         if let Event::TurnCommitted(e) = &r.event {
             if e.recomputed_hash() != e.commit_hash {
                 self.findings.push(Finding::CommitHash { seq });
@@ -1261,11 +1329,9 @@ struct Walk<'a> {
     erased: HashMap<SessionId, u64>,
     /// Sessions with a tombstone.
     purged: HashSet<SessionId>,
-    /// Every content reference in the log. Sorted and merged with the content scan once
-    /// both are done: a join of two sorted lists instead of a hash lookup per reference.
+    /// Every content reference in the log, one per id in id order, from the fold once it
+    /// is done ([`Refs`]).
     refs: Vec<Ref>,
-    /// `refs` is reduced to one entry per id when it reaches this length.
-    refs_reduce_at: usize,
     /// The projections folded: the transcript alone recomputes the revisions; `deep`
     /// folds them all to compare with the stored tables.
     fold_set: ProjectionSet,
@@ -1296,7 +1362,6 @@ impl<'a> Walk<'a> {
             erased: HashMap::new(),
             purged: HashSet::new(),
             refs: Vec::new(),
-            refs_reduce_at: REFS_REDUCE_MIN,
             fold_set: if opts.deep {
                 ProjectionSet::all()
             } else {
@@ -1343,6 +1408,7 @@ impl<'a> Walk<'a> {
         }
         self.fold_failed |= fold.failed;
         self.content_fold_error = fold.content_error;
+        self.refs = fold.refs.into_reduced();
         self.report.findings.extend(fold.findings);
         self.report.findings.sort_by_key(|f| f.seq().unwrap_or(u64::MAX));
     }
@@ -1355,10 +1421,6 @@ impl<'a> Walk<'a> {
             Err(e) => return self.find(storage("table log", e)),
         };
         let total = log.len().unwrap_or(0);
-        // Room for about two references a record, up to the first reduction: growing the
-        // list by doubling copied it and faulted in its pages again at each step.
-        let expected_refs = (total as usize + journal.len()).saturating_mul(2).min(REFS_REDUCE_MIN);
-        self.refs.reserve(expected_refs.saturating_sub(self.refs.len()));
         let bar = progress::bar(total, "verify", self.opts.progress);
         let iter = match log.iter() {
             Ok(i) => i,
@@ -1405,9 +1467,6 @@ impl<'a> Walk<'a> {
         }
         self.rows_lost = rows.is_some_and(|rows| rows.lost);
         self.hand_over(fold);
-        // Sorted here, on the walk's thread, while the fold and the content scan finish:
-        // `check_content` reduces the list again after the joins, which finds it in order.
-        reduce_refs(&mut self.refs);
         bar.finish_and_clear();
         self.report.tip = self.last_seq.and_then(|(seq, h)| h.map(|h| (seq, h)));
     }
@@ -1429,15 +1488,16 @@ impl<'a> Walk<'a> {
         *expected = seq.saturating_add(1);
         self.report.records += 1;
         if let Some(prev) = *prev {
-            // Checked by the fold thread (`Fold::take`).
-            let start = self.batch.bytes.len();
-            self.batch.bytes.extend_from_slice(bytes);
-            self.batch.links.push(Link { seq, prev, start, end: self.batch.bytes.len() });
+            // Checked on the chain thread (`check_links`).
+            let links = &mut self.batch.links;
+            let start = links.bytes.len();
+            links.bytes.extend_from_slice(bytes);
+            links.links.push(Link { seq, prev, start, end: links.bytes.len() });
         }
         *prev = stored_chain_hash(bytes);
         self.last_seq = Some((seq, *prev));
         self.record(seq, bytes, clock, introduced);
-        if self.batch.links.len() >= FOLD_BATCH || self.batch.items.len() >= FOLD_BATCH {
+        if self.batch.links.links.len() >= FOLD_BATCH || self.batch.items.len() >= FOLD_BATCH {
             self.hand_over(fold);
         }
     }
@@ -1479,12 +1539,6 @@ impl<'a> Walk<'a> {
             }
             Event::SessionPurged(_) => drop(self.purged.insert(r.session)),
             _ => {}
-        }
-        self.refs.extend(shaped_refs(&r.event).into_iter().map(|(id, shape)| Ref { id, shape, seq, first: seq }));
-        if self.refs.len() >= self.refs_reduce_at {
-            // Keep memory in proportion to the distinct ids, not to every reference.
-            reduce_refs(&mut self.refs);
-            self.refs_reduce_at = (2 * self.refs.len()).max(REFS_REDUCE_MIN);
         }
         self.batch.items.push(Item::Record(r, introduced));
     }
@@ -1533,20 +1587,20 @@ impl<'a> Walk<'a> {
         self.report.content_objects = scan.objects.len() as u64;
         // A message reference to an object first referred to as plain bytes must still be
         // a message: `reduce_refs` keeps the reference that decides.
-        let mut refs = std::mem::take(&mut self.refs);
-        reduce_refs(&mut refs);
+        let refs = std::mem::take(&mut self.refs);
         let referenced = |id: &ContentId| refs.binary_search_by(|r| r.id.cmp(id)).is_ok();
         let mut found = scan.findings.clone();
         let mut attachments_checked = HashSet::new();
         let mut late_attachments = HashSet::new();
         let mut reported_bad = HashSet::new();
         let mut objects = scan.objects.iter().peekable();
+        // (id, shape, object, whether the log refers to it directly)
+        let mut pending = Vec::new();
         for r in &refs {
             // Both lists are in id order: advance the scan to this id.
             while objects.next_if(|(k, _)| *k < r.id).is_some() {}
             let object = objects.peek().filter(|(k, _)| *k == r.id).map(|(_, o)| *o);
-            // (id, shape, object, whether the log refers to it directly)
-            let mut pending = vec![(r.id, r.shape, object, true)];
+            pending.push((r.id, r.shape, object, true));
             while let Some((id, shape, object, direct)) = pending.pop() {
                 let Some(object) = object else {
                     found.push(Finding::MissingContent { seq: r.first, id });

@@ -140,9 +140,10 @@ fn a_flipped_byte_names_its_sequence_number() {
 }
 
 /// verify checks a log of at most 512 records on one thread and a longer one with a fold
-/// thread and a content thread: both ways find the same damage, and nothing else.
+/// thread, a chain thread and a content thread: both ways find the same damage, and
+/// nothing else.
 #[test]
-fn a_flipped_byte_is_found_on_one_thread_and_on_three() {
+fn a_flipped_byte_is_found_on_one_thread_and_on_four() {
     let dir = tempfile::tempdir().unwrap();
     for (name, sessions) in [("short.redb", 2), ("long.redb", 40)] {
         let db = common::demo_db_named(&dir, name, sessions);
