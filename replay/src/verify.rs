@@ -8,14 +8,15 @@
 //! - The walk reads `log` in sequence order. For each record: the global sequence is
 //!   dense, the record decodes with a supported schema version and names its own seq,
 //!   its per-session stream sequence is dense, and the clock never goes back. It hands
-//!   each decoded record to the fold, and its bytes to the chain check; with `deep`,
+//!   each decoded record to the fold, and its bytes and content references to the chain
+//!   thread; with `deep`,
 //!   it reads the content rows in step with the log (`annal::pieces`: the ids of each
 //!   row only) and hands over the ids each record's row introduced too, which the
 //!   content-id fold needs.
-//! - The chain check checks that each record's chain link from the record before it
-//!   holds (plain or keyed).
-//! - The fold gathers every content reference, recomputes each turn's commit hash and
-//!   runs the engine's own `evolve` into scratch state: the transcript fold, which
+//! - The chain thread checks that each record's chain link from the record before it
+//!   holds (plain or keyed), and gathers the content references.
+//! - The fold recomputes each turn's commit hash and runs the engine's own `evolve` into
+//!   scratch state: the transcript fold, which
 //!   recomputes every `revision_after`, and with `deep` every fold (the stream index and
 //!   the content-id index included).
 //! - The content scan reads the content rows in seq order. A row that is empty, does not
@@ -26,7 +27,7 @@
 //!   content row at a seq that holds no record (matched against the walk's seqs once
 //!   both are done).
 //!
-//! Then the content references the fold gathered are sorted and merged with the scan,
+//! Then the content references the chain thread gathered are sorted and merged with the scan,
 //! both in id order: every id the log refers to must be stored, hash to its id, and be
 //! introduced by a content row at or before the first record that refers to it. A
 //! message reference must name a message object, whose attachments must be stored and
@@ -695,15 +696,16 @@ pub fn verify_log(
     };
     // The log's length sizes the list of content references the fold gathers.
     let records = guarded("table log", || txn.open_table(LOG).and_then(|t| Ok(t.len()?))).ok().and_then(Result::ok);
-    let fold = Fold::new(walk.fold_set, records.unwrap_or(0) + journal_rows.len() as u64);
+    let records = records.unwrap_or(0) + journal_rows.len() as u64;
+    let fold = Fold::new(walk.fold_set);
     let (walked, scan, fold, links) = if seq.saturating_add(journal_rows.len() as u64) <= FOLD_BATCH as u64 {
         // The walk hands a log this short to the fold as one batch, at its end: a fold
         // thread would only wait for it, so everything runs here, one phase after the other.
         let mut handed = Vec::new();
         let walked = guarded("table log", || walk.run(&mut |batch| handed.push(batch), &journal_rows));
-        let mut links = Vec::new();
-        for batch in &handed {
-            check_links(&batch.links, &chain, &mut links);
+        let (mut findings, mut refs) = (Vec::new(), Refs::new(records));
+        for batch in &mut handed {
+            check_links(&mut batch.checks, &chain, &mut findings, &mut refs);
         }
         let fold = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || {
             let mut fold = fold;
@@ -711,26 +713,26 @@ pub fn verify_log(
             fold
         }));
         let scan = guarded("content rows", || scan_content(txn, &journal_rows, limits));
-        (walked, Ok(scan), fold.map_err(drop), Ok(links))
+        (walked, Ok(scan), fold.map_err(drop), Ok((findings, refs.into_reduced())))
     } else {
         // Four threads on the cores there are: the walk (reading and decoding), the fold,
         // the chain links and the content scan, each a fair share of the work.
         let (batches, folded) = sync_channel::<Vec<Item>>(FOLD_QUEUE);
-        let (to_check, checked) = sync_channel::<Links>(FOLD_QUEUE);
+        let (to_check, checked) = sync_channel::<Checks>(FOLD_QUEUE);
         std::thread::scope(|s| {
             let scan = s.spawn(|| guarded("content rows", || scan_content(txn, &journal_rows, limits)));
             let fold = s.spawn(move || fold.run(folded));
             let chain = &chain;
             let links = s.spawn(move || {
-                let mut findings = Vec::new();
-                checked.into_iter().for_each(|links| check_links(&links, chain, &mut findings));
-                findings
+                let (mut findings, mut refs) = (Vec::new(), Refs::new(records));
+                checked.into_iter().for_each(|mut checks| check_links(&mut checks, chain, &mut findings, &mut refs));
+                (findings, refs.into_reduced())
             });
             let walked = guarded("table log", || {
                 walk.run(
                     &mut |batch| {
                         // Either thread stops early only if it died.
-                        let _ = to_check.send(batch.links);
+                        let _ = to_check.send(batch.checks);
                         let _ = batches.send(batch.items);
                     },
                     &journal_rows,
@@ -742,7 +744,10 @@ pub fn verify_log(
         })
     };
     match links {
-        Ok(findings) => walk.report.findings.extend(findings),
+        Ok((findings, refs)) => {
+            walk.report.findings.extend(findings);
+            walk.refs = refs;
+        }
         Err(_) => walk.find(storage("log", "the chain check failed")),
     }
     if let Err(finding) = walked {
@@ -799,9 +804,28 @@ enum Shape {
     Bytes,
 }
 
-/// The content references of the log as the fold takes its records, for the merge with
-/// the content scan. Gathered on the fold's thread, which waits on the walk otherwise
-/// (the walk's decoding is the longest of its threads' work).
+/// Appends every content reference of `event` (at `seq`) to `refs`, with the shape it
+/// needs: message lists refer to message objects; context, tool payloads and host state
+/// values are raw bytes.
+fn push_refs(event: &Event, seq: u64, refs: &mut Vec<Ref>) {
+    let messages = match event {
+        Event::SessionCreated(e) => e.messages.len(),
+        Event::TurnCommitted(e) => e.messages.len(),
+        Event::TranscriptRewritten(e) => e.replacement.len(),
+        _ => 0,
+    };
+    // `each_content_ref` gives the messages first; the rest are bytes.
+    let mut n = 0;
+    event.each_content_ref(|id| {
+        let shape = if n < messages { Shape::Message } else { Shape::Bytes };
+        n += 1;
+        refs.push(Ref { id, shape, seq, first: seq });
+    });
+}
+
+/// The content references of the log, gathered batch by batch on the chain thread (the
+/// walk's decoding and the fold are the longer shares of the work), for the merge with
+/// the content scan.
 struct Refs {
     refs: Vec<Ref>,
     /// The list is reduced to one entry per id when it reaches this length.
@@ -817,23 +841,9 @@ impl Refs {
         Refs { refs: Vec::with_capacity(expected), reduce_at: REFS_REDUCE_MIN }
     }
 
-    /// Appends every content reference of `event` (at `seq`), with the shape it needs:
-    /// message lists refer to message objects; context, tool payloads and host state
-    /// values are raw bytes.
-    fn push(&mut self, event: &Event, seq: u64) {
-        let messages = match event {
-            Event::SessionCreated(e) => e.messages.len(),
-            Event::TurnCommitted(e) => e.messages.len(),
-            Event::TranscriptRewritten(e) => e.replacement.len(),
-            _ => 0,
-        };
-        // `each_content_ref` gives the messages first; the rest are bytes.
-        let mut n = 0;
-        event.each_content_ref(|id| {
-            let shape = if n < messages { Shape::Message } else { Shape::Bytes };
-            n += 1;
-            self.refs.push(Ref { id, shape, seq, first: seq });
-        });
+    /// Takes the references of a batch.
+    fn append(&mut self, batch: &mut Vec<Ref>) {
+        self.refs.append(batch);
         if self.refs.len() >= self.reduce_at {
             // Keep memory in proportion to the distinct ids, not to every reference.
             reduce_refs(&mut self.refs);
@@ -1038,34 +1048,41 @@ const FOLD_QUEUE: usize = 8;
 type Sink<'a> = &'a mut dyn FnMut(Batch);
 
 /// What the log walk hands over at a time: decoded records for the fold thread, and
-/// the chain links for the chain thread.
+/// the chain links and content references for the chain thread.
 struct Batch {
     items: Vec<Item>,
-    links: Links,
+    checks: Checks,
 }
 
 impl Batch {
     fn with_capacity(records: usize) -> Batch {
-        let bytes = Vec::with_capacity(records * 256);
-        Batch { items: Vec::with_capacity(records), links: Links { links: Vec::with_capacity(records), bytes } }
+        let checks = Checks {
+            links: Vec::with_capacity(records),
+            bytes: Vec::with_capacity(records * 256),
+            refs: Vec::with_capacity(records * 2),
+        };
+        Batch { items: Vec::with_capacity(records), checks }
     }
 
     fn is_empty(&self) -> bool {
-        self.items.is_empty() && self.links.links.is_empty()
+        self.items.is_empty() && self.checks.links.is_empty() && self.checks.refs.is_empty()
     }
 }
 
-/// Chain links to check, with the bytes of their records one after the other.
-struct Links {
+/// Chain links to check, with the bytes of their records one after the other, and the
+/// content references of the records.
+struct Checks {
     links: Vec<Link>,
     bytes: Vec<u8>,
+    refs: Vec<Ref>,
 }
 
-/// Checks every chain link of `links` (the two blake3 passes a record were a third of
-/// the walk's work, and then a third of the fold's).
-fn check_links(links: &Links, chain: &LogChain, findings: &mut Vec<Finding>) {
-    for link in &links.links {
-        if let Err(e) = verify_chain(&links.bytes[link.start..link.end], &link.prev, chain, link.seq) {
+/// Checks every chain link of `checks` (the two blake3 passes a record were a third of
+/// the walk's work, and then a third of the fold's) and takes its content references.
+fn check_links(checks: &mut Checks, chain: &LogChain, findings: &mut Vec<Finding>, refs: &mut Refs) {
+    refs.append(&mut checks.refs);
+    for link in &checks.links {
+        if let Err(e) = verify_chain(&checks.bytes[link.start..link.end], &link.prev, chain, link.seq) {
             let seq = link.seq;
             findings.push(match e {
                 DecodeError::ChainMismatch { .. } => Finding::ChainMismatch { seq },
@@ -1163,14 +1180,11 @@ struct Fold {
     /// Why the content-id fold first failed.
     content_error: Option<Finding>,
     findings: Vec<Finding>,
-    /// Every content reference of the records taken.
-    refs: Refs,
 }
 
 impl Fold {
-    fn new(set: ProjectionSet, records: u64) -> Fold {
+    fn new(set: ProjectionSet) -> Fold {
         Fold {
-            refs: Refs::new(records),
             store: FoldStore::default(),
             broken: HashSet::new(),
             failed: false,
@@ -1183,8 +1197,6 @@ impl Fold {
 
     fn run(mut self, batches: Receiver<Vec<Item>>) -> Fold {
         batches.into_iter().for_each(|batch| self.take(batch));
-        // Sorted here, on the fold's thread: the merge after the joins finds it in order.
-        reduce_refs(&mut self.refs.refs);
         self
     }
 
@@ -1202,7 +1214,6 @@ impl Fold {
 
     fn record(&mut self, r: annal::Record, introduced: &[ContentId]) {
         let seq = r.seq;
-        self.refs.push(&r.event, seq);
         if let Event::TurnCommitted(e) = &r.event {
             if e.recomputed_hash() != e.commit_hash {
                 self.findings.push(Finding::CommitHash { seq });
@@ -1329,7 +1340,7 @@ struct Walk<'a> {
     erased: HashMap<SessionId, u64>,
     /// Sessions with a tombstone.
     purged: HashSet<SessionId>,
-    /// Every content reference in the log, one per id in id order, from the fold once it
+    /// Every content reference in the log, one per id in id order, once the chain thread
     /// is done ([`Refs`]).
     refs: Vec<Ref>,
     /// The projections folded: the transcript alone recomputes the revisions; `deep`
@@ -1408,7 +1419,6 @@ impl<'a> Walk<'a> {
         }
         self.fold_failed |= fold.failed;
         self.content_fold_error = fold.content_error;
-        self.refs = fold.refs.into_reduced();
         self.report.findings.extend(fold.findings);
         self.report.findings.sort_by_key(|f| f.seq().unwrap_or(u64::MAX));
     }
@@ -1489,7 +1499,7 @@ impl<'a> Walk<'a> {
         self.report.records += 1;
         if let Some(prev) = *prev {
             // Checked on the chain thread (`check_links`).
-            let links = &mut self.batch.links;
+            let links = &mut self.batch.checks;
             let start = links.bytes.len();
             links.bytes.extend_from_slice(bytes);
             links.links.push(Link { seq, prev, start, end: links.bytes.len() });
@@ -1497,7 +1507,7 @@ impl<'a> Walk<'a> {
         *prev = stored_chain_hash(bytes);
         self.last_seq = Some((seq, *prev));
         self.record(seq, bytes, clock, introduced);
-        if self.batch.links.links.len() >= FOLD_BATCH || self.batch.items.len() >= FOLD_BATCH {
+        if self.batch.checks.links.len() >= FOLD_BATCH || self.batch.items.len() >= FOLD_BATCH {
             self.hand_over(fold);
         }
     }
@@ -1540,6 +1550,7 @@ impl<'a> Walk<'a> {
             Event::SessionPurged(_) => drop(self.purged.insert(r.session)),
             _ => {}
         }
+        push_refs(&r.event, seq, &mut self.batch.checks.refs);
         self.batch.items.push(Item::Record(r, introduced));
     }
 

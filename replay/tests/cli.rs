@@ -216,6 +216,54 @@ fn content_rows_with_no_record_inside_the_log_are_stray() {
     }
 }
 
+/// A message object taken out of its row, and a tool result introduced after the record
+/// that refers to it, are found the same way on one thread and on four (where the
+/// content references are gathered beside the chain check).
+#[test]
+fn content_reference_findings_on_one_thread_and_on_four() {
+    let dir = tempfile::tempdir().unwrap();
+    for (name, sessions) in [("short.redb", 2), ("long.redb", 40)] {
+        let db = common::demo_db_named(&dir, name, sessions);
+        let records = records(&db);
+        let tip = records.len() as u64;
+        assert_eq!(tip > 512, name == "long.redb", "{name} holds {tip} records");
+        let turn = records.iter().rev().find(|r| matches!(r.event, annal::Event::TurnCommitted(_))).unwrap();
+        let message = turn.event.content_refs()[0];
+        let result = records.iter().find_map(|r| match &r.event {
+            annal::Event::ToolResultRecorded(e) if r.seq < tip => Some((r.seq, e.result)),
+            _ => None,
+        });
+        let (result_seq, result) = result.expect("the demo records a tool result");
+        edit_content_rows(&db, |rows| {
+            let mut moved = None;
+            for objects in rows.values_mut() {
+                objects.retain(|(id, _)| *id != message);
+                if let Some(at) = objects.iter().position(|(id, _)| *id == result) {
+                    moved = Some(objects.remove(at));
+                }
+            }
+            // Introduced by the last record's row instead of its own.
+            rows.entry(tip).or_default().push(moved.expect("the result is stored"));
+        });
+        let (rc, report) = verify_json(&db, &[]);
+        assert_eq!(rc, 1, "{name}");
+        let f = findings(&report);
+        let missing = (
+            "missing_content".to_string(),
+            format!("content {}", message.to_hex()),
+            format!("missing, referred to by log seq {}", turn.seq),
+        );
+        assert!(f.contains(&missing), "{name}: {f:?}");
+        let late = f.iter().any(|(k, l, d)| {
+            k == "content_after_reference"
+                && *l == format!("content {}", result.to_hex())
+                && d.contains(&format!("log seq {result_seq}"))
+        });
+        assert!(late, "{name}: {f:?}");
+        assert_eq!(f.len(), 2, "{name}: {f:?}");
+    }
+}
+
 /// The content rows of a log file: seq → the objects of its row (id, stored bytes).
 type ContentRows = std::collections::BTreeMap<u64, Vec<(annal::ContentId, Vec<u8>)>>;
 
