@@ -71,7 +71,7 @@ use redb::{ReadTransaction, ReadableDatabase, ReadableTable, ReadableTableMetada
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt;
 use std::path::Path;
-use std::sync::mpsc::{sync_channel, Receiver};
+use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
 
 /// What to check.
 #[derive(Clone, Debug, Default)]
@@ -709,7 +709,7 @@ pub fn verify_log(
         }
         let fold = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || {
             let mut fold = fold;
-            handed.into_iter().for_each(|batch| fold.take(batch.items));
+            handed.iter().for_each(|batch| fold.take(&batch.items));
             fold
         }));
         let scan = guarded("content rows", || scan_content(txn, &journal_rows, limits));
@@ -718,10 +718,12 @@ pub fn verify_log(
         // Four threads on the cores there are: the walk (reading and decoding), the fold,
         // the chain links and the content scan, each a fair share of the work.
         let (batches, folded) = sync_channel::<Vec<Item>>(FOLD_QUEUE);
+        let (spent, spare) = sync_channel::<Vec<Item>>(FOLD_QUEUE);
+        walk.spent = Some(spare);
         let (to_check, checked) = sync_channel::<Checks>(FOLD_QUEUE);
         std::thread::scope(|s| {
             let scan = s.spawn(|| guarded("content rows", || scan_content(txn, &journal_rows, limits)));
-            let fold = s.spawn(move || fold.run(folded));
+            let fold = s.spawn(move || fold.run(folded, spent));
             let chain = &chain;
             let links = s.spawn(move || {
                 let (mut findings, mut refs) = (Vec::new(), Refs::new(records));
@@ -1056,12 +1058,18 @@ struct Batch {
 
 impl Batch {
     fn with_capacity(records: usize) -> Batch {
+        Batch::with_items(Vec::with_capacity(records), records)
+    }
+
+    /// An empty batch for `records` that fills `items`, a list the fold is done with.
+    fn with_items(mut items: Vec<Item>, records: usize) -> Batch {
+        items.clear();
         let checks = Checks {
             links: Vec::with_capacity(records),
             bytes: Vec::with_capacity(records * 256),
             refs: Vec::with_capacity(records * 2),
         };
-        Batch { items: Vec::with_capacity(records), checks }
+        Batch { items, checks }
     }
 
     fn is_empty(&self) -> bool {
@@ -1195,24 +1203,34 @@ impl Fold {
         }
     }
 
-    fn run(mut self, batches: Receiver<Vec<Item>>) -> Fold {
-        batches.into_iter().for_each(|batch| self.take(batch));
+    /// Folds the walk's batches until it is done, and hands each back to it: the walk,
+    /// whose thread allocated the records, frees them (the fold is the longer share of
+    /// the work, and freeing on the allocating thread is the cheaper way).
+    fn run(mut self, batches: Receiver<Vec<Item>>, spent: SyncSender<Vec<Item>>) -> Fold {
+        for batch in batches {
+            self.take(&batch);
+            if let Err(std::sync::mpsc::TrySendError::Full(batch) | std::sync::mpsc::TrySendError::Disconnected(batch)) =
+                spent.try_send(batch)
+            {
+                drop(batch);
+            }
+        }
         self
     }
 
     /// Folds one batch of the walk.
-    fn take(&mut self, batch: Vec<Item>) {
+    fn take(&mut self, batch: &[Item]) {
         for item in batch {
             match item {
-                Item::Record(r, introduced) => self.record(r, &introduced),
+                Item::Record(r, introduced) => self.record(r, introduced),
                 Item::Broken(session) => {
-                    self.broken.insert(session);
+                    self.broken.insert(*session);
                 }
             }
         }
     }
 
-    fn record(&mut self, r: annal::Record, introduced: &[ContentId]) {
+    fn record(&mut self, r: &annal::Record, introduced: &[ContentId]) {
         let seq = r.seq;
         if let Event::TurnCommitted(e) = &r.event {
             if e.recomputed_hash() != e.commit_hash {
@@ -1221,7 +1239,7 @@ impl Fold {
         }
         if self.content {
             let content = ProjectionSet::none().with(Projection::Content);
-            if let Err(e) = evolve(&mut self.store, &r, introduced, content) {
+            if let Err(e) = evolve(&mut self.store, r, introduced, content) {
                 self.failed = true;
                 if self.content_error.is_none() {
                     self.content_error = Some(Finding::Fold { seq, session: r.session, detail: fold_detail(e) });
@@ -1237,7 +1255,7 @@ impl Fold {
         if self.broken.contains(&r.session) {
             return;
         }
-        if let Err(e) = evolve(&mut self.store, &r, introduced, self.set) {
+        if let Err(e) = evolve(&mut self.store, r, introduced, self.set) {
             self.failed = true;
             self.broken.insert(r.session);
             self.findings.push(Finding::Fold { seq, session: r.session, detail: fold_detail(e) });
@@ -1335,6 +1353,9 @@ struct Walk<'a> {
     content_fold_error: Option<Finding>,
     /// Records decoded and not yet handed to the fold thread.
     batch: Batch,
+    /// Batches the fold is done with, for the walk to free the records it allocated and
+    /// fill again.
+    spent: Option<Receiver<Vec<Item>>>,
     streams: HashMap<SessionId, u64>,
     /// Sessions with erased records, and the first of them.
     erased: HashMap<SessionId, u64>,
@@ -1369,6 +1390,7 @@ impl<'a> Walk<'a> {
             rows_lost: false,
             content_fold_error: None,
             batch: Batch::with_capacity(FOLD_BATCH),
+            spent: None,
             streams: HashMap::new(),
             erased: HashMap::new(),
             purged: HashSet::new(),
@@ -1406,7 +1428,11 @@ impl<'a> Walk<'a> {
     /// Hands the current batch to the fold.
     fn hand_over(&mut self, fold: Sink<'_>) {
         if !self.batch.is_empty() {
-            let batch = std::mem::replace(&mut self.batch, Batch::with_capacity(FOLD_BATCH));
+            let next = match self.spent.as_ref().and_then(|spent| spent.try_recv().ok()) {
+                Some(items) => Batch::with_items(items, FOLD_BATCH),
+                None => Batch::with_capacity(FOLD_BATCH),
+            };
+            let batch = std::mem::replace(&mut self.batch, next);
             fold(batch);
         }
     }
