@@ -246,10 +246,22 @@ fn splice_ids<S: Store + ?Sized>(
     let mut chunk = start / CHUNK;
     let mut same = start - chunk * CHUNK;
     let mut buf = Vec::with_capacity(CHUNK as usize * ID);
-    read_ids(store, session, chunk * CHUNK, start, &mut buf)?;
+    // A chunk that was partial and stays partial is stored from the piece holding `same`
+    // on, so the ids of the pieces before it are read only if the chunk fills up (a turn
+    // appended to a transcript rewrites one piece, and read every piece before it). A
+    // chunk that was full is stored again whole, as pieces or as its row.
+    let mut unread = if held(chunk, old_len) == CHUNK { 0 } else { same / PIECE * PIECE };
+    buf.resize(unread as usize * ID, 0);
+    read_ids(store, session, chunk * CHUNK + unread, start, &mut buf)?;
     for id in new {
         buf.extend_from_slice(&id.0);
         if buf.len() == CHUNK as usize * ID {
+            if unread > 0 {
+                let mut head = Vec::with_capacity(unread as usize * ID);
+                read_ids(store, session, chunk * CHUNK, chunk * CHUNK + unread, &mut head)?;
+                buf[..head.len()].copy_from_slice(&head);
+                unread = 0;
+            }
             store_chunk(store, session, chunk, &buf, held(chunk, old_len), same)?;
             buf.clear();
             chunk += 1;

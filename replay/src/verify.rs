@@ -1209,8 +1209,9 @@ impl Fold {
     fn run(mut self, batches: Receiver<Vec<Item>>, spent: SyncSender<Vec<Item>>) -> Fold {
         for batch in batches {
             self.take(&batch);
-            if let Err(std::sync::mpsc::TrySendError::Full(batch) | std::sync::mpsc::TrySendError::Disconnected(batch)) =
-                spent.try_send(batch)
+            if let Err(
+                std::sync::mpsc::TrySendError::Full(batch) | std::sync::mpsc::TrySendError::Disconnected(batch),
+            ) = spent.try_send(batch)
             {
                 drop(batch);
             }
