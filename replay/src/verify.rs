@@ -713,7 +713,7 @@ pub fn verify_log(
             fold
         }));
         let scan = guarded("content rows", || scan_content(txn, &journal_rows, limits));
-        (walked, Ok(scan), fold.map_err(drop), Ok((findings, refs.into_reduced())))
+        (walked, Ok(scan), fold.map_err(drop), Ok((findings, refs.into_list())))
     } else {
         // Four threads on the cores there are: the walk (reading and decoding), the fold,
         // the chain links and the content scan, each a fair share of the work.
@@ -728,7 +728,7 @@ pub fn verify_log(
             let links = s.spawn(move || {
                 let (mut findings, mut refs) = (Vec::new(), Refs::new(records));
                 checked.into_iter().for_each(|mut checks| check_links(&mut checks, chain, &mut findings, &mut refs));
-                (findings, refs.into_reduced())
+                (findings, refs.into_list())
             });
             let walked = guarded("table log", || {
                 walk.run(
@@ -853,9 +853,9 @@ impl Refs {
         }
     }
 
-    /// One reference per id, in id order ([`reduce_refs`]).
-    fn into_reduced(mut self) -> Vec<Ref> {
-        reduce_refs(&mut self.refs);
+    /// The references, in no particular order: `check_content` sorts them, on both
+    /// cores, once every thread is done.
+    fn into_list(self) -> Vec<Ref> {
         self.refs
     }
 }
@@ -882,7 +882,7 @@ const REFS_REDUCE_MIN: usize = 1 << 22;
 /// record of all. Reducing an already reduced list again keeps the same entries, so it
 /// can run at any time.
 fn reduce_refs(refs: &mut Vec<Ref>) {
-    refs.sort_unstable_by(|a, b| id_prefix(&a.id).cmp(&id_prefix(&b.id)).then_with(|| a.cmp(b)));
+    refs.sort_unstable_by(ref_order);
     refs.dedup_by(|later, kept| {
         if later.id != kept.id {
             return false;
@@ -890,6 +890,64 @@ fn reduce_refs(refs: &mut Vec<Ref>) {
         kept.first = kept.first.min(later.first);
         true
     });
+}
+
+/// The order of references: by id, then shape, then seq (`Ref`'s own order), the id's
+/// first eight bytes compared as a number first (see [`id_prefix`]).
+fn ref_order(a: &Ref, b: &Ref) -> std::cmp::Ordering {
+    id_prefix(&a.id).cmp(&id_prefix(&b.id)).then_with(|| a.cmp(b))
+}
+
+/// Lists of references at least this long are sorted in two halves at once.
+const HALVES_MIN: usize = 1 << 16;
+
+/// Sorts `refs` in two halves, each in [`ref_order`], one of them on a thread of its own
+/// (a list this long is sorted after every other thread of verify is done, so the second
+/// core is free); a short list is sorted whole, as the first half.
+fn sort_in_halves(refs: &mut [Ref]) -> (&[Ref], &[Ref]) {
+    let mid = if refs.len() >= HALVES_MIN { refs.len() / 2 } else { refs.len() };
+    let (a, b) = refs.split_at_mut(mid);
+    std::thread::scope(|s| {
+        if !b.is_empty() {
+            s.spawn(|| b.sort_unstable_by(ref_order));
+        }
+        a.sort_unstable_by(ref_order);
+    });
+    (a, b)
+}
+
+/// One reference per id, in id order, from two lists each in [`ref_order`]: what
+/// [`reduce_refs`] keeps of the two together. The first of an id's references in that
+/// order decides, and `first` is the earliest of them all.
+struct Reduced<'a> {
+    a: std::iter::Peekable<std::slice::Iter<'a, Ref>>,
+    b: std::iter::Peekable<std::slice::Iter<'a, Ref>>,
+}
+
+impl<'a> Reduced<'a> {
+    fn new(a: &'a [Ref], b: &'a [Ref]) -> Reduced<'a> {
+        Reduced { a: a.iter().peekable(), b: b.iter().peekable() }
+    }
+}
+
+impl Iterator for Reduced<'_> {
+    type Item = Ref;
+
+    fn next(&mut self) -> Option<Ref> {
+        let from_a = match (self.a.peek(), self.b.peek()) {
+            (None, None) => return None,
+            (Some(_), None) => true,
+            (None, Some(_)) => false,
+            (Some(x), Some(y)) => ref_order(x, y) != std::cmp::Ordering::Greater,
+        };
+        let mut kept = *(if from_a { self.a.next() } else { self.b.next() })?;
+        for side in [&mut self.a, &mut self.b] {
+            while let Some(r) = side.next_if(|r| r.id == kept.id) {
+                kept.first = kept.first.min(r.first);
+            }
+        }
+        Some(kept)
+    }
 }
 
 /// The first eight bytes of `id` as a number. Ordering by it and then by the whole id is
@@ -1362,8 +1420,8 @@ struct Walk<'a> {
     erased: HashMap<SessionId, u64>,
     /// Sessions with a tombstone.
     purged: HashSet<SessionId>,
-    /// Every content reference in the log, one per id in id order, once the chain thread
-    /// is done ([`Refs`]).
+    /// Every content reference in the log, in no particular order, once the chain thread
+    /// is done ([`Refs`]); `check_content` sorts them.
     refs: Vec<Ref>,
     /// The projections folded: the transcript alone recomputes the revisions; `deep`
     /// folds them all to compare with the stored tables.
@@ -1624,9 +1682,12 @@ impl<'a> Walk<'a> {
     fn check_content(&mut self, scan: &ContentScan) {
         self.report.content_objects = scan.objects.len() as u64;
         // A message reference to an object first referred to as plain bytes must still be
-        // a message: `reduce_refs` keeps the reference that decides.
-        let refs = std::mem::take(&mut self.refs);
-        let referenced = |id: &ContentId| refs.binary_search_by(|r| r.id.cmp(id)).is_ok();
+        // a message: `Reduced` keeps the reference that decides.
+        let mut refs = std::mem::take(&mut self.refs);
+        let (first_half, second_half) = sort_in_halves(&mut refs);
+        let referenced = |id: &ContentId| {
+            [first_half, second_half].iter().any(|half| half.binary_search_by(|r| r.id.cmp(id)).is_ok())
+        };
         let mut found = scan.findings.clone();
         let mut attachments_checked = HashSet::new();
         let mut late_attachments = HashSet::new();
@@ -1634,7 +1695,7 @@ impl<'a> Walk<'a> {
         let mut objects = scan.objects.iter().peekable();
         // (id, shape, object, whether the log refers to it directly)
         let mut pending = Vec::new();
-        for r in &refs {
+        for r in Reduced::new(first_half, second_half) {
             // Both lists are in id order: advance the scan to this id.
             while objects.next_if(|(k, _)| *k < r.id).is_some() {}
             let object = objects.peek().filter(|(k, _)| *k == r.id).map(|(_, o)| *o);
@@ -1939,5 +2000,41 @@ mod tests {
         twice.extend_from_slice(&refs[3..]);
         reduce_refs(&mut twice);
         assert_eq!(twice, once);
+    }
+
+    /// Two halves sorted apart and reduced together as they are merged keep what one
+    /// reduction of the whole list keeps, wherever the list is cut.
+    #[test]
+    fn halves_reduced_as_they_merge_keep_what_one_reduction_keeps() {
+        let ids: Vec<ContentId> = (0..7u8).map(|i| annal::codec::content_id(&[i])).collect();
+        let mut state = 0x2545_f491_4f6c_dd1du64;
+        let mut next = move |n: u64| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state % n
+        };
+        for len in [0, 1, 2, 5, 17, 64] {
+            let refs: Vec<Ref> = (0..len)
+                .map(|_| {
+                    let shape = if next(2) == 0 { Shape::Message } else { Shape::Bytes };
+                    let seq = next(40);
+                    Ref { id: ids[next(7) as usize], shape, seq, first: seq.saturating_sub(next(3)) }
+                })
+                .collect();
+            let mut whole = refs.clone();
+            reduce_refs(&mut whole);
+            for mid in 0..=refs.len() {
+                let mut cut = refs.clone();
+                let (a, b) = cut.split_at_mut(mid);
+                a.sort_unstable_by(ref_order);
+                b.sort_unstable_by(ref_order);
+                let merged: Vec<Ref> = Reduced::new(a, b).collect();
+                assert_eq!(merged, whole, "{len} references cut at {mid}");
+            }
+            let mut sorted = refs.clone();
+            let (a, b) = sort_in_halves(&mut sorted);
+            assert_eq!(Reduced::new(a, b).collect::<Vec<_>>(), whole);
+        }
     }
 }
