@@ -9,16 +9,14 @@
 //!   dense, the record decodes with a supported schema version and names its own seq,
 //!   its per-session stream sequence is dense, and the clock never goes back. It hands
 //!   each decoded record to the fold, and its bytes and content references to the chain
-//!   thread; with `deep`,
-//!   it reads the content rows in step with the log (`annal::pieces`: the ids of each
-//!   row only) and hands over the ids each record's row introduced too, which the
-//!   content-id fold needs.
+//!   thread; with `deep`, it reads the content rows in step with the log
+//!   (`annal::pieces`: the ids of each row only) and hands over the ids each record's
+//!   row introduced too, which the content-id fold needs.
 //! - The chain thread checks that each record's chain link from the record before it
 //!   holds (plain or keyed), and gathers the content references.
 //! - The fold recomputes each turn's commit hash and runs the engine's own `evolve` into
-//!   scratch state: the transcript fold, which
-//!   recomputes every `revision_after`, and with `deep` every fold (the stream index and
-//!   the content-id index included).
+//!   scratch state: the transcript fold, which recomputes every `revision_after`, and
+//!   with `deep` every fold (the stream index and the content-id index included).
 //! - The content scan reads the content rows in seq order. A row that is empty, does not
 //!   parse, has its pieces out of order or is stored both whole and in pieces is a finding (the entries before the damage are still checked). Every entry
 //!   must use a known encoding and its bytes must hash to its id (a damaged object is
@@ -27,9 +25,9 @@
 //!   content row at a seq that holds no record (matched against the walk's seqs once
 //!   both are done).
 //!
-//! Then the content references the chain thread gathered are sorted and merged with the scan,
-//! both in id order: every id the log refers to must be stored, hash to its id, and be
-//! introduced by a content row at or before the first record that refers to it. A
+//! Then the content references the chain thread gathered are sorted and merged with the
+//! scan, both in id order: every id the log refers to must be stored, hash to its id, and
+//! be introduced by a content row at or before the first record that refers to it. A
 //! message reference must name a message object, whose attachments must be stored and
 //! hash to their ids too, and be introduced with the message or earlier. A damaged
 //! object nothing refers to is a finding as well. Finally `meta` must hold format 2 and
@@ -694,7 +692,7 @@ pub fn verify_log(
             }
         },
     };
-    // The log's length sizes the list of content references the fold gathers.
+    // The log's length sizes the list of content references the chain thread gathers.
     let records = guarded("table log", || txn.open_table(LOG).and_then(|t| Ok(t.len()?))).ok().and_then(Result::ok);
     let records = records.unwrap_or(0) + journal_rows.len() as u64;
     let fold = Fold::new(walk.fold_set);
