@@ -350,7 +350,7 @@ pub use reader::Reader;
 pub use rebuild::rebuild_offline;
 pub use rebuild::RebuildStats;
 pub use reply::Reply;
-pub use store::{MemStore, Overlay, Store, StoreExt, Table};
+pub use store::{HashStore, MemStore, Overlay, RowMap, Rows, Store, StoreExt, Table};
 pub use stream::{CommitStream, StreamItem};
 pub use writer::{CommitNotice, SUBSCRIBER_QUEUE_MAX};
 

@@ -274,35 +274,97 @@ pub fn decode_row<T: DeserializeOwned>(table: Table, key: &[u8], bytes: &[u8]) -
 
 pub(crate) use annal_codec::hex;
 
-/// An in-memory store: a map per table. Used by unit tests and by `verify --deep`.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct MemStore {
-    /// The rows, per table, in key order.
-    pub tables: BTreeMap<Table, BTreeMap<Vec<u8>, Vec<u8>>>,
+/// The rows of one table held in memory, by key: the map a [`Rows`] store keeps per table.
+pub trait RowMap: Default {
+    /// The row at `key`.
+    fn row(&self, key: &[u8]) -> Option<&Vec<u8>>;
+    /// The row at `key`, to change in place.
+    fn row_mut(&mut self, key: &[u8]) -> Option<&mut Vec<u8>>;
+    /// Sets the row at `key`.
+    fn set_row(&mut self, key: Vec<u8>, value: Vec<u8>);
+    /// Removes the row at `key`, if there is one.
+    fn remove_row(&mut self, key: &[u8]);
+    /// Whether the table holds no row.
+    fn is_empty(&self) -> bool;
 }
 
-impl Store for MemStore {
+impl RowMap for BTreeMap<Vec<u8>, Vec<u8>> {
+    fn row(&self, key: &[u8]) -> Option<&Vec<u8>> {
+        self.get(key)
+    }
+    fn row_mut(&mut self, key: &[u8]) -> Option<&mut Vec<u8>> {
+        self.get_mut(key)
+    }
+    fn set_row(&mut self, key: Vec<u8>, value: Vec<u8>) {
+        self.insert(key, value);
+    }
+    fn remove_row(&mut self, key: &[u8]) {
+        self.remove(key);
+    }
+    fn is_empty(&self) -> bool {
+        BTreeMap::is_empty(self)
+    }
+}
+
+impl<H: std::hash::BuildHasher + Default> RowMap for HashMap<Vec<u8>, Vec<u8>, H> {
+    fn row(&self, key: &[u8]) -> Option<&Vec<u8>> {
+        self.get(key)
+    }
+    fn row_mut(&mut self, key: &[u8]) -> Option<&mut Vec<u8>> {
+        self.get_mut(key)
+    }
+    fn set_row(&mut self, key: Vec<u8>, value: Vec<u8>) {
+        self.insert(key, value);
+    }
+    fn remove_row(&mut self, key: &[u8]) {
+        self.remove(key);
+    }
+    fn is_empty(&self) -> bool {
+        HashMap::is_empty(self)
+    }
+}
+
+/// An in-memory store: a map of rows per table ([`MemStore`], [`HashStore`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Rows<M> {
+    /// The rows, per table.
+    pub tables: BTreeMap<Table, M>,
+}
+
+/// An in-memory store whose tables keep their rows in key order. Used by unit tests and
+/// by `verify --deep`'s comparison.
+pub type MemStore = Rows<BTreeMap<Vec<u8>, Vec<u8>>>;
+
+/// An in-memory store whose tables keep their rows in no order: `evolve` reads and writes
+/// rows by key and never scans, so a fold into scratch state (`verify`'s) needs no order.
+pub type HashStore = Rows<HashMap<Vec<u8>, Vec<u8>, foldhash::fast::RandomState>>;
+
+impl HashStore {
+    /// The same rows, in key order.
+    pub fn into_ordered(self) -> MemStore {
+        Rows { tables: self.tables.into_iter().map(|(t, rows)| (t, rows.into_iter().collect())).collect() }
+    }
+}
+
+impl<M: RowMap> Store for Rows<M> {
     fn read(&self, table: Table, key: &[u8], f: &mut dyn FnMut(Option<&[u8]>) -> Result<()>) -> Result<()> {
-        f(self.tables.get(&table).and_then(|t| t.get(key)).map(Vec::as_slice))
+        f(self.tables.get(&table).and_then(|t| t.row(key)).map(Vec::as_slice))
     }
     fn put(&mut self, table: Table, key: &[u8], value: &[u8]) -> Result<()> {
-        // One search per put: the key is copied whether or not the row exists (most puts
-        // of a fold add rows), and a rewritten row (a tip, a head) reuses its buffer.
-        match self.tables.entry(table).or_default().entry(key.to_vec()) {
-            std::collections::btree_map::Entry::Occupied(mut row) => {
-                let row = row.get_mut();
+        let rows = self.tables.entry(table).or_default();
+        match rows.row_mut(key) {
+            // A rewritten row (a tip, a head, the last chunk) keeps its buffer.
+            Some(row) => {
                 row.clear();
                 row.extend_from_slice(value);
             }
-            std::collections::btree_map::Entry::Vacant(slot) => {
-                slot.insert(value.to_vec());
-            }
+            None => rows.set_row(key.to_vec(), value.to_vec()),
         }
         Ok(())
     }
     fn remove(&mut self, table: Table, key: &[u8]) -> Result<()> {
         if let Some(t) = self.tables.get_mut(&table) {
-            t.remove(key);
+            t.remove_row(key);
             if t.is_empty() {
                 self.tables.remove(&table);
             }
@@ -310,7 +372,7 @@ impl Store for MemStore {
         Ok(())
     }
     fn put_vec(&mut self, table: Table, key: &[u8], value: Vec<u8>) -> Result<()> {
-        self.tables.entry(table).or_default().insert(key.to_vec(), value);
+        self.tables.entry(table).or_default().set_row(key.to_vec(), value);
         Ok(())
     }
 }

@@ -62,8 +62,8 @@ use annal::pieces::ContentReader;
 use annal::query::{mem_digests, projection_digests};
 use annal::tables::{self, meta_keys, LOG, META};
 use annal::{
-    evolve, ChainHash, ContentId, Event, EventKind, Limits, Location, MemStore, Projection, ProjectionSet, Reader,
-    SessionId, Store, Table, View,
+    evolve, ChainHash, ContentId, Event, EventKind, HashStore, Limits, Location, MemStore, Projection, ProjectionSet,
+    Reader, SessionId, Table, View,
 };
 use redb::{ReadTransaction, ReadableDatabase, ReadableTable, ReadableTableMetadata};
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -692,7 +692,7 @@ pub fn verify_log(
             }
         },
     };
-    // The log's length sizes the list of content references the chain thread gathers.
+    // The log's length sizes the lists of content references and objects.
     let records = guarded("table log", || txn.open_table(LOG).and_then(|t| Ok(t.len()?))).ok().and_then(Result::ok);
     let records = records.unwrap_or(0) + journal_rows.len() as u64;
     let fold = Fold::new(walk.fold_set);
@@ -710,7 +710,7 @@ pub fn verify_log(
             handed.iter().for_each(|batch| fold.take(&batch.items));
             fold
         }));
-        let scan = guarded("content rows", || scan_content(txn, &journal_rows, limits));
+        let scan = guarded("content rows", || scan_content(txn, &journal_rows, limits, records));
         (walked, Ok(scan), fold.map_err(drop), Ok((findings, refs.into_list())))
     } else {
         // Four threads on the cores there are: the walk (reading and decoding), the fold,
@@ -720,7 +720,7 @@ pub fn verify_log(
         walk.spent = Some(spare);
         let (to_check, checked) = sync_channel::<Checks>(FOLD_QUEUE);
         std::thread::scope(|s| {
-            let scan = s.spawn(|| guarded("content rows", || scan_content(txn, &journal_rows, limits)));
+            let scan = s.spawn(|| guarded("content rows", || scan_content(txn, &journal_rows, limits, records)));
             let fold = s.spawn(move || fold.run(folded, spent));
             let chain = &chain;
             let links = s.spawn(move || {
@@ -743,13 +743,16 @@ pub fn verify_log(
             (walked, scan.join().map_err(drop), fold.join().map_err(drop), links.join().map_err(drop))
         })
     };
-    match links {
+    let refs = match links {
         Ok((findings, refs)) => {
             walk.report.findings.extend(findings);
-            walk.refs = refs;
+            refs
         }
-        Err(_) => walk.find(storage("log", "the chain check failed")),
-    }
+        Err(_) => {
+            walk.find(storage("log", "the chain check failed"));
+            Vec::new()
+        }
+    };
     if let Err(finding) = walked {
         walk.fold_failed = true;
         walk.find(finding);
@@ -764,7 +767,7 @@ pub fn verify_log(
     match scan {
         Ok(Ok(scan)) => {
             walk.check_strays(&scan.rows);
-            if let Err(finding) = guarded("content rows", || walk.check_content(&scan)) {
+            if let Err(finding) = guarded("content rows", || walk.check_content(&scan, refs)) {
                 walk.find(finding);
             }
         }
@@ -1004,8 +1007,13 @@ impl ContentScan {
 const OBJECTS_RESERVE_MAX: usize = 1 << 24;
 
 /// Scans every content row: parses it, checks every object against its id, and notes
-/// which objects decode as messages.
-fn scan_content(txn: &ReadTransaction, journal: &[annal::journal::JournalRow], limits: &Limits) -> ContentScan {
+/// which objects decode as messages. `records`, the log's length, sizes the list.
+fn scan_content(
+    txn: &ReadTransaction,
+    journal: &[annal::journal::JournalRow],
+    limits: &Limits,
+    records: u64,
+) -> ContentScan {
     let mut scan = ContentScan::default();
     let table = match ContentReader::open(txn) {
         Ok(t) => t,
@@ -1021,9 +1029,8 @@ fn scan_content(txn: &ReadTransaction, journal: &[annal::journal::JournalRow], l
             return scan;
         }
     };
-    // Room for about two objects a record: growing the list by doubling copied it and
-    // faulted its pages in again at each step.
-    let records = txn.open_table(LOG).and_then(|t| Ok(t.len()?)).unwrap_or(0);
+    // Room for about two objects a record (of the `records` in the log): growing the list
+    // by doubling copied it and faulted its pages in again at each step.
     scan.objects.reserve((records as usize).saturating_mul(2).min(OBJECTS_RESERVE_MAX));
     while let Some(entry) = iter.next() {
         let (seq, row) = match entry {
@@ -1175,64 +1182,12 @@ enum Item {
     Broken(SessionId),
 }
 
-/// The fold's scratch state: a hash map of rows per table. `evolve` reads and writes rows
-/// by key and never scans, so the fold needs no order; `deep` puts the rows in key order
-/// once, at the end ([`FoldStore::into_mem`]), to compare them with the stored tables.
-#[derive(Default)]
-struct FoldStore {
-    tables: BTreeMap<Table, HashMap<Vec<u8>, Vec<u8>, foldhash::fast::RandomState>>,
-}
-
-impl FoldStore {
-    /// The same rows in key order.
-    fn into_mem(self) -> MemStore {
-        MemStore { tables: self.tables.into_iter().map(|(t, rows)| (t, rows.into_iter().collect())).collect() }
-    }
-}
-
-impl Store for FoldStore {
-    fn read(
-        &self,
-        table: Table,
-        key: &[u8],
-        f: &mut dyn FnMut(Option<&[u8]>) -> annal::Result<()>,
-    ) -> annal::Result<()> {
-        f(self.tables.get(&table).and_then(|t| t.get(key)).map(Vec::as_slice))
-    }
-
-    fn put(&mut self, table: Table, key: &[u8], value: &[u8]) -> annal::Result<()> {
-        let rows = self.tables.entry(table).or_default();
-        match rows.get_mut(key) {
-            // A rewritten row (a tip, the last chunk) keeps its buffer.
-            Some(row) => {
-                row.clear();
-                row.extend_from_slice(value);
-            }
-            None => drop(rows.insert(key.to_vec(), value.to_vec())),
-        }
-        Ok(())
-    }
-
-    fn remove(&mut self, table: Table, key: &[u8]) -> annal::Result<()> {
-        if let Some(rows) = self.tables.get_mut(&table) {
-            rows.remove(key);
-            if rows.is_empty() {
-                self.tables.remove(&table);
-            }
-        }
-        Ok(())
-    }
-
-    fn put_vec(&mut self, table: Table, key: &[u8], value: Vec<u8>) -> annal::Result<()> {
-        self.tables.entry(table).or_default().insert(key.to_vec(), value);
-        Ok(())
-    }
-}
-
 /// The fold side of the walk, on its own thread: commit hashes and the engine's
 /// `evolve` into scratch state.
 struct Fold {
-    store: FoldStore,
+    /// Scratch state: `evolve` needs no order (`HashStore`); `deep` puts it in key order
+    /// once, at the end, to compare it with the stored tables.
+    store: HashStore,
     /// Sessions whose fold failed: their later records are not folded (no cascades).
     broken: HashSet<SessionId>,
     failed: bool,
@@ -1249,7 +1204,7 @@ struct Fold {
 impl Fold {
     fn new(set: ProjectionSet) -> Fold {
         Fold {
-            store: FoldStore::default(),
+            store: HashStore::default(),
             broken: HashSet::new(),
             failed: false,
             set: set.iter().filter(|p| *p != Projection::Content).collect(),
@@ -1265,12 +1220,8 @@ impl Fold {
     fn run(mut self, batches: Receiver<Vec<Item>>, spent: SyncSender<Vec<Item>>) -> Fold {
         for batch in batches {
             self.take(&batch);
-            if let Err(
-                std::sync::mpsc::TrySendError::Full(batch) | std::sync::mpsc::TrySendError::Disconnected(batch),
-            ) = spent.try_send(batch)
-            {
-                drop(batch);
-            }
+            // A batch the walk has no room for is freed here.
+            let _ = spent.try_send(batch);
         }
         self
     }
@@ -1418,9 +1369,6 @@ struct Walk<'a> {
     erased: HashMap<SessionId, u64>,
     /// Sessions with a tombstone.
     purged: HashSet<SessionId>,
-    /// Every content reference in the log, in no particular order, once the chain thread
-    /// is done ([`Refs`]); `check_content` sorts them.
-    refs: Vec<Ref>,
     /// The projections folded: the transcript alone recomputes the revisions; `deep`
     /// folds them all to compare with the stored tables.
     fold_set: ProjectionSet,
@@ -1451,7 +1399,6 @@ impl<'a> Walk<'a> {
             streams: HashMap::new(),
             erased: HashMap::new(),
             purged: HashSet::new(),
-            refs: Vec::new(),
             fold_set: if opts.deep {
                 ProjectionSet::all()
             } else {
@@ -1498,7 +1445,7 @@ impl<'a> Walk<'a> {
     /// kept in sequence order.
     fn merge_fold(&mut self, fold: Fold) {
         if self.opts.deep {
-            self.store = fold.store.into_mem();
+            self.store = fold.store.into_ordered();
         }
         self.fold_failed |= fold.failed;
         self.content_fold_error = fold.content_error;
@@ -1677,11 +1624,10 @@ impl<'a> Walk<'a> {
     /// introduced no later than its first reference, and for message references a
     /// message object whose attachments pass too and are introduced with it or earlier.
     /// Then every damaged copy nothing refers to.
-    fn check_content(&mut self, scan: &ContentScan) {
+    fn check_content(&mut self, scan: &ContentScan, mut refs: Vec<Ref>) {
         self.report.content_objects = scan.objects.len() as u64;
         // A message reference to an object first referred to as plain bytes must still be
         // a message: `Reduced` keeps the reference that decides.
-        let mut refs = std::mem::take(&mut self.refs);
         let (first_half, second_half) = sort_in_halves(&mut refs);
         let referenced = |id: &ContentId| {
             [first_half, second_half].iter().any(|half| half.binary_search_by(|r| r.id.cmp(id)).is_ok())
