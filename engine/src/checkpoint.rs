@@ -17,7 +17,7 @@ use crate::limits::Limits;
 use crate::log::{hash_at, LogTail, Tip};
 use crate::projection::{Projection, ProjectionSet};
 use crate::rebuild::{Progress, RebuildStats};
-use crate::store::Overlay;
+use crate::store::{Held, HeldRows, Overlay, Written, WRITTEN_KEYS_MAX};
 use crate::tables::{self, meta_keys, RedbStore, LOG, META, PROJECTIONS};
 use annal_codec::{ChainHash, LogChain};
 use crossbeam_channel::{Receiver, RecvTimeoutError};
@@ -254,6 +254,11 @@ pub(crate) fn caught_up_empty(proj: &ReadTransaction, tip: &Tip) -> Result<bool>
 /// Events folded between flushes of a catch-up or rebuild's write-back overlay.
 pub const FOLD_CHUNK_EVENTS: u64 = 65_536;
 
+/// The most bytes of content-id index rows (keys and values) a catch-up or rebuild holds
+/// across its chunks ([`crate::store::Held`]) before it flushes them with a chunk: 64 MiB,
+/// the index of about 1.5 million objects.
+pub const FOLD_HELD_BYTES: usize = 64 << 20;
+
 /// Brings the projections file up to the log tip: the projections at cursor 0 are
 /// dropped, then every record past the smallest cursor is chain-checked, decoded and
 /// folded into the projections behind it, through a write-back overlay flushed in
@@ -290,6 +295,11 @@ pub(crate) fn catch_up(
         let total = tip.seq.saturating_sub(from);
         std::thread::scope(|scope| -> Result<()> {
             let mut overlay = Overlay::new(&store);
+            // The content-id index is held across the chunks, up to a bound.
+            let mut held = HeldRows::new(crate::Table::ContentIndex);
+            // Every projection from 0, over an emptied table: a removal of a row this
+            // catch-up never wrote has nothing to remove.
+            let mut written = (fresh == ProjectionSet::all()).then(|| Written::new(WRITTEN_KEYS_MAX));
             // The log is read and decoded on a thread of its own, ahead of the fold.
             let mut next_entry = crate::log::read_ahead(
                 scope,
@@ -301,16 +311,21 @@ pub(crate) fn catch_up(
                 limits.message_object_bytes_max(),
             );
             while let Some(entry) = next_entry()? {
-                evolve(&mut overlay, &entry.record, &entry.introduced, cursors.behind(entry.record.seq))?;
+                let mut folding = Held { held: &mut held, rest: &mut overlay };
+                evolve(&mut folding, &entry.record, &entry.introduced, cursors.behind(entry.record.seq))?;
                 events += 1;
                 bytes += entry.bytes;
                 if events % FOLD_CHUNK_EVENTS == 0 {
-                    store.apply(overlay.into_writes())?;
+                    let mut writes = overlay.into_writes();
+                    held.hand_over(&mut writes, false, FOLD_HELD_BYTES);
+                    store.apply(&writes, written.as_mut())?;
                     overlay = Overlay::new(&store);
                     progress(events, total);
                 }
             }
-            store.apply(overlay.into_writes())?;
+            let mut writes = overlay.into_writes();
+            held.hand_over(&mut writes, true, FOLD_HELD_BYTES);
+            store.apply(&writes, written.as_mut())?;
             progress(events, total);
             Ok(())
         })?;

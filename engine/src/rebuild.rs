@@ -48,16 +48,25 @@ pub fn rebuild_offline(
     set: ProjectionSet,
     progress: Progress<'_>,
 ) -> Result<RebuildStats> {
-    rebuild_offline_in_chunks(path.as_ref(), options, set, progress, checkpoint::FOLD_CHUNK_EVENTS)
+    let chunks = Chunks { events: checkpoint::FOLD_CHUNK_EVENTS, held_bytes: checkpoint::FOLD_HELD_BYTES };
+    rebuild_offline_in_chunks(path.as_ref(), options, set, progress, chunks)
 }
 
-/// [`rebuild_offline`], handing over the fold's writes every `chunk_events` events.
+/// Where a full rebuild hands its writes over: every `events` events, with the content-id
+/// index's rows once they take more than `held_bytes` (and after the last event).
+#[derive(Clone, Copy, Debug)]
+struct Chunks {
+    events: u64,
+    held_bytes: usize,
+}
+
+/// [`rebuild_offline`], handing over the fold's writes at `chunks`.
 fn rebuild_offline_in_chunks(
     path: &Path,
     options: &Options,
     set: ProjectionSet,
     progress: Progress<'_>,
-    chunk_events: u64,
+    chunks: Chunks,
 ) -> Result<RebuildStats> {
     let chain = options.chain_key.map_or_else(LogChain::plain, LogChain::keyed);
     fail_closed("rebuild", || {
@@ -79,7 +88,7 @@ fn rebuild_offline_in_chunks(
                 &LogSource { txn: &log_txn, chain: &chain, limits: &options.limits, tip: &tip },
                 &final_path,
                 progress,
-                chunk_events,
+                chunks,
             );
         }
         let projections = redb::Builder::new().set_cache_size(REBUILD_PROJECTIONS_CACHE_BYTES).create(&final_path)?;
@@ -92,7 +101,7 @@ fn rebuild_offline_in_chunks(
                 &LogSource { txn: &log_txn, chain: &chain, limits: &options.limits, tip: &tip },
                 &final_path,
                 progress,
-                chunk_events,
+                chunks,
             );
         }
         checkpoint::catch_up(
@@ -166,7 +175,7 @@ fn rebuild_into_new_file(
     log: &LogSource<'_>,
     final_path: &Path,
     progress: Progress<'_>,
-    chunk_events: u64,
+    chunks: Chunks,
 ) -> Result<RebuildStats> {
     let temp = rebuild_path(final_path);
     let remove_temp = || match std::fs::remove_file(&temp) {
@@ -175,7 +184,7 @@ fn rebuild_into_new_file(
         Err(e) => Err(Error::Storage(format!("remove {}: {e}", temp.display()))),
     };
     remove_temp()?;
-    let rebuilt = fold_into(&temp, log, progress, chunk_events);
+    let rebuilt = fold_into(&temp, log, progress, chunks);
     if rebuilt.is_err() {
         // What the failed rebuild wrote goes; the projections file was never touched.
         let _ = remove_temp();
@@ -187,17 +196,93 @@ fn rebuild_into_new_file(
     rebuilt
 }
 
+/// The projections a full rebuild folds on its second folding thread ([`second_fold`]):
+/// the content-id index and the hashed maps of the graph and turns, about half of the
+/// fold's work. Each projection's fold reads and writes only its own tables (design §5),
+/// so the two threads never read each other's rows.
+const SECOND_FOLD: [Projection; 3] = [Projection::Content, Projection::Graph, Projection::Turns];
+
+/// Records a message to the second folding thread carries.
+const SECOND_BATCH: usize = 256;
+
+/// Messages in flight to the second folding thread.
+const SECOND_QUEUE: usize = 16;
+
+/// What the first folding thread tells the second.
+enum ToSecond {
+    /// Records to fold, in log order.
+    Entries(std::sync::Arc<Vec<crate::log::LogEntry>>),
+    /// The chunk ends: hand over its writes (with the held rows if `last`, or if they
+    /// outgrew their bound).
+    End { last: bool },
+    /// What to read under the next chunk's overlay (boxed: the other messages are small).
+    Base(Box<Folded>),
+}
+
+fn second_stopped() -> Error {
+    Error::Storage("the rebuild's second folding thread stopped".into())
+}
+
+/// The second folding thread of a full rebuild: folds [`SECOND_FOLD`] over the records
+/// `gets` brings, and hands each chunk's writes to `done`; its first failure is its last
+/// message.
+fn second_fold(
+    mut base: Folded,
+    gets: &crossbeam_channel::Receiver<ToSecond>,
+    done: &crossbeam_channel::Sender<Result<crate::store::Writes>>,
+    held_bytes: usize,
+) {
+    use crate::store::{Held, HeldRows, Overlay};
+    let set: ProjectionSet = SECOND_FOLD.into_iter().collect();
+    let mut held = HeldRows::new(crate::Table::ContentIndex);
+    loop {
+        let mut overlay = Overlay::new(&base);
+        let folded = (|| -> Result<bool> {
+            let mut store = Held { held: &mut held, rest: &mut overlay };
+            loop {
+                match gets.recv() {
+                    Ok(ToSecond::Entries(entries)) => {
+                        for entry in entries.iter() {
+                            evolve(&mut store, &entry.record, &entry.introduced, set)?;
+                        }
+                    }
+                    Ok(ToSecond::End { last }) => return Ok(last),
+                    Ok(ToSecond::Base(_)) | Err(_) => return Err(second_stopped()),
+                }
+            }
+        })();
+        let last = match folded {
+            Ok(last) => last,
+            Err(e) => return drop(done.send(Err(e))),
+        };
+        let mut writes = overlay.into_writes();
+        held.hand_over(&mut writes, last, held_bytes);
+        if done.send(Ok(writes)).is_err() || last {
+            return;
+        }
+        match gets.recv() {
+            Ok(ToSecond::Base(next)) => base = *next,
+            _ => return,
+        }
+    }
+}
+
 /// The fold and the writes of [`rebuild_into_new_file`], into the new file at `temp`,
-/// on three threads: a reading thread reads and decodes the log ahead of the fold; this
-/// thread folds it (`evolve`, every projection) through a write-back overlay and hands
-/// over its writes every `chunk_events` events ([`checkpoint::FOLD_CHUNK_EVENTS`]); a
-/// writing thread sorts each chunk in physical key order, writes it in a commit of its
-/// own with no fsync, and hands back a snapshot of the file. The fold reads the chunks
-/// not yet committed (newest first), then that snapshot, and runs at most
-/// [`CHUNKS_AHEAD`] chunks ahead (bounded memory). The last commit writes the cursors and
-/// the checkpoint mark at the tip, durably.
-fn fold_into(temp: &Path, log: &LogSource<'_>, progress: Progress<'_>, chunk_events: u64) -> Result<RebuildStats> {
-    use crate::store::{Overlay, Writes};
+/// on four threads: a reading thread reads and decodes the log ahead of the fold; this
+/// thread folds it for every projection but [`SECOND_FOLD`]'s, which [`second_fold`]
+/// folds on a thread of its own from the records this one passes on, each through a
+/// write-back overlay; every `handover.events` events ([`checkpoint::FOLD_CHUNK_EVENTS`])
+/// this thread takes the second's writes and hands both over, except the content-id
+/// index's rows, which the second holds until they take more than `handover.held_bytes`
+/// ([`checkpoint::FOLD_HELD_BYTES`]) or the log ends (the index is hashed over the whole
+/// log, so every chunk would rewrite nearly all of it); a writing thread sorts each chunk
+/// in physical key order, writes it in a commit of its own with no fsync, and hands back
+/// a snapshot of the file. Each fold reads its held rows, then the chunks not yet
+/// committed (newest first), then a snapshot, and runs at most [`CHUNKS_AHEAD`] chunks
+/// ahead (bounded memory). The last commit writes the cursors and the checkpoint mark at
+/// the tip, durably.
+fn fold_into(temp: &Path, log: &LogSource<'_>, progress: Progress<'_>, handover: Chunks) -> Result<RebuildStats> {
+    use crate::store::{Overlay, Writes, Written, WRITTEN_KEYS_MAX};
     use std::sync::Arc;
 
     let LogSource { txn: log_txn, chain, limits, tip } = *log;
@@ -217,21 +302,12 @@ fn fold_into(temp: &Path, log: &LogSource<'_>, progress: Progress<'_>, chunk_eve
         let to_writer = to_writer;
         let db = &db;
         scope.spawn(move || {
+            let mut written = Written::new(WRITTEN_KEYS_MAX);
             for writes in chunks {
                 let committed = (|| -> Result<redb::ReadTransaction> {
-                    let mut rows: Vec<(&Arc<[u8]>, &crate::store::Value)> = writes.rows().collect();
-                    rows.sort_unstable_by(|a, b| a.0.cmp(b.0));
                     let mut txn = db.begin_write()?;
                     txn.set_durability(redb::Durability::None)?;
-                    {
-                        let mut table = txn.open_table(crate::tables::PROJECTIONS)?;
-                        for (key, value) in rows {
-                            match value {
-                                Some(v) => drop(table.insert(&**key, v.as_slice())?),
-                                None => drop(table.remove(&**key)?),
-                            }
-                        }
-                    }
+                    crate::tables::RedbStore::open(&txn)?.apply(&writes, Some(&mut written))?;
                     txn.commit()?;
                     Ok(db.begin_read()?)
                 })();
@@ -261,25 +337,55 @@ fn fold_into(temp: &Path, log: &LogSource<'_>, progress: Progress<'_>, chunk_eve
                 .unwrap_or_else(|| Error::Storage("the rebuild's writing thread stopped".into()))
         };
         let (mut events, mut bytes) = (0u64, 0u64);
+        // The second folding thread: the projections of `SECOND_FOLD`, and the content-id
+        // index held across the chunks, up to a bound.
+        let (to_second, second_gets) = crossbeam_channel::bounded::<ToSecond>(SECOND_QUEUE);
+        let (second_done, from_second) = crossbeam_channel::bounded::<Result<Writes>>(1);
+        let second_base = Folded::new(db.begin_read()?)?;
+        scope.spawn(move || second_fold(second_base, &second_gets, &second_done, handover.held_bytes));
+        // The second fold stops at its first failure, after handing it over.
+        let second_failed = || from_second.try_recv().ok().and_then(Result::err).unwrap_or_else(second_stopped);
+        let tell_second = |message: ToSecond| to_second.send(message).map_err(|_| second_failed());
+        // The writes of the second fold for the chunk just ended.
+        let second_writes = |last: bool| -> Result<Writes> {
+            tell_second(ToSecond::End { last })?;
+            from_second.recv().map_err(|_| second_stopped())?
+        };
+        let first_fold = ProjectionSet::all().iter().filter(|p| !SECOND_FOLD.contains(p)).collect::<ProjectionSet>();
         loop {
             let mut overlay = Overlay::new(&base);
             let mut folded = 0u64;
-            while let Some(entry) = next_entry()? {
-                evolve(&mut overlay, &entry.record, &entry.introduced, ProjectionSet::all())?;
-                bytes += entry.bytes;
-                folded += 1;
-                if folded == chunk_events {
+            let mut batch = Vec::with_capacity(SECOND_BATCH);
+            loop {
+                let entry = next_entry()?;
+                let end = entry.is_none();
+                batch.extend(entry);
+                if batch.len() == SECOND_BATCH
+                    || (end && !batch.is_empty())
+                    || folded + batch.len() as u64 == handover.events
+                {
+                    let shared = Arc::new(std::mem::replace(&mut batch, Vec::with_capacity(SECOND_BATCH)));
+                    tell_second(ToSecond::Entries(shared.clone()))?;
+                    for entry in shared.iter() {
+                        evolve(&mut overlay, &entry.record, &entry.introduced, first_fold)?;
+                        bytes += entry.bytes;
+                        folded += 1;
+                    }
+                }
+                if end || folded == handover.events {
                     break;
                 }
             }
-            let writes = Arc::new(overlay.into_writes());
+            let last = folded < handover.events;
+            let mut writes = overlay.into_writes();
+            writes.extend(second_writes(last)?);
+            let writes = Arc::new(writes);
             events += folded;
             if !writes.is_empty() {
                 base.chunks.push_back(writes.clone());
                 to_writer.send(writes).map_err(|_| stopped())?;
             }
             progress(events, tip.seq);
-            let last = folded < chunk_events;
             // Take every snapshot that is ready; wait while too many chunks are in
             // flight, or for all of them after the last.
             while !base.chunks.is_empty() {
@@ -299,6 +405,11 @@ fn fold_into(temp: &Path, log: &LogSource<'_>, progress: Progress<'_>, chunk_eve
             if last {
                 return Ok((events, bytes));
             }
+            // The second fold reads what this one does: the chunks in flight, over a
+            // snapshot at least as new as this one's (a chunk it also holds reads the same).
+            let mut second = Folded::new(db.begin_read()?)?;
+            second.chunks = base.chunks.clone();
+            tell_second(ToSecond::Base(Box::new(second)))?;
         }
     })?;
     if events != tip.seq {
@@ -314,8 +425,9 @@ fn fold_into(temp: &Path, log: &LogSource<'_>, progress: Progress<'_>, chunk_eve
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::Written;
     use crate::tables::{meta_keys, meta_u64, LOG, META};
-    use crate::{CommitTurn, CreateSession, Engine, Expected, Message};
+    use crate::{CommitTurn, CreateSession, Engine, Expected, Location, Message};
     use redb::{ReadableDatabase, ReadableTable};
 
     /// Six sessions of seven turns each, turn after turn across the sessions, so that a
@@ -351,6 +463,14 @@ mod tests {
         engine.close().unwrap();
     }
 
+    /// Changes the log file at `path` in one transaction.
+    fn edit_log(path: &Path, edit: impl FnOnce(&redb::WriteTransaction)) {
+        let db = redb::Database::open(path).unwrap();
+        let txn = db.begin_write().unwrap();
+        edit(&txn);
+        txn.commit().unwrap();
+    }
+
     fn cursors(path: &Path) -> Vec<Option<u64>> {
         let db = redb::Database::open(projections_path(path)).unwrap();
         let txn = db.begin_read().unwrap();
@@ -361,26 +481,31 @@ mod tests {
             .collect()
     }
 
+    /// Chunks of four events, with the content-id index held to the end (the default's
+    /// behaviour on a log this short), handed over with every chunk, and handed over once
+    /// it outgrows a few of its rows.
     #[test]
     fn a_full_rebuild_in_many_chunks_writes_the_live_projections_and_their_cursors() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("r.redb");
         let (live, tip) = workload(&path);
-        let mut reported = Vec::new();
-        let stats = rebuild_offline_in_chunks(
-            &path,
-            &Options::default(),
-            ProjectionSet::all(),
-            &mut |done, total| reported.push((done, total)),
-            4,
-        )
-        .unwrap();
-        assert_eq!(stats.events, tip);
-        assert_eq!(reported.last(), Some(&(tip, tip)));
-        assert!(reported.len() as u64 >= tip / 4, "a report per chunk: {reported:?}");
-        assert_eq!(cursors(&path), vec![Some(tip); Projection::ALL.len()]);
-        assert!(!rebuild_path(&projections_path(&path)).exists());
-        assert_projections(&path, &live);
+        for held_bytes in [usize::MAX, 0, 500] {
+            let mut reported = Vec::new();
+            let stats = rebuild_offline_in_chunks(
+                &path,
+                &Options::default(),
+                ProjectionSet::all(),
+                &mut |done, total| reported.push((done, total)),
+                Chunks { events: 4, held_bytes },
+            )
+            .unwrap();
+            assert_eq!(stats.events, tip);
+            assert_eq!(reported.last(), Some(&(tip, tip)));
+            assert!(reported.len() as u64 >= tip / 4, "a report per chunk: {reported:?}");
+            assert_eq!(cursors(&path), vec![Some(tip); Projection::ALL.len()]);
+            assert!(!rebuild_path(&projections_path(&path)).exists());
+            assert_projections(&path, &live);
+        }
     }
 
     #[test]
@@ -396,26 +521,71 @@ mod tests {
     }
 
     #[test]
+    fn removals_are_skipped_only_for_keys_never_written_until_too_many_were() {
+        let mut written = Written::new(3);
+        written.insert(b"a");
+        written.insert(b"b");
+        assert!(written.may_hold(b"a") && written.may_hold(b"b"));
+        assert!(!written.may_hold(b"c"), "never written");
+        written.insert(b"c");
+        assert!(written.may_hold(b"c"));
+        // A fourth key is past the bound: from then on every removal is made.
+        written.insert(b"d");
+        assert!(written.may_hold(b"d") && written.may_hold(b"e"));
+    }
+
+    /// A record whose content row is gone folds on the second folding thread (the
+    /// content-id index), and its failure, not the thread's end, is what the rebuild
+    /// reports, wherever the chunks end.
+    #[test]
+    fn a_failure_of_the_second_fold_is_the_rebuilds_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("r.redb");
+        workload(&path);
+        edit_log(&path, |txn| {
+            let mut pieces = txn.open_table(crate::pieces::PIECES).unwrap();
+            let keys: Vec<(u64, u32)> =
+                pieces.range((20, 0)..(21, 0)).unwrap().map(|row| row.unwrap().0.value()).collect();
+            assert!(!keys.is_empty(), "record 20 brought content");
+            for key in keys {
+                pieces.remove(key).unwrap();
+            }
+        });
+        let projections = projections_path(&path);
+        let before = std::fs::read(&projections).unwrap();
+        for events in [4, 1 << 16] {
+            let chunks = Chunks { events, held_bytes: 0 };
+            let failed =
+                rebuild_offline_in_chunks(&path, &Options::default(), ProjectionSet::all(), &mut |_, _| {}, chunks);
+            match failed {
+                Err(Error::Corrupt { location: Location::Log { seq: 20 }, detail }) => {
+                    assert!(detail.contains("not stored"), "{detail}")
+                }
+                other => panic!("{other:?}"),
+            }
+            assert_eq!(std::fs::read(&projections).unwrap(), before);
+            assert!(!rebuild_path(&projections).exists());
+        }
+    }
+
+    #[test]
     fn a_rebuild_that_fails_leaves_the_projections_file_as_it_was() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("r.redb");
         workload(&path);
         // A record in the middle of the log no longer matches its chain hash.
-        {
-            let db = redb::Database::open(&path).unwrap();
-            let txn = db.begin_write().unwrap();
-            {
-                let mut log = txn.open_table(LOG).unwrap();
-                let mut record = log.get(20).unwrap().unwrap().value().to_vec();
-                let last = record.len() - 40;
-                record[last] ^= 1;
-                log.insert(20, record.as_slice()).unwrap();
-            }
-            txn.commit().unwrap();
-        }
+        edit_log(&path, |txn| {
+            let mut log = txn.open_table(LOG).unwrap();
+            let mut record = log.get(20).unwrap().unwrap().value().to_vec();
+            let last = record.len() - 40;
+            record[last] ^= 1;
+            log.insert(20, record.as_slice()).unwrap();
+        });
         let projections = projections_path(&path);
         let before = std::fs::read(&projections).unwrap();
-        let failed = rebuild_offline_in_chunks(&path, &Options::default(), ProjectionSet::all(), &mut |_, _| {}, 4);
+        let chunks = Chunks { events: 4, held_bytes: 0 };
+        let failed =
+            rebuild_offline_in_chunks(&path, &Options::default(), ProjectionSet::all(), &mut |_, _| {}, chunks);
         assert!(matches!(failed, Err(Error::Decode { seq: 20, .. })), "{failed:?}");
         assert_eq!(std::fs::read(&projections).unwrap(), before);
         assert!(!rebuild_path(&projections).exists());

@@ -271,16 +271,27 @@ impl<'txn> RedbStore<'txn> {
     }
 
     /// Applies an overlay's writes in physical key order, which visits each leaf of the
-    /// B-tree once.
-    pub fn apply(&mut self, writes: crate::store::Writes) -> Result<()> {
-        for (key, value) in writes.into_sorted() {
+    /// B-tree once. With `written` (a fold from 0 into a table that held none of its rows),
+    /// the keys written are noted there, and a removal of a key never written is skipped.
+    pub(crate) fn apply(
+        &mut self,
+        writes: &crate::store::Writes,
+        mut written: Option<&mut crate::store::Written>,
+    ) -> Result<()> {
+        let mut rows: Vec<_> = writes.rows().collect();
+        rows.sort_unstable_by(|a, b| a.0.cmp(b.0));
+        for (key, value) in rows {
             match value {
                 Some(v) => {
-                    self.table.insert(&*key, v.as_slice())?;
+                    if let Some(written) = written.as_deref_mut() {
+                        written.insert(key);
+                    }
+                    self.table.insert(&**key, v.as_slice())?;
                 }
-                None => {
-                    self.table.remove(&*key)?;
+                None if written.as_deref().is_none_or(|w| w.may_hold(key)) => {
+                    self.table.remove(&**key)?;
                 }
+                None => {}
             }
         }
         Ok(())
@@ -301,5 +312,40 @@ impl Store for RedbStore<'_> {
     fn remove(&mut self, table: Table, key: &[u8]) -> Result<()> {
         self.table.remove(physical_key(table, key).as_slice())?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::{Overlay, StoreExt, Written};
+
+    /// With the keys written noted, a removal of a row an earlier chunk wrote is still
+    /// made, and a row written and removed within one chunk never lands.
+    #[test]
+    fn a_fold_from_zero_removes_what_it_wrote_before() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = redb::Database::create(dir.path().join("p.redb")).unwrap();
+        let txn = db.begin_write().unwrap();
+        create_projection_tables(&txn).unwrap();
+        let mut written = Written::new(16);
+        {
+            let mut store = RedbStore::open(&txn).unwrap();
+            let mut chunk = Overlay::new(&store);
+            chunk.put(Table::Heads, b"a", b"1").unwrap();
+            chunk.put(Table::Heads, b"b", b"2").unwrap();
+            let writes = chunk.into_writes();
+            store.apply(&writes, Some(&mut written)).unwrap();
+            let mut chunk = Overlay::new(&store);
+            chunk.remove(Table::Heads, b"a").unwrap();
+            chunk.put(Table::Heads, b"c", b"3").unwrap();
+            chunk.remove(Table::Heads, b"c").unwrap();
+            let writes = chunk.into_writes();
+            store.apply(&writes, Some(&mut written)).unwrap();
+            assert!(!store.contains(Table::Heads, b"a").unwrap(), "written by the first chunk, removed by the second");
+            assert_eq!(store.get(Table::Heads, b"b").unwrap(), Some(b"2".to_vec()));
+            assert!(!store.contains(Table::Heads, b"c").unwrap());
+        }
+        txn.commit().unwrap();
     }
 }
