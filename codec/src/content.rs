@@ -60,8 +60,25 @@ pub fn compress_object(canonical: &[u8]) -> Option<Vec<u8>> {
 
 /// The canonical bytes of a stored object, at most `max` of them.
 pub fn decode_object(encoding: u8, stored: &[u8], max: u64) -> Result<std::borrow::Cow<'_, [u8]>, DecodeError> {
+    if encoding == ENCODING_RAW {
+        return Ok(std::borrow::Cow::Borrowed(stored));
+    }
+    let mut canonical = Vec::new();
+    decode_object_into(encoding, stored, max, &mut canonical)?;
+    Ok(std::borrow::Cow::Owned(canonical))
+}
+
+/// [`decode_object`] into `buf`, a buffer reused from object to object, instead of a
+/// fresh one for each object that is stored compressed: the same bytes and the same
+/// errors (an object stored raw is returned from `stored`, and `buf` is left alone).
+pub fn decode_object_into<'s: 'o, 'o>(
+    encoding: u8,
+    stored: &'s [u8],
+    max: u64,
+    buf: &'o mut Vec<u8>,
+) -> Result<&'o [u8], DecodeError> {
     match encoding {
-        ENCODING_RAW => Ok(std::borrow::Cow::Borrowed(stored)),
+        ENCODING_RAW => Ok(stored),
         ENCODING_LZ4 => {
             let Some((len, block)) = stored.split_first_chunk::<4>() else {
                 return Err(DecodeError::Truncated { needed: 4, found: stored.len() as u64 });
@@ -70,14 +87,14 @@ pub fn decode_object(encoding: u8, stored: &[u8], max: u64) -> Result<std::borro
             if len > max {
                 return Err(DecodeError::TooLarge { size: len, max });
             }
-            let canonical = lz4_flex::block::decompress(block, len as usize)
+            buf.clear();
+            buf.resize(len as usize, 0);
+            let written = lz4_flex::block::decompress_into(block, buf)
                 .map_err(|e| DecodeError::BadContent { detail: format!("lz4: {e}") })?;
-            if canonical.len() as u64 != len {
-                return Err(DecodeError::BadContent {
-                    detail: format!("lz4: {} bytes, declared {len}", canonical.len()),
-                });
+            if written as u64 != len {
+                return Err(DecodeError::BadContent { detail: format!("lz4: {written} bytes, declared {len}") });
             }
-            Ok(std::borrow::Cow::Owned(canonical))
+            Ok(&buf[..])
         }
         other => Err(DecodeError::BadContent { detail: format!("unknown content encoding {other}") }),
     }
@@ -98,6 +115,17 @@ impl<'a> ContentEntry<'a> {
     /// The canonical bytes (decompressed, at most `max`), unchecked.
     pub fn canonical(&self, max: u64) -> Result<std::borrow::Cow<'a, [u8]>, DecodeError> {
         decode_object(self.encoding, self.stored, max)
+    }
+
+    /// [`ContentEntry::verify`] decompressing into `buf`, a buffer reused from entry to
+    /// entry ([`decode_object_into`]).
+    pub fn verify_into<'b>(&self, max: u64, buf: &'b mut Vec<u8>) -> Option<&'b [u8]>
+    where
+        'a: 'b,
+    {
+        decode_object_into(self.encoding, self.stored, max, buf)
+            .ok()
+            .filter(|bytes| crate::content_id(bytes) == self.id)
     }
 
     /// The canonical bytes, if they decode (at most `max` of them) and hash to the

@@ -35,8 +35,8 @@ pub use hash::{content_id, turn_commit_hash, turn_commit_hash_with_inputs, turn_
 pub use ids::{hex, ChainHash, CommitHash, ContentId, ParseIdError, RevisionId, SessionId};
 pub use record::{
     chain_link, decode_header, decode_message, decode_payload, decode_record, encode_message, encode_message_parts,
-    encode_record, encode_record_as, erase_record, record_len, reseal, stored_chain_hash, verify_chain, DecodeError,
-    DecodedRecord, Header, Record, ERASED_RECORD_LEN, FORMAT_VERSION, FORMAT_VERSION_V1, HASH_LEN, HEADER_LEN, MAGIC,
-    MAGIC_ERASED, RECORD_LEN_MIN,
+    encode_record, encode_record_as, erase_record, message_attachments, record_len, reseal, stored_chain_hash,
+    verify_chain, DecodeError, DecodedRecord, Header, Record, ERASED_RECORD_LEN, FORMAT_VERSION, FORMAT_VERSION_V1,
+    HASH_LEN, HEADER_LEN, MAGIC, MAGIC_ERASED, RECORD_LEN_MIN,
 };
 pub use wire::WireError;

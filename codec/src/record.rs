@@ -549,6 +549,26 @@ pub fn decode_message(bytes: &[u8], limit: u64) -> Result<MessageObject, WireErr
     wire::from_bytes(bytes, limit)
 }
 
+/// The attachments of a message object: [`decode_message`]`(bytes, limit)` without its
+/// copies of the body and the content type. It accepts and refuses exactly the bytes
+/// `decode_message` does, with the same error.
+pub fn message_attachments(bytes: &[u8], limit: u64) -> Result<Vec<ContentId>, WireError> {
+    /// Deserializes exactly as [`MessageObject`] does, borrowing the body and the type.
+    #[derive(serde::Deserialize)]
+    struct Borrowed<'a> {
+        #[allow(dead_code)]
+        role: Role,
+        #[allow(dead_code)]
+        #[serde(borrow)]
+        content_type: &'a str,
+        #[allow(dead_code)]
+        #[serde(borrow, with = "serde_bytes")]
+        body: &'a [u8],
+        attachments: Vec<ContentId>,
+    }
+    wire::from_bytes_borrowed::<Borrowed<'_>>(bytes, limit).map(|m| m.attachments)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -571,6 +591,44 @@ mod tests {
             let owned = wire::to_bytes(&object, limit);
             let parts = encode_message_parts(role, &content_type, &body, &attachments, limit);
             prop_assert_eq!(owned, parts);
+        }
+
+        /// The borrowed decoder of the attachments accepts and refuses what the owned
+        /// decoder does, with the same error: on encoded messages, cut or not, with a
+        /// byte changed or not, under any limit.
+        #[test]
+        fn message_attachments_decode_as_the_message_object(
+            role in 0u8..4,
+            content_type in "[a-z/+.-]{0,20}",
+            body in proptest::collection::vec(any::<u8>(), 0..300),
+            attachments in proptest::collection::vec(any::<[u8; 32]>(), 0..4),
+            cut in any::<prop::sample::Index>(),
+            flip in proptest::option::of((any::<prop::sample::Index>(), 1u8..=255)),
+            trailing in proptest::collection::vec(any::<u8>(), 0..3),
+            limit in 0u64..500,
+        ) {
+            let role = [Role::System, Role::User, Role::Assistant, Role::Tool][role as usize];
+            let attachments: Vec<ContentId> = attachments.into_iter().map(ContentId).collect();
+            let mut bytes = encode_message_parts(role, &content_type, &body, &attachments, u64::MAX).unwrap();
+            prop_assert_eq!(message_attachments(&bytes, u64::MAX), Ok(attachments));
+            if let Some((at, x)) = flip {
+                let at = at.index(bytes.len());
+                bytes[at] ^= x;
+            }
+            bytes.extend_from_slice(&trailing);
+            bytes.truncate(cut.index(bytes.len() + 1));
+            let owned = decode_message(&bytes, limit).map(|m| m.attachments);
+            prop_assert_eq!(message_attachments(&bytes, limit), owned);
+        }
+
+        /// And on any bytes at all.
+        #[test]
+        fn message_attachments_refuse_what_the_message_decoder_refuses(
+            bytes in proptest::collection::vec(any::<u8>(), 0..200),
+            limit in 0u64..300,
+        ) {
+            let owned = decode_message(&bytes, limit).map(|m| m.attachments);
+            prop_assert_eq!(message_attachments(&bytes, limit), owned);
         }
     }
 }

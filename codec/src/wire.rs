@@ -6,7 +6,7 @@
 
 use bincode::Options;
 use serde::de::DeserializeOwned;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// A wire-level failure: the bytes do not decode as the expected type, or the value
 /// does not fit the size limit.
@@ -69,6 +69,13 @@ pub fn to_bytes_sized<T: Serialize + ?Sized>(value: &T, limit: u64, capacity: us
 
 /// Decodes exactly one `T` from `bytes`, reading at most `limit` bytes.
 pub fn from_bytes<T: DeserializeOwned>(bytes: &[u8], limit: u64) -> Result<T, WireError> {
+    options(limit).deserialize(bytes).map_err(|e| classify(e, limit))
+}
+
+/// [`from_bytes`] of a `T` that borrows from `bytes` (a `&str` or a `&[u8]` field points
+/// into them instead of being copied): it accepts and refuses exactly the bytes
+/// `from_bytes` of the owned type with the same fields does.
+pub fn from_bytes_borrowed<'a, T: Deserialize<'a>>(bytes: &'a [u8], limit: u64) -> Result<T, WireError> {
     options(limit).deserialize(bytes).map_err(|e| classify(e, limit))
 }
 

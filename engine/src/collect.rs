@@ -28,7 +28,7 @@ use crate::delta::View;
 use crate::error::{Error, Location, Result};
 use crate::pieces::ContentWriter;
 use crate::tables::{meta_keys, META};
-use annal_codec::{decode_message, decode_record, ContentId};
+use annal_codec::{decode_record, message_attachments, ContentId};
 use std::collections::HashSet;
 
 /// What an online collection did ([`crate::Engine::collect_garbage`]).
@@ -89,8 +89,8 @@ impl Marks {
                     "a record refers to it, it is not stored",
                 ));
             };
-            if let Ok(message) = decode_message(&bytes, object_max) {
-                self.reached.extend(message.attachments);
+            if let Ok(attachments) = message_attachments(&bytes, object_max) {
+                self.reached.extend(attachments);
             }
         }
         self.through = to;

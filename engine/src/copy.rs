@@ -144,8 +144,8 @@ pub fn export(
                     format!("referred to by seq {} but not stored", record.seq),
                 )
             })?;
-            if let Ok(message) = annal_codec::decode_message(&bytes, max) {
-                wanted.extend(message.attachments);
+            if let Ok(attachments) = annal_codec::message_attachments(&bytes, max) {
+                wanted.extend(attachments);
             }
             content.push(bytes);
         }

@@ -150,8 +150,8 @@ fn take_offered<S: Store + ?Sized>(
         Some((encoding, form)) => StoredObject { id: *id, encoding: *encoding, bytes: form.clone() },
         None => StoredObject::encoded(*id, bytes),
     });
-    if let Ok(message) = annal_codec::decode_message(bytes, limits.message_object_bytes_max()) {
-        for a in &message.attachments {
+    if let Ok(attachments) = annal_codec::message_attachments(bytes, limits.message_object_bytes_max()) {
+        for a in &attachments {
             take_offered(offered, stored, store, a, limits, taken)?;
         }
     }

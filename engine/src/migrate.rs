@@ -14,7 +14,7 @@ use crate::pieces::ContentWriter;
 use crate::projection::Projection;
 use crate::tables::{self, legacy, meta_keys, LOG, META};
 use annal_codec::content::{encode_object, push_stored};
-use annal_codec::{decode_message, decode_record, verify_chain, ContentId, Event, LogChain};
+use annal_codec::{decode_record, message_attachments, verify_chain, ContentId, Event, LogChain};
 use redb::{ReadableDatabase, ReadableTable};
 use std::collections::HashSet;
 use std::path::Path;
@@ -109,8 +109,8 @@ fn migrate_v1(db: &redb::Database, chain: &LogChain) -> Result<MigrateStats> {
                     objects.insert(id, encode_object(bytes));
                     stats.content_objects += 1;
                     if is_message {
-                        if let Ok(m) = decode_message(bytes, u64::MAX) {
-                            pending.extend(m.attachments.iter().rev().map(|a| (*a, false)));
+                        if let Ok(attachments) = message_attachments(bytes, u64::MAX) {
+                            pending.extend(attachments.iter().rev().map(|a| (*a, false)));
                         }
                     }
                 }

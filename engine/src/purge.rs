@@ -35,7 +35,7 @@ use crate::store::{keys, StoreExt, Table};
 use crate::tables::{meta_keys, LOG, META};
 use annal_codec::content::{entries, push_stored};
 use annal_codec::{
-    decode_header, decode_message, decode_record, erase_record, reseal, verify_chain, ContentId, Event, LogChain,
+    decode_header, decode_record, erase_record, message_attachments, reseal, verify_chain, ContentId, Event, LogChain,
     Record, SessionId, SessionPurged,
 };
 use redb::{ReadableDatabase, ReadableTable};
@@ -322,8 +322,8 @@ fn erase_in_log(
                     let bytes = entry
                         .canonical(object_max)
                         .map_err(|e| Error::corrupt(Location::Content { id: entry.id.to_hex() }, e.to_string()))?;
-                    if let Ok(m) = decode_message(&bytes, object_max) {
-                        others.extend(m.attachments);
+                    if let Ok(attachments) = message_attachments(&bytes, object_max) {
+                        others.extend(attachments);
                     }
                 }
             }

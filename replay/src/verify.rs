@@ -57,7 +57,9 @@
 
 use crate::{progress, require_file, CliError, Result};
 use annal::codec::content::entries;
-use annal::codec::{decode_message, decode_record, stored_chain_hash, verify_chain, DecodeError, LogChain};
+use annal::codec::{
+    decode_message, decode_record, message_attachments, stored_chain_hash, verify_chain, DecodeError, LogChain,
+};
 use annal::pieces::ContentReader;
 use annal::query::{mem_digests, projection_digests};
 use annal::tables::{self, meta_keys, LOG, META};
@@ -990,6 +992,9 @@ struct ContentScan {
     /// The seq of every content row of the log file read, in order (the journal's rows
     /// come with their records), for the rows that no record holds.
     rows: Vec<u64>,
+    /// The canonical bytes of the last compressed object, in one buffer reused from
+    /// object to object.
+    canonical: Vec<u8>,
 }
 
 impl ContentScan {
@@ -1075,7 +1080,7 @@ fn scan_row(scan: &mut ContentScan, row: u64, bytes: &[u8], limits: &Limits) {
             scan.findings.push(Finding::ContentRow { row, detail: "empty row".into() });
             return;
         }
-        for (n, entry) in entries(bytes, limits.message_object_bytes_max()).enumerate() {
+        for (n, entry) in entries(bytes, message_max).enumerate() {
             let entry = match entry {
                 Ok(e) => e,
                 Err(e) => {
@@ -1085,21 +1090,22 @@ fn scan_row(scan: &mut ContentScan, row: u64, bytes: &[u8], limits: &Limits) {
                 }
             };
             let (id, encoding) = (entry.id, entry.encoding);
-            let canonical = entry.verify(limits.message_object_bytes_max());
-            if canonical.is_none() {
+            let canonical = entry.verify_into(message_max, &mut scan.canonical);
+            let hash_ok = canonical.is_some();
+            if !hash_ok {
                 scan.bad.push((id, row, encoding));
             }
-            let message = match canonical.as_deref().map(|bytes| decode_message(bytes, message_max)) {
-                Some(Ok(m)) => {
-                    if !m.attachments.is_empty() {
-                        scan.attachments.entry((id, row)).or_insert(m.attachments);
+            let message = match canonical.map(|bytes| message_attachments(bytes, message_max)) {
+                Some(Ok(attachments)) => {
+                    if !attachments.is_empty() {
+                        scan.attachments.entry((id, row)).or_insert(attachments);
                     }
                     true
                 }
                 _ => false,
             };
             let place = u32::try_from(n).unwrap_or(u32::MAX);
-            scan.objects.push((id, Object { row, place, encoding, hash_ok: canonical.is_some(), message }));
+            scan.objects.push((id, Object { row, place, encoding, hash_ok, message }));
         }
     }
 }
