@@ -8,12 +8,12 @@
 //! - The walk reads `log` in sequence order. For each record: the global sequence is
 //!   dense, the record decodes with a supported schema version and names its own seq,
 //!   its per-session stream sequence is dense, and the clock never goes back. It hands
-//!   each decoded record to the fold, and its bytes and content references to the chain
-//!   thread; with `deep`, it reads the content rows in step with the log
+//!   each decoded record to the fold, its bytes to the chain thread and its content
+//!   references to the content scan; with `deep`, it reads the content rows in step with the log
 //!   (`annal::pieces`: the ids of each row only) and hands over the ids each record's
 //!   row introduced too, which the content-id fold needs.
 //! - The chain thread checks that each record's chain link from the record before it
-//!   holds (plain or keyed), and gathers the content references.
+//!   holds (plain or keyed).
 //! - The fold recomputes each turn's commit hash and runs the engine's own `evolve` into
 //!   scratch state: the transcript fold, which recomputes every `revision_after`, and
 //!   with `deep` every fold (the stream index and the content-id index included).
@@ -21,12 +21,15 @@
 //!   parse, has its pieces out of order or is stored both whole and in pieces is a finding (the entries before the damage are still checked). Every entry
 //!   must use a known encoding and its bytes must hash to its id (a damaged object is
 //!   named with the row that holds it); the scan notes which objects decode as message
-//!   objects, and their attachments. An id stored twice is a finding, and so is a
+//!   objects, and their attachments. As it reads the row at a seq, it takes the content
+//!   references of the records up to that seq (the walk hands them over in log order):
+//!   a reference of the record at that seq to an object of that row is noted on the
+//!   object, and the others are kept. An id stored twice is a finding, and so is a
 //!   content row at a seq that holds no record (matched against the walk's seqs once
 //!   both are done).
 //!
-//! Then the content references the chain thread gathered are sorted and merged with the
-//! scan, both in id order: every id the log refers to must be stored, hash to its id, and
+//! Then the content references kept are sorted and merged, in id order, with the objects
+//! and the references noted on them: every id the log refers to must be stored, hash to its id, and
 //! be introduced by a content row at or before the first record that refers to it. A
 //! message reference must name a message object, whose attachments must be stored and
 //! hash to their ids too, and be introduced with the message or earlier. A damaged
@@ -47,9 +50,10 @@
 //! comparable; run verify again, or verify a copy.
 //!
 //! Every table is read sequentially, never by random lookups. Memory grows with the
-//! number of distinct content objects (about 50 bytes each) and content references
-//! (about 56 bytes each, reduced to one per id whenever the list doubles past 4 Mi
-//! entries), plus the scratch fold.
+//! number of distinct content objects (about 50 bytes each) and the content references
+//! kept, those not answered by their own record's row (about 56 bytes each, reduced to
+//! one per id whenever the list doubles past 4 Mi entries), plus the scratch fold; the
+//! references the walk has handed over and the scan has not reached wait in memory too.
 //!
 //! Verification keeps going after a finding wherever it can, and never panics on
 //! damaged data: every decode is bounded and fallible, and a panic raised inside redb by
@@ -703,17 +707,20 @@ pub fn verify_log(
         // thread would only wait for it, so everything runs here, one phase after the other.
         let mut handed = Vec::new();
         let walked = guarded("table log", || walk.run(&mut |batch| handed.push(batch), &journal_rows));
-        let (mut findings, mut refs) = (Vec::new(), Refs::new(records));
+        let mut findings = Vec::new();
+        let mut refs = std::collections::VecDeque::new();
         for batch in &mut handed {
-            check_links(&mut batch.checks, &chain, &mut findings, &mut refs);
+            check_links(&mut batch.checks, &chain, &mut findings);
+            refs.push_back(std::mem::take(&mut batch.refs));
         }
         let fold = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || {
             let mut fold = fold;
             handed.iter().for_each(|batch| fold.take(&batch.items));
             fold
         }));
-        let scan = guarded("content rows", || scan_content(txn, &journal_rows, limits, records));
-        (walked, Ok(scan), fold.map_err(drop), Ok((findings, refs.into_list())))
+        let scan =
+            guarded("content rows", || scan_content(txn, &journal_rows, limits, records, &mut || refs.pop_front()));
+        (walked, Ok(scan), fold.map_err(drop), Ok(findings))
     } else {
         // Four threads on the cores there are: the walk (reading and decoding), the fold,
         // the chain links and the content scan, each a fair share of the work.
@@ -721,20 +728,25 @@ pub fn verify_log(
         let (spent, spare) = sync_channel::<Vec<Item>>(FOLD_QUEUE);
         walk.spent = Some(spare);
         let (to_check, checked) = sync_channel::<Checks>(FOLD_QUEUE);
+        let (to_scan, scanned) = std::sync::mpsc::channel::<RefBatch>();
         std::thread::scope(|s| {
-            let scan = s.spawn(|| guarded("content rows", || scan_content(txn, &journal_rows, limits, records)));
+            let rows = &journal_rows;
+            let scan = s.spawn(move || {
+                guarded("content rows", || scan_content(txn, rows, limits, records, &mut || scanned.recv().ok()))
+            });
             let fold = s.spawn(move || fold.run(folded, spent));
             let chain = &chain;
             let links = s.spawn(move || {
-                let (mut findings, mut refs) = (Vec::new(), Refs::new(records));
-                checked.into_iter().for_each(|mut checks| check_links(&mut checks, chain, &mut findings, &mut refs));
-                (findings, refs.into_list())
+                let mut findings = Vec::new();
+                checked.into_iter().for_each(|mut checks| check_links(&mut checks, chain, &mut findings));
+                findings
             });
             let walked = guarded("table log", || {
                 walk.run(
                     &mut |batch| {
-                        // Either thread stops early only if it died.
+                        // A thread stops early only if it died.
                         let _ = to_check.send(batch.checks);
+                        let _ = to_scan.send(batch.refs);
                         let _ = batches.send(batch.items);
                     },
                     &journal_rows,
@@ -742,19 +754,14 @@ pub fn verify_log(
             });
             drop(batches);
             drop(to_check);
+            drop(to_scan);
             (walked, scan.join().map_err(drop), fold.join().map_err(drop), links.join().map_err(drop))
         })
     };
-    let refs = match links {
-        Ok((findings, refs)) => {
-            walk.report.findings.extend(findings);
-            refs
-        }
-        Err(_) => {
-            walk.find(storage("log", "the chain check failed"));
-            Vec::new()
-        }
-    };
+    match links {
+        Ok(findings) => walk.report.findings.extend(findings),
+        Err(_) => walk.find(storage("log", "the chain check failed")),
+    }
     if let Err(finding) = walked {
         walk.fold_failed = true;
         walk.find(finding);
@@ -767,8 +774,9 @@ pub fn verify_log(
         }
     }
     match scan {
-        Ok(Ok(scan)) => {
+        Ok(Ok(mut scan)) => {
             walk.check_strays(&scan.rows);
+            let refs = std::mem::take(&mut scan.refs);
             if let Err(finding) = guarded("content rows", || walk.check_content(&scan, refs)) {
                 walk.find(finding);
             }
@@ -828,9 +836,8 @@ fn push_refs(event: &Event, seq: u64, refs: &mut Vec<Ref>) {
     });
 }
 
-/// The content references of the log, gathered batch by batch on the chain thread (the
-/// walk's decoding and the fold are the longer shares of the work), for the merge with
-/// the content scan.
+/// The content references of the log that the content scan kept (those that no object
+/// of their own record's row answers, see [`Matcher`]), for the merge by id.
 struct Refs {
     refs: Vec<Ref>,
     /// The list is reduced to one entry per id when it reaches this length.
@@ -846,9 +853,9 @@ impl Refs {
         Refs { refs: Vec::with_capacity(expected), reduce_at: REFS_REDUCE_MIN }
     }
 
-    /// Takes the references of a batch.
-    fn append(&mut self, batch: &mut Vec<Ref>) {
-        self.refs.append(batch);
+    /// Takes one reference.
+    fn push(&mut self, r: Ref) {
+        self.refs.push(r);
         if self.refs.len() >= self.reduce_at {
             // Keep memory in proportion to the distinct ids, not to every reference.
             reduce_refs(&mut self.refs);
@@ -923,13 +930,43 @@ fn sort_in_halves(refs: &mut [Ref]) -> (&[Ref], &[Ref]) {
 /// [`reduce_refs`] keeps of the two together. The first of an id's references in that
 /// order decides, and `first` is the earliest of them all.
 struct Reduced<'a> {
-    a: std::iter::Peekable<std::slice::Iter<'a, Ref>>,
-    b: std::iter::Peekable<std::slice::Iter<'a, Ref>>,
+    sides: [std::iter::Peekable<Side<'a>>; 3],
+}
+
+/// One of the lists [`Reduced`] merges, in [`ref_order`].
+enum Side<'a> {
+    /// A sorted list of references.
+    Refs(std::slice::Iter<'a, Ref>),
+    /// The references the content scan matched with the objects of their own record's
+    /// row, from the objects (one per id, in id order): each is a reference at the row's
+    /// seq.
+    Intros(std::slice::Iter<'a, (ContentId, Object)>),
+}
+
+impl Iterator for Side<'_> {
+    type Item = Ref;
+
+    fn next(&mut self) -> Option<Ref> {
+        match self {
+            Side::Refs(refs) => refs.next().copied(),
+            Side::Intros(objects) => {
+                objects.find_map(|(id, o)| o.intro.map(|shape| Ref { id: *id, shape, seq: o.row, first: o.row }))
+            }
+        }
+    }
 }
 
 impl<'a> Reduced<'a> {
+    #[cfg(test)]
     fn new(a: &'a [Ref], b: &'a [Ref]) -> Reduced<'a> {
-        Reduced { a: a.iter().peekable(), b: b.iter().peekable() }
+        Reduced::with_intros(a, b, &[])
+    }
+
+    /// The references of `a` and `b`, each sorted, and those noted on `objects`, the
+    /// content scan's objects in id order, one per id.
+    fn with_intros(a: &'a [Ref], b: &'a [Ref], objects: &'a [(ContentId, Object)]) -> Reduced<'a> {
+        let sides = [Side::Refs(a.iter()), Side::Refs(b.iter()), Side::Intros(objects.iter())];
+        Reduced { sides: sides.map(Iterator::peekable) }
     }
 }
 
@@ -937,14 +974,17 @@ impl Iterator for Reduced<'_> {
     type Item = Ref;
 
     fn next(&mut self) -> Option<Ref> {
-        let from_a = match (self.a.peek(), self.b.peek()) {
-            (None, None) => return None,
-            (Some(_), None) => true,
-            (None, Some(_)) => false,
-            (Some(x), Some(y)) => ref_order(x, y) != std::cmp::Ordering::Greater,
-        };
-        let mut kept = *(if from_a { self.a.next() } else { self.b.next() })?;
-        for side in [&mut self.a, &mut self.b] {
+        let mut from: Option<(usize, Ref)> = None;
+        for (i, side) in self.sides.iter_mut().enumerate() {
+            if let Some(r) = side.peek() {
+                if from.is_none_or(|(_, kept)| ref_order(r, &kept) == std::cmp::Ordering::Less) {
+                    from = Some((i, *r));
+                }
+            }
+        }
+        let (i, _) = from?;
+        let mut kept = self.sides[i].next()?;
+        for side in &mut self.sides {
             while let Some(r) = side.next_if(|r| r.id == kept.id) {
                 kept.first = kept.first.min(r.first);
             }
@@ -976,6 +1016,10 @@ struct Object {
     hash_ok: bool,
     /// The bytes decode as a message object.
     message: bool,
+    /// The record at the seq of the row that holds this copy refers to it, and the shape
+    /// its references need (`Message` if any needs a message): a reference checked
+    /// here, not kept in the list of references.
+    intro: Option<Shape>,
 }
 
 /// The result of scanning the content rows once, in seq order.
@@ -992,6 +1036,9 @@ struct ContentScan {
     /// The seq of every content row of the log file read, in order (the journal's rows
     /// come with their records), for the rows that no record holds.
     rows: Vec<u64>,
+    /// The content references of the log that no object of their own record's row
+    /// answers (see [`Object::intro`]), in no particular order.
+    refs: Vec<Ref>,
     /// The canonical bytes of the last compressed object, in one buffer reused from
     /// object to object.
     canonical: Vec<u8>,
@@ -1007,6 +1054,87 @@ impl ContentScan {
     }
 }
 
+/// The most objects of a row [`Matcher::row`] searches one by one for each reference.
+const ROW_SCAN_MAX: usize = 32;
+
+/// The log's content references, as the walk hands them over in log order, taken by the
+/// content scan as it reads the rows in seq order: a reference whose own record's row
+/// holds its id is noted on that object ([`Object::intro`]); the others are kept for the
+/// merge by id. Most references are of objects their record introduced, so the list that
+/// is kept, sorted and merged is a fraction of them.
+struct Matcher<'s> {
+    /// The next batch of references, `None` once the walk is done.
+    source: &'s mut dyn FnMut() -> Option<RefBatch>,
+    /// References taken from the source and not yet matched, in log order.
+    pending: std::collections::VecDeque<Ref>,
+    /// Every reference of a record at or before this seq has been taken.
+    through: u64,
+    done: bool,
+    kept: Refs,
+}
+
+impl<'s> Matcher<'s> {
+    fn new(source: &'s mut dyn FnMut() -> Option<RefBatch>, records: u64) -> Matcher<'s> {
+        let pending = std::collections::VecDeque::new();
+        Matcher { source, pending, through: 0, done: false, kept: Refs::new(records / 4) }
+    }
+
+    /// Takes batches until every reference at or before `seq` is pending.
+    fn take_through(&mut self, seq: u64) {
+        while !self.done && self.through < seq {
+            match (self.source)() {
+                Some(batch) => {
+                    self.through = batch.through;
+                    self.pending.extend(batch.refs);
+                }
+                None => self.done = true,
+            }
+        }
+    }
+
+    /// Matches the references of the record at `seq` with `objects`, the objects of the
+    /// content row at `seq`, and keeps the references of earlier records (their records
+    /// have no row, or it does not hold their id).
+    fn row(&mut self, seq: u64, objects: &mut [(ContentId, Object)]) {
+        self.take_through(seq);
+        // A long row is searched through its ids sorted (with their places, so that the
+        // first copy of an id the row repeats comes first).
+        let mut sorted = Vec::new();
+        if objects.len() > ROW_SCAN_MAX {
+            sorted.extend(objects.iter().enumerate().map(|(i, (id, _))| (*id, i)));
+            sorted.sort_unstable();
+        }
+        while let Some(r) = self.pending.front().copied().filter(|r| r.seq <= seq) {
+            self.pending.pop_front();
+            // The first copy in the row: the one the merge keeps if the row repeats it.
+            let place = match (r.seq == seq, objects.len() > ROW_SCAN_MAX) {
+                (false, _) => None,
+                (true, false) => objects.iter().position(|(id, _)| *id == r.id),
+                (true, true) => {
+                    let at = sorted.partition_point(|(id, _)| *id < r.id);
+                    sorted.get(at).filter(|(id, _)| *id == r.id).map(|(_, i)| *i)
+                }
+            };
+            match place {
+                Some(i) => {
+                    let o = &mut objects[i].1;
+                    o.intro = Some(o.intro.map_or(r.shape, |s| s.min(r.shape)));
+                }
+                None => self.kept.push(r),
+            }
+        }
+    }
+
+    /// Keeps every reference not matched yet, and returns all that were kept.
+    fn finish(mut self) -> Vec<Ref> {
+        self.take_through(u64::MAX);
+        while let Some(r) = self.pending.pop_front() {
+            self.kept.push(r);
+        }
+        self.kept.into_list()
+    }
+}
+
 /// The most objects [`scan_content`] makes room for before it reads (768 MiB of
 /// entries): a longer list grows as it goes.
 const OBJECTS_RESERVE_MAX: usize = 1 << 24;
@@ -1018,42 +1146,15 @@ fn scan_content(
     journal: &[annal::journal::JournalRow],
     limits: &Limits,
     records: u64,
+    refs: &mut dyn FnMut() -> Option<RefBatch>,
 ) -> ContentScan {
     let mut scan = ContentScan::default();
-    let table = match ContentReader::open(txn) {
-        Ok(t) => t,
-        Err(e) => {
-            scan.findings.push(storage("content rows", e));
-            return scan;
-        }
-    };
-    let mut iter = match table.iter() {
-        Ok(i) => i.lenient(),
-        Err(e) => {
-            scan.findings.push(storage("content rows", e));
-            return scan;
-        }
-    };
-    // Room for about two objects a record (of the `records` in the log): growing the list
-    // by doubling copied it and faulted its pages in again at each step.
-    scan.objects.reserve((records as usize).saturating_mul(2).min(OBJECTS_RESERVE_MAX));
-    while let Some(entry) = iter.next() {
-        let (seq, row) = match entry {
-            Ok(row) => row,
-            Err(e) => {
-                scan.findings.push(storage("content rows", e));
-                break;
-            }
-        };
-        if let Some((row, detail)) = iter.take_damage() {
-            scan.findings.push(Finding::ContentRow { row, detail });
-        }
-        scan.rows.push(seq);
-        scan_row(&mut scan, seq, &row, limits);
+    let mut matcher = Matcher::new(refs, records);
+    if let Err(e) = scan_rows(&mut scan, &mut matcher, txn, journal, limits, records) {
+        scan.findings.push(storage("content rows", e));
     }
-    for row in journal.iter().filter(|r| !r.content.is_empty()) {
-        scan_row(&mut scan, row.seq, &row.content, limits);
-    }
+    // Every reference the rows did not answer, taken to the walk's end.
+    let mut refs = matcher.finish();
     // In id order, each id's copies in the order stored; the first copy is the one kept.
     // (Row and place order the copies of an id, so the unstable sort, which needs no
     // scratch copy of the list, gives one order.)
@@ -1066,18 +1167,55 @@ fn scan_content(
             return false;
         }
         findings.push(Finding::DuplicateContent { id: kept.0, first_row: kept.1.row, row: later.1.row });
+        // A reference answered by a later copy is merged with the kept one.
+        if let Some(shape) = later.1.intro {
+            let seq = later.1.row;
+            refs.push(Ref { id: later.0, shape, seq, first: seq });
+        }
         true
     });
+    scan.refs = refs;
     scan
+}
+
+/// Reads every content row of the log file in seq order, then `journal`'s, into `scan`,
+/// matching the references of each row's record on the way.
+fn scan_rows(
+    scan: &mut ContentScan,
+    matcher: &mut Matcher<'_>,
+    txn: &ReadTransaction,
+    journal: &[annal::journal::JournalRow],
+    limits: &Limits,
+    records: u64,
+) -> std::result::Result<(), String> {
+    let table = ContentReader::open(txn).map_err(|e| e.to_string())?;
+    let mut iter = table.iter().map_err(|e| e.to_string())?.lenient();
+    // Room for about two objects a record (of the `records` in the log): growing the list
+    // by doubling copied it and faulted its pages in again at each step.
+    scan.objects.reserve((records as usize).saturating_mul(2).min(OBJECTS_RESERVE_MAX));
+    while let Some(entry) = iter.next() {
+        let (seq, row) = entry.map_err(|e| e.to_string())?;
+        if let Some((row, detail)) = iter.take_damage() {
+            scan.findings.push(Finding::ContentRow { row, detail });
+        }
+        scan.rows.push(seq);
+        scan_row(scan, matcher, seq, &row, limits);
+    }
+    for row in journal.iter().filter(|r| !r.content.is_empty()) {
+        scan_row(scan, matcher, row.seq, &row.content, limits);
+    }
+    Ok(())
 }
 
 /// Scans content row `row`: parses it, checks every object against its id, and notes
 /// which objects decode as messages.
-fn scan_row(scan: &mut ContentScan, row: u64, bytes: &[u8], limits: &Limits) {
+fn scan_row(scan: &mut ContentScan, matcher: &mut Matcher<'_>, row: u64, bytes: &[u8], limits: &Limits) {
     let message_max = limits.message_object_bytes_max();
+    let first = scan.objects.len();
     {
         if bytes.is_empty() {
             scan.findings.push(Finding::ContentRow { row, detail: "empty row".into() });
+            matcher.row(row, &mut []);
             return;
         }
         for (n, entry) in entries(bytes, message_max).enumerate() {
@@ -1105,9 +1243,10 @@ fn scan_row(scan: &mut ContentScan, row: u64, bytes: &[u8], limits: &Limits) {
                 _ => false,
             };
             let place = u32::try_from(n).unwrap_or(u32::MAX);
-            scan.objects.push((id, Object { row, place, encoding, hash_ok, message }));
+            scan.objects.push((id, Object { row, place, encoding, hash_ok, message, intro: None }));
         }
     }
+    matcher.row(row, &mut scan.objects[first..]);
 }
 
 /// Decoded records handed from the log walk to the fold, per message.
@@ -1118,11 +1257,12 @@ const FOLD_QUEUE: usize = 8;
 /// Where the log walk hands its batches: the fold thread's channel, or the fold itself.
 type Sink<'a> = &'a mut dyn FnMut(Batch);
 
-/// What the log walk hands over at a time: decoded records for the fold thread, and
-/// the chain links and content references for the chain thread.
+/// What the log walk hands over at a time: decoded records for the fold thread, the
+/// chain links for the chain thread, and the content references for the content scan.
 struct Batch {
     items: Vec<Item>,
     checks: Checks,
+    refs: RefBatch,
 }
 
 impl Batch {
@@ -1133,31 +1273,34 @@ impl Batch {
     /// An empty batch for `records` that fills `items`, a list the fold is done with.
     fn with_items(mut items: Vec<Item>, records: usize) -> Batch {
         items.clear();
-        let checks = Checks {
-            links: Vec::with_capacity(records),
-            bytes: Vec::with_capacity(records * 256),
-            refs: Vec::with_capacity(records * 2),
-        };
-        Batch { items, checks }
+        let checks = Checks { links: Vec::with_capacity(records), bytes: Vec::with_capacity(records * 256) };
+        let refs = RefBatch { through: 0, refs: Vec::with_capacity(records * 2) };
+        Batch { items, checks, refs }
     }
 
     fn is_empty(&self) -> bool {
-        self.items.is_empty() && self.checks.links.is_empty() && self.checks.refs.is_empty()
+        self.items.is_empty() && self.checks.links.is_empty() && self.refs.refs.is_empty()
     }
 }
 
-/// Chain links to check, with the bytes of their records one after the other, and the
-/// content references of the records.
+/// Chain links to check, with the bytes of their records one after the other.
 struct Checks {
     links: Vec<Link>,
     bytes: Vec<u8>,
+}
+
+/// The content references of the records of one batch of the walk, in log order, for the
+/// content scan: every reference of a record at or before `through` is in this batch or
+/// an earlier one.
+#[derive(Default)]
+struct RefBatch {
+    through: u64,
     refs: Vec<Ref>,
 }
 
 /// Checks every chain link of `checks` (the two blake3 passes a record were a third of
-/// the walk's work, and then a third of the fold's) and takes its content references.
-fn check_links(checks: &mut Checks, chain: &LogChain, findings: &mut Vec<Finding>, refs: &mut Refs) {
-    refs.append(&mut checks.refs);
+/// the walk's work, and then a third of the fold's).
+fn check_links(checks: &mut Checks, chain: &LogChain, findings: &mut Vec<Finding>) {
     for link in &checks.links {
         if let Err(e) = verify_chain(&checks.bytes[link.start..link.end], &link.prev, chain, link.seq) {
             let seq = link.seq;
@@ -1442,7 +1585,8 @@ impl<'a> Walk<'a> {
                 Some(items) => Batch::with_items(items, FOLD_BATCH),
                 None => Batch::with_capacity(FOLD_BATCH),
             };
-            let batch = std::mem::replace(&mut self.batch, next);
+            let mut batch = std::mem::replace(&mut self.batch, next);
+            batch.refs.through = self.last_seq.map_or(0, |(seq, _)| seq);
             fold(batch);
         }
     }
@@ -1586,7 +1730,7 @@ impl<'a> Walk<'a> {
             Event::SessionPurged(_) => drop(self.purged.insert(r.session)),
             _ => {}
         }
-        push_refs(&r.event, seq, &mut self.batch.checks.refs);
+        push_refs(&r.event, seq, &mut self.batch.refs.refs);
         self.batch.items.push(Item::Record(r, introduced));
     }
 
@@ -1637,6 +1781,7 @@ impl<'a> Walk<'a> {
         let (first_half, second_half) = sort_in_halves(&mut refs);
         let referenced = |id: &ContentId| {
             [first_half, second_half].iter().any(|half| half.binary_search_by(|r| r.id.cmp(id)).is_ok())
+                || scan.object(id).is_some_and(|o| o.intro.is_some())
         };
         let mut found = scan.findings.clone();
         let mut attachments_checked = HashSet::new();
@@ -1645,7 +1790,7 @@ impl<'a> Walk<'a> {
         let mut objects = scan.objects.iter().peekable();
         // (id, shape, object, whether the log refers to it directly)
         let mut pending = Vec::new();
-        for r in Reduced::new(first_half, second_half) {
+        for r in Reduced::with_intros(first_half, second_half, &scan.objects) {
             // Both lists are in id order: advance the scan to this id.
             while objects.next_if(|(k, _)| *k < r.id).is_some() {}
             let object = objects.peek().filter(|(k, _)| *k == r.id).map(|(_, o)| *o);

@@ -436,6 +436,44 @@ fn a_damaged_content_row_a_stray_row_and_a_second_copy_are_named() {
     }
 }
 
+/// A reference answered by its own record's row (the content scan notes it on that
+/// object) is still checked against the first copy of its id: when an earlier row holds
+/// a damaged copy of a message, the reference is reported at that row, on one thread and
+/// on four.
+#[test]
+fn a_reference_answered_by_a_later_copy_is_checked_against_the_first() {
+    let dir = tempfile::tempdir().unwrap();
+    for (name, sessions) in [("short.redb", 2), ("long.redb", 40)] {
+        let db = common::demo_db_named(&dir, name, sessions);
+        let records = records(&db);
+        let turn = records.iter().rev().find(|r| matches!(r.event, annal::Event::TurnCommitted(_))).unwrap();
+        let message = turn.event.content_refs()[0];
+        let first_row = edit_content_rows(&db, |rows| {
+            assert!(rows[&turn.seq].iter().any(|(id, _)| *id == message), "{name}: the turn introduced it");
+            // A damaged copy in the first row, long before the turn.
+            let (&first_row, objects) = rows.iter_mut().next().unwrap();
+            assert!(first_row < turn.seq);
+            objects.push((message, b"not the message".to_vec()));
+            first_row
+        });
+        let (rc, report) = verify_json(&db, &[]);
+        assert_eq!(rc, 1, "{name}");
+        let f = findings(&report);
+        let location = format!("content {}", message.to_hex());
+        let damaged = format!("(content row {first_row}, referred to by log seq {})", turn.seq);
+        assert!(
+            f.iter().any(|(k, l, d)| k == "content_hash" && *l == location && d.contains(&damaged)),
+            "{name}: {f:?}"
+        );
+        let again = format!("stored again in content row {} (first stored in content row {first_row})", turn.seq);
+        assert!(
+            f.iter().any(|(k, l, d)| k == "duplicate_content" && *l == location && d.contains(&again)),
+            "{name}: {f:?}"
+        );
+        assert_eq!(f.len(), 2, "{name}: {f:?}");
+    }
+}
+
 #[test]
 fn content_introduced_after_its_first_reference_is_named() {
     let dir = tempfile::tempdir().unwrap();
