@@ -1014,12 +1014,23 @@ struct Object {
     encoding: u8,
     /// The encoding is known and the bytes hash to the id.
     hash_ok: bool,
-    /// The bytes decode as a message object.
-    message: bool,
+    /// What the bytes decode as.
+    decoded: Decoded,
     /// The record at the seq of the row that holds this copy refers to it, and the shape
     /// its references need (`Message` if any needs a message): a reference checked
     /// here, not kept in the list of references.
     intro: Option<Shape>,
+}
+
+/// What a stored object's bytes decode as.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Decoded {
+    /// Not a message object (or bytes that do not hash to their id).
+    Bytes,
+    /// A message object without attachments.
+    Message,
+    /// A message object with attachments ([`ContentScan::attachments`]).
+    Attached,
 }
 
 /// The result of scanning the content rows once, in seq order.
@@ -1050,7 +1061,11 @@ impl ContentScan {
     }
 
     fn attachments(&self, id: &ContentId, object: &Object) -> &[ContentId] {
-        self.attachments.get(&(*id, object.row)).map_or(&[], Vec::as_slice)
+        match object.decoded {
+            // Most messages have none: no lookup.
+            Decoded::Attached => self.attachments.get(&(*id, object.row)).map_or(&[], Vec::as_slice),
+            Decoded::Bytes | Decoded::Message => &[],
+        }
     }
 }
 
@@ -1066,7 +1081,8 @@ struct Matcher<'s> {
     /// The next batch of references, `None` once the walk is done.
     source: &'s mut dyn FnMut() -> Option<RefBatch>,
     /// References taken from the source and not yet matched, in log order.
-    pending: std::collections::VecDeque<Ref>,
+    /// (The batches as they came, each with the references not taken yet.)
+    pending: std::collections::VecDeque<std::vec::IntoIter<Ref>>,
     /// Every reference of a record at or before this seq has been taken.
     through: u64,
     done: bool,
@@ -1079,13 +1095,25 @@ impl<'s> Matcher<'s> {
         Matcher { source, pending, through: 0, done: false, kept: Refs::new(records / 4) }
     }
 
+    /// The next pending reference if it is of a record at or before `seq`.
+    fn next_through(&mut self, seq: u64) -> Option<Ref> {
+        loop {
+            let batch = self.pending.front_mut()?;
+            match batch.as_slice().first() {
+                Some(r) if r.seq <= seq => return batch.next(),
+                Some(_) => return None,
+                None => drop(self.pending.pop_front()),
+            }
+        }
+    }
+
     /// Takes batches until every reference at or before `seq` is pending.
     fn take_through(&mut self, seq: u64) {
         while !self.done && self.through < seq {
             match (self.source)() {
                 Some(batch) => {
                     self.through = batch.through;
-                    self.pending.extend(batch.refs);
+                    self.pending.push_back(batch.refs.into_iter());
                 }
                 None => self.done = true,
             }
@@ -1104,8 +1132,7 @@ impl<'s> Matcher<'s> {
             sorted.extend(objects.iter().enumerate().map(|(i, (id, _))| (*id, i)));
             sorted.sort_unstable();
         }
-        while let Some(r) = self.pending.front().copied().filter(|r| r.seq <= seq) {
-            self.pending.pop_front();
+        while let Some(r) = self.next_through(seq) {
             // The first copy in the row: the one the merge keeps if the row repeats it.
             let place = match (r.seq == seq, objects.len() > ROW_SCAN_MAX) {
                 (false, _) => None,
@@ -1128,7 +1155,7 @@ impl<'s> Matcher<'s> {
     /// Keeps every reference not matched yet, and returns all that were kept.
     fn finish(mut self) -> Vec<Ref> {
         self.take_through(u64::MAX);
-        while let Some(r) = self.pending.pop_front() {
+        while let Some(r) = self.next_through(u64::MAX) {
             self.kept.push(r);
         }
         self.kept.into_list()
@@ -1155,12 +1182,7 @@ fn scan_content(
     }
     // Every reference the rows did not answer, taken to the walk's end.
     let mut refs = matcher.finish();
-    // In id order, each id's copies in the order stored; the first copy is the one kept.
-    // (Row and place order the copies of an id, so the unstable sort, which needs no
-    // scratch copy of the list, gives one order.)
-    scan.objects.sort_unstable_by(|(a, x), (b, y)| {
-        id_prefix(a).cmp(&id_prefix(b)).then_with(|| a.cmp(b)).then((x.row, x.place).cmp(&(y.row, y.place)))
-    });
+    sort_objects(&mut scan.objects);
     let findings = &mut scan.findings;
     scan.objects.dedup_by(|later, kept| {
         if later.0 != kept.0 {
@@ -1176,6 +1198,37 @@ fn scan_content(
     });
     scan.refs = refs;
     scan
+}
+
+/// Sorts the content scan's objects in id order, each id's copies in the order stored
+/// (the first copy is the one kept). Row and place order the copies of an id, so the
+/// unstable sort, which needs no scratch copy of the list, gives one order. A long list
+/// is split in place by the top bit of its ids and the two parts sorted at once, one on a
+/// thread of its own: the scan is the longest of verify's threads, so the other core is
+/// free by then.
+fn sort_objects(objects: &mut [(ContentId, Object)]) {
+    let order = |(a, x): &(ContentId, Object), (b, y): &(ContentId, Object)| {
+        id_prefix(a).cmp(&id_prefix(b)).then_with(|| a.cmp(b)).then((x.row, x.place).cmp(&(y.row, y.place)))
+    };
+    if objects.len() < HALVES_MIN {
+        return objects.sort_unstable_by(order);
+    }
+    let high = |(id, _): &(ContentId, Object)| id.0[0] & 0x80 != 0;
+    // Every object with the top bit clear before every one with it set.
+    let (mut low_end, mut end) = (0, objects.len());
+    while low_end < end {
+        if high(&objects[low_end]) {
+            end -= 1;
+            objects.swap(low_end, end);
+        } else {
+            low_end += 1;
+        }
+    }
+    let (low, high) = objects.split_at_mut(low_end);
+    std::thread::scope(|s| {
+        s.spawn(|| high.sort_unstable_by(order));
+        low.sort_unstable_by(order);
+    });
 }
 
 /// Reads every content row of the log file in seq order, then `journal`'s, into `scan`,
@@ -1233,17 +1286,16 @@ fn scan_row(scan: &mut ContentScan, matcher: &mut Matcher<'_>, row: u64, bytes: 
             if !hash_ok {
                 scan.bad.push((id, row, encoding));
             }
-            let message = match canonical.map(|bytes| message_attachments(bytes, message_max)) {
+            let decoded = match canonical.map(|bytes| message_attachments(bytes, message_max)) {
+                Some(Ok(attachments)) if attachments.is_empty() => Decoded::Message,
                 Some(Ok(attachments)) => {
-                    if !attachments.is_empty() {
-                        scan.attachments.entry((id, row)).or_insert(attachments);
-                    }
-                    true
+                    scan.attachments.entry((id, row)).or_insert(attachments);
+                    Decoded::Attached
                 }
-                _ => false,
+                _ => Decoded::Bytes,
             };
             let place = u32::try_from(n).unwrap_or(u32::MAX);
-            scan.objects.push((id, Object { row, place, encoding, hash_ok, message, intro: None }));
+            scan.objects.push((id, Object { row, place, encoding, hash_ok, decoded, intro: None }));
         }
     }
     matcher.row(row, &mut scan.objects[first..]);
@@ -1812,7 +1864,7 @@ impl<'a> Walk<'a> {
                 if shape != Shape::Message {
                     continue;
                 }
-                if !object.message {
+                if object.decoded == Decoded::Bytes {
                     let detail = self.message_error(id, object.row);
                     found.push(Finding::NotAMessage { seq: r.seq, id, detail });
                     continue;
