@@ -2149,6 +2149,33 @@ mod tests {
         assert_eq!(twice, once);
     }
 
+    /// A list of objects long enough to be split by the top bit of its ids and sorted in
+    /// two parts comes out in the order one sort gives, copies of an id included.
+    #[test]
+    fn objects_sorted_in_two_parts_are_in_one_sorts_order() {
+        let object = |row: u64, place: u32| Object {
+            row,
+            place,
+            encoding: 0,
+            hash_ok: true,
+            decoded: Decoded::Bytes,
+            intro: None,
+        };
+        let mut objects: Vec<(ContentId, Object)> = (0..HALVES_MIN as u64 + 5_000)
+            .map(|i| {
+                // Every tenth id is stored again, at a later row and another place.
+                let n = if i % 10 == 9 { i - 1 } else { i };
+                (annal::codec::content_id(&n.to_le_bytes()), object(1 + i / 3, (i % 3) as u32))
+            })
+            .collect();
+        assert!(objects.iter().any(|(id, _)| id.0[0] & 0x80 != 0) && objects.iter().any(|(id, _)| id.0[0] < 0x80));
+        let mut one = objects.clone();
+        one.sort_unstable_by(|(a, x), (b, y)| a.cmp(b).then((x.row, x.place).cmp(&(y.row, y.place))));
+        sort_objects(&mut objects);
+        let key = |v: &[(ContentId, Object)]| v.iter().map(|(id, o)| (*id, o.row, o.place)).collect::<Vec<_>>();
+        assert_eq!(key(&objects), key(&one));
+    }
+
     /// Two halves sorted apart and reduced together as they are merged keep what one
     /// reduction of the whole list keeps, wherever the list is cut.
     #[test]
