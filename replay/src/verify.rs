@@ -1080,8 +1080,8 @@ const ROW_SCAN_MAX: usize = 32;
 struct Matcher<'s> {
     /// The next batch of references, `None` once the walk is done.
     source: &'s mut dyn FnMut() -> Option<RefBatch>,
-    /// References taken from the source and not yet matched, in log order.
-    /// (The batches as they came, each with the references not taken yet.)
+    /// References taken from the source and not yet matched, in log order: the batches
+    /// as they came, each with the references not taken from it yet.
     pending: std::collections::VecDeque<std::vec::IntoIter<Ref>>,
     /// Every reference of a record at or before this seq has been taken.
     through: u64,
