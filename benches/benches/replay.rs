@@ -179,12 +179,13 @@ fn read_hash_content(path: &Path) -> (u64, u64) {
     let max = Limits::default().content_bytes_max;
     with_log(path, |txn| {
         let content = ContentReader::open(txn).expect("content");
-        let (mut objects, mut bytes) = (0u64, 0u64);
+        let (mut objects, mut bytes, mut buffer) = (0u64, 0u64, Vec::new());
         for row in content.iter().expect("iter") {
             let (seq, row) = row.expect("row");
             for entry in annal::codec::content::entries(&row, max) {
                 let entry = entry.unwrap_or_else(|e| panic!("content row {seq}: {e}"));
-                let canonical = entry.verify(max);
+                // Into one reused buffer, as verify decompresses.
+                let canonical = entry.verify_into(max, &mut buffer);
                 let canonical = canonical.unwrap_or_else(|| panic!("content in row {seq} hashes to its id"));
                 objects += 1;
                 bytes += canonical.len() as u64;

@@ -1050,9 +1050,6 @@ struct ContentScan {
     /// The content references of the log that no object of their own record's row
     /// answers (see [`Object::intro`]), in no particular order.
     refs: Vec<Ref>,
-    /// The canonical bytes of the last compressed object, in one buffer reused from
-    /// object to object.
-    canonical: Vec<u8>,
 }
 
 impl ContentScan {
@@ -1092,6 +1089,7 @@ struct Matcher<'s> {
 impl<'s> Matcher<'s> {
     fn new(source: &'s mut dyn FnMut() -> Option<RefBatch>, records: u64) -> Matcher<'s> {
         let pending = std::collections::VecDeque::new();
+        // Room for a reference every two records: most are matched at their row.
         Matcher { source, pending, through: 0, done: false, kept: Refs::new(records / 4) }
     }
 
@@ -1246,23 +1244,32 @@ fn scan_rows(
     // Room for about two objects a record (of the `records` in the log): growing the list
     // by doubling copied it and faulted its pages in again at each step.
     scan.objects.reserve((records as usize).saturating_mul(2).min(OBJECTS_RESERVE_MAX));
+    let mut canonical = Vec::new();
     while let Some(entry) = iter.next() {
         let (seq, row) = entry.map_err(|e| e.to_string())?;
         if let Some((row, detail)) = iter.take_damage() {
             scan.findings.push(Finding::ContentRow { row, detail });
         }
         scan.rows.push(seq);
-        scan_row(scan, matcher, seq, &row, limits);
+        scan_row(scan, matcher, &mut canonical, seq, &row, limits);
     }
     for row in journal.iter().filter(|r| !r.content.is_empty()) {
-        scan_row(scan, matcher, row.seq, &row.content, limits);
+        scan_row(scan, matcher, &mut canonical, row.seq, &row.content, limits);
     }
     Ok(())
 }
 
-/// Scans content row `row`: parses it, checks every object against its id, and notes
-/// which objects decode as messages.
-fn scan_row(scan: &mut ContentScan, matcher: &mut Matcher<'_>, row: u64, bytes: &[u8], limits: &Limits) {
+/// Scans content row `row`: parses it, checks every object against its id (decompressing
+/// into `canonical`, one buffer reused from object to object), and notes which objects
+/// decode as messages.
+fn scan_row(
+    scan: &mut ContentScan,
+    matcher: &mut Matcher<'_>,
+    canonical: &mut Vec<u8>,
+    row: u64,
+    bytes: &[u8],
+    limits: &Limits,
+) {
     let message_max = limits.message_object_bytes_max();
     let first = scan.objects.len();
     {
@@ -1281,7 +1288,7 @@ fn scan_row(scan: &mut ContentScan, matcher: &mut Matcher<'_>, row: u64, bytes: 
                 }
             };
             let (id, encoding) = (entry.id, entry.encoding);
-            let canonical = entry.verify_into(message_max, &mut scan.canonical);
+            let canonical = entry.verify_into(message_max, canonical);
             let hash_ok = canonical.is_some();
             if !hash_ok {
                 scan.bad.push((id, row, encoding));
