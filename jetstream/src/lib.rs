@@ -372,7 +372,9 @@ fn refused_or(e: impl std::fmt::Display, otherwise: fn(String) -> Error) -> Erro
 impl JetStreamLog {
     /// Connects, then opens the stream (creating it if `options.create` and it is
     /// missing) and checks that it is one this client can use: its subjects are the
-    /// prefix's, its storage is on file, and deletes and purges are denied.
+    /// prefix's, its storage is on file, and deletes and purges are denied. A lookup or
+    /// creation that goes unanswered, or that a cluster still placing the stream says it
+    /// cannot serve yet, is tried again until `options.timeout` has passed three times.
     pub fn connect(options: &Options) -> Result<JetStreamLog> {
         if options.servers.is_empty() {
             return Err(Error::Connect("no server URL given".into()));
@@ -777,15 +779,33 @@ fn stream_config(options: &Options) -> stream::Config {
 }
 
 async fn open_stream(context: &jetstream::Context, options: &Options) -> Result<stream::Stream> {
-    let mut stream = match context.get_stream(&options.stream).await {
-        Ok(s) => s,
-        Err(e) if is_stream_not_found(&e) => {
-            if !options.create {
-                return Err(Error::StreamNotFound(options.stream.clone()));
+    // A cluster that is still electing a leader, or placing an account's first stream,
+    // can leave a request unanswered: looking the stream up and creating it are both
+    // safe to repeat (a create of a stream that exists with the same configuration
+    // answers with it), so they are tried again until `timeout` has passed three times.
+    let deadline = tokio::time::Instant::now() + options.timeout * 3;
+    let mut pause = Duration::from_millis(100);
+    let mut stream = loop {
+        let transient = match context.get_stream(&options.stream).await {
+            Ok(s) => break s,
+            Err(e) if is_stream_not_found(&e) => {
+                if !options.create {
+                    return Err(Error::StreamNotFound(options.stream.clone()));
+                }
+                match context.create_stream(stream_config(options)).await {
+                    Ok(s) => break s,
+                    Err(e) if create_is_transient(&e) => refused_or(e, Error::Other),
+                    Err(e) => return Err(refused_or(e, Error::Other)),
+                }
             }
-            context.create_stream(stream_config(options)).await.map_err(|e| refused_or(e, Error::Other))?
+            Err(e) if get_is_transient(&e) => refused_or(e, Error::Other),
+            Err(e) => return Err(refused_or(e, Error::Other)),
+        };
+        if matches!(transient, Error::Refused(_)) || tokio::time::Instant::now() + pause > deadline {
+            return Err(transient);
         }
-        Err(e) => return Err(refused_or(e, Error::Other)),
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(Duration::from_secs(2));
     };
     let config = &stream.info().await.map_err(|e| refused_or(e, Error::Other))?.config;
     let want = stream_config(options);
@@ -804,6 +824,27 @@ async fn open_stream(context: &jetstream::Context, options: &Options) -> Result<
         return Err(mismatch("it allows deleting or purging messages"));
     }
     Ok(stream)
+}
+
+/// Whether a failed stream lookup may succeed when repeated: no answer in time, or a
+/// cluster that says it cannot serve the request yet.
+fn get_is_transient(e: &jetstream::context::GetStreamError) -> bool {
+    use jetstream::context::GetStreamErrorKind as K;
+    match e.kind() {
+        K::Request => true,
+        K::JetStream(j) => j.error_code() == jetstream::ErrorCode::CLUSTER_NOT_AVAILABLE || j.code() == 503,
+        _ => false,
+    }
+}
+
+/// Whether a failed stream creation may succeed when repeated (see [`get_is_transient`]).
+fn create_is_transient(e: &jetstream::context::CreateStreamError) -> bool {
+    use jetstream::context::CreateStreamErrorKind as K;
+    match e.kind() {
+        K::TimedOut | K::JetStreamUnavailable => true,
+        K::JetStream(j) => j.error_code() == jetstream::ErrorCode::CLUSTER_NOT_AVAILABLE || j.code() == 503,
+        _ => false,
+    }
 }
 
 fn is_stream_not_found(e: &jetstream::context::GetStreamError) -> bool {
