@@ -311,6 +311,9 @@ fn a_killed_server_loses_no_acknowledged_message_and_writes_continue() {
     wait_until(|| count(&acked) >= at_kill + 100, "100 more acknowledgements after the kill");
     stop.store(true, Ordering::Relaxed);
     writer.join().unwrap();
+    // Reading creates a consumer, which the meta leader places: if the killed server
+    // led the meta group, wait until the two left agree on a new one.
+    cluster.wait_ready();
 
     let acked = acked.lock().unwrap();
     let tip = log.tip().unwrap();
