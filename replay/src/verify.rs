@@ -930,43 +930,13 @@ fn sort_in_halves(refs: &mut [Ref]) -> (&[Ref], &[Ref]) {
 /// [`reduce_refs`] keeps of the two together. The first of an id's references in that
 /// order decides, and `first` is the earliest of them all.
 struct Reduced<'a> {
-    sides: [std::iter::Peekable<Side<'a>>; 3],
-}
-
-/// One of the lists [`Reduced`] merges, in [`ref_order`].
-enum Side<'a> {
-    /// A sorted list of references.
-    Refs(std::slice::Iter<'a, Ref>),
-    /// The references the content scan matched with the objects of their own record's
-    /// row, from the objects (one per id, in id order): each is a reference at the row's
-    /// seq.
-    Intros(std::slice::Iter<'a, (ContentId, Object)>),
-}
-
-impl Iterator for Side<'_> {
-    type Item = Ref;
-
-    fn next(&mut self) -> Option<Ref> {
-        match self {
-            Side::Refs(refs) => refs.next().copied(),
-            Side::Intros(objects) => {
-                objects.find_map(|(id, o)| o.intro.map(|shape| Ref { id: *id, shape, seq: o.row, first: o.row }))
-            }
-        }
-    }
+    sides: [std::iter::Peekable<std::iter::Copied<std::slice::Iter<'a, Ref>>>; 2],
 }
 
 impl<'a> Reduced<'a> {
-    #[cfg(test)]
+    /// The references of `a` and `b`, each sorted.
     fn new(a: &'a [Ref], b: &'a [Ref]) -> Reduced<'a> {
-        Reduced::with_intros(a, b, &[])
-    }
-
-    /// The references of `a` and `b`, each sorted, and those noted on `objects`, the
-    /// content scan's objects in id order, one per id.
-    fn with_intros(a: &'a [Ref], b: &'a [Ref], objects: &'a [(ContentId, Object)]) -> Reduced<'a> {
-        let sides = [Side::Refs(a.iter()), Side::Refs(b.iter()), Side::Intros(objects.iter())];
-        Reduced { sides: sides.map(Iterator::peekable) }
+        Reduced { sides: [a.iter().copied().peekable(), b.iter().copied().peekable()] }
     }
 }
 
@@ -991,6 +961,34 @@ impl Iterator for Reduced<'_> {
         }
         Some(kept)
     }
+}
+
+/// Calls `check` once for every referenced id, in id order, with the reference that
+/// decides (see [`Reduced`]) and the id's object if there is one. `objects` are the
+/// content scan's, in id order, one per id, each with the references noted on it at its
+/// row ([`Object::intro`], a reference at the row's seq); `a` and `b` are the kept
+/// references, each sorted in [`ref_order`]. One pass over the objects: the noted
+/// references are not gathered into a list of their own first.
+fn deciding_refs(objects: &[(ContentId, Object)], a: &[Ref], b: &[Ref], check: &mut dyn FnMut(Ref, Option<Object>)) {
+    let mut kept = Reduced::new(a, b).peekable();
+    for (id, object) in objects {
+        let before = |r: &Ref| (id_prefix(&r.id), &r.id) < (id_prefix(id), id);
+        // References to ids no object has, before this one.
+        while let Some(r) = kept.next_if(before) {
+            check(r, None);
+        }
+        let noted = object.intro.map(|shape| Ref { id: *id, shape, seq: object.row, first: object.row });
+        let deciding = match (noted, kept.next_if(|r| r.id == *id)) {
+            (None, None) => continue,
+            (Some(r), None) | (None, Some(r)) => r,
+            (Some(noted), Some(kept)) => {
+                let first = noted.first.min(kept.first);
+                Ref { first, ..std::cmp::min_by(noted, kept, ref_order) }
+            }
+        };
+        check(deciding, Some(*object));
+    }
+    kept.for_each(|r| check(r, None));
 }
 
 /// The first eight bytes of `id` as a number. Ordering by it and then by the whole id is
@@ -1846,13 +1844,12 @@ impl<'a> Walk<'a> {
         let mut attachments_checked = HashSet::new();
         let mut late_attachments = HashSet::new();
         let mut reported_bad = HashSet::new();
-        let mut objects = scan.objects.iter().peekable();
         // (id, shape, object, whether the log refers to it directly)
         let mut pending = Vec::new();
-        for r in Reduced::with_intros(first_half, second_half, &scan.objects) {
-            // Both lists are in id order: advance the scan to this id.
-            while objects.next_if(|(k, _)| *k < r.id).is_some() {}
-            let object = objects.peek().filter(|(k, _)| *k == r.id).map(|(_, o)| *o);
+        let this = &*self;
+        // Checks the object `object` of the deciding reference `r` (one per id, in id
+        // order), and the attachments of a message that no reference names.
+        let mut check = |r: Ref, object: Option<Object>| {
             pending.push((r.id, r.shape, object, true));
             while let Some((id, shape, object, direct)) = pending.pop() {
                 let Some(object) = object else {
@@ -1872,7 +1869,7 @@ impl<'a> Walk<'a> {
                     continue;
                 }
                 if object.decoded == Decoded::Bytes {
-                    let detail = self.message_error(id, object.row);
+                    let detail = this.message_error(id, object.row);
                     found.push(Finding::NotAMessage { seq: r.seq, id, detail });
                     continue;
                 }
@@ -1889,7 +1886,8 @@ impl<'a> Walk<'a> {
                     }
                 }
             }
-        }
+        };
+        deciding_refs(&scan.objects, first_half, second_half, &mut check);
         for &(id, row, encoding) in &scan.bad {
             if !reported_bad.contains(&(id, row)) {
                 found.push(Finding::ContentHash { seq: None, id, row, encoding });
@@ -2181,6 +2179,58 @@ mod tests {
         sort_objects(&mut objects);
         let key = |v: &[(ContentId, Object)]| v.iter().map(|(id, o)| (*id, o.row, o.place)).collect::<Vec<_>>();
         assert_eq!(key(&objects), key(&one));
+    }
+
+    /// The deciding reference of every id, from the objects' noted references and the
+    /// kept ones, is what one reduction of all of them gives, each with its object: ids
+    /// referred to only by kept references, only at their row, by both, and not at all.
+    #[test]
+    fn deciding_references_are_one_reductions_of_noted_and_kept_ones() {
+        let ids: Vec<ContentId> = (0..12u8).map(|i| annal::codec::content_id(&[i])).collect();
+        let mut state = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = move |n: u64| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state % n
+        };
+        let shape = |n: u64| if n == 0 { Shape::Message } else { Shape::Bytes };
+        for round in 0..200 {
+            // Objects of about half the ids, some with references noted at their row.
+            let mut objects: Vec<(ContentId, Object)> = Vec::new();
+            for id in &ids {
+                if next(2) == 0 {
+                    let row = 1 + next(30);
+                    let intro = (next(3) != 0).then(|| shape(next(2)));
+                    let o = Object { row, place: 0, encoding: 0, hash_ok: true, decoded: Decoded::Message, intro };
+                    objects.push((*id, o));
+                }
+            }
+            objects.sort_unstable_by_key(|(id, _)| *id);
+            let kept: Vec<Ref> = (0..next(20))
+                .map(|_| {
+                    let seq = 1 + next(40);
+                    Ref { id: ids[next(12) as usize], shape: shape(next(2)), seq, first: seq.saturating_sub(next(3)) }
+                })
+                .collect();
+            let mut all = kept.clone();
+            all.extend(
+                objects
+                    .iter()
+                    .filter_map(|(id, o)| o.intro.map(|s| Ref { id: *id, shape: s, seq: o.row, first: o.row })),
+            );
+            reduce_refs(&mut all);
+            let expected: Vec<(Ref, Option<u64>)> =
+                all.iter().map(|r| (*r, objects.iter().find(|(id, _)| *id == r.id).map(|(_, o)| o.row))).collect();
+            let mut sorted = kept.clone();
+            let mid = next(sorted.len() as u64 + 1) as usize;
+            let (a, b) = sorted.split_at_mut(mid);
+            a.sort_unstable_by(ref_order);
+            b.sort_unstable_by(ref_order);
+            let mut got = Vec::new();
+            deciding_refs(&objects, a, b, &mut |r, o| got.push((r, o.map(|o| o.row))));
+            assert_eq!(got, expected, "round {round}");
+        }
     }
 
     /// Two halves sorted apart and reduced together as they are merged keep what one
