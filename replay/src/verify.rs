@@ -2181,19 +2181,23 @@ mod tests {
         assert_eq!(key(&objects), key(&one));
     }
 
+    /// A xorshift generator from `seed`: each call gives a number below its argument.
+    fn below(mut state: u64) -> impl FnMut(u64) -> u64 {
+        move |n: u64| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state % n
+        }
+    }
+
     /// The deciding reference of every id, from the objects' noted references and the
     /// kept ones, is what one reduction of all of them gives, each with its object: ids
     /// referred to only by kept references, only at their row, by both, and not at all.
     #[test]
     fn deciding_references_are_one_reductions_of_noted_and_kept_ones() {
         let ids: Vec<ContentId> = (0..12u8).map(|i| annal::codec::content_id(&[i])).collect();
-        let mut state = 0x9e37_79b9_7f4a_7c15u64;
-        let mut next = move |n: u64| {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            state % n
-        };
+        let mut next = below(0x9e37_79b9_7f4a_7c15u64);
         let shape = |n: u64| if n == 0 { Shape::Message } else { Shape::Bytes };
         for round in 0..200 {
             // Objects of about half the ids, some with references noted at their row.
@@ -2238,13 +2242,7 @@ mod tests {
     #[test]
     fn halves_reduced_as_they_merge_keep_what_one_reduction_keeps() {
         let ids: Vec<ContentId> = (0..7u8).map(|i| annal::codec::content_id(&[i])).collect();
-        let mut state = 0x2545_f491_4f6c_dd1du64;
-        let mut next = move |n: u64| {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            state % n
-        };
+        let mut next = below(0x2545_f491_4f6c_dd1du64);
         for len in [0, 1, 2, 5, 17, 64] {
             let refs: Vec<Ref> = (0..len)
                 .map(|_| {
