@@ -785,7 +785,7 @@ async fn open_stream(context: &jetstream::Context, options: &Options) -> Result<
     // answers with it), so they are tried again until `timeout` has passed three times.
     let deadline = tokio::time::Instant::now() + options.timeout * 3;
     let mut pause = Duration::from_millis(100);
-    let mut stream = loop {
+    let stream = loop {
         let transient = match context.get_stream(&options.stream).await {
             Ok(s) => break s,
             Err(e) if is_stream_not_found(&e) => {
@@ -807,7 +807,8 @@ async fn open_stream(context: &jetstream::Context, options: &Options) -> Result<
         tokio::time::sleep(pause).await;
         pause = (pause * 2).min(Duration::from_secs(2));
     };
-    let config = &stream.info().await.map_err(|e| refused_or(e, Error::Other))?.config;
+    // The lookup's or the creation's answer: no third request to fail.
+    let config = &stream.cached_info().config;
     let want = stream_config(options);
     let mismatch = |what: &str| Error::StreamMismatch { stream: options.stream.clone(), what: what.into() };
     let mut subjects = config.subjects.clone();
