@@ -529,14 +529,25 @@ impl JetStreamLog {
     }
 
     /// Up to `max` messages in stream order, from stream sequence `from` (1 is the first):
-    /// fewer when the stream ends sooner.
+    /// fewer when the stream ends sooner. Every message the stream held when the call
+    /// began is read (the stream's leader gives its last sequence first), even from a
+    /// server that has not stored the latest of them yet: a message this client's
+    /// [`append`](Self::append) was told is stored is in any later read that reaches it.
     pub fn read(&self, from: u64, max: usize) -> Result<Vec<StoredMessage>> {
         if max == 0 {
             return Ok(Vec::new());
         }
+        let from = from.max(1);
         self.runtime.block_on(async {
+            let info = self.retrying(|| self.stream.get_info()).await.map_err(|e| refused_or(e, Error::Other))?;
+            let last = info.state.last_sequence;
+            if last < from {
+                return Ok(Vec::new());
+            }
+            // The stream is dense (no deletes, no purges): `from ..= last` are all there.
+            let max = max.min(usize::try_from(last - from + 1).unwrap_or(usize::MAX));
             let config = consumer::pull::Config {
-                deliver_policy: consumer::DeliverPolicy::ByStartSequence { start_sequence: from.max(1) },
+                deliver_policy: consumer::DeliverPolicy::ByStartSequence { start_sequence: from },
                 ack_policy: consumer::AckPolicy::None,
                 inactive_threshold: Duration::from_secs(30),
                 ..Default::default()
@@ -545,13 +556,11 @@ impl JetStreamLog {
                 .retrying(|| self.stream.create_consumer(config.clone()))
                 .await
                 .map_err(|e| refused_or(format!("creating a consumer from {from}: {e}"), Error::Other))?;
-            // The messages the stream held from `from` on when the consumer was created:
-            // a fetch with nothing to deliver waits out its expiry (nats-server 2.9), so
-            // read no more than these.
-            let max = max.min(usize::try_from(consumer.cached_info().num_pending).unwrap_or(usize::MAX));
             let mut out = Vec::new();
-            // A fetch returns what the consumer has at once, up to its batch; loop until
-            // `max`, or until a fetch comes back short.
+            // A fetch returns what the consumer's server has at once, up to its batch: loop
+            // until `max`. That server may not have stored the last messages yet; a fetch
+            // that brings none is tried again until `timeout` has passed three times.
+            let deadline = tokio::time::Instant::now() + self.options.timeout * 3;
             while out.len() < max {
                 let want = (max - out.len()).min(4096);
                 let mut batch = consumer
@@ -565,8 +574,11 @@ impl JetStreamLog {
                 while let Some(m) = batch.next().await {
                     out.push(stored(&self.options.subject_prefix, &m.map_err(other)?)?);
                 }
-                if out.len() - before < want {
-                    break;
+                if out.len() == before {
+                    if tokio::time::Instant::now() >= deadline {
+                        return Err(Error::Timeout(self.options.timeout));
+                    }
+                    tokio::time::sleep(Duration::from_millis(50)).await;
                 }
             }
             let name = consumer.cached_info().name.clone();
