@@ -487,18 +487,15 @@ impl JetStreamLog {
         F: FnMut() -> Fut,
         Fut: std::future::Future<Output = std::result::Result<T, E>>,
     {
-        let deadline = tokio::time::Instant::now() + self.options.timeout * 3;
-        let mut pause = Duration::from_millis(100);
+        let mut backoff = Backoff::new(self.options.timeout);
         loop {
             match request().await {
                 Ok(v) => return Ok(v),
                 Err(e) => {
                     let refused = matches!(refused_or(&e, Error::Other), Error::Refused(_));
-                    if refused || tokio::time::Instant::now() + pause > deadline {
+                    if refused || !backoff.wait().await {
                         return Err(e);
                     }
-                    tokio::time::sleep(pause).await;
-                    pause = (pause * 2).min(Duration::from_secs(2));
                 }
             }
         }
@@ -559,8 +556,8 @@ impl JetStreamLog {
             let mut out = Vec::new();
             // A fetch returns what the consumer's server has at once, up to its batch: loop
             // until `max`. That server may not have stored the last messages yet; a fetch
-            // that brings none is tried again until `timeout` has passed three times.
-            let deadline = tokio::time::Instant::now() + self.options.timeout * 3;
+            // that brings none is tried again (`Backoff`).
+            let mut backoff = Backoff::new(self.options.timeout);
             while out.len() < max {
                 let want = (max - out.len()).min(4096);
                 let mut batch = consumer
@@ -574,11 +571,8 @@ impl JetStreamLog {
                 while let Some(m) = batch.next().await {
                     out.push(stored(&self.options.subject_prefix, &m.map_err(other)?)?);
                 }
-                if out.len() == before {
-                    if tokio::time::Instant::now() >= deadline {
-                        return Err(Error::Timeout(self.options.timeout));
-                    }
-                    tokio::time::sleep(Duration::from_millis(50)).await;
+                if out.len() == before && !backoff.wait().await {
+                    return Err(Error::Timeout(self.options.timeout));
                 }
             }
             let name = consumer.cached_info().name.clone();
@@ -790,13 +784,37 @@ fn stream_config(options: &Options) -> stream::Config {
     }
 }
 
+/// The pauses between the tries of a request that may succeed when repeated: 100 ms,
+/// then twice as long each time up to 2 s, until a request's timeout has passed three
+/// times over (while a cluster elects a leader, requests go unanswered for a few seconds).
+struct Backoff {
+    deadline: tokio::time::Instant,
+    pause: Duration,
+}
+
+impl Backoff {
+    fn new(timeout: Duration) -> Backoff {
+        Backoff { deadline: tokio::time::Instant::now() + timeout * 3, pause: Duration::from_millis(100) }
+    }
+
+    /// Waits before the next try: `false`, at once, if that pause would end past the
+    /// deadline.
+    async fn wait(&mut self) -> bool {
+        if tokio::time::Instant::now() + self.pause > self.deadline {
+            return false;
+        }
+        tokio::time::sleep(self.pause).await;
+        self.pause = (self.pause * 2).min(Duration::from_secs(2));
+        true
+    }
+}
+
 async fn open_stream(context: &jetstream::Context, options: &Options) -> Result<stream::Stream> {
     // A cluster that is still electing a leader, or placing an account's first stream,
     // can leave a request unanswered: looking the stream up and creating it are both
     // safe to repeat (a create of a stream that exists with the same configuration
-    // answers with it), so they are tried again until `timeout` has passed three times.
-    let deadline = tokio::time::Instant::now() + options.timeout * 3;
-    let mut pause = Duration::from_millis(100);
+    // answers with it), so they are tried again (`Backoff`).
+    let mut backoff = Backoff::new(options.timeout);
     let stream = loop {
         let transient = match context.get_stream(&options.stream).await {
             Ok(s) => break s,
@@ -813,11 +831,9 @@ async fn open_stream(context: &jetstream::Context, options: &Options) -> Result<
             Err(e) if get_is_transient(&e) => refused_or(e, Error::Other),
             Err(e) => return Err(refused_or(e, Error::Other)),
         };
-        if matches!(transient, Error::Refused(_)) || tokio::time::Instant::now() + pause > deadline {
+        if matches!(transient, Error::Refused(_)) || !backoff.wait().await {
             return Err(transient);
         }
-        tokio::time::sleep(pause).await;
-        pause = (pause * 2).min(Duration::from_secs(2));
     };
     // The lookup's or the creation's answer: no third request to fail.
     let config = &stream.cached_info().config;
