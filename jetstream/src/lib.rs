@@ -527,60 +527,145 @@ impl JetStreamLog {
 
     /// Up to `max` messages in stream order, from stream sequence `from` (1 is the first):
     /// fewer when the stream ends sooner. Every message the stream held when the call
-    /// began is read (the stream's leader gives its last sequence first), even from a
-    /// server that has not stored the latest of them yet: a message this client's
-    /// [`append`](Self::append) was told is stored is in any later read that reaches it.
+    /// began is read (the stream's leader gives its last sequence first): a message this
+    /// client's [`append`](Self::append) was told is stored is in any later read that
+    /// reaches it.
+    ///
+    /// The messages come through an ephemeral consumer, in fetches of up to 4,096. The
+    /// servers may place that consumer on a server that is down, or on one that has not
+    /// stored the latest messages yet; when its creation goes unanswered for 2 s (or
+    /// `Options::timeout`, if shorter), or a fetch brings nothing within the timeout, the
+    /// rest are read from the stream's leader, as [`read_from_leader`](Self::read_from_leader)
+    /// does. So a read while one server of the cluster is down takes at most that wait
+    /// longer, and does not fail for it.
     pub fn read(&self, from: u64, max: usize) -> Result<Vec<StoredMessage>> {
-        if max == 0 {
+        let Some((from, end)) = self.read_range(from, max)? else {
             return Ok(Vec::new());
-        }
-        let from = from.max(1);
+        };
         self.runtime.block_on(async {
-            let info = self.retrying(|| self.stream.get_info()).await.map_err(|e| refused_or(e, Error::Other))?;
-            let last = info.state.last_sequence;
-            if last < from {
-                return Ok(Vec::new());
-            }
-            // The stream is dense (no deletes, no purges): `from ..= last` are all there.
-            let max = max.min(usize::try_from(last - from + 1).unwrap_or(usize::MAX));
+            let mut out = Vec::new();
             let config = consumer::pull::Config {
                 deliver_policy: consumer::DeliverPolicy::ByStartSequence { start_sequence: from },
                 ack_policy: consumer::AckPolicy::None,
                 inactive_threshold: Duration::from_secs(30),
                 ..Default::default()
             };
-            let consumer = self
-                .retrying(|| self.stream.create_consumer(config.clone()))
-                .await
-                .map_err(|e| refused_or(format!("creating a consumer from {from}: {e}"), Error::Other))?;
-            let mut out = Vec::new();
-            // A fetch returns what the consumer's server has at once, up to its batch: loop
-            // until `max`. That server may not have stored the last messages yet; a fetch
-            // that brings none is tried again (`Backoff`).
-            let mut backoff = Backoff::new(self.options.timeout);
-            while out.len() < max {
-                let want = (max - out.len()).min(4096);
-                let mut batch = consumer
-                    .fetch()
-                    .max_messages(want)
-                    .expires(self.options.timeout)
-                    .messages()
-                    .await
-                    .map_err(|e| Error::Other(format!("fetching from {from}: {e}")))?;
-                let before = out.len();
-                while let Some(m) = batch.next().await {
-                    out.push(stored(&self.options.subject_prefix, &m.map_err(other)?)?);
+            let wait = self.options.timeout.min(CONSUMER_WAIT);
+            match tokio::time::timeout(wait, self.stream.create_consumer(config)).await {
+                Ok(Ok(consumer)) => {
+                    self.fetch_into(&consumer, from, end, &mut out).await?;
+                    let name = consumer.cached_info().name.clone();
+                    // The servers drop an idle ephemeral consumer by themselves; deleting
+                    // it now only spares them the wait.
+                    let _ = self.stream.delete_consumer(&name).await;
                 }
-                if out.len() == before && !backoff.wait().await {
-                    return Err(Error::Timeout(self.options.timeout));
+                Ok(Err(e)) if matches!(refused_or(&e, Error::Other), Error::Refused(_)) => {
+                    return Err(refused_or(format!("creating a consumer from {from}: {e}"), Error::Other));
                 }
+                // Unanswered, or a cluster that cannot place it now: the leader serves.
+                Ok(Err(_)) | Err(_) => {}
             }
-            let name = consumer.cached_info().name.clone();
-            // The servers drop an idle ephemeral consumer by themselves; deleting it now
-            // only spares them the wait.
-            let _ = self.stream.delete_consumer(&name).await;
+            let next = out.last().map_or(from, |m: &StoredMessage| m.seq + 1);
+            if next <= end {
+                self.get_into(next, end, &mut out).await?;
+            }
             Ok(out)
         })
+    }
+
+    /// What [`read`](Self::read) returns, every message asked of the stream's leader, one
+    /// request a message with up to 64 in flight: slower than a consumer's batched
+    /// fetches on a healthy cluster, and served as long as the stream has a leader. It
+    /// needs no permission to create consumers, only to get the stream's messages
+    /// (`$JS.API.STREAM.MSG.GET.<stream>`).
+    pub fn read_from_leader(&self, from: u64, max: usize) -> Result<Vec<StoredMessage>> {
+        let Some((from, end)) = self.read_range(from, max)? else {
+            return Ok(Vec::new());
+        };
+        self.runtime.block_on(async {
+            let mut out = Vec::new();
+            self.get_into(from, end, &mut out).await?;
+            Ok(out)
+        })
+    }
+
+    /// The sequences `from ..= end` a read of up to `max` messages from `from` covers, the
+    /// stream's last sequence as its leader gives it bounding `end`; `None` when that is
+    /// nothing. The stream is dense (no deletes, no purges): they are all there.
+    fn read_range(&self, from: u64, max: usize) -> Result<Option<(u64, u64)>> {
+        if max == 0 {
+            return Ok(None);
+        }
+        let from = from.max(1);
+        let last = self.tip()?;
+        if last < from {
+            return Ok(None);
+        }
+        let end = last.min(from.saturating_add(u64::try_from(max - 1).unwrap_or(u64::MAX)));
+        Ok(Some((from, end)))
+    }
+
+    /// Fetches from `consumer`, which delivers from `from` on, into `out` until it holds
+    /// every message up to `end`, or a fetch brings nothing (its server is down or behind:
+    /// the caller reads the rest from the leader), or fails to arrive.
+    async fn fetch_into(
+        &self,
+        consumer: &consumer::PullConsumer,
+        from: u64,
+        end: u64,
+        out: &mut Vec<StoredMessage>,
+    ) -> Result<()> {
+        loop {
+            let next = match out.last() {
+                Some(m) if m.seq >= end => return Ok(()),
+                Some(m) => m.seq + 1,
+                None => from,
+            };
+            let want = usize::try_from(end - next + 1).unwrap_or(usize::MAX).min(4096);
+            let Ok(mut batch) = consumer.fetch().max_messages(want).expires(self.options.timeout).messages().await
+            else {
+                return Ok(());
+            };
+            let before = out.len();
+            while let Some(m) = batch.next().await {
+                let Ok(m) = m else { return Ok(()) };
+                let m = stored(&self.options.subject_prefix, &m)?;
+                if m.seq != next + (out.len() - before) as u64 {
+                    return Err(Error::Malformed { seq: m.seq, what: format!("delivered where {next} was due") });
+                }
+                if m.seq > end {
+                    return Ok(());
+                }
+                out.push(m);
+            }
+            if out.len() == before {
+                return Ok(());
+            }
+        }
+    }
+
+    /// Gets the messages `from ..= end` from the stream's leader into `out`, in order,
+    /// with up to [`GETS_IN_FLIGHT`] requests at once, each tried again as
+    /// [`retrying`](Self::retrying) does.
+    async fn get_into(&self, from: u64, end: u64, out: &mut Vec<StoredMessage>) -> Result<()> {
+        use futures_util::stream::{self as futures_stream, StreamExt as _};
+        let prefix = &self.options.subject_prefix;
+        let mut gets = futures_stream::iter(from..=end)
+            .map(|seq| async move {
+                let got = self.retrying(|| self.stream.get_raw_message(seq)).await;
+                match got {
+                    Ok(m) => stored_raw(prefix, seq, &m),
+                    Err(e) if e.kind() == stream::LastRawMessageErrorKind::NoMessageFound => {
+                        Err(Error::Malformed { seq, what: "missing from a stream that denies deletes".into() })
+                    }
+                    Err(e) => Err(refused_or(format!("getting message {seq}: {e}"), Error::Other)),
+                }
+            })
+            .buffered(GETS_IN_FLIGHT);
+        while let Some(m) = gets.next().await {
+            out.push(m?);
+        }
+        Ok(())
     }
 
     /// Every message from stream sequence `from` on, as the servers store them: an
@@ -735,6 +820,25 @@ fn target_of(prefix: &str, subject: &str) -> Option<Target> {
     // The log writes 32 hex digits, without the UUID's hyphens.
     let hex = rest.strip_prefix("s.").filter(|h| h.len() == 32)?;
     hex.parse::<SessionId>().ok().map(Target::Session)
+}
+
+/// How long [`JetStreamLog::read`] waits for its consumer's creation before it reads from
+/// the stream's leader instead: on a healthy cluster a creation is answered in
+/// milliseconds; one placed on a server that is down is not answered at all.
+const CONSUMER_WAIT: Duration = Duration::from_secs(2);
+
+/// Requests a read from the leader keeps in flight at once.
+const GETS_IN_FLIGHT: usize = 64;
+
+/// A message the leader answered a get of `seq` with.
+fn stored_raw(prefix: &str, seq: u64, m: &jetstream::message::StreamMessage) -> Result<StoredMessage> {
+    if m.sequence != seq {
+        return Err(Error::Malformed { seq, what: format!("the leader answered with message {}", m.sequence) });
+    }
+    let target = target_of(prefix, m.subject.as_str())
+        .ok_or_else(|| Error::Malformed { seq, what: format!("subject {} is not one of the log's", m.subject) })?;
+    let msg_id = m.headers.get(async_nats::header::NATS_MESSAGE_ID).map(|v| v.as_str().to_owned());
+    Ok(StoredMessage { seq, target, payload: m.payload.to_vec(), msg_id })
 }
 
 fn stored(prefix: &str, m: &jetstream::Message) -> Result<StoredMessage> {

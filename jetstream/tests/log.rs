@@ -61,6 +61,12 @@ fn messages_are_stored_in_order_and_read_back() {
     let middle = log.read(2, 2).unwrap();
     assert_eq!(middle.iter().map(|m| m.seq).collect::<Vec<_>>(), [2, 3]);
     assert!(log.read(5, 10).unwrap().is_empty());
+    // The leader answers the same, message by message.
+    assert_eq!(log.read_from_leader(1, 100).unwrap(), all);
+    assert_eq!(log.read_from_leader(2, 2).unwrap(), middle);
+    assert_eq!(log.read_from_leader(0, 1).unwrap(), all[..1]);
+    assert!(log.read_from_leader(5, 10).unwrap().is_empty());
+    assert!(log.read_from_leader(1, 0).unwrap().is_empty());
 
     // A subscription delivers what is stored, then what comes after.
     let mut sub = log.subscribe(3).unwrap();
@@ -312,14 +318,20 @@ fn a_killed_server_loses_no_acknowledged_message_and_writes_continue() {
     stop.store(true, Ordering::Relaxed);
     writer.join().unwrap();
     let tip = log.tip().unwrap();
-    // The killed server comes back before the read: a read creates a consumer, which
-    // nats-server 2.9 may place on a server that is down, and then waits it out.
-    cluster.restart(1);
 
+    // Read while the server is still down, several times: the servers may place a read's
+    // consumer on it, and the read then takes the messages from the stream's leader.
     let acked = acked.lock().unwrap();
-    let read: BTreeMap<u64, Vec<u8>> =
-        log.read(1, tip as usize + 10).unwrap().into_iter().map(|m| (m.seq, m.payload)).collect();
+    let leader: Vec<(u64, Vec<u8>)> =
+        log.read_from_leader(1, tip as usize + 10).unwrap().into_iter().map(|m| (m.seq, m.payload)).collect();
+    for _ in 0..6 {
+        let read: Vec<(u64, Vec<u8>)> =
+            log.read(1, tip as usize + 10).unwrap().into_iter().map(|m| (m.seq, m.payload)).collect();
+        assert_eq!(read, leader, "a read through a consumer and one from the leader");
+    }
+    let read: BTreeMap<u64, Vec<u8>> = leader.into_iter().collect();
     assert_eq!(read.len() as u64, tip, "the stream is dense");
+    assert_eq!(read.keys().next_back(), Some(&tip));
     for (seq, payload) in acked.iter() {
         assert_eq!(read.get(seq), Some(payload), "acknowledged message {seq}");
     }
@@ -327,6 +339,7 @@ fn a_killed_server_loses_no_acknowledged_message_and_writes_continue() {
     let distinct: std::collections::BTreeSet<&Vec<u8>> = read.values().collect();
     assert_eq!(distinct.len(), read.len());
 
+    cluster.restart(1);
     let after = log.append(vec![append(Target::Many, "after restart", Expected::Any, None)]).unwrap();
     assert!(matches!(after[0], Outcome::Stored { seq, .. } if seq == tip + 1));
 }
