@@ -12,7 +12,8 @@
 //!   decided under (`Nats-Expected-Last-Subject-Sequence`) and an idempotency key
 //!   (`Nats-Msg-Id`), so that a retried publish is stored once;
 //! - [`JetStreamLog::read`] and [`JetStreamLog::subscribe`]: the stream in order, from any
-//!   stream sequence;
+//!   stream sequence ([`JetStreamLog::read_from_leader`] reads without a consumer, which
+//!   `read` falls back on when the servers place its consumer on a server that is down);
 //! - [`JetStreamLog::tip`] and [`JetStreamLog::last_of`]: the stream's last sequence, and
 //!   a subject's.
 //!
