@@ -656,10 +656,18 @@ impl JetStreamLog {
                 let got = self.retrying(|| self.stream.get_raw_message(seq)).await;
                 match got {
                     Ok(m) => stored_raw(prefix, seq, &m),
-                    Err(e) if e.kind() == stream::LastRawMessageErrorKind::NoMessageFound => {
-                        Err(Error::Malformed { seq, what: "missing from a stream that denies deletes".into() })
-                    }
-                    Err(e) => Err(refused_or(format!("getting message {seq}: {e}"), Error::Other)),
+                    Err(e) => Err(match e.kind() {
+                        stream::LastRawMessageErrorKind::NoMessageFound => {
+                            Error::Malformed { seq, what: "missing from a stream that denies deletes".into() }
+                        }
+                        // The request went unanswered for three timeouts, its tries included.
+                        stream::LastRawMessageErrorKind::Other
+                            if !matches!(refused_or(&e, Error::Other), Error::Refused(_)) =>
+                        {
+                            Error::Timeout(self.options.timeout)
+                        }
+                        _ => refused_or(format!("getting message {seq}: {e}"), Error::Other),
+                    }),
                 }
             })
             .buffered(GETS_IN_FLIGHT);
