@@ -1,6 +1,6 @@
 //! Hashed buckets: a map of many small entries kept in few projection rows.
 //!
-//! The content-id index (one entry a content object), the turn records (one entry a
+//! The content-id index (one entry a key of a content id's first 8 bytes), the turn records (one entry a
 //! committed turn) and the revision nodes (one entry a revision) are lookups by a key
 //! that has no useful order. A row an entry made them most of the projections' rows. A [`Buckets`] map packs its entries into buckets by a
 //! 64-bit hash of the key, with linear hashing: a map whose entries take `size` bytes has
@@ -119,9 +119,17 @@ pub struct Buckets {
 /// a third of a part, so that a bucket seldom needs a second one.
 pub const BUCKET_BYTES: u64 = 1_024;
 
-/// The content-id index: content id (32 bytes) → seq of the content row that holds it
-/// (u64 BE). Content ids are blake3 hashes already; their first 8 bytes are the hash.
+/// The content-id index: the first [`CONTENT_KEY_BYTES`] bytes of a content id → the seq of
+/// every content row that holds an object whose id starts with them (see
+/// [`content_rows`]). Content ids are blake3 hashes already; their first 8 bytes are the
+/// hash.
 pub const CONTENT: Buckets = Buckets { table: Table::ContentIndex, hash: leading_u64, bytes: BUCKET_BYTES };
+
+/// Bytes of a content id that key its entry in the content-id index. Two ids share them
+/// by chance about once in 2^32 pairs (or by grinding about 2^32 hashes), so an entry
+/// lists every row holding an object with that key, and only a row says which id it
+/// holds: a lookup names the rows that may hold an id, and the caller reads them.
+pub const CONTENT_KEY_BYTES: usize = 8;
 
 /// A session's turn records: turn id (UTF-8) → `TurnRecord` (canonically encoded), under
 /// the session's prefix. A turn id is chosen by the host, so it is hashed (blake3).
@@ -146,17 +154,111 @@ fn blake3_u64(key: &[u8]) -> u64 {
 /// whatever the nodes' size.
 pub const REVISIONS: Buckets = Buckets { table: Table::Revisions, hash: leading_u64, bytes: BUCKET_BYTES };
 
-/// The seq of the content row holding `id`, from the content-id index.
-pub fn content_seq<S: Store + ?Sized>(store: &S, id: &ContentId) -> Result<Option<u64>> {
-    content_seq_sized(store, CONTENT.size(store, &[])?, id)
+/// The key of `id`'s entry in the content-id index.
+fn content_key(id: &ContentId) -> &[u8] {
+    &id.0[..CONTENT_KEY_BYTES]
 }
 
-/// [`content_seq`] in an index of `size` bytes ([`Buckets::size`]), for a reader that
+/// The seqs an entry of the content-id index lists: LEB128 varints in their shortest
+/// form, ascending (a seq twice when its row holds two objects of the entry's key), at
+/// least one.
+fn decode_content_rows(id: &ContentId, value: &[u8]) -> Result<Vec<u64>> {
+    let bad = || CONTENT.corrupt(content_key(id), "bad content index entry");
+    let mut rest = value;
+    let mut seqs = Vec::with_capacity(1);
+    while !rest.is_empty() {
+        let seq = read_varint(&mut rest).ok_or_else(bad)? as u64;
+        if seqs.last().is_some_and(|last| *last > seq) {
+            return Err(bad());
+        }
+        seqs.push(seq);
+    }
+    if seqs.is_empty() {
+        return Err(bad());
+    }
+    Ok(seqs)
+}
+
+fn encode_content_rows(seqs: &[u64]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(seqs.len() * 4);
+    for seq in seqs {
+        put_varint(&mut out, *seq as usize);
+    }
+    out
+}
+
+/// The seqs of the content rows that may hold `id`, ascending: every row the content-id
+/// index lists under its key ([`CONTENT_KEY_BYTES`]). Nearly always none or the one that
+/// holds it; the rows themselves say which holds `id`.
+pub fn content_rows<S: Store + ?Sized>(store: &S, id: &ContentId) -> Result<Vec<u64>> {
+    content_rows_sized(store, CONTENT.size(store, &[])?, id)
+}
+
+/// [`content_rows`] in an index of `size` bytes ([`Buckets::size`]), for a reader that
 /// looks up many ids at one seq.
-pub fn content_seq_sized<S: Store + ?Sized>(store: &S, size: u64, id: &ContentId) -> Result<Option<u64>> {
-    CONTENT.get_sized(store, &[], size, &id.0, |v| {
-        <[u8; 8]>::try_from(v).map(u64::from_be_bytes).map_err(|_| CONTENT.corrupt(&id.0, "bad content index entry"))
-    })
+pub fn content_rows_sized<S: Store + ?Sized>(store: &S, size: u64, id: &ContentId) -> Result<Vec<u64>> {
+    Ok(CONTENT.get_sized(store, &[], size, content_key(id), |v| decode_content_rows(id, v))?.unwrap_or_default())
+}
+
+/// Whether the content-id index lists a row under `id`'s key: `false` means `id` is not
+/// stored; `true` that a row may hold it (one holding another id of that key, by chance).
+pub fn content_may_be_stored<S: Store + ?Sized>(store: &S, id: &ContentId) -> Result<bool> {
+    CONTENT.contains(store, &[], content_key(id))
+}
+
+/// Whether `id` is stored, as a writer deciding what a command stores must know it: each
+/// row the content-id index names under its key is asked whether it holds `id`, first
+/// `staged` (the rows of the batch being decided, not in `store`'s rows yet: `None` for
+/// a seq it does not hold), then `store` ([`Store::content_row_holds`]). A store that
+/// cannot tell is an error, not a guess.
+pub(crate) fn content_is_stored<S: Store + ?Sized>(
+    store: &S,
+    id: &ContentId,
+    staged: &dyn Fn(u64) -> Option<bool>,
+) -> Result<bool> {
+    for seq in content_rows(store, id)? {
+        let holds = match staged(seq) {
+            Some(holds) => holds,
+            None => store.content_row_holds(seq, id)?.ok_or_else(|| {
+                Error::Storage(format!("content row {seq} cannot be read here to tell whether it holds {id}"))
+            })?,
+        };
+        if holds {
+            return Ok(true);
+        }
+    }
+    Ok(false)
+}
+
+/// Records in the content-id index that the content row at `seq` holds `id`.
+pub fn content_add<S: Store + ?Sized>(store: &mut S, id: &ContentId, seq: u64) -> Result<()> {
+    let one = encode_content_rows(&[seq]);
+    // The common case: no row holds an object of this key yet.
+    if let Some(old) = CONTENT.replace(store, &[], content_key(id), &one)? {
+        let mut seqs = decode_content_rows(id, &old)?;
+        let at = seqs.partition_point(|s| *s <= seq);
+        seqs.insert(at, seq);
+        CONTENT.insert(store, &[], content_key(id), &encode_content_rows(&seqs))?;
+    }
+    Ok(())
+}
+
+/// Records in the content-id index that the content row at `seq` no longer holds `id`
+/// (a content collection removed it); `false` when the index did not list that row.
+pub fn content_remove<S: Store + ?Sized>(store: &mut S, id: &ContentId, seq: u64) -> Result<bool> {
+    let Some(mut seqs) = CONTENT.get(store, &[], content_key(id), |v| decode_content_rows(id, v))? else {
+        return Ok(false);
+    };
+    let Some(at) = seqs.iter().position(|s| *s == seq) else {
+        return Ok(false);
+    };
+    seqs.remove(at);
+    if seqs.is_empty() {
+        CONTENT.remove(store, &[], content_key(id))?;
+    } else {
+        CONTENT.insert(store, &[], content_key(id), &encode_content_rows(&seqs))?;
+    }
+    Ok(true)
 }
 
 /// The record of turn `turn_id` of `session`, if it was committed.
@@ -206,6 +308,8 @@ struct Splice {
     end: usize,
     size: usize,
     old: Option<usize>,
+    /// Where the old entry's value is in the entry bytes, if there is one.
+    old_value: std::ops::Range<usize>,
 }
 
 impl Buckets {
@@ -455,6 +559,7 @@ impl Buckets {
         bucket: u64,
         key: &[u8],
         value: &[u8],
+        old_value: &mut Option<Vec<u8>>,
     ) -> Result<Option<Option<usize>>> {
         if key.len() > KEY_BYTES_MAX {
             return Err(self.corrupt(prefix, "bucket key too long"));
@@ -465,6 +570,9 @@ impl Buckets {
         let mut old = None;
         let in_place = store.update_in_place(self.table, &row_key, &mut |row| {
             let Some(splice) = self.one_part_splice(&row_key, Some(row), key, value)? else { return Ok(false) };
+            if splice.old.is_some() {
+                *old_value = Some(row[1 + splice.old_value.start..1 + splice.old_value.end].to_vec());
+            }
             let mut entry = Vec::with_capacity(entry_size(key, value));
             put_entry(&mut entry, key, value);
             row.splice(1 + splice.at..1 + splice.end, entry);
@@ -478,6 +586,9 @@ impl Buckets {
         store.read(self.table, &row_key, &mut |v| {
             let Some(splice) = self.one_part_splice(&row_key, v, key, value)? else { return Ok(()) };
             let entries = v.map_or(&[][..], |v| &v[1..]);
+            if splice.old.is_some() {
+                *old_value = Some(entries[splice.old_value.clone()].to_vec());
+            }
             let mut out = Vec::with_capacity(1 + splice.size);
             out.push(0);
             out.extend_from_slice(&entries[..splice.at]);
@@ -509,10 +620,11 @@ impl Buckets {
         // `at..end`: where the entry goes, and the old entry of the same key, if any.
         let (mut at, mut end, mut rest, mut others) = (0, 0, entries, 0usize);
         let mut equal = false;
+        let mut old_value = 0..0;
         // Entries past the key are only walked (a row that does not parse whole is
         // corrupt, and is not written back), not compared.
         let mut past = false;
-        while let Some((k, _)) = self.next_entry(row_key, &mut rest)? {
+        while let Some((k, v)) = self.next_entry(row_key, &mut rest)? {
             let next = entries.len() - rest.len();
             if !past {
                 match key_cmp(k, key) {
@@ -520,6 +632,7 @@ impl Buckets {
                     std::cmp::Ordering::Greater => past = true,
                     std::cmp::Ordering::Equal => {
                         (equal, end, past) = (true, next, true);
+                        old_value = next - v.len()..next;
                         // The key's own entry is not one of the others.
                         continue;
                     }
@@ -534,21 +647,51 @@ impl Buckets {
         if size > PART_BYTES && others > 0 {
             return Ok(None);
         }
-        Ok(Some(Splice { at, end, size, old: equal.then_some(end - at) }))
+        Ok(Some(Splice { at, end, size, old: equal.then_some(end - at), old_value }))
     }
 
     /// Sets `key` to `value` in `prefix`'s map; returns whether the key is new.
     pub fn insert<S: Store + ?Sized>(&self, store: &mut S, prefix: &[u8], key: &[u8], value: &[u8]) -> Result<bool> {
+        let mut old = None;
+        self.set(store, prefix, key, value, &mut old)
+    }
+
+    /// Sets `key` to `value` in `prefix`'s map; returns the value it replaced, if any.
+    pub fn replace<S: Store + ?Sized>(
+        &self,
+        store: &mut S,
+        prefix: &[u8],
+        key: &[u8],
+        value: &[u8],
+    ) -> Result<Option<Vec<u8>>> {
+        let mut old = None;
+        self.set(store, prefix, key, value, &mut old)?;
+        Ok(old)
+    }
+
+    /// [`Buckets::insert`], keeping the value replaced in `old_value`.
+    fn set<S: Store + ?Sized>(
+        &self,
+        store: &mut S,
+        prefix: &[u8],
+        key: &[u8],
+        value: &[u8],
+        old_value: &mut Option<Vec<u8>>,
+    ) -> Result<bool> {
         let size = self.size(store, prefix)?;
         let n = buckets_for(size, self.bytes);
         let bucket = address((self.hash)(key), n);
-        let old = match self.insert_in_one_part(store, prefix, bucket, key, value)? {
+        let old = match self.insert_in_one_part(store, prefix, bucket, key, value, old_value)? {
             Some(old) => old,
             None => {
                 let parts = self.read_parts(store, prefix, bucket)?;
                 let mut entries = self.entries(prefix, bucket, n, &parts)?;
                 let old = match entries.binary_search_by(|(k, _)| (*k).cmp(key)) {
-                    Ok(i) => Some(entry_size(entries[i].0, std::mem::replace(&mut entries[i].1, value))),
+                    Ok(i) => {
+                        let replaced = std::mem::replace(&mut entries[i].1, value);
+                        *old_value = Some(replaced.to_vec());
+                        Some(entry_size(entries[i].0, replaced))
+                    }
                     Err(i) => {
                         entries.insert(i, (key, value));
                         None
@@ -634,6 +777,107 @@ mod tests {
 
     fn rows(store: &MemStore) -> Vec<(Vec<u8>, Vec<u8>)> {
         store.tables.get(&Table::ContentIndex).map(|t| t.clone().into_iter().collect()).unwrap_or_default()
+    }
+
+    /// An id whose first 8 bytes are `key` (as a content id's would be) and the rest `tail`.
+    fn id(key: u64, tail: u8) -> ContentId {
+        let mut id = [tail; 32];
+        id[..8].copy_from_slice(&key.to_le_bytes());
+        ContentId(id)
+    }
+
+    #[test]
+    fn the_content_index_lists_every_row_of_a_key_and_forgets_one_at_a_time() {
+        let mut store = MemStore::default();
+        let (a, b, c, other) = (id(7, 1), id(7, 2), id(7, 3), id(8, 1));
+        assert!(content_rows(&store, &a).unwrap().is_empty());
+        assert!(!content_may_be_stored(&store, &a).unwrap());
+        // Three ids of one key, in two rows (the later one added first), and another key.
+        content_add(&mut store, &b, 300).unwrap();
+        content_add(&mut store, &a, 5).unwrap();
+        content_add(&mut store, &c, 300).unwrap();
+        content_add(&mut store, &other, 5).unwrap();
+        // Every id of the key gets every row of the key, ascending, a row as often as it
+        // holds an object of the key: only the rows say which holds which.
+        for x in [a, b, c] {
+            assert_eq!(content_rows(&store, &x).unwrap(), [5, 300, 300]);
+            assert!(content_may_be_stored(&store, &x).unwrap());
+        }
+        assert_eq!(content_rows(&store, &other).unwrap(), [5]);
+        // The entry's bytes: key, then the seqs as varints (300 is 0xac 0x02).
+        let entries = CONTENT.all(&store, &[]).unwrap();
+        assert_eq!(entries[0], (7u64.to_le_bytes().to_vec(), vec![5, 0xac, 0x02, 0xac, 0x02]));
+        // A removal names the id and its row; an unlisted row is not removed.
+        assert!(!content_remove(&mut store, &a, 6).unwrap());
+        assert!(content_remove(&mut store, &c, 300).unwrap());
+        assert_eq!(content_rows(&store, &a).unwrap(), [5, 300]);
+        assert!(content_remove(&mut store, &a, 5).unwrap());
+        assert!(content_remove(&mut store, &b, 300).unwrap());
+        assert!(content_rows(&store, &b).unwrap().is_empty());
+        assert!(!content_remove(&mut store, &b, 300).unwrap());
+        // The key's entry is gone with its last row; the other key's stays.
+        assert_eq!(CONTENT.all(&store, &[]).unwrap().len(), 1);
+        assert!(content_remove(&mut store, &other, 5).unwrap());
+        assert!(rows(&store).is_empty(), "an empty index holds no row");
+    }
+
+    #[test]
+    fn a_content_index_entry_that_is_not_ascending_varints_is_corrupt() {
+        let key = 9u64.to_le_bytes();
+        for bad in [vec![], vec![0x80], vec![5, 4], vec![0x85, 0x00]] {
+            let mut store = MemStore::default();
+            CONTENT.insert(&mut store, &[], &key, &bad).unwrap();
+            let err = content_rows(&store, &id(9, 0)).unwrap_err();
+            assert!(matches!(err, Error::Corrupt { .. }), "{bad:?}: {err}");
+            assert!(matches!(content_add(&mut store, &id(9, 0), 1).unwrap_err(), Error::Corrupt { .. }));
+        }
+    }
+
+    /// A store of projection rows that also answers which content rows hold which ids,
+    /// as a view of an engine does.
+    struct WithRows {
+        store: MemStore,
+        rows: BTreeMap<u64, Vec<ContentId>>,
+    }
+
+    impl Store for WithRows {
+        fn read(&self, table: Table, key: &[u8], f: &mut dyn FnMut(Option<&[u8]>) -> Result<()>) -> Result<()> {
+            self.store.read(table, key, f)
+        }
+        fn put(&mut self, table: Table, key: &[u8], value: &[u8]) -> Result<()> {
+            self.store.put(table, key, value)
+        }
+        fn remove(&mut self, table: Table, key: &[u8]) -> Result<()> {
+            self.store.remove(table, key)
+        }
+        fn content_row_holds(&self, seq: u64, id: &ContentId) -> Result<Option<bool>> {
+            Ok(Some(self.rows.get(&seq).is_some_and(|ids| ids.contains(id))))
+        }
+    }
+
+    #[test]
+    fn an_id_is_stored_only_if_a_row_of_its_key_holds_it() {
+        let (a, b, c) = (id(7, 1), id(7, 2), id(7, 3));
+        let mut store = WithRows { store: MemStore::default(), rows: BTreeMap::new() };
+        content_add(&mut store, &a, 5).unwrap();
+        store.rows.insert(5, vec![a]);
+        let none = |_: u64| None;
+        assert!(content_is_stored(&store, &a, &none).unwrap());
+        // `b` shares `a`'s key, and row 5 does not hold it: not stored, to be stored.
+        assert!(!content_is_stored(&store, &b, &none).unwrap());
+        assert!(!content_is_stored(&store, &id(8, 1), &none).unwrap());
+        // A row of the batch being decided (seq 9) answers for itself, before the store.
+        content_add(&mut store, &b, 9).unwrap();
+        let staged = |seq: u64| (seq == 9).then_some(true);
+        assert!(content_is_stored(&store, &b, &staged).unwrap());
+        let staged_other = |seq: u64| (seq == 9).then_some(false);
+        assert!(!content_is_stored(&store, &c, &staged_other).unwrap());
+        // A store that cannot read the rows does not guess.
+        let mut plain = MemStore::default();
+        content_add(&mut plain, &a, 5).unwrap();
+        assert!(matches!(content_is_stored(&plain, &a, &none).unwrap_err(), Error::Storage(_)));
+        // Without an entry for the key, no row is asked.
+        assert!(!content_is_stored(&plain, &id(8, 1), &none).unwrap());
     }
 
     #[test]

@@ -118,8 +118,8 @@ pub(crate) struct Sweep {
 pub(crate) struct Swept {
     /// Where the next batch starts, if any row is left.
     pub next: Option<u64>,
-    /// The objects removed.
-    pub removed: Vec<ContentId>,
+    /// The objects removed, each with the seq of the row it was in.
+    pub removed: Vec<(ContentId, u64)>,
     pub rows_read: u64,
     pub rows_rewritten: u64,
     pub bytes: u64,
@@ -138,7 +138,7 @@ pub(crate) fn sweep_rows(txn: &redb::WriteTransaction, marks: &Marks, sweep: &Sw
         if let Some((row, removed, bytes)) =
             crate::purge::filter_row(seq, &row, object_max, |id| marks.reached.contains(id))?
         {
-            out.removed.extend(removed);
+            out.removed.extend(removed.into_iter().map(|id| (id, seq)));
             out.bytes += bytes;
             rewrites.push((seq, row));
         }

@@ -765,30 +765,41 @@ impl View {
         if let Some(bytes) = self.cache.as_ref().and_then(|c| c.get(id, self.seq)) {
             return f(&bytes).map(Some);
         }
-        let Some(seq) = self.content_seq(id)? else {
-            return Ok(None);
-        };
-        let bytes = match self.log.tail.get(seq) {
-            Some(row) => crate::log::object_in_row(&row.content, seq, id, object_bytes_max)?,
-            None => {
-                let content = match self.content.get() {
-                    Some(table) => table,
-                    None => {
-                        let table = crate::pieces::ContentReader::open(&self.log.txn)?;
-                        self.content.get_or_init(|| table)
-                    }
-                };
-                crate::log::read_object(content, seq, id, object_bytes_max)?
+        // The rows the index names under the id's key; nearly always one, the one that
+        // holds it.
+        for seq in self.content_rows(id)? {
+            let found = self.with_content_row(seq, |row| crate::log::find_object(row, seq, id, object_bytes_max))?;
+            if let Some(bytes) = found {
+                if let Some(cache) = &self.cache {
+                    cache.put(*id, seq, &bytes);
+                }
+                return f(&bytes).map(Some);
             }
-        };
-        if let Some(cache) = &self.cache {
-            cache.put(*id, seq, &bytes);
         }
-        f(&bytes).map(Some)
+        Ok(None)
     }
 
-    /// The seq whose content row holds `id`, from the content-id index.
-    pub(crate) fn content_seq(&self, id: &ContentId) -> Result<Option<u64>> {
+    /// Calls `f` with the content row of seq `seq` (a journalled one from memory, else the
+    /// log file's); a row the log lacks is corrupt, since the content-id index named it.
+    fn with_content_row<T>(&self, seq: u64, f: impl FnOnce(&[u8]) -> Result<T>) -> Result<T> {
+        if let Some(row) = self.log.tail.get(seq) {
+            return f(&row.content);
+        }
+        let content = match self.content.get() {
+            Some(table) => table,
+            None => {
+                let table = crate::pieces::ContentReader::open(&self.log.txn)?;
+                self.content.get_or_init(|| table)
+            }
+        };
+        let location = Location::Projection { table: Table::ContentIndex.name(), key: seq.to_string() };
+        let row = content.get(seq)?.ok_or_else(|| Error::corrupt(location, format!("content row {seq} is missing")))?;
+        f(&row)
+    }
+
+    /// The seqs of the content rows that may hold `id`, from the content-id index
+    /// ([`crate::buckets::content_rows`]).
+    pub(crate) fn content_rows(&self, id: &ContentId) -> Result<Vec<u64>> {
         let size = match self.content_index_size.get() {
             Some(size) => *size,
             None => {
@@ -796,12 +807,13 @@ impl View {
                 *self.content_index_size.get_or_init(|| size)
             }
         };
-        match crate::buckets::content_seq_sized(self, size, id)? {
-            Some(seq) if seq > self.seq => Err(Error::corrupt(
+        let rows = crate::buckets::content_rows_sized(self, size, id)?;
+        match rows.last() {
+            Some(seq) if *seq > self.seq => Err(Error::corrupt(
                 Location::Projection { table: Table::ContentIndex.name(), key: id.to_hex() },
                 format!("content indexed at seq {seq}, past the view's {}", self.seq),
             )),
-            found => Ok(found),
+            _ => Ok(rows),
         }
     }
 }
@@ -820,6 +832,19 @@ impl Store for View {
     }
     fn remove(&mut self, _: Table, _: &[u8]) -> Result<()> {
         Err(Error::Storage("a view is read-only".into()))
+    }
+    fn content_row_holds(&self, seq: u64, id: &ContentId) -> Result<Option<bool>> {
+        if seq > self.seq {
+            // The batch being decided answers for its own rows: a row past the view that
+            // it does not hold is no row at all.
+            return Err(Error::Storage(format!("content row {seq} is past the view's seq {}", self.seq)));
+        }
+        self.with_content_row(seq, |row| {
+            let found = annal_codec::content::find(row, id, u64::MAX).map_err(|e| {
+                Error::corrupt(Location::Content { id: id.to_hex() }, format!("content row {seq}: {e}"))
+            })?;
+            Ok(Some(found.is_some()))
+        })
     }
 }
 

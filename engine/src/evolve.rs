@@ -3,7 +3,7 @@
 //! of projections can be rebuilt alone. The fold recomputes every `revision_after` and
 //! checks the stream density; a mismatch is [`crate::Error::Corrupt`] at that seq.
 
-use crate::buckets::{CONTENT, REVISIONS, TURNS};
+use crate::buckets::{REVISIONS, TURNS};
 use crate::command::Receipt;
 use crate::error::{Error, Location, Result};
 use crate::packed::{Misplaced, Packed};
@@ -532,30 +532,31 @@ fn fold_streams<S: Store + ?Sized>(store: &mut S, r: &Record) -> Result<()> {
     }
 }
 
-/// The content-id index: every object stored with a record points at that record's seq,
-/// and every object a record refers to must already be stored (attachments are checked
-/// where their message is read).
+/// The content-id index: every object stored with a record is listed under its key at
+/// that record's seq, and every object a record refers to must already be stored, as far
+/// as the index can tell (a row is listed under the id's key; whole ids are `verify`'s
+/// and the writer's to check, which read the rows; attachments are checked where their
+/// message is read).
 fn fold_content<S: Store + ?Sized>(store: &mut S, r: &Record, introduced: &[ContentId]) -> Result<()> {
     for id in introduced {
-        if !CONTENT.insert(store, &[], &id.0, &r.seq.to_be_bytes())? {
-            return Err(corrupt(r, format!("content {id} stored twice")));
-        }
+        crate::buckets::content_add(store, id, r.seq)?;
     }
     for id in r.event.content_refs() {
         // What the record introduced was just indexed above.
-        if !introduced.contains(&id) && !CONTENT.contains(store, &[], &id.0)? {
+        if !introduced.contains(&id) && !crate::buckets::content_may_be_stored(store, &id)? {
             return Err(corrupt(r, format!("refers to content {id}, which is not stored")));
         }
     }
     Ok(())
 }
 
-/// A content collection removed `removed` from their content rows: the content-id index
-/// forgets them, as a fold of those rows from the log now gives (it indexes what a row
-/// holds), so a later command that brings the same bytes stores them again.
-pub(crate) fn content_collected<S: Store + ?Sized>(store: &mut S, removed: &[ContentId]) -> Result<()> {
-    for id in removed {
-        CONTENT.remove(store, &[], &id.0)?;
+/// A content collection removed `removed` (each id with the seq of its row) from their
+/// content rows: the content-id index forgets them, as a fold of those rows from the log
+/// now gives (it indexes what a row holds), so a later command that brings the same bytes
+/// stores them again.
+pub(crate) fn content_collected<S: Store + ?Sized>(store: &mut S, removed: &[(ContentId, u64)]) -> Result<()> {
+    for (id, seq) in removed {
+        crate::buckets::content_remove(store, id, *seq)?;
     }
     Ok(())
 }

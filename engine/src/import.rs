@@ -68,7 +68,7 @@ fn import_txn(shared: &Shared, tip: &mut Tip, records: Vec<Record>, content: Vec
             return Err(import_error(seq, format!("expected stream seq {next_stream}")));
         }
         let clock_ms = record.committed_at_ms;
-        let entry = fold_foreign(&mut overlay, &offered, &StoredForms::new(), record, seq, limits)?;
+        let entry = fold_foreign(&mut overlay, &entries, &offered, &StoredForms::new(), record, seq, limits)?;
         stored_objects += entry.content.len() as u64;
         expected = Tip { seq, hash: expected.hash, clock_ms };
         entries.push(entry);
@@ -92,6 +92,7 @@ fn import_txn(shared: &Shared, tip: &mut Tip, records: Vec<Record>, content: Vec
 /// error is [`Rejection::InvalidImport`] at `source_seq`, the record's seq in the export.
 pub(crate) fn fold_foreign<S: Store + ?Sized>(
     store: &mut S,
+    staged: &[Entry],
     offered: &BTreeMap<ContentId, Vec<u8>>,
     stored: &StoredForms,
     record: Record,
@@ -111,7 +112,7 @@ pub(crate) fn fold_foreign<S: Store + ?Sized>(
     }
     let mut introduced = Vec::new();
     for id in record.event.content_refs() {
-        take_offered(offered, stored, &*store, &id, limits, &mut introduced).map_err(invalid)?;
+        take_offered(offered, stored, &*store, staged, &id, limits, &mut introduced).map_err(invalid)?;
     }
     introduced.sort_by_key(|o| o.id);
     let ids: Vec<ContentId> = introduced.iter().map(|o| o.id).collect();
@@ -125,11 +126,14 @@ fn take_offered<S: Store + ?Sized>(
     offered: &BTreeMap<ContentId, Vec<u8>>,
     stored: &StoredForms,
     store: &S,
+    staged: &[Entry],
     id: &ContentId,
     limits: &Limits,
     taken: &mut Vec<StoredObject>,
 ) -> Result<()> {
-    if taken.iter().any(|t| t.id == *id) || crate::buckets::CONTENT.contains(store, &[], &id.0)? {
+    if taken.iter().any(|t| t.id == *id)
+        || crate::buckets::content_is_stored(store, id, &|seq| crate::writer::staged_holds(staged, seq, id))?
+    {
         return Ok(());
     }
     let bytes = offered.get(id).ok_or_else(|| {
@@ -152,7 +156,7 @@ fn take_offered<S: Store + ?Sized>(
     });
     if let Ok(attachments) = annal_codec::message_attachments(bytes, limits.message_object_bytes_max()) {
         for a in &attachments {
-            take_offered(offered, stored, store, a, limits, taken)?;
+            take_offered(offered, stored, store, staged, a, limits, taken)?;
         }
     }
     Ok(())

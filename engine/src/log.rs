@@ -177,25 +177,20 @@ pub(crate) fn ids_in_row(row: &[u8], seq: u64, object_bytes_max: u64) -> Result<
         .collect()
 }
 
-/// Reads object `id` from content row `seq` and checks it against its id.
-pub(crate) fn read_object(content: &ContentReader, seq: u64, id: &ContentId, object_bytes_max: u64) -> Result<Vec<u8>> {
+/// Object `id` of `row`, the content row of record `seq`, checked against its id; `None`
+/// when the row holds no object of that id.
+pub(crate) fn find_object(row: &[u8], seq: u64, id: &ContentId, object_bytes_max: u64) -> Result<Option<Vec<u8>>> {
     let location = || Location::Content { id: id.to_hex() };
-    let row = content.get(seq)?.ok_or_else(|| Error::corrupt(location(), format!("content row {seq} is missing")))?;
-    object_in_row(&row, seq, id, object_bytes_max)
-}
-
-/// Reads object `id` from `row`, the content row of record `seq`, and checks it against
-/// its id.
-pub(crate) fn object_in_row(row: &[u8], seq: u64, id: &ContentId, object_bytes_max: u64) -> Result<Vec<u8>> {
-    let location = || Location::Content { id: id.to_hex() };
-    let entry = annal_codec::content::find(row, id, object_bytes_max)
+    let Some(entry) = annal_codec::content::find(row, id, object_bytes_max)
         .map_err(|e| Error::corrupt(location(), format!("content row {seq}: {e}")))?
-        .ok_or_else(|| Error::corrupt(location(), format!("not in content row {seq}")))?;
+    else {
+        return Ok(None);
+    };
     let bytes = entry.canonical(object_bytes_max).map_err(|e| Error::corrupt(location(), e.to_string()))?;
     if annal_codec::content_id(&bytes) != *id {
         return Err(Error::corrupt(location(), "bytes do not hash to the id"));
     }
-    Ok(bytes.into_owned())
+    Ok(Some(bytes.into_owned()))
 }
 
 /// Reads the log after a seq, in order: each record chain-checked against the one

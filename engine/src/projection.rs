@@ -29,7 +29,8 @@ pub enum Projection {
     Tools,
     /// The per-session stream index: (session, stream seq) → global seq.
     Streams,
-    /// The content-id index: content id → the seq whose content row holds its bytes.
+    /// The content-id index: the first 8 bytes of a content id → the seqs of the content
+    /// rows holding an object of that key.
     Content,
     /// The per-session input inbox: queued inputs and their claims.
     Inbox,
@@ -102,7 +103,9 @@ impl Projection {
             // row per turn).
             Projection::Turns => 2,
             // 2: the content-id index in hashed buckets (it was a row per object).
-            Projection::Content => 2,
+            // 3: keyed by the first 8 bytes of an id, listing the rows of that key
+            //    (`crate::buckets::CONTENT`; it was the whole id and one seq).
+            Projection::Content => 3,
             _ => 1,
         }
     }

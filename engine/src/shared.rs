@@ -280,24 +280,25 @@ pub(crate) fn fold_batch(
             host.subject_last.insert(s, m.seq);
         }
         overlay.stage();
-        match fold_one(shared, &mut overlay, &m, next_seq, clock_ms) {
-            Ok((staged, at_ms)) => {
+        let start = entries.len();
+        match fold_one(shared, &mut overlay, &mut entries, &m, next_seq, clock_ms) {
+            Ok(at_ms) => {
                 overlay.keep();
                 let mut sessions = Vec::new();
-                for e in &staged {
+                for e in &entries[start..] {
                     if !sessions.contains(&e.record.session) {
                         sessions.push(e.record.session);
                     }
                 }
-                let last_seq = next_seq + staged.len() as u64 - 1;
+                let last_seq = next_seq + (entries.len() - start) as u64 - 1;
                 notices.push(CommitNotice { first_seq: next_seq, last_seq, sessions, committed_at_ms: at_ms });
                 verdicts.push((m.seq, Verdict::Applied { first_seq: next_seq, at_ms }));
                 next_seq = last_seq + 1;
                 clock_ms = at_ms;
-                entries.extend(staged);
             }
             Err(Folding::Void(void)) => {
                 overlay.discard();
+                entries.truncate(start);
                 verdicts.push((m.seq, Verdict::Void(void)));
             }
             Err(Folding::Failed(e)) => return Err(e),
@@ -335,14 +336,17 @@ enum Folding {
 }
 
 /// Folds one message into `overlay`: its records numbered from `next_seq` and stamped
-/// no earlier than `clock_ms`. Returns its entries and their time.
+/// no earlier than `clock_ms`, their entries appended to `entries` (the batch's so far,
+/// whose rows the content checks read; on an error the caller cuts them back). Returns
+/// their time.
 fn fold_one(
     shared: &Shared,
     overlay: &mut Overlay<'_, crate::delta::View>,
+    entries: &mut Vec<Entry>,
     m: &StreamMessage,
     next_seq: u64,
     clock_ms: u64,
-) -> std::result::Result<(Vec<Entry>, u64), Folding> {
+) -> std::result::Result<u64, Folding> {
     let limits = &shared.limits;
     let message = decode_message(&m.payload, &shared.chain, limits.record_bytes_max, limits.message_object_bytes_max())
         .map_err(Folding::Void)?;
@@ -354,7 +358,6 @@ fn fold_one(
             return Err(Folding::Void(Void::Malformed("a record of another session than its subject's".into())));
         }
     }
-    let mut staged = Vec::with_capacity(message.records.len());
     let mut at_ms = clock_ms;
     for (i, mut record) in message.records.into_iter().enumerate() {
         let next = crate::writer::next_stream_seq(&*overlay, &record.session).map_err(Folding::Failed)?;
@@ -365,13 +368,13 @@ fn fold_one(
         record.seq = next_seq + i as u64;
         record.committed_at_ms = record.committed_at_ms.max(at_ms);
         at_ms = record.committed_at_ms;
-        match crate::import::fold_foreign(overlay, &message.objects, &message.stored, record, m.seq, limits) {
-            Ok(entry) => staged.push(entry),
+        match crate::import::fold_foreign(overlay, entries, &message.objects, &message.stored, record, m.seq, limits) {
+            Ok(entry) => entries.push(entry),
             Err(e @ Error::Storage(_)) => return Err(Folding::Failed(e)),
             Err(e) => return Err(Folding::Void(Void::Invalid(e.to_string()))),
         }
     }
-    Ok((staged, at_ms))
+    Ok(at_ms)
 }
 
 /// A command waiting for its message's verdict.

@@ -210,6 +210,15 @@ pub trait Store {
     fn put_vec(&mut self, table: Table, key: &[u8], value: Vec<u8>) -> Result<()> {
         self.put(table, key, &value)
     }
+    /// Whether the content row of seq `seq` holds object `id`, where the store sees the
+    /// log's content rows (a view of an engine, and an overlay over one): the content-id
+    /// index names the rows that may hold an id ([`crate::buckets::content_rows`]), and
+    /// only a row says which id it holds. `None` where the store holds projection rows
+    /// alone (the default).
+    fn content_row_holds(&self, seq: u64, id: &annal_codec::ContentId) -> Result<Option<bool>> {
+        let _ = (seq, id);
+        Ok(None)
+    }
     /// Lets `f` change the value at `key` in place, where the store holds it in a buffer
     /// of its own that no reader shares and that nothing needs to restore; `f` returns
     /// whether it changed it. Returns false, without calling `f`, where the store holds
@@ -508,6 +517,9 @@ impl<S: Store + ?Sized> Store for Overlay<'_, S> {
         f: &mut dyn FnMut(&mut Vec<u8>) -> Result<bool>,
     ) -> Result<bool> {
         self.own_buffer(table, key, f)
+    }
+    fn content_row_holds(&self, seq: u64, id: &annal_codec::ContentId) -> Result<Option<bool>> {
+        self.base.content_row_holds(seq, id)
     }
 }
 

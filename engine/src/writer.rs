@@ -382,7 +382,8 @@ fn sweep_batch(
         return Ok(swept);
     }
     txn.commit()?;
-    shared.delta.forget_content(&swept.removed);
+    let ids: Vec<ContentId> = swept.removed.iter().map(|(id, _)| *id).collect();
+    shared.delta.forget_content(&ids);
     let mut overlay = Overlay::new(&view);
     crate::evolve::content_collected(&mut overlay, &swept.removed)?;
     let writes = overlay.into_writes();
@@ -593,6 +594,7 @@ pub(crate) fn decide_batch(
                         prepared: Some(prepared),
                     },
                     limits: &shared.limits,
+                    earlier: &entries,
                     entries: &mut staged,
                     effects: &mut effects,
                 };
@@ -754,16 +756,31 @@ pub(crate) fn notify(shared: &Shared, notices: Vec<CommitNotice>) {
     subs.retain_mut(|s| s.deliver(&notices));
 }
 
-/// The content objects of a decision that are not stored yet (nor introduced earlier in
-/// the batch): the content-id index, read through the overlay, says which.
-fn new_content<S: Store + ?Sized>(store: &S, content: Vec<(ContentId, Vec<u8>)>) -> Result<Vec<(ContentId, Vec<u8>)>> {
+/// The content objects of a decision that are not stored yet, nor introduced earlier in
+/// the batch (`staged`: the entries of the batch's earlier commands, then this command's
+/// so far): the content-id index, read through the overlay, names the rows that may hold
+/// each, and those rows say ([`crate::buckets::content_is_stored`]).
+fn new_content<S: Store + ?Sized>(
+    store: &S,
+    staged: [&[Entry]; 2],
+    content: Vec<(ContentId, Vec<u8>)>,
+) -> Result<Vec<(ContentId, Vec<u8>)>> {
     let mut fresh = Vec::with_capacity(content.len());
     for (id, bytes) in content {
-        if !crate::buckets::CONTENT.contains(store, &[], &id.0)? {
+        let staged = |seq| staged.iter().find_map(|entries| staged_holds(entries, seq, &id));
+        if !crate::buckets::content_is_stored(store, &id, &staged)? {
             fresh.push((id, bytes));
         }
     }
     Ok(fresh)
+}
+
+/// Whether the row of the staged entry at `seq` holds `id`; `None` when no staged entry
+/// is at `seq` (its row is the store's to read).
+pub(crate) fn staged_holds(staged: &[Entry], seq: u64, id: &ContentId) -> Option<bool> {
+    let first = staged.first()?.record.seq;
+    let entry = staged.get(usize::try_from(seq.checked_sub(first)?).ok()?)?;
+    (entry.record.seq == seq).then(|| entry.content.iter().any(|o| o.id == *id))
 }
 
 /// The stream seq the session's next event gets: its head's, plus one.
@@ -784,6 +801,9 @@ struct Staging<'a> {
     next_seq: &'a mut u64,
     now: Now<'a>,
     limits: &'a Limits,
+    /// The entries of the batch's earlier commands, not in the view's rows yet.
+    earlier: &'a [Entry],
+    /// The entries of this command so far.
     entries: &'a mut Vec<Entry>,
     /// What the command changes in the writer's memory (applied once it is accepted).
     effects: &'a mut Vec<Effect>,
@@ -798,11 +818,11 @@ enum Effect {
 
 /// Decides and folds one command (or a batch) into `overlay`, sequencing its events.
 fn apply<S: Store + ?Sized>(overlay: &mut Overlay<'_, S>, command: &Command, to: Staging<'_>) -> Result<Outcome> {
-    let Staging { next_seq, now, limits, entries, effects } = to;
+    let Staging { next_seq, now, limits, earlier, entries, effects } = to;
     if let Command::Fenced { fence, command } = command {
         limits.check(Limit::CommandBytes, command.approx_bytes())?;
         check_fence(&*overlay, fence)?;
-        return apply(overlay, command, Staging { next_seq, now, limits, entries, effects });
+        return apply(overlay, command, Staging { next_seq, now, limits, earlier, entries, effects });
     }
     if let Command::Batch(commands) = command {
         limits.check(Limit::BatchCommands, commands.len() as u64)?;
@@ -824,6 +844,7 @@ fn apply<S: Store + ?Sized>(overlay: &mut Overlay<'_, S>, command: &Command, to:
                         next_seq: &mut *next_seq,
                         now,
                         limits,
+                        earlier,
                         entries: &mut *entries,
                         effects: &mut *effects,
                     };
@@ -857,7 +878,7 @@ fn apply<S: Store + ?Sized>(overlay: &mut Overlay<'_, S>, command: &Command, to:
         Decision::Write { session, event, content } => {
             let stream_seq = next_stream_seq(&*overlay, &session)?;
             let record = Record { seq: *next_seq, session, stream_seq, committed_at_ms: now.ms, event };
-            let content: Vec<StoredObject> = new_content(&*overlay, content)?
+            let content: Vec<StoredObject> = new_content(&*overlay, [earlier, &entries[..]], content)?
                 .into_iter()
                 .map(|(id, canonical)| match now.prepared.and_then(|p| p.compressed(&id)) {
                     Some(stored) => StoredObject { id, encoding: ENCODING_LZ4, bytes: stored.clone() },
@@ -894,6 +915,29 @@ mod tests {
     use crate::projection::{Projection, ProjectionSet};
     use crate::store::MemStore;
     use annal_codec::{Event, Record, SessionArchived};
+
+    #[test]
+    fn a_staged_row_answers_for_its_own_seq_only() {
+        let entry = |seq: u64, ids: &[u8]| Entry {
+            record: Record {
+                seq,
+                session: SessionId([1; 16]),
+                stream_seq: seq,
+                committed_at_ms: seq,
+                event: Event::SessionArchived(SessionArchived { reason: String::new() }),
+            },
+            content: ids.iter().map(|b| crate::log::StoredObject::raw(ContentId([*b; 32]), vec![*b])).collect(),
+        };
+        let staged = [entry(10, &[1, 2]), entry(11, &[]), entry(12, &[3])];
+        let holds = |seq, b: u8| staged_holds(&staged, seq, &ContentId([b; 32]));
+        assert_eq!(
+            (holds(10, 2), holds(10, 3), holds(11, 1), holds(12, 3)),
+            (Some(true), Some(false), Some(false), Some(true))
+        );
+        // Rows before the batch or past it are the store's to read.
+        assert_eq!((holds(9, 1), holds(13, 3), holds(0, 1)), (None, None, None));
+        assert_eq!(staged_holds(&[], 10, &ContentId([1; 32])), None);
+    }
 
     #[test]
     fn the_next_stream_seq_of_a_session_without_a_head_is_found_across_index_rows() {

@@ -1551,3 +1551,62 @@ fn a_long_session_pages_its_events_and_revisions_across_index_rows() {
     assert_eq!(session_events(&engine, s).last().unwrap().record.stream_seq, 102);
     assert_eq!(engine.graph(s).unwrap().nodes.len(), 102);
 }
+
+/// Content that several commands bring is stored once: by commands of one batch, by
+/// commands committed at once from many threads (one group commit), and by commands of
+/// later batches, whose rows the engine reads from the journal or the log file, before
+/// and after a reopen.
+#[test]
+fn content_brought_again_is_stored_once_within_a_batch_and_across_batches() {
+    let db = Db::new();
+    let engine = db.open();
+    let shared = Message::system("the shared prompt");
+    let (a, ra) = create(&engine, &[shared.clone()]);
+    let (b, rb) = create(&engine, &[]);
+    let same = |session, id: &str, head| {
+        CommitTurn::new(session, id, Expected::Exact(head))
+            .message(Message::user("the same question"))
+            .message(Message::assistant(format!("an answer in {id}")))
+    };
+    let batch = Command::Batch(vec![
+        Command::CommitTurn(same(a, "a1", ra)),
+        Command::CommitTurn(same(b, "b1", rb)),
+        Command::CreateSession(
+            CreateSession::new().message(shared.clone()).message(Message::user("the same question")),
+        ),
+    ]);
+    engine.execute(batch).unwrap();
+    let engine = std::sync::Arc::new(engine);
+    std::thread::scope(|s| {
+        for i in 0..8 {
+            let engine = engine.clone();
+            s.spawn(move || {
+                let c = CreateSession::new()
+                    .message(Message::system("the shared prompt"))
+                    .message(Message::user(if i % 2 == 0 { "the same question" } else { "another question" }));
+                engine.create_session(c).unwrap();
+            });
+        }
+    });
+    let engine = std::sync::Arc::into_inner(engine).unwrap();
+    engine.close().unwrap();
+    let engine = db.open();
+    let (c, rc) = create(&engine, &[shared.clone()]);
+    engine.commit_turn(same(c, "c1", rc)).unwrap();
+    engine.close().unwrap();
+
+    let raw = redb::Database::create(&db.path).unwrap();
+    let txn = redb::ReadableDatabase::begin_read(&raw).unwrap();
+    let content = annal::pieces::ContentReader::open(&txn).unwrap();
+    let mut stored = BTreeMap::new();
+    for item in content.iter().unwrap() {
+        let (seq, row) = item.unwrap();
+        for e in annal::codec::content::entries(&row, u64::MAX) {
+            let id = e.unwrap().id;
+            assert_eq!(stored.insert(id, seq), None, "{id} is stored twice (again at row {seq})");
+        }
+    }
+    for m in [&shared, &Message::user("the same question"), &Message::user("another question")] {
+        assert!(stored.contains_key(&message_id(m)));
+    }
+}
