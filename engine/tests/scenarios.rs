@@ -1561,7 +1561,7 @@ fn content_brought_again_is_stored_once_within_a_batch_and_across_batches() {
     let db = Db::new();
     let engine = db.open();
     let shared = Message::system("the shared prompt");
-    let (a, ra) = create(&engine, &[shared.clone()]);
+    let (a, ra) = create(&engine, std::slice::from_ref(&shared));
     let (b, rb) = create(&engine, &[]);
     let same = |session, id: &str, head| {
         CommitTurn::new(session, id, Expected::Exact(head))
@@ -1591,7 +1591,7 @@ fn content_brought_again_is_stored_once_within_a_batch_and_across_batches() {
     let engine = std::sync::Arc::into_inner(engine).unwrap();
     engine.close().unwrap();
     let engine = db.open();
-    let (c, rc) = create(&engine, &[shared.clone()]);
+    let (c, rc) = create(&engine, std::slice::from_ref(&shared));
     engine.commit_turn(same(c, "c1", rc)).unwrap();
     engine.close().unwrap();
 
