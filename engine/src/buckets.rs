@@ -123,7 +123,12 @@ pub const BUCKET_BYTES: u64 = 1_024;
 /// every content row that holds an object whose id starts with them (see
 /// [`content_rows`]). Content ids are blake3 hashes already; their first 8 bytes are the
 /// hash.
-pub const CONTENT: Buckets = Buckets { table: Table::ContentIndex, hash: leading_u64, bytes: BUCKET_BYTES };
+pub const CONTENT: Buckets = Buckets { table: Table::ContentIndex, hash: leading_u64, bytes: CONTENT_BUCKET_BYTES };
+
+/// Bytes of entries a bucket of the content-id index holds on average: about 30 entries of
+/// 13 bytes, as many as a bucket of [`BUCKET_BYTES`] held of the whole ids' 42-byte
+/// entries, so that a lookup scans as few.
+pub const CONTENT_BUCKET_BYTES: u64 = 384;
 
 /// Bytes of a content id that key its entry in the content-id index. Two ids share them
 /// by chance about once in 2^32 pairs (or by grinding about 2^32 hashes), so an entry
