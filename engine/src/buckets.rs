@@ -31,8 +31,7 @@
 //! the parts bound a row's size when a bucket holds more than its share.
 
 use crate::error::{Error, Location, Result};
-use crate::projection::TurnRecord;
-use crate::store::{decode_row, Store, Table};
+use crate::store::{Store, Table};
 use annal_codec::{ContentId, SessionId};
 
 /// Most bytes of entries in one part of a bucket (an entry larger than that is a part of
@@ -136,8 +135,10 @@ pub const CONTENT_BUCKET_BYTES: u64 = 384;
 /// holds: a lookup names the rows that may hold an id, and the caller reads them.
 pub const CONTENT_KEY_BYTES: usize = 8;
 
-/// A session's turn records: turn id (UTF-8) → `TurnRecord` (canonically encoded), under
-/// the session's prefix. A turn id is chosen by the host, so it is hashed (blake3).
+/// A session's committed turns: turn id (UTF-8) → the seq of the record that committed
+/// it (a LEB128 varint), under the session's prefix. The record holds the rest (its
+/// commit hash and its receipt). A turn id is chosen by the host, so it is hashed
+/// (blake3).
 pub const TURNS: Buckets = Buckets { table: Table::Turns, hash: blake3_u64, bytes: BUCKET_BYTES };
 
 fn leading_u64(key: &[u8]) -> u64 {
@@ -266,10 +267,23 @@ pub fn content_remove<S: Store + ?Sized>(store: &mut S, id: &ContentId, seq: u64
     Ok(true)
 }
 
-/// The record of turn `turn_id` of `session`, if it was committed.
-pub fn turn_record<S: Store + ?Sized>(store: &S, session: &SessionId, turn_id: &str) -> Result<Option<TurnRecord>> {
-    let key = crate::store::keys::session_str(session, turn_id);
-    TURNS.get(store, &session.0, turn_id.as_bytes(), |v| decode_row(Table::Turns, &key, v))
+/// The seq of the record that committed turn `turn_id` of `session`, if one did.
+pub fn turn_seq<S: Store + ?Sized>(store: &S, session: &SessionId, turn_id: &str) -> Result<Option<u64>> {
+    TURNS.get(store, &session.0, turn_id.as_bytes(), |v| {
+        let mut rest = v;
+        match read_varint(&mut rest) {
+            Some(seq) if rest.is_empty() => Ok(seq as u64),
+            _ => Err(TURNS.corrupt(&crate::store::keys::session_str(session, turn_id), "bad turn entry")),
+        }
+    })
+}
+
+/// Records that the record at `seq` committed turn `turn_id` of `session`; `false` (and
+/// nothing changed but the seq) when the turn was committed before.
+pub fn turn_add<S: Store + ?Sized>(store: &mut S, session: &SessionId, turn_id: &str, seq: u64) -> Result<bool> {
+    let mut value = Vec::with_capacity(4);
+    put_varint(&mut value, seq as usize);
+    TURNS.insert(store, &session.0, turn_id.as_bytes(), &value)
 }
 
 /// Buckets a map of `size` bytes of entries has.

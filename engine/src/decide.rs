@@ -64,12 +64,20 @@ pub struct Now<'a> {
     pub drafts: Option<&'a crate::draft::DraftState>,
     /// The command's content ids, computed before it reached the writer, if any.
     pub prepared: Option<&'a Prepared>,
+    /// The records of the batch being decided before this command, not in the store's
+    /// log yet: the earlier commands', then this command's so far.
+    pub(crate) staged: [&'a [crate::log::Entry]; 2],
 }
 
 impl Now<'_> {
     /// At `ms`, with no renewals.
     pub fn at(ms: u64) -> Now<'static> {
-        Now { ms, renewals: None, drafts: None, prepared: None }
+        Now { ms, renewals: None, drafts: None, prepared: None, staged: [&[], &[]] }
+    }
+
+    /// The record at `seq` if the batch being decided holds it.
+    fn staged_record(&self, seq: u64) -> Option<&Record> {
+        self.staged.iter().flat_map(|entries| entries.iter()).map(|e| &e.record).find(|r| r.seq == seq)
     }
 
     /// When `lease` of `session` expires: its granted expiry, or a later renewal of the
@@ -572,9 +580,10 @@ fn commit_turn<S: Store + ?Sized>(store: &S, c: &CommitTurn, limits: &Limits, no
     let h = head(store, &c.session)?;
     let commit_hash =
         turn_commit_hash_with_inputs(&messages, &c.usage, &c.applied_context, &c.tool_ops, &state, &c.inputs);
-    if let Some(rec) = crate::buckets::turn_record(store, &c.session, &c.turn_id)? {
-        if rec.commit_hash == commit_hash {
-            return Ok(Decision::Noop(Outcome::AlreadyCommitted(rec.receipt)));
+    if let Some(seq) = crate::buckets::turn_seq(store, &c.session, &c.turn_id)? {
+        let (committed_hash, receipt) = committed_turn(store, now, &c.session, &c.turn_id, seq)?;
+        if committed_hash == commit_hash {
+            return Ok(Decision::Noop(Outcome::AlreadyCommitted(receipt)));
         }
         return reject(Rejection::TurnConflict { turn_id: c.turn_id.clone() });
     }
@@ -1071,6 +1080,38 @@ fn enqueue_input<S: Store + ?Sized>(store: &S, c: &EnqueueInput, limits: &Limits
     limits.check(Limit::InboxInputs, inbox_tip(store, &c.session)?.open.len() as u64 + 1)?;
     let event = Event::InputEnqueued(InputEnqueued { input_id: c.input_id.clone(), message, kind: c.kind });
     Ok(Decision::Write { session: c.session, event, content: content.into_vec() })
+}
+
+/// The commit hash and the receipt of turn `turn_id` of `session`, which the record at
+/// `seq` committed (the turns projection says): taken from that record, the batch's own
+/// (`now.staged`) or the log's ([`Store::record_at`]). A record that is not that turn's
+/// is a corrupt projection; a store that cannot read the log cannot answer.
+fn committed_turn<S: Store + ?Sized>(
+    store: &S,
+    now: &Now<'_>,
+    session: &SessionId,
+    turn_id: &str,
+    seq: u64,
+) -> Result<(CommitHash, Receipt)> {
+    let read;
+    let record = match now.staged_record(seq) {
+        Some(record) => record,
+        None => {
+            read = store.record_at(seq)?.ok_or_else(|| {
+                Error::Storage(format!("the record of turn {turn_id} (seq {seq}) cannot be read here"))
+            })?;
+            &read
+        }
+    };
+    match &record.event {
+        Event::TurnCommitted(e) if record.session == *session && e.turn_id == turn_id && record.seq == seq => {
+            Ok((e.commit_hash, Receipt { seq, revision: e.revision_after, committed_at_ms: record.committed_at_ms }))
+        }
+        _ => Err(Error::corrupt(
+            Location::Projection { table: Table::Turns.name(), key: hex(&keys::session_str(session, turn_id)) },
+            format!("turn entry names seq {seq}, which is not that turn's record"),
+        )),
+    }
 }
 
 fn turn_committed<S: Store + ?Sized>(store: &S, session: &SessionId, turn_id: &str) -> Result<bool> {

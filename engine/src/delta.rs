@@ -833,6 +833,14 @@ impl Store for View {
     fn remove(&mut self, _: Table, _: &[u8]) -> Result<()> {
         Err(Error::Storage("a view is read-only".into()))
     }
+    fn record_at(&self, seq: u64) -> Result<Option<annal_codec::Record>> {
+        let Some(bytes) = self.raw_record(seq)? else {
+            return Ok(None);
+        };
+        let decoded =
+            annal_codec::decode_record(&bytes, bytes.len() as u64).map_err(|source| Error::Decode { seq, source })?;
+        Ok(Some(decoded.record))
+    }
     fn content_row_holds(&self, seq: u64, id: &ContentId) -> Result<Option<bool>> {
         if seq > self.seq {
             // The batch being decided answers for its own rows: a row past the view that

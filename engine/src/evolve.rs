@@ -3,8 +3,7 @@
 //! of projections can be rebuilt alone. The fold recomputes every `revision_after` and
 //! checks the stream density; a mismatch is [`crate::Error::Corrupt`] at that seq.
 
-use crate::buckets::{REVISIONS, TURNS};
-use crate::command::Receipt;
+use crate::buckets::REVISIONS;
 use crate::error::{Error, Location, Result};
 use crate::packed::{Misplaced, Packed};
 use crate::projection::*;
@@ -349,9 +348,7 @@ fn fold_context<S: Store + ?Sized>(store: &mut S, r: &Record) -> Result<()> {
 
 fn fold_turns<S: Store + ?Sized>(store: &mut S, r: &Record) -> Result<()> {
     if let Event::TurnCommitted(e) = &r.event {
-        let receipt = Receipt { seq: r.seq, revision: e.revision_after, committed_at_ms: r.committed_at_ms };
-        let row = crate::store::encode_row(&TurnRecord { commit_hash: e.commit_hash, receipt })?;
-        if !TURNS.insert(store, &r.session.0, e.turn_id.as_bytes(), &row)? {
+        if !crate::buckets::turn_add(store, &r.session, &e.turn_id, r.seq)? {
             return Err(corrupt(r, format!("turn {} committed twice", e.turn_id)));
         }
     }

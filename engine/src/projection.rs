@@ -2,9 +2,7 @@
 //! [`crate::evolve()`] and nothing else.
 
 use crate::store::Table;
-use annal_codec::{
-    ClaimTarget, CommitHash, ContentId, ForkOrigin, InputKind, Recovery, RevisionId, SessionId, ToolOutcome,
-};
+use annal_codec::{ClaimTarget, ContentId, ForkOrigin, InputKind, Recovery, RevisionId, SessionId, ToolOutcome};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
@@ -101,7 +99,9 @@ impl Projection {
             Projection::Streams => 2,
             // 2: a session's turn records in hashed buckets (`crate::buckets`; it was a
             // row per turn).
-            Projection::Turns => 2,
+            // 3: a turn's entry is the seq of its record (it was the commit hash and the
+            //    receipt, which the record holds).
+            Projection::Turns => 3,
             // 2: the content-id index in hashed buckets (it was a row per object).
             // 3: keyed by the first 8 bytes of an id, listing the rows of that key
             //    (`crate::buckets::CONTENT`; it was the whole id and one seq).
@@ -594,15 +594,6 @@ pub struct ContextEntry {
     pub appended_seq: u64,
     /// Pending or applied.
     pub state: ContextState,
-}
-
-/// The idempotency record of a committed turn.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct TurnRecord {
-    /// The turn's commit hash.
-    pub commit_hash: CommitHash,
-    /// Its receipt.
-    pub receipt: crate::command::Receipt,
 }
 
 /// Usage totals for one (provider, model).

@@ -219,6 +219,14 @@ pub trait Store {
         let _ = (seq, id);
         Ok(None)
     }
+    /// The record at seq `seq`, where the store sees the log (a view of an engine, and an
+    /// overlay over one): a projection that names a record (a committed turn's entry)
+    /// leaves the rest to it. `None` where the store holds projection rows alone (the
+    /// default), or the log holds no record at `seq`.
+    fn record_at(&self, seq: u64) -> Result<Option<annal_codec::Record>> {
+        let _ = seq;
+        Ok(None)
+    }
     /// Lets `f` change the value at `key` in place, where the store holds it in a buffer
     /// of its own that no reader shares and that nothing needs to restore; `f` returns
     /// whether it changed it. Returns false, without calling `f`, where the store holds
@@ -520,6 +528,9 @@ impl<S: Store + ?Sized> Store for Overlay<'_, S> {
     }
     fn content_row_holds(&self, seq: u64, id: &annal_codec::ContentId) -> Result<Option<bool>> {
         self.base.content_row_holds(seq, id)
+    }
+    fn record_at(&self, seq: u64) -> Result<Option<annal_codec::Record>> {
+        self.base.record_at(seq)
     }
 }
 

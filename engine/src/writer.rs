@@ -592,6 +592,7 @@ pub(crate) fn decide_batch(
                         renewals: Some(&renewals),
                         drafts: Some(&drafts),
                         prepared: Some(prepared),
+                        staged: [&[], &[]],
                     },
                     limits: &shared.limits,
                     earlier: &entries,
@@ -861,7 +862,8 @@ fn apply<S: Store + ?Sized>(overlay: &mut Overlay<'_, S>, command: &Command, to:
         }
         return Ok(Outcome::Batch(outcomes));
     }
-    let decision = decide(&*overlay, command, limits, &now)?;
+    // The batch's records so far, which the log does not hold yet, answer for themselves.
+    let decision = decide(&*overlay, command, limits, &Now { staged: [earlier, &entries[..]], ..now })?;
     if let Command::CommitTurn(CommitTurn { session, draft: Some(draft), .. }) = command {
         effects.push(Effect::Draft(DraftChange::Discard { key: (*session, draft.clone()) }));
     }

@@ -1610,3 +1610,48 @@ fn content_brought_again_is_stored_once_within_a_batch_and_across_batches() {
         assert!(stored.contains_key(&message_id(m)));
     }
 }
+
+/// A retried turn answers with its first receipt, which the turns projection finds
+/// through the record that committed it: in the same batch (the batch's own records),
+/// right after (the journal's rows in memory), and after a reopen (the log file). The
+/// same turn id with other content is a conflict in each case.
+#[test]
+fn a_retried_turn_gets_its_receipt_from_its_record_wherever_the_record_is() {
+    let db = Db::new();
+    let engine = db.open();
+    let (s, rev) = create(&engine, &[Message::system("sys")]);
+    let t1 = turn(s, "t1", rev);
+    let other = CommitTurn::new(s, "t1", Expected::Any).message(Message::user("something else"));
+    let batch = Command::Batch(vec![Command::CommitTurn(t1.clone()), Command::CommitTurn(t1.clone())]);
+    let outcomes = match engine.execute(batch).unwrap() {
+        Outcome::Batch(outcomes) => outcomes,
+        o => panic!("{o:?}"),
+    };
+    let first = match &outcomes[..] {
+        [Outcome::Committed(first), Outcome::AlreadyCommitted(again)] => {
+            assert_eq!(first, again, "the same batch");
+            *first
+        }
+        o => panic!("{o:?}"),
+    };
+    let conflict =
+        Command::Batch(vec![Command::CommitTurn(turn(s, "t2", first.revision)), Command::CommitTurn(other.clone())]);
+    assert!(matches!(
+        rejected(engine.execute(conflict)),
+        Rejection::Batch { index: 1, rejection } if matches!(*rejection, Rejection::TurnConflict { .. })
+    ));
+    let retry = |engine: &Engine| match engine.execute(Command::CommitTurn(t1.clone())).unwrap() {
+        Outcome::AlreadyCommitted(r) => r,
+        o => panic!("{o:?}"),
+    };
+    assert_eq!(retry(&engine), first, "from the journal's rows");
+    assert!(matches!(rejected(engine.commit_turn(other.clone())), Rejection::TurnConflict { .. }));
+    engine.checkpoint().unwrap();
+    engine.close().unwrap();
+    let engine = db.open_durable();
+    assert_eq!(retry(&engine), first, "from the log file");
+    assert!(matches!(rejected(engine.commit_turn(other)), Rejection::TurnConflict { .. }));
+    // A rebuild gives the same answer.
+    engine.rebuild(ProjectionSet::all()).unwrap();
+    assert_eq!(retry(&engine), first);
+}
