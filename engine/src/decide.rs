@@ -454,7 +454,10 @@ fn follow_recipes<S: Store + ?Sized>(
     Ok(Some(list))
 }
 
-/// Decides one non-batch command at the writer's time `now`.
+/// Decides one non-batch command at the writer's time `now`. It reads `store`'s
+/// projections, and for a turn id the session has committed, that turn's record
+/// ([`Store::record_at`], or the batch's own records in `now`): a store of projection
+/// rows alone answers such a retry with [`Error::Storage`].
 pub fn decide<S: Store + ?Sized>(store: &S, command: &Command, limits: &Limits, now: &Now<'_>) -> Result<Decision> {
     let decision = decide_command(store, command, limits, now)?;
     if let Decision::Write { event, .. } = &decision {
