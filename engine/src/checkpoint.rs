@@ -255,7 +255,7 @@ pub(crate) fn caught_up_empty(proj: &ReadTransaction, tip: &Tip) -> Result<bool>
 pub const FOLD_CHUNK_EVENTS: u64 = 65_536;
 
 /// The most bytes of content-id index rows (keys and values) a catch-up or rebuild holds
-/// across its chunks ([`crate::store::Held`]) before it flushes them with a chunk: 64 MiB,
+/// across its chunks (`store::Held`) before it flushes them with a chunk: 64 MiB,
 /// the index of about 1.5 million objects.
 pub const FOLD_HELD_BYTES: usize = 64 << 20;
 
