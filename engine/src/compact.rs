@@ -7,7 +7,7 @@
 //!
 //! A closing engine also compacts a file of its own that is small enough
 //! ([`Options::compact_on_close_bytes_max`]) and at least an eighth free
-//! ([`worth_compacting`]): redb grows a small file by doubling it, so a file at rest would
+//! (`worth_compacting`): redb grows a small file by doubling it, so a file at rest would
 //! otherwise keep up to half of its length unused.
 
 use crate::engine::{Engine, Options};

@@ -90,7 +90,7 @@ pub struct Options {
     /// files, as without them. 0 turns it off.
     pub journal_preallocate_bytes: u64,
     /// At [`Engine::close`], the log file and the projections file are each compacted
-    /// (their free pages given back, [`crate::compact`]) when at least an eighth of the
+    /// (their free pages given back, [`crate::compact()`]) when at least an eighth of the
     /// file and 1 MiB are free and the file is at most this long (64 MiB by default).
     /// redb grows a small file by doubling it, so without this a file at rest keeps up
     /// to half of its length unused. Compaction costs about 2.5 ms a MiB of file; a

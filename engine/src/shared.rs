@@ -10,7 +10,7 @@
 //!   pipelined call. The writer then waits until its own fold has taken in every message
 //!   it stored, and answers each caller with the fold's verdict.
 //! - **Folding.** A pump thread subscribes to the stream from the host's position and
-//!   hands messages to the writer thread in order. The fold ([`fold_batch`]) applies a
+//!   hands messages to the writer thread in order. The fold (`fold_batch`) applies a
 //!   message only if its MAC holds, it decodes, every record's session stream sequence
 //!   follows the session's last applied record at that point of the stream, and every
 //!   record folds (`evolve`, the same checks as an import). Otherwise the whole message
