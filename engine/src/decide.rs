@@ -66,18 +66,13 @@ pub struct Now<'a> {
     pub prepared: Option<&'a Prepared>,
     /// The records of the batch being decided before this command, not in the store's
     /// log yet: the earlier commands', then this command's so far.
-    pub(crate) staged: [&'a [crate::log::Entry]; 2],
+    pub(crate) staged: crate::log::Staged<'a>,
 }
 
 impl Now<'_> {
     /// At `ms`, with no renewals.
     pub fn at(ms: u64) -> Now<'static> {
-        Now { ms, renewals: None, drafts: None, prepared: None, staged: [&[], &[]] }
-    }
-
-    /// The record at `seq` if the batch being decided holds it.
-    fn staged_record(&self, seq: u64) -> Option<&Record> {
-        self.staged.iter().flat_map(|entries| entries.iter()).map(|e| &e.record).find(|r| r.seq == seq)
+        Now { ms, renewals: None, drafts: None, prepared: None, staged: crate::log::Staged::default() }
     }
 
     /// When `lease` of `session` expires: its granted expiry, or a later renewal of the
@@ -1097,7 +1092,7 @@ fn committed_turn<S: Store + ?Sized>(
     seq: u64,
 ) -> Result<(CommitHash, Receipt)> {
     let read;
-    let record = match now.staged_record(seq) {
+    let record = match now.staged.record(seq) {
         Some(record) => record,
         None => {
             read = store.record_at(seq)?.ok_or_else(|| {

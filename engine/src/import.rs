@@ -5,7 +5,7 @@
 use crate::error::{Error, Limit, Rejection, Result};
 use crate::evolve::evolve;
 use crate::limits::Limits;
-use crate::log::{Entry, StoredObject, Tip};
+use crate::log::{Entry, Staged, StoredObject, Tip};
 use crate::projection::ProjectionSet;
 use crate::store::{Overlay, Store};
 use crate::writer::{append, next_stream_seq, Shared};
@@ -68,7 +68,8 @@ fn import_txn(shared: &Shared, tip: &mut Tip, records: Vec<Record>, content: Vec
             return Err(import_error(seq, format!("expected stream seq {next_stream}")));
         }
         let clock_ms = record.committed_at_ms;
-        let entry = fold_foreign(&mut overlay, &entries, &offered, &StoredForms::new(), record, seq, limits)?;
+        let entry =
+            fold_foreign(&mut overlay, Staged([&entries, &[]]), &offered, &StoredForms::new(), record, seq, limits)?;
         stored_objects += entry.content.len() as u64;
         expected = Tip { seq, hash: expected.hash, clock_ms };
         entries.push(entry);
@@ -92,7 +93,7 @@ fn import_txn(shared: &Shared, tip: &mut Tip, records: Vec<Record>, content: Vec
 /// error is [`Rejection::InvalidImport`] at `source_seq`, the record's seq in the export.
 pub(crate) fn fold_foreign<S: Store + ?Sized>(
     store: &mut S,
-    staged: &[Entry],
+    staged: Staged<'_>,
     offered: &BTreeMap<ContentId, Vec<u8>>,
     stored: &StoredForms,
     record: Record,
@@ -126,13 +127,12 @@ fn take_offered<S: Store + ?Sized>(
     offered: &BTreeMap<ContentId, Vec<u8>>,
     stored: &StoredForms,
     store: &S,
-    staged: &[Entry],
+    staged: Staged<'_>,
     id: &ContentId,
     limits: &Limits,
     taken: &mut Vec<StoredObject>,
 ) -> Result<()> {
-    if taken.iter().any(|t| t.id == *id)
-        || crate::buckets::content_is_stored(store, id, &|seq| crate::writer::staged_holds(staged, seq, id))?
+    if taken.iter().any(|t| t.id == *id) || crate::buckets::content_is_stored(store, id, &|seq| staged.holds(seq, id))?
     {
         return Ok(());
     }

@@ -54,6 +54,34 @@ pub(crate) struct Entry {
     pub content: Vec<StoredObject>,
 }
 
+/// The entries of a batch being decided, which the log does not hold yet: runs of
+/// consecutive seqs (the batch's earlier commands', then this command's so far). They
+/// answer for their own records and content rows, before any store is asked.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Staged<'a>(pub [&'a [Entry]; 2]);
+
+impl<'a> Staged<'a> {
+    /// The entry at `seq`, if a run holds it.
+    pub fn entry(&self, seq: u64) -> Option<&'a Entry> {
+        self.0.iter().find_map(|run| {
+            let first = run.first()?.record.seq;
+            let entry = run.get(usize::try_from(seq.checked_sub(first)?).ok()?)?;
+            (entry.record.seq == seq).then_some(entry)
+        })
+    }
+
+    /// The record at `seq`, if a run holds it.
+    pub fn record(&self, seq: u64) -> Option<&'a Record> {
+        self.entry(seq).map(|e| &e.record)
+    }
+
+    /// Whether the content row at `seq` holds `id`; `None` when no run holds `seq` (its
+    /// row is a store's to read).
+    pub fn holds(&self, seq: u64, id: &ContentId) -> Option<bool> {
+        self.entry(seq).map(|e| e.content.iter().any(|o| o.id == *id))
+    }
+}
+
 /// What [`append`] wrote.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(crate) struct Appended {
@@ -519,6 +547,31 @@ pub(crate) fn read_tip(db: &dyn ReadableDatabase, chain: &LogChain) -> Result<(R
 mod tests {
     use super::*;
     use crate::pieces::PIECES;
+
+    #[test]
+    fn a_staged_row_answers_for_its_own_seq_only() {
+        let entry = |seq: u64, ids: &[u8]| Entry {
+            record: Record {
+                seq,
+                session: annal_codec::SessionId([1; 16]),
+                stream_seq: seq,
+                committed_at_ms: seq,
+                event: annal_codec::Event::SessionArchived(annal_codec::SessionArchived { reason: String::new() }),
+            },
+            content: ids.iter().map(|b| StoredObject::raw(ContentId([*b; 32]), vec![*b])).collect(),
+        };
+        let (earlier, own) = ([entry(10, &[1, 2]), entry(11, &[])], [entry(12, &[3])]);
+        let staged = Staged([&earlier, &own]);
+        let holds = |seq, b: u8| staged.holds(seq, &ContentId([b; 32]));
+        assert_eq!(
+            (holds(10, 2), holds(10, 3), holds(11, 1), holds(12, 3)),
+            (Some(true), Some(false), Some(false), Some(true))
+        );
+        assert_eq!(staged.record(12).map(|r| r.seq), Some(12));
+        // Rows before the batch or past it are the store's to read.
+        assert_eq!((holds(9, 1), holds(13, 3), holds(0, 1)), (None, None, None));
+        assert_eq!(Staged::default().holds(10, &ContentId([1; 32])), None);
+    }
 
     /// The cursor's rows and errors are those of a lookup by seq, seq after seq: rows in
     /// pieces and whole (an older file's), a row with a piece missing, a row stored both

@@ -20,7 +20,7 @@ use crate::error::{Error, Limit, Location, Rejection, Result};
 use crate::evolve::evolve;
 use crate::journal::{Journal, SealedBatch, JOURNAL_BYTES_MAX};
 use crate::limits::Limits;
-use crate::log::{Entry, StoredObject, Tip};
+use crate::log::{Entry, Staged, StoredObject, Tip};
 use crate::projection::{Projection, ProjectionSet, SessionHead};
 use crate::rebuild::RebuildStats;
 use crate::store::{keys, Overlay, Store, StoreExt, Table, Writes};
@@ -592,7 +592,7 @@ pub(crate) fn decide_batch(
                         renewals: Some(&renewals),
                         drafts: Some(&drafts),
                         prepared: Some(prepared),
-                        staged: [&[], &[]],
+                        staged: Staged::default(),
                     },
                     limits: &shared.limits,
                     earlier: &entries,
@@ -758,30 +758,20 @@ pub(crate) fn notify(shared: &Shared, notices: Vec<CommitNotice>) {
 }
 
 /// The content objects of a decision that are not stored yet, nor introduced earlier in
-/// the batch (`staged`: the entries of the batch's earlier commands, then this command's
-/// so far): the content-id index, read through the overlay, names the rows that may hold
-/// each, and those rows say ([`crate::buckets::content_is_stored`]).
+/// the batch (`staged`): the content-id index, read through the overlay, names the rows
+/// that may hold each, and those rows say ([`crate::buckets::content_is_stored`]).
 fn new_content<S: Store + ?Sized>(
     store: &S,
-    staged: [&[Entry]; 2],
+    staged: Staged<'_>,
     content: Vec<(ContentId, Vec<u8>)>,
 ) -> Result<Vec<(ContentId, Vec<u8>)>> {
     let mut fresh = Vec::with_capacity(content.len());
     for (id, bytes) in content {
-        let staged = |seq| staged.iter().find_map(|entries| staged_holds(entries, seq, &id));
-        if !crate::buckets::content_is_stored(store, &id, &staged)? {
+        if !crate::buckets::content_is_stored(store, &id, &|seq| staged.holds(seq, &id))? {
             fresh.push((id, bytes));
         }
     }
     Ok(fresh)
-}
-
-/// Whether the row of the staged entry at `seq` holds `id`; `None` when no staged entry
-/// is at `seq` (its row is the store's to read).
-pub(crate) fn staged_holds(staged: &[Entry], seq: u64, id: &ContentId) -> Option<bool> {
-    let first = staged.first()?.record.seq;
-    let entry = staged.get(usize::try_from(seq.checked_sub(first)?).ok()?)?;
-    (entry.record.seq == seq).then(|| entry.content.iter().any(|o| o.id == *id))
 }
 
 /// The stream seq the session's next event gets: its head's, plus one.
@@ -863,7 +853,7 @@ fn apply<S: Store + ?Sized>(overlay: &mut Overlay<'_, S>, command: &Command, to:
         return Ok(Outcome::Batch(outcomes));
     }
     // The batch's records so far, which the log does not hold yet, answer for themselves.
-    let decision = decide(&*overlay, command, limits, &Now { staged: [earlier, &entries[..]], ..now })?;
+    let decision = decide(&*overlay, command, limits, &Now { staged: Staged([earlier, &entries[..]]), ..now })?;
     if let Command::CommitTurn(CommitTurn { session, draft: Some(draft), .. }) = command {
         effects.push(Effect::Draft(DraftChange::Discard { key: (*session, draft.clone()) }));
     }
@@ -880,7 +870,7 @@ fn apply<S: Store + ?Sized>(overlay: &mut Overlay<'_, S>, command: &Command, to:
         Decision::Write { session, event, content } => {
             let stream_seq = next_stream_seq(&*overlay, &session)?;
             let record = Record { seq: *next_seq, session, stream_seq, committed_at_ms: now.ms, event };
-            let content: Vec<StoredObject> = new_content(&*overlay, [earlier, &entries[..]], content)?
+            let content: Vec<StoredObject> = new_content(&*overlay, Staged([earlier, &entries[..]]), content)?
                 .into_iter()
                 .map(|(id, canonical)| match now.prepared.and_then(|p| p.compressed(&id)) {
                     Some(stored) => StoredObject { id, encoding: ENCODING_LZ4, bytes: stored.clone() },
@@ -917,29 +907,6 @@ mod tests {
     use crate::projection::{Projection, ProjectionSet};
     use crate::store::MemStore;
     use annal_codec::{Event, Record, SessionArchived};
-
-    #[test]
-    fn a_staged_row_answers_for_its_own_seq_only() {
-        let entry = |seq: u64, ids: &[u8]| Entry {
-            record: Record {
-                seq,
-                session: SessionId([1; 16]),
-                stream_seq: seq,
-                committed_at_ms: seq,
-                event: Event::SessionArchived(SessionArchived { reason: String::new() }),
-            },
-            content: ids.iter().map(|b| crate::log::StoredObject::raw(ContentId([*b; 32]), vec![*b])).collect(),
-        };
-        let staged = [entry(10, &[1, 2]), entry(11, &[]), entry(12, &[3])];
-        let holds = |seq, b: u8| staged_holds(&staged, seq, &ContentId([b; 32]));
-        assert_eq!(
-            (holds(10, 2), holds(10, 3), holds(11, 1), holds(12, 3)),
-            (Some(true), Some(false), Some(false), Some(true))
-        );
-        // Rows before the batch or past it are the store's to read.
-        assert_eq!((holds(9, 1), holds(13, 3), holds(0, 1)), (None, None, None));
-        assert_eq!(staged_holds(&[], 10, &ContentId([1; 32])), None);
-    }
 
     #[test]
     fn the_next_stream_seq_of_a_session_without_a_head_is_found_across_index_rows() {
