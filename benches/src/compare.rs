@@ -446,8 +446,12 @@ fn bytes_on_disk(
     store.close()?;
     if kind == StoreKind::Annal {
         // Issue 13's targets are per event of this workload: rows and bytes of projection.
-        let (events, rows, bytes) = crate::stores::annal_store::projection_footprint(&dir)?;
+        let crate::stores::annal_store::Footprint { events, rows, bytes, by_table } =
+            crate::stores::annal_store::projection_footprint(&dir)?;
         let per_event = |n: u64| n as f64 / events.max(1) as f64;
+        let tables: Vec<String> =
+            by_table.iter().take(8).map(|(name, b)| format!("{name} {:.0}", per_event(*b))).collect();
+        progress(&format!("projection bytes per event ({name}), by table: {}", tables.join(", ")));
         report.push(Entry::new(
             kind.name(),
             &format!("projection_rows_per_event_{name}"),

@@ -360,13 +360,15 @@ use crate::transcript::chain_at;
 
 /// Rebuilds the message list of any revision a session has held, from the revision
 /// graph's recipes. Costs O(the session's events), never O(the whole log). `None` when
-/// the session never held `revision`.
+/// the session never held `revision`. A node's recipe is in the record that first
+/// produced it, so `store` must see the log (a view, or an overlay over one): a store of
+/// projection rows alone answers with [`Error::Storage`].
 pub fn materialize<S: Store + ?Sized>(
     store: &S,
     session: &SessionId,
     revision: &RevisionId,
 ) -> Result<Option<Vec<ContentId>>> {
-    match follow_recipes(store, session, revision)? {
+    match follow_recipes(store, crate::log::Staged::default(), session, revision)? {
         Some(list) => check_materialized(revision, RevisionId::of(&list)).map(|()| Some(list)),
         None => Ok(None),
     }
@@ -383,40 +385,65 @@ fn check_materialized(revision: &RevisionId, computed: RevisionId) -> Result<()>
     Ok(())
 }
 
-/// [`materialize`]'s message list, before its hash is checked.
+/// [`materialize`]'s message list, before its hash is checked. Each node's recipe is in
+/// the record that first produced it: the batch's own (`staged`) or the log's.
 fn follow_recipes<S: Store + ?Sized>(
     store: &S,
+    staged: crate::log::Staged<'_>,
     session: &SessionId,
     revision: &RevisionId,
 ) -> Result<Option<Vec<ContentId>>> {
+    use crate::projection::{node_record, origin_and_recipe, produced_at, stored_node};
     let mut splices = Vec::new();
     let (mut s, mut r) = (*session, *revision);
     let mut bound = u64::MAX;
     // The size of the nodes' map of the session the walk is in: read again only when a
     // fork takes the walk into its parent.
     let mut sized = (s, crate::buckets::REVISIONS.size(store, &s.0)?);
+    // The record of the node the walk goes to next, read to learn that node's id.
+    let mut next: Option<annal_codec::Record> = None;
+    let missing = |s: &SessionId, r: &RevisionId| {
+        Error::corrupt(
+            Location::Projection { table: Table::Revisions.name(), key: crate::store::hex(&keys::session_rev(s, r)) },
+            "recipe refers to a missing revision",
+        )
+    };
     let base = loop {
         if sized.0 != s {
             sized = (s, crate::buckets::REVISIONS.size(store, &s.0)?);
         }
-        let node: RevisionNode = match crate::projection::revision_node_sized(store, &s, sized.1, &r)? {
+        let node = match stored_node(store, &s, sized.1, &r)? {
             Some(n) => n,
             None if splices.is_empty() && s == *session => return Ok(None),
-            None => {
-                return Err(Error::corrupt(
-                    Location::Projection {
-                        table: Table::Revisions.name(),
-                        key: crate::store::hex(&keys::session_rev(&s, &r)),
-                    },
-                    "recipe refers to a missing revision",
-                ))
-            }
+            None => return Err(missing(&s, &r)),
         };
         if node.seq >= bound {
             return Err(Error::corrupt(Location::Log { seq: node.seq }, "revision recipe does not go back in time"));
         }
         bound = node.seq;
-        match node.recipe {
+        let record = match next.take() {
+            Some(record) if record.seq == node.seq => record,
+            Some(_) => {
+                return Err(Error::corrupt(
+                    Location::Projection {
+                        table: Table::Revisions.name(),
+                        key: crate::store::hex(&keys::session_rev(&s, &r)),
+                    },
+                    "a parent's node is not at the seq its child names",
+                ))
+            }
+            None => node_record(store, staged, &s, Some(&r), node.seq)?,
+        };
+        // A splice's parent is the node's first parent: its id is what its record produced.
+        let parent = match (&record.event, node.parents.first()) {
+            (annal_codec::Event::SessionCreated(_), _) | (_, None) => None,
+            (_, Some(&p)) => {
+                let (id, parent_record) = produced_at(store, staged, &s, p)?;
+                next = Some(parent_record);
+                Some(id)
+            }
+        };
+        match origin_and_recipe(&s, &r, &node, record, parent)?.1 {
             Recipe::Splice { parent, start, end, replacement } => {
                 splices.push((start, end, replacement));
                 r = parent;
@@ -426,6 +453,7 @@ fn follow_recipes<S: Store + ?Sized>(
                 splices.push((f.message_count, u64::MAX, messages));
                 s = f.session;
                 r = f.revision;
+                next = None;
             }
         }
     };
@@ -482,7 +510,7 @@ fn decide_command<S: Store + ?Sized>(store: &S, command: &Command, limits: &Limi
         Command::CreateSession(c) => create(store, c, limits, now),
         Command::CommitTurn(c) => commit_turn(store, c, limits, now),
         Command::Rewrite(c) => rewrite(store, c, limits, now),
-        Command::Restore(c) => restore(store, c, limits),
+        Command::Restore(c) => restore(store, c, limits, now),
         Command::Fork(c) => fork(store, c, limits, now),
         Command::Archive { session, reason } => {
             check_note(limits, reason)?;
@@ -660,12 +688,12 @@ fn rewrite<S: Store + ?Sized>(store: &S, c: &Rewrite, limits: &Limits, now: &Now
     Ok(Decision::Write { session: c.session, event, content: content.into_vec() })
 }
 
-fn restore<S: Store + ?Sized>(store: &S, c: &Restore, limits: &Limits) -> Result<Decision> {
+fn restore<S: Store + ?Sized>(store: &S, c: &Restore, limits: &Limits, now: &Now<'_>) -> Result<Decision> {
     check_note(limits, &c.note)?;
     check_note(limits, &c.actor)?;
     let h = live_head(store, &c.session)?;
     expect_revision(&h, &c.expected)?;
-    let Some(target) = follow_recipes(store, &c.session, &c.target)? else {
+    let Some(target) = follow_recipes(store, now.staged, &c.session, &c.target)? else {
         return reject(Rejection::UnknownRevision { revision: c.target });
     };
     let chains = crate::transcript::hash_chain(RevisionId::empty(), &target);

@@ -230,19 +230,22 @@ fn fold_transcript<S: Store + ?Sized>(store: &mut S, r: &Record) -> Result<()> {
     store.put_row(Table::TranscriptTip, &tip_key, &tip)
 }
 
-/// Revision ids per row of the revision order: row `c` of a session holds the ids of its
-/// nodes `8c ..= 8c + 7`, in order, 32 raw bytes each (small rows for the same reason as
-/// [`STREAM_CHUNK`]: a new node rewrites its session's last row).
-pub const REVISION_ORDER_CHUNK: u64 = 8;
+/// Nodes per row of the revision order: row `c` of a session holds the seqs of its nodes
+/// `16c ..= 16c + 15` (the records that first produced them), in order, a u64 big-endian
+/// each (small rows for the same reason as [`STREAM_CHUNK`]: a new node rewrites its
+/// session's last row).
+pub const REVISION_ORDER_CHUNK: u64 = 16;
 
-/// The revision order: a session's node ids by ordinal, packed.
+/// The revision order: a session's nodes by ordinal, each as the seq of the record that
+/// first produced it (whose `revision_after` is the node's revision), packed.
 pub(crate) const REVISION_ORDER: Packed =
-    Packed { table: Table::RevisionOrder, width: 32, per_row: REVISION_ORDER_CHUNK };
+    Packed { table: Table::RevisionOrder, width: 8, per_row: REVISION_ORDER_CHUNK };
 
 fn fold_graph<S: Store + ?Sized>(store: &mut S, r: &Record) -> Result<()> {
     let tip_key = keys::session(&r.session);
-    // The recipe as the node stores it: a splice is always of the node's first parent.
-    let (tip, origin, recipe, to, new_len) = match &r.event {
+    // A node keeps what its record does not hold (`StoredNode`): the recipe and the
+    // origin are read from the record when the node is.
+    let (tip, to, new_len) = match &r.event {
         Event::SessionCreated(e) => {
             if let Some(f) = &e.forked_from {
                 let edge =
@@ -250,38 +253,32 @@ fn fold_graph<S: Store + ?Sized>(store: &mut S, r: &Record) -> Result<()> {
                 store.put_row(Table::Forks, &keys::session_pair(&f.session, &r.session), &edge)?;
             }
             let len = e.forked_from.as_ref().map_or(0, |f| f.message_count) + e.messages.len() as u64;
-            let recipe = StoredRecipe::Root { fork: e.forked_from.clone(), messages: e.messages.clone() };
-            (None, NodeOrigin::Created, recipe, e.revision_after, len)
+            (None, e.revision_after, len)
         }
         // A turn with no messages (usage, applied context or tool references only)
         // leaves the revision where it is: no node, no edge.
         Event::TurnCommitted(e) if e.messages.is_empty() => return Ok(()),
         Event::TurnCommitted(e) => {
             let tip: GraphTip = need(r, store.row(Table::GraphTip, &tip_key)?, "graph")?;
-            let recipe = StoredRecipe::Splice { start: tip.len, end: tip.len, replacement: e.messages.clone() };
-            let origin = NodeOrigin::Turn { turn_id: e.turn_id.clone() };
-            (Some(tip), origin, recipe, e.revision_after, tip.len + e.messages.len() as u64)
+            (Some(tip), e.revision_after, tip.len + e.messages.len() as u64)
         }
         Event::TranscriptRewritten(e) => {
             let tip: GraphTip = need(r, store.row(Table::GraphTip, &tip_key)?, "graph")?;
             if tip.head != e.parent_revision || e.start > e.end || e.end > tip.len {
                 return Err(corrupt(r, "rewrite does not splice the graph head"));
             }
-            let recipe = StoredRecipe::Splice { start: e.start, end: e.end, replacement: e.replacement.clone() };
-            let origin =
-                NodeOrigin::Rewrite { kind: e.kind.name().into(), note: e.note.clone(), actor: e.actor.clone() };
-            (Some(tip), origin, recipe, e.revision_after, tip.len - (e.end - e.start) + e.replacement.len() as u64)
+            (Some(tip), e.revision_after, tip.len - (e.end - e.start) + e.replacement.len() as u64)
         }
         _ => return Ok(()),
     };
-    let from = tip.map(|t| t.head);
+    let from = tip.map(|t| (t.head, t.head_seq));
     let mut nodes = tip.map_or(0, |t| t.nodes);
     let node_key = keys::session_rev(&r.session, &to);
     let stored =
         REVISIONS.get(store, &r.session.0, &to.0, |v| decode_row::<StoredNode>(Table::Revisions, &node_key, v))?;
-    match stored {
+    let head_seq = match stored {
         Some(mut node) => {
-            if let Some(f) = from {
+            if let Some((_, f)) = from {
                 if !node.parents.contains(&f) {
                     node.parents.push(f);
                     REVISIONS.insert(store, &r.session.0, &to.0, &crate::store::encode_row(&node)?)?;
@@ -291,27 +288,33 @@ fn fold_graph<S: Store + ?Sized>(store: &mut S, r: &Record) -> Result<()> {
             // rewrite back to earlier content) is stored as an edge of its own; the
             // transition that first produced a node is the node itself
             // (`RevisionNode::creation_edge`).
-            let edge = RevisionEdge { seq: r.seq, from, to, origin, at_ms: r.committed_at_ms };
+            let origin = match &r.event {
+                Event::TurnCommitted(e) => NodeOrigin::Turn { turn_id: e.turn_id.clone() },
+                Event::TranscriptRewritten(e) => {
+                    NodeOrigin::Rewrite { kind: e.kind.name().into(), note: e.note.clone(), actor: e.actor.clone() }
+                }
+                _ => NodeOrigin::Created,
+            };
+            let edge = RevisionEdge { seq: r.seq, from: from.map(|f| f.0), to, origin, at_ms: r.committed_at_ms };
             store.put_row(Table::RevisionEdges, &keys::session_u64(&r.session, r.seq), &edge)?;
+            node.seq
         }
         None => {
             let node = StoredNode {
                 ordinal: nodes,
-                parents: from.into_iter().collect(),
-                origin: origin.clone(),
+                parents: from.map(|f| f.1).into_iter().collect(),
                 seq: r.seq,
                 message_count: new_len,
-                created_at_ms: r.committed_at_ms,
-                recipe,
             };
             REVISIONS.insert(store, &r.session.0, &to.0, &crate::store::encode_row(&node)?)?;
-            if let Err(m) = REVISION_ORDER.append(store, &r.session, nodes, &to.0)? {
+            if let Err(m) = REVISION_ORDER.append(store, &r.session, nodes, &r.seq.to_be_bytes())? {
                 return Err(corrupt(r, format!("revision order does not take node {nodes}: {m:?}")));
             }
             nodes += 1;
+            r.seq
         }
-    }
-    store.put_row(Table::GraphTip, &tip_key, &GraphTip { head: to, nodes, len: new_len })
+    };
+    store.put_row(Table::GraphTip, &tip_key, &GraphTip { head: to, head_seq, nodes, len: new_len })
 }
 
 fn fold_context<S: Store + ?Sized>(store: &mut S, r: &Record) -> Result<()> {

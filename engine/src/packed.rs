@@ -1,7 +1,8 @@
 //! Per-session lists of fixed-width entries, several to a projection row.
 //!
-//! The stream index (a session's global seqs, in stream order) and the revision order (a
-//! session's revision node ids, in ordinal order) are such lists. Entry `i` of a session
+//! The stream index (a session's global seqs, in stream order) and the revision order (the
+//! seqs of the records that first produced a session's revision nodes, in ordinal order)
+//! are such lists. Entry `i` of a session
 //! lives in row `i / per_row` (key `session ‖ row`, u64 big-endian), at slot
 //! `i % per_row`; every row of a session but its last is full, and an append rewrites the
 //! last row. `evolve` appends through [`Packed::append`]; the queries read rows through

@@ -84,7 +84,10 @@ impl Projection {
             // 5: a node's row leaves out its revision and its splice's parent.
             // 6: a session's nodes in hashed buckets (`crate::buckets`; it was a row per
             // node).
-            Projection::Graph => 6,
+            // 7: a node keeps what its record does not hold, and names its parents by the
+            //    seqs of their records (it copied the recipe and held the parents' ids);
+            //    the revision order holds those seqs, 16 a row (it held 8 ids a row).
+            Projection::Graph => 7,
             // 2: heads carry the host state; the host state history table.
             // 3: heads carry the execution lease.
             // 4: the tombstones of purged sessions.
@@ -426,93 +429,176 @@ pub struct RevisionNode {
     pub recipe: Recipe,
 }
 
-/// A revision node as the graph projection stores it (version 5): [`RevisionNode`]
-/// without what its key and its first parent already hold (the revision, and a splice's
-/// parent, which is always the node's first parent): 64 bytes less a node.
+/// A revision node as the graph projection stores it (version 7): what the record that
+/// first produced the node does not hold. The rest (the origin, the time and the recipe)
+/// is read from that record, at `seq` ([`revision_node`]): a node costs about 13 bytes and
+/// its key, where version 6 copied the recipe's message ids (32 bytes each) and named its
+/// parents by their 32-byte ids.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct StoredNode {
+    /// Order of first appearance in the session.
     pub ordinal: u64,
-    pub parents: Vec<RevisionId>,
-    pub origin: NodeOrigin,
+    /// Each parent by the seq of the record that first produced it (its node's `seq`);
+    /// the first is the head the node was made from.
+    pub parents: Vec<u64>,
+    /// The record that first produced the node.
     pub seq: u64,
+    /// Messages.
     pub message_count: u64,
-    pub created_at_ms: u64,
-    pub recipe: StoredRecipe,
 }
 
-/// [`Recipe`] as a [`StoredNode`] holds it.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub(crate) enum StoredRecipe {
-    /// [`Recipe::Root`].
-    Root {
-        fork: Option<ForkOrigin>,
-        #[serde(with = "annal_codec::ids::id_list")]
-        messages: Vec<ContentId>,
-    },
-    /// [`Recipe::Splice`] of the node's first parent.
-    Splice {
-        start: u64,
-        end: u64,
-        #[serde(with = "annal_codec::ids::id_list")]
-        replacement: Vec<ContentId>,
-    },
-}
-
-impl StoredNode {
-    /// The node of `revision` (the revision its key names); `None` for a splice with no
-    /// parent to splice.
-    pub(crate) fn into_node(self, revision: RevisionId) -> Option<RevisionNode> {
-        let recipe = match self.recipe {
-            StoredRecipe::Root { fork, messages } => Recipe::Root { fork, messages },
-            StoredRecipe::Splice { start, end, replacement } => {
-                Recipe::Splice { parent: *self.parents.first()?, start, end, replacement }
-            }
-        };
-        Some(RevisionNode {
-            revision,
-            ordinal: self.ordinal,
-            parents: self.parents,
-            origin: self.origin,
-            seq: self.seq,
-            message_count: self.message_count,
-            created_at_ms: self.created_at_ms,
-            recipe,
-        })
+/// Where a projection key of the revision nodes names `revision` in `session`.
+fn node_location(session: &SessionId, revision: &RevisionId) -> crate::error::Location {
+    crate::error::Location::Projection {
+        table: Table::Revisions.name(),
+        key: crate::store::hex(&crate::store::keys::session_rev(session, revision)),
     }
 }
 
-/// Reads the revision node of `revision` in `session` from the graph projection of any
-/// store (`None` if the session never had that revision).
+/// The stored node of `revision` in `session`, whose nodes' map is `size` bytes
+/// (`buckets::REVISIONS.size`); `None` if the session never had that revision.
+pub(crate) fn stored_node<S: crate::store::Store + ?Sized>(
+    store: &S,
+    session: &SessionId,
+    size: u64,
+    revision: &RevisionId,
+) -> crate::error::Result<Option<StoredNode>> {
+    let key = crate::store::keys::session_rev(session, revision);
+    crate::buckets::REVISIONS.get_sized(store, &session.0, size, &revision.0, |v| {
+        crate::store::decode_row::<StoredNode>(Table::Revisions, &key, v)
+    })
+}
+
+/// The record at `seq` that first produced `revision` in `session`: the batch's own
+/// (`staged`), else the log's ([`crate::store::Store::record_at`]). A record of another
+/// session, or that does not produce that revision, is a corrupt projection; a store that
+/// cannot read the log cannot answer ([`crate::Error::Storage`]).
+pub(crate) fn node_record<S: crate::store::Store + ?Sized>(
+    store: &S,
+    staged: crate::log::Staged<'_>,
+    session: &SessionId,
+    revision: Option<&RevisionId>,
+    seq: u64,
+) -> crate::error::Result<annal_codec::Record> {
+    let record = match staged.record(seq) {
+        Some(record) => record.clone(),
+        None => store.record_at(seq)?.ok_or_else(|| {
+            crate::error::Error::Storage(format!("the record of a revision node (seq {seq}) cannot be read here"))
+        })?,
+    };
+    let produced = record.event.revision_after();
+    let matches = match revision {
+        Some(r) => produced == Some(*r),
+        None => produced.is_some(),
+    };
+    if record.seq != seq || record.session != *session || !matches {
+        let location = match revision {
+            Some(r) => node_location(session, r),
+            None => crate::error::Location::Log { seq },
+        };
+        return Err(crate::error::Error::corrupt(
+            location,
+            format!("a revision node names seq {seq}, which is not the record that produced it"),
+        ));
+    }
+    Ok(record)
+}
+
+/// The revision the record at `seq` produced in `session`: a parent's id, from the seq
+/// its node names.
+pub(crate) fn produced_at<S: crate::store::Store + ?Sized>(
+    store: &S,
+    staged: crate::log::Staged<'_>,
+    session: &SessionId,
+    seq: u64,
+) -> crate::error::Result<(RevisionId, annal_codec::Record)> {
+    let record = node_record(store, staged, session, None, seq)?;
+    let revision = record.event.revision_after().expect("node_record checked that the record produces a revision");
+    Ok((revision, record))
+}
+
+/// How `node` (of `revision`, first produced by `record`) came to be, and its recipe,
+/// whose splice parent is `parent` (the node's first parent).
+pub(crate) fn origin_and_recipe(
+    session: &SessionId,
+    revision: &RevisionId,
+    node: &StoredNode,
+    record: annal_codec::Record,
+    parent: Option<RevisionId>,
+) -> crate::error::Result<(NodeOrigin, Recipe)> {
+    use annal_codec::Event;
+    let corrupt = |what: &str| crate::error::Error::corrupt(node_location(session, revision), what.to_string());
+    match record.event {
+        Event::SessionCreated(e) => {
+            Ok((NodeOrigin::Created, Recipe::Root { fork: e.forked_from, messages: e.messages }))
+        }
+        Event::TurnCommitted(e) => {
+            let start = node
+                .message_count
+                .checked_sub(e.messages.len() as u64)
+                .ok_or_else(|| corrupt("a turn longer than its node"))?;
+            let parent = parent.ok_or_else(|| corrupt("a splice with no parent"))?;
+            let recipe = Recipe::Splice { parent, start, end: start, replacement: e.messages };
+            Ok((NodeOrigin::Turn { turn_id: e.turn_id }, recipe))
+        }
+        Event::TranscriptRewritten(e) => {
+            if parent != Some(e.parent_revision) {
+                return Err(corrupt("a rewrite's node whose first parent is not the rewrite's parent"));
+            }
+            let origin = NodeOrigin::Rewrite { kind: e.kind.name().into(), note: e.note, actor: e.actor };
+            let recipe =
+                Recipe::Splice { parent: e.parent_revision, start: e.start, end: e.end, replacement: e.replacement };
+            Ok((origin, recipe))
+        }
+        _ => Err(corrupt("a revision node whose record produces no revision")),
+    }
+}
+
+/// Reads the revision node of `revision` in `session` (`None` if the session never had
+/// that revision): its row in the graph projection, and the rest from the record that
+/// first produced it and from its parents' records. So `store` must see the log (a view,
+/// or an overlay over one): a store of projection rows alone answers with
+/// [`crate::Error::Storage`].
 pub fn revision_node<S: crate::store::Store + ?Sized>(
     store: &S,
     session: &SessionId,
     revision: &RevisionId,
 ) -> crate::error::Result<Option<RevisionNode>> {
     let size = crate::buckets::REVISIONS.size(store, &session.0)?;
-    revision_node_sized(store, session, size, revision)
+    let staged = crate::log::Staged::default();
+    let Some(node) = stored_node(store, session, size, revision)? else {
+        return Ok(None);
+    };
+    let record = node_record(store, staged, session, Some(revision), node.seq)?;
+    let parents = node
+        .parents
+        .iter()
+        .map(|&p| produced_at(store, staged, session, p).map(|(r, _)| r))
+        .collect::<Result<Vec<_>, _>>()?;
+    full_node(session, revision, node, record, parents).map(Some)
 }
 
-/// [`revision_node`] in a session whose nodes' map is `size` bytes
-/// (`buckets::REVISIONS.size`), for a walk that reads many nodes of one session.
-pub fn revision_node_sized<S: crate::store::Store + ?Sized>(
-    store: &S,
+/// The [`RevisionNode`] of `revision` from its stored `node`, its `record` and its
+/// parents' ids (in the node's order).
+pub(crate) fn full_node(
     session: &SessionId,
-    size: u64,
     revision: &RevisionId,
-) -> crate::error::Result<Option<RevisionNode>> {
-    let key = crate::store::keys::session_rev(session, revision);
-    let stored = crate::buckets::REVISIONS.get_sized(store, &session.0, size, &revision.0, |v| {
-        crate::store::decode_row::<StoredNode>(Table::Revisions, &key, v)
-    })?;
-    match stored {
-        None => Ok(None),
-        Some(stored) => stored.into_node(*revision).map(Some).ok_or_else(|| {
-            crate::error::Error::corrupt(
-                crate::error::Location::Projection { table: Table::Revisions.name(), key: crate::store::hex(&key) },
-                "a splice with no parent",
-            )
-        }),
-    }
+    node: StoredNode,
+    record: annal_codec::Record,
+    parents: Vec<RevisionId>,
+) -> crate::error::Result<RevisionNode> {
+    let created_at_ms = record.committed_at_ms;
+    let (origin, recipe) = origin_and_recipe(session, revision, &node, record, parents.first().copied())?;
+    Ok(RevisionNode {
+        revision: *revision,
+        ordinal: node.ordinal,
+        parents,
+        origin,
+        seq: node.seq,
+        message_count: node.message_count,
+        created_at_ms,
+        recipe,
+    })
 }
 
 impl RevisionNode {
@@ -561,6 +647,8 @@ pub struct ForkEdge {
 pub struct GraphTip {
     /// Current head.
     pub head: RevisionId,
+    /// The seq of the record that first produced the head's node.
+    pub head_seq: u64,
     /// Nodes so far.
     pub nodes: u64,
     /// Messages at the head.
@@ -676,51 +764,4 @@ pub struct ToolOp {
 pub struct ToolTip {
     /// Count.
     pub count: u64,
-}
-
-#[cfg(test)]
-mod stored_node_tests {
-    use super::*;
-    use crate::store::MemStore;
-
-    fn stored(recipe: StoredRecipe, parents: Vec<RevisionId>) -> StoredNode {
-        StoredNode {
-            ordinal: 1,
-            parents,
-            origin: NodeOrigin::Turn { turn_id: "t".into() },
-            seq: 7,
-            message_count: 3,
-            created_at_ms: 9,
-            recipe,
-        }
-    }
-
-    #[test]
-    fn a_stored_node_reads_back_with_its_revision_and_its_splice_parent() {
-        let (session, rev, parent) = (SessionId([1; 16]), RevisionId([2; 32]), RevisionId([3; 32]));
-        let mut store = MemStore::default();
-        let recipe = StoredRecipe::Splice { start: 2, end: 2, replacement: vec![ContentId([4; 32])] };
-        let node = stored(recipe, vec![parent, RevisionId([5; 32])]);
-        let row = crate::store::encode_row(&node).unwrap();
-        crate::buckets::REVISIONS.insert(&mut store, &session.0, &rev.0, &row).unwrap();
-        let read = revision_node(&store, &session, &rev).unwrap().unwrap();
-        assert_eq!(read.revision, rev);
-        assert_eq!(read.recipe, Recipe::Splice { parent, start: 2, end: 2, replacement: vec![ContentId([4; 32])] });
-        assert_eq!(read.parents, vec![parent, RevisionId([5; 32])]);
-        assert_eq!(revision_node(&store, &session, &parent).unwrap(), None);
-        // The stored row leaves out 64 bytes: the revision and the splice's parent.
-        let full = crate::store::encode_row(&read).unwrap().len();
-        let kept = crate::store::encode_row(&node).unwrap().len();
-        assert_eq!(full - kept, 64);
-    }
-
-    #[test]
-    fn a_stored_splice_with_no_parent_is_corrupt() {
-        let (session, rev) = (SessionId([1; 16]), RevisionId([2; 32]));
-        let mut store = MemStore::default();
-        let node = stored(StoredRecipe::Splice { start: 0, end: 0, replacement: vec![] }, vec![]);
-        let row = crate::store::encode_row(&node).unwrap();
-        crate::buckets::REVISIONS.insert(&mut store, &session.0, &rev.0, &row).unwrap();
-        assert!(matches!(revision_node(&store, &session, &rev), Err(crate::Error::Corrupt { .. })));
-    }
 }

@@ -502,9 +502,19 @@ fn node_at(store: &View, session: &SessionId, ordinal: u64) -> Result<RevisionNo
     let missing = || {
         Error::corrupt(Location::Projection { table: order.table.name(), key: crate::store::hex(&key) }, "missing node")
     };
-    let ids = store.get(order.table, &key)?.ok_or_else(missing)?;
-    let rev = order.entries(&ids).and_then(|mut e| e.nth(slot as usize)).map(revision_id).ok_or_else(missing)?;
-    crate::projection::revision_node(store, session, &rev)?.ok_or_else(missing)
+    let seqs = store.get(order.table, &key)?.ok_or_else(missing)?;
+    let seq = order.entries(&seqs).and_then(|mut e| e.nth(slot as usize)).map(order_seq).ok_or_else(missing)?;
+    let staged = crate::log::Staged::default();
+    let (rev, record) = crate::projection::produced_at(store, staged, session, seq)?;
+    let size = crate::buckets::REVISIONS.size(store, &session.0)?;
+    let node = crate::projection::stored_node(store, session, size, &rev)?.filter(|n| n.seq == seq);
+    let node = node.ok_or_else(missing)?;
+    let parents = node
+        .parents
+        .iter()
+        .map(|&p| crate::projection::produced_at(store, staged, session, p).map(|(r, _)| r))
+        .collect::<Result<Vec<_>>>()?;
+    crate::projection::full_node(session, &rev, node, record, parents)
 }
 
 /// The whole revision graph of `session`.
@@ -512,26 +522,47 @@ pub fn graph(view: &View, session: &SessionId) -> Result<RevisionGraph> {
     let store = view;
     let head = head_of(store, session)?;
     let prefix = keys::session(session);
-    let mut nodes = Vec::new();
     let order = crate::evolve::REVISION_ORDER;
+    let size = crate::buckets::REVISIONS.size(store, &session.0)?;
+    let staged = crate::log::Staged::default();
+    let mut seqs = Vec::new();
     store.scan(order.table, &prefix, |k, v| {
-        let ids = order.entries(v).ok_or_else(|| {
+        let entries = order.entries(v).ok_or_else(|| {
             Error::corrupt(
                 Location::Projection { table: order.table.name(), key: crate::store::hex(k) },
                 "bad revision order row",
             )
         })?;
-        for rev in ids.map(revision_id) {
-            let node = crate::projection::revision_node(store, session, &rev)?;
-            nodes.push(node.ok_or_else(|| {
-                Error::corrupt(
-                    Location::Projection { table: Table::Revisions.name(), key: rev.to_hex() },
-                    "missing node",
-                )
-            })?);
-        }
+        seqs.extend(entries.map(order_seq));
         Ok(true)
     })?;
+    let mut read = Vec::with_capacity(seqs.len());
+    for seq in seqs {
+        let (rev, record) = crate::projection::produced_at(store, staged, session, seq)?;
+        let node = crate::projection::stored_node(store, session, size, &rev)?.filter(|n| n.seq == seq);
+        let node = node.ok_or_else(|| {
+            Error::corrupt(Location::Projection { table: Table::Revisions.name(), key: rev.to_hex() }, "missing node")
+        })?;
+        read.push((rev, node, record));
+    }
+    // Every parent is a node of the session, named by the seq of its record.
+    let by_seq: std::collections::HashMap<u64, RevisionId> = read.iter().map(|(r, n, _)| (n.seq, *r)).collect();
+    let mut nodes = Vec::with_capacity(read.len());
+    for (rev, node, record) in read {
+        let parents = node
+            .parents
+            .iter()
+            .map(|p| {
+                by_seq.get(p).copied().ok_or_else(|| {
+                    Error::corrupt(
+                        Location::Projection { table: Table::Revisions.name(), key: rev.to_hex() },
+                        format!("a parent at seq {p} that is no node of the session"),
+                    )
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        nodes.push(crate::projection::full_node(session, &rev, node, record, parents)?);
+    }
     // Every node's creation is a transition; the other transitions are stored edges.
     let mut edges: Vec<RevisionEdge> = nodes.iter().map(RevisionNode::creation_edge).collect();
     store.scan(Table::RevisionEdges, &prefix, |k, v| {
@@ -787,11 +818,11 @@ pub fn session_events(
     Ok(out)
 }
 
-/// A revision id from an entry of the revision order (32 bytes by construction).
-fn revision_id(entry: &[u8]) -> RevisionId {
-    let mut id = RevisionId([0; 32]);
-    id.0.copy_from_slice(entry);
-    id
+/// A seq from an entry of the revision order (8 bytes by construction).
+fn order_seq(entry: &[u8]) -> u64 {
+    let mut seq = [0; 8];
+    seq.copy_from_slice(entry);
+    u64::from_be_bytes(seq)
 }
 
 fn bad_stream_row(session: &SessionId, key: &[u8]) -> Error {

@@ -113,7 +113,12 @@ impl Log {
     }
 
     fn node(&self, s: SessionId, r: RevisionId) -> RevisionNode {
-        annal::revision_node(&self.store, &s, &r).expect("node decodes").expect("revision node")
+        annal::revision_node(&self.with_log(), &s, &r).expect("node decodes").expect("revision node")
+    }
+
+    /// The projections with the records, as a view has them.
+    fn with_log(&self) -> WithLog<'_> {
+        WithLog { store: &self.store, records: &self.records }
     }
 
     /// Every key of `table`.
@@ -227,15 +232,15 @@ fn session_created_fills_head_transcript_graph_and_labels() {
     assert!(node.parents.is_empty());
     assert_eq!(node.origin, NodeOrigin::Created);
     assert_eq!(node.recipe, Recipe::Root { fork: None, messages: cids(&ms) });
-    // The revision order's first row holds the node's id, 32 raw bytes.
+    // The revision order's first row holds the seq of the node's record, a u64 BE.
     let order = log.store.get(Table::RevisionOrder, &keys::session_u64(&s, 0)).unwrap().unwrap();
-    assert_eq!(order, rev.0);
+    assert_eq!(order, 1u64.to_be_bytes());
     // The transition that produced the node is the node itself, not a stored edge.
     assert!(log.keys(Table::RevisionEdges).is_empty());
     let edge = node.creation_edge();
     assert_eq!((edge.seq, edge.from, edge.to, edge.origin), (1, None, rev, NodeOrigin::Created));
     let graph_tip: GraphTip = log.row(Table::GraphTip, &keys::session(&s)).unwrap();
-    assert_eq!(graph_tip, GraphTip { head: rev, nodes: 1, len: 2 });
+    assert_eq!(graph_tip, GraphTip { head: rev, head_seq: 1, nodes: 1, len: 2 });
 
     let labels: LabelSession = log.row(Table::LabelSessions, &keys::session(&s)).unwrap();
     assert_eq!(labels.created_seq, 1);
@@ -321,7 +326,7 @@ fn transcript_rewritten_splices_and_drops_the_tail() {
     let node = log.node(s, rev0);
     assert_eq!((node.ordinal, node.parents.clone()), (0, vec![r.revision]));
     let tip: GraphTip = log.row(Table::GraphTip, &keys::session(&s)).unwrap();
-    assert_eq!(tip, GraphTip { head: rev0, nodes: 2, len: 4 });
+    assert_eq!(tip, GraphTip { head: rev0, head_seq: 1, nodes: 2, len: 4 });
     // A transition back to a revision the session already had is a stored edge, and
     // the only one: the rewrite's transition is its node's creation.
     assert_eq!(log.keys(Table::RevisionEdges), vec![keys::session_u64(&s, back.seq)]);
@@ -558,15 +563,49 @@ fn materialize_rebuilds_every_revision_a_session_held() {
     let want = |ts: &[&str]| Some(ts.iter().map(|t| cid(&m(t))).collect::<Vec<_>>());
 
     assert_eq!(r3, r0);
-    assert_eq!(materialize(&log.store, &a, &r0).unwrap(), want(&["0"]));
-    assert_eq!(materialize(&log.store, &a, &r1).unwrap(), want(&["0", "1", "2"]));
-    assert_eq!(materialize(&log.store, &a, &r2).unwrap(), want(&["0", "x", "y", "2"]));
+    assert_eq!(materialize(&log.with_log(), &a, &r0).unwrap(), want(&["0"]));
+    assert_eq!(materialize(&log.with_log(), &a, &r1).unwrap(), want(&["0", "1", "2"]));
+    assert_eq!(materialize(&log.with_log(), &a, &r2).unwrap(), want(&["0", "x", "y", "2"]));
     // The fork's revisions go back through the parent's graph.
-    assert_eq!(materialize(&log.store, &b, &rb.revision).unwrap(), want(&["0", "x"]));
-    assert_eq!(materialize(&log.store, &b, &rb1).unwrap(), want(&["0", "x", "b"]));
+    assert_eq!(materialize(&log.with_log(), &b, &rb.revision).unwrap(), want(&["0", "x"]));
+    assert_eq!(materialize(&log.with_log(), &b, &rb1).unwrap(), want(&["0", "x", "b"]));
     // A revision the session never held, even one its parent held, is unknown.
-    assert_eq!(materialize(&log.store, &b, &r1).unwrap(), None);
-    assert_eq!(materialize(&log.store, &a, &RevisionId([7; 32])).unwrap(), None);
+    assert_eq!(materialize(&log.with_log(), &b, &r1).unwrap(), None);
+    assert_eq!(materialize(&log.with_log(), &a, &RevisionId([7; 32])).unwrap(), None);
+}
+
+/// A node's row holds what its record does not: none of its messages' ids (the
+/// map's entries are keyed by the revisions' ids, which the row holds once each). Reading it needs the records: a store of
+/// projection rows alone cannot answer, and a node whose seq names another record is a
+/// corrupt projection.
+#[test]
+fn a_revision_node_takes_its_recipe_from_its_record() {
+    let mut log = Log::new();
+    let s = sid(1);
+    let m = |t: &str| Message::user(t);
+    let r0 = receipt(&log.ok(create(s, &[m("0")]))).revision;
+    let r1 = receipt(&log.ok(Command::CommitTurn(turn(s, "t1", Expected::Any, &[m("1"), m("2")])))).revision;
+    let r2 = receipt(&log.ok(rewrite(s, r1, 1, 2, &[m("x")]))).revision;
+    let node = log.node(s, r2);
+    assert_eq!(node.recipe, Recipe::Splice { parent: r1, start: 1, end: 2, replacement: cids(&[m("x")]) });
+    assert_eq!((node.parents.clone(), node.seq, node.created_at_ms), (vec![r1], 3, CLOCK_MS + 3));
+    let node = log.node(s, r1);
+    assert_eq!(node.recipe, Recipe::Splice { parent: r0, start: 1, end: 1, replacement: cids(&[m("1"), m("2")]) });
+    assert_eq!(node.origin, NodeOrigin::Turn { turn_id: "t1".into() });
+    for (key, row) in &log.store.tables[&Table::Revisions] {
+        for id in cids(&[m("0"), m("1"), m("2"), m("x")]) {
+            assert!(!row.windows(32).any(|w| w == id.0), "row {key:?} holds {id}");
+        }
+    }
+    assert!(matches!(annal::revision_node(&log.store, &s, &r1), Err(Error::Storage(_))));
+    assert!(matches!(materialize(&log.store, &s, &r2), Err(Error::Storage(_))));
+    // The turn's record, swapped for the rewrite's: the node names a record that did
+    // not produce it.
+    let mut records = log.records.clone();
+    records[1] = Record { seq: 2, ..records[2].clone() };
+    let swapped = WithLog { store: &log.store, records: &records };
+    assert!(matches!(annal::revision_node(&swapped, &s, &r1), Err(Error::Corrupt { .. })));
+    assert!(matches!(materialize(&swapped, &s, &r2), Err(Error::Corrupt { .. })));
 }
 
 #[test]

@@ -1490,7 +1490,7 @@ fn outcomes_name_the_events_they_wrote() {
     assert_eq!((again.seqs(), again.wrote()), (vec![], false));
 }
 
-/// The stream index keeps 16 stream seqs a row and the revision order 8 ids a row: a
+/// The stream index keeps 16 stream seqs a row and the revision order 16 seqs a row: a
 /// session of many rows pages across their edges, live, from the checkpoint after a
 /// reopen, and from a read-only reader.
 #[test]
@@ -1527,9 +1527,21 @@ fn a_long_session_pages_its_events_and_revisions_across_index_rows() {
             .is_empty());
         assert_eq!(session_events(reader, other).len(), 35);
         // 101 revision nodes (the creation and one a turn), ordinals in order.
-        for (offset, limit) in
-            [(0u64, 101u64), (6, 5), (7, 1), (7, 2), (8, 9), (30, 5), (31, 2), (32, 40), (95, 10), (101, 5)]
-        {
+        for (offset, limit) in [
+            (0u64, 101u64),
+            (6, 5),
+            (7, 1),
+            (7, 2),
+            (8, 9),
+            (15, 1),
+            (15, 2),
+            (16, 1),
+            (30, 5),
+            (31, 2),
+            (32, 40),
+            (95, 10),
+            (101, 5),
+        ] {
             let page = reader.revisions(s, PageRequest::new(offset, limit)).unwrap();
             assert_eq!(page.total, 101);
             let ordinals: Vec<u64> = page.page.items.iter().map(|n| n.ordinal).collect();
@@ -1540,6 +1552,8 @@ fn a_long_session_pages_its_events_and_revisions_across_index_rows() {
         assert_eq!(graph.nodes[0].revision, first);
         assert_eq!(graph.nodes[100].revision, head);
         assert_eq!(graph.head, head);
+        // The page and the graph read the same nodes.
+        assert_eq!(reader.revisions(s, PageRequest::new(0, 101)).unwrap().page.items, graph.nodes);
     };
     check(&engine);
     drop(engine);
@@ -1654,4 +1668,60 @@ fn a_retried_turn_gets_its_receipt_from_its_record_wherever_the_record_is() {
     // A rebuild gives the same answer.
     engine.rebuild(ProjectionSet::all()).unwrap();
     assert_eq!(retry(&engine), first);
+}
+
+/// A revision node keeps only what its record does not hold: a restore follows recipes
+/// read from the records that first produced each node, wherever those are. In the same
+/// batch (the batch's own records), from the journal's rows, from the log file after a
+/// reopen, and after a rebuild; the revisions and the graph read the same nodes each time.
+#[test]
+fn a_restore_reads_its_recipes_from_the_records_wherever_they_are() {
+    let db = Db::new();
+    let engine = db.open();
+    let sys = Message::system("sys");
+    let (s, r0) = create(&engine, std::slice::from_ref(&sys));
+    let (q, a, x) = (Message::user("question of t1"), Message::assistant("answer of t1"), Message::user("edited"));
+    let r1 = revision_of(&[sys.clone(), q.clone(), a.clone()]);
+    let r2 = revision_of(&[sys.clone(), x.clone(), a.clone()]);
+    let batch = Command::Batch(vec![
+        Command::CommitTurn(turn(s, "t1", r0)),
+        Command::Rewrite(rewrite(s, r1, 1, 2, vec![x.clone()], RewriteReason::Edit)),
+        Command::Restore(restore(s, r2, r1)),
+    ]);
+    match engine.execute(batch).unwrap() {
+        Outcome::Batch(outcomes) => assert_eq!(outcomes.len(), 3),
+        o => panic!("{o:?}"),
+    }
+    assert_eq!(head(&engine, s).revision, r1, "restored within the batch");
+    let ids = |ms: &[&Message]| ms.iter().map(|m| message_id(m)).collect::<Vec<_>>();
+    assert_eq!(transcript_ids(&engine, s), ids(&[&sys, &q, &a]));
+    // From the journal's rows.
+    engine.restore(restore(s, r1, r2)).unwrap();
+    assert_eq!(transcript_ids(&engine, s), ids(&[&sys, &x, &a]));
+    let graph = engine.graph(s).unwrap();
+    let nodes: Vec<_> = graph.nodes.iter().map(|n| (n.revision, n.parents.clone(), n.origin.clone())).collect();
+    assert_eq!(nodes[0], (r0, vec![], NodeOrigin::Created));
+    assert_eq!(nodes[1], (r1, vec![r0, r2], NodeOrigin::Turn { turn_id: "t1".into() }));
+    assert_eq!(nodes[2].0, r2);
+    assert_eq!(nodes[2].1, vec![r1]);
+    assert_eq!(graph.nodes[2].recipe, Recipe::Splice { parent: r1, start: 1, end: 2, replacement: ids(&[&x]) });
+    assert_eq!(graph.nodes[1].recipe, Recipe::Splice { parent: r0, start: 1, end: 1, replacement: ids(&[&q, &a]) });
+    assert_eq!(graph.nodes[1].created_at_ms, engine.graph(s).unwrap().edges[1].at_ms);
+    let revisions = engine.revisions(s, PageRequest::first(10)).unwrap().page.items;
+    assert_eq!(revisions, graph.nodes);
+    engine.checkpoint().unwrap();
+    engine.close().unwrap();
+    // From the log file.
+    let engine = db.open_durable();
+    assert_eq!(engine.graph(s).unwrap(), graph);
+    engine.restore(restore(s, r2, r0)).unwrap();
+    assert_eq!(transcript_ids(&engine, s), ids(&[&sys]));
+    let page = engine.transcript_at(s, r2, PageRequest::first(10)).unwrap();
+    assert_eq!(page.messages.iter().map(|m| m.content_id).collect::<Vec<_>>(), ids(&[&sys, &x, &a]));
+    // A rebuild folds the same nodes.
+    let before = engine.graph(s).unwrap();
+    engine.rebuild(ProjectionSet::all()).unwrap();
+    assert_eq!(engine.graph(s).unwrap(), before);
+    engine.restore(restore(s, r0, r1)).unwrap();
+    assert_eq!(transcript_ids(&engine, s), ids(&[&sys, &q, &a]));
 }

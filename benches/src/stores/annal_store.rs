@@ -51,17 +51,36 @@ fn turn_command(session: SessionId, t: &Turn, expected: Expected) -> CommitTurn 
     c
 }
 
-/// The projections of the closed database in `dir`: events in its log, rows of its
-/// projections table, and the bytes of their keys and values (redb's `stored_bytes`: no
-/// page overhead or free space), for rows and bytes per event.
-pub fn projection_footprint(dir: &Path) -> Result<(u64, u64, u64)> {
-    use redb::{ReadableDatabase, ReadableTableMetadata};
+/// What [`projection_footprint`] measures.
+pub struct Footprint {
+    /// Events in the log.
+    pub events: u64,
+    /// Rows of the projections table.
+    pub rows: u64,
+    /// The bytes of their keys and values (redb's `stored_bytes`: no page overhead or
+    /// free space).
+    pub bytes: u64,
+    /// The bytes of each logical table's rows (physical key and value), largest first.
+    pub by_table: Vec<(&'static str, u64)>,
+}
+
+/// The projections of the closed database in `dir`, for rows and bytes per event.
+pub fn projection_footprint(dir: &Path) -> Result<Footprint> {
+    use redb::{ReadableDatabase, ReadableTable, ReadableTableMetadata};
     let path = dir.join(FILE);
     let events = annal::Reader::open(&path, annal::Limits::default(), None)?.tip()?.0;
     let db = redb::Builder::new().open_read_only(annal::projections_path(&path))?;
     let txn = db.begin_read()?;
     let table = txn.open_table(annal::tables::PROJECTIONS)?;
-    Ok((events, table.len()?, table.stats()?.stored_bytes()))
+    let mut by_table = std::collections::BTreeMap::new();
+    for row in table.iter()? {
+        let (k, v) = row?;
+        let name = annal::tables::logical_key(k.value()).map_or("(malformed)", |(t, _)| t.name());
+        *by_table.entry(name).or_insert(0u64) += (k.value().len() + v.value().len()) as u64;
+    }
+    let mut by_table: Vec<_> = by_table.into_iter().collect();
+    by_table.sort_by_key(|&(name, bytes)| (std::cmp::Reverse(bytes), name));
+    Ok(Footprint { events, rows: table.len()?, bytes: table.stats()?.stored_bytes(), by_table })
 }
 
 impl AnnalStore {
