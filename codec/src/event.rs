@@ -219,6 +219,48 @@ impl TurnCommitted {
     }
 }
 
+/// The fields of [`TurnCommitted`] before its messages, for
+/// [`TurnCommitted::from_bytes`].
+#[derive(Deserialize)]
+struct TurnHead {
+    turn_id: String,
+    commit_hash: CommitHash,
+}
+
+/// The fields of [`TurnCommitted`] after its messages.
+#[derive(Deserialize)]
+struct TurnTail {
+    usage: Vec<Usage>,
+    applied_context: Vec<String>,
+    tool_ops: Vec<String>,
+    run_id: Option<String>,
+    revision_after: RevisionId,
+    state: StateDelta,
+    inputs: Vec<String>,
+}
+
+impl TurnCommitted {
+    /// Decodes the current schema's encoding, as [`crate::wire::from_bytes`] does (the
+    /// same bytes accepted, the same value), with the messages' ids taken in one copy
+    /// each ([`crate::wire::from_bytes_around_ids`]): a turn of 100 messages decodes
+    /// several times faster.
+    pub fn from_bytes(bytes: &[u8], limit: u64) -> Result<TurnCommitted, crate::wire::WireError> {
+        let (head, ids, tail): (TurnHead, _, TurnTail) = crate::wire::from_bytes_around_ids(bytes, limit)?;
+        Ok(TurnCommitted {
+            turn_id: head.turn_id,
+            commit_hash: head.commit_hash,
+            messages: ids.into_iter().map(ContentId).collect(),
+            usage: tail.usage,
+            applied_context: tail.applied_context,
+            tool_ops: tail.tool_ops,
+            run_id: tail.run_id,
+            revision_after: tail.revision_after,
+            state: tail.state,
+            inputs: tail.inputs,
+        })
+    }
+}
+
 /// Schema version 2 of [`TurnCommitted`], before `inputs` existed. Upcast on read.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TurnCommittedV2 {

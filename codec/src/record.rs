@@ -390,11 +390,15 @@ pub fn decode_header(bytes: &[u8], record_bytes_max: u64) -> Result<Header, Deco
 }
 
 fn decode_as<T: DeserializeOwned>(kind: EventKind, bytes: &[u8], limit: u64) -> Result<T, DecodeError> {
-    wire::from_bytes(bytes, limit).map_err(|e| match e {
+    wire::from_bytes(bytes, limit).map_err(|e| wire_error(kind, bytes, e))
+}
+
+fn wire_error(kind: EventKind, bytes: &[u8], e: WireError) -> DecodeError {
+    match e {
         WireError::TooLarge { max } => DecodeError::TooLarge { size: bytes.len() as u64, max },
         WireError::TrailingBytes => DecodeError::Malformed { kind, detail: "trailing bytes in payload".into() },
         other => DecodeError::Malformed { kind, detail: other.to_string() },
-    })
+    }
 }
 
 /// The upcasting hook: decodes `payload` written with `schema_version` of `kind` into the
@@ -417,7 +421,9 @@ pub fn decode_payload(kind: EventKind, schema_version: u16, payload: &[u8], limi
             Event::TurnCommitted(v2.into())
         }
         (EventKind::SessionCreated, _) => Event::SessionCreated(decode_as(kind, payload, limit)?),
-        (EventKind::TurnCommitted, _) => Event::TurnCommitted(decode_as(kind, payload, limit)?),
+        (EventKind::TurnCommitted, _) => {
+            Event::TurnCommitted(TurnCommitted::from_bytes(payload, limit).map_err(|e| wire_error(kind, payload, e))?)
+        }
         (EventKind::TranscriptRewritten, _) => Event::TranscriptRewritten(decode_as(kind, payload, limit)?),
         (EventKind::SessionArchived, _) => Event::SessionArchived(decode_as(kind, payload, limit)?),
         (EventKind::SessionRevived, _) => Event::SessionRevived(decode_as(kind, payload, limit)?),

@@ -67,7 +67,11 @@ pub fn to_bytes_sized<T: Serialize + ?Sized>(value: &T, limit: u64, capacity: us
     Ok(out)
 }
 
-/// Decodes exactly one `T` from `bytes`, reading at most `limit` bytes.
+/// Decodes exactly one `T` from `bytes`. bincode does not apply `limit` to a slice:
+/// `bytes` bounds every read, a length that claims more than is left fails as the input
+/// ending early (`Truncated`), and serde preallocates at most 1 MiB for a claimed count.
+/// The callers bound `bytes` by the limit that applies (a record's by
+/// `record_bytes_max`, in its header).
 pub fn from_bytes<T: DeserializeOwned>(bytes: &[u8], limit: u64) -> Result<T, WireError> {
     options(limit).deserialize(bytes).map_err(|e| classify(e, limit))
 }
@@ -77,6 +81,45 @@ pub fn from_bytes<T: DeserializeOwned>(bytes: &[u8], limit: u64) -> Result<T, Wi
 /// `from_bytes` of the owned type with the same fields does.
 pub fn from_bytes_borrowed<'a, T: Deserialize<'a>>(bytes: &'a [u8], limit: u64) -> Result<T, WireError> {
     options(limit).deserialize(bytes).map_err(|e| classify(e, limit))
+}
+
+/// Decodes `bytes` laid out as an `H`, then a list of 32-byte ids, then a `T`: the fields
+/// of one struct, in order, whose middle field is a `Vec` of 32-byte ids. It accepts and
+/// refuses exactly the bytes [`from_bytes`] of that struct does, and gives the same
+/// values. bincode's encoding of such a list is a varint count, then 32 raw bytes an id
+/// (a fixed-size array of `u8` has no length and no framing), which bincode decodes
+/// through serde a byte at a time; here each id is one copy. A turn's record holds its
+/// messages' ids so, and decoding them a byte at a time was most of the cost of reading
+/// a turn's record.
+pub fn from_bytes_around_ids<H: DeserializeOwned, T: DeserializeOwned>(
+    bytes: &[u8],
+    limit: u64,
+) -> Result<(H, Vec<[u8; 32]>, T), WireError> {
+    // The prefix is read from a shrinking slice, with the slice's length as the limit: a
+    // length that claims more than is left is the input ending early, refused before
+    // anything is allocated for it.
+    fn prefix<V: DeserializeOwned>(rest: &mut &[u8]) -> Result<V, WireError> {
+        let left = rest.len() as u64;
+        options(left).deserialize_from(rest).map_err(|e| match classify(e, left) {
+            WireError::TooLarge { .. } => WireError::Truncated,
+            other => other,
+        })
+    }
+    let mut rest = bytes;
+    let head: H = prefix(&mut rest)?;
+    let count: u64 = prefix(&mut rest)?;
+    let len = count.checked_mul(32).filter(|&n| n <= rest.len() as u64).ok_or(WireError::Truncated)? as usize;
+    let (raw, tail) = rest.split_at(len);
+    let ids = raw
+        .chunks_exact(32)
+        .map(|c| {
+            let mut id = [0u8; 32];
+            id.copy_from_slice(c);
+            id
+        })
+        .collect();
+    let tail: T = from_bytes(tail, limit)?;
+    Ok((head, ids, tail))
 }
 
 /// The encoded size of `value`, bounded by `limit`.

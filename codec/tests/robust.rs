@@ -61,3 +61,75 @@ proptest! {
         prop_assert!(verify_chain(&bytes, &chain.genesis(), &chain, 1).is_err());
     }
 }
+
+/// A turn of `n` messages with some of every other field, for the decoders to agree on.
+fn turn(turn_id: String, n: usize, usage: bool, context: Vec<String>, run: Option<String>) -> TurnCommitted {
+    let messages: Vec<ContentId> = (0..n).map(|i| content_id(&i.to_le_bytes())).collect();
+    TurnCommitted {
+        turn_id,
+        commit_hash: turn_commit_hash(&messages, &[], &[], &[]),
+        revision_after: RevisionId::of(&messages),
+        messages,
+        usage: if usage {
+            vec![Usage {
+                provider: "p".into(),
+                model: "m".into(),
+                input: 300,
+                output: 70_000,
+                cache_read: 0,
+                cache_write: 1,
+            }]
+        } else {
+            vec![]
+        },
+        applied_context: context,
+        tool_ops: vec!["op".into()],
+        run_id: run,
+        state: StateDelta {
+            set: std::collections::BTreeMap::from([("tool".into(), content_id(b"state"))]),
+            remove: ["gone".to_string()].into(),
+        },
+        inputs: vec!["input-1".into()],
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(500))]
+
+    /// The turn decoder that copies message ids whole accepts exactly the bytes the
+    /// plain decoder accepts, and gives the same value: for whole encodings, and for
+    /// encodings cut short, lengthened, or with bytes changed (a count or a length among
+    /// them), under any limit.
+    #[test]
+    fn the_turn_decoder_agrees_with_the_plain_decoder(
+        id in "[a-z0-9-]{0,40}",
+        n in 0usize..300,
+        usage in any::<bool>(),
+        context in proptest::collection::vec("[a-z]{0,8}", 0..3),
+        run in proptest::option::of("[a-z]{0,8}"),
+        edits in proptest::collection::vec((any::<usize>(), any::<u8>()), 0..4),
+        cut in proptest::option::of(any::<usize>()),
+        extra in proptest::collection::vec(any::<u8>(), 0..3),
+        limit in prop_oneof![Just(u64::MAX), 0u64..20_000],
+    ) {
+        let value = turn(id, n, usage, context, run);
+        let mut bytes = wire::to_bytes(&value, u64::MAX).unwrap();
+        prop_assert_eq!(TurnCommitted::from_bytes(&bytes, u64::MAX), Ok(value));
+        for (pos, byte) in edits {
+            if !bytes.is_empty() {
+                let len = bytes.len();
+                bytes[pos % len] = byte;
+            }
+        }
+        if let Some(cut) = cut {
+            bytes.truncate(cut % (bytes.len() + 1));
+        }
+        bytes.extend(extra);
+        let plain = wire::from_bytes::<TurnCommitted>(&bytes, limit);
+        let fast = TurnCommitted::from_bytes(&bytes, limit);
+        prop_assert_eq!(plain.is_ok(), fast.is_ok(), "plain {:?}, fast {:?}", plain, fast);
+        if let (Ok(plain), Ok(fast)) = (plain, fast) {
+            prop_assert_eq!(plain, fast);
+        }
+    }
+}
