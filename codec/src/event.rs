@@ -261,6 +261,32 @@ impl TurnCommitted {
     }
 }
 
+/// The fields of [`SessionCreated`] before its messages, for
+/// [`SessionCreated::from_bytes`].
+#[derive(Deserialize)]
+struct CreatedHead {
+    labels: BTreeMap<String, String>,
+    #[serde(with = "serde_bytes")]
+    metadata: Vec<u8>,
+    forked_from: Option<ForkOrigin>,
+}
+
+impl SessionCreated {
+    /// Decodes the current schema's encoding as [`crate::wire::from_bytes`] does, with
+    /// the messages' ids taken in one copy each (as [`TurnCommitted::from_bytes`]).
+    pub fn from_bytes(bytes: &[u8], limit: u64) -> Result<SessionCreated, crate::wire::WireError> {
+        let (head, ids, revision_after): (CreatedHead, _, RevisionId) =
+            crate::wire::from_bytes_around_ids(bytes, limit)?;
+        Ok(SessionCreated {
+            labels: head.labels,
+            metadata: head.metadata,
+            forked_from: head.forked_from,
+            messages: ids.into_iter().map(ContentId).collect(),
+            revision_after,
+        })
+    }
+}
+
 /// Schema version 2 of [`TurnCommitted`], before `inputs` existed. Upcast on read.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TurnCommittedV2 {
@@ -353,6 +379,27 @@ impl StateDelta {
     /// Whether it changes nothing.
     pub fn is_empty(&self) -> bool {
         self.set.is_empty() && self.remove.is_empty()
+    }
+}
+
+impl TranscriptRewritten {
+    /// Decodes the current schema's encoding as [`crate::wire::from_bytes`] does, with
+    /// the replacement's ids taken in one copy each (as [`TurnCommitted::from_bytes`]).
+    pub fn from_bytes(bytes: &[u8], limit: u64) -> Result<TranscriptRewritten, crate::wire::WireError> {
+        type Head = (RevisionId, u64, u64);
+        type Tail = (RewriteKind, String, String, RevisionId);
+        let ((parent_revision, start, end), ids, (kind, note, actor, revision_after)): (Head, _, Tail) =
+            crate::wire::from_bytes_around_ids(bytes, limit)?;
+        Ok(TranscriptRewritten {
+            parent_revision,
+            start,
+            end,
+            replacement: ids.into_iter().map(ContentId).collect(),
+            kind,
+            note,
+            actor,
+            revision_after,
+        })
     }
 }
 

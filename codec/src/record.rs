@@ -420,11 +420,15 @@ pub fn decode_payload(kind: EventKind, schema_version: u16, payload: &[u8], limi
             let v2: TurnCommittedV2 = decode_as(kind, payload, limit)?;
             Event::TurnCommitted(v2.into())
         }
-        (EventKind::SessionCreated, _) => Event::SessionCreated(decode_as(kind, payload, limit)?),
+        (EventKind::SessionCreated, _) => {
+            Event::SessionCreated(SessionCreated::from_bytes(payload, limit).map_err(|e| wire_error(kind, payload, e))?)
+        }
         (EventKind::TurnCommitted, _) => {
             Event::TurnCommitted(TurnCommitted::from_bytes(payload, limit).map_err(|e| wire_error(kind, payload, e))?)
         }
-        (EventKind::TranscriptRewritten, _) => Event::TranscriptRewritten(decode_as(kind, payload, limit)?),
+        (EventKind::TranscriptRewritten, _) => Event::TranscriptRewritten(
+            TranscriptRewritten::from_bytes(payload, limit).map_err(|e| wire_error(kind, payload, e))?,
+        ),
         (EventKind::SessionArchived, _) => Event::SessionArchived(decode_as(kind, payload, limit)?),
         (EventKind::SessionRevived, _) => Event::SessionRevived(decode_as(kind, payload, limit)?),
         (EventKind::ContextAppended, _) => Event::ContextAppended(decode_as(kind, payload, limit)?),

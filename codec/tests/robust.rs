@@ -93,15 +93,58 @@ fn turn(turn_id: String, n: usize, usage: bool, context: Vec<String>, run: Optio
     }
 }
 
+/// Damages `bytes`: some bytes changed, then cut short, then lengthened.
+fn damage(mut bytes: Vec<u8>, edits: Vec<(usize, u8)>, cut: Option<usize>, extra: Vec<u8>) -> Vec<u8> {
+    for (pos, byte) in edits {
+        if !bytes.is_empty() {
+            let len = bytes.len();
+            bytes[pos % len] = byte;
+        }
+    }
+    if let Some(cut) = cut {
+        bytes.truncate(cut % (bytes.len() + 1));
+    }
+    bytes.extend(extra);
+    bytes
+}
+
+/// Holds a decoder that copies ids whole to the plain decoder: the same value from the
+/// whole encoding of `value`, and the same answer (accepted with the same value, or
+/// refused) for `damaged`, under `limit`.
+fn agree<T>(
+    value: T,
+    damaged: impl FnOnce(Vec<u8>) -> Vec<u8>,
+    limit: u64,
+    fast: fn(&[u8], u64) -> Result<T, wire::WireError>,
+) -> Result<(), TestCaseError>
+where
+    T: serde::Serialize + serde::de::DeserializeOwned + PartialEq + std::fmt::Debug,
+{
+    let bytes = wire::to_bytes(&value, u64::MAX).unwrap();
+    prop_assert_eq!(fast(&bytes, u64::MAX), Ok(value));
+    let bytes = damaged(bytes);
+    let plain = wire::from_bytes::<T>(&bytes, limit);
+    let quick = fast(&bytes, limit);
+    prop_assert_eq!(plain.is_ok(), quick.is_ok(), "plain {:?}, fast {:?}", plain, quick);
+    if let (Ok(plain), Ok(quick)) = (plain, quick) {
+        prop_assert_eq!(plain, quick);
+    }
+    Ok(())
+}
+
+fn ids(n: usize) -> Vec<ContentId> {
+    (0..n).map(|i| content_id(&i.to_le_bytes())).collect()
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(500))]
 
-    /// The turn decoder that copies message ids whole accepts exactly the bytes the
-    /// plain decoder accepts, and gives the same value: for whole encodings, and for
-    /// encodings cut short, lengthened, or with bytes changed (a count or a length among
-    /// them), under any limit.
+    /// The decoders that copy message ids whole (a turn's, a session's creation, a
+    /// rewrite's) accept exactly the bytes the plain decoder accepts, and give the same
+    /// value: for whole encodings, and for encodings cut short, lengthened, or with
+    /// bytes changed (a count or a length among them), under any limit.
     #[test]
-    fn the_turn_decoder_agrees_with_the_plain_decoder(
+    fn the_id_copying_decoders_agree_with_the_plain_decoder(
         id in "[a-z0-9-]{0,40}",
         n in 0usize..300,
         usage in any::<bool>(),
@@ -111,25 +154,38 @@ proptest! {
         cut in proptest::option::of(any::<usize>()),
         extra in proptest::collection::vec(any::<u8>(), 0..3),
         limit in prop_oneof![Just(u64::MAX), 0u64..20_000],
+        which in 0u8..3,
     ) {
-        let value = turn(id, n, usage, context, run);
-        let mut bytes = wire::to_bytes(&value, u64::MAX).unwrap();
-        prop_assert_eq!(TurnCommitted::from_bytes(&bytes, u64::MAX), Ok(value));
-        for (pos, byte) in edits {
-            if !bytes.is_empty() {
-                let len = bytes.len();
-                bytes[pos % len] = byte;
+        let damaged = |bytes| damage(bytes, edits, cut, extra);
+        match which {
+            0 => agree(turn(id, n, usage, context, run), damaged, limit, TurnCommitted::from_bytes)?,
+            1 => {
+                let created = SessionCreated {
+                    labels: context.into_iter().map(|k| (k, id.clone())).collect(),
+                    metadata: id.clone().into_bytes(),
+                    forked_from: run.map(|_| ForkOrigin {
+                        session: SessionId([4; 16]),
+                        revision: RevisionId::of(&ids(2)),
+                        message_count: 2,
+                    }),
+                    messages: ids(n),
+                    revision_after: RevisionId::of(&ids(n)),
+                };
+                agree(created, damaged, limit, SessionCreated::from_bytes)?
             }
-        }
-        if let Some(cut) = cut {
-            bytes.truncate(cut % (bytes.len() + 1));
-        }
-        bytes.extend(extra);
-        let plain = wire::from_bytes::<TurnCommitted>(&bytes, limit);
-        let fast = TurnCommitted::from_bytes(&bytes, limit);
-        prop_assert_eq!(plain.is_ok(), fast.is_ok(), "plain {:?}, fast {:?}", plain, fast);
-        if let (Ok(plain), Ok(fast)) = (plain, fast) {
-            prop_assert_eq!(plain, fast);
+            _ => {
+                let rewritten = TranscriptRewritten {
+                    parent_revision: RevisionId::of(&ids(1)),
+                    start: 1,
+                    end: 70_000,
+                    replacement: ids(n),
+                    kind: if usage { RewriteKind::Restore { target: RevisionId::of(&ids(3)) } } else { RewriteKind::Compaction },
+                    note: id,
+                    actor: run.unwrap_or_default(),
+                    revision_after: RevisionId::of(&ids(n)),
+                };
+                agree(rewritten, damaged, limit, TranscriptRewritten::from_bytes)?
+            }
         }
     }
 }
