@@ -570,12 +570,25 @@ pub fn revision_node<S: crate::store::Store + ?Sized>(
         return Ok(None);
     };
     let record = node_record(store, staged, session, Some(revision), node.seq)?;
+    node_with_parents(store, session, revision, node, record).map(Some)
+}
+
+/// The [`RevisionNode`] of `revision` from its stored `node` and its `record`, with its
+/// parents' ids read from their records.
+pub(crate) fn node_with_parents<S: crate::store::Store + ?Sized>(
+    store: &S,
+    session: &SessionId,
+    revision: &RevisionId,
+    node: StoredNode,
+    record: annal_codec::Record,
+) -> crate::error::Result<RevisionNode> {
+    let staged = crate::log::Staged::default();
     let parents = node
         .parents
         .iter()
         .map(|&p| produced_at(store, staged, session, p).map(|(r, _)| r))
         .collect::<Result<Vec<_>, _>>()?;
-    full_node(session, revision, node, record, parents).map(Some)
+    full_node(session, revision, node, record, parents)
 }
 
 /// The [`RevisionNode`] of `revision` from its stored `node`, its `record` and its

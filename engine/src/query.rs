@@ -509,12 +509,7 @@ fn node_at(store: &View, session: &SessionId, ordinal: u64) -> Result<RevisionNo
     let size = crate::buckets::REVISIONS.size(store, &session.0)?;
     let node = crate::projection::stored_node(store, session, size, &rev)?.filter(|n| n.seq == seq);
     let node = node.ok_or_else(missing)?;
-    let parents = node
-        .parents
-        .iter()
-        .map(|&p| crate::projection::produced_at(store, staged, session, p).map(|(r, _)| r))
-        .collect::<Result<Vec<_>>>()?;
-    crate::projection::full_node(session, &rev, node, record, parents)
+    crate::projection::node_with_parents(store, session, &rev, node, record)
 }
 
 /// The whole revision graph of `session`.
