@@ -513,8 +513,13 @@ pub(crate) fn produced_at<S: crate::store::Store + ?Sized>(
     seq: u64,
 ) -> crate::error::Result<(RevisionId, annal_codec::Record)> {
     let record = node_record(store, staged, session, None, seq)?;
-    let revision = record.event.revision_after().expect("node_record checked that the record produces a revision");
-    Ok((revision, record))
+    match record.event.revision_after() {
+        Some(revision) => Ok((revision, record)),
+        None => Err(crate::error::Error::corrupt(
+            crate::error::Location::Log { seq },
+            "a revision node names a record that produces no revision",
+        )),
+    }
 }
 
 /// How `node` (of `revision`, first produced by `record`) came to be, and its recipe,
