@@ -393,7 +393,7 @@ fn follow_recipes<S: Store + ?Sized>(
     session: &SessionId,
     revision: &RevisionId,
 ) -> Result<Option<Vec<ContentId>>> {
-    use crate::projection::{node_record, origin_and_recipe, produced_at, stored_node};
+    use crate::projection::{node_location, node_record, origin_and_recipe, stored_node};
     let mut splices = Vec::new();
     let (mut s, mut r) = (*session, *revision);
     let mut bound = u64::MAX;
@@ -402,12 +402,6 @@ fn follow_recipes<S: Store + ?Sized>(
     let mut sized = (s, crate::buckets::REVISIONS.size(store, &s.0)?);
     // The record of the node the walk goes to next, read to learn that node's id.
     let mut next: Option<annal_codec::Record> = None;
-    let missing = |s: &SessionId, r: &RevisionId| {
-        Error::corrupt(
-            Location::Projection { table: Table::Revisions.name(), key: crate::store::hex(&keys::session_rev(s, r)) },
-            "recipe refers to a missing revision",
-        )
-    };
     let base = loop {
         if sized.0 != s {
             sized = (s, crate::buckets::REVISIONS.size(store, &s.0)?);
@@ -415,7 +409,7 @@ fn follow_recipes<S: Store + ?Sized>(
         let node = match stored_node(store, &s, sized.1, &r)? {
             Some(n) => n,
             None if splices.is_empty() && s == *session => return Ok(None),
-            None => return Err(missing(&s, &r)),
+            None => return Err(Error::corrupt(node_location(&s, &r), "recipe refers to a missing revision")),
         };
         if node.seq >= bound {
             return Err(Error::corrupt(Location::Log { seq: node.seq }, "revision recipe does not go back in time"));
@@ -424,21 +418,15 @@ fn follow_recipes<S: Store + ?Sized>(
         let record = match next.take() {
             Some(record) if record.seq == node.seq => record,
             Some(_) => {
-                return Err(Error::corrupt(
-                    Location::Projection {
-                        table: Table::Revisions.name(),
-                        key: crate::store::hex(&keys::session_rev(&s, &r)),
-                    },
-                    "a parent's node is not at the seq its child names",
-                ))
+                return Err(Error::corrupt(node_location(&s, &r), "a parent's node is not at the seq its child names"))
             }
-            None => node_record(store, staged, &s, Some(&r), node.seq)?,
+            None => node_record(store, staged, &s, Some(&r), node.seq)?.1,
         };
         // A splice's parent is the node's first parent: its id is what its record produced.
         let parent = match (&record.event, node.parents.first()) {
             (annal_codec::Event::SessionCreated(_), _) | (_, None) => None,
             (_, Some(&p)) => {
-                let (id, parent_record) = produced_at(store, staged, &s, p)?;
+                let (id, parent_record) = node_record(store, staged, &s, None, p)?;
                 next = Some(parent_record);
                 Some(id)
             }

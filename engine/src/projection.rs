@@ -448,7 +448,7 @@ pub(crate) struct StoredNode {
 }
 
 /// Where a projection key of the revision nodes names `revision` in `session`.
-fn node_location(session: &SessionId, revision: &RevisionId) -> crate::error::Location {
+pub(crate) fn node_location(session: &SessionId, revision: &RevisionId) -> crate::error::Location {
     crate::error::Location::Projection {
         table: Table::Revisions.name(),
         key: crate::store::hex(&crate::store::keys::session_rev(session, revision)),
@@ -469,55 +469,36 @@ pub(crate) fn stored_node<S: crate::store::Store + ?Sized>(
     })
 }
 
-/// The record at `seq` that first produced `revision` in `session`: the batch's own
-/// (`staged`), else the log's ([`crate::store::Store::record_at`]). A record of another
-/// session, or that does not produce that revision, is a corrupt projection; a store that
-/// cannot read the log cannot answer ([`crate::Error::Storage`]).
+/// The record at `seq` that first produced a revision in `session`, and that revision:
+/// the batch's own record (`staged`), else the log's ([`crate::store::Store::record_at`]).
+/// With `revision`, the record must produce that one. A record of another session, or
+/// that produces no revision (or another), is a corrupt projection; a store that cannot
+/// read the log cannot answer ([`crate::Error::Storage`]).
 pub(crate) fn node_record<S: crate::store::Store + ?Sized>(
     store: &S,
     staged: crate::log::Staged<'_>,
     session: &SessionId,
     revision: Option<&RevisionId>,
     seq: u64,
-) -> crate::error::Result<annal_codec::Record> {
+) -> crate::error::Result<(RevisionId, annal_codec::Record)> {
     let record = match staged.record(seq) {
         Some(record) => record.clone(),
         None => store.record_at(seq)?.ok_or_else(|| {
             crate::error::Error::Storage(format!("the record of a revision node (seq {seq}) cannot be read here"))
         })?,
     };
-    let produced = record.event.revision_after();
-    let matches = match revision {
-        Some(r) => produced == Some(*r),
-        None => produced.is_some(),
-    };
-    if record.seq != seq || record.session != *session || !matches {
-        let location = match revision {
-            Some(r) => node_location(session, r),
-            None => crate::error::Location::Log { seq },
-        };
-        return Err(crate::error::Error::corrupt(
-            location,
-            format!("a revision node names seq {seq}, which is not the record that produced it"),
-        ));
-    }
-    Ok(record)
-}
-
-/// The revision the record at `seq` produced in `session`: a parent's id, from the seq
-/// its node names.
-pub(crate) fn produced_at<S: crate::store::Store + ?Sized>(
-    store: &S,
-    staged: crate::log::Staged<'_>,
-    session: &SessionId,
-    seq: u64,
-) -> crate::error::Result<(RevisionId, annal_codec::Record)> {
-    let record = node_record(store, staged, session, None, seq)?;
     match record.event.revision_after() {
-        Some(revision) => Ok((revision, record)),
-        None => Err(crate::error::Error::corrupt(
-            crate::error::Location::Log { seq },
-            "a revision node names a record that produces no revision",
+        Some(produced)
+            if record.seq == seq && record.session == *session && revision.is_none_or(|r| *r == produced) =>
+        {
+            Ok((produced, record))
+        }
+        _ => Err(crate::error::Error::corrupt(
+            match revision {
+                Some(r) => node_location(session, r),
+                None => crate::error::Location::Log { seq },
+            },
+            format!("a revision node names seq {seq}, which is not the record that produced it"),
         )),
     }
 }
@@ -570,41 +551,32 @@ pub fn revision_node<S: crate::store::Store + ?Sized>(
     revision: &RevisionId,
 ) -> crate::error::Result<Option<RevisionNode>> {
     let size = crate::buckets::REVISIONS.size(store, &session.0)?;
-    let staged = crate::log::Staged::default();
     let Some(node) = stored_node(store, session, size, revision)? else {
         return Ok(None);
     };
-    let record = node_record(store, staged, session, Some(revision), node.seq)?;
-    node_with_parents(store, session, revision, node, record).map(Some)
+    let (_, record) = node_record(store, crate::log::Staged::default(), session, Some(revision), node.seq)?;
+    full_node(store, session, revision, node, record, &Default::default()).map(Some)
 }
 
-/// The [`RevisionNode`] of `revision` from its stored `node` and its `record`, with its
-/// parents' ids read from their records.
-pub(crate) fn node_with_parents<S: crate::store::Store + ?Sized>(
+/// The [`RevisionNode`] of `revision` from its stored `node` and its `record`. Each
+/// parent's id is taken from `known` (seq of a node's record → its revision), else read
+/// from the parent's record.
+pub(crate) fn full_node<S: crate::store::Store + ?Sized>(
     store: &S,
     session: &SessionId,
     revision: &RevisionId,
     node: StoredNode,
     record: annal_codec::Record,
+    known: &std::collections::HashMap<u64, RevisionId>,
 ) -> crate::error::Result<RevisionNode> {
-    let staged = crate::log::Staged::default();
     let parents = node
         .parents
         .iter()
-        .map(|&p| produced_at(store, staged, session, p).map(|(r, _)| r))
+        .map(|&p| match known.get(&p) {
+            Some(r) => Ok(*r),
+            None => node_record(store, crate::log::Staged::default(), session, None, p).map(|(r, _)| r),
+        })
         .collect::<Result<Vec<_>, _>>()?;
-    full_node(session, revision, node, record, parents)
-}
-
-/// The [`RevisionNode`] of `revision` from its stored `node`, its `record` and its
-/// parents' ids (in the node's order).
-pub(crate) fn full_node(
-    session: &SessionId,
-    revision: &RevisionId,
-    node: StoredNode,
-    record: annal_codec::Record,
-    parents: Vec<RevisionId>,
-) -> crate::error::Result<RevisionNode> {
     let created_at_ms = record.committed_at_ms;
     let (origin, recipe) = origin_and_recipe(session, revision, &node, record, parents.first().copied())?;
     Ok(RevisionNode {

@@ -488,28 +488,52 @@ pub fn revisions(view: &View, limits: &Limits, session: &SessionId, page: PageRe
         )
     })?;
     let offset = page.offset.min(tip.nodes);
-    let mut items = Vec::new();
-    for ordinal in offset..tip.nodes.min(offset.saturating_add(page.limit)) {
-        items.push(node_at(store, session, ordinal)?);
+    let end = tip.nodes.min(offset.saturating_add(page.limit));
+    let order = crate::evolve::REVISION_ORDER;
+    // The seqs of nodes `offset..end`, one revision order row at a time.
+    let mut seqs = Vec::new();
+    let mut ordinal = offset;
+    while ordinal < end {
+        let (key, slot) = order.slot(session, ordinal);
+        let want = (order.per_row - slot).min(end - ordinal);
+        let row = store.get(order.table, &key)?.unwrap_or_default();
+        let entries = order.entries(&row).ok_or_else(|| bad_order_row(&key))?;
+        let before = seqs.len();
+        seqs.extend(entries.skip(slot as usize).take(want as usize).map(order_seq));
+        if (seqs.len() - before) as u64 != want {
+            return Err(bad_order_row(&key));
+        }
+        ordinal += want;
     }
+    let items = nodes_at(store, session, seqs)?;
     let has_more = offset + (items.len() as u64) < tip.nodes;
     Ok(RevisionPage { head: tip.head, total: tip.nodes, page: Page { items, offset, limit: page.limit, has_more } })
 }
 
-fn node_at(store: &View, session: &SessionId, ordinal: u64) -> Result<RevisionNode> {
-    let order = crate::evolve::REVISION_ORDER;
-    let (key, slot) = order.slot(session, ordinal);
-    let missing = || {
-        Error::corrupt(Location::Projection { table: order.table.name(), key: crate::store::hex(&key) }, "missing node")
-    };
-    let seqs = store.get(order.table, &key)?.ok_or_else(missing)?;
-    let seq = order.entries(&seqs).and_then(|mut e| e.nth(slot as usize)).map(order_seq).ok_or_else(missing)?;
-    let staged = crate::log::Staged::default();
-    let (rev, record) = crate::projection::produced_at(store, staged, session, seq)?;
+fn bad_order_row(key: &[u8]) -> Error {
+    Error::corrupt(
+        Location::Projection { table: crate::evolve::REVISION_ORDER.table.name(), key: crate::store::hex(key) },
+        "bad or missing revision order row",
+    )
+}
+
+/// The nodes of `session` whose records are at `seqs` (entries of its revision order):
+/// each record read once, and each parent's id taken from these nodes where it is one.
+fn nodes_at(store: &View, session: &SessionId, seqs: Vec<u64>) -> Result<Vec<RevisionNode>> {
     let size = crate::buckets::REVISIONS.size(store, &session.0)?;
-    let node = crate::projection::stored_node(store, session, size, &rev)?.filter(|n| n.seq == seq);
-    let node = node.ok_or_else(missing)?;
-    crate::projection::node_with_parents(store, session, &rev, node, record)
+    let staged = crate::log::Staged::default();
+    let mut read = Vec::with_capacity(seqs.len());
+    for seq in seqs {
+        let (rev, record) = crate::projection::node_record(store, staged, session, None, seq)?;
+        let node = crate::projection::stored_node(store, session, size, &rev)?.filter(|n| n.seq == seq);
+        let node =
+            node.ok_or_else(|| Error::corrupt(crate::projection::node_location(session, &rev), "missing node"))?;
+        read.push((rev, node, record));
+    }
+    let known: std::collections::HashMap<u64, RevisionId> = read.iter().map(|(r, n, _)| (n.seq, *r)).collect();
+    read.into_iter()
+        .map(|(rev, node, record)| crate::projection::full_node(store, session, &rev, node, record, &known))
+        .collect()
 }
 
 /// The whole revision graph of `session`.
@@ -518,46 +542,12 @@ pub fn graph(view: &View, session: &SessionId) -> Result<RevisionGraph> {
     let head = head_of(store, session)?;
     let prefix = keys::session(session);
     let order = crate::evolve::REVISION_ORDER;
-    let size = crate::buckets::REVISIONS.size(store, &session.0)?;
-    let staged = crate::log::Staged::default();
     let mut seqs = Vec::new();
     store.scan(order.table, &prefix, |k, v| {
-        let entries = order.entries(v).ok_or_else(|| {
-            Error::corrupt(
-                Location::Projection { table: order.table.name(), key: crate::store::hex(k) },
-                "bad revision order row",
-            )
-        })?;
-        seqs.extend(entries.map(order_seq));
+        seqs.extend(order.entries(v).ok_or_else(|| bad_order_row(k))?.map(order_seq));
         Ok(true)
     })?;
-    let mut read = Vec::with_capacity(seqs.len());
-    for seq in seqs {
-        let (rev, record) = crate::projection::produced_at(store, staged, session, seq)?;
-        let node = crate::projection::stored_node(store, session, size, &rev)?.filter(|n| n.seq == seq);
-        let node = node.ok_or_else(|| {
-            Error::corrupt(Location::Projection { table: Table::Revisions.name(), key: rev.to_hex() }, "missing node")
-        })?;
-        read.push((rev, node, record));
-    }
-    // Every parent is a node of the session, named by the seq of its record.
-    let by_seq: std::collections::HashMap<u64, RevisionId> = read.iter().map(|(r, n, _)| (n.seq, *r)).collect();
-    let mut nodes = Vec::with_capacity(read.len());
-    for (rev, node, record) in read {
-        let parents = node
-            .parents
-            .iter()
-            .map(|p| {
-                by_seq.get(p).copied().ok_or_else(|| {
-                    Error::corrupt(
-                        Location::Projection { table: Table::Revisions.name(), key: rev.to_hex() },
-                        format!("a parent at seq {p} that is no node of the session"),
-                    )
-                })
-            })
-            .collect::<Result<Vec<_>>>()?;
-        nodes.push(crate::projection::full_node(session, &rev, node, record, parents)?);
-    }
+    let nodes = nodes_at(store, session, seqs)?;
     // Every node's creation is a transition; the other transitions are stored edges.
     let mut edges: Vec<RevisionEdge> = nodes.iter().map(RevisionNode::creation_edge).collect();
     store.scan(Table::RevisionEdges, &prefix, |k, v| {
