@@ -1,7 +1,12 @@
 //! The content cache: content objects already read and verified, kept in memory by id,
 //! so that a message read again (a transcript page an agent host reads at every turn,
 //! say) costs a lookup instead of the content index, the content row, decompression and
-//! hashing.
+//! hashing; and the message lists of records ([`crate::transcript::message_list`]) by
+//! seq, which the transcript's runs name, so that a page read again costs no record
+//! decode.
+//!
+//! A record never changes under its seq while an engine is open (a purge reopens it), so
+//! a cached list is right for every view that sees its record.
 //!
 //! A content object never changes under its id, so a cached object is right for every
 //! view that can see it: each entry keeps the seq of the record that stored the object,
@@ -35,13 +40,26 @@ impl quick_cache::Weighter<ContentId, Cached> for Weight {
     }
 }
 
-/// Verified content objects by id, bounded by their bytes
-/// ([`crate::Options::content_cache_bytes`]); quick_cache's eviction (a variant of
-/// CLOCK-Pro, which a scan does not flush) picks what leaves.
+#[derive(Clone)]
+struct ListWeight;
+
+impl quick_cache::Weighter<u64, Arc<[ContentId]>> for ListWeight {
+    fn weight(&self, _: &u64, value: &Arc<[ContentId]>) -> u64 {
+        (value.len() * std::mem::size_of::<ContentId>()) as u64 + ENTRY_OVERHEAD_BYTES
+    }
+}
+
+/// Verified content objects by id and records' message lists by seq, bounded by their
+/// bytes ([`crate::Options::content_cache_bytes`]: three quarters for the objects, a
+/// quarter for the lists); quick_cache's eviction (a variant of CLOCK-Pro, which a scan
+/// does not flush) picks what leaves.
 pub(crate) struct ContentCache {
     objects: quick_cache::sync::Cache<ContentId, Cached, Weight, RowHasher>,
     /// Objects larger than this are not kept (one would push out many others).
     object_bytes_max: u64,
+    lists: quick_cache::sync::Cache<u64, Arc<[ContentId]>, ListWeight, RowHasher>,
+    /// Lists of more ids than this are not kept.
+    list_ids_max: usize,
 }
 
 impl ContentCache {
@@ -50,9 +68,31 @@ impl ContentCache {
         if bytes == 0 {
             return None;
         }
-        let items = (bytes / 2048).max(16) as usize;
-        let objects = quick_cache::sync::Cache::with(items, bytes, Weight, RowHasher::default(), Default::default());
-        Some(ContentCache { objects, object_bytes_max: bytes / 16 })
+        let (object_bytes, list_bytes) = (bytes - bytes / 4, (bytes / 4).max(1));
+        let items = (object_bytes / 2048).max(16) as usize;
+        let objects =
+            quick_cache::sync::Cache::with(items, object_bytes, Weight, RowHasher::default(), Default::default());
+        let lists = quick_cache::sync::Cache::with(
+            (list_bytes / 512).max(16) as usize,
+            list_bytes,
+            ListWeight,
+            RowHasher::default(),
+            Default::default(),
+        );
+        let list_ids_max = (list_bytes / 4) as usize / std::mem::size_of::<ContentId>();
+        Some(ContentCache { objects, object_bytes_max: object_bytes / 16, lists, list_ids_max })
+    }
+
+    /// The message list of the record at `seq`, if it is cached.
+    pub fn list(&self, seq: u64) -> Option<Arc<[ContentId]>> {
+        self.lists.get(&seq)
+    }
+
+    /// Keeps `list`, the message list of the record at `seq`.
+    pub fn put_list(&self, seq: u64, list: &Arc<[ContentId]>) {
+        if list.len() <= self.list_ids_max {
+            self.lists.insert(seq, list.clone());
+        }
     }
 
     /// The object `id` if it is cached and was stored at or before `seq`.
@@ -92,6 +132,25 @@ mod tests {
         assert_eq!(cache.get(&id(2), 10), None);
         cache.forget(&[id(1)]);
         assert_eq!(cache.get(&id(1), 10), None);
+    }
+
+    #[test]
+    fn message_lists_are_kept_by_seq_within_their_share() {
+        let cache = ContentCache::new(64 << 10).unwrap();
+        let list: Arc<[ContentId]> = (0..10u8).map(id).collect();
+        cache.put_list(7, &list);
+        assert_eq!(cache.list(7).as_deref(), Some(&list[..]));
+        assert_eq!(cache.list(8), None);
+        // A list larger than a quarter of the lists' share is not kept.
+        let long: Arc<[ContentId]> = (0..200u8).map(id).collect();
+        cache.put_list(9, &long);
+        assert_eq!(cache.list(9), None);
+        for seq in 100..400 {
+            cache.put_list(seq, &list);
+        }
+        let held = (100..400).filter(|s| cache.list(*s).is_some()).count() as u64;
+        assert!(held * (10 * 32 + ENTRY_OVERHEAD_BYTES) <= 16 << 10, "{held} lists held");
+        assert!(held > 0);
     }
 
     #[test]

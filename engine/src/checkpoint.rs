@@ -13,6 +13,7 @@ use crate::delta::Delta;
 use crate::delta::{LogSnap, LogUpdate};
 use crate::error::{Error, Result};
 use crate::evolve::evolve;
+use crate::store::WithRecords;
 use crate::limits::Limits;
 use crate::log::{hash_at, LogTail, Tip};
 use crate::projection::{Projection, ProjectionSet};
@@ -310,8 +311,11 @@ pub(crate) fn catch_up(
                 limits.record_bytes_max,
                 limits.message_object_bytes_max(),
             );
+            // A rewrite's fold reads the lists of records folded before it.
+            let records = crate::log::FileRecords::new(log, None, limits.record_bytes_max);
             while let Some(entry) = next_entry()? {
                 let mut folding = Held { held: &mut held, rest: &mut overlay };
+                let mut folding = crate::store::WithRecords::write(&mut folding, &records);
                 evolve(&mut folding, &entry.record, &entry.introduced, cursors.behind(entry.record.seq))?;
                 events += 1;
                 bytes += entry.bytes;
@@ -357,9 +361,10 @@ pub(crate) fn fold_tail(
     let mut overlay = Overlay::new(&view);
     let mut events = 0;
     let (record_max, object_max) = (limits.record_bytes_max, limits.message_object_bytes_max());
+    let records = crate::log::FileRecords::new(&txn, Some(&tail), record_max);
     for entry in LogTail::new(&txn, &tail, chain, view.seq(), last, record_max, object_max)? {
         let entry = entry?;
-        evolve(&mut overlay, &entry.record, &entry.introduced, ProjectionSet::all())?;
+        evolve(&mut WithRecords::write(&mut overlay, &records), &entry.record, &entry.introduced, ProjectionSet::all())?;
         events += 1;
     }
     let writes = overlay.into_writes();

@@ -818,6 +818,15 @@ impl View {
     }
 }
 
+impl crate::store::Records for View {
+    fn record(&self, seq: u64) -> Result<Option<annal_codec::Record>> {
+        self.record_at(seq)
+    }
+    fn message_list(&self, seq: u64) -> Result<Option<Arc<[ContentId]>>> {
+        Store::message_list(self, seq)
+    }
+}
+
 impl Store for View {
     fn read(&self, table: Table, key: &[u8], f: &mut dyn FnMut(Option<&[u8]>) -> Result<()>) -> Result<()> {
         crate::store::with_physical(table, key, |physical| {
@@ -840,6 +849,22 @@ impl Store for View {
         let decoded =
             annal_codec::decode_record(&bytes, bytes.len() as u64).map_err(|source| Error::Decode { seq, source })?;
         Ok(Some(decoded.record))
+    }
+    fn message_list(&self, seq: u64) -> Result<Option<Arc<[ContentId]>>> {
+        if seq > self.seq {
+            return Ok(None);
+        }
+        if let Some(list) = self.cache.as_ref().and_then(|c| c.list(seq)) {
+            return Ok(Some(list));
+        }
+        let Some(record) = self.record_at(seq)? else {
+            return Ok(None);
+        };
+        let list: Arc<[ContentId]> = Arc::from(crate::transcript::message_list(&record.event).unwrap_or_default());
+        if let Some(cache) = &self.cache {
+            cache.put_list(seq, &list);
+        }
+        Ok(Some(list))
     }
     fn content_row_holds(&self, seq: u64, id: &ContentId) -> Result<Option<bool>> {
         if seq > self.seq {

@@ -173,6 +173,11 @@ fn check_revision(r: &Record, computed: RevisionId, claimed: RevisionId) -> Resu
     Ok(())
 }
 
+/// The run of `r`'s message list `list` (all of it), none when it is empty.
+fn run(r: &Record, list: &[ContentId]) -> Option<transcript::Run> {
+    (!list.is_empty()).then(|| transcript::Run { seq: r.seq, start: 0, count: list.len() as u64 })
+}
+
 fn fold_transcript<S: Store + ?Sized>(store: &mut S, r: &Record) -> Result<()> {
     let tip_key = keys::session(&r.session);
     let tip = match &r.event {
@@ -188,7 +193,7 @@ fn fold_transcript<S: Store + ?Sized>(store: &mut S, r: &Record) -> Result<()> {
                 chain = transcript::chain_at(store, &f.session, f.message_count)?;
                 len = f.message_count;
             }
-            let chain = transcript::splice(store, &r.session, len, len, len, chain, &e.messages, e.messages.len())?;
+            let chain = transcript::splice(store, &r.session, len, len, len, chain, run(r, &e.messages), &e.messages)?;
             check_revision(r, chain, e.revision_after)?;
             TranscriptTip { len: len + e.messages.len() as u64, revision: chain }
         }
@@ -201,8 +206,8 @@ fn fold_transcript<S: Store + ?Sized>(store: &mut S, r: &Record) -> Result<()> {
                 tip.len,
                 tip.len,
                 tip.revision,
+                run(r, &e.messages),
                 &e.messages,
-                e.messages.len(),
             )?;
             check_revision(r, chain, e.revision_after)?;
             TranscriptTip { len: tip.len + e.messages.len() as u64, revision: chain }
@@ -218,8 +223,8 @@ fn fold_transcript<S: Store + ?Sized>(store: &mut S, r: &Record) -> Result<()> {
             let mut after = transcript::spare_ids_from(&e.replacement);
             transcript::ids_into(store, &r.session, e.end, tip.len, &mut after)?;
             let base = transcript::chain_at(store, &r.session, e.start)?;
-            let chain =
-                transcript::splice(store, &r.session, e.start, e.end, tip.len, base, &after, e.replacement.len())?;
+            let inserted = run(r, &e.replacement);
+            let chain = transcript::splice(store, &r.session, e.start, e.end, tip.len, base, inserted, &after)?;
             check_revision(r, chain, e.revision_after)?;
             let len = e.start + after.len() as u64;
             transcript::recycle_ids(after);

@@ -82,6 +82,86 @@ impl<'a> Staged<'a> {
     }
 }
 
+impl crate::store::Records for Staged<'_> {
+    fn record(&self, seq: u64) -> Result<Option<Record>> {
+        Ok(Staged::record(self, seq).cloned())
+    }
+    fn message_list(&self, seq: u64) -> Result<Option<std::sync::Arc<[ContentId]>>> {
+        Ok(Staged::record(self, seq)
+            .map(|r| std::sync::Arc::from(crate::transcript::message_list(&r.event).unwrap_or_default())))
+    }
+}
+
+/// Lists [`FileRecords`] keeps before it starts again (a rewrite of a long session reads
+/// the lists of the records after it, and a catch-up folds many).
+const FILE_LISTS_MAX: usize = 16_384;
+
+/// Records read by seq from a log file's snapshot (and, past it, the journal's rows of
+/// `tail`): what a catch-up, a rebuild or a read-only opener folds with, when a
+/// transcript names a record it folded before. Keeps the message lists it read, up to
+/// [`FILE_LISTS_MAX`].
+pub(crate) struct FileRecords<'a> {
+    txn: &'a ReadTransaction,
+    tail: Option<&'a crate::journal::Tail>,
+    table: std::cell::OnceCell<redb::ReadOnlyTable<u64, &'static [u8]>>,
+    record_bytes_max: u64,
+    lists: std::cell::RefCell<std::collections::HashMap<u64, std::sync::Arc<[ContentId]>>>,
+}
+
+impl<'a> FileRecords<'a> {
+    /// The records of the log file `txn` reads (and of `tail`'s rows past it), none
+    /// larger than `record_bytes_max`.
+    pub fn new(txn: &'a ReadTransaction, tail: Option<&'a crate::journal::Tail>, record_bytes_max: u64) -> Self {
+        FileRecords {
+            txn,
+            tail,
+            table: std::cell::OnceCell::new(),
+            record_bytes_max,
+            lists: Default::default(),
+        }
+    }
+
+    fn bytes(&self, seq: u64) -> Result<Option<Vec<u8>>> {
+        if let Some(row) = self.tail.and_then(|t| t.get(seq)) {
+            return Ok(Some(row.record.clone()));
+        }
+        let table = match self.table.get() {
+            Some(table) => table,
+            None => {
+                let table = self.txn.open_table(LOG)?;
+                self.table.get_or_init(|| table)
+            }
+        };
+        Ok(table.get(seq)?.map(|g| g.value().to_vec()))
+    }
+}
+
+impl crate::store::Records for FileRecords<'_> {
+    fn record(&self, seq: u64) -> Result<Option<Record>> {
+        let Some(bytes) = self.bytes(seq)? else {
+            return Ok(None);
+        };
+        let decoded = decode_record(&bytes, self.record_bytes_max).map_err(|source| Error::Decode { seq, source })?;
+        Ok(Some(decoded.record))
+    }
+    fn message_list(&self, seq: u64) -> Result<Option<std::sync::Arc<[ContentId]>>> {
+        if let Some(list) = self.lists.borrow().get(&seq) {
+            return Ok(Some(list.clone()));
+        }
+        let Some(record) = self.record(seq)? else {
+            return Ok(None);
+        };
+        let list: std::sync::Arc<[ContentId]> =
+            std::sync::Arc::from(crate::transcript::message_list(&record.event).unwrap_or_default());
+        let mut lists = self.lists.borrow_mut();
+        if lists.len() >= FILE_LISTS_MAX {
+            lists.clear();
+        }
+        lists.insert(seq, list.clone());
+        Ok(Some(list))
+    }
+}
+
 /// What [`append`] wrote.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(crate) struct Appended {

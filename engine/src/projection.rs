@@ -97,7 +97,9 @@ impl Projection {
             // 2: the transcript in chunks of 128 content ids, and its chain values every
             // 128 positions (`crate::transcript`).
             // 3: the last chunk in pieces of 32 positions (it was a row per position).
-            Projection::Transcript => 3,
+            // 4: a chunk holds runs that name their ids by the record whose message list
+            //    holds them (it held the ids, 32 bytes each).
+            Projection::Transcript => 4,
             // 2: the stream index in rows of 64 stream seqs (it was a row per event).
             Projection::Streams => 2,
             // 2: a session's turn records in hashed buckets (`crate::buckets`; it was a

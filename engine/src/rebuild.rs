@@ -352,6 +352,8 @@ fn fold_into(temp: &Path, log: &LogSource<'_>, progress: Progress<'_>, handover:
             from_second.recv().map_err(|_| second_stopped())?
         };
         let first_fold = ProjectionSet::all().iter().filter(|p| !SECOND_FOLD.contains(p)).collect::<ProjectionSet>();
+        // A rewrite's transcript fold reads the lists of records folded before it.
+        let records = crate::log::FileRecords::new(log_txn, None, limits.record_bytes_max);
         loop {
             let mut overlay = Overlay::new(&base);
             let mut folded = 0u64;
@@ -367,7 +369,8 @@ fn fold_into(temp: &Path, log: &LogSource<'_>, progress: Progress<'_>, handover:
                     let shared = Arc::new(std::mem::replace(&mut batch, Vec::with_capacity(SECOND_BATCH)));
                     tell_second(ToSecond::Entries(shared.clone()))?;
                     for entry in shared.iter() {
-                        evolve(&mut overlay, &entry.record, &entry.introduced, first_fold)?;
+                        let mut folding = crate::store::WithRecords::write(&mut overlay, &records);
+                        evolve(&mut folding, &entry.record, &entry.introduced, first_fold)?;
                         bytes += entry.bytes;
                         folded += 1;
                     }

@@ -227,6 +227,16 @@ pub trait Store {
         let _ = seq;
         Ok(None)
     }
+    /// The message list ([`crate::transcript::message_list`]) of the record at seq `seq`,
+    /// where the store sees the log, as [`Store::record_at`]: the transcript names its
+    /// messages by the records whose lists hold their ids. Empty for a record whose
+    /// event has no list; `None` where [`Store::record_at`] is. The default decodes the
+    /// record; a view keeps the lists it read in the engine's cache.
+    fn message_list(&self, seq: u64) -> Result<Option<std::sync::Arc<[annal_codec::ContentId]>>> {
+        Ok(self
+            .record_at(seq)?
+            .map(|r| std::sync::Arc::from(crate::transcript::message_list(&r.event).unwrap_or_default())))
+    }
     /// Lets `f` change the value at `key` in place, where the store holds it in a buffer
     /// of its own that no reader shares and that nothing needs to restore; `f` returns
     /// whether it changed it. Returns false, without calling `f`, where the store holds
@@ -532,6 +542,9 @@ impl<S: Store + ?Sized> Store for Overlay<'_, S> {
     fn record_at(&self, seq: u64) -> Result<Option<annal_codec::Record>> {
         self.base.record_at(seq)
     }
+    fn message_list(&self, seq: u64) -> Result<Option<std::sync::Arc<[annal_codec::ContentId]>>> {
+        self.base.message_list(seq)
+    }
 }
 
 /// Writes buffered by an [`Overlay`]: physical key ([`crate::tables::physical_key`]) →
@@ -660,6 +673,15 @@ pub(crate) struct Held<'h, S: Store + ?Sized> {
 }
 
 impl<S: Store + ?Sized> Store for Held<'_, S> {
+    fn record_at(&self, seq: u64) -> Result<Option<annal_codec::Record>> {
+        self.rest.record_at(seq)
+    }
+    fn message_list(&self, seq: u64) -> Result<Option<Arc<[annal_codec::ContentId]>>> {
+        self.rest.message_list(seq)
+    }
+    fn content_row_holds(&self, seq: u64, id: &annal_codec::ContentId) -> Result<Option<bool>> {
+        self.rest.content_row_holds(seq, id)
+    }
     fn read(&self, table: Table, key: &[u8], f: &mut dyn FnMut(Option<&[u8]>) -> Result<()>) -> Result<()> {
         if table != self.held.table {
             return self.rest.read(table, key, f);
@@ -974,5 +996,101 @@ mod tests {
         names.sort();
         names.dedup();
         assert_eq!(names.len(), Table::ALL.len());
+    }
+}
+
+/// Where a store of projection rows alone reads records: the batch being decided (its
+/// records are not in any view yet), the log file a catch-up or a rebuild folds, or a
+/// [`crate::View`] of an engine, for a fold of its log into a store of one's own
+/// ([`WithRecords`]): the transcript names its messages by the records that hold their
+/// ids, so a rewrite's or a fork's fold reads the lists of records before it.
+pub trait Records {
+    /// The record at `seq`, if this source holds it.
+    fn record(&self, seq: u64) -> Result<Option<annal_codec::Record>>;
+    /// The message list of the record at `seq` ([`Store::message_list`]), if this source
+    /// holds it.
+    fn message_list(&self, seq: u64) -> Result<Option<Arc<[annal_codec::ContentId]>>> {
+        Ok(self.record(seq)?.map(|r| Arc::from(crate::transcript::message_list(&r.event).unwrap_or_default())))
+    }
+}
+
+/// How [`WithRecords`] holds its store: to read only (`decide`), or to write too (`evolve`).
+pub enum Access<'a, S: ?Sized> {
+    /// Reads only; a write is an error.
+    Read(&'a S),
+    /// Reads and writes.
+    Write(&'a mut S),
+}
+
+/// A store that reads records from `records` first, then from its store: a fold or a
+/// decision over rows that do not see every record the transcript names.
+pub struct WithRecords<'a, S: Store + ?Sized> {
+    /// The rows.
+    pub store: Access<'a, S>,
+    /// The records the store does not see.
+    pub records: &'a dyn Records,
+}
+
+impl<'a, S: Store + ?Sized> WithRecords<'a, S> {
+    /// `store`, to read only, with `records`.
+    pub fn read(store: &'a S, records: &'a dyn Records) -> Self {
+        WithRecords { store: Access::Read(store), records }
+    }
+
+    /// `store`, to read and write, with `records`.
+    pub fn write(store: &'a mut S, records: &'a dyn Records) -> Self {
+        WithRecords { store: Access::Write(store), records }
+    }
+
+    fn rows(&self) -> &S {
+        match &self.store {
+            Access::Read(s) => s,
+            Access::Write(s) => s,
+        }
+    }
+
+    fn rows_mut(&mut self) -> Result<&mut S> {
+        match &mut self.store {
+            Access::Read(_) => Err(Error::Storage("a store to read cannot be written".into())),
+            Access::Write(s) => Ok(s),
+        }
+    }
+}
+
+impl<S: Store + ?Sized> Store for WithRecords<'_, S> {
+    fn read(&self, table: Table, key: &[u8], f: &mut dyn FnMut(Option<&[u8]>) -> Result<()>) -> Result<()> {
+        self.rows().read(table, key, f)
+    }
+    fn put(&mut self, table: Table, key: &[u8], value: &[u8]) -> Result<()> {
+        self.rows_mut()?.put(table, key, value)
+    }
+    fn remove(&mut self, table: Table, key: &[u8]) -> Result<()> {
+        self.rows_mut()?.remove(table, key)
+    }
+    fn put_vec(&mut self, table: Table, key: &[u8], value: Vec<u8>) -> Result<()> {
+        self.rows_mut()?.put_vec(table, key, value)
+    }
+    fn update_in_place(
+        &mut self,
+        table: Table,
+        key: &[u8],
+        f: &mut dyn FnMut(&mut Vec<u8>) -> Result<bool>,
+    ) -> Result<bool> {
+        self.rows_mut()?.update_in_place(table, key, f)
+    }
+    fn content_row_holds(&self, seq: u64, id: &annal_codec::ContentId) -> Result<Option<bool>> {
+        self.rows().content_row_holds(seq, id)
+    }
+    fn record_at(&self, seq: u64) -> Result<Option<annal_codec::Record>> {
+        match self.records.record(seq)? {
+            Some(record) => Ok(Some(record)),
+            None => self.rows().record_at(seq),
+        }
+    }
+    fn message_list(&self, seq: u64) -> Result<Option<Arc<[annal_codec::ContentId]>>> {
+        match self.records.message_list(seq)? {
+            Some(list) => Ok(Some(list)),
+            None => self.rows().message_list(seq),
+        }
     }
 }

@@ -1,156 +1,262 @@
-//! The transcript projection's rows: a session's current transcript as chunks of content
-//! ids, and its chain values every 128 positions.
+//! The transcript projection's rows: a session's current transcript as chunks of runs,
+//! each naming its messages by the record whose event holds their ids, and its chain
+//! values every 128 positions.
 //!
-//! - **Ids.** A full chunk `k` (positions `128k .. 128k + 128`, all below the transcript's
-//!   length) is one row of [`Table::Transcript`] under `session ‖ k` (u64 big-endian): 128
-//!   content ids of 32 bytes, with no other framing. The last chunk, while it is not full,
-//!   is kept in pieces of 32 positions: piece `p` under `session ‖ k ‖ p` (one byte, `0..4`)
-//!   holds the ids of positions `128k + 32p ..`, 1 to 32 of them. A turn rewrites the piece
-//!   it appends to (and starts the next one); the turn that fills a chunk replaces its
-//!   pieces with the chunk's row. (Version 2 kept a row per position of the last chunk.)
+//! - **Runs.** A record's *message list* ([`message_list`]) is the ids its event puts into
+//!   a transcript: a creation's root messages, a turn's messages, a rewrite's replacement.
+//!   Every position of a transcript holds an id of some record's list, and a run
+//!   `(seq, start, count)` names the positions that hold ids `start .. start + count` of
+//!   the list of the record at `seq`. Chunk `k` (positions `128k .. 128k + 128`, fewer
+//!   for the last) is one row of [`Table::Transcript`] under `session ‖ k` (u64
+//!   big-endian): its runs in order, each as three LEB128 varints in their shortest form
+//!   (seq, start, count of at least 1), a run that continues the one before it merged
+//!   into it, a run that crosses a chunk's end cut there. A turn appends a run of about 5
+//!   bytes where version 3 stored 32 bytes an id. (Version 3 held the ids themselves,
+//!   128 to a row, the last chunk in pieces of 32; version 2 a row per position of the
+//!   last chunk; version 1 one `TranscriptRow { content, chain }` per position.)
 //! - **Chain values.** Checkpoint `j` is `c(128 (j + 1))`, the chain value over the first
 //!   `128 (j + 1)` messages, for every such prefix of the transcript. Row `b` of
 //!   [`Table::TranscriptChains`], under `session ‖ b` (u64 big-endian), holds checkpoints
 //!   `64b ..` (at most 64), 32 bytes each, no other framing. The chain value at any
 //!   position is the checkpoint before it extended over at most 127 ids.
 //!
-//! A turn rewrites one piece, about 512 bytes on average (two rows when it crosses a piece
-//! boundary, and every 128 messages a chunk row and a checkpoint). An edit that keeps the
-//! length rewrites the rows it touches and the checkpoints after it (32 bytes per 128 later
-//! positions); a splice that moves positions rewrites the chunks from its start. A fork
-//! copies one row per 128 positions. A page read reads a row per 128 positions (a piece per
-//! 32 in the last chunk). `docs/design.md` §5 has the layout with the other tables.
+//! Ids are read from the records the runs name ([`Store::message_list`]): the view's
+//! (the journal's rows in memory, else the log file, through the engine's list cache),
+//! the batch's own while `decide` and `evolve` work on it. A store of projection rows
+//! alone cannot read them ([`Error::Storage`]). A record never changes under its seq, so
+//! a fork copies its parent's chunk rows byte for byte.
+//!
+//! A turn rewrites the last chunk's row (about 5 bytes a run, a run a turn), and every
+//! 128 messages adds a checkpoint. An edit that keeps the length rewrites the chunks it
+//! touches and the checkpoints after it (32 bytes per 128 later positions); a splice that
+//! moves positions rewrites the chunks from its start. `docs/design.md` §5 has the layout
+//! with the other tables.
 
 use crate::error::{Error, Location, Result};
 use crate::projection::TranscriptRow;
 use crate::store::{hex, keys, Store, Table};
-use annal_codec::{ContentId, RevisionId, SessionId};
+use annal_codec::{ContentId, Event, RevisionId, SessionId};
+use std::sync::Arc;
 
 /// Positions per chunk, and between two checkpoints.
 pub const CHUNK: u64 = 128;
 
-/// Positions per piece of a chunk that is not full.
-pub const PIECE: u64 = 32;
-
 /// Checkpoints per row of [`Table::TranscriptChains`].
 pub const CHECKPOINTS_PER_ROW: u64 = 64;
 
-/// Bytes per id, and per chain value.
+/// Bytes per chain value.
 const ID: usize = 32;
+
+/// The ids `event` puts into its session's transcript, in order: a creation's root
+/// messages (after a fork's prefix), a turn's messages, a rewrite's replacement. `None`
+/// for an event that changes no transcript.
+pub fn message_list(event: &Event) -> Option<&[ContentId]> {
+    match event {
+        Event::SessionCreated(e) => Some(&e.messages),
+        Event::TurnCommitted(e) => Some(&e.messages),
+        Event::TranscriptRewritten(e) => Some(&e.replacement),
+        _ => None,
+    }
+}
+
+/// Positions that hold ids `start .. start + count` of the message list of the record
+/// at `seq`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Run {
+    /// The record whose message list holds the ids.
+    pub seq: u64,
+    /// The first id's index in that list.
+    pub start: u64,
+    /// How many ids (at least 1).
+    pub count: u64,
+}
 
 fn key(session: &SessionId, chunk: u64) -> Vec<u8> {
     keys::session_u64(session, chunk)
-}
-
-fn piece_key(session: &SessionId, chunk: u64, piece: u64) -> Vec<u8> {
-    let mut k = keys::session_u64(session, chunk);
-    k.push(piece as u8);
-    k
 }
 
 fn corrupt(table: Table, key: &[u8], detail: &str) -> Error {
     Error::corrupt(Location::Projection { table: table.name(), key: hex(key) }, detail)
 }
 
-/// Ids chunk `chunk` holds in a transcript `len` long.
+/// Positions chunk `chunk` holds in a transcript `len` long.
 fn held(chunk: u64, len: u64) -> u64 {
     len.saturating_sub(chunk * CHUNK).min(CHUNK)
 }
 
-/// Appends the ids of positions `from..to` (all inside one chunk) to `out`, as bytes.
-fn read_ids<S: Store + ?Sized>(store: &S, session: &SessionId, from: u64, to: u64, out: &mut Vec<u8>) -> Result<()> {
-    each_ids(store, session, from, to, |bytes| out.extend_from_slice(bytes))
+fn put_varint(out: &mut Vec<u8>, mut n: u64) {
+    while n >= 0x80 {
+        out.push(n as u8 | 0x80);
+        n >>= 7;
+    }
+    out.push(n as u8);
 }
 
-/// Hands the ids of positions `from..to` (all inside one chunk) to `emit`, as bytes,
-/// straight from the rows read: one slice of a full chunk's row, or one of each piece.
-fn each_ids<S: Store + ?Sized>(
+/// Reads a varint of at most 64 bits in its shortest form, advancing `rest`.
+fn read_varint(rest: &mut &[u8]) -> Option<u64> {
+    let mut n = 0u64;
+    for (i, &b) in rest.iter().enumerate().take(10) {
+        let bits = u64::from(b & 0x7f).checked_shl(7 * i as u32)?;
+        if bits >> (7 * i) != u64::from(b & 0x7f) {
+            return None;
+        }
+        n |= bits;
+        if b & 0x80 == 0 {
+            if b == 0 && i > 0 {
+                return None;
+            }
+            *rest = &rest[i + 1..];
+            return Some(n);
+        }
+    }
+    None
+}
+
+/// Appends `run` to `runs`, merged into the last one when it continues it.
+fn push_run(runs: &mut Vec<Run>, run: Run) {
+    if let Some(last) = runs.last_mut() {
+        if last.seq == run.seq && last.start + last.count == run.start {
+            last.count += run.count;
+            return;
+        }
+    }
+    runs.push(run);
+}
+
+/// A chunk's row: its runs as varint triples.
+fn encode_chunk(runs: &[Run]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(runs.len() * 6);
+    for r in runs {
+        put_varint(&mut out, r.seq);
+        put_varint(&mut out, r.start);
+        put_varint(&mut out, r.count);
+    }
+    out
+}
+
+/// Appends the runs of chunk row `bytes` (at `k`) to `runs`, as stored, and returns the
+/// positions they hold: whole varint triples, each run at least 1 position long and
+/// within a list's reach, at most [`CHUNK`] positions in all and at least one.
+fn decode_chunk(k: &[u8], bytes: &[u8], runs: &mut Vec<Run>) -> Result<u64> {
+    let mut rest = bytes;
+    let mut total = 0u64;
+    while !rest.is_empty() {
+        let run = match (read_varint(&mut rest), read_varint(&mut rest), read_varint(&mut rest)) {
+            (Some(seq), Some(start), Some(count)) if count > 0 && start.checked_add(count).is_some() => {
+                Run { seq, start, count }
+            }
+            _ => return Err(corrupt(Table::Transcript, k, "transcript chunk is not whole runs")),
+        };
+        total += run.count.min(CHUNK + 1);
+        if total > CHUNK {
+            return Err(corrupt(Table::Transcript, k, "transcript chunk holds more than 128 positions"));
+        }
+        runs.push(run);
+    }
+    if total == 0 {
+        return Err(corrupt(Table::Transcript, k, "transcript chunk holds no position"));
+    }
+    Ok(total)
+}
+
+/// Appends the runs of positions `from..to` of `session`'s transcript to `runs`, cut to
+/// them and merged where one continues another (across chunks too). A position that is
+/// not stored is `Corrupt` ("missing row").
+fn runs_into<S: Store + ?Sized>(
     store: &S,
     session: &SessionId,
     from: u64,
     to: u64,
-    mut emit: impl FnMut(&[u8]),
+    runs: &mut Vec<Run>,
 ) -> Result<()> {
-    if from >= to {
-        return Ok(());
-    }
-    let chunk = from / CHUNK;
-    let k = key(session, chunk);
-    let mut whole = false;
-    store.read(Table::Transcript, &k, &mut |bytes| match bytes {
-        None => Ok(()),
-        Some(bytes) if bytes.len() != CHUNK as usize * ID => {
-            Err(corrupt(Table::Transcript, &k, "transcript chunk is not 128 ids"))
+    let mut chunk_runs = Vec::new();
+    let mut pos = from;
+    while pos < to {
+        let chunk = pos / CHUNK;
+        let k = key(session, chunk);
+        chunk_runs.clear();
+        let mut n = 0;
+        store.read(Table::Transcript, &k, &mut |bytes| {
+            if let Some(bytes) = bytes {
+                n = decode_chunk(&k, bytes, &mut chunk_runs)?;
+            }
+            Ok(())
+        })?;
+        let end = ((chunk + 1) * CHUNK).min(to);
+        if chunk * CHUNK + n < end {
+            return Err(corrupt(Table::Transcript, &k, "missing row"));
         }
-        Some(bytes) => {
-            let (a, b) = ((from - chunk * CHUNK) as usize, (to - chunk * CHUNK) as usize);
-            emit(&bytes[a * ID..b * ID]);
-            whole = true;
+        let mut at = chunk * CHUNK;
+        for r in &chunk_runs {
+            let (a, b) = (at.max(pos), (at + r.count).min(end));
+            if a < b {
+                push_run(runs, Run { seq: r.seq, start: r.start + (a - at), count: b - a });
+            }
+            at += r.count;
+            if at >= end {
+                break;
+            }
+        }
+        pos = end;
+    }
+    Ok(())
+}
+
+/// Appends the ids `run` names to `out`, from the message list of its record (`last`
+/// keeps the list read last, which the next run often names again).
+fn run_ids<S: Store + ?Sized>(
+    store: &S,
+    session: &SessionId,
+    run: &Run,
+    last: &mut Option<(u64, Arc<[ContentId]>)>,
+    out: &mut Vec<ContentId>,
+) -> Result<()> {
+    let list = match last {
+        Some((seq, list)) if *seq == run.seq => list,
+        _ => {
+            let list = store.message_list(run.seq)?.ok_or_else(|| {
+                Error::Storage(format!("the record of a transcript's messages (seq {}) cannot be read here", run.seq))
+            })?;
+            &mut last.insert((run.seq, list)).1
+        }
+    };
+    let range = usize::try_from(run.start).ok().zip(usize::try_from(run.start + run.count).ok());
+    match range.and_then(|(a, b)| list.get(a..b)) {
+        Some(ids) => {
+            out.extend_from_slice(ids);
             Ok(())
         }
-    })?;
-    if whole {
-        return Ok(());
+        None => Err(Error::corrupt(
+            Location::Projection { table: Table::Transcript.name(), key: hex(&keys::session(session)) },
+            format!("a run names ids {}..{} of record {}, which has {}", run.start, run.start + run.count, run.seq, list.len()),
+        )),
     }
-    let (first, last) = ((from - chunk * CHUNK) / PIECE, (to - 1 - chunk * CHUNK) / PIECE);
-    for piece in first..=last {
-        let start = chunk * CHUNK + piece * PIECE;
-        let (a, b) = (from.max(start) - start, to.min(start + PIECE) - start);
-        let k = piece_key(session, chunk, piece);
-        store.read(Table::Transcript, &k, &mut |bytes| match bytes {
-            Some(bytes) if bytes.is_empty() || bytes.len() % ID != 0 || bytes.len() > PIECE as usize * ID => {
-                Err(corrupt(Table::Transcript, &k, "transcript piece is not 1 to 32 ids"))
-            }
-            Some(bytes) if bytes.len() >= b as usize * ID => {
-                emit(&bytes[a as usize * ID..b as usize * ID]);
-                Ok(())
-            }
-            _ => Err(corrupt(Table::Transcript, &k, "missing row")),
-        })?;
-    }
-    Ok(())
 }
 
-/// Stores chunk `chunk`'s ids `bytes` (all of them, from the chunk's first position),
-/// where it held `old` ids before and its positions before `same` did not change: a full
-/// chunk as its row, a partial one as its pieces from the one holding `same` on. What
-/// stored its old ids and is no longer needed is removed.
-fn store_chunk<S: Store + ?Sized>(
-    store: &mut S,
-    session: &SessionId,
-    chunk: u64,
-    bytes: &[u8],
-    old: u64,
-    same: u64,
-) -> Result<()> {
-    let n = (bytes.len() / ID) as u64;
-    if n == CHUNK {
-        store.put(Table::Transcript, &key(session, chunk), bytes)?;
-        if old < CHUNK {
-            remove_pieces(store, session, chunk, 0, old)?;
+/// Writes `runs`, the positions from chunk `first`'s first on, as the rows of chunks
+/// `first ..`: each run cut where a chunk ends.
+fn store_runs<S: Store + ?Sized>(store: &mut S, session: &SessionId, first: u64, runs: &[Run]) -> Result<()> {
+    let mut chunk = first;
+    let mut row: Vec<Run> = Vec::new();
+    let mut room = CHUNK;
+    for r in runs {
+        let mut r = *r;
+        while r.count > 0 {
+            let n = r.count.min(room);
+            row.push(Run { seq: r.seq, start: r.start, count: n });
+            r.start += n;
+            r.count -= n;
+            room -= n;
+            if room == 0 {
+                store.put_vec(Table::Transcript, &key(session, chunk), encode_chunk(&row))?;
+                row.clear();
+                room = CHUNK;
+                chunk += 1;
+            }
         }
-        return Ok(());
     }
-    let first = if old == CHUNK {
-        store.remove(Table::Transcript, &key(session, chunk))?;
-        0
-    } else {
-        same.min(old) / PIECE
-    };
-    for piece in first..n.div_ceil(PIECE) {
-        let (a, b) = ((piece * PIECE) as usize * ID, bytes.len().min(((piece + 1) * PIECE) as usize * ID));
-        store.put(Table::Transcript, &piece_key(session, chunk, piece), &bytes[a..b])?;
-    }
-    if old < CHUNK {
-        remove_pieces(store, session, chunk, n, old)?;
-    }
-    Ok(())
-}
-
-/// Removes the pieces of chunk `chunk` past its first `keep` ids, of the `old` it held.
-fn remove_pieces<S: Store + ?Sized>(store: &mut S, session: &SessionId, chunk: u64, keep: u64, old: u64) -> Result<()> {
-    for piece in keep.div_ceil(PIECE)..old.div_ceil(PIECE) {
-        store.remove(Table::Transcript, &piece_key(session, chunk, piece))?;
+    if !row.is_empty() {
+        store.put_vec(Table::Transcript, &key(session, chunk), encode_chunk(&row))?;
     }
     Ok(())
 }
@@ -162,7 +268,8 @@ fn id_of(bytes: &[u8]) -> [u8; 32] {
 }
 
 /// The content ids at positions `from..to` of `session`'s current transcript. A position
-/// that is not stored is `Corrupt` ("missing row").
+/// that is not stored is `Corrupt` ("missing row"); a store that cannot read the log
+/// cannot answer ([`Error::Storage`]).
 pub fn ids<S: Store + ?Sized>(store: &S, session: &SessionId, from: u64, to: u64) -> Result<Vec<ContentId>> {
     let mut out = Vec::new();
     ids_into(store, session, from, to, &mut out)?;
@@ -179,11 +286,11 @@ pub(crate) fn ids_into<S: Store + ?Sized>(
     out: &mut Vec<ContentId>,
 ) -> Result<()> {
     out.reserve(to.saturating_sub(from).min(1 << 16) as usize);
-    let mut pos = from;
-    while pos < to {
-        let end = ((pos / CHUNK + 1) * CHUNK).min(to);
-        each_ids(store, session, pos, end, |bytes| out.extend(bytes.chunks_exact(ID).map(|b| ContentId(id_of(b)))))?;
-        pos = end;
+    let mut runs = Vec::new();
+    runs_into(store, session, from, to, &mut runs)?;
+    let mut last = None;
+    for run in &runs {
+        run_ids(store, session, run, &mut last, out)?;
     }
     Ok(())
 }
@@ -230,79 +337,6 @@ pub fn row<S: Store + ?Sized>(store: &S, session: &SessionId, pos: u64) -> Resul
     rows(store, session, pos, pos + 1)?
         .pop()
         .ok_or_else(|| corrupt(Table::Transcript, &key(session, pos / CHUNK), "missing row"))
-}
-
-/// Replaces the ids of positions `start..old_len` with `ids` (the transcript becomes
-/// `start + ids.len()` long). Only the chunks from the one holding `start` are read or
-/// written: that chunk's ids before `start` are kept, and what stored positions past the
-/// new end is removed.
-fn splice_ids<S: Store + ?Sized>(
-    store: &mut S,
-    session: &SessionId,
-    start: u64,
-    old_len: u64,
-    new: &[ContentId],
-) -> Result<()> {
-    let mut chunk = start / CHUNK;
-    let mut same = start - chunk * CHUNK;
-    let mut buf = Vec::with_capacity(CHUNK as usize * ID);
-    // A chunk that was partial and stays partial is stored from the piece holding `same`
-    // on, so the ids of the pieces before it are read only if the chunk fills up (a turn
-    // appended to a transcript rewrites one piece, and read every piece before it). A
-    // chunk that was full is stored again whole, as pieces or as its row.
-    let mut unread = if held(chunk, old_len) == CHUNK { 0 } else { same / PIECE * PIECE };
-    buf.resize(unread as usize * ID, 0);
-    read_ids(store, session, chunk * CHUNK + unread, start, &mut buf)?;
-    for id in new {
-        buf.extend_from_slice(&id.0);
-        if buf.len() == CHUNK as usize * ID {
-            if unread > 0 {
-                let mut head = Vec::with_capacity(unread as usize * ID);
-                read_ids(store, session, chunk * CHUNK, chunk * CHUNK + unread, &mut head)?;
-                buf[..head.len()].copy_from_slice(&head);
-                unread = 0;
-            }
-            store_chunk(store, session, chunk, &buf, held(chunk, old_len), same)?;
-            buf.clear();
-            chunk += 1;
-            same = 0;
-        }
-    }
-    if !buf.is_empty() {
-        store_chunk(store, session, chunk, &buf, held(chunk, old_len), same)?;
-        chunk += 1;
-    }
-    for stale in chunk..old_len.div_ceil(CHUNK) {
-        store_chunk(store, session, stale, &[], held(stale, old_len), 0)?;
-    }
-    Ok(())
-}
-
-/// Overwrites the ids of positions `start..start + new.len()`, all below the transcript's
-/// length `len`, which does not change: only the rows holding them are written.
-fn overwrite_ids<S: Store + ?Sized>(
-    store: &mut S,
-    session: &SessionId,
-    start: u64,
-    len: u64,
-    new: &[ContentId],
-) -> Result<()> {
-    let (mut pos, mut rest) = (start, new);
-    while !rest.is_empty() {
-        let chunk = pos / CHUNK;
-        let n = (((chunk + 1) * CHUNK - pos) as usize).min(rest.len());
-        let held = held(chunk, len);
-        let mut bytes = Vec::with_capacity(held as usize * ID);
-        read_ids(store, session, chunk * CHUNK, chunk * CHUNK + held, &mut bytes)?;
-        let at = (pos - chunk * CHUNK) as usize * ID;
-        for (slot, id) in bytes[at..at + n * ID].chunks_exact_mut(ID).zip(&rest[..n]) {
-            slot.copy_from_slice(&id.0);
-        }
-        store_chunk(store, session, chunk, &bytes, held, pos - chunk * CHUNK)?;
-        pos += n as u64;
-        rest = &rest[n..];
-    }
-    Ok(())
 }
 
 /// Sets the checkpoints of a transcript now `new_len` long (it was `old_len`) whose
@@ -355,11 +389,12 @@ fn set_checkpoints<S: Store + ?Sized>(
 }
 
 /// Replaces positions `start..end` of `session`'s transcript (`old_len` long) with the
-/// first `replaced_by` ids of `after`, the list from `start` on once spliced (the
-/// replacement, then the ids of `end..old_len`), chaining from `chain` (the chain value
-/// `c(start)`). Returns the final chain value. A splice that keeps the
-/// length writes only the chunks of the replaced positions; one that moves positions
-/// rewrites the chunks from `start` on. Either way the checkpoints after `start` change.
+/// positions of `inserted` (none for an empty replacement), chaining from `chain` (the
+/// chain value `c(start)`) over `after`: the ids from `start` on once spliced (the
+/// inserted run's, then those of `end..old_len`). Returns the final chain value. A splice
+/// that keeps the length writes only the chunks of the replaced positions; one that moves
+/// positions rewrites the chunks from `start` on. Either way the checkpoints after
+/// `start` change.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn splice<S: Store + ?Sized>(
     store: &mut S,
@@ -368,17 +403,36 @@ pub(crate) fn splice<S: Store + ?Sized>(
     end: u64,
     old_len: u64,
     chain: RevisionId,
+    inserted: Option<Run>,
     after: &[ContentId],
-    replaced_by: usize,
 ) -> Result<RevisionId> {
-    let replacement = &after[..replaced_by.min(after.len())];
-    let chains = chain_over(chain, after);
+    let count = inserted.map_or(0, |r| r.count);
     let new_len = start + after.len() as u64;
-    if replacement.len() as u64 == end - start {
-        overwrite_ids(store, session, start, old_len, replacement)?;
-    } else {
-        splice_ids(store, session, start, old_len, after)?;
+    if start > end || end > old_len || new_len != old_len - (end - start) + count {
+        return Err(Error::Storage(format!(
+            "a splice of {start}..{end} of {old_len} positions by {count} does not leave {new_len}"
+        )));
     }
+    let first = start / CHUNK;
+    // When the length does not change, positions after `end` keep their place: only the
+    // chunks of `start..end` are written again.
+    let same = count == end - start;
+    if !(same && count == 0) {
+        let stop = if same { (end.div_ceil(CHUNK) * CHUNK).min(old_len) } else { old_len };
+        let mut runs = Vec::new();
+        runs_into(store, session, first * CHUNK, start, &mut runs)?;
+        if let Some(r) = inserted {
+            push_run(&mut runs, r);
+        }
+        runs_into(store, session, end, stop, &mut runs)?;
+        store_runs(store, session, first, &runs)?;
+        if !same {
+            for stale in new_len.div_ceil(CHUNK)..old_len.div_ceil(CHUNK) {
+                store.remove(Table::Transcript, &key(session, stale))?;
+            }
+        }
+    }
+    let chains = chain_over(chain, after);
     set_checkpoints(store, session, start, old_len, new_len, &chains)?;
     let end = chains.last().copied().unwrap_or(chain);
     recycle_chains(chains);
@@ -386,24 +440,34 @@ pub(crate) fn splice<S: Store + ?Sized>(
 }
 
 /// Copies the first `len` positions of `from`'s transcript to `to` (a fork): full chunks
-/// and checkpoint rows byte for byte (the chain values of a prefix do not depend on the
-/// session), the last partial chunk as pieces, the last checkpoint row cut.
+/// and checkpoint rows byte for byte (runs and the chain values of a prefix do not depend
+/// on the session), the last partial chunk cut, the last checkpoint row cut.
 pub(crate) fn copy_prefix<S: Store + ?Sized>(store: &mut S, from: &SessionId, to: &SessionId, len: u64) -> Result<()> {
-    let mut buf = Vec::with_capacity(CHUNK as usize * ID);
+    let mut runs = Vec::new();
     for chunk in 0..len.div_ceil(CHUNK) {
         let n = held(chunk, len);
-        if n == CHUNK {
-            // A whole chunk is copied as the row it is, its buffer handed over.
-            if let Some(bytes) = store.get(Table::Transcript, &key(from, chunk))? {
-                if bytes.len() == CHUNK as usize * ID {
-                    store.put_vec(Table::Transcript, &key(to, chunk), bytes)?;
-                    continue;
-                }
-            }
+        let k = key(from, chunk);
+        let bytes = store.get(Table::Transcript, &k)?.ok_or_else(|| corrupt(Table::Transcript, &k, "missing row"))?;
+        runs.clear();
+        let total = decode_chunk(&k, &bytes, &mut runs)?;
+        if total < n {
+            return Err(corrupt(Table::Transcript, &k, "missing row"));
         }
-        buf.clear();
-        read_ids(store, from, chunk * CHUNK, chunk * CHUNK + n, &mut buf)?;
-        store_chunk(store, to, chunk, &buf, 0, 0)?;
+        if total == n {
+            store.put_vec(Table::Transcript, &key(to, chunk), bytes)?;
+            continue;
+        }
+        let mut cut = Vec::with_capacity(runs.len());
+        let mut room = n;
+        for r in &runs {
+            if room == 0 {
+                break;
+            }
+            let count = r.count.min(room);
+            cut.push(Run { count, ..*r });
+            room -= count;
+        }
+        store.put_vec(Table::Transcript, &key(to, chunk), encode_chunk(&cut))?;
     }
     let checkpoints = len / CHUNK;
     for row in 0..checkpoints.div_ceil(CHECKPOINTS_PER_ROW) {
@@ -622,6 +686,147 @@ mod tests {
         (0..n).map(|i| ContentId(*blake3::hash(&[(i % 251) as u8, (i / 251) as u8, salt]).as_bytes())).collect()
     }
 
+    /// Projection rows, and the message lists of the records the runs name.
+    #[derive(Default)]
+    struct Listed {
+        rows: crate::store::MemStore,
+        lists: std::collections::HashMap<u64, Arc<[ContentId]>>,
+    }
+
+    impl Store for Listed {
+        fn read(&self, table: Table, key: &[u8], f: &mut dyn FnMut(Option<&[u8]>) -> Result<()>) -> Result<()> {
+            self.rows.read(table, key, f)
+        }
+        fn put(&mut self, table: Table, key: &[u8], value: &[u8]) -> Result<()> {
+            self.rows.put(table, key, value)
+        }
+        fn remove(&mut self, table: Table, key: &[u8]) -> Result<()> {
+            self.rows.remove(table, key)
+        }
+        fn message_list(&self, seq: u64) -> Result<Option<Arc<[ContentId]>>> {
+            Ok(self.lists.get(&seq).cloned())
+        }
+    }
+
+    impl Listed {
+        /// Splices `list`, the message list of a new record at `seq`, over `start..end`
+        /// of the transcript (`len` long, whose ids are `model`), as the fold does.
+        fn splice(&mut self, session: &SessionId, seq: u64, start: usize, end: usize, list: Vec<ContentId>, model: &mut Vec<ContentId>) {
+            let len = model.len() as u64;
+            let inserted = (!list.is_empty()).then_some(Run { seq, start: 0, count: list.len() as u64 });
+            self.lists.insert(seq, list.clone().into());
+            let mut after = list.clone();
+            after.extend_from_slice(&model[end..]);
+            let base = chain_at(&*self, session, start as u64).unwrap();
+            let chain = splice(self, session, start as u64, end as u64, len, base, inserted, &after).unwrap();
+            model.splice(start..end, list);
+            assert_eq!(chain, RevisionId::of(model));
+        }
+
+        /// Every chunk row of `session`: its runs.
+        fn chunks(&self, session: &SessionId) -> Vec<Vec<Run>> {
+            let mut out = Vec::new();
+            for chunk in 0.. {
+                let k = key(session, chunk);
+                let Some(bytes) = self.rows.get(Table::Transcript, &k).unwrap() else { break };
+                let mut runs = Vec::new();
+                decode_chunk(&k, &bytes, &mut runs).unwrap();
+                out.push(runs);
+            }
+            out
+        }
+    }
+
+    #[derive(Clone, Debug)]
+    enum Op {
+        /// Appends this many new ids.
+        Append(usize),
+        /// Replaces positions `a..b` (taken modulo the length) with this many new ids.
+        Replace(usize, usize, usize),
+        /// Replaces positions `a..a + n` with as many new ids.
+        Overwrite(usize, usize),
+    }
+
+    fn op() -> impl proptest::strategy::Strategy<Value = Op> {
+        use proptest::prelude::*;
+        prop_oneof![
+            (0usize..300).prop_map(Op::Append),
+            (0usize..1000, 0usize..400, 0usize..200).prop_map(|(a, n, k)| Op::Replace(a, n, k)),
+            (0usize..1000, 1usize..200).prop_map(|(a, n)| Op::Overwrite(a, n)),
+        ]
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn runs_hold_what_a_list_holds(ops in proptest::collection::vec(op(), 1..12), fork_at in 0usize..2000) {
+            let session = SessionId([7; 16]);
+            let mut store = Listed::default();
+            let mut model = Vec::new();
+            for (i, op) in ops.iter().enumerate() {
+                let seq = i as u64 + 1;
+                let fresh = |n: usize| ids(n, seq as u8);
+                let len = model.len();
+                match *op {
+                    Op::Append(n) => store.splice(&session, seq, len, len, fresh(n), &mut model),
+                    Op::Replace(a, n, k) => {
+                        let a = if len == 0 { 0 } else { a % (len + 1) };
+                        let b = (a + n).min(len);
+                        store.splice(&session, seq, a, b, fresh(k), &mut model);
+                    }
+                    Op::Overwrite(a, n) if len > 0 => {
+                        let a = a % len;
+                        let b = (a + n).min(len);
+                        store.splice(&session, seq, a, b, fresh(b - a), &mut model);
+                    }
+                    Op::Overwrite(..) => {}
+                }
+                let got = super::ids(&store, &session, 0, model.len() as u64).unwrap();
+                proptest::prop_assert_eq!(&got, &model);
+                // Every chunk but the last holds 128 positions, none holds runs that one
+                // run would hold, and no chunk past the end is left.
+                let chunks = store.chunks(&session);
+                proptest::prop_assert_eq!(chunks.len() as u64, (model.len() as u64).div_ceil(CHUNK));
+                for (k, runs) in chunks.iter().enumerate() {
+                    let n: u64 = runs.iter().map(|r| r.count).sum();
+                    proptest::prop_assert_eq!(n, held(k as u64, model.len() as u64));
+                    for w in runs.windows(2) {
+                        proptest::prop_assert!(!(w[0].seq == w[1].seq && w[0].start + w[0].count == w[1].start));
+                    }
+                }
+                for p in [0, model.len() / 3, model.len() / 2, model.len()] {
+                    proptest::prop_assert_eq!(chain_at(&store, &session, p as u64).unwrap(), RevisionId::of(&model[..p]));
+                }
+            }
+            // A fork's prefix: the same ids, and the chunks of the parent's full ones byte for byte.
+            let child = SessionId([8; 16]);
+            let n = fork_at.min(model.len());
+            copy_prefix(&mut store, &session, &child, n as u64).unwrap();
+            proptest::prop_assert_eq!(super::ids(&store, &child, 0, n as u64).unwrap(), model[..n].to_vec());
+            proptest::prop_assert_eq!(chain_at(&store, &child, n as u64).unwrap(), RevisionId::of(&model[..n]));
+        }
+    }
+
+    #[test]
+    fn a_store_that_cannot_read_records_cannot_read_ids_and_a_bad_run_is_corrupt() {
+        let session = SessionId([7; 16]);
+        let mut store = Listed::default();
+        let mut model = Vec::new();
+        store.splice(&session, 1, 0, 0, ids(5, 1), &mut model);
+        store.lists.clear();
+        assert!(matches!(super::ids(&store, &session, 0, 5), Err(Error::Storage(_))));
+        // A run past its record's list.
+        store.lists.insert(1, ids(3, 1).into());
+        assert!(matches!(super::ids(&store, &session, 0, 5), Err(Error::Corrupt { .. })));
+        // A chunk that is not whole runs, or holds no position.
+        for bad in [&[1u8, 0][..], &[1, 0, 0], &[], &[1, 0, 0x80]] {
+            store.rows.put(Table::Transcript, &key(&session, 0), bad).unwrap();
+            assert!(matches!(super::ids(&store, &session, 0, 1), Err(Error::Corrupt { .. })), "{bad:?}");
+        }
+        // More than 128 positions.
+        store.rows.put(Table::Transcript, &key(&session, 0), &encode_chunk(&[Run { seq: 1, start: 0, count: 129 }])).unwrap();
+        assert!(matches!(super::ids(&store, &session, 0, 1), Err(Error::Corrupt { .. })));
+    }
+
     /// The common ends the naive way: both lists whole.
     fn naive_ends(a: &[ContentId], b: &[ContentId]) -> (usize, usize) {
         let prefix = a.iter().zip(b).take_while(|(x, y)| x == y).count();
@@ -641,8 +846,9 @@ mod tests {
         ) {
             let session = SessionId([7; 16]);
             let stored = ids(len, 0);
-            let mut store = crate::store::MemStore::default();
-            splice(&mut store, &session, 0, 0, 0, RevisionId::empty(), &stored, stored.len()).unwrap();
+            let mut store = Listed::default();
+            let mut model = Vec::new();
+            store.splice(&session, 1, 0, 0, stored.clone(), &mut model);
             let start = start.min(len);
             let end = (start + cut).min(len);
             // The replacement: other ids, or (salt 0) the same ones, so that the ends can

@@ -21,6 +21,7 @@ use crate::evolve::evolve;
 use crate::journal::{Journal, SealedBatch, JOURNAL_BYTES_MAX};
 use crate::limits::Limits;
 use crate::log::{Entry, Staged, StoredObject, Tip};
+use crate::store::WithRecords;
 use crate::projection::{Projection, ProjectionSet, SessionHead};
 use crate::rebuild::RebuildStats;
 use crate::store::{keys, Overlay, Store, StoreExt, Table, Writes};
@@ -853,7 +854,8 @@ fn apply<S: Store + ?Sized>(overlay: &mut Overlay<'_, S>, command: &Command, to:
         return Ok(Outcome::Batch(outcomes));
     }
     // The batch's records so far, which the log does not hold yet, answer for themselves.
-    let decision = decide(&*overlay, command, limits, &Now { staged: Staged([earlier, &entries[..]]), ..now })?;
+    let staged = Staged([earlier, &entries[..]]);
+    let decision = decide(&WithRecords::read(&*overlay, &staged), command, limits, &Now { staged, ..now })?;
     if let Command::CommitTurn(CommitTurn { session, draft: Some(draft), .. }) = command {
         effects.push(Effect::Draft(DraftChange::Discard { key: (*session, draft.clone()) }));
     }
@@ -878,7 +880,8 @@ fn apply<S: Store + ?Sized>(overlay: &mut Overlay<'_, S>, command: &Command, to:
                 })
                 .collect();
             let introduced: Vec<ContentId> = content.iter().map(|o| o.id).collect();
-            evolve(overlay, &record, &introduced, ProjectionSet::all())?;
+            let staged = Staged([earlier, &entries[..]]);
+            evolve(&mut WithRecords::write(overlay, &staged), &record, &introduced, ProjectionSet::all())?;
             *next_seq += 1;
             let outcome = outcome_of(&record);
             entries.push(Entry { record, content });

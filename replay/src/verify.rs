@@ -69,7 +69,7 @@ use annal::query::{mem_digests, projection_digests};
 use annal::tables::{self, meta_keys, LOG, META};
 use annal::{
     evolve, ChainHash, ContentId, Event, EventKind, HashStore, Limits, Location, MemStore, Projection, ProjectionSet,
-    Reader, SessionId, Table, View,
+    Reader, SessionId, Store, Table, View,
 };
 use redb::{ReadTransaction, ReadableDatabase, ReadableTable, ReadableTableMetadata};
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -1388,12 +1388,55 @@ enum Item {
     Broken(SessionId),
 }
 
+/// The fold's scratch state: the projection rows, which `evolve` needs in no order
+/// (`HashStore`), and the message list of every record folded, by seq. A transcript
+/// names its messages by the records whose lists hold their ids
+/// ([`annal::transcript::message_list`]), and the fold of a rewrite or a fork reads the
+/// lists of records before it: this is where it finds them, as the transcript rows of
+/// earlier versions held the ids.
+#[derive(Default)]
+struct Scratch {
+    rows: HashStore,
+    lists: HashMap<u64, std::sync::Arc<[ContentId]>>,
+}
+
+impl Store for Scratch {
+    fn read(
+        &self,
+        table: Table,
+        key: &[u8],
+        f: &mut dyn FnMut(Option<&[u8]>) -> annal::error::Result<()>,
+    ) -> annal::error::Result<()> {
+        self.rows.read(table, key, f)
+    }
+    fn put(&mut self, table: Table, key: &[u8], value: &[u8]) -> annal::error::Result<()> {
+        self.rows.put(table, key, value)
+    }
+    fn remove(&mut self, table: Table, key: &[u8]) -> annal::error::Result<()> {
+        self.rows.remove(table, key)
+    }
+    fn put_vec(&mut self, table: Table, key: &[u8], value: Vec<u8>) -> annal::error::Result<()> {
+        self.rows.put_vec(table, key, value)
+    }
+    fn update_in_place(
+        &mut self,
+        table: Table,
+        key: &[u8],
+        f: &mut dyn FnMut(&mut Vec<u8>) -> annal::error::Result<bool>,
+    ) -> annal::error::Result<bool> {
+        self.rows.update_in_place(table, key, f)
+    }
+    fn message_list(&self, seq: u64) -> annal::error::Result<Option<std::sync::Arc<[ContentId]>>> {
+        Ok(self.lists.get(&seq).cloned())
+    }
+}
+
 /// The fold side of the walk, on its own thread: commit hashes and the engine's
 /// `evolve` into scratch state.
 struct Fold {
-    /// Scratch state: `evolve` needs no order (`HashStore`); `deep` puts it in key order
-    /// once, at the end, to compare it with the stored tables.
-    store: HashStore,
+    /// Scratch state; `deep` puts its rows in key order once, at the end, to compare
+    /// them with the stored tables.
+    store: Scratch,
     /// Sessions whose fold failed: their later records are not folded (no cascades).
     broken: HashSet<SessionId>,
     failed: bool,
@@ -1410,7 +1453,7 @@ struct Fold {
 impl Fold {
     fn new(set: ProjectionSet) -> Fold {
         Fold {
-            store: HashStore::default(),
+            store: Scratch::default(),
             broken: HashSet::new(),
             failed: false,
             set: set.iter().filter(|p| *p != Projection::Content).collect(),
@@ -1446,6 +1489,9 @@ impl Fold {
 
     fn record(&mut self, r: &annal::Record, introduced: &[ContentId]) {
         let seq = r.seq;
+        if let Some(list) = annal::transcript::message_list(&r.event).filter(|l| !l.is_empty()) {
+            self.store.lists.insert(seq, list.into());
+        }
         if let Event::TurnCommitted(e) = &r.event {
             if e.recomputed_hash() != e.commit_hash {
                 self.findings.push(Finding::CommitHash { seq });
@@ -1652,7 +1698,7 @@ impl<'a> Walk<'a> {
     /// kept in sequence order.
     fn merge_fold(&mut self, fold: Fold) {
         if self.opts.deep {
-            self.store = fold.store.into_ordered();
+            self.store = fold.store.rows.into_ordered();
         }
         self.fold_failed |= fold.failed;
         self.content_fold_error = fold.content_error;
