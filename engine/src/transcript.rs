@@ -261,6 +261,67 @@ fn store_runs<S: Store + ?Sized>(store: &mut S, session: &SessionId, first: u64,
     Ok(())
 }
 
+/// Appends `run` to `session`'s transcript, `len` long: a turn. The last chunk's row
+/// takes it at its end without being decoded (merged into its last run when it
+/// continues it); a run that fills the chunk goes on in new ones.
+fn append_run<S: Store + ?Sized>(store: &mut S, session: &SessionId, len: u64, mut run: Run) -> Result<()> {
+    let mut pos = len;
+    while run.count > 0 {
+        let chunk = pos / CHUNK;
+        let n = run.count.min((chunk + 1) * CHUNK - pos);
+        let piece = Run { count: n, ..run };
+        let k = key(session, chunk);
+        let bytes = if pos == chunk * CHUNK {
+            encode_chunk(&[piece])
+        } else {
+            let mut bytes =
+                store.get(Table::Transcript, &k)?.ok_or_else(|| corrupt(Table::Transcript, &k, "missing row"))?;
+            append_to_chunk(&k, &mut bytes, piece)?;
+            bytes
+        };
+        store.put_vec(Table::Transcript, &k, bytes)?;
+        run.start += n;
+        run.count -= n;
+        pos += n;
+    }
+    Ok(())
+}
+
+/// Appends `run` to chunk row `bytes` (at `k`), merged into the row's last run when it
+/// continues it. The last run is found from the row's end (a varint ends at its first
+/// byte below 0x80), so the row is not decoded.
+fn append_to_chunk(k: &[u8], bytes: &mut Vec<u8>, run: Run) -> Result<()> {
+    let not_runs = || corrupt(Table::Transcript, k, "transcript chunk is not whole runs");
+    // Where each of the last three varints starts.
+    let mut starts = [0usize; 3];
+    let mut end = bytes.len();
+    for slot in starts.iter_mut().rev() {
+        if end == 0 || bytes[end - 1] >= 0x80 {
+            return Err(not_runs());
+        }
+        let mut at = end - 1;
+        while at > 0 && bytes[at - 1] >= 0x80 {
+            at -= 1;
+        }
+        *slot = at;
+        end = at;
+    }
+    let mut rest = &bytes[starts[0]..];
+    let last = match (read_varint(&mut rest), read_varint(&mut rest), read_varint(&mut rest)) {
+        (Some(seq), Some(start), Some(count)) if rest.is_empty() => Run { seq, start, count },
+        _ => return Err(not_runs()),
+    };
+    if last.seq == run.seq && last.start.checked_add(last.count) == Some(run.start) {
+        bytes.truncate(starts[2]);
+        put_varint(bytes, last.count + run.count);
+    } else {
+        put_varint(bytes, run.seq);
+        put_varint(bytes, run.start);
+        put_varint(bytes, run.count);
+    }
+    Ok(())
+}
+
 fn id_of(bytes: &[u8]) -> [u8; 32] {
     let mut a = [0u8; 32];
     a.copy_from_slice(bytes);
@@ -417,7 +478,9 @@ pub(crate) fn splice<S: Store + ?Sized>(
     // When the length does not change, positions after `end` keep their place: only the
     // chunks of `start..end` are written again.
     let same = count == end - start;
-    if !(same && count == 0) {
+    if let (true, Some(run)) = (start == old_len, inserted) {
+        append_run(store, session, old_len, run)?;
+    } else if !(same && count == 0) {
         let stop = if same { (end.div_ceil(CHUNK) * CHUNK).min(old_len) } else { old_len };
         let mut runs = Vec::new();
         runs_into(store, session, first * CHUNK, start, &mut runs)?;
@@ -804,6 +867,34 @@ mod tests {
             proptest::prop_assert_eq!(super::ids(&store, &child, 0, n as u64).unwrap(), model[..n].to_vec());
             proptest::prop_assert_eq!(chain_at(&store, &child, n as u64).unwrap(), RevisionId::of(&model[..n]));
         }
+    }
+
+    #[test]
+    fn an_append_that_continues_the_last_run_merges_into_it() {
+        let session = SessionId([7; 16]);
+        let mut store = Listed::default();
+        store.lists.insert(1, ids(300, 1).into());
+        store.lists.insert(2, ids(2, 2).into());
+        append_run(&mut store, &session, 0, Run { seq: 1, start: 0, count: 3 }).unwrap();
+        append_run(&mut store, &session, 3, Run { seq: 1, start: 3, count: 2 }).unwrap();
+        assert_eq!(store.chunks(&session), [vec![Run { seq: 1, start: 0, count: 5 }]]);
+        append_run(&mut store, &session, 5, Run { seq: 2, start: 0, count: 2 }).unwrap();
+        // Continues the first record's run, but not the last run of the chunk.
+        append_run(&mut store, &session, 7, Run { seq: 1, start: 5, count: 200 }).unwrap();
+        assert_eq!(
+            store.chunks(&session),
+            [
+                vec![Run { seq: 1, start: 0, count: 5 }, Run { seq: 2, start: 0, count: 2 }, Run { seq: 1, start: 5, count: 121 }],
+                vec![Run { seq: 1, start: 126, count: 79 }],
+            ]
+        );
+        let mut want = ids(300, 1)[..5].to_vec();
+        want.extend(ids(2, 2));
+        want.extend_from_slice(&ids(300, 1)[5..205]);
+        assert_eq!(super::ids(&store, &session, 0, 207).unwrap(), want);
+        // A row whose end is not a whole run is refused, not extended.
+        store.rows.put(Table::Transcript, &key(&session, 1), &[1, 0x80]).unwrap();
+        assert!(matches!(append_run(&mut store, &session, 207, Run { seq: 2, start: 0, count: 1 }), Err(Error::Corrupt { .. })));
     }
 
     #[test]

@@ -1397,7 +1397,21 @@ enum Item {
 #[derive(Default)]
 struct Scratch {
     rows: HashStore,
-    lists: HashMap<u64, std::sync::Arc<[ContentId]>>,
+    /// The lists, one after another, in seq order.
+    ids: Vec<ContentId>,
+    /// `(seq, where its list starts in ids)`, ascending; a list ends where the next
+    /// starts.
+    lists: Vec<(u64, usize)>,
+}
+
+impl Scratch {
+    /// Keeps the message list of record `seq`, which follows every seq kept before.
+    fn keep_list(&mut self, seq: u64, list: &[ContentId]) {
+        if self.lists.last().is_none_or(|(last, _)| *last < seq) {
+            self.lists.push((seq, self.ids.len()));
+            self.ids.extend_from_slice(list);
+        }
+    }
 }
 
 impl Store for Scratch {
@@ -1427,7 +1441,11 @@ impl Store for Scratch {
         self.rows.update_in_place(table, key, f)
     }
     fn message_list(&self, seq: u64) -> annal::error::Result<Option<std::sync::Arc<[ContentId]>>> {
-        Ok(self.lists.get(&seq).cloned())
+        let Ok(i) = self.lists.binary_search_by_key(&seq, |(s, _)| *s) else {
+            return Ok(None);
+        };
+        let end = self.lists.get(i + 1).map_or(self.ids.len(), |(_, at)| *at);
+        Ok(Some(self.ids[self.lists[i].1..end].into()))
     }
 }
 
@@ -1490,7 +1508,7 @@ impl Fold {
     fn record(&mut self, r: &annal::Record, introduced: &[ContentId]) {
         let seq = r.seq;
         if let Some(list) = annal::transcript::message_list(&r.event).filter(|l| !l.is_empty()) {
-            self.store.lists.insert(seq, list.into());
+            self.store.keep_list(seq, list);
         }
         if let Event::TurnCommitted(e) = &r.event {
             if e.recomputed_hash() != e.commit_hash {
