@@ -13,11 +13,11 @@ use crate::delta::Delta;
 use crate::delta::{LogSnap, LogUpdate};
 use crate::error::{Error, Result};
 use crate::evolve::evolve;
-use crate::store::WithRecords;
 use crate::limits::Limits;
 use crate::log::{hash_at, LogTail, Tip};
 use crate::projection::{Projection, ProjectionSet};
 use crate::rebuild::{Progress, RebuildStats};
+use crate::store::WithRecords;
 use crate::store::{Held, HeldRows, Overlay, Written, WRITTEN_KEYS_MAX};
 use crate::tables::{self, meta_keys, RedbStore, LOG, META, PROJECTIONS};
 use annal_codec::{ChainHash, LogChain};
@@ -364,7 +364,12 @@ pub(crate) fn fold_tail(
     let records = crate::log::FileRecords::new(&txn, Some(&tail), record_max);
     for entry in LogTail::new(&txn, &tail, chain, view.seq(), last, record_max, object_max)? {
         let entry = entry?;
-        evolve(&mut WithRecords::write(&mut overlay, &records), &entry.record, &entry.introduced, ProjectionSet::all())?;
+        evolve(
+            &mut WithRecords::write(&mut overlay, &records),
+            &entry.record,
+            &entry.introduced,
+            ProjectionSet::all(),
+        )?;
         events += 1;
     }
     let writes = overlay.into_writes();

@@ -53,7 +53,10 @@ pub struct Options {
     /// Bytes of content objects (message bodies, context, tool payloads) kept in memory
     /// once read and verified, so that reading them again (the recent messages of a
     /// session, at every turn) skips the content index, the read, decompression and
-    /// hashing. Default 64 MiB; 0 turns it off. An object larger than a sixteenth of it
+    /// hashing; and of records' message lists, which a transcript's rows name its
+    /// messages by, so that reading a page again decodes no record. Default 64 MiB: three
+    /// quarters for the objects, a quarter for the lists; 0 turns both off. An object
+    /// larger than a sixteenth of its share, or a list larger than a quarter of its share,
     /// is not kept.
     pub content_cache_bytes: usize,
     /// Verify every page of the file at open (redb's integrity check: checksums of the

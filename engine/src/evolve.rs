@@ -14,6 +14,13 @@ use annal_codec::{ContentId, Event, Record, RevisionId, StateDelta};
 /// Folds one record into the projections in `set`. `introduced` lists the content
 /// objects stored with the record (its content row, in order): the content-id index
 /// points them at `record.seq`.
+///
+/// The transcript names its messages by the records whose message lists hold their ids
+/// ([`crate::transcript`]): the fold of a rewrite and of a fork reads the lists of
+/// records before `record` through [`Store::message_list`], so `store` must see them, as
+/// a view of an engine does. To fold into a store of projection rows alone, wrap it with
+/// the records' source ([`crate::store::WithRecords`], with a [`crate::View`] or any
+/// [`crate::store::Records`]); without one, such a fold is [`crate::Error::Storage`].
 pub fn evolve<S: Store + ?Sized>(
     store: &mut S,
     record: &Record,
@@ -175,7 +182,7 @@ fn check_revision(r: &Record, computed: RevisionId, claimed: RevisionId) -> Resu
 
 /// The run of `r`'s message list `list` (all of it), none when it is empty.
 fn run(r: &Record, list: &[ContentId]) -> Option<transcript::Run> {
-    (!list.is_empty()).then(|| transcript::Run { seq: r.seq, start: 0, count: list.len() as u64 })
+    (!list.is_empty()).then_some(transcript::Run { seq: r.seq, start: 0, count: list.len() as u64 })
 }
 
 fn fold_transcript<S: Store + ?Sized>(store: &mut S, r: &Record) -> Result<()> {

@@ -118,7 +118,8 @@ pub(crate) fn fold_foreign<S: Store + ?Sized>(
     introduced.sort_by_key(|o| o.id);
     let ids: Vec<ContentId> = introduced.iter().map(|o| o.id).collect();
     // The batch's records are in no view yet: a rewrite's fold reads their lists.
-    evolve(&mut crate::store::WithRecords::write(store, &staged), &record, &ids, ProjectionSet::all()).map_err(invalid)?;
+    evolve(&mut crate::store::WithRecords::write(store, &staged), &record, &ids, ProjectionSet::all())
+        .map_err(invalid)?;
     Ok(Entry { record, content: introduced })
 }
 

@@ -112,13 +112,7 @@ impl<'a> FileRecords<'a> {
     /// The records of the log file `txn` reads (and of `tail`'s rows past it), none
     /// larger than `record_bytes_max`.
     pub fn new(txn: &'a ReadTransaction, tail: Option<&'a crate::journal::Tail>, record_bytes_max: u64) -> Self {
-        FileRecords {
-            txn,
-            tail,
-            table: std::cell::OnceCell::new(),
-            record_bytes_max,
-            lists: Default::default(),
-        }
+        FileRecords { txn, tail, table: std::cell::OnceCell::new(), record_bytes_max, lists: Default::default() }
     }
 
     fn bytes(&self, seq: u64) -> Result<Option<Vec<u8>>> {

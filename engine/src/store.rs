@@ -890,6 +890,102 @@ pub mod keys {
     }
 }
 
+/// Where a store of projection rows alone reads records: the batch being decided (its
+/// records are not in any view yet), the log file a catch-up or a rebuild folds, or a
+/// [`crate::View`] of an engine, for a fold of its log into a store of one's own
+/// ([`WithRecords`]): the transcript names its messages by the records that hold their
+/// ids, so a rewrite's or a fork's fold reads the lists of records before it.
+pub trait Records {
+    /// The record at `seq`, if this source holds it.
+    fn record(&self, seq: u64) -> Result<Option<annal_codec::Record>>;
+    /// The message list of the record at `seq` ([`Store::message_list`]), if this source
+    /// holds it.
+    fn message_list(&self, seq: u64) -> Result<Option<Arc<[annal_codec::ContentId]>>> {
+        Ok(self.record(seq)?.map(|r| Arc::from(crate::transcript::message_list(&r.event).unwrap_or_default())))
+    }
+}
+
+/// How [`WithRecords`] holds its store: to read only (`decide`), or to write too (`evolve`).
+pub enum Access<'a, S: ?Sized> {
+    /// Reads only; a write is an error.
+    Read(&'a S),
+    /// Reads and writes.
+    Write(&'a mut S),
+}
+
+/// A store that reads records from `records` first, then from its store: a fold or a
+/// decision over rows that do not see every record the transcript names.
+pub struct WithRecords<'a, S: Store + ?Sized> {
+    /// The rows.
+    pub store: Access<'a, S>,
+    /// The records the store does not see.
+    pub records: &'a dyn Records,
+}
+
+impl<'a, S: Store + ?Sized> WithRecords<'a, S> {
+    /// `store`, to read only, with `records`.
+    pub fn read(store: &'a S, records: &'a dyn Records) -> Self {
+        WithRecords { store: Access::Read(store), records }
+    }
+
+    /// `store`, to read and write, with `records`.
+    pub fn write(store: &'a mut S, records: &'a dyn Records) -> Self {
+        WithRecords { store: Access::Write(store), records }
+    }
+
+    fn rows(&self) -> &S {
+        match &self.store {
+            Access::Read(s) => s,
+            Access::Write(s) => s,
+        }
+    }
+
+    fn rows_mut(&mut self) -> Result<&mut S> {
+        match &mut self.store {
+            Access::Read(_) => Err(Error::Storage("a store to read cannot be written".into())),
+            Access::Write(s) => Ok(s),
+        }
+    }
+}
+
+impl<S: Store + ?Sized> Store for WithRecords<'_, S> {
+    fn read(&self, table: Table, key: &[u8], f: &mut dyn FnMut(Option<&[u8]>) -> Result<()>) -> Result<()> {
+        self.rows().read(table, key, f)
+    }
+    fn put(&mut self, table: Table, key: &[u8], value: &[u8]) -> Result<()> {
+        self.rows_mut()?.put(table, key, value)
+    }
+    fn remove(&mut self, table: Table, key: &[u8]) -> Result<()> {
+        self.rows_mut()?.remove(table, key)
+    }
+    fn put_vec(&mut self, table: Table, key: &[u8], value: Vec<u8>) -> Result<()> {
+        self.rows_mut()?.put_vec(table, key, value)
+    }
+    fn update_in_place(
+        &mut self,
+        table: Table,
+        key: &[u8],
+        f: &mut dyn FnMut(&mut Vec<u8>) -> Result<bool>,
+    ) -> Result<bool> {
+        self.rows_mut()?.update_in_place(table, key, f)
+    }
+    fn content_row_holds(&self, seq: u64, id: &annal_codec::ContentId) -> Result<Option<bool>> {
+        self.rows().content_row_holds(seq, id)
+    }
+    fn record_at(&self, seq: u64) -> Result<Option<annal_codec::Record>> {
+        match self.records.record(seq)? {
+            Some(record) => Ok(Some(record)),
+            None => self.rows().record_at(seq),
+        }
+    }
+    fn message_list(&self, seq: u64) -> Result<Option<Arc<[annal_codec::ContentId]>>> {
+        match self.records.message_list(seq)? {
+            Some(list) => Ok(Some(list)),
+            None => self.rows().message_list(seq),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -996,101 +1092,5 @@ mod tests {
         names.sort();
         names.dedup();
         assert_eq!(names.len(), Table::ALL.len());
-    }
-}
-
-/// Where a store of projection rows alone reads records: the batch being decided (its
-/// records are not in any view yet), the log file a catch-up or a rebuild folds, or a
-/// [`crate::View`] of an engine, for a fold of its log into a store of one's own
-/// ([`WithRecords`]): the transcript names its messages by the records that hold their
-/// ids, so a rewrite's or a fork's fold reads the lists of records before it.
-pub trait Records {
-    /// The record at `seq`, if this source holds it.
-    fn record(&self, seq: u64) -> Result<Option<annal_codec::Record>>;
-    /// The message list of the record at `seq` ([`Store::message_list`]), if this source
-    /// holds it.
-    fn message_list(&self, seq: u64) -> Result<Option<Arc<[annal_codec::ContentId]>>> {
-        Ok(self.record(seq)?.map(|r| Arc::from(crate::transcript::message_list(&r.event).unwrap_or_default())))
-    }
-}
-
-/// How [`WithRecords`] holds its store: to read only (`decide`), or to write too (`evolve`).
-pub enum Access<'a, S: ?Sized> {
-    /// Reads only; a write is an error.
-    Read(&'a S),
-    /// Reads and writes.
-    Write(&'a mut S),
-}
-
-/// A store that reads records from `records` first, then from its store: a fold or a
-/// decision over rows that do not see every record the transcript names.
-pub struct WithRecords<'a, S: Store + ?Sized> {
-    /// The rows.
-    pub store: Access<'a, S>,
-    /// The records the store does not see.
-    pub records: &'a dyn Records,
-}
-
-impl<'a, S: Store + ?Sized> WithRecords<'a, S> {
-    /// `store`, to read only, with `records`.
-    pub fn read(store: &'a S, records: &'a dyn Records) -> Self {
-        WithRecords { store: Access::Read(store), records }
-    }
-
-    /// `store`, to read and write, with `records`.
-    pub fn write(store: &'a mut S, records: &'a dyn Records) -> Self {
-        WithRecords { store: Access::Write(store), records }
-    }
-
-    fn rows(&self) -> &S {
-        match &self.store {
-            Access::Read(s) => s,
-            Access::Write(s) => s,
-        }
-    }
-
-    fn rows_mut(&mut self) -> Result<&mut S> {
-        match &mut self.store {
-            Access::Read(_) => Err(Error::Storage("a store to read cannot be written".into())),
-            Access::Write(s) => Ok(s),
-        }
-    }
-}
-
-impl<S: Store + ?Sized> Store for WithRecords<'_, S> {
-    fn read(&self, table: Table, key: &[u8], f: &mut dyn FnMut(Option<&[u8]>) -> Result<()>) -> Result<()> {
-        self.rows().read(table, key, f)
-    }
-    fn put(&mut self, table: Table, key: &[u8], value: &[u8]) -> Result<()> {
-        self.rows_mut()?.put(table, key, value)
-    }
-    fn remove(&mut self, table: Table, key: &[u8]) -> Result<()> {
-        self.rows_mut()?.remove(table, key)
-    }
-    fn put_vec(&mut self, table: Table, key: &[u8], value: Vec<u8>) -> Result<()> {
-        self.rows_mut()?.put_vec(table, key, value)
-    }
-    fn update_in_place(
-        &mut self,
-        table: Table,
-        key: &[u8],
-        f: &mut dyn FnMut(&mut Vec<u8>) -> Result<bool>,
-    ) -> Result<bool> {
-        self.rows_mut()?.update_in_place(table, key, f)
-    }
-    fn content_row_holds(&self, seq: u64, id: &annal_codec::ContentId) -> Result<Option<bool>> {
-        self.rows().content_row_holds(seq, id)
-    }
-    fn record_at(&self, seq: u64) -> Result<Option<annal_codec::Record>> {
-        match self.records.record(seq)? {
-            Some(record) => Ok(Some(record)),
-            None => self.rows().record_at(seq),
-        }
-    }
-    fn message_list(&self, seq: u64) -> Result<Option<Arc<[annal_codec::ContentId]>>> {
-        match self.records.message_list(seq)? {
-            Some(list) => Ok(Some(list)),
-            None => self.rows().message_list(seq),
-        }
     }
 }

@@ -162,13 +162,7 @@ fn decode_chunk(k: &[u8], bytes: &[u8], runs: &mut Vec<Run>) -> Result<u64> {
 /// Appends the runs of positions `from..to` of `session`'s transcript to `runs`, cut to
 /// them and merged where one continues another (across chunks too). A position that is
 /// not stored is `Corrupt` ("missing row").
-fn runs_into<S: Store + ?Sized>(
-    store: &S,
-    session: &SessionId,
-    from: u64,
-    to: u64,
-    runs: &mut Vec<Run>,
-) -> Result<()> {
+fn runs_into<S: Store + ?Sized>(store: &S, session: &SessionId, from: u64, to: u64, runs: &mut Vec<Run>) -> Result<()> {
     let mut chunk_runs = Vec::new();
     let mut pos = from;
     while pos < to {
@@ -228,7 +222,13 @@ fn run_ids<S: Store + ?Sized>(
         }
         None => Err(Error::corrupt(
             Location::Projection { table: Table::Transcript.name(), key: hex(&keys::session(session)) },
-            format!("a run names ids {}..{} of record {}, which has {}", run.start, run.start + run.count, run.seq, list.len()),
+            format!(
+                "a run names ids {}..{} of record {}, which has {}",
+                run.start,
+                run.start + run.count,
+                run.seq,
+                list.len()
+            ),
         )),
     }
 }
@@ -774,7 +774,15 @@ mod tests {
     impl Listed {
         /// Splices `list`, the message list of a new record at `seq`, over `start..end`
         /// of the transcript (`len` long, whose ids are `model`), as the fold does.
-        fn splice(&mut self, session: &SessionId, seq: u64, start: usize, end: usize, list: Vec<ContentId>, model: &mut Vec<ContentId>) {
+        fn splice(
+            &mut self,
+            session: &SessionId,
+            seq: u64,
+            start: usize,
+            end: usize,
+            list: Vec<ContentId>,
+            model: &mut Vec<ContentId>,
+        ) {
             let len = model.len() as u64;
             let inserted = (!list.is_empty()).then_some(Run { seq, start: 0, count: list.len() as u64 });
             self.lists.insert(seq, list.clone().into());
@@ -884,7 +892,11 @@ mod tests {
         assert_eq!(
             store.chunks(&session),
             [
-                vec![Run { seq: 1, start: 0, count: 5 }, Run { seq: 2, start: 0, count: 2 }, Run { seq: 1, start: 5, count: 121 }],
+                vec![
+                    Run { seq: 1, start: 0, count: 5 },
+                    Run { seq: 2, start: 0, count: 2 },
+                    Run { seq: 1, start: 5, count: 121 }
+                ],
                 vec![Run { seq: 1, start: 126, count: 79 }],
             ]
         );
@@ -894,7 +906,10 @@ mod tests {
         assert_eq!(super::ids(&store, &session, 0, 207).unwrap(), want);
         // A row whose end is not a whole run is refused, not extended.
         store.rows.put(Table::Transcript, &key(&session, 1), &[1, 0x80]).unwrap();
-        assert!(matches!(append_run(&mut store, &session, 207, Run { seq: 2, start: 0, count: 1 }), Err(Error::Corrupt { .. })));
+        assert!(matches!(
+            append_run(&mut store, &session, 207, Run { seq: 2, start: 0, count: 1 }),
+            Err(Error::Corrupt { .. })
+        ));
     }
 
     #[test]
@@ -914,7 +929,10 @@ mod tests {
             assert!(matches!(super::ids(&store, &session, 0, 1), Err(Error::Corrupt { .. })), "{bad:?}");
         }
         // More than 128 positions.
-        store.rows.put(Table::Transcript, &key(&session, 0), &encode_chunk(&[Run { seq: 1, start: 0, count: 129 }])).unwrap();
+        store
+            .rows
+            .put(Table::Transcript, &key(&session, 0), &encode_chunk(&[Run { seq: 1, start: 0, count: 129 }]))
+            .unwrap();
         assert!(matches!(super::ids(&store, &session, 0, 1), Err(Error::Corrupt { .. })));
     }
 

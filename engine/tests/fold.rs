@@ -701,7 +701,11 @@ fn the_stream_index_stays_dense_across_its_rows() {
     let seq = record.seq;
     for (stream_seq, why) in [(c + 2, "a gap at a new row"), (c, "a repeat in a full row"), (0, "stream seq 0")] {
         record.stream_seq = stream_seq;
-        assert_eq!(corrupt_seq(fold_one(&mut log.store.clone(), &log.records, &record, ProjectionSet::all())), seq, "{why}");
+        assert_eq!(
+            corrupt_seq(fold_one(&mut log.store.clone(), &log.records, &record, ProjectionSet::all())),
+            seq,
+            "{why}"
+        );
     }
     record.stream_seq = c + 1;
     log.fold(record).unwrap();
@@ -709,7 +713,11 @@ fn the_stream_index_stays_dense_across_its_rows() {
     let seq = record.seq;
     for (stream_seq, why) in [(c + 1, "a repeat in the new row"), (c + 4, "a gap in the new row")] {
         record.stream_seq = stream_seq;
-        assert_eq!(corrupt_seq(fold_one(&mut log.store.clone(), &log.records, &record, ProjectionSet::all())), seq, "{why}");
+        assert_eq!(
+            corrupt_seq(fold_one(&mut log.store.clone(), &log.records, &record, ProjectionSet::all())),
+            seq,
+            "{why}"
+        );
     }
     // Two rows for c + 1 events: the first full, the second holding one seq.
     assert_eq!(log.keys(Table::StreamIndex).len(), 2);
@@ -739,7 +747,11 @@ fn evolve_reports_an_event_on_an_unknown_session() {
     for event in events {
         let kind = event.kind();
         let record = log.next_record(ghost, event);
-        assert_eq!(corrupt_seq(fold_one(&mut log.store.clone(), &log.records, &record, ProjectionSet::all())), 2, "{kind}");
+        assert_eq!(
+            corrupt_seq(fold_one(&mut log.store.clone(), &log.records, &record, ProjectionSet::all())),
+            2,
+            "{kind}"
+        );
     }
     // Creating a session twice is corruption too.
     let again = Event::SessionCreated(SessionCreated {

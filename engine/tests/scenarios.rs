@@ -1725,3 +1725,89 @@ fn a_restore_reads_its_recipes_from_the_records_wherever_they_are() {
     engine.restore(restore(s, r0, r1)).unwrap();
     assert_eq!(transcript_ids(&engine, s), ids(&[&sys, &q, &a]));
 }
+
+/// The transcript names its messages by the records whose lists hold them (transcript
+/// projection v4). Rewrites, a restore and a fork past the last checkpoint are folded
+/// and read from every place records are: the batch's own, the journal's rows, a
+/// read-only opener's fold of the log past the checkpoint, the log file after a reopen,
+/// an engine rebuild and an offline one.
+#[test]
+fn a_transcript_reads_its_messages_from_the_records_wherever_they_are() {
+    let db = Db::new();
+    let engine = db.open_durable();
+    let (s, first) = create(&engine, &[Message::system("be brief")]);
+    // 301 messages: three chunk rows, two checkpoints.
+    let mut head_rev = commit_turns(&engine, s, "t", 150, first);
+    engine.checkpoint().unwrap();
+    let edited = Message::user("edited");
+    let summary = Message::system("summary of 5..200");
+    // An edit of the first message keeps the length.
+    let edit = engine.execute(Command::Rewrite(rewrite(s, head_rev, 1, 2, vec![edited.clone()], RewriteReason::Edit)));
+    head_rev = match edit.unwrap() {
+        Outcome::Rewritten(r) => r.revision,
+        o => panic!("{o:?}"),
+    };
+    let edited_rev = head_rev;
+    let mut want = transcript_ids(&engine, s);
+    assert_eq!(want.len(), 301);
+    assert_eq!(want[1], message_id(&edited));
+    // A compaction moves every later position, and a turn follows it in one batch.
+    let compacted = engine
+        .execute(Command::Batch(vec![
+            Command::Rewrite(rewrite(s, head_rev, 5, 200, vec![summary.clone()], RewriteReason::Compaction)),
+            Command::CommitTurn(turn(s, "after", revision_after_compaction(&want, &summary))),
+        ]))
+        .unwrap();
+    assert!(matches!(compacted, Outcome::Batch(ref o) if o.len() == 2), "{compacted:?}");
+    want.splice(5..200, [message_id(&summary)]);
+    want.extend([message_id(&Message::user("question of after")), message_id(&Message::assistant("answer of after"))]);
+    assert_eq!(transcript_ids(&engine, s), want);
+    // A fork at the end names its parent's records.
+    let fork = engine.fork_at(s, want.len() as u64).unwrap().session;
+    assert_eq!(transcript_ids(&engine, fork), want);
+    // A restore to the edited revision splices the middle back from its record.
+    let now = head(&engine, s).revision;
+    engine.restore(restore(s, now, edited_rev)).unwrap();
+    let restored = {
+        let mut ids = want.clone();
+        ids.truncate(5);
+        ids
+    };
+    let restored_all = transcript_ids(&engine, s);
+    assert_eq!(restored_all.len(), 301);
+    assert_eq!(restored_all[..5], restored[..]);
+    assert_eq!(RevisionId::of(&restored_all), edited_rev);
+    let check = |reader: &Reader, what: &str| {
+        assert_eq!(transcript_ids(reader, s), restored_all, "{what}: the session");
+        assert_eq!(transcript_ids(reader, fork), want, "{what}: the fork");
+        let page = reader.transcript(s, PageRequest::new(250, 20)).unwrap();
+        let mut chain = RevisionId::of(&restored_all[..250]);
+        for (m, id) in page.messages.iter().zip(&restored_all[250..]) {
+            chain = chain.extend(id);
+            assert_eq!((m.content_id, m.chain), (*id, chain), "{what}: a page");
+        }
+    };
+    check(&engine, "live, from the journal's rows");
+    let digests = engine.projection_digests().unwrap();
+    // A read-only opener folds the log past the checkpoint, rewrites and fork included.
+    check(&Reader::open(&db.path, Limits::default(), None).unwrap(), "a reader beside the engine");
+    engine.close().unwrap();
+    let engine = db.open_durable();
+    check(&engine, "after a reopen");
+    assert_eq!(engine.projection_digests().unwrap(), digests);
+    engine.rebuild(ProjectionSet::all()).unwrap();
+    check(&engine, "after a rebuild");
+    assert_eq!(engine.projection_digests().unwrap(), digests);
+    engine.close().unwrap();
+    annal::rebuild::rebuild_offline(&db.path, &Options::default(), ProjectionSet::all(), &mut |_, _| {}).unwrap();
+    let engine = db.open_durable();
+    check(&engine, "after an offline rebuild");
+    assert_eq!(engine.projection_digests().unwrap(), digests);
+}
+
+/// The head a compaction of `5..200` by `summary` leaves, for a turn fenced on it.
+fn revision_after_compaction(before: &[ContentId], summary: &Message) -> RevisionId {
+    let mut ids = before.to_vec();
+    ids.splice(5..200, [message_id(summary)]);
+    RevisionId::of(&ids)
+}
