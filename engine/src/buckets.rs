@@ -43,7 +43,7 @@ fn varint_len(n: usize) -> usize {
     (usize::BITS - (n | 1).leading_zeros()).div_ceil(7) as usize
 }
 
-fn put_varint(out: &mut Vec<u8>, mut n: usize) {
+pub(crate) fn put_varint(out: &mut Vec<u8>, mut n: usize) {
     while n >= 0x80 {
         out.push(n as u8 | 0x80);
         n >>= 7;
@@ -52,7 +52,7 @@ fn put_varint(out: &mut Vec<u8>, mut n: usize) {
 }
 
 /// Reads a varint of at most `usize` bits, in its shortest form, advancing `rest`.
-fn read_varint(rest: &mut &[u8]) -> Option<usize> {
+pub(crate) fn read_varint(rest: &mut &[u8]) -> Option<usize> {
     let mut n = 0usize;
     for (i, &b) in rest.iter().enumerate().take(10) {
         let bits = ((b & 0x7f) as usize).checked_shl(7 * i as u32)?;

@@ -84,32 +84,15 @@ fn held(chunk: u64, len: u64) -> u64 {
     len.saturating_sub(chunk * CHUNK).min(CHUNK)
 }
 
-fn put_varint(out: &mut Vec<u8>, mut n: u64) {
-    while n >= 0x80 {
-        out.push(n as u8 | 0x80);
-        n >>= 7;
-    }
-    out.push(n as u8);
+/// Writes `n` as a LEB128 varint ([`crate::buckets::put_varint`]).
+fn put_varint(out: &mut Vec<u8>, n: u64) {
+    crate::buckets::put_varint(out, n as usize);
 }
 
-/// Reads a varint of at most 64 bits in its shortest form, advancing `rest`.
+/// Reads a LEB128 varint in its shortest form, advancing `rest`
+/// ([`crate::buckets::read_varint`]).
 fn read_varint(rest: &mut &[u8]) -> Option<u64> {
-    let mut n = 0u64;
-    for (i, &b) in rest.iter().enumerate().take(10) {
-        let bits = u64::from(b & 0x7f).checked_shl(7 * i as u32)?;
-        if bits >> (7 * i) != u64::from(b & 0x7f) {
-            return None;
-        }
-        n |= bits;
-        if b & 0x80 == 0 {
-            if b == 0 && i > 0 {
-                return None;
-            }
-            *rest = &rest[i + 1..];
-            return Some(n);
-        }
-    }
-    None
+    crate::buckets::read_varint(rest).map(|n| n as u64)
 }
 
 /// Appends `run` to `runs`, merged into the last one when it continues it.
