@@ -366,12 +366,24 @@ pub fn chain_at<S: Store + ?Sized>(store: &S, session: &SessionId, len: u64) -> 
 /// The rows (id and chain value) at positions `from..to` of `session`'s current
 /// transcript.
 pub fn rows<S: Store + ?Sized>(store: &S, session: &SessionId, from: u64, to: u64) -> Result<Vec<TranscriptRow>> {
-    let mut chain = chain_at(store, session, from)?;
-    Ok(ids(store, session, from, to)?
-        .into_iter()
+    if from >= to {
+        return Ok(Vec::new());
+    }
+    // The ids from the checkpoint before `from` on, read in one pass: the first ones
+    // only chain up to `from`.
+    let whole = from / CHUNK;
+    let mut chain = match whole {
+        0 => RevisionId::empty(),
+        n => checkpoint(store, session, n - 1)?,
+    };
+    let ids = ids(store, session, whole * CHUNK, to)?;
+    let (before, page) = ids.split_at((from - whole * CHUNK) as usize);
+    chain = chain.extend_all(before);
+    Ok(page
+        .iter()
         .map(|content| {
-            chain = chain.extend(&content);
-            TranscriptRow { content, chain }
+            chain = chain.extend(content);
+            TranscriptRow { content: *content, chain }
         })
         .collect())
 }
