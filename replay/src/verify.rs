@@ -1397,20 +1397,31 @@ enum Item {
 #[derive(Default)]
 struct Scratch {
     rows: HashStore,
-    /// The lists, one after another, in seq order.
-    ids: Vec<ContentId>,
-    /// `(seq, where its list starts in ids)`, ascending; a list ends where the next
-    /// starts.
-    lists: Vec<(u64, usize)>,
+    /// The lists, one after another in seq order, in blocks of [`LIST_BLOCK_IDS`] (a
+    /// longer list has a block of its own): a block is never moved, so keeping a list
+    /// copies it once.
+    blocks: Vec<Vec<ContentId>>,
+    /// `(seq, block, where its list starts in the block, its length)`, ascending.
+    lists: Vec<(u64, usize, usize, usize)>,
 }
+
+/// Ids per block of [`Scratch`]'s lists: 32 MiB.
+const LIST_BLOCK_IDS: usize = 1 << 20;
 
 impl Scratch {
     /// Keeps the message list of record `seq`, which follows every seq kept before.
     fn keep_list(&mut self, seq: u64, list: &[ContentId]) {
-        if self.lists.last().is_none_or(|(last, _)| *last < seq) {
-            self.lists.push((seq, self.ids.len()));
-            self.ids.extend_from_slice(list);
+        if self.lists.last().is_some_and(|(last, ..)| *last >= seq) {
+            return;
         }
+        let room = self.blocks.last().map_or(0, |b| b.capacity() - b.len());
+        if room < list.len() {
+            self.blocks.push(Vec::with_capacity(LIST_BLOCK_IDS.max(list.len())));
+        }
+        let block = self.blocks.len() - 1;
+        let ids = &mut self.blocks[block];
+        self.lists.push((seq, block, ids.len(), list.len()));
+        ids.extend_from_slice(list);
     }
 }
 
@@ -1441,11 +1452,11 @@ impl Store for Scratch {
         self.rows.update_in_place(table, key, f)
     }
     fn message_list(&self, seq: u64) -> annal::error::Result<Option<std::sync::Arc<[ContentId]>>> {
-        let Ok(i) = self.lists.binary_search_by_key(&seq, |(s, _)| *s) else {
+        let Ok(i) = self.lists.binary_search_by_key(&seq, |(s, ..)| *s) else {
             return Ok(None);
         };
-        let end = self.lists.get(i + 1).map_or(self.ids.len(), |(_, at)| *at);
-        Ok(Some(self.ids[self.lists[i].1..end].into()))
+        let (_, block, at, len) = self.lists[i];
+        Ok(Some(self.blocks[block][at..at + len].into()))
     }
 }
 
