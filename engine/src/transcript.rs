@@ -739,34 +739,41 @@ pub(crate) fn hash_chain(base: RevisionId, ids: &[ContentId]) -> Vec<RevisionId>
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::WithRecords;
 
     fn ids(n: usize, salt: u8) -> Vec<ContentId> {
         (0..n).map(|i| ContentId(*blake3::hash(&[(i % 251) as u8, (i / 251) as u8, salt]).as_bytes())).collect()
     }
 
-    /// Projection rows, and the message lists of the records the runs name.
+    /// The message lists of the records the runs name, by seq.
+    #[derive(Default)]
+    struct Lists(std::collections::HashMap<u64, Arc<[ContentId]>>);
+
+    impl crate::store::Records for Lists {
+        fn record(&self, _: u64) -> Result<Option<annal_codec::Record>> {
+            Ok(None)
+        }
+        fn message_list(&self, seq: u64) -> Result<Option<Arc<[ContentId]>>> {
+            Ok(self.0.get(&seq).cloned())
+        }
+    }
+
+    /// Projection rows, and the lists they name.
     #[derive(Default)]
     struct Listed {
         rows: crate::store::MemStore,
-        lists: std::collections::HashMap<u64, Arc<[ContentId]>>,
-    }
-
-    impl Store for Listed {
-        fn read(&self, table: Table, key: &[u8], f: &mut dyn FnMut(Option<&[u8]>) -> Result<()>) -> Result<()> {
-            self.rows.read(table, key, f)
-        }
-        fn put(&mut self, table: Table, key: &[u8], value: &[u8]) -> Result<()> {
-            self.rows.put(table, key, value)
-        }
-        fn remove(&mut self, table: Table, key: &[u8]) -> Result<()> {
-            self.rows.remove(table, key)
-        }
-        fn message_list(&self, seq: u64) -> Result<Option<Arc<[ContentId]>>> {
-            Ok(self.lists.get(&seq).cloned())
-        }
+        lists: Lists,
     }
 
     impl Listed {
+        fn read(&self) -> WithRecords<'_, crate::store::MemStore> {
+            WithRecords::read(&self.rows, &self.lists)
+        }
+
+        fn write(&mut self) -> WithRecords<'_, crate::store::MemStore> {
+            WithRecords::write(&mut self.rows, &self.lists)
+        }
+
         /// Splices `list`, the message list of a new record at `seq`, over `start..end`
         /// of the transcript (`len` long, whose ids are `model`), as the fold does.
         fn splice(
@@ -780,11 +787,12 @@ mod tests {
         ) {
             let len = model.len() as u64;
             let inserted = (!list.is_empty()).then_some(Run { seq, start: 0, count: list.len() as u64 });
-            self.lists.insert(seq, list.clone().into());
+            self.lists.0.insert(seq, list.clone().into());
             let mut after = list.clone();
             after.extend_from_slice(&model[end..]);
-            let base = chain_at(&*self, session, start as u64).unwrap();
-            let chain = splice(self, session, start as u64, end as u64, len, base, inserted, &after).unwrap();
+            let base = chain_at(&self.read(), session, start as u64).unwrap();
+            let chain =
+                splice(&mut self.write(), session, start as u64, end as u64, len, base, inserted, &after).unwrap();
             model.splice(start..end, list);
             assert_eq!(chain, RevisionId::of(model));
         }
@@ -846,7 +854,7 @@ mod tests {
                     }
                     Op::Overwrite(..) => {}
                 }
-                let got = super::ids(&store, &session, 0, model.len() as u64).unwrap();
+                let got = super::ids(&store.read(), &session, 0, model.len() as u64).unwrap();
                 proptest::prop_assert_eq!(&got, &model);
                 // Every chunk but the last holds 128 positions, none holds runs that one
                 // run would hold, and no chunk past the end is left.
@@ -860,15 +868,15 @@ mod tests {
                     }
                 }
                 for p in [0, model.len() / 3, model.len() / 2, model.len()] {
-                    proptest::prop_assert_eq!(chain_at(&store, &session, p as u64).unwrap(), RevisionId::of(&model[..p]));
+                    proptest::prop_assert_eq!(chain_at(&store.read(), &session, p as u64).unwrap(), RevisionId::of(&model[..p]));
                 }
             }
             // A fork's prefix: the same ids, and the chunks of the parent's full ones byte for byte.
             let child = SessionId([8; 16]);
             let n = fork_at.min(model.len());
-            copy_prefix(&mut store, &session, &child, n as u64).unwrap();
-            proptest::prop_assert_eq!(super::ids(&store, &child, 0, n as u64).unwrap(), model[..n].to_vec());
-            proptest::prop_assert_eq!(chain_at(&store, &child, n as u64).unwrap(), RevisionId::of(&model[..n]));
+            copy_prefix(&mut store.write(), &session, &child, n as u64).unwrap();
+            proptest::prop_assert_eq!(super::ids(&store.read(), &child, 0, n as u64).unwrap(), model[..n].to_vec());
+            proptest::prop_assert_eq!(chain_at(&store.read(), &child, n as u64).unwrap(), RevisionId::of(&model[..n]));
         }
     }
 
@@ -876,14 +884,14 @@ mod tests {
     fn an_append_that_continues_the_last_run_merges_into_it() {
         let session = SessionId([7; 16]);
         let mut store = Listed::default();
-        store.lists.insert(1, ids(300, 1).into());
-        store.lists.insert(2, ids(2, 2).into());
-        append_run(&mut store, &session, 0, Run { seq: 1, start: 0, count: 3 }).unwrap();
-        append_run(&mut store, &session, 3, Run { seq: 1, start: 3, count: 2 }).unwrap();
+        store.lists.0.insert(1, ids(300, 1).into());
+        store.lists.0.insert(2, ids(2, 2).into());
+        append_run(&mut store.write(), &session, 0, Run { seq: 1, start: 0, count: 3 }).unwrap();
+        append_run(&mut store.write(), &session, 3, Run { seq: 1, start: 3, count: 2 }).unwrap();
         assert_eq!(store.chunks(&session), [vec![Run { seq: 1, start: 0, count: 5 }]]);
-        append_run(&mut store, &session, 5, Run { seq: 2, start: 0, count: 2 }).unwrap();
+        append_run(&mut store.write(), &session, 5, Run { seq: 2, start: 0, count: 2 }).unwrap();
         // Continues the first record's run, but not the last run of the chunk.
-        append_run(&mut store, &session, 7, Run { seq: 1, start: 5, count: 200 }).unwrap();
+        append_run(&mut store.write(), &session, 7, Run { seq: 1, start: 5, count: 200 }).unwrap();
         assert_eq!(
             store.chunks(&session),
             [
@@ -898,11 +906,11 @@ mod tests {
         let mut want = ids(300, 1)[..5].to_vec();
         want.extend(ids(2, 2));
         want.extend_from_slice(&ids(300, 1)[5..205]);
-        assert_eq!(super::ids(&store, &session, 0, 207).unwrap(), want);
+        assert_eq!(super::ids(&store.read(), &session, 0, 207).unwrap(), want);
         // A row whose end is not a whole run is refused, not extended.
         store.rows.put(Table::Transcript, &key(&session, 1), &[1, 0x80]).unwrap();
         assert!(matches!(
-            append_run(&mut store, &session, 207, Run { seq: 2, start: 0, count: 1 }),
+            append_run(&mut store.write(), &session, 207, Run { seq: 2, start: 0, count: 1 }),
             Err(Error::Corrupt { .. })
         ));
     }
@@ -913,22 +921,22 @@ mod tests {
         let mut store = Listed::default();
         let mut model = Vec::new();
         store.splice(&session, 1, 0, 0, ids(5, 1), &mut model);
-        store.lists.clear();
-        assert!(matches!(super::ids(&store, &session, 0, 5), Err(Error::Storage(_))));
+        store.lists.0.clear();
+        assert!(matches!(super::ids(&store.read(), &session, 0, 5), Err(Error::Storage(_))));
         // A run past its record's list.
-        store.lists.insert(1, ids(3, 1).into());
-        assert!(matches!(super::ids(&store, &session, 0, 5), Err(Error::Corrupt { .. })));
+        store.lists.0.insert(1, ids(3, 1).into());
+        assert!(matches!(super::ids(&store.read(), &session, 0, 5), Err(Error::Corrupt { .. })));
         // A chunk that is not whole runs, or holds no position.
         for bad in [&[1u8, 0][..], &[1, 0, 0], &[], &[1, 0, 0x80]] {
             store.rows.put(Table::Transcript, &key(&session, 0), bad).unwrap();
-            assert!(matches!(super::ids(&store, &session, 0, 1), Err(Error::Corrupt { .. })), "{bad:?}");
+            assert!(matches!(super::ids(&store.read(), &session, 0, 1), Err(Error::Corrupt { .. })), "{bad:?}");
         }
         // More than 128 positions.
         store
             .rows
             .put(Table::Transcript, &key(&session, 0), &encode_chunk(&[Run { seq: 1, start: 0, count: 129 }]))
             .unwrap();
-        assert!(matches!(super::ids(&store, &session, 0, 1), Err(Error::Corrupt { .. })));
+        assert!(matches!(super::ids(&store.read(), &session, 0, 1), Err(Error::Corrupt { .. })));
     }
 
     /// The common ends the naive way: both lists whole.
@@ -963,7 +971,7 @@ mod tests {
             };
             let mut other = stored.clone();
             other.splice(start..end, replacement);
-            let got = common_ends(&store, &session, len as u64, &other).unwrap();
+            let got = common_ends(&store.read(), &session, len as u64, &other).unwrap();
             proptest::prop_assert_eq!(got, naive_ends(&stored, &other));
         }
     }

@@ -21,27 +21,16 @@ fn fold_one(store: &mut MemStore, records: &[Record], r: &Record, set: Projectio
             fresh.push(id);
         }
     }
-    evolve(&mut Folding { store, records }, r, &fresh, set)
+    evolve(&mut store::WithRecords::write(store, &LogRecords(records)), r, &fresh, set)
 }
 
-/// A [`MemStore`] to fold into, which reads records from the hand-made log.
-struct Folding<'a> {
-    store: &'a mut MemStore,
-    records: &'a [Record],
-}
+/// The records of a hand-made log, for the fold and for `decide` (which reads a
+/// committed turn's record, and a node's).
+struct LogRecords<'a>(&'a [Record]);
 
-impl Store for Folding<'_> {
-    fn read(&self, table: Table, key: &[u8], f: &mut dyn FnMut(Option<&[u8]>) -> Result<()>) -> Result<()> {
-        self.store.read(table, key, f)
-    }
-    fn put(&mut self, table: Table, key: &[u8], value: &[u8]) -> Result<()> {
-        self.store.put(table, key, value)
-    }
-    fn remove(&mut self, table: Table, key: &[u8]) -> Result<()> {
-        self.store.remove(table, key)
-    }
-    fn record_at(&self, seq: u64) -> Result<Option<Record>> {
-        Ok(self.records.iter().find(|r| r.seq == seq).cloned())
+impl store::Records for LogRecords<'_> {
+    fn record(&self, seq: u64) -> Result<Option<Record>> {
+        Ok(self.0.iter().find(|r| r.seq == seq).cloned())
     }
 }
 
@@ -72,7 +61,7 @@ impl Store for WithLog<'_> {
         unreachable!("decide only reads")
     }
     fn record_at(&self, seq: u64) -> Result<Option<Record>> {
-        Ok(self.records.iter().find(|r| r.seq == seq).cloned())
+        store::Records::record(&LogRecords(self.records), seq)
     }
 }
 
@@ -100,8 +89,7 @@ impl Log {
     }
 
     fn decide(&self, command: &Command) -> Result<Decision> {
-        let store = WithLog { store: &self.store, records: &self.records };
-        decide(&store, command, &self.limits, &annal::Now::at(0))
+        decide(&self.with_log(), command, &self.limits, &annal::Now::at(0))
     }
 
     /// Decides `command` and, if it writes, folds its event.
