@@ -1,6 +1,7 @@
 //! `evolve`: the one fold from events to projections, shared by the live writer and
-//! replay. Each projection's fold reads and writes only its own tables, so any subset
-//! of projections can be rebuilt alone. The fold recomputes every `revision_after` and
+//! replay. Each projection's fold reads and writes only its own tables (the transcript's
+//! also reads the log's records, which no rebuild changes), so any subset of projections
+//! can be rebuilt alone. The fold recomputes every `revision_after` and
 //! checks the stream density; a mismatch is [`crate::Error::Corrupt`] at that seq.
 
 use crate::buckets::REVISIONS;
