@@ -634,17 +634,7 @@ impl View {
         if seq > self.seq {
             return Ok(None);
         }
-        if let Some(row) = self.log.tail.get(seq) {
-            return Ok(Some(row.record.clone()));
-        }
-        let log = match self.records.get() {
-            Some(table) => table,
-            None => {
-                let table = self.log.txn.open_table(tables::LOG)?;
-                self.records.get_or_init(|| table)
-            }
-        };
-        Ok(log.get(seq)?.map(|g| g.value().to_vec()))
+        crate::log::record_bytes(&self.log.txn, &self.records, Some(&self.log.tail), seq)
     }
 
     /// The delta's version of a physical key, if a layer has one at this view's seq.
@@ -860,7 +850,7 @@ impl Store for View {
         let Some(record) = self.record_at(seq)? else {
             return Ok(None);
         };
-        let list: Arc<[ContentId]> = Arc::from(crate::transcript::message_list(&record.event).unwrap_or_default());
+        let list = crate::transcript::list_of(&record);
         if let Some(cache) = &self.cache {
             cache.put_list(seq, &list);
         }

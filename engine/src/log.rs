@@ -87,8 +87,7 @@ impl crate::store::Records for Staged<'_> {
         Ok(Staged::record(self, seq).cloned())
     }
     fn message_list(&self, seq: u64) -> Result<Option<std::sync::Arc<[ContentId]>>> {
-        Ok(Staged::record(self, seq)
-            .map(|r| std::sync::Arc::from(crate::transcript::message_list(&r.event).unwrap_or_default())))
+        Ok(Staged::record(self, seq).map(crate::transcript::list_of))
     }
 }
 
@@ -114,25 +113,32 @@ impl<'a> FileRecords<'a> {
     pub fn new(txn: &'a ReadTransaction, tail: Option<&'a crate::journal::Tail>, record_bytes_max: u64) -> Self {
         FileRecords { txn, tail, table: std::cell::OnceCell::new(), record_bytes_max, lists: Default::default() }
     }
+}
 
-    fn bytes(&self, seq: u64) -> Result<Option<Vec<u8>>> {
-        if let Some(row) = self.tail.and_then(|t| t.get(seq)) {
-            return Ok(Some(row.record.clone()));
-        }
-        let table = match self.table.get() {
-            Some(table) => table,
-            None => {
-                let table = self.txn.open_table(LOG)?;
-                self.table.get_or_init(|| table)
-            }
-        };
-        Ok(table.get(seq)?.map(|g| g.value().to_vec()))
+/// The stored bytes of record `seq`, unchecked: the journal's row in `tail` if it has
+/// one, else the log file's that `txn` reads, through `table` (opened at the first read).
+pub(crate) fn record_bytes(
+    txn: &ReadTransaction,
+    table: &std::cell::OnceCell<redb::ReadOnlyTable<u64, &'static [u8]>>,
+    tail: Option<&crate::journal::Tail>,
+    seq: u64,
+) -> Result<Option<Vec<u8>>> {
+    if let Some(row) = tail.and_then(|t| t.get(seq)) {
+        return Ok(Some(row.record.clone()));
     }
+    let table = match table.get() {
+        Some(table) => table,
+        None => {
+            let opened = txn.open_table(LOG)?;
+            table.get_or_init(|| opened)
+        }
+    };
+    Ok(table.get(seq)?.map(|g| g.value().to_vec()))
 }
 
 impl crate::store::Records for FileRecords<'_> {
     fn record(&self, seq: u64) -> Result<Option<Record>> {
-        let Some(bytes) = self.bytes(seq)? else {
+        let Some(bytes) = record_bytes(self.txn, &self.table, self.tail, seq)? else {
             return Ok(None);
         };
         let decoded = decode_record(&bytes, self.record_bytes_max).map_err(|source| Error::Decode { seq, source })?;
@@ -145,8 +151,7 @@ impl crate::store::Records for FileRecords<'_> {
         let Some(record) = self.record(seq)? else {
             return Ok(None);
         };
-        let list: std::sync::Arc<[ContentId]> =
-            std::sync::Arc::from(crate::transcript::message_list(&record.event).unwrap_or_default());
+        let list = crate::transcript::list_of(&record);
         let mut lists = self.lists.borrow_mut();
         if lists.len() >= FILE_LISTS_MAX {
             lists.clear();

@@ -233,9 +233,7 @@ pub trait Store {
     /// event has no list; `None` where [`Store::record_at`] is. The default decodes the
     /// record; a view keeps the lists it read in the engine's cache.
     fn message_list(&self, seq: u64) -> Result<Option<std::sync::Arc<[annal_codec::ContentId]>>> {
-        Ok(self
-            .record_at(seq)?
-            .map(|r| std::sync::Arc::from(crate::transcript::message_list(&r.event).unwrap_or_default())))
+        Ok(self.record_at(seq)?.as_ref().map(crate::transcript::list_of))
     }
     /// Lets `f` change the value at `key` in place, where the store holds it in a buffer
     /// of its own that no reader shares and that nothing needs to restore; `f` returns
@@ -901,7 +899,7 @@ pub trait Records {
     /// The message list of the record at `seq` ([`Store::message_list`]), if this source
     /// holds it.
     fn message_list(&self, seq: u64) -> Result<Option<Arc<[annal_codec::ContentId]>>> {
-        Ok(self.record(seq)?.map(|r| Arc::from(crate::transcript::message_list(&r.event).unwrap_or_default())))
+        Ok(self.record(seq)?.as_ref().map(crate::transcript::list_of))
     }
 }
 

@@ -59,6 +59,12 @@ pub fn message_list(event: &Event) -> Option<&[ContentId]> {
     }
 }
 
+/// The message list of `record` ([`message_list`]) as the stores hand it out: empty for
+/// an event that has none.
+pub(crate) fn list_of(record: &annal_codec::Record) -> Arc<[ContentId]> {
+    Arc::from(message_list(&record.event).unwrap_or_default())
+}
+
 /// Positions that hold ids `start .. start + count` of the message list of the record
 /// at `seq`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
