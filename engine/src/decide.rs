@@ -64,15 +64,12 @@ pub struct Now<'a> {
     pub drafts: Option<&'a crate::draft::DraftState>,
     /// The command's content ids, computed before it reached the writer, if any.
     pub prepared: Option<&'a Prepared>,
-    /// The records of the batch being decided before this command, not in the store's
-    /// log yet: the earlier commands', then this command's so far.
-    pub(crate) staged: crate::log::Staged<'a>,
 }
 
 impl Now<'_> {
     /// At `ms`, with no renewals.
     pub fn at(ms: u64) -> Now<'static> {
-        Now { ms, renewals: None, drafts: None, prepared: None, staged: crate::log::Staged::default() }
+        Now { ms, renewals: None, drafts: None, prepared: None }
     }
 
     /// When `lease` of `session` expires: its granted expiry, or a later renewal of the
@@ -368,7 +365,7 @@ pub fn materialize<S: Store + ?Sized>(
     session: &SessionId,
     revision: &RevisionId,
 ) -> Result<Option<Vec<ContentId>>> {
-    match follow_recipes(store, crate::log::Staged::default(), session, revision)? {
+    match follow_recipes(store, session, revision)? {
         Some(list) => check_materialized(revision, RevisionId::of(&list)).map(|()| Some(list)),
         None => Ok(None),
     }
@@ -386,10 +383,10 @@ fn check_materialized(revision: &RevisionId, computed: RevisionId) -> Result<()>
 }
 
 /// [`materialize`]'s message list, before its hash is checked. Each node's recipe is in
-/// the record that first produced it: the batch's own (`staged`) or the log's.
+/// the record that first produced it, which `store` reads (within a batch, the writer's
+/// store answers for the batch's own records first: `store::WithRecords`).
 fn follow_recipes<S: Store + ?Sized>(
     store: &S,
-    staged: crate::log::Staged<'_>,
     session: &SessionId,
     revision: &RevisionId,
 ) -> Result<Option<Vec<ContentId>>> {
@@ -420,13 +417,13 @@ fn follow_recipes<S: Store + ?Sized>(
             Some(_) => {
                 return Err(Error::corrupt(node_location(&s, &r), "a parent's node is not at the seq its child names"))
             }
-            None => node_record(store, staged, &s, Some(&r), node.seq)?.1,
+            None => node_record(store, &s, Some(&r), node.seq)?.1,
         };
         // A splice's parent is the node's first parent: its id is what its record produced.
         let parent = match (&record.event, node.parents.first()) {
             (annal_codec::Event::SessionCreated(_), _) | (_, None) => None,
             (_, Some(&p)) => {
-                let (id, parent_record) = node_record(store, staged, &s, None, p)?;
+                let (id, parent_record) = node_record(store, &s, None, p)?;
                 next = Some(parent_record);
                 Some(id)
             }
@@ -498,7 +495,7 @@ fn decide_command<S: Store + ?Sized>(store: &S, command: &Command, limits: &Limi
         Command::CreateSession(c) => create(store, c, limits, now),
         Command::CommitTurn(c) => commit_turn(store, c, limits, now),
         Command::Rewrite(c) => rewrite(store, c, limits, now),
-        Command::Restore(c) => restore(store, c, limits, now),
+        Command::Restore(c) => restore(store, c, limits),
         Command::Fork(c) => fork(store, c, limits, now),
         Command::Archive { session, reason } => {
             check_note(limits, reason)?;
@@ -595,7 +592,7 @@ fn commit_turn<S: Store + ?Sized>(store: &S, c: &CommitTurn, limits: &Limits, no
     let commit_hash =
         turn_commit_hash_with_inputs(&messages, &c.usage, &c.applied_context, &c.tool_ops, &state, &c.inputs);
     if let Some(seq) = crate::buckets::turn_seq(store, &c.session, &c.turn_id)? {
-        let (committed_hash, receipt) = committed_turn(store, now, &c.session, &c.turn_id, seq)?;
+        let (committed_hash, receipt) = committed_turn(store, &c.session, &c.turn_id, seq)?;
         if committed_hash == commit_hash {
             return Ok(Decision::Noop(Outcome::AlreadyCommitted(receipt)));
         }
@@ -676,12 +673,12 @@ fn rewrite<S: Store + ?Sized>(store: &S, c: &Rewrite, limits: &Limits, now: &Now
     Ok(Decision::Write { session: c.session, event, content: content.into_vec() })
 }
 
-fn restore<S: Store + ?Sized>(store: &S, c: &Restore, limits: &Limits, now: &Now<'_>) -> Result<Decision> {
+fn restore<S: Store + ?Sized>(store: &S, c: &Restore, limits: &Limits) -> Result<Decision> {
     check_note(limits, &c.note)?;
     check_note(limits, &c.actor)?;
     let h = live_head(store, &c.session)?;
     expect_revision(&h, &c.expected)?;
-    let Some(target) = follow_recipes(store, now.staged, &c.session, &c.target)? else {
+    let Some(target) = follow_recipes(store, &c.session, &c.target)? else {
         return reject(Rejection::UnknownRevision { revision: c.target });
     };
     let chains = crate::transcript::hash_chain(RevisionId::empty(), &target);
@@ -1097,26 +1094,19 @@ fn enqueue_input<S: Store + ?Sized>(store: &S, c: &EnqueueInput, limits: &Limits
 }
 
 /// The commit hash and the receipt of turn `turn_id` of `session`, which the record at
-/// `seq` committed (the turns projection says): taken from that record, the batch's own
-/// (`now.staged`) or the log's ([`Store::record_at`]). A record that is not that turn's
-/// is a corrupt projection; a store that cannot read the log cannot answer.
+/// `seq` committed (the turns projection says): taken from that record
+/// ([`Store::record_at`]: within a batch, the writer's store answers for the batch's own
+/// records first). A record that is not that turn's is a corrupt projection; a store
+/// that cannot read the log cannot answer.
 fn committed_turn<S: Store + ?Sized>(
     store: &S,
-    now: &Now<'_>,
     session: &SessionId,
     turn_id: &str,
     seq: u64,
 ) -> Result<(CommitHash, Receipt)> {
-    let read;
-    let record = match now.staged.record(seq) {
-        Some(record) => record,
-        None => {
-            read = store.record_at(seq)?.ok_or_else(|| {
-                Error::Storage(format!("the record of turn {turn_id} (seq {seq}) cannot be read here"))
-            })?;
-            &read
-        }
-    };
+    let record = store
+        .record_at(seq)?
+        .ok_or_else(|| Error::Storage(format!("the record of turn {turn_id} (seq {seq}) cannot be read here")))?;
     match &record.event {
         Event::TurnCommitted(e) if record.session == *session && e.turn_id == turn_id && record.seq == seq => {
             Ok((e.commit_hash, Receipt { seq, revision: e.revision_after, committed_at_ms: record.committed_at_ms }))

@@ -471,24 +471,21 @@ pub(crate) fn stored_node<S: crate::store::Store + ?Sized>(
     })
 }
 
-/// The record at `seq` that first produced a revision in `session`, and that revision:
-/// the batch's own record (`staged`), else the log's ([`crate::store::Store::record_at`]).
+/// The record at `seq` that first produced a revision in `session`, and that revision,
+/// read through [`crate::store::Store::record_at`] (within a batch, the writer's store
+/// answers for the batch's own records first).
 /// With `revision`, the record must produce that one. A record of another session, or
 /// that produces no revision (or another), is a corrupt projection; a store that cannot
 /// read the log cannot answer ([`crate::Error::Storage`]).
 pub(crate) fn node_record<S: crate::store::Store + ?Sized>(
     store: &S,
-    staged: crate::log::Staged<'_>,
     session: &SessionId,
     revision: Option<&RevisionId>,
     seq: u64,
 ) -> crate::error::Result<(RevisionId, annal_codec::Record)> {
-    let record = match staged.record(seq) {
-        Some(record) => record.clone(),
-        None => store.record_at(seq)?.ok_or_else(|| {
-            crate::error::Error::Storage(format!("the record of a revision node (seq {seq}) cannot be read here"))
-        })?,
-    };
+    let record = store.record_at(seq)?.ok_or_else(|| {
+        crate::error::Error::Storage(format!("the record of a revision node (seq {seq}) cannot be read here"))
+    })?;
     match record.event.revision_after() {
         Some(produced)
             if record.seq == seq && record.session == *session && revision.is_none_or(|r| *r == produced) =>
@@ -556,7 +553,7 @@ pub fn revision_node<S: crate::store::Store + ?Sized>(
     let Some(node) = stored_node(store, session, size, revision)? else {
         return Ok(None);
     };
-    let (_, record) = node_record(store, crate::log::Staged::default(), session, Some(revision), node.seq)?;
+    let (_, record) = node_record(store, session, Some(revision), node.seq)?;
     full_node(store, session, revision, node, record, &Default::default()).map(Some)
 }
 
@@ -576,7 +573,7 @@ pub(crate) fn full_node<S: crate::store::Store + ?Sized>(
         .iter()
         .map(|&p| match known.get(&p) {
             Some(r) => Ok(*r),
-            None => node_record(store, crate::log::Staged::default(), session, None, p).map(|(r, _)| r),
+            None => node_record(store, session, None, p).map(|(r, _)| r),
         })
         .collect::<Result<Vec<_>, _>>()?;
     let created_at_ms = record.committed_at_ms;

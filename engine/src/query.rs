@@ -521,10 +521,9 @@ fn bad_order_row(key: &[u8]) -> Error {
 /// each record read once, and each parent's id taken from these nodes where it is one.
 fn nodes_at(store: &View, session: &SessionId, seqs: Vec<u64>) -> Result<Vec<RevisionNode>> {
     let size = crate::buckets::REVISIONS.size(store, &session.0)?;
-    let staged = crate::log::Staged::default();
     let mut read = Vec::with_capacity(seqs.len());
     for seq in seqs {
-        let (rev, record) = crate::projection::node_record(store, staged, session, None, seq)?;
+        let (rev, record) = crate::projection::node_record(store, session, None, seq)?;
         let node = crate::projection::stored_node(store, session, size, &rev)?.filter(|n| n.seq == seq);
         let node =
             node.ok_or_else(|| Error::corrupt(crate::projection::node_location(session, &rev), "missing node"))?;

@@ -593,7 +593,6 @@ pub(crate) fn decide_batch(
                         renewals: Some(&renewals),
                         drafts: Some(&drafts),
                         prepared: Some(prepared),
-                        staged: Staged::default(),
                     },
                     limits: &shared.limits,
                     earlier: &entries,
@@ -853,9 +852,9 @@ fn apply<S: Store + ?Sized>(overlay: &mut Overlay<'_, S>, command: &Command, to:
         }
         return Ok(Outcome::Batch(outcomes));
     }
-    // The batch's records so far, which the log does not hold yet, answer for themselves.
+    // The batch's records so far are in no view yet: the store answers for them first.
     let staged = Staged([earlier, &entries[..]]);
-    let decision = decide(&WithRecords::read(&*overlay, &staged), command, limits, &Now { staged, ..now })?;
+    let decision = decide(&WithRecords::read(&*overlay, &staged), command, limits, &now)?;
     if let Command::CommitTurn(CommitTurn { session, draft: Some(draft), .. }) = command {
         effects.push(Effect::Draft(DraftChange::Discard { key: (*session, draft.clone()) }));
     }
