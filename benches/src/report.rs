@@ -226,6 +226,9 @@ impl Report {
         if let Some(floor) = self.floor() {
             let _ = writeln!(md, "\n{floor}");
         }
+        if let Some(zstd) = self.zstd() {
+            let _ = writeln!(md, "\n{zstd}");
+        }
         md
     }
 
@@ -243,6 +246,34 @@ impl Report {
         }
         if let Some(annal) = self.get("annal", "commits_per_s", c16) {
             parts.push(format!("annal makes {:.0}% of it", 100.0 * annal / floor));
+        }
+        Some(parts.join("; ") + ".")
+    }
+
+    /// What annal's zstd content (`annal_zstd`, `Compression::Zstd`) changes against the
+    /// default lz4 (`annal`), in the same run: commits, bytes written, file size and page
+    /// reads.
+    pub fn zstd(&self) -> Option<String> {
+        let c16 = Some(16);
+        let bytes = self.get("annal_zstd", "written_bytes_per_commit", c16)?;
+        let mut parts = vec![format!(
+            "annal with zstd content (`annal_zstd`) at 16 committers: {} bytes written per commit ({} 8 KiB; annal {})",
+            fmt(bytes),
+            if bytes <= 8192.0 { "within" } else { "over" },
+            self.get("annal", "written_bytes_per_commit", c16).map_or("-".into(), fmt)
+        )];
+        for (metric, c, label) in [
+            ("commits_per_s", Some(1), "commits/s at 1 committer"),
+            ("commits_per_s", c16, "commits/s at 16"),
+            ("page_reads_per_s", None, "page reads/s"),
+            ("bytes_per_logical_byte_append_only", None, "file bytes per logical byte (append-only)"),
+            ("bytes_per_logical_byte_append_only_compacted", None, "the same after compaction"),
+        ] {
+            if let (Some(z), Some(a)) = (self.get("annal_zstd", metric, c), self.get("annal", metric, c)) {
+                let (z, a) =
+                    if metric.starts_with("bytes") { (format!("{z:.2}"), format!("{a:.2}")) } else { (fmt(z), fmt(a)) };
+                parts.push(format!("{label} {z} (annal {a})"));
+            }
         }
         Some(parts.join("; ") + ".")
     }

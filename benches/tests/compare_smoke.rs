@@ -75,6 +75,7 @@ fn tiny_compare_writes_every_store_and_metric() {
     let md = std::fs::read_to_string(out.path().join("results.md")).unwrap();
     assert!(md.contains("| commits_per_s | 16 |"), "{md}");
     assert!(md.contains("The floor at 16 committers:"), "{md}");
+    assert!(md.contains("annal with zstd content (`annal_zstd`) at 16 committers: "), "{md}");
     for target in [
         "- commit latency at 1 committer ≤ 1.3× a bare redb single-insert durable commit (p50, same concurrency mode): **",
         "- transcript page reads ≥ 1.5× SQLite: **",

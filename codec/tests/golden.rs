@@ -189,6 +189,31 @@ fn content_row_golden_vector() {
     assert_eq!(parsed[1].verify(LIMIT).unwrap().as_ref(), text.as_slice());
 }
 
+/// A content row of objects stored under `Compression::Zstd`: a small one raw, one under
+/// the zstd threshold in lz4 and a larger one as a zstd frame (a change to the layout, or
+/// to the frames this zstd writes, fails here; every reader must keep decoding them).
+#[test]
+fn zstd_content_row_golden_vector() {
+    use annal_codec::content::{
+        encode_object_as, entries, push_stored, Compression, ENCODING_LZ4, ENCODING_RAW, ENCODING_ZSTD,
+    };
+    let small = b"a short tool result".to_vec();
+    let text = b"{\"role\":\"assistant\",\"text\":\"the agent reads the file and writes the diff\"}\n".repeat(8);
+    let long = b"{\"role\":\"tool\",\"text\":\"line of a file the agent read, with its number\"}\n".repeat(40);
+    let mut row = Vec::new();
+    for object in [&small, &text, &long] {
+        let (encoding, stored) = encode_object_as(object, Compression::Zstd);
+        push_stored(&mut row, &annal_codec::content_id(object), encoding, &stored);
+    }
+    check("ContentRowZstd.bin", &row);
+    let parsed: Vec<_> = entries(&row, LIMIT).collect::<Result<_, _>>().unwrap();
+    let encodings: Vec<u8> = parsed.iter().map(|e| e.encoding).collect();
+    assert_eq!(encodings, [ENCODING_RAW, ENCODING_LZ4, ENCODING_ZSTD]);
+    for (entry, object) in parsed.iter().zip([&small, &text, &long]) {
+        assert_eq!(entry.verify(LIMIT).unwrap().as_ref(), object.as_slice());
+    }
+}
+
 /// Builds the v0 fixture: a ContextAppended written before `source` existed.
 fn v0_fixture_bytes() -> Vec<u8> {
     let payload = wire::to_bytes(&ContextAppendedV0 { key: "k".into(), content: cid("ctx") }, LIMIT).unwrap();

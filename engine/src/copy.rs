@@ -290,15 +290,9 @@ fn copy_txn(
         let source_seq = record.seq;
         clock = clock.max(record.committed_at_ms);
         let record = Record { seq, committed_at_ms: clock, ..record };
-        let entry = fold_foreign(
-            &mut overlay,
-            crate::log::Staged([&entries, &[]]),
-            &offered,
-            &Default::default(),
-            record,
-            source_seq,
-            limits,
-        )?;
+        let stored = Default::default();
+        let offer = crate::import::Offered { objects: &offered, stored: &stored, compression: shared.compression };
+        let entry = fold_foreign(&mut overlay, crate::log::Staged([&entries, &[]]), offer, record, source_seq, limits)?;
         outcome.content_objects += entry.content.len() as u64;
         entries.push(entry);
     }

@@ -113,8 +113,8 @@ pub struct Prepared {
     raw: HashMap<Source, ContentId>,
     /// Message objects: the message's body buffer → (id, canonical bytes).
     messages: HashMap<Source, (ContentId, Vec<u8>)>,
-    /// The stored form (lz4) of the objects that compress, by id.
-    compressed: BTreeMap<ContentId, Vec<u8>>,
+    /// The encoding and stored form of the objects that compress, by id.
+    compressed: BTreeMap<ContentId, (u8, Vec<u8>)>,
 }
 
 /// A buffer of the command: its address and length (never empty).
@@ -126,13 +126,13 @@ fn source(bytes: &[u8]) -> Option<Source> {
 
 impl Prepared {
     /// Hashes every content object of `command` (within the limits), and compresses the
-    /// ones that compress when `compress` is set (`annal_codec::content::compress_object`).
-    pub(crate) fn new(command: &Command, limits: &Limits, compress: bool) -> Prepared {
+    /// ones that compress under `compression` (`annal_codec::content::compress_object`).
+    pub(crate) fn new(command: &Command, limits: &Limits, compression: annal_codec::content::Compression) -> Prepared {
         let mut prepared = Prepared::default();
-        let keep = |canonical: &[u8], id: ContentId, compressed: &mut BTreeMap<ContentId, Vec<u8>>| {
-            if compress && !compressed.contains_key(&id) {
-                if let Some(stored) = annal_codec::content::compress_object(canonical) {
-                    compressed.insert(id, stored);
+        let keep = |canonical: &[u8], id: ContentId, compressed: &mut BTreeMap<ContentId, (u8, Vec<u8>)>| {
+            if let std::collections::btree_map::Entry::Vacant(slot) = compressed.entry(id) {
+                if let Some(stored) = annal_codec::content::compress_object(canonical, compression) {
+                    slot.insert(stored);
                 }
             }
         };
@@ -162,7 +162,7 @@ impl Prepared {
     }
 
     /// The stored form of `id` if it compresses.
-    pub(crate) fn compressed(&self, id: &ContentId) -> Option<&Vec<u8>> {
+    pub(crate) fn compressed(&self, id: &ContentId) -> Option<&(u8, Vec<u8>)> {
         self.compressed.get(id)
     }
 }

@@ -29,6 +29,15 @@ pub struct ImportStats {
 /// instead of compressing them again.
 pub(crate) type StoredForms = BTreeMap<ContentId, (u8, Vec<u8>)>;
 
+/// The content a foreign record may bring: the objects by id, the stored forms made
+/// already for some of them, and how to store the others.
+#[derive(Clone, Copy)]
+pub(crate) struct Offered<'a> {
+    pub objects: &'a BTreeMap<ContentId, Vec<u8>>,
+    pub stored: &'a StoredForms,
+    pub compression: annal_codec::content::Compression,
+}
+
 fn import_error(seq: u64, reason: impl Into<String>) -> Error {
     Error::Rejected(Rejection::InvalidImport { seq, reason: reason.into() })
 }
@@ -68,8 +77,8 @@ fn import_txn(shared: &Shared, tip: &mut Tip, records: Vec<Record>, content: Vec
             return Err(import_error(seq, format!("expected stream seq {next_stream}")));
         }
         let clock_ms = record.committed_at_ms;
-        let entry =
-            fold_foreign(&mut overlay, Staged([&entries, &[]]), &offered, &StoredForms::new(), record, seq, limits)?;
+        let offer = Offered { objects: &offered, stored: &StoredForms::new(), compression: shared.compression };
+        let entry = fold_foreign(&mut overlay, Staged([&entries, &[]]), offer, record, seq, limits)?;
         stored_objects += entry.content.len() as u64;
         expected = Tip { seq, hash: expected.hash, clock_ms };
         entries.push(entry);
@@ -88,14 +97,13 @@ fn import_txn(shared: &Shared, tip: &mut Tip, records: Vec<Record>, content: Vec
 /// Checks a record that comes from another database and folds it into `store`: a
 /// turn's commit hash must recompute, every content object it refers to must be stored
 /// or offered (the offered ones it is the first to refer to become its content row, in
-/// the stored form `stored` gives, or else compressed when that pays), and `evolve` must
-/// accept it. Any failure but a storage
-/// error is [`Rejection::InvalidImport`] at `source_seq`, the record's seq in the export.
+/// the stored form the offer gives, or else stored as its compression makes them), and
+/// `evolve` must accept it. Any failure but a storage error is
+/// [`Rejection::InvalidImport`] at `source_seq`, the record's seq in the export.
 pub(crate) fn fold_foreign<S: Store + ?Sized>(
     store: &mut S,
     staged: Staged<'_>,
-    offered: &BTreeMap<ContentId, Vec<u8>>,
-    stored: &StoredForms,
+    offered: Offered<'_>,
     record: Record,
     source_seq: u64,
     limits: &Limits,
@@ -113,7 +121,7 @@ pub(crate) fn fold_foreign<S: Store + ?Sized>(
     }
     let mut introduced = Vec::new();
     for id in record.event.content_refs() {
-        take_offered(offered, stored, &*store, staged, &id, limits, &mut introduced).map_err(invalid)?;
+        take_offered(offered, &*store, staged, &id, limits, &mut introduced).map_err(invalid)?;
     }
     introduced.sort_by_key(|o| o.id);
     let ids: Vec<ContentId> = introduced.iter().map(|o| o.id).collect();
@@ -126,8 +134,7 @@ pub(crate) fn fold_foreign<S: Store + ?Sized>(
 /// Makes sure content `id` is stored, taking it from `offered` if it is neither stored
 /// nor already taken; message objects bring their attachments along.
 fn take_offered<S: Store + ?Sized>(
-    offered: &BTreeMap<ContentId, Vec<u8>>,
-    stored: &StoredForms,
+    offered: Offered<'_>,
     store: &S,
     staged: Staged<'_>,
     id: &ContentId,
@@ -138,7 +145,7 @@ fn take_offered<S: Store + ?Sized>(
     {
         return Ok(());
     }
-    let bytes = offered.get(id).ok_or_else(|| {
+    let bytes = offered.objects.get(id).ok_or_else(|| {
         Error::Rejected(Rejection::InvalidRequest { reason: format!("content {id} is neither offered nor stored") })
     })?;
     // An imported object is stored as it is: bounded by the largest object a command could
@@ -152,13 +159,13 @@ fn take_offered<S: Store + ?Sized>(
         };
         return Err(Error::Rejected(rejection));
     }
-    taken.push(match stored.get(id) {
+    taken.push(match offered.stored.get(id) {
         Some((encoding, form)) => StoredObject { id: *id, encoding: *encoding, bytes: form.clone() },
-        None => StoredObject::encoded(*id, bytes),
+        None => StoredObject::encoded(*id, bytes, offered.compression),
     });
     if let Ok(attachments) = annal_codec::message_attachments(bytes, limits.message_object_bytes_max()) {
         for a in &attachments {
-            take_offered(offered, stored, store, staged, a, limits, taken)?;
+            take_offered(offered, store, staged, a, limits, taken)?;
         }
     }
     Ok(())

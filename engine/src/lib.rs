@@ -180,8 +180,8 @@
 //!   decided and, if accepted, committed and announced to subscribers. To learn the
 //!   outcome after giving up on a reply, send the same command again: the retry rules
 //!   above make it answer as a retry, never write twice.
-//! - **What runs on the calling task.** Compressing the command's content (lz4, in
-//!   proportion to its bytes) and queuing it. When more than
+//! - **What runs on the calling task.** Compressing the command's content (lz4, or
+//!   zstd under [`Compression::Zstd`], in proportion to its bytes) and queuing it. When more than
 //!   [`Options::queue_depth`] requests (4096 by default) are queued already, the call
 //!   blocks the calling thread until the writer takes one: a host with more requests in
 //!   flight raises the depth.
@@ -312,6 +312,7 @@ pub mod transcript;
 mod writer;
 
 pub use annal_codec as codec;
+pub use annal_codec::content::Compression;
 pub use annal_codec::{
     ChainHash, ClaimTarget, CommitHash, ContentId, Event, EventKind, ForkOrigin, InputKind, MessageObject, Record,
     Recovery, RevisionId, Role, SessionId, ToolOutcome, Usage,

@@ -40,9 +40,9 @@ impl StoredObject {
         StoredObject { id, encoding: annal_codec::content::ENCODING_RAW, bytes: canonical }
     }
 
-    /// `canonical` stored the way `encode_object` chooses (compressed when it pays).
-    pub fn encoded(id: ContentId, canonical: &[u8]) -> StoredObject {
-        let (encoding, bytes) = annal_codec::content::encode_object(canonical);
+    /// `canonical` stored the way `compression` makes it (compressed when it pays).
+    pub fn encoded(id: ContentId, canonical: &[u8], compression: annal_codec::content::Compression) -> StoredObject {
+        let (encoding, bytes) = annal_codec::content::encode_object_as(canonical, compression);
         StoredObject { id, encoding, bytes }
     }
 }

@@ -368,15 +368,12 @@ fn fold_one(
         record.seq = next_seq + i as u64;
         record.committed_at_ms = record.committed_at_ms.max(at_ms);
         at_ms = record.committed_at_ms;
-        match crate::import::fold_foreign(
-            overlay,
-            crate::log::Staged([entries, &[]]),
-            &message.objects,
-            &message.stored,
-            record,
-            m.seq,
-            limits,
-        ) {
+        let offer = crate::import::Offered {
+            objects: &message.objects,
+            stored: &message.stored,
+            compression: shared.compression,
+        };
+        match crate::import::fold_foreign(overlay, crate::log::Staged([entries, &[]]), offer, record, m.seq, limits) {
             Ok(entry) => entries.push(entry),
             Err(e @ Error::Storage(_)) => return Err(Folding::Failed(e)),
             Err(e) => return Err(Folding::Void(Void::Invalid(e.to_string()))),

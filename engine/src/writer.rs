@@ -25,7 +25,6 @@ use crate::projection::{Projection, ProjectionSet, SessionHead};
 use crate::rebuild::RebuildStats;
 use crate::store::WithRecords;
 use crate::store::{keys, Overlay, Store, StoreExt, Table, Writes};
-use annal_codec::content::ENCODING_LZ4;
 use annal_codec::{ContentId, LogChain, Record, SessionId};
 use crossbeam_channel::{Receiver, Sender};
 use parking_lot::Mutex;
@@ -87,8 +86,8 @@ pub(crate) struct Shared {
     pub stats: Arc<EngineStats>,
     /// The log tip as of the last durable batch (the writer's).
     pub tip: Mutex<Tip>,
-    /// Whether callers compress content (`Options::compress_content`).
-    pub compress_content: bool,
+    /// How callers compress content (`Options::compression`).
+    pub compression: annal_codec::content::Compression,
     /// The writer's clock.
     pub clock: Arc<dyn crate::clock::Clock>,
     /// Lease renewals, held in memory (the writer's; readers look).
@@ -874,7 +873,7 @@ fn apply<S: Store + ?Sized>(overlay: &mut Overlay<'_, S>, command: &Command, to:
             let content: Vec<StoredObject> = new_content(&*overlay, Staged([earlier, &entries[..]]), content)?
                 .into_iter()
                 .map(|(id, canonical)| match now.prepared.and_then(|p| p.compressed(&id)) {
-                    Some(stored) => StoredObject { id, encoding: ENCODING_LZ4, bytes: stored.clone() },
+                    Some((encoding, stored)) => StoredObject { id, encoding: *encoding, bytes: stored.clone() },
                     None => StoredObject::raw(id, canonical),
                 })
                 .collect();

@@ -14,7 +14,7 @@ const MARK: &str = "ZQXERASEME";
 /// Options that store content uncompressed, so that a marker left in the file could be
 /// found by a byte search at all.
 fn plain_options() -> Options {
-    Options { compress_content: false, ..Options::default() }
+    Options { compression: annal::Compression::Off, ..Options::default() }
 }
 
 /// Whether `needle` occurs in any byte of the file.

@@ -222,7 +222,8 @@ impl Sim {
             clock: std::sync::Arc::new(model.time.clone()),
             durability: Durability::Durable,
             multi_process_readers: rng.chance(1, 2),
-            compress_content: rng.chance(1, 2),
+            compression: [annal::Compression::Lz4, annal::Compression::Zstd, annal::Compression::Off]
+                [(seed % 3) as usize],
             cache_bytes: 1 << 20,
             checkpoint: Policy::Lazy.checkpoint(),
             // Frames land in place in the zeros, and past them the files grow.

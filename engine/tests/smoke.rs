@@ -164,20 +164,31 @@ fn compact_gives_back_what_a_rebuild_freed_and_changes_no_row() {
     engine.close().unwrap();
 }
 
-/// Content compresses where it pays and reads back byte for byte either way; the ids
-/// are over the canonical bytes, so the same message has the same id in both files.
+/// Content compresses where it pays and reads back byte for byte under every
+/// `Compression`; the ids are over the canonical bytes, so the same message has the same
+/// id in every file. A file written under one compression opens under another, and reads
+/// both kinds of objects.
 #[test]
 fn compressed_and_raw_content_round_trip_with_the_same_ids() {
+    use annal::codec::content::{entries, ENCODING_LZ4, ENCODING_RAW, ENCODING_ZSTD};
     let mut ids = Vec::new();
     let mut sizes = Vec::new();
-    for compress_content in [true, false] {
-        let dir = tempfile::tempdir().unwrap();
+    let mut sessions = Vec::new();
+    let long = "the agent reads the file, runs the tests and writes the diff\n".repeat(200);
+    let medium = "a short answer that compresses a little, ".repeat(12);
+    let dirs: Vec<_> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
+    let compressions = [Compression::Lz4, Compression::Zstd, Compression::Off];
+    for (dir, compression) in dirs.iter().zip(compressions) {
         let path = dir.path().join("c.redb");
-        let options = Options { compress_content, durability: Durability::Relaxed, ..Options::default() };
+        let options = Options { compression, durability: Durability::Relaxed, ..Options::default() };
         let engine = Engine::open_with(&path, options).unwrap();
-        let long = "the agent reads the file, runs the tests and writes the diff\n".repeat(200);
         let created = engine
-            .create_session(CreateSession::new().message(Message::user(long.clone())).message(Message::user("hi")))
+            .create_session(
+                CreateSession::new()
+                    .message(Message::user(long.clone()))
+                    .message(Message::user("hi"))
+                    .message(Message::assistant(medium.clone())),
+            )
             .unwrap();
         let ctx = AppendContext {
             session: created.session,
@@ -186,23 +197,55 @@ fn compressed_and_raw_content_round_trip_with_the_same_ids() {
             source: "memory".into(),
         };
         engine.append_context(ctx).unwrap();
+        sessions.push(created.session);
         let page = engine.transcript(created.session, PageRequest::first(10)).unwrap();
         assert_eq!(page.messages[0].message.body, long.as_bytes());
         assert_eq!(page.messages[1].message.body, b"hi");
+        assert_eq!(page.messages[2].message.body, medium.as_bytes());
         let entry = engine.context(created.session).unwrap().remove(0);
         assert_eq!(engine.content(entry.content).unwrap().unwrap(), long.as_bytes());
-        ids.push((page.messages[0].content_id, entry.content, created.receipt.revision));
+        ids.push((page.messages[0].content_id, page.messages[2].content_id, entry.content, created.receipt.revision));
         engine.close().unwrap();
         let view = Reader::open(&path, Limits::default(), None).unwrap();
-        let stored: usize = {
+        let (stored, encodings) = {
             let snapshot = view.snapshot().unwrap();
             let rows = annal::pieces::ContentReader::open(snapshot.log()).unwrap();
-            rows.iter().unwrap().map(|e| e.unwrap().1.len()).sum()
+            let rows: Vec<Vec<u8>> = rows.iter().unwrap().map(|e| e.unwrap().1).collect();
+            let encodings: std::collections::BTreeSet<u8> = rows
+                .iter()
+                .flat_map(|r| entries(r, u64::MAX).map(|e| e.unwrap().encoding).collect::<Vec<_>>())
+                .collect();
+            (rows.iter().map(Vec::len).sum::<usize>(), encodings)
         };
+        let expected: std::collections::BTreeSet<u8> = match compression {
+            Compression::Lz4 => [ENCODING_RAW, ENCODING_LZ4].into(),
+            Compression::Zstd => [ENCODING_RAW, ENCODING_LZ4, ENCODING_ZSTD].into(),
+            Compression::Off => [ENCODING_RAW].into(),
+        };
+        assert_eq!(encodings, expected, "{compression:?}");
         sizes.push(stored);
     }
-    assert_eq!(ids[0], ids[1], "ids are over the canonical bytes");
-    assert!(sizes[0] * 5 < sizes[1], "compressed {} vs raw {}", sizes[0], sizes[1]);
+    assert!(ids.iter().all(|i| *i == ids[0]), "ids are over the canonical bytes");
+    assert!(sizes[0] * 5 < sizes[2], "lz4 {} vs raw {}", sizes[0], sizes[2]);
+    assert!(sizes[1] < sizes[0], "zstd {} vs lz4 {}", sizes[1], sizes[0]);
+
+    // The zstd file, opened under lz4: both kinds of objects read back, from the engine
+    // and after a reopen.
+    let path = dirs[1].path().join("c.redb");
+    let options = Options { compression: Compression::Lz4, durability: Durability::Relaxed, ..Options::default() };
+    let engine = Engine::open_with(&path, options).unwrap();
+    let session = sessions[1];
+    let more = "another long tool result, read back from a file written under lz4\n".repeat(40);
+    let turn = CommitTurn::new(session, "more", Expected::Any).message(Message::tool(more.clone()));
+    engine.commit_turn(turn).unwrap();
+    let page = engine.transcript(session, PageRequest::first(10)).unwrap();
+    assert_eq!(page.messages[0].message.body, long.as_bytes());
+    assert_eq!(page.messages[3].message.body, more.as_bytes());
+    engine.close().unwrap();
+    let reader = Reader::open(&path, Limits::default(), None).unwrap();
+    let page = reader.transcript(session, PageRequest::first(10)).unwrap();
+    let bodies: Vec<&[u8]> = page.messages.iter().map(|m| m.message.body.as_slice()).collect();
+    assert_eq!(bodies, [long.as_bytes(), b"hi", medium.as_bytes(), more.as_bytes()]);
 }
 
 /// A workload that leaves the log file a few MiB long, written through `engine`.

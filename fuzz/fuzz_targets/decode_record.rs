@@ -1,6 +1,6 @@
 //! Arbitrary bytes into the record decoder, the message decoder, the chain check and the
-//! content decoders (a content row's entries, and the bytes as one lz4 object), under a
-//! small limit. None of them may panic, allocate past the limit (run with
+//! content decoders (a content row's entries, and the bytes as one lz4 object and as one
+//! zstd object), under a small limit. None of them may panic, allocate past the limit (run with
 //! `-malloc_limit_mb`), or loop. A record that decodes re-encodes to a record that decodes
 //! to the same value, a message that decodes re-encodes to bytes that decode to it, and
 //! an object that decompresses is at most the limit long and recompresses to bytes that
@@ -87,11 +87,16 @@ fuzz_target!(|data: &[u8]| {
         }
         let _ = entry.verify(LIMIT);
     }
-    // The bytes as one stored lz4 object (a canonical length, then a block).
-    if let Ok(canonical) = content::decode_object(content::ENCODING_LZ4, data, LIMIT) {
-        assert!(canonical.len() as u64 <= LIMIT);
-        let (encoding, stored) = content::encode_object(&canonical);
-        let again = content::decode_object(encoding, &stored, LIMIT).expect("a recompressed object decodes");
-        assert_eq!(again.as_ref(), canonical.as_ref(), "decompress(compress(x)) == x");
+    // The bytes as one stored lz4 object (a canonical length, then a block), and as one
+    // stored zstd object (a canonical length, then a frame).
+    for encoding in [content::ENCODING_LZ4, content::ENCODING_ZSTD] {
+        if let Ok(canonical) = content::decode_object(encoding, data, LIMIT) {
+            assert!(canonical.len() as u64 <= LIMIT);
+            for compression in [content::Compression::Lz4, content::Compression::Zstd] {
+                let (encoding, stored) = content::encode_object_as(&canonical, compression);
+                let again = content::decode_object(encoding, &stored, LIMIT).expect("a recompressed object decodes");
+                assert_eq!(again.as_ref(), canonical.as_ref(), "decompress(compress(x)) == x");
+            }
+        }
     }
 });

@@ -33,6 +33,7 @@ The LangGraph checkpointer is :class:`annal.langgraph.AnnalSaver`.
 from __future__ import annotations
 
 import os
+from typing import Literal
 
 from . import errors
 from ._annal import (
@@ -104,6 +105,12 @@ __all__ = [
 ]
 
 
-def open(path: str | os.PathLike[str], *, durable: bool = True, compress: bool = True) -> Database:  # noqa: A001
-    """Opens (or creates) the database at ``path``; same as ``Database(path, ...)``."""
+def open(  # noqa: A001
+    path: str | os.PathLike[str], *, durable: bool = True, compress: bool | Literal["lz4", "zstd", "off"] = True
+) -> Database:
+    """Opens (or creates) the database at ``path``; same as ``Database(path, ...)``.
+
+    ``compress`` is how new content is stored: ``True`` (lz4, the default), ``"zstd"``
+    (about a third smaller, for more CPU), ``"lz4"``, or ``False`` / ``"off"``.
+    """
     return Database(path, durable=durable, compress=compress)

@@ -272,7 +272,13 @@ class Subscription:
 class Database:
     """An open annal database. Every call releases the GIL while the engine works."""
 
-    def __init__(self, path: str | os.PathLike[str], *, durable: bool = True, compress: bool = True) -> None: ...
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        durable: bool = True,
+        compress: bool | Literal["lz4", "zstd", "off"] = True,
+    ) -> None: ...
     @property
     def path(self) -> str: ...
     @property

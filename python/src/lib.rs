@@ -367,16 +367,42 @@ pub struct Database {
 #[derive(Clone)]
 struct OpenOptions {
     durable: bool,
-    compress: bool,
+    compression: annal::Compression,
 }
 
 impl OpenOptions {
     fn engine_options(&self) -> Options {
         Options {
             durability: if self.durable { Durability::Durable } else { Durability::Relaxed },
-            compress_content: self.compress,
+            compression: self.compression,
             ..Options::default()
         }
+    }
+}
+
+/// `compress=`: a flag (the default compression, or none) or a codec's name.
+#[derive(FromPyObject)]
+enum Compress {
+    Flag(bool),
+    Codec(String),
+}
+
+impl Compress {
+    fn compression(self) -> PyResult<annal::Compression> {
+        Ok(match self {
+            Compress::Flag(true) => annal::Compression::default(),
+            Compress::Flag(false) => annal::Compression::Off,
+            Compress::Codec(name) => match name.as_str() {
+                "lz4" => annal::Compression::Lz4,
+                "zstd" => annal::Compression::Zstd,
+                "off" => annal::Compression::Off,
+                other => {
+                    return Err(pyo3::exceptions::PyValueError::new_err(format!(
+                        "compress must be True, False, \"lz4\", \"zstd\" or \"off\", not {other:?}"
+                    )))
+                }
+            },
+        })
     }
 }
 
@@ -420,12 +446,14 @@ impl Database {
     /// Opens (or creates) the database at `path`.
     ///
     /// `durable=False` acknowledges commits before they reach the disk (a crash may lose
-    /// the last ones, never corrupt the file); `compress=False` stores content
-    /// uncompressed.
+    /// the last ones, never corrupt the file). `compress` says how new content is stored:
+    /// `True` (lz4, the default), `"zstd"` (about a third smaller, for more CPU), `"lz4"`,
+    /// or `False` / `"off"` (uncompressed). Content written under any of them reads back
+    /// under every other.
     #[new]
-    #[pyo3(signature = (path, *, durable = true, compress = true))]
-    fn open(py: Python<'_>, path: std::path::PathBuf, durable: bool, compress: bool) -> PyResult<Database> {
-        let options = OpenOptions { durable, compress };
+    #[pyo3(signature = (path, *, durable = true, compress = Compress::Flag(true)))]
+    fn open(py: Python<'_>, path: std::path::PathBuf, durable: bool, compress: Compress) -> PyResult<Database> {
+        let options = OpenOptions { durable, compression: compress.compression()? };
         let engine_options = options.engine_options();
         let open_path = path.clone();
         let engine = py.detach(move || Engine::open_with(&open_path, engine_options)).map_err(|e| to_py(py, e))?;

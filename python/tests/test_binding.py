@@ -193,6 +193,24 @@ async def test_async_twins(db: annal.Database) -> None:
         await db.commit_turn_async(annal.new_session_id(), "t", [Message.user("x")])
 
 
+def test_compress_chooses_how_content_is_stored(tmp_path: Path) -> None:
+    long = "the agent reads the file, runs the tests and writes the diff\n" * 100
+    sessions = {}
+    for compress in (True, "zstd", "lz4", False, "off"):
+        db = annal.open(tmp_path / f"c-{compress}.redb", compress=compress)
+        sessions[compress] = db.create_session(messages=[Message.user(long)]).session
+        assert db.transcript(sessions[compress]).messages[0].body == long.encode()
+        db.close()
+    # Content written under zstd reads back under lz4, beside what lz4 writes.
+    db = annal.open(tmp_path / "c-zstd.redb", compress="lz4")
+    s = db.create_session(messages=[Message.user(long + "more")]).session
+    assert db.transcript(sessions["zstd"]).messages[0].body == long.encode()
+    assert db.transcript(s).messages[0].body == (long + "more").encode()
+    db.close()
+    with pytest.raises(ValueError, match="zstd"):
+        annal.open(tmp_path / "bad.redb", compress="brotli")
+
+
 def test_purge_and_collect(tmp_path: Path) -> None:
     db = annal.open(tmp_path / "p.redb", compress=False)
     secret = b"my card number is 4111"

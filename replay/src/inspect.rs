@@ -521,6 +521,8 @@ pub struct Compression {
     pub objects: u64,
     /// Of them, stored compressed.
     pub compressed_objects: u64,
+    /// Of the compressed ones, stored as zstd frames (the others are lz4 blocks).
+    pub zstd_objects: u64,
     /// Bytes of their canonical encodings (what their ids hash).
     pub canonical_bytes: u64,
     /// Bytes as stored.
@@ -539,6 +541,7 @@ impl Compression {
     fn add(&mut self, other: &Compression) {
         self.objects += other.objects;
         self.compressed_objects += other.compressed_objects;
+        self.zstd_objects += other.zstd_objects;
         self.canonical_bytes += other.canonical_bytes;
         self.stored_bytes += other.stored_bytes;
     }
@@ -547,6 +550,7 @@ impl Compression {
         json!({
             "objects": self.objects,
             "compressed_objects": self.compressed_objects,
+            "zstd_objects": self.zstd_objects,
             "canonical_bytes": self.canonical_bytes,
             "stored_bytes": self.stored_bytes,
             "ratio": self.ratio(),
@@ -666,12 +670,13 @@ impl Stats {
         let all = self.compression();
         let _ = writeln!(
             out,
-            "compression       {:>12.2}   ({} canonical stored in {}; {} of {} objects compressed)",
+            "compression       {:>12.2}   ({} canonical stored in {}; {} of {} objects compressed, {} of them zstd)",
             all.ratio(),
             human_bytes(all.canonical_bytes),
             human_bytes(all.stored_bytes),
             all.compressed_objects,
-            all.objects
+            all.objects,
+            all.zstd_objects
         );
         let _ = writeln!(
             out,
@@ -866,6 +871,7 @@ fn count_content_row(
         let c = s.by_content_type.entry(content_type).or_default();
         c.objects += 1;
         c.compressed_objects += u64::from(compressed);
+        c.zstd_objects += u64::from(object.encoding == annal::codec::content::ENCODING_ZSTD);
         c.canonical_bytes += canonical_bytes;
         c.stored_bytes += object.stored.len() as u64;
     }

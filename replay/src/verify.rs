@@ -394,6 +394,7 @@ impl Finding {
                 let what = match encoding {
                     0 => "bytes do not hash to the id".to_string(),
                     1 => "lz4 object does not decompress to bytes that hash to the id".to_string(),
+                    2 => "zstd object does not decompress to bytes that hash to the id".to_string(),
                     e => format!("unknown encoding {e}"),
                 };
                 match seq {

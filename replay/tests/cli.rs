@@ -309,12 +309,24 @@ fn records(db: &Path) -> Vec<annal::Record> {
 }
 
 /// A compressed object with one flipped byte in its stored (compressed) bytes is named at
-/// its id, and reading it fails closed.
+/// its id, and reading it fails closed: an lz4 object.
 #[test]
 fn a_damaged_compressed_object_is_named_at_its_id() {
+    a_damaged_object_is_named(annal::Compression::Lz4, annal::codec::content::ENCODING_LZ4);
+}
+
+/// The same for a zstd object.
+#[test]
+fn a_damaged_zstd_object_is_named_at_its_id() {
+    a_damaged_object_is_named(annal::Compression::Zstd, annal::codec::content::ENCODING_ZSTD);
+}
+
+/// Commits a long message under `compression` and flips a byte in the middle of the
+/// first object stored as `encoding`.
+fn a_damaged_object_is_named(compression: annal::Compression, encoding: u8) {
     let dir = tempfile::tempdir().unwrap();
     let db = demo_db(&dir, 1);
-    let engine = Engine::open(&db).unwrap();
+    let engine = Engine::open_with(&db, annal::Options { compression, ..annal::Options::default() }).unwrap();
     let session = live_session(&db);
     let long = "the agent reads the file, runs the tests and writes the diff\n".repeat(50);
     let turn = CommitTurn::new(session, "long", Expected::Any).message(Message::assistant(long));
@@ -332,8 +344,8 @@ fn a_damaged_compressed_object_is_named_at_its_id() {
                 for entry in annal::codec::content::entries(&bytes.clone(), u64::MAX) {
                     let entry = entry.unwrap();
                     let header = annal::codec::content::ENTRY_HEADER_LEN;
-                    if entry.encoding == annal::codec::content::ENCODING_LZ4 {
-                        // Past the declared length: a byte of the lz4 block.
+                    if entry.encoding == encoding {
+                        // Past the declared length: a byte of the lz4 block or the zstd frame.
                         bytes[at + header + 4 + entry.stored.len() / 2] ^= 0x5a;
                         table.put(seq, &bytes).unwrap();
                         found = Some((seq, entry.id));
@@ -1188,8 +1200,9 @@ fn drafts_are_not_exported_and_verify_checks_their_structure() {
 }
 
 /// `annal stats` reports how the content objects are stored, per content type: text
-/// compresses, random bytes stay raw, and objects that are not messages (here an
-/// attachment) have a line of their own. The attachment of a compressed message is
+/// compresses, random bytes stay raw, objects written under `Compression::Zstd` are
+/// counted as zstd, and objects that are not messages (here an attachment) have a line
+/// of their own. The attachment of a compressed message is
 /// found as a reference (its message is decompressed to read it).
 #[test]
 fn stats_reports_compression_per_content_type() {
@@ -1211,6 +1224,13 @@ fn stats_reports_compression_per_content_type() {
             .message(Message::new(annal::Role::Tool, "application/octet-stream", noise.clone()));
         engine.create_session(create).unwrap();
         engine.close().unwrap();
+        // Reopened under zstd: a new object of its own content type is a zstd frame.
+        let options = annal::Options { compression: annal::Compression::Zstd, ..annal::Options::default() };
+        let engine = Engine::open_with(&db, options).unwrap();
+        let create =
+            annal::CreateSession::new().message(Message::new(annal::Role::User, "text/markdown", text.repeat(3)));
+        engine.create_session(create).unwrap();
+        engine.close().unwrap();
     }
     let out = annal(&["stats", p(&db), "--json"]);
     assert_eq!(code(&out), 0, "{}", stderr(&out));
@@ -1227,13 +1247,22 @@ fn stats_reports_compression_per_content_type() {
     let other = &by["(other objects)"];
     assert_eq!((other["objects"].as_u64(), other["compressed_objects"].as_u64()), (Some(1), Some(1)), "{json}");
     assert_eq!(other["canonical_bytes"].as_u64(), Some(2 * text.len() as u64), "the attachment's bytes: {json}");
+    assert_eq!(plain["zstd_objects"].as_u64(), Some(0), "written under lz4: {json}");
+    let markdown = &by["text/markdown"];
+    assert_eq!(
+        (markdown["compressed_objects"].as_u64(), markdown["zstd_objects"].as_u64()),
+        (Some(1), Some(1)),
+        "{json}"
+    );
     let all = &json["compression"]["all"];
+    assert_eq!(all["zstd_objects"].as_u64(), Some(1), "{json}");
     assert_eq!(all["objects"], json["content_objects"], "{json}");
     assert_eq!(all["stored_bytes"], json["content_bytes"], "{json}");
-    assert_eq!(json["content_refs"], 3, "two messages and the attachment of the compressed one: {json}");
+    assert_eq!(json["content_refs"], 4, "three messages and the attachment of the compressed one: {json}");
     let out = annal(&["stats", p(&db)]);
     let text_out = stdout(&out);
     assert!(text_out.contains("compression") && text_out.contains("text/plain"), "{text_out}");
+    assert!(text_out.contains("objects compressed, 1 of them zstd"), "{text_out}");
 }
 
 /// A content row whose pieces are out of order (a piece missing before a later one) is

@@ -25,7 +25,8 @@ fn db_holds(path: &Path) -> bool {
 /// A database with a marked session and a live one sharing its first message; content
 /// stored uncompressed so a byte search can see it.
 fn marked_db(path: &Path) -> (SessionId, SessionId, Message) {
-    let engine = Engine::open_with(path, Options { compress_content: false, ..Options::default() }).unwrap();
+    let engine =
+        Engine::open_with(path, Options { compression: annal::Compression::Off, ..Options::default() }).unwrap();
     let shared = Message::user("the message both sessions hold");
     let s = engine
         .create_session(

@@ -33,7 +33,7 @@ const KILLS: u64 = 16;
 const KILL_DELAY_MS_MAX: u64 = 400;
 
 fn options() -> Options {
-    Options { compress_content: false, ..Options::default() }
+    Options { compression: annal::Compression::Off, ..Options::default() }
 }
 
 fn shared() -> Message {

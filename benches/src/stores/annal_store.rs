@@ -95,6 +95,7 @@ impl AnnalStore {
     /// Opens (or creates) the store with `options`.
     pub fn open_with(dir: &Path, options: Options) -> Result<AnnalStore> {
         let options_other_mode = options.multi_process_readers != Options::default().multi_process_readers;
+        let zstd = options.compression == annal::Compression::Zstd;
         let files = [("log", Faults::new()), ("projections", Faults::new()), ("journal", Faults::new())];
         let backend = |path: &Path, faults: &Faults| -> Result<FaultyBackend<redb::backends::FileBackend>> {
             let file = std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(false).open(path)?;
@@ -105,7 +106,13 @@ impl AnnalStore {
         let [first, second] = annal::journal_paths(&dir.join(FILE));
         let journal = [backend(&first, &files[2].1)?, backend(&second, &files[2].1)?];
         let engine = Engine::open_with_journal(log, projections, journal, options)?;
-        let kind = if options_other_mode { StoreKind::AnnalOtherMode } else { StoreKind::Annal };
+        let kind = if zstd {
+            StoreKind::AnnalZstd
+        } else if options_other_mode {
+            StoreKind::AnnalOtherMode
+        } else {
+            StoreKind::Annal
+        };
         Ok(AnnalStore { kind, engine, files, forks: AtomicU64::new(0) })
     }
 }
@@ -114,9 +121,15 @@ impl AnnalStore {
 /// prompt and then `turns[i]`. The load runs through an engine opened with relaxed
 /// durability, the mode annal documents for bulk import, in batches of 512 commands;
 /// a final durable commit through a default engine then makes it all durable.
-pub fn bulk_load(dir: &Path, ids: &[[u8; 16]], system: &Msg, turns: &[Vec<Turn>]) -> Result<()> {
+pub fn bulk_load(
+    dir: &Path,
+    ids: &[[u8; 16]],
+    system: &Msg,
+    turns: &[Vec<Turn>],
+    compression: annal::Compression,
+) -> Result<()> {
     const CHUNK: usize = 512;
-    let options = Options { durability: Durability::Relaxed, ..Options::default() };
+    let options = Options { durability: Durability::Relaxed, compression, ..Options::default() };
     let loader = Engine::open_with(dir.join(FILE), options)?;
     for (id, session_turns) in ids.iter().zip(turns) {
         let session = SessionId(*id);
@@ -132,7 +145,7 @@ pub fn bulk_load(dir: &Path, ids: &[[u8; 16]], system: &Msg, turns: &[Vec<Turn>]
         }
     }
     loader.close()?;
-    let store = AnnalStore::open(dir)?;
+    let store = AnnalStore::open_with(dir, Options { compression, ..Options::default() })?;
     store.create(super::fork_id(u64::MAX), system)?;
     Box::new(store).close()
 }

@@ -25,6 +25,9 @@ pub enum StoreKind {
     /// annal with the other concurrency mode than the default (multi-process readers
     /// on or off), to measure what the choice costs.
     AnnalOtherMode,
+    /// annal storing content under `Compression::Zstd` instead of the default lz4, to
+    /// measure what the smaller content costs.
+    AnnalZstd,
     /// SQLite event table plus projection tables.
     Sqlite,
     /// One JSON Lines file per session.
@@ -41,9 +44,10 @@ pub enum StoreKind {
 
 impl StoreKind {
     /// Every store, annal first.
-    pub const ALL: [StoreKind; 7] = [
+    pub const ALL: [StoreKind; 8] = [
         StoreKind::Annal,
         StoreKind::AnnalOtherMode,
+        StoreKind::AnnalZstd,
         StoreKind::Sqlite,
         StoreKind::Jsonl,
         StoreKind::NaiveRedb,
@@ -56,6 +60,7 @@ impl StoreKind {
         match self {
             StoreKind::Annal => "annal",
             StoreKind::AnnalOtherMode => "annal_other_mode",
+            StoreKind::AnnalZstd => "annal_zstd",
             StoreKind::Sqlite => "sqlite",
             StoreKind::Jsonl => "jsonl",
             StoreKind::NaiveRedb => "naive_redb",
@@ -80,6 +85,10 @@ impl StoreKind {
                 let options = annal::Options { multi_process_readers: !default.multi_process_readers, ..default };
                 Box::new(annal_store::AnnalStore::open_with(dir, options)?)
             }
+            StoreKind::AnnalZstd => {
+                let options = annal::Options { compression: annal::Compression::Zstd, ..annal::Options::default() };
+                Box::new(annal_store::AnnalStore::open_with(dir, options)?)
+            }
             StoreKind::Sqlite => Box::new(sqlite::SqliteStore::open(dir)?),
             StoreKind::Jsonl => Box::new(jsonl::JsonlStore::open(dir)?),
             StoreKind::NaiveRedb => Box::new(naive_redb::NaiveRedbStore::open(dir)?),
@@ -93,7 +102,7 @@ impl StoreKind {
     /// checkpoint; JSON Lines files and the commit-phase-only probes have none.
     pub fn compact(self, dir: &Path) -> Result<()> {
         match self {
-            StoreKind::Annal | StoreKind::AnnalOtherMode => {
+            StoreKind::Annal | StoreKind::AnnalOtherMode | StoreKind::AnnalZstd => {
                 annal::compact(dir.join(annal_store::FILE), annal::Options::default())?;
                 Ok(())
             }
@@ -110,7 +119,10 @@ impl StoreKind {
     pub fn bulk_load(self, dir: &Path, ids: &[[u8; 16]], system: &Msg, turns: &[Vec<Turn>]) -> Result<()> {
         std::fs::create_dir_all(dir)?;
         match self {
-            StoreKind::Annal | StoreKind::AnnalOtherMode => annal_store::bulk_load(dir, ids, system, turns),
+            StoreKind::Annal | StoreKind::AnnalOtherMode => {
+                annal_store::bulk_load(dir, ids, system, turns, annal::Compression::default())
+            }
+            StoreKind::AnnalZstd => annal_store::bulk_load(dir, ids, system, turns, annal::Compression::Zstd),
             StoreKind::Sqlite => sqlite::bulk_load(dir, ids, system, turns),
             StoreKind::Jsonl => jsonl::bulk_load(dir, ids, system, turns),
             StoreKind::NaiveRedb => naive_redb::bulk_load(dir, ids, system, turns),
