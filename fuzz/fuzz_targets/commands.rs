@@ -353,7 +353,8 @@ struct Input {
     /// Seeds the disk's choices: which unsynced writes survive, where they tear.
     disk_seed: u64,
     multi_process_readers: bool,
-    compress_content: bool,
+    /// How content is stored: lz4, zstd or raw, by this modulo 3.
+    compression: u8,
     /// Whether the run ends with a clean close and `annal verify` of the closed log file,
     /// or with the process killed after the last check of the live engine. A close costs
     /// two redb closing commits, the largest cost of a short input.
@@ -407,14 +408,19 @@ struct Run {
     purged: bool,
 }
 
+/// The compressions a run may store its content with.
+const COMPRESSIONS: [annal::Compression; 3] =
+    [annal::Compression::Lz4, annal::Compression::Zstd, annal::Compression::Off];
+
 /// The two files of a fresh engine in the mode of `options` (created on an unfaulted
 /// simulated disk, its projections caught up, closed), made once per process for each
 /// mode. Creating two databases costs more than a typical input's commands, and it is the
 /// same for every input (one clock, nothing armed, no choice of the disk's), so every input
 /// starts from a copy of these files instead; what the run checks begins at their open.
 fn fresh(options: &Options) -> (Vec<u8>, Vec<u8>) {
-    static FRESH: [OnceLock<(Vec<u8>, Vec<u8>)>; 4] = [const { OnceLock::new() }; 4];
-    let mode = usize::from(options.multi_process_readers) * 2 + usize::from(options.compress_content);
+    static FRESH: [OnceLock<(Vec<u8>, Vec<u8>)>; 6] = [const { OnceLock::new() }; 6];
+    let compression = COMPRESSIONS.iter().position(|c| *c == options.compression).expect("one of them");
+    let mode = usize::from(options.multi_process_readers) * 3 + compression;
     let files = FRESH[mode].get_or_init(|| {
         let disk = SimDisk::new(0);
         let journal = [disk.file(JOURNAL[0]), disk.file(JOURNAL[1])];
@@ -1020,7 +1026,7 @@ fuzz_target!(|input: Input| {
         limits: limits(),
         durability: Durability::Durable,
         multi_process_readers: input.multi_process_readers,
-        compress_content: input.compress_content,
+        compression: COMPRESSIONS[usize::from(input.compression % 3)],
         cache_bytes: 1 << 20,
         queue_depth: 4,
         // A little preallocation: frames land in place, and past it the files grow.
