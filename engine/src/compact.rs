@@ -221,3 +221,152 @@ mod tests {
         assert!(!worth_compacting(9 * MIB, 0, 0), "turned off");
     }
 }
+
+/// Stored bytes of content rows rewritten in one transaction of [`recompress`] at most
+/// (a row longer than this goes alone): the memory a recompression holds, and the work a
+/// crash can lose.
+pub const RECOMPRESS_TXN_BYTES: usize = 16 << 20;
+
+/// What a recompression did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RecompressStats {
+    /// Content rows read.
+    pub rows: u64,
+    /// Of them, rewritten: some object of theirs is now stored differently.
+    pub rows_rewritten: u64,
+    /// Content objects read.
+    pub objects: u64,
+    /// Of them, stored differently now.
+    pub objects_changed: u64,
+    /// Objects left as they were because their stored bytes do not decode to bytes that
+    /// hash to their id (`annal verify` names each of them).
+    pub objects_damaged: u64,
+    /// Stored bytes of every object before.
+    pub stored_bytes_before: u64,
+    /// Stored bytes of every object after.
+    pub stored_bytes_after: u64,
+    /// The compaction that followed, of both files.
+    pub compact: CompactStats,
+}
+
+/// Stores every content object of the database at `path` the way `compression` stores
+/// new ones (`annal_codec::content::encode_object_as`), then compacts both files as
+/// [`compact()`] does. A host that turns on [`annal_codec::content::Compression::Zstd`]
+/// shrinks what it wrote before with this; `Off` stores everything raw.
+///
+/// The engine is first opened with `options` and closed (which checks the format and the
+/// chain key and moves the journal into the log file); the log file is then opened
+/// exclusively, so no other process may have it open. Content rows are rewritten in seq
+/// order, in transactions of at most [`RECOMPRESS_TXN_BYTES`]: ids, records, the chain
+/// and the projections do not change (the content-id index names rows by seq, and each
+/// row keeps its objects in their order), so a crash leaves a valid file whose rows are
+/// partly in one encoding and partly in the other, and running it again finishes the
+/// work. An object whose bytes do not hash to its id is left as it is and counted; a row
+/// that does not parse is left whole.
+pub fn recompress(
+    path: impl AsRef<Path>,
+    compression: annal_codec::content::Compression,
+    options: Options,
+) -> Result<RecompressStats> {
+    let path = path.as_ref();
+    let max = options.limits.message_object_bytes_max();
+    Engine::open_with(path, options)?.close()?;
+    let started = Instant::now();
+    let files = [path.to_path_buf(), crate::engine::projections_path(path)];
+    let size = || -> Result<u64> {
+        files.iter().map(|f| std::fs::metadata(f).map(|m| m.len()).map_err(|e| Error::Storage(e.to_string()))).sum()
+    };
+    let bytes_before = size()?;
+    let mut stats = RecompressStats {
+        rows: 0,
+        rows_rewritten: 0,
+        objects: 0,
+        objects_changed: 0,
+        objects_damaged: 0,
+        stored_bytes_before: 0,
+        stored_bytes_after: 0,
+        compact: CompactStats { bytes_before, bytes_after: bytes_before, elapsed: Duration::ZERO },
+    };
+    fail_closed("recompress", || {
+        let mut db = redb::Database::open(path).map_err(|e| Error::Storage(format!("open exclusively: {e}")))?;
+        let mut from = 0u64;
+        loop {
+            let txn = db.begin_write()?;
+            let last = {
+                let mut rows = crate::pieces::ContentWriter::open(&txn)?;
+                let mut batch: Vec<(u64, Vec<u8>)> = Vec::new();
+                let mut bytes = 0usize;
+                for row in rows.range(from..=u64::MAX)? {
+                    let (seq, row) = row?;
+                    bytes += row.len();
+                    batch.push((seq, row));
+                    if bytes >= RECOMPRESS_TXN_BYTES {
+                        break;
+                    }
+                }
+                for (seq, row) in &batch {
+                    if let Some(rewritten) = recompress_row(row, compression, max, &mut stats) {
+                        rows.put(*seq, &rewritten)?;
+                        stats.rows_rewritten += 1;
+                    }
+                }
+                batch.last().map(|(seq, _)| *seq)
+            };
+            txn.commit()?;
+            match last {
+                Some(seq) if seq < u64::MAX => from = seq + 1,
+                _ => break,
+            }
+        }
+        compact_passes(&mut db).map_err(|e| Error::Storage(format!("compaction: {e}")))?;
+        drop(db);
+        let mut projections = redb::Database::open(&files[1])
+            .map_err(|e| Error::Storage(format!("open the projections file exclusively: {e}")))?;
+        compact_passes(&mut projections).map_err(|e| Error::Storage(format!("compaction: {e}")))
+    })?;
+    stats.compact.bytes_after = size()?;
+    stats.compact.elapsed = started.elapsed();
+    Ok(stats)
+}
+
+/// `row` with every object stored as `compression` stores it (objects at most `max`
+/// bytes long), or `None` when that changes nothing; counts into `stats`.
+fn recompress_row(
+    row: &[u8],
+    compression: annal_codec::content::Compression,
+    max: u64,
+    stats: &mut RecompressStats,
+) -> Option<Vec<u8>> {
+    use annal_codec::content::{encode_object_as, entries, push_stored};
+    stats.rows += 1;
+    let parsed: std::result::Result<Vec<_>, _> = entries(row, max).collect();
+    let Ok(parsed) = parsed else {
+        // A row that does not parse is left whole; its objects are uncounted.
+        stats.stored_bytes_before += row.len() as u64;
+        stats.stored_bytes_after += row.len() as u64;
+        return None;
+    };
+    let mut rewritten = Vec::with_capacity(row.len());
+    let mut changed = false;
+    for entry in parsed {
+        stats.objects += 1;
+        stats.stored_bytes_before += entry.stored.len() as u64;
+        match entry.verify(max) {
+            Some(canonical) => {
+                let (encoding, stored) = encode_object_as(&canonical, compression);
+                if encoding != entry.encoding || stored != entry.stored {
+                    stats.objects_changed += 1;
+                    changed = true;
+                }
+                stats.stored_bytes_after += stored.len() as u64;
+                push_stored(&mut rewritten, &entry.id, encoding, &stored);
+            }
+            None => {
+                stats.objects_damaged += 1;
+                stats.stored_bytes_after += entry.stored.len() as u64;
+                push_stored(&mut rewritten, &entry.id, entry.encoding, entry.stored);
+            }
+        }
+    }
+    changed.then_some(rewritten)
+}

@@ -325,7 +325,7 @@ pub use command::{
     EnqueueInput, Expected, Fence, Fork, Lease, Message, Outcome, Receipt, RecordToolCall, RecordToolResult,
     RenewLease, Restore, Rewrite, RewriteReason, SetHostState, SetLabels, SetMetadata, StateChanges, LEASE_TTL_MS_MAX,
 };
-pub use compact::{compact, CompactStats};
+pub use compact::{compact, recompress, CompactStats, RecompressStats};
 pub use copy::{CopyOutcome, SessionExport};
 pub use decide::{check_fence, decide, materialize, outcome_of, Decision, Now, Renewal, Renewals};
 pub use delta::{View, HEAD_CACHE_ENTRIES_MAX};

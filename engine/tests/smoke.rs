@@ -248,6 +248,136 @@ fn compressed_and_raw_content_round_trip_with_the_same_ids() {
     assert_eq!(bodies, [long.as_bytes(), b"hi", medium.as_bytes(), more.as_bytes()]);
 }
 
+/// The encodings of every object of the file at `path`, and their stored bytes.
+fn stored_encodings(path: &std::path::Path) -> (std::collections::BTreeMap<u8, u64>, u64) {
+    let view = Reader::open(path, Limits::default(), None).unwrap();
+    let snapshot = view.snapshot().unwrap();
+    let rows = annal::pieces::ContentReader::open(snapshot.log()).unwrap();
+    let mut counts = std::collections::BTreeMap::new();
+    let mut bytes = 0;
+    for row in rows.iter().unwrap() {
+        for entry in annal::codec::content::entries(&row.unwrap().1, u64::MAX) {
+            let entry = entry.unwrap();
+            *counts.entry(entry.encoding).or_insert(0u64) += 1;
+            bytes += entry.stored.len() as u64;
+        }
+    }
+    (counts, bytes)
+}
+
+/// `recompress` stores every object the way the compression stores new ones, and changes
+/// nothing a query sees: the tip, the projections and every object's bytes; run again it
+/// changes nothing; it goes to zstd, to raw and back to lz4; a damaged object is left as
+/// it is and counted; a file held open is refused.
+#[test]
+fn recompress_restores_content_and_changes_nothing_else() {
+    use annal::codec::content::{ENCODING_LZ4, ENCODING_RAW, ENCODING_ZSTD};
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("r.redb");
+    let engine = Engine::open(&path).unwrap();
+    let mut ids = Vec::new();
+    for i in 0..8 {
+        let s = engine.create_session(CreateSession::new().message(Message::system(format!("prompt {i}")))).unwrap();
+        for t in 0..6 {
+            let long = format!("turn {t} of session {i}: the agent reads the file and writes the diff\n").repeat(40);
+            let short = format!("a short answer {t} {i} that compresses a little, ").repeat(8);
+            let turn = CommitTurn::new(s.session, format!("t{t}"), Expected::Any)
+                .message(Message::user(long))
+                .message(Message::assistant(short))
+                .message(Message::tool(format!("ok {t}")));
+            engine.commit_turn(turn).unwrap();
+        }
+        let page = engine.transcript(s.session, PageRequest::first(100)).unwrap();
+        ids.extend(page.messages.iter().map(|m| m.content_id));
+    }
+    let read_all = |engine: &Engine| -> Vec<Vec<u8>> {
+        ids.iter().map(|id| engine.content(*id).unwrap().expect("stored")).collect()
+    };
+    let contents = read_all(&engine);
+    let digests = engine.projection_digests().unwrap();
+    let tip = engine.tip().unwrap();
+    engine.close().unwrap();
+    let (before, lz4_bytes) = stored_encodings(&path);
+    assert!(before.contains_key(&ENCODING_LZ4) && !before.contains_key(&ENCODING_ZSTD), "{before:?}");
+
+    let check = |path: &std::path::Path| {
+        let engine = Engine::open(path).unwrap();
+        assert_eq!(read_all(&engine), contents);
+        assert_eq!(engine.projection_digests().unwrap(), digests);
+        assert_eq!(engine.tip().unwrap(), tip);
+        engine.close().unwrap();
+    };
+    let stats = annal::recompress(&path, Compression::Zstd, Options::default()).unwrap();
+    let (after, zstd_bytes) = stored_encodings(&path);
+    assert_eq!(after.get(&ENCODING_ZSTD).copied(), Some(48), "the long messages: {after:?}");
+    assert!(after.contains_key(&ENCODING_LZ4), "the short ones stay lz4: {after:?}");
+    assert_eq!((stats.objects_changed, stats.objects_damaged), (48, 0), "{stats:?}");
+    assert_eq!((stats.stored_bytes_before, stats.stored_bytes_after), (lz4_bytes, zstd_bytes), "{stats:?}");
+    assert!(zstd_bytes < lz4_bytes, "{stats:?}");
+    let files = std::fs::metadata(&path).unwrap().len() + std::fs::metadata(projections_path(&path)).unwrap().len();
+    assert_eq!(stats.compact.bytes_after, files, "{stats:?}");
+    check(&path);
+
+    // Again: nothing to do.
+    let again = annal::recompress(&path, Compression::Zstd, Options::default()).unwrap();
+    assert_eq!((again.objects_changed, again.rows_rewritten), (0, 0), "{again:?}");
+    assert_eq!(again.objects, stats.objects);
+
+    // Raw, then back to lz4: the bytes lz4 stored at first.
+    annal::recompress(&path, Compression::Off, Options::default()).unwrap();
+    let (raw, _) = stored_encodings(&path);
+    assert_eq!(raw.keys().copied().collect::<Vec<_>>(), [ENCODING_RAW], "{raw:?}");
+    check(&path);
+    annal::recompress(&path, Compression::Lz4, Options::default()).unwrap();
+    assert_eq!(stored_encodings(&path), (before, lz4_bytes));
+    check(&path);
+
+    // A damaged object is left as it is: the same bytes, counted, and reads of it fail.
+    let (seq, id, damaged) = {
+        let db = redb::Database::create(&path).unwrap();
+        let txn = db.begin_write().unwrap();
+        let found = {
+            let mut rows = annal::pieces::ContentWriter::open(&txn).unwrap();
+            let all: Vec<(u64, Vec<u8>)> = rows.iter().unwrap().map(|r| r.unwrap()).collect();
+            let mut found = None;
+            'rows: for (seq, mut row) in all {
+                let mut at = 0;
+                for entry in annal::codec::content::entries(&row.clone(), u64::MAX) {
+                    let entry = entry.unwrap();
+                    let header = annal::codec::content::ENTRY_HEADER_LEN;
+                    if entry.stored.len() > 100 {
+                        row[at + header + entry.stored.len() / 2] ^= 0x5a;
+                        let stored = row[at + header..at + header + entry.stored.len()].to_vec();
+                        rows.put(seq, &row).unwrap();
+                        found = Some((seq, entry.id, stored));
+                        break 'rows;
+                    }
+                    at += header + entry.stored.len();
+                }
+            }
+            found.expect("a long object")
+        };
+        txn.commit().unwrap();
+        found
+    };
+    let stats = annal::recompress(&path, Compression::Zstd, Options::default()).unwrap();
+    assert_eq!(stats.objects_damaged, 1, "{stats:?}");
+    {
+        let view = Reader::open(&path, Limits::default(), None).unwrap();
+        let snapshot = view.snapshot().unwrap();
+        let rows = annal::pieces::ContentReader::open(snapshot.log()).unwrap();
+        let row = rows.get(seq).unwrap().unwrap();
+        let entry = annal::codec::content::find(&row, &id, u64::MAX).unwrap().expect("kept");
+        assert_eq!(entry.stored, damaged.as_slice(), "the damaged object's bytes are kept");
+        assert!(matches!(view.content(id), Err(Error::Corrupt { .. })), "reads of it fail closed");
+    }
+
+    // Held open by an engine: refused with a storage error.
+    let engine = Engine::open(&path).unwrap();
+    assert!(matches!(annal::recompress(&path, Compression::Off, Options::default()), Err(Error::Storage(_))));
+    engine.close().unwrap();
+}
+
 /// A workload that leaves the log file a few MiB long, written through `engine`.
 fn fill(engine: &Engine, sessions: u64) {
     let mut x = 0x9E37_79B9_7F4A_7C15u64;

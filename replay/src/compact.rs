@@ -1,7 +1,8 @@
-//! `annal compact`: the engine's [`annal::compact()`] with a one-line report.
+//! `annal compact`: the engine's [`annal::compact()`] with a one-line report, and with
+//! `--compression` its [`annal::recompress()`] first.
 
 use crate::{require_file, CliError, Result};
-use annal::{CompactStats, Options};
+use annal::{CompactStats, Options, RecompressStats};
 use std::path::Path;
 
 /// A one-line summary of a compaction for humans.
@@ -21,6 +22,37 @@ pub fn compact(path: &Path, key: Option<[u8; 32]>) -> Result<CompactStats> {
     require_file(path)?;
     annal::compact(path, Options { chain_key: key, ..Options::default() }).map_err(|e| match e {
         annal::Error::Storage(s) => CliError::usage(format!("cannot compact {}: {s}", path.display())),
+        other => other.into(),
+    })
+}
+
+/// A summary of a recompression for humans: what changed, then the compaction's line.
+pub fn render_recompress(stats: &RecompressStats) -> String {
+    let mut out = format!(
+        "recompressed {} of {} content objects in {} of {} rows: {} → {} stored\n",
+        stats.objects_changed,
+        stats.objects,
+        stats.rows_rewritten,
+        stats.rows,
+        crate::human_bytes(stats.stored_bytes_before),
+        crate::human_bytes(stats.stored_bytes_after),
+    );
+    if stats.objects_damaged > 0 {
+        out.push_str(&format!(
+            "{} objects left as they were: their bytes do not hash to their ids (run `annal verify`)\n",
+            stats.objects_damaged
+        ));
+    }
+    out.push_str(&render(&stats.compact));
+    out
+}
+
+/// Recompresses the content of the database at `path` (see [`annal::recompress()`]),
+/// then compacts it: no other process may have it open, not even for reading.
+pub fn recompress(path: &Path, key: Option<[u8; 32]>, compression: annal::Compression) -> Result<RecompressStats> {
+    require_file(path)?;
+    annal::recompress(path, compression, Options { chain_key: key, ..Options::default() }).map_err(|e| match e {
+        annal::Error::Storage(s) => CliError::usage(format!("cannot recompress {}: {s}", path.display())),
         other => other.into(),
     })
 }

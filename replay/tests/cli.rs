@@ -909,6 +909,44 @@ fn compact_shrinks_a_rebuilt_file_and_changes_nothing_else() {
     assert_eq!(std::fs::read(&junk).unwrap(), b"not a database");
 }
 
+/// `annal compact --compression zstd` stores the content as zstd and changes nothing
+/// else: the export, the projections and `verify --deep` are as before; `stats` counts the
+/// zstd objects; an unknown compression is a usage error.
+#[test]
+fn compact_with_a_compression_recompresses_the_content_and_changes_nothing_else() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = demo_db(&dir, 3);
+    {
+        let engine = Engine::open(&db).unwrap();
+        let session = live_session(&db);
+        for t in 0..4 {
+            let long = format!("tool result {t}: line of a file the agent read, with its number\n").repeat(30);
+            let turn = CommitTurn::new(session, format!("long {t}"), Expected::Any).message(Message::tool(long));
+            engine.commit_turn(turn).unwrap();
+        }
+        engine.close().unwrap();
+    }
+    let before = export(&db, &[]);
+    let digests = Reader::open(&db, Limits::default(), None).unwrap().projection_digests().unwrap();
+    let out = annal(&["compact", p(&db), "--compression", "zstd"]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let text = stdout(&out);
+    assert!(text.starts_with("recompressed 4 of ") && text.contains("\ncompacted "), "{text}");
+    assert_eq!(export(&db, &[]), before);
+    assert_eq!(Reader::open(&db, Limits::default(), None).unwrap().projection_digests().unwrap(), digests);
+    let (rc, report) = verify_json(&db, &["--deep"]);
+    assert_eq!(rc, 0, "{report}");
+    let out = annal(&["stats", p(&db), "--json"]);
+    let json: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(json["compression"]["all"]["zstd_objects"].as_u64(), Some(4), "{json}");
+    // Back to lz4: no zstd object is left.
+    assert_eq!(code(&annal(&["compact", p(&db), "--compression", "lz4"])), 0);
+    let json: Value = serde_json::from_slice(&annal(&["stats", p(&db), "--json"]).stdout).unwrap();
+    assert_eq!(json["compression"]["all"]["zstd_objects"].as_u64(), Some(0), "{json}");
+    assert_eq!(export(&db, &[]), before);
+    assert_eq!(code(&annal(&["compact", p(&db), "--compression", "brotli"])), 2);
+}
+
 /// Node and edge statements of a DOT file written one statement per line.
 fn dot_counts(dot: &str) -> (usize, usize, Vec<String>, Vec<(String, String)>) {
     let mut nodes = Vec::new();
