@@ -17,8 +17,11 @@ InputStateName = Literal["pending", "claimed", "completed", "cancelled"]
 def content_id(data: bytes) -> str:
     """The content id of ``data`` (blake3, hex)."""
 
-def compact(path: str | os.PathLike[str]) -> tuple[int, int]:
-    """Compacts a closed database; returns (bytes_before, bytes_after)."""
+def compact(
+    path: str | os.PathLike[str], *, compression: Literal["lz4", "zstd", "off"] | None = None
+) -> tuple[int, int]:
+    """Compacts a closed database; returns (bytes_before, bytes_after). With
+    ``compression``, every content object is first stored the way it stores new ones."""
 
 def new_session_id() -> str:
     """A fresh UUIDv7 session id."""

@@ -1462,10 +1462,21 @@ fn content_id(data: &[u8]) -> String {
 
 /// Compacts a closed database (the log file and its projections file): redb gives the
 /// free space back. Returns `(bytes_before, bytes_after)` of both files together. No
-/// `Database` (and no other process) may have it open.
+/// `Database` (and no other process) may have it open. With `compression` (`"lz4"`,
+/// `"zstd"` or `"off"`), every content object is first stored the way that compression
+/// stores new ones (ids, records and queries do not change).
 #[pyfunction]
-fn compact(py: Python<'_>, path: std::path::PathBuf) -> PyResult<(u64, u64)> {
-    let stats = py.detach(move || annal::compact(&path, Options::default())).map_err(|e| to_py(py, e))?;
+#[pyo3(signature = (path, *, compression = None))]
+fn compact(py: Python<'_>, path: std::path::PathBuf, compression: Option<String>) -> PyResult<(u64, u64)> {
+    let stats = match compression {
+        None => py.detach(move || annal::compact(&path, Options::default())).map_err(|e| to_py(py, e))?,
+        Some(name) => {
+            let compression = Compress::Codec(name).compression()?;
+            py.detach(move || annal::recompress(&path, compression, Options::default()))
+                .map_err(|e| to_py(py, e))?
+                .compact
+        }
+    };
     Ok((stats.bytes_before, stats.bytes_after))
 }
 

@@ -209,6 +209,14 @@ def test_compress_chooses_how_content_is_stored(tmp_path: Path) -> None:
     db.close()
     with pytest.raises(ValueError, match="zstd"):
         annal.open(tmp_path / "bad.redb", compress="brotli")
+    # The lz4 file, recompressed to zstd offline: smaller, and it reads the same.
+    before, after = annal.compact(tmp_path / "c-True.redb", compression="zstd")
+    assert after <= before
+    db = annal.open(tmp_path / "c-True.redb")
+    assert db.transcript(sessions[True]).messages[0].body == long.encode()
+    db.close()
+    with pytest.raises(ValueError, match="zstd"):
+        annal.compact(tmp_path / "c-True.redb", compression="brotli")
 
 
 def test_purge_and_collect(tmp_path: Path) -> None:
