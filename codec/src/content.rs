@@ -57,8 +57,9 @@ pub enum Compression {
     #[default]
     Lz4,
     /// zstd at [`ZSTD_LEVEL`] ([`ENCODING_ZSTD`]) from [`ZSTD_BYTES_MIN`] bytes, lz4
-    /// below it: about a third fewer stored bytes than lz4 on agent transcripts, for
-    /// about twice the CPU to compress and four times to decompress.
+    /// below it: a quarter to a third fewer stored bytes than lz4 (0.38 of the canonical
+    /// bytes against 0.51 to 0.55 on the corpora measured), for 1.6 to 2 times the CPU to
+    /// compress and 2.5 to 3 times to decompress.
     Zstd,
 }
 

@@ -76,7 +76,7 @@ pub struct Options {
     /// When the delta is checkpointed into the projections file, and its bound.
     pub checkpoint: CheckpointPolicy,
     /// How the content objects that commits introduce are stored: lz4 by default
-    /// ([`Compression::Lz4`]), zstd for a third fewer bytes at more CPU
+    /// ([`Compression::Lz4`]), zstd for a quarter to a third fewer bytes at more CPU
     /// ([`Compression::Zstd`]), or raw ([`Compression::Off`]). An object is stored
     /// compressed only when that saves at least an eighth of its size (small and
     /// incompressible objects stay raw). Ids are always over the canonical bytes; every

@@ -111,6 +111,6 @@ def open(  # noqa: A001
     """Opens (or creates) the database at ``path``; same as ``Database(path, ...)``.
 
     ``compress`` is how new content is stored: ``True`` (lz4, the default), ``"zstd"``
-    (about a third smaller, for more CPU), ``"lz4"``, or ``False`` / ``"off"``.
+    (a quarter to a third smaller, for more CPU), ``"lz4"``, or ``False`` / ``"off"``.
     """
     return Database(path, durable=durable, compress=compress)

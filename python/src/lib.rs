@@ -447,7 +447,7 @@ impl Database {
     ///
     /// `durable=False` acknowledges commits before they reach the disk (a crash may lose
     /// the last ones, never corrupt the file). `compress` says how new content is stored:
-    /// `True` (lz4, the default), `"zstd"` (about a third smaller, for more CPU), `"lz4"`,
+    /// `True` (lz4, the default), `"zstd"` (a quarter to a third smaller, for more CPU), `"lz4"`,
     /// or `False` / `"off"` (uncompressed). Content written under any of them reads back
     /// under every other.
     #[new]

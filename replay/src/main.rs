@@ -67,7 +67,7 @@ enum GraphFormat {
 enum CompressionArg {
     /// lz4 from 128 bytes (the default of new writes)
     Lz4,
-    /// zstd from 1 KiB, lz4 below: about a third smaller, more CPU
+    /// zstd from 1 KiB, lz4 below: a quarter to a third smaller, more CPU
     Zstd,
     /// every object raw
     Off,
