@@ -262,15 +262,19 @@ pub struct RecompressStats {
 /// row keeps its objects in their order), so a crash leaves a valid file whose rows are
 /// partly in one encoding and partly in the other, and running it again finishes the
 /// work. An object whose bytes do not hash to its id is left as it is and counted; a row
-/// that does not parse is left whole.
+/// that does not parse is left whole. `progress` is called after each transaction with
+/// the seq of the last row rewritten and the log's tip.
 pub fn recompress(
     path: impl AsRef<Path>,
     compression: annal_codec::content::Compression,
     options: Options,
+    progress: crate::rebuild::Progress<'_>,
 ) -> Result<RecompressStats> {
     let path = path.as_ref();
     let max = options.limits.message_object_bytes_max();
-    Engine::open_with(path, options)?.close()?;
+    let engine = Engine::open_with(path, options)?;
+    let tip = engine.tip()?.0;
+    engine.close()?;
     let started = Instant::now();
     let files = [path.to_path_buf(), crate::engine::projections_path(path)];
     let size = || -> Result<u64> {
@@ -314,7 +318,10 @@ pub fn recompress(
             };
             txn.commit()?;
             match last {
-                Some(seq) if seq < u64::MAX => from = seq + 1,
+                Some(seq) if seq < u64::MAX => {
+                    progress(seq, tip);
+                    from = seq + 1;
+                }
                 _ => break,
             }
         }

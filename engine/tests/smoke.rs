@@ -307,7 +307,11 @@ fn recompress_restores_content_and_changes_nothing_else() {
         assert_eq!(engine.tip().unwrap(), tip);
         engine.close().unwrap();
     };
-    let stats = annal::recompress(&path, Compression::Zstd, Options::default()).unwrap();
+    let mut seen = Vec::new();
+    let stats =
+        annal::recompress(&path, Compression::Zstd, Options::default(), &mut |done, tip| seen.push((done, tip)))
+            .unwrap();
+    assert_eq!(seen, [(tip.0, tip.0)], "one transaction, up to the last row, which is the tip's");
     let (after, zstd_bytes) = stored_encodings(&path);
     assert_eq!(after.get(&ENCODING_ZSTD).copied(), Some(48), "the long messages: {after:?}");
     assert!(after.contains_key(&ENCODING_LZ4), "the short ones stay lz4: {after:?}");
@@ -319,16 +323,16 @@ fn recompress_restores_content_and_changes_nothing_else() {
     check(&path);
 
     // Again: nothing to do.
-    let again = annal::recompress(&path, Compression::Zstd, Options::default()).unwrap();
+    let again = annal::recompress(&path, Compression::Zstd, Options::default(), &mut |_, _| {}).unwrap();
     assert_eq!((again.objects_changed, again.rows_rewritten), (0, 0), "{again:?}");
     assert_eq!(again.objects, stats.objects);
 
     // Raw, then back to lz4: the bytes lz4 stored at first.
-    annal::recompress(&path, Compression::Off, Options::default()).unwrap();
+    annal::recompress(&path, Compression::Off, Options::default(), &mut |_, _| {}).unwrap();
     let (raw, _) = stored_encodings(&path);
     assert_eq!(raw.keys().copied().collect::<Vec<_>>(), [ENCODING_RAW], "{raw:?}");
     check(&path);
-    annal::recompress(&path, Compression::Lz4, Options::default()).unwrap();
+    annal::recompress(&path, Compression::Lz4, Options::default(), &mut |_, _| {}).unwrap();
     assert_eq!(stored_encodings(&path), (before, lz4_bytes));
     check(&path);
 
@@ -360,7 +364,7 @@ fn recompress_restores_content_and_changes_nothing_else() {
         txn.commit().unwrap();
         found
     };
-    let stats = annal::recompress(&path, Compression::Zstd, Options::default()).unwrap();
+    let stats = annal::recompress(&path, Compression::Zstd, Options::default(), &mut |_, _| {}).unwrap();
     assert_eq!(stats.objects_damaged, 1, "{stats:?}");
     {
         let view = Reader::open(&path, Limits::default(), None).unwrap();
@@ -374,7 +378,10 @@ fn recompress_restores_content_and_changes_nothing_else() {
 
     // Held open by an engine: refused with a storage error.
     let engine = Engine::open(&path).unwrap();
-    assert!(matches!(annal::recompress(&path, Compression::Off, Options::default()), Err(Error::Storage(_))));
+    assert!(matches!(
+        annal::recompress(&path, Compression::Off, Options::default(), &mut |_, _| {}),
+        Err(Error::Storage(_))
+    ));
     engine.close().unwrap();
 }
 

@@ -1472,7 +1472,7 @@ fn compact(py: Python<'_>, path: std::path::PathBuf, compression: Option<String>
         None => py.detach(move || annal::compact(&path, Options::default())).map_err(|e| to_py(py, e))?,
         Some(name) => {
             let compression = Compress::Codec(name).compression()?;
-            py.detach(move || annal::recompress(&path, compression, Options::default()))
+            py.detach(move || annal::recompress(&path, compression, Options::default(), &mut |_, _| {}))
                 .map_err(|e| to_py(py, e))?
                 .compact
         }

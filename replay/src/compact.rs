@@ -49,9 +49,23 @@ pub fn render_recompress(stats: &RecompressStats) -> String {
 
 /// Recompresses the content of the database at `path` (see [`annal::recompress()`]),
 /// then compacts it: no other process may have it open, not even for reading.
-pub fn recompress(path: &Path, key: Option<[u8; 32]>, compression: annal::Compression) -> Result<RecompressStats> {
+/// Draws a progress bar over the log's seqs when `progress` is set and stderr is a
+/// terminal.
+pub fn recompress(
+    path: &Path,
+    key: Option<[u8; 32]>,
+    compression: annal::Compression,
+    progress: bool,
+) -> Result<RecompressStats> {
     require_file(path)?;
-    annal::recompress(path, compression, Options { chain_key: key, ..Options::default() }).map_err(|e| match e {
+    let bar = crate::progress::bar(0, "recompress", progress);
+    let stats =
+        annal::recompress(path, compression, Options { chain_key: key, ..Options::default() }, &mut |done, tip| {
+            bar.set_length(tip);
+            bar.set_position(done);
+        });
+    bar.finish_and_clear();
+    stats.map_err(|e| match e {
         annal::Error::Storage(s) => CliError::usage(format!("cannot recompress {}: {s}", path.display())),
         other => other.into(),
     })

@@ -432,7 +432,7 @@ fn run(cli: Cli) -> Result<Exit> {
             Ok(Exit::Ok)
         }
         Command::Compact { db, key_file, compression: Some(compression) } => {
-            let stats = compact::recompress(&db, key(&key_file)?, compression.into())?;
+            let stats = compact::recompress(&db, key(&key_file)?, compression.into(), true)?;
             print(&compact::render_recompress(&stats))?;
             Ok(Exit::Ok)
         }
