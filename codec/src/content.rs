@@ -143,52 +143,42 @@ pub fn decode_object_into<'s: 'o, 'o>(
     max: u64,
     buf: &'o mut Vec<u8>,
 ) -> Result<&'o [u8], DecodeError> {
-    match encoding {
-        ENCODING_RAW => Ok(stored),
-        ENCODING_LZ4 => {
-            let Some((len, block)) = stored.split_first_chunk::<4>() else {
-                return Err(DecodeError::Truncated { needed: 4, found: stored.len() as u64 });
-            };
-            let len = u32::from_le_bytes(*len) as u64;
-            if len > max {
-                return Err(DecodeError::TooLarge { size: len, max });
-            }
-            buf.clear();
-            buf.resize(len as usize, 0);
-            let written = lz4_flex::block::decompress_into(block, buf)
-                .map_err(|e| DecodeError::BadContent { detail: format!("lz4: {e}") })?;
-            if written as u64 != len {
-                return Err(DecodeError::BadContent { detail: format!("lz4: {written} bytes, declared {len}") });
-            }
-            Ok(&buf[..])
-        }
-        ENCODING_ZSTD => {
-            let Some((len, frame)) = stored.split_first_chunk::<4>() else {
-                return Err(DecodeError::Truncated { needed: 4, found: stored.len() as u64 });
-            };
-            let len = u32::from_le_bytes(*len) as u64;
-            if len > max {
-                return Err(DecodeError::TooLarge { size: len, max });
-            }
-            buf.clear();
-            buf.resize(len as usize, 0);
-            let written = DECOMPRESSOR
-                .with(|cell| {
-                    let mut cell = cell.borrow_mut();
-                    let decompressor = match cell.as_mut() {
-                        Some(d) => d,
-                        None => cell.insert(zstd::bulk::Decompressor::new()?),
-                    };
-                    decompressor.decompress_to_buffer(frame, &mut buf[..])
-                })
-                .map_err(|e| DecodeError::BadContent { detail: format!("zstd: {e}") })?;
-            if written as u64 != len {
-                return Err(DecodeError::BadContent { detail: format!("zstd: {written} bytes, declared {len}") });
-            }
-            Ok(&buf[..])
-        }
-        other => Err(DecodeError::BadContent { detail: format!("unknown content encoding {other}") }),
+    let codec = match encoding {
+        ENCODING_RAW => return Ok(stored),
+        ENCODING_LZ4 => "lz4",
+        ENCODING_ZSTD => "zstd",
+        other => return Err(DecodeError::BadContent { detail: format!("unknown content encoding {other}") }),
+    };
+    // Both compressed encodings: the canonical length, checked before anything is
+    // allocated, then the compressed bytes, which must fill exactly that length.
+    let Some((len, compressed)) = stored.split_first_chunk::<4>() else {
+        return Err(DecodeError::Truncated { needed: 4, found: stored.len() as u64 });
+    };
+    let len = u32::from_le_bytes(*len) as u64;
+    if len > max {
+        return Err(DecodeError::TooLarge { size: len, max });
     }
+    buf.clear();
+    buf.resize(len as usize, 0);
+    let written = if encoding == ENCODING_LZ4 {
+        lz4_flex::block::decompress_into(compressed, buf).map_err(|e| e.to_string())
+    } else {
+        DECOMPRESSOR
+            .with(|cell| {
+                let mut cell = cell.borrow_mut();
+                let decompressor = match cell.as_mut() {
+                    Some(d) => d,
+                    None => cell.insert(zstd::bulk::Decompressor::new()?),
+                };
+                decompressor.decompress_to_buffer(compressed, &mut buf[..])
+            })
+            .map_err(|e| e.to_string())
+    }
+    .map_err(|e| DecodeError::BadContent { detail: format!("{codec}: {e}") })?;
+    if written as u64 != len {
+        return Err(DecodeError::BadContent { detail: format!("{codec}: {written} bytes, declared {len}") });
+    }
+    Ok(&buf[..])
 }
 
 /// One object of a content row, borrowed from the row.
