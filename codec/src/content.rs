@@ -70,6 +70,27 @@ thread_local! {
     static DECOMPRESSOR: std::cell::RefCell<Option<zstd::bulk::Decompressor<'static>>> = const { std::cell::RefCell::new(None) };
 }
 
+/// Runs `f` on this thread's zstd context in `slot`, made by `make` at its first use; on
+/// a fresh one when the thread's cannot be had (its thread-locals are being torn down),
+/// so that no call panics for want of it.
+fn with_context<C: 'static, T>(
+    slot: &'static std::thread::LocalKey<std::cell::RefCell<Option<C>>>,
+    make: impl Fn() -> std::io::Result<C>,
+    mut f: impl FnMut(&mut C) -> std::io::Result<T>,
+) -> std::io::Result<T> {
+    let kept = slot.try_with(|cell| {
+        let mut cell = cell.try_borrow_mut().ok()?;
+        Some(match cell.as_mut() {
+            Some(context) => f(context),
+            None => make().and_then(|context| f(cell.insert(context))),
+        })
+    });
+    match kept {
+        Ok(Some(result)) => result,
+        _ => f(&mut make()?),
+    }
+}
+
 /// Objects smaller than this are stored raw: compressing them saves too little.
 pub const COMPRESS_BYTES_MIN: usize = 128;
 
@@ -100,18 +121,13 @@ pub fn compress_object(canonical: &[u8], compression: Compression) -> Option<(u8
         Compression::Zstd if canonical.len() >= ZSTD_BYTES_MIN => {
             let mut stored = vec![0u8; 4 + zstd::zstd_safe::compress_bound(canonical.len())];
             stored[..4].copy_from_slice(&(canonical.len() as u32).to_le_bytes());
-            let written = COMPRESSOR.with(|cell| {
-                let mut cell = cell.borrow_mut();
-                let compressor = match cell.as_mut() {
-                    Some(c) => c,
-                    None => {
-                        let mut c = zstd::bulk::Compressor::new(ZSTD_LEVEL).ok()?;
-                        c.set_parameter(zstd::zstd_safe::CParameter::ContentSizeFlag(false)).ok()?;
-                        cell.insert(c)
-                    }
-                };
-                compressor.compress_to_buffer(canonical, &mut stored[4..]).ok()
-            })?;
+            let make = || {
+                let mut c = zstd::bulk::Compressor::new(ZSTD_LEVEL)?;
+                c.set_parameter(zstd::zstd_safe::CParameter::ContentSizeFlag(false))?;
+                Ok(c)
+            };
+            let written =
+                with_context(&COMPRESSOR, make, |c| c.compress_to_buffer(canonical, &mut stored[4..])).ok()?;
             (4 + written <= keep).then(|| {
                 stored.truncate(4 + written);
                 (ENCODING_ZSTD, stored)
@@ -163,15 +179,7 @@ pub fn decode_object_into<'s: 'o, 'o>(
     let written = if encoding == ENCODING_LZ4 {
         lz4_flex::block::decompress_into(compressed, buf).map_err(|e| e.to_string())
     } else {
-        DECOMPRESSOR
-            .with(|cell| {
-                let mut cell = cell.borrow_mut();
-                let decompressor = match cell.as_mut() {
-                    Some(d) => d,
-                    None => cell.insert(zstd::bulk::Decompressor::new()?),
-                };
-                decompressor.decompress_to_buffer(compressed, &mut buf[..])
-            })
+        with_context(&DECOMPRESSOR, zstd::bulk::Decompressor::new, |d| d.decompress_to_buffer(compressed, &mut buf[..]))
             .map_err(|e| e.to_string())
     }
     .map_err(|e| DecodeError::BadContent { detail: format!("{codec}: {e}") })?;
@@ -356,6 +364,27 @@ mod tests {
         let mut noise = vec![0u8; 4096];
         blake3::Hasher::new().update(b"noise").finalize_xof().fill(&mut noise);
         assert_eq!(encode_object_as(&noise, Compression::Zstd), (ENCODING_RAW, noise), "incompressible stays raw");
+    }
+
+    #[test]
+    fn a_context_that_cannot_be_had_is_replaced_by_a_fresh_one() {
+        thread_local! {
+            static SLOT: std::cell::RefCell<Option<u32>> = const { std::cell::RefCell::new(None) };
+        }
+        let made = std::cell::Cell::new(0);
+        let make = || {
+            made.set(made.get() + 1);
+            Ok(made.get())
+        };
+        // The first call makes the thread's context; a call made while it is in use gets
+        // a fresh one instead of panicking; a later call reuses the thread's.
+        let inner = with_context(&SLOT, make, |outer| {
+            assert_eq!(*outer, 1);
+            with_context(&SLOT, make, |inner| Ok(*inner))
+        });
+        assert_eq!(inner.unwrap(), 2);
+        assert_eq!(with_context(&SLOT, make, |c| Ok(*c)).unwrap(), 1);
+        assert_eq!(made.get(), 2);
     }
 
     #[test]
