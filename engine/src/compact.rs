@@ -42,11 +42,14 @@ pub struct CompactStats {
 pub fn compact(path: impl AsRef<Path>, options: Options) -> Result<CompactStats> {
     let path = path.as_ref();
     Engine::open_with(path, options)?.close()?;
-    let files = [path.to_path_buf(), crate::engine::projections_path(path)];
-    let size = || -> Result<u64> {
-        files.iter().map(|f| std::fs::metadata(f).map(|m| m.len()).map_err(|e| Error::Storage(e.to_string()))).sum()
-    };
-    let bytes_before = size()?;
+    compact_closed(path)
+}
+
+/// redb's compaction of the closed database at `path`, each of its two files held
+/// exclusively in turn; the sizes reported are of both files together.
+fn compact_closed(path: &Path) -> Result<CompactStats> {
+    let files = database_files(path);
+    let bytes_before = database_len(path)?;
     let started = Instant::now();
     for file in &files {
         fail_closed("compact", || {
@@ -54,7 +57,20 @@ pub fn compact(path: impl AsRef<Path>, options: Options) -> Result<CompactStats>
             compact_passes(&mut db).map_err(|e| Error::Storage(format!("compaction: {e}")))
         })?;
     }
-    Ok(CompactStats { bytes_before, bytes_after: size()?, elapsed: started.elapsed() })
+    Ok(CompactStats { bytes_before, bytes_after: database_len(path)?, elapsed: started.elapsed() })
+}
+
+/// The log file at `path` and its projections file.
+fn database_files(path: &Path) -> [std::path::PathBuf; 2] {
+    [path.to_path_buf(), crate::engine::projections_path(path)]
+}
+
+/// The length of the log file at `path` and its projections file together.
+fn database_len(path: &Path) -> Result<u64> {
+    database_files(path)
+        .iter()
+        .map(|f| std::fs::metadata(f).map(|m| m.len()).map_err(|e| Error::Storage(e.to_string())))
+        .sum()
 }
 
 /// Free space below which a closing engine leaves a file as it is: whatever its share of
@@ -245,7 +261,8 @@ pub struct RecompressStats {
     pub stored_bytes_before: u64,
     /// Stored bytes of every object after.
     pub stored_bytes_after: u64,
-    /// The compaction that followed, of both files.
+    /// Both files' sizes before the recompression and after the compaction that
+    /// followed it, and the time of both.
     pub compact: CompactStats,
 }
 
@@ -275,12 +292,8 @@ pub fn recompress(
     let engine = Engine::open_with(path, options)?;
     let tip = engine.tip()?.0;
     engine.close()?;
+    let bytes_before = database_len(path)?;
     let started = Instant::now();
-    let files = [path.to_path_buf(), crate::engine::projections_path(path)];
-    let size = || -> Result<u64> {
-        files.iter().map(|f| std::fs::metadata(f).map(|m| m.len()).map_err(|e| Error::Storage(e.to_string()))).sum()
-    };
-    let bytes_before = size()?;
     let mut stats = RecompressStats {
         rows: 0,
         rows_rewritten: 0,
@@ -289,10 +302,10 @@ pub fn recompress(
         objects_damaged: 0,
         stored_bytes_before: 0,
         stored_bytes_after: 0,
-        compact: CompactStats { bytes_before, bytes_after: bytes_before, elapsed: Duration::ZERO },
+        compact: CompactStats { bytes_before: 0, bytes_after: 0, elapsed: Duration::ZERO },
     };
     fail_closed("recompress", || {
-        let mut db = redb::Database::open(path).map_err(|e| Error::Storage(format!("open exclusively: {e}")))?;
+        let db = redb::Database::open(path).map_err(|e| Error::Storage(format!("open exclusively: {e}")))?;
         let mut from = 0u64;
         loop {
             let txn = db.begin_write()?;
@@ -322,17 +335,12 @@ pub fn recompress(
                     progress(seq, tip);
                     from = seq + 1;
                 }
-                _ => break,
+                _ => return Ok(()),
             }
         }
-        compact_passes(&mut db).map_err(|e| Error::Storage(format!("compaction: {e}")))?;
-        drop(db);
-        let mut projections = redb::Database::open(&files[1])
-            .map_err(|e| Error::Storage(format!("open the projections file exclusively: {e}")))?;
-        compact_passes(&mut projections).map_err(|e| Error::Storage(format!("compaction: {e}")))
     })?;
-    stats.compact.bytes_after = size()?;
-    stats.compact.elapsed = started.elapsed();
+    let compacted = compact_closed(path)?;
+    stats.compact = CompactStats { bytes_before, elapsed: started.elapsed(), ..compacted };
     Ok(stats)
 }
 
