@@ -260,12 +260,26 @@ pub const FOLD_CHUNK_EVENTS: u64 = 65_536;
 /// the index of about 1.5 million objects.
 pub const FOLD_HELD_BYTES: usize = 64 << 20;
 
+/// A catch-up of at least this many events folds on two threads (see [`catch_up`]);
+/// a shorter one, such as the tail an open folds after a crash, on one: a second thread
+/// costs about 55 µs to start on the reference machine, which the fold of a few hundred
+/// events does not repay.
+pub const FOLD_SECOND_THREAD_EVENTS: u64 = 2_048;
+
 /// Brings the projections file up to the log tip: the projections at cursor 0 are
 /// dropped, then every record past the smallest cursor is chain-checked, decoded and
 /// folded into the projections behind it, through a write-back overlay flushed in
 /// physical key order every [`FOLD_CHUNK_EVENTS`] events (bounded memory), and the
 /// cursors move to the tip, all in one durable transaction. This is the checkpointer run
 /// from the cursors: recovery at open runs it from the last checkpoint, a rebuild from 0.
+///
+/// The log is read and decoded on a thread of its own, ahead of the fold. A catch-up of
+/// [`FOLD_SECOND_THREAD_EVENTS`] or more folds on two threads, as the offline rebuild
+/// does: the content-id index, the graph and the turns ([`crate::rebuild::SECOND_FOLD`])
+/// on a second thread, from the same records, into an overlay of its own over the same
+/// transaction, which both threads only read while a chunk folds. Each projection's fold
+/// reads and writes only its own tables (design §5), so the two never read each other's
+/// rows, and their writes, disjoint, are applied together at the end of each chunk.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn catch_up(
     proj: &Database,
@@ -276,6 +290,31 @@ pub(crate) fn catch_up(
     cursors: &Cursors,
     durability: redb::Durability,
     progress: Progress<'_>,
+) -> Result<RebuildStats> {
+    let fold = Folding { chunk_events: FOLD_CHUNK_EVENTS, second_thread_events: FOLD_SECOND_THREAD_EVENTS };
+    catch_up_with(proj, log, chain, limits, tip, cursors, durability, progress, fold)
+}
+
+/// How a catch-up folds: events between flushes, and from how many events on it folds on
+/// two threads.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Folding {
+    pub chunk_events: u64,
+    pub second_thread_events: u64,
+}
+
+/// [`catch_up`], folding as `fold` says.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn catch_up_with(
+    proj: &Database,
+    log: &ReadTransaction,
+    chain: &LogChain,
+    limits: &Limits,
+    tip: &Tip,
+    cursors: &Cursors,
+    durability: redb::Durability,
+    progress: Progress<'_>,
+    fold: Folding,
 ) -> Result<RebuildStats> {
     let started = Instant::now();
     let mut txn = proj.begin_write()?;
@@ -294,8 +333,11 @@ pub(crate) fn catch_up(
         let mut store = RedbStore::open(&txn)?;
         let from = cursors.min();
         let total = tip.seq.saturating_sub(from);
+        let second: ProjectionSet = match total >= fold.second_thread_events {
+            true => crate::rebuild::SECOND_FOLD.into_iter().collect(),
+            false => ProjectionSet::none(),
+        };
         std::thread::scope(|scope| -> Result<()> {
-            let mut overlay = Overlay::new(&store);
             // The content-id index is held across the chunks, up to a bound.
             let mut held = HeldRows::new(crate::Table::ContentIndex);
             // Every projection from 0, over an emptied table: a removal of a row this
@@ -313,30 +355,123 @@ pub(crate) fn catch_up(
             );
             // A rewrite's fold reads the lists of records folded before it.
             let records = crate::log::FileRecords::new(log, None, limits.record_bytes_max);
-            while let Some(entry) = next_entry()? {
-                let mut folding = Held { held: &mut held, rest: &mut overlay };
-                let mut folding = crate::store::WithRecords::write(&mut folding, &records);
-                evolve(&mut folding, &entry.record, &entry.introduced, cursors.behind(entry.record.seq))?;
-                events += 1;
-                bytes += entry.bytes;
-                if events % FOLD_CHUNK_EVENTS == 0 {
-                    let mut writes = overlay.into_writes();
-                    held.hand_over(&mut writes, false, FOLD_HELD_BYTES);
-                    store.apply(&writes, written.as_mut())?;
-                    overlay = Overlay::new(&store);
-                    progress(events, total);
+            loop {
+                let folded = if second == ProjectionSet::none() {
+                    fold_chunk(&store, &mut held, &records, cursors, &mut next_entry, fold.chunk_events)?
+                } else {
+                    fold_chunk_on_two(&store, &mut held, &records, cursors, second, &mut next_entry, fold.chunk_events)?
+                };
+                events += folded.events;
+                bytes += folded.bytes;
+                let last = folded.events < fold.chunk_events;
+                let mut writes = folded.writes;
+                held.hand_over(&mut writes, last, FOLD_HELD_BYTES);
+                store.apply(&writes, written.as_mut())?;
+                progress(events, total);
+                if last {
+                    return Ok(());
                 }
             }
-            let mut writes = overlay.into_writes();
-            held.hand_over(&mut writes, true, FOLD_HELD_BYTES);
-            store.apply(&writes, written.as_mut())?;
-            progress(events, total);
-            Ok(())
         })?;
     }
     write_cursors(&txn, ProjectionSet::all(), tip.seq, &tip.hash)?;
     txn.commit()?;
     Ok(RebuildStats { events, bytes, elapsed: started.elapsed() })
+}
+
+/// What one chunk of a catch-up folded: its writes (the content-id index's rows held
+/// apart), events, and bytes of records.
+struct FoldedChunk {
+    writes: crate::store::Writes,
+    events: u64,
+    bytes: u64,
+}
+
+/// Folds up to `chunk_events` records from `next_entry` on this thread, every projection
+/// behind each record, over `store`.
+fn fold_chunk(
+    store: &RedbStore<'_>,
+    held: &mut HeldRows,
+    records: &crate::log::FileRecords<'_>,
+    cursors: &Cursors,
+    next_entry: &mut dyn FnMut() -> Result<Option<crate::log::LogEntry>>,
+    chunk_events: u64,
+) -> Result<FoldedChunk> {
+    let mut overlay = Overlay::new(store);
+    let (mut events, mut bytes) = (0u64, 0u64);
+    while events < chunk_events {
+        let Some(entry) = next_entry()? else { break };
+        let mut folding = Held { held: &mut *held, rest: &mut overlay };
+        let mut folding = WithRecords::write(&mut folding, records);
+        evolve(&mut folding, &entry.record, &entry.introduced, cursors.behind(entry.record.seq))?;
+        events += 1;
+        bytes += entry.bytes;
+    }
+    Ok(FoldedChunk { writes: overlay.into_writes(), events, bytes })
+}
+
+/// [`fold_chunk`] on two threads: the projections of `second` (with the held content-id
+/// index) on a thread of its own, from the records this one passes on in batches, the
+/// others here.
+fn fold_chunk_on_two(
+    store: &RedbStore<'_>,
+    held: &mut HeldRows,
+    records: &crate::log::FileRecords<'_>,
+    cursors: &Cursors,
+    second: ProjectionSet,
+    next_entry: &mut dyn FnMut() -> Result<Option<crate::log::LogEntry>>,
+    chunk_events: u64,
+) -> Result<FoldedChunk> {
+    use crate::rebuild::{SECOND_BATCH, SECOND_QUEUE};
+    let (to_second, batches) = crossbeam_channel::bounded::<Arc<Vec<crate::log::LogEntry>>>(SECOND_QUEUE);
+    std::thread::scope(|scope| {
+        let other = scope.spawn(move || -> Result<crate::store::Writes> {
+            let mut overlay = Overlay::new(store);
+            let mut folding = Held { held, rest: &mut overlay };
+            for batch in batches {
+                for entry in batch.iter() {
+                    let set = cursors.behind(entry.record.seq).and(second);
+                    evolve(&mut folding, &entry.record, &entry.introduced, set)?;
+                }
+            }
+            Ok(overlay.into_writes())
+        });
+        let mut overlay = Overlay::new(store);
+        let (mut events, mut bytes) = (0u64, 0u64);
+        let here = (|| -> Result<()> {
+            while events < chunk_events {
+                let mut batch = Vec::with_capacity(SECOND_BATCH);
+                while batch.len() < SECOND_BATCH && events + (batch.len() as u64) < chunk_events {
+                    match next_entry()? {
+                        Some(entry) => batch.push(entry),
+                        None => break,
+                    }
+                }
+                if batch.is_empty() {
+                    break;
+                }
+                let batch = Arc::new(batch);
+                if to_second.send(batch.clone()).is_err() {
+                    // The second fold stopped: its failure is reported below.
+                    return Ok(());
+                }
+                for entry in batch.iter() {
+                    let mut folding = WithRecords::write(&mut overlay, records);
+                    let set = cursors.behind(entry.record.seq).without(second);
+                    evolve(&mut folding, &entry.record, &entry.introduced, set)?;
+                    events += 1;
+                    bytes += entry.bytes;
+                }
+            }
+            Ok(())
+        })();
+        drop(to_second);
+        let theirs = other.join().unwrap_or_else(|_| Err(Error::Storage("the catch-up's second fold panicked".into())));
+        here?;
+        let mut writes = overlay.into_writes();
+        writes.extend(theirs?);
+        Ok(FoldedChunk { writes, events, bytes })
+    })
 }
 
 /// Folds the log past the delta's seq into the delta, in memory (read-only openers):

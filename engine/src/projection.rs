@@ -173,6 +173,16 @@ impl ProjectionSet {
         self.0 & p.bit() != 0
     }
 
+    /// The members of both sets.
+    pub(crate) fn and(self, other: ProjectionSet) -> ProjectionSet {
+        ProjectionSet(self.0 & other.0)
+    }
+
+    /// The members of this set that `other` lacks.
+    pub(crate) fn without(self, other: ProjectionSet) -> ProjectionSet {
+        ProjectionSet(self.0 & !other.0)
+    }
+
     /// The members, in catalogue order.
     pub fn iter(self) -> impl Iterator<Item = Projection> {
         Projection::ALL.into_iter().filter(move |p| self.contains(*p))

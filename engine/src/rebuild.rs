@@ -200,13 +200,13 @@ fn rebuild_into_new_file(
 /// the content-id index and the hashed maps of the graph and turns, about half of the
 /// fold's work. Each projection's fold reads and writes only its own tables (design §5),
 /// so the two threads never read each other's rows.
-const SECOND_FOLD: [Projection; 3] = [Projection::Content, Projection::Graph, Projection::Turns];
+pub(crate) const SECOND_FOLD: [Projection; 3] = [Projection::Content, Projection::Graph, Projection::Turns];
 
 /// Records a message to the second folding thread carries.
-const SECOND_BATCH: usize = 256;
+pub(crate) const SECOND_BATCH: usize = 256;
 
 /// Messages in flight to the second folding thread.
-const SECOND_QUEUE: usize = 16;
+pub(crate) const SECOND_QUEUE: usize = 16;
 
 /// What the first folding thread tells the second.
 enum ToSecond {
@@ -592,5 +592,83 @@ mod tests {
         assert!(matches!(failed, Err(Error::Decode { seq: 20, .. })), "{failed:?}");
         assert_eq!(std::fs::read(&projections).unwrap(), before);
         assert!(!rebuild_path(&projections).exists());
+    }
+
+    /// Runs a catch-up of the projections in `set` from 0 on the closed database at
+    /// `path`, folding as `fold` says.
+    fn catch_up_from_zero(path: &Path, set: ProjectionSet, fold: checkpoint::Folding) -> Result<RebuildStats> {
+        let chain = LogChain::plain();
+        let log = redb::Database::open(path).unwrap();
+        let log_txn = log.begin_read().unwrap();
+        let tip = crate::log::load_tip(&log_txn, &chain).unwrap();
+        let projections = redb::Database::open(projections_path(path)).unwrap();
+        let cursors = Cursors { seqs: [tip.seq; Projection::ALL.len()] }.reset(set);
+        let limits = crate::limits::Limits::default();
+        let durability = redb::Durability::Immediate;
+        checkpoint::catch_up_with(
+            &projections,
+            &log_txn,
+            &chain,
+            &limits,
+            &tip,
+            &cursors,
+            durability,
+            &mut |_, _| {},
+            fold,
+        )
+    }
+
+    /// A catch-up (recovery at open, `Engine::rebuild`) folds on one thread or on two, in
+    /// chunks of any size, and writes the live projections and their cursors whichever:
+    /// of every projection, and of some of them (the others then stay as they were).
+    #[test]
+    fn a_catch_up_on_one_or_two_threads_in_any_chunks_writes_the_live_projections() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("r.redb");
+        let (live, tip) = workload(&path);
+        let some: ProjectionSet = [Projection::Content, Projection::Heads, Projection::Graph].into_iter().collect();
+        for set in [ProjectionSet::all(), some] {
+            for (chunk_events, second_thread_events) in
+                [(4, 0), (7, 0), (1 << 16, 0), (4, u64::MAX), (1 << 16, u64::MAX)]
+            {
+                let fold = checkpoint::Folding { chunk_events, second_thread_events };
+                let stats = catch_up_from_zero(&path, set, fold).unwrap();
+                assert_eq!(stats.events, tip, "{fold:?}");
+                assert_eq!(cursors(&path), vec![Some(tip); Projection::ALL.len()]);
+                assert_projections(&path, &live);
+            }
+        }
+    }
+
+    /// The catch-up's second fold (the content-id index) meets a record whose content row
+    /// is gone: its failure is the catch-up's error, on two threads as on one, and the
+    /// projections file keeps what it held.
+    #[test]
+    fn a_failure_of_the_catch_ups_second_fold_is_its_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("r.redb");
+        let (live, _) = workload(&path);
+        edit_log(&path, |txn| {
+            let mut pieces = txn.open_table(crate::pieces::PIECES).unwrap();
+            let keys: Vec<(u64, u32)> =
+                pieces.range((20, 0)..(21, 0)).unwrap().map(|row| row.unwrap().0.value()).collect();
+            assert!(!keys.is_empty(), "record 20 brought content");
+            for key in keys {
+                pieces.remove(key).unwrap();
+            }
+        });
+        let before = cursors(&path);
+        for (chunk_events, second_thread_events) in [(4, 0), (1 << 16, 0), (4, u64::MAX)] {
+            let fold = checkpoint::Folding { chunk_events, second_thread_events };
+            match catch_up_from_zero(&path, ProjectionSet::all(), fold) {
+                Err(Error::Corrupt { location: Location::Log { seq: 20 }, detail }) => {
+                    assert!(detail.contains("not stored"), "{detail}")
+                }
+                other => panic!("{fold:?}: {other:?}"),
+            }
+            assert_eq!(cursors(&path), before, "nothing committed");
+        }
+        // The catch-up's transaction never committed: the projections are the live ones.
+        assert_projections(&path, &live);
     }
 }
