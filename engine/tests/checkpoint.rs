@@ -171,6 +171,43 @@ fn open_after_a_crash_folds_the_log_past_the_checkpoint() {
     engine.close().unwrap();
 }
 
+/// The same with a tail long enough to fold on two threads at open
+/// (`FOLD_SECOND_THREAD_EVENTS`, 2,048): four sessions whose turns repeat one another's
+/// messages (the content-id index deduplicates them), one of them restored and one
+/// forked (the graph).
+#[test]
+fn open_after_a_crash_folds_a_long_tail_on_two_threads() {
+    let db = Db::new();
+    let engine = open_with(&db, never());
+    let mut heads = Vec::new();
+    for i in 0..4 {
+        let (s, rev) = create(&engine, &[Message::system("sys")]);
+        let early = commit_turns(&engine, s, &format!("s{i}-"), 10, rev);
+        heads.push((s, early, commit_turns(&engine, s, &format!("s{i}+"), 510, early)));
+    }
+    let (s0, early, head0) = heads[0];
+    let restore = Restore { session: s0, expected: head0, target: early, note: "undo".into(), actor: "host".into() };
+    assert_eq!(engine.restore(restore).unwrap().revision, early);
+    let fork = Fork { parent: heads[1].0, session: new_session_id(), index: 100, replacement: None, labels: None };
+    let forked = engine.fork(fork).unwrap();
+    let events = engine.tip().unwrap().0;
+    assert!(events > 2_048, "{events} events past the checkpoint");
+    let live = engine.projection_digests().unwrap();
+    let copy = db.dir.path().join("copy.redb");
+    for (from, to) in annal::database_files(&db.path).iter().zip(annal::database_files(&copy)) {
+        if from.exists() {
+            std::fs::copy(from, to).unwrap();
+        }
+    }
+    engine.close().unwrap();
+    let engine = Engine::open(&copy).unwrap();
+    assert_eq!(engine.stats().recovered_events, events, "the open folded every event past the last checkpoint");
+    assert_eq!(engine.head(forked.session).unwrap().unwrap().revision, forked.receipt.revision);
+    assert_eq!(engine.projection_digests().unwrap(), live);
+    assert_projections_equal_a_rebuild(&engine);
+    engine.close().unwrap();
+}
+
 /// A closed database of one session with ten turns, and its projections' digests.
 fn closed_database_of_ten_turns() -> (Db, Vec<TableDigest>) {
     let db = Db::new();
