@@ -260,10 +260,11 @@ pub const FOLD_CHUNK_EVENTS: u64 = 65_536;
 /// the index of about 1.5 million objects.
 pub const FOLD_HELD_BYTES: usize = 64 << 20;
 
-/// A catch-up of at least this many events folds on two threads (see [`catch_up`]);
-/// a shorter one, such as the tail an open folds after a crash, on one: a second thread
-/// costs about 55 µs to start on the reference machine, which the fold of a few hundred
-/// events does not repay.
+/// A catch-up (the recovery at open, [`crate::Engine::rebuild`], a rebuild of some of the
+/// projections) of at least this many events folds on two threads (`docs/design.md`
+/// §7c); a shorter one, such as the tail an open folds after a crash, on one: a second
+/// thread costs about 55 µs to start on the reference machine, which the fold of a few
+/// hundred events does not repay.
 pub const FOLD_SECOND_THREAD_EVENTS: u64 = 2_048;
 
 /// Brings the projections file up to the log tip: the projections at cursor 0 are
