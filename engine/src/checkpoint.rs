@@ -267,6 +267,21 @@ pub const FOLD_HELD_BYTES: usize = 64 << 20;
 /// hundred events does not repay.
 pub const FOLD_SECOND_THREAD_EVENTS: u64 = 2_048;
 
+/// How a catch-up folds: events between flushes of its overlay, and from how many events
+/// on it folds on two threads. The engine always folds by `Folding::default()`
+/// ([`FOLD_CHUNK_EVENTS`], [`FOLD_SECOND_THREAD_EVENTS`]); tests fold in other chunks.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Folding {
+    pub chunk_events: u64,
+    pub second_thread_events: u64,
+}
+
+impl Default for Folding {
+    fn default() -> Folding {
+        Folding { chunk_events: FOLD_CHUNK_EVENTS, second_thread_events: FOLD_SECOND_THREAD_EVENTS }
+    }
+}
+
 /// Brings the projections file up to the log tip: the projections at cursor 0 are
 /// dropped, then every record past the smallest cursor is chain-checked, decoded and
 /// folded into the projections behind it, through a write-back overlay flushed in
@@ -283,30 +298,6 @@ pub const FOLD_SECOND_THREAD_EVENTS: u64 = 2_048;
 /// rows, and their writes, disjoint, are applied together at the end of each chunk.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn catch_up(
-    proj: &Database,
-    log: &ReadTransaction,
-    chain: &LogChain,
-    limits: &Limits,
-    tip: &Tip,
-    cursors: &Cursors,
-    durability: redb::Durability,
-    progress: Progress<'_>,
-) -> Result<RebuildStats> {
-    let fold = Folding { chunk_events: FOLD_CHUNK_EVENTS, second_thread_events: FOLD_SECOND_THREAD_EVENTS };
-    catch_up_with(proj, log, chain, limits, tip, cursors, durability, progress, fold)
-}
-
-/// How a catch-up folds: events between flushes, and from how many events on it folds on
-/// two threads.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct Folding {
-    pub chunk_events: u64,
-    pub second_thread_events: u64,
-}
-
-/// [`catch_up`], folding as `fold` says.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn catch_up_with(
     proj: &Database,
     log: &ReadTransaction,
     chain: &LogChain,

@@ -525,6 +525,7 @@ impl Engine {
                     &cursors,
                     durability,
                     &mut |_, _| {},
+                    checkpoint::Folding::default(),
                 )?
             };
             (recovery, collecting)

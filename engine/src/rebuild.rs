@@ -113,6 +113,7 @@ fn rebuild_offline_in_chunks(
             &cursors,
             redb::Durability::Immediate,
             progress,
+            checkpoint::Folding::default(),
         )
     })
 }
@@ -474,6 +475,19 @@ mod tests {
         txn.commit().unwrap();
     }
 
+    /// Removes the content row of record `seq` (its pieces) from the log file at `path`.
+    fn remove_content_row(path: &Path, seq: u64) {
+        edit_log(path, |txn| {
+            let mut pieces = txn.open_table(crate::pieces::PIECES).unwrap();
+            let keys: Vec<(u64, u32)> =
+                pieces.range((seq, 0)..(seq + 1, 0)).unwrap().map(|row| row.unwrap().0.value()).collect();
+            assert!(!keys.is_empty(), "record {seq} brought content");
+            for key in keys {
+                pieces.remove(key).unwrap();
+            }
+        });
+    }
+
     fn cursors(path: &Path) -> Vec<Option<u64>> {
         let db = redb::Database::open(projections_path(path)).unwrap();
         let txn = db.begin_read().unwrap();
@@ -545,15 +559,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("r.redb");
         workload(&path);
-        edit_log(&path, |txn| {
-            let mut pieces = txn.open_table(crate::pieces::PIECES).unwrap();
-            let keys: Vec<(u64, u32)> =
-                pieces.range((20, 0)..(21, 0)).unwrap().map(|row| row.unwrap().0.value()).collect();
-            assert!(!keys.is_empty(), "record 20 brought content");
-            for key in keys {
-                pieces.remove(key).unwrap();
-            }
-        });
+        remove_content_row(&path, 20);
         let projections = projections_path(&path);
         let before = std::fs::read(&projections).unwrap();
         for events in [4, 1 << 16] {
@@ -605,17 +611,7 @@ mod tests {
         let cursors = Cursors { seqs: [tip.seq; Projection::ALL.len()] }.reset(set);
         let limits = crate::limits::Limits::default();
         let durability = redb::Durability::Immediate;
-        checkpoint::catch_up_with(
-            &projections,
-            &log_txn,
-            &chain,
-            &limits,
-            &tip,
-            &cursors,
-            durability,
-            &mut |_, _| {},
-            fold,
-        )
+        checkpoint::catch_up(&projections, &log_txn, &chain, &limits, &tip, &cursors, durability, &mut |_, _| {}, fold)
     }
 
     /// A catch-up (recovery at open, `Engine::rebuild`) folds on one thread or on two, in
@@ -648,15 +644,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("r.redb");
         let (live, _) = workload(&path);
-        edit_log(&path, |txn| {
-            let mut pieces = txn.open_table(crate::pieces::PIECES).unwrap();
-            let keys: Vec<(u64, u32)> =
-                pieces.range((20, 0)..(21, 0)).unwrap().map(|row| row.unwrap().0.value()).collect();
-            assert!(!keys.is_empty(), "record 20 brought content");
-            for key in keys {
-                pieces.remove(key).unwrap();
-            }
-        });
+        remove_content_row(&path, 20);
         let before = cursors(&path);
         for (chunk_events, second_thread_events) in [(4, 0), (1 << 16, 0), (4, u64::MAX)] {
             let fold = checkpoint::Folding { chunk_events, second_thread_events };

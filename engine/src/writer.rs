@@ -725,6 +725,7 @@ pub(crate) fn rebuild(
             &cursors,
             shared.durability,
             &mut |_, _| {},
+            checkpoint::Folding::default(),
         )?;
         shared.delta.set_checkpoint(shared.projections.begin_read()?)?;
         Ok(stats)

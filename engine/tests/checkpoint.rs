@@ -146,6 +146,18 @@ fn close_checkpoints_everything() {
     engine.close().unwrap();
 }
 
+/// Copies the database's files while the engine has them open, which is what SIGKILL
+/// leaves on disk; returns the copy's path.
+fn copy_of_open_files(db: &Db) -> std::path::PathBuf {
+    let copy = db.dir.path().join("copy.redb");
+    for (from, to) in annal::database_files(&db.path).iter().zip(annal::database_files(&copy)) {
+        if from.exists() {
+            std::fs::copy(from, to).unwrap();
+        }
+    }
+    copy
+}
+
 /// A crash with the whole delta unflushed (the files copied while the engine is open,
 /// which is what SIGKILL leaves on disk): the open folds the log past the checkpoint and
 /// every acknowledged commit is there.
@@ -156,12 +168,7 @@ fn open_after_a_crash_folds_the_log_past_the_checkpoint() {
     let (s, rev) = create(&engine, &[Message::system("sys")]);
     let head = commit_turns(&engine, s, "t", 40, rev);
     let live = engine.projection_digests().unwrap();
-    let copy = db.dir.path().join("copy.redb");
-    for (from, to) in annal::database_files(&db.path).iter().zip(annal::database_files(&copy)) {
-        if from.exists() {
-            std::fs::copy(from, to).unwrap();
-        }
-    }
+    let copy = copy_of_open_files(&db);
     engine.close().unwrap();
     let engine = Engine::open(&copy).unwrap();
     assert_eq!(engine.stats().recovered_events, 41, "the open folded every event past the last checkpoint");
@@ -193,12 +200,7 @@ fn open_after_a_crash_folds_a_long_tail_on_two_threads() {
     let events = engine.tip().unwrap().0;
     assert!(events > 2_048, "{events} events past the checkpoint");
     let live = engine.projection_digests().unwrap();
-    let copy = db.dir.path().join("copy.redb");
-    for (from, to) in annal::database_files(&db.path).iter().zip(annal::database_files(&copy)) {
-        if from.exists() {
-            std::fs::copy(from, to).unwrap();
-        }
-    }
+    let copy = copy_of_open_files(&db);
     engine.close().unwrap();
     let engine = Engine::open(&copy).unwrap();
     assert_eq!(engine.stats().recovered_events, events, "the open folded every event past the last checkpoint");
