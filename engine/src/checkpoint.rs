@@ -18,7 +18,7 @@ use crate::log::{hash_at, LogTail, Tip};
 use crate::projection::{Projection, ProjectionSet};
 use crate::rebuild::{Progress, RebuildStats};
 use crate::store::WithRecords;
-use crate::store::{Held, HeldRows, Overlay, Written, WRITTEN_KEYS_MAX};
+use crate::store::{Held, HeldRows, Overlay, Store, Written, WRITTEN_KEYS_MAX};
 use crate::tables::{self, meta_keys, RedbStore, LOG, META, PROJECTIONS};
 use annal_codec::{ChainHash, LogChain};
 use crossbeam_channel::{Receiver, RecvTimeoutError};
@@ -373,10 +373,10 @@ pub(crate) fn catch_up(
 
 /// What one chunk of a catch-up folded: its writes (the content-id index's rows held
 /// apart), events, and bytes of records.
-struct FoldedChunk {
-    writes: crate::store::Writes,
-    events: u64,
-    bytes: u64,
+pub(crate) struct FoldedChunk {
+    pub writes: crate::store::Writes,
+    pub events: u64,
+    pub bytes: u64,
 }
 
 /// Folds up to `chunk_events` records from `next_entry` on this thread, every projection
@@ -403,10 +403,13 @@ fn fold_chunk(
 }
 
 /// [`fold_chunk`] on two threads: the projections of `second` (with the held content-id
-/// index) on a thread of its own, from the records this one passes on in batches, the
-/// others here.
-fn fold_chunk_on_two(
-    store: &RedbStore<'_>,
+/// index) on a thread of its own, from the records this one passes on in batches of
+/// `SECOND_BATCH` (at most `SECOND_QUEUE` in flight), the others here, each through an
+/// overlay of its own over `store`, which both only read. The catch-up folds each chunk
+/// so, and so does the offline rebuild of every projection over the chunks it has
+/// handed to its writing thread.
+pub(crate) fn fold_chunk_on_two<S: Store + Sync + ?Sized>(
+    store: &S,
     held: &mut HeldRows,
     records: &crate::log::FileRecords<'_>,
     cursors: &Cursors,

@@ -6,7 +6,6 @@
 use crate::checkpoint::{self, Cursors};
 use crate::engine::{projections_path, Options};
 use crate::error::{fail_closed, Error, Result};
-use crate::evolve::evolve;
 use crate::projection::{Projection, ProjectionSet};
 use annal_codec::LogChain;
 use redb::ReadableDatabase;
@@ -197,9 +196,9 @@ fn rebuild_into_new_file(
     rebuilt
 }
 
-/// The projections a full rebuild folds on its second folding thread ([`second_fold`]):
-/// the content-id index and the hashed maps of the graph and turns, about half of the
-/// fold's work. Each projection's fold reads and writes only its own tables (design §5),
+/// The projections a catch-up or a full rebuild folds on its second folding thread
+/// ([`checkpoint::fold_chunk_on_two`]): the content-id index and the hashed maps of the
+/// graph and turns, about half of the fold's work. Each projection's fold reads and writes only its own tables (design §5),
 /// so the two threads never read each other's rows.
 pub(crate) const SECOND_FOLD: [Projection; 3] = [Projection::Content, Projection::Graph, Projection::Turns];
 
@@ -209,81 +208,22 @@ pub(crate) const SECOND_BATCH: usize = 256;
 /// Messages in flight to the second folding thread.
 pub(crate) const SECOND_QUEUE: usize = 16;
 
-/// What the first folding thread tells the second.
-enum ToSecond {
-    /// Records to fold, in log order.
-    Entries(std::sync::Arc<Vec<crate::log::LogEntry>>),
-    /// The chunk ends: hand over its writes (with the held rows if `last`, or if they
-    /// outgrew their bound).
-    End { last: bool },
-    /// What to read under the next chunk's overlay (boxed: the other messages are small).
-    Base(Box<Folded>),
-}
-
-fn second_stopped() -> Error {
-    Error::Storage("the rebuild's second folding thread stopped".into())
-}
-
-/// The second folding thread of a full rebuild: folds [`SECOND_FOLD`] over the records
-/// `gets` brings, and hands each chunk's writes to `done`; its first failure is its last
-/// message.
-fn second_fold(
-    mut base: Folded,
-    gets: &crossbeam_channel::Receiver<ToSecond>,
-    done: &crossbeam_channel::Sender<Result<crate::store::Writes>>,
-    held_bytes: usize,
-) {
-    use crate::store::{Held, HeldRows, Overlay};
-    let set: ProjectionSet = SECOND_FOLD.into_iter().collect();
-    let mut held = HeldRows::new(crate::Table::ContentIndex);
-    loop {
-        let mut overlay = Overlay::new(&base);
-        let folded = (|| -> Result<bool> {
-            let mut store = Held { held: &mut held, rest: &mut overlay };
-            loop {
-                match gets.recv() {
-                    Ok(ToSecond::Entries(entries)) => {
-                        for entry in entries.iter() {
-                            evolve(&mut store, &entry.record, &entry.introduced, set)?;
-                        }
-                    }
-                    Ok(ToSecond::End { last }) => return Ok(last),
-                    Ok(ToSecond::Base(_)) | Err(_) => return Err(second_stopped()),
-                }
-            }
-        })();
-        let last = match folded {
-            Ok(last) => last,
-            Err(e) => return drop(done.send(Err(e))),
-        };
-        let mut writes = overlay.into_writes();
-        held.hand_over(&mut writes, last, held_bytes);
-        if done.send(Ok(writes)).is_err() || last {
-            return;
-        }
-        match gets.recv() {
-            Ok(ToSecond::Base(next)) => base = *next,
-            _ => return,
-        }
-    }
-}
-
 /// The fold and the writes of [`rebuild_into_new_file`], into the new file at `temp`,
-/// on four threads: a reading thread reads and decodes the log ahead of the fold; this
-/// thread folds it for every projection but [`SECOND_FOLD`]'s, which [`second_fold`]
-/// folds on a thread of its own from the records this one passes on, each through a
-/// write-back overlay; every `handover.events` events ([`checkpoint::FOLD_CHUNK_EVENTS`])
-/// this thread takes the second's writes and hands both over, except the content-id
-/// index's rows, which the second holds until they take more than `handover.held_bytes`
+/// on four threads: a reading thread reads and decodes the log ahead of the fold; each
+/// chunk of `handover.events` events ([`checkpoint::FOLD_CHUNK_EVENTS`]) folds on two
+/// threads, as a catch-up's does ([`checkpoint::fold_chunk_on_two`]: [`SECOND_FOLD`]'s
+/// projections on the second, every other one on this), each through a write-back
+/// overlay; this thread then hands the chunk's writes over, except the content-id
+/// index's rows, which are held until they take more than `handover.held_bytes`
 /// ([`checkpoint::FOLD_HELD_BYTES`]) or the log ends (the index is hashed over the whole
 /// log, so every chunk would rewrite nearly all of it); a writing thread sorts each chunk
 /// in physical key order, writes it in a commit of its own with no fsync, and hands back
-/// a snapshot of the file. Each fold reads its held rows, then the chunks not yet
-/// committed (newest first), then a snapshot, and runs at most [`CHUNKS_AHEAD`] chunks
+/// a snapshot of the file. Both folds read the held rows, then the chunks not yet
+/// committed (newest first), then a snapshot, and run at most [`CHUNKS_AHEAD`] chunks
 /// ahead (bounded memory). The last commit writes the cursors and the checkpoint mark at
 /// the tip, durably.
 fn fold_into(temp: &Path, log: &LogSource<'_>, progress: Progress<'_>, handover: Chunks) -> Result<RebuildStats> {
-    use crate::store::{Overlay, Writes, Written, WRITTEN_KEYS_MAX};
+    use crate::store::{Writes, Written, WRITTEN_KEYS_MAX};
     use std::sync::Arc;
 
     let LogSource { txn: log_txn, chain, limits, tip } = *log;
@@ -338,53 +278,29 @@ fn fold_into(temp: &Path, log: &LogSource<'_>, progress: Progress<'_>, handover:
                 .unwrap_or_else(|| Error::Storage("the rebuild's writing thread stopped".into()))
         };
         let (mut events, mut bytes) = (0u64, 0u64);
-        // The second folding thread: the projections of `SECOND_FOLD`, and the content-id
-        // index held across the chunks, up to a bound.
-        let (to_second, second_gets) = crossbeam_channel::bounded::<ToSecond>(SECOND_QUEUE);
-        let (second_done, from_second) = crossbeam_channel::bounded::<Result<Writes>>(1);
-        let second_base = Folded::new(db.begin_read()?)?;
-        scope.spawn(move || second_fold(second_base, &second_gets, &second_done, handover.held_bytes));
-        // The second fold stops at its first failure, after handing it over.
-        let second_failed = || from_second.try_recv().ok().and_then(Result::err).unwrap_or_else(second_stopped);
-        let tell_second = |message: ToSecond| to_second.send(message).map_err(|_| second_failed());
-        // The writes of the second fold for the chunk just ended.
-        let second_writes = |last: bool| -> Result<Writes> {
-            tell_second(ToSecond::End { last })?;
-            from_second.recv().map_err(|_| second_stopped())?
-        };
-        let first_fold = ProjectionSet::all().iter().filter(|p| !SECOND_FOLD.contains(p)).collect::<ProjectionSet>();
+        // The content-id index is held across the chunks, up to a bound.
+        let mut held = crate::store::HeldRows::new(crate::Table::ContentIndex);
+        let second: ProjectionSet = SECOND_FOLD.into_iter().collect();
+        // Every projection is folded from 0.
+        let from_zero = Cursors { seqs: [0; Projection::ALL.len()] };
         // A rewrite's transcript fold reads the lists of records folded before it.
         let records = crate::log::FileRecords::new(log_txn, None, limits.record_bytes_max);
         loop {
-            let mut overlay = Overlay::new(&base);
-            let mut folded = 0u64;
-            let mut batch = Vec::with_capacity(SECOND_BATCH);
-            loop {
-                let entry = next_entry()?;
-                let end = entry.is_none();
-                batch.extend(entry);
-                if batch.len() == SECOND_BATCH
-                    || (end && !batch.is_empty())
-                    || folded + batch.len() as u64 == handover.events
-                {
-                    let shared = Arc::new(std::mem::replace(&mut batch, Vec::with_capacity(SECOND_BATCH)));
-                    tell_second(ToSecond::Entries(shared.clone()))?;
-                    for entry in shared.iter() {
-                        let mut folding = crate::store::WithRecords::write(&mut overlay, &records);
-                        evolve(&mut folding, &entry.record, &entry.introduced, first_fold)?;
-                        bytes += entry.bytes;
-                        folded += 1;
-                    }
-                }
-                if end || folded == handover.events {
-                    break;
-                }
-            }
-            let last = folded < handover.events;
-            let mut writes = overlay.into_writes();
-            writes.extend(second_writes(last)?);
+            let folded = checkpoint::fold_chunk_on_two(
+                &base,
+                &mut held,
+                &records,
+                &from_zero,
+                second,
+                &mut next_entry,
+                handover.events,
+            )?;
+            let last = folded.events < handover.events;
+            let mut writes = folded.writes;
+            held.hand_over(&mut writes, last, handover.held_bytes);
             let writes = Arc::new(writes);
-            events += folded;
+            events += folded.events;
+            bytes += folded.bytes;
             if !writes.is_empty() {
                 base.chunks.push_back(writes.clone());
                 to_writer.send(writes).map_err(|_| stopped())?;
@@ -409,11 +325,6 @@ fn fold_into(temp: &Path, log: &LogSource<'_>, progress: Progress<'_>, handover:
             if last {
                 return Ok((events, bytes));
             }
-            // The second fold reads what this one does: the chunks in flight, over a
-            // snapshot at least as new as this one's (a chunk it also holds reads the same).
-            let mut second = Folded::new(db.begin_read()?)?;
-            second.chunks = base.chunks.clone();
-            tell_second(ToSecond::Base(Box::new(second)))?;
         }
     })?;
     if events != tip.seq {
