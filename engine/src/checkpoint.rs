@@ -267,6 +267,18 @@ pub const FOLD_HELD_BYTES: usize = 64 << 20;
 /// hundred events does not repay.
 pub const FOLD_SECOND_THREAD_EVENTS: u64 = 2_048;
 
+/// The projections a catch-up or a full rebuild folds on its second folding thread
+/// ([`fold_chunk_on_two`]): the content-id index and the hashed maps of the graph and
+/// turns, about half of the fold's work. Each projection's fold reads and writes only its
+/// own tables (design §5), so the two threads never read each other's rows.
+pub(crate) const SECOND_FOLD: [Projection; 3] = [Projection::Content, Projection::Graph, Projection::Turns];
+
+/// Records a message to the second folding thread carries.
+pub(crate) const SECOND_BATCH: usize = 256;
+
+/// Messages in flight to the second folding thread.
+pub(crate) const SECOND_QUEUE: usize = 16;
+
 /// How a catch-up folds: events between flushes of its overlay, and from how many events
 /// on it folds on two threads. The engine always folds by `Folding::default()`
 /// ([`FOLD_CHUNK_EVENTS`], [`FOLD_SECOND_THREAD_EVENTS`]); tests fold in other chunks.
@@ -291,7 +303,7 @@ impl Default for Folding {
 ///
 /// The log is read and decoded on a thread of its own, ahead of the fold. A catch-up of
 /// [`FOLD_SECOND_THREAD_EVENTS`] or more folds on two threads, as the offline rebuild
-/// does: the content-id index, the graph and the turns ([`crate::rebuild::SECOND_FOLD`])
+/// does: the content-id index, the graph and the turns ([`SECOND_FOLD`])
 /// on a second thread, from the same records, into an overlay of its own over the same
 /// transaction, which both threads only read while a chunk folds. Each projection's fold
 /// reads and writes only its own tables (design §5), so the two never read each other's
@@ -325,10 +337,7 @@ pub(crate) fn catch_up(
         let mut store = RedbStore::open(&txn)?;
         let from = cursors.min();
         let total = tip.seq.saturating_sub(from);
-        let second: ProjectionSet = match total >= fold.second_thread_events {
-            true => crate::rebuild::SECOND_FOLD.into_iter().collect(),
-            false => ProjectionSet::none(),
-        };
+        let two_threads = total >= fold.second_thread_events;
         std::thread::scope(|scope| -> Result<()> {
             // The content-id index is held across the chunks, up to a bound.
             let mut held = HeldRows::new(crate::Table::ContentIndex);
@@ -348,10 +357,10 @@ pub(crate) fn catch_up(
             // A rewrite's fold reads the lists of records folded before it.
             let records = crate::log::FileRecords::new(log, None, limits.record_bytes_max);
             loop {
-                let folded = if second == ProjectionSet::none() {
-                    fold_chunk(&store, &mut held, &records, cursors, &mut next_entry, fold.chunk_events)?
+                let folded = if two_threads {
+                    fold_chunk_on_two(&store, &mut held, &records, cursors, &mut next_entry, fold.chunk_events)?
                 } else {
-                    fold_chunk_on_two(&store, &mut held, &records, cursors, second, &mut next_entry, fold.chunk_events)?
+                    fold_chunk(&store, &mut held, &records, cursors, &mut next_entry, fold.chunk_events)?
                 };
                 events += folded.events;
                 bytes += folded.bytes;
@@ -402,8 +411,8 @@ fn fold_chunk(
     Ok(FoldedChunk { writes: overlay.into_writes(), events, bytes })
 }
 
-/// [`fold_chunk`] on two threads: the projections of `second` (with the held content-id
-/// index) on a thread of its own, from the records this one passes on in batches of
+/// [`fold_chunk`] on two threads: the projections of [`SECOND_FOLD`] (with the held
+/// content-id index) on a thread of its own, from the records this one passes on in batches of
 /// `SECOND_BATCH` (at most `SECOND_QUEUE` in flight), the others here, each through an
 /// overlay of its own over `store`, which both only read. The catch-up folds each chunk
 /// so, and so does the offline rebuild of every projection over the chunks it has
@@ -413,11 +422,10 @@ pub(crate) fn fold_chunk_on_two<S: Store + Sync + ?Sized>(
     held: &mut HeldRows,
     records: &crate::log::FileRecords<'_>,
     cursors: &Cursors,
-    second: ProjectionSet,
     next_entry: &mut dyn FnMut() -> Result<Option<crate::log::LogEntry>>,
     chunk_events: u64,
 ) -> Result<FoldedChunk> {
-    use crate::rebuild::{SECOND_BATCH, SECOND_QUEUE};
+    let second: ProjectionSet = SECOND_FOLD.into_iter().collect();
     let (to_second, batches) = crossbeam_channel::bounded::<Arc<Vec<crate::log::LogEntry>>>(SECOND_QUEUE);
     std::thread::scope(|scope| {
         let other = scope.spawn(move || -> Result<crate::store::Writes> {

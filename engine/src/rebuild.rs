@@ -196,22 +196,10 @@ fn rebuild_into_new_file(
     rebuilt
 }
 
-/// The projections a catch-up or a full rebuild folds on its second folding thread
-/// ([`checkpoint::fold_chunk_on_two`]): the content-id index and the hashed maps of the
-/// graph and turns, about half of the fold's work. Each projection's fold reads and writes only its own tables (design §5),
-/// so the two threads never read each other's rows.
-pub(crate) const SECOND_FOLD: [Projection; 3] = [Projection::Content, Projection::Graph, Projection::Turns];
-
-/// Records a message to the second folding thread carries.
-pub(crate) const SECOND_BATCH: usize = 256;
-
-/// Messages in flight to the second folding thread.
-pub(crate) const SECOND_QUEUE: usize = 16;
-
 /// The fold and the writes of [`rebuild_into_new_file`], into the new file at `temp`,
 /// on four threads: a reading thread reads and decodes the log ahead of the fold; each
 /// chunk of `handover.events` events ([`checkpoint::FOLD_CHUNK_EVENTS`]) folds on two
-/// threads, as a catch-up's does ([`checkpoint::fold_chunk_on_two`]: [`SECOND_FOLD`]'s
+/// threads, as a catch-up's does ([`checkpoint::fold_chunk_on_two`]: [`checkpoint::SECOND_FOLD`]'s
 /// projections on the second, every other one on this), each through a write-back
 /// overlay; this thread then hands the chunk's writes over, except the content-id
 /// index's rows, which are held until they take more than `handover.held_bytes`
@@ -280,7 +268,6 @@ fn fold_into(temp: &Path, log: &LogSource<'_>, progress: Progress<'_>, handover:
         let (mut events, mut bytes) = (0u64, 0u64);
         // The content-id index is held across the chunks, up to a bound.
         let mut held = crate::store::HeldRows::new(crate::Table::ContentIndex);
-        let second: ProjectionSet = SECOND_FOLD.into_iter().collect();
         // Every projection is folded from 0.
         let from_zero = Cursors { seqs: [0; Projection::ALL.len()] };
         // A rewrite's transcript fold reads the lists of records folded before it.
@@ -291,7 +278,6 @@ fn fold_into(temp: &Path, log: &LogSource<'_>, progress: Progress<'_>, handover:
                 &mut held,
                 &records,
                 &from_zero,
-                second,
                 &mut next_entry,
                 handover.events,
             )?;
