@@ -51,6 +51,19 @@ pub(crate) fn put_varint(out: &mut Vec<u8>, mut n: usize) {
     out.push(n as u8);
 }
 
+/// Writes `n` as a varint (LEB128) at the start of `out`, which holds at least 10 bytes;
+/// returns its length.
+fn varint_into(out: &mut [u8], mut n: usize) -> usize {
+    let mut i = 0;
+    while n >= 0x80 {
+        out[i] = n as u8 | 0x80;
+        n >>= 7;
+        i += 1;
+    }
+    out[i] = n as u8;
+    i + 1
+}
+
 /// Reads a varint of at most `usize` bits, in its shortest form, advancing `rest`.
 pub(crate) fn read_varint(rest: &mut &[u8]) -> Option<usize> {
     let mut n = 0usize;
@@ -366,8 +379,18 @@ impl Buckets {
         }
         let bad = || self.corrupt(row_key, "bad bucket row");
         let mut body = *rest;
-        let klen = read_varint(&mut body).ok_or_else(bad)?;
-        let vlen = read_varint(&mut body).ok_or_else(bad)?;
+        let (klen, vlen) = match body {
+            // Both lengths below 128, one byte each (always their shortest form): every
+            // entry of the engine's maps.
+            [k, v, tail @ ..] if *k < 0x80 && *v < 0x80 => {
+                body = tail;
+                (*k as usize, *v as usize)
+            }
+            _ => {
+                let klen = read_varint(&mut body).ok_or_else(bad)?;
+                (klen, read_varint(&mut body).ok_or_else(bad)?)
+            }
+        };
         if body.len() < klen || body.len() - klen < vlen {
             return Err(bad());
         }
@@ -592,9 +615,12 @@ impl Buckets {
             if splice.old.is_some() {
                 *old_value = Some(row[1 + splice.old_value.start..1 + splice.old_value.end].to_vec());
             }
-            let mut entry = Vec::with_capacity(entry_size(key, value));
-            put_entry(&mut entry, key, value);
-            row.splice(1 + splice.at..1 + splice.end, entry);
+            // The lengths' varints, then the key and the value, spliced in without a
+            // buffer of their own.
+            let mut header = [0u8; 20];
+            let n = varint_into(&mut header, key.len());
+            let n = n + varint_into(&mut header[n..], value.len());
+            row.splice(1 + splice.at..1 + splice.end, header[..n].iter().chain(key).chain(value).copied());
             old = Some(splice.old);
             Ok(true)
         })?;
@@ -751,7 +777,18 @@ impl Buckets {
         if to == 0 {
             store.remove(self.table, prefix)?;
         } else {
-            store.put(self.table, prefix, &to.to_le_bytes())?;
+            // Where the store holds the size row in a buffer of its own (a rebuild's
+            // overlay), it is overwritten there: no key or value is allocated an insert.
+            let in_place = store.update_in_place(self.table, prefix, &mut |row| {
+                if row.len() != 8 {
+                    return Ok(false);
+                }
+                row.copy_from_slice(&to.to_le_bytes());
+                Ok(true)
+            })?;
+            if !in_place {
+                store.put(self.table, prefix, &to.to_le_bytes())?;
+            }
         }
         let (mut n, target) = (buckets_for(from, self.bytes), buckets_for(to, self.bytes));
         while n < target {
