@@ -43,12 +43,10 @@ fn varint_len(n: usize) -> usize {
     (usize::BITS - (n | 1).leading_zeros()).div_ceil(7) as usize
 }
 
-pub(crate) fn put_varint(out: &mut Vec<u8>, mut n: usize) {
-    while n >= 0x80 {
-        out.push(n as u8 | 0x80);
-        n >>= 7;
-    }
-    out.push(n as u8);
+pub(crate) fn put_varint(out: &mut Vec<u8>, n: usize) {
+    let mut bytes = [0u8; 10];
+    let len = varint_into(&mut bytes, n);
+    out.extend_from_slice(&bytes[..len]);
 }
 
 /// Writes `n` as a varint (LEB128) at the start of `out`, which holds at least 10 bytes;
