@@ -769,6 +769,52 @@ impl Buckets {
         Ok(true)
     }
 
+    /// Splits bucket `from`, one part (`part`), of a map of `n` buckets into itself and
+    /// bucket `n`: each entry's bytes are copied as they are into the row it now belongs
+    /// to, with the checks [`Buckets::entries`] makes. A subset of one part's entries
+    /// packs into one part, so the rows are those [`Buckets::write_bucket`] writes.
+    fn split_one_part<S: Store + ?Sized>(
+        &self,
+        store: &mut S,
+        prefix: &[u8],
+        from: u64,
+        n: u64,
+        part: &[u8],
+    ) -> Result<()> {
+        let row_key = part_key(prefix, from, 0);
+        let (more, mut rest) = self.split(&row_key, part)?;
+        if more {
+            return Err(self.corrupt(&row_key, "bad bucket part flag"));
+        }
+        let (mut kept, mut moved) = (vec![0u8], vec![0u8]);
+        let mut previous: Option<&[u8]> = None;
+        while !rest.is_empty() {
+            let start = rest;
+            let Some((k, _)) = self.next_entry(&row_key, &mut rest)? else { break };
+            if k.len() > KEY_BYTES_MAX {
+                return Err(self.corrupt(prefix, "bucket key too long"));
+            }
+            let bytes = &start[..start.len() - rest.len()];
+            let hash = (self.hash)(k);
+            if address(hash, n) != from || previous.is_some_and(|p| p >= k) {
+                return Err(self.corrupt(&row_key, "bucket entries out of order or place"));
+            }
+            previous = Some(k);
+            match address(hash, n + 1) == n {
+                true => moved.extend_from_slice(bytes),
+                false => kept.extend_from_slice(bytes),
+            }
+        }
+        match kept.len() > 1 {
+            true => store.put_vec(self.table, &row_key, kept)?,
+            false => store.remove(self.table, &row_key)?,
+        }
+        if moved.len() > 1 {
+            store.put_vec(self.table, &part_key(prefix, n, 0), moved)?;
+        }
+        Ok(())
+    }
+
     /// Records that the map's entries went from `from` to `to` bytes, and splits or merges
     /// buckets until the map has the buckets that `to` gives.
     fn resize<S: Store + ?Sized>(&self, store: &mut S, prefix: &[u8], from: u64, to: u64) -> Result<()> {
@@ -793,6 +839,11 @@ impl Buckets {
             // Bucket `n - 2^i` splits into itself and bucket `n`.
             let from = n - (1u64 << level(n));
             let parts = self.read_parts(store, prefix, from)?;
+            if let [part] = &parts[..] {
+                self.split_one_part(store, prefix, from, n, part)?;
+                n += 1;
+                continue;
+            }
             let entries = self.entries(prefix, from, n, &parts)?;
             let (moved, kept): (Vec<Entry<'_>>, Vec<Entry<'_>>) =
                 entries.into_iter().partition(|(k, _)| address((self.hash)(k), n + 1) == n);
