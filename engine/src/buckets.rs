@@ -821,18 +821,8 @@ impl Buckets {
         if to == 0 {
             store.remove(self.table, prefix)?;
         } else {
-            // Where the store holds the size row in a buffer of its own (a rebuild's
-            // overlay), it is overwritten there: no key or value is allocated an insert.
-            let in_place = store.update_in_place(self.table, prefix, &mut |row| {
-                if row.len() != 8 {
-                    return Ok(false);
-                }
-                row.copy_from_slice(&to.to_le_bytes());
-                Ok(true)
-            })?;
-            if !in_place {
-                store.put(self.table, prefix, &to.to_le_bytes())?;
-            }
+            // An overlay's `put` overwrites the buffer it holds the row in.
+            store.put(self.table, prefix, &to.to_le_bytes())?;
         }
         let (mut n, target) = (buckets_for(from, self.bytes), buckets_for(to, self.bytes));
         while n < target {
