@@ -214,12 +214,21 @@ pub fn content_rows<S: Store + ?Sized>(store: &S, id: &ContentId) -> Result<Vec<
 /// [`content_rows`] in an index of `size` bytes ([`Buckets::size`]), for a reader that
 /// looks up many ids at one seq.
 pub fn content_rows_sized<S: Store + ?Sized>(store: &S, size: u64, id: &ContentId) -> Result<Vec<u64>> {
-    Ok(CONTENT.get_sized(store, &[], size, content_key(id), |v| decode_content_rows(id, v))?.unwrap_or_default())
+    let mut seqs =
+        CONTENT.get_sized(store, &[], size, content_key(id), |v| decode_content_rows(id, v))?.unwrap_or_default();
+    if let Some(deferred) = store.deferred_content_ref().filter(|d| d.holds(id)) {
+        seqs.extend(deferred.seqs_of(id));
+        seqs.sort_unstable();
+    }
+    Ok(seqs)
 }
 
 /// Whether the content-id index lists a row under `id`'s key: `false` means `id` is not
 /// stored; `true` that a row may hold it (one holding another id of that key, by chance).
 pub fn content_may_be_stored<S: Store + ?Sized>(store: &S, id: &ContentId) -> Result<bool> {
+    if store.deferred_content_ref().is_some_and(|d| d.holds(id)) {
+        return Ok(true);
+    }
     CONTENT.contains(store, &[], content_key(id))
 }
 
@@ -247,8 +256,127 @@ pub(crate) fn content_is_stored<S: Store + ?Sized>(
     Ok(false)
 }
 
+/// Content-id index entries added and not yet in the map's rows: a store that folds
+/// many records at once (a catch-up's) defers them ([`Store::deferred_content`]) and
+/// merges them into the rows at the end of a chunk, all at once. Lookups of the index
+/// through that store see them.
+#[derive(Debug, Default)]
+pub struct DeferredContent {
+    /// Each addition's key (its bytes as a big-endian integer, so that integers sort as
+    /// the keys do) and seq, in the order they came.
+    added: Vec<(u64, u64)>,
+    /// The keys of `added`.
+    keys: std::collections::HashSet<u64, crate::store::RowHasher>,
+}
+
+impl DeferredContent {
+    fn key_of(id: &ContentId) -> u64 {
+        u64::from_be_bytes(id.0[..CONTENT_KEY_BYTES].try_into().expect("eight bytes"))
+    }
+
+    fn add(&mut self, id: &ContentId, seq: u64) {
+        let key = Self::key_of(id);
+        self.added.push((key, seq));
+        self.keys.insert(key);
+    }
+
+    fn holds(&self, id: &ContentId) -> bool {
+        self.keys.contains(&Self::key_of(id))
+    }
+
+    /// The seqs deferred under `id`'s key.
+    fn seqs_of(&self, id: &ContentId) -> impl Iterator<Item = u64> + '_ {
+        let key = Self::key_of(id);
+        let any = self.keys.contains(&key);
+        self.added.iter().filter(move |(k, _)| any && *k == key).map(|(_, seq)| *seq)
+    }
+
+    /// Whether nothing is deferred.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.added.is_empty()
+    }
+}
+
+/// Merges `deferred` into the content-id index of `store`, every key at once: the rows are
+/// those the additions one by one would have written ([`content_add`]), because which
+/// entries a bucket holds, and so its rows, follow from the map's entries alone (module
+/// docs). Each key's new value is its old seqs and its deferred ones, ascending; the map
+/// takes its new size and splits to it first (an empty map has nothing to split), then
+/// each bucket that gains or changes an entry is read and written once.
+pub(crate) fn content_merge<S: Store + ?Sized>(store: &mut S, deferred: DeferredContent) -> Result<()> {
+    let mut added = deferred.added;
+    if added.is_empty() {
+        return Ok(());
+    }
+    added.sort_unstable();
+    let size = CONTENT.size(store, &[])?;
+    // Each key's entry: its bucket (once the map's size is known), its key, and where its
+    // value is in `values`.
+    let mut merged: Vec<(u64, u64, std::ops::Range<usize>)> = Vec::with_capacity(deferred.keys.len());
+    let mut values: Vec<u8> = Vec::with_capacity(added.len() * 4);
+    let mut resized = size;
+    for group in added.chunk_by(|a, b| a.0 == b.0) {
+        let key = group[0].0.to_be_bytes();
+        let start = values.len();
+        let old = match size {
+            0 => None,
+            _ => {
+                let mut id = [0u8; 32];
+                id[..CONTENT_KEY_BYTES].copy_from_slice(&key);
+                CONTENT.get_sized(store, &[], size, &key, |v| Ok((decode_content_rows(&ContentId(id), v)?, v.len())))?
+            }
+        };
+        let fresh = group.iter().map(|(_, seq)| *seq);
+        match old {
+            None => fresh.for_each(|seq| put_varint(&mut values, seq as usize)),
+            Some((mut seqs, old_len)) => {
+                let old_size = varint_len(key.len()) + varint_len(old_len) + key.len() + old_len;
+                resized = resized.checked_sub(old_size as u64).ok_or_else(|| CONTENT.corrupt(&[], "bad map size"))?;
+                seqs.extend(fresh);
+                seqs.sort_unstable();
+                seqs.iter().for_each(|seq| put_varint(&mut values, *seq as usize));
+            }
+        }
+        resized += entry_size(&key, &values[start..]) as u64;
+        merged.push((0, group[0].0, start..values.len()));
+    }
+    if size == 0 {
+        store.put(CONTENT.table, &[], &resized.to_le_bytes())?;
+    } else {
+        CONTENT.resize(store, &[], size, resized)?;
+    }
+    let n = buckets_for(resized, CONTENT.bytes);
+    for (bucket, key, _) in merged.iter_mut() {
+        *bucket = address((CONTENT.hash)(&key.to_be_bytes()), n);
+    }
+    merged.sort_unstable_by_key(|(bucket, key, _)| (*bucket, *key));
+    for group in merged.chunk_by(|a, b| a.0 == b.0) {
+        let bucket = group[0].0;
+        let parts = CONTENT.read_parts(store, &[], bucket)?;
+        let old = CONTENT.entries(&[], bucket, n, &parts)?;
+        let keys: Vec<[u8; CONTENT_KEY_BYTES]> = group.iter().map(|(_, key, _)| key.to_be_bytes()).collect();
+        // Both lists are sorted by key: merge them, a new value replacing an old one.
+        let mut entries: Vec<Entry<'_>> = Vec::with_capacity(old.len() + group.len());
+        let mut old = old.into_iter().peekable();
+        for ((_, _, value), key) in group.iter().zip(&keys) {
+            while let Some(e) = old.next_if(|(k, _)| *k < key.as_slice()) {
+                entries.push(e);
+            }
+            old.next_if(|(k, _)| *k == key.as_slice());
+            entries.push((key.as_slice(), &values[value.clone()]));
+        }
+        entries.extend(old);
+        CONTENT.write_bucket(store, &[], bucket, &entries, parts.len())?;
+    }
+    Ok(())
+}
+
 /// Records in the content-id index that the content row at `seq` holds `id`.
 pub fn content_add<S: Store + ?Sized>(store: &mut S, id: &ContentId, seq: u64) -> Result<()> {
+    if let Some(deferred) = store.deferred_content() {
+        deferred.add(id, seq);
+        return Ok(());
+    }
     let one = encode_content_rows(&[seq]);
     // The common case: no row holds an object of this key yet.
     if let Some(old) = CONTENT.replace(store, &[], content_key(id), &one)? {
@@ -263,6 +391,9 @@ pub fn content_add<S: Store + ?Sized>(store: &mut S, id: &ContentId, seq: u64) -
 /// Records in the content-id index that the content row at `seq` no longer holds `id`
 /// (a content collection removed it); `false` when the index did not list that row.
 pub fn content_remove<S: Store + ?Sized>(store: &mut S, id: &ContentId, seq: u64) -> Result<bool> {
+    if let Some(deferred) = store.deferred_content().map(std::mem::take) {
+        content_merge(store, deferred)?;
+    }
     let Some(mut seqs) = CONTENT.get(store, &[], content_key(id), |v| decode_content_rows(id, v))? else {
         return Ok(false);
     };
@@ -998,6 +1129,101 @@ mod tests {
         // Three: bucket 0 split into 0 and 2 (two bits), bucket 1 not yet (one bit).
         assert_eq!((address(4, 3), address(6, 3), address(5, 3), address(7, 3)), (0, 2, 1, 1));
         assert_eq!((buckets_for(0, 4), buckets_for(4, 4), buckets_for(5, 4), buckets_for(9, 4)), (1, 1, 2, 3));
+    }
+
+    /// Every row of the content-id index that `reference` holds, and every row a map of
+    /// its size or a little larger could hold, as `store` holds them.
+    fn index_rows(reference: &MemStore, store: &dyn Store) -> Vec<(Vec<u8>, Option<Vec<u8>>)> {
+        let n = buckets_for(CONTENT.size(reference, &[]).unwrap(), CONTENT.bytes);
+        let mut keys: std::collections::BTreeSet<Vec<u8>> = rows(reference).into_iter().map(|(k, _)| k).collect();
+        keys.insert(Vec::new());
+        keys.extend((0..n + 4).flat_map(|b| (0..4).map(move |p| part_key(&[], b, p))));
+        keys.into_iter().map(|k| (k.clone(), store.get(Table::ContentIndex, &k).unwrap())).collect()
+    }
+
+    /// A content id of key number `k` (spread over the hash's bits) and tail `tail`.
+    fn spread_id(k: u16, tail: u8) -> ContentId {
+        id(u64::from(k).wrapping_mul(0x9e37_79b9_7f4a_7c15), tail)
+    }
+
+    proptest! {
+        /// Additions merged at once into a map that holds entries already, or none, leave
+        /// the rows the same additions made one by one leave: keys new and old, a key's
+        /// seqs out of order and twice, maps that split.
+        #[test]
+        fn a_merge_writes_the_rows_additions_one_by_one_write(
+            before in proptest::collection::vec((0u16..300, 0u8..2, 0u64..1 << 22), 0..300),
+            added in proptest::collection::vec((0u16..300, 0u8..2, 0u64..1 << 22), 0..400),
+        ) {
+            let mut one_by_one = MemStore::default();
+            for (k, tail, seq) in &before {
+                content_add(&mut one_by_one, &spread_id(*k, *tail), *seq).unwrap();
+            }
+            let mut merged = one_by_one.clone();
+            let mut deferred = DeferredContent::default();
+            for (k, tail, seq) in &added {
+                content_add(&mut one_by_one, &spread_id(*k, *tail), *seq).unwrap();
+                deferred.add(&spread_id(*k, *tail), *seq);
+            }
+            content_merge(&mut merged, deferred).unwrap();
+            prop_assert_eq!(rows(&merged), rows(&one_by_one));
+        }
+
+        /// A catch-up's store defers the index's additions while the index starts a chunk
+        /// empty, and settles them at the chunk's end: lookups between see every addition,
+        /// a removal merges what is deferred first, and each chunk ends with the rows a
+        /// store written one addition at a time holds.
+        #[test]
+        fn a_store_that_defers_additions_reads_and_settles_as_one_that_does_not(
+            steps in proptest::collection::vec(
+                prop_oneof![
+                    6 => (0u16..120, 0u8..2, 0u64..1 << 22).prop_map(|(k, t, s)| (0u8, k, t, s)),
+                    2 => (0u16..120, 0u8..2, 0u64..8).prop_map(|(k, t, s)| (1u8, k, t, s)),
+                    2 => (0u16..120, 0u8..2).prop_map(|(k, t)| (2u8, k, t, 0)),
+                    1 => Just((3u8, 0, 0, 0)),
+                ],
+                0..250,
+            ),
+        ) {
+            let base = MemStore::default();
+            let mut reference = MemStore::default();
+            let mut overlay = crate::store::Overlay::new(&base);
+            let mut held = crate::store::HeldRows::new(Table::ContentIndex);
+            let mut folding = crate::store::Held { held: &mut held, rest: &mut overlay };
+            folding.defer_if_empty().unwrap();
+            for (op, k, tail, seq) in steps {
+                let id = spread_id(k, tail);
+                match op {
+                    0 => {
+                        content_add(&mut folding, &id, seq).unwrap();
+                        content_add(&mut reference, &id, seq).unwrap();
+                    }
+                    1 => {
+                        // A seq the index lists for the id, mostly.
+                        let listed = content_rows(&reference, &id).unwrap();
+                        let seq = listed.get(seq as usize % listed.len().max(1)).copied().unwrap_or(seq);
+                        prop_assert_eq!(
+                            content_remove(&mut folding, &id, seq).unwrap(),
+                            content_remove(&mut reference, &id, seq).unwrap()
+                        );
+                    }
+                    2 => {
+                        prop_assert_eq!(content_rows(&folding, &id).unwrap(), content_rows(&reference, &id).unwrap());
+                        prop_assert_eq!(
+                            content_may_be_stored(&folding, &id).unwrap(),
+                            content_may_be_stored(&reference, &id).unwrap()
+                        );
+                    }
+                    _ => {
+                        folding.settle().unwrap();
+                        prop_assert_eq!(index_rows(&reference, &folding), index_rows(&reference, &reference));
+                        folding.defer_if_empty().unwrap();
+                    }
+                }
+            }
+            folding.settle().unwrap();
+            prop_assert_eq!(index_rows(&reference, &folding), index_rows(&reference, &reference));
+        }
     }
 
     #[test]

@@ -402,6 +402,7 @@ fn fold_chunk(
 ) -> Result<FoldedChunk> {
     let mut overlay = Overlay::new(store);
     let (mut events, mut bytes) = (0u64, 0u64);
+    Held { held: &mut *held, rest: &mut overlay }.defer_if_empty()?;
     while events < chunk_events {
         let Some(entry) = next_entry()? else { break };
         let mut folding = Held { held: &mut *held, rest: &mut overlay };
@@ -410,6 +411,7 @@ fn fold_chunk(
         events += 1;
         bytes += entry.bytes;
     }
+    Held { held, rest: &mut overlay }.settle()?;
     Ok(FoldedChunk { writes: overlay.into_writes(), events, bytes })
 }
 
@@ -433,12 +435,14 @@ pub(crate) fn fold_chunk_on_two<S: Store + Sync + ?Sized>(
         let other = scope.spawn(move || -> Result<crate::store::Writes> {
             let mut overlay = Overlay::new(store);
             let mut folding = Held { held, rest: &mut overlay };
+            folding.defer_if_empty()?;
             for batch in batches {
                 for entry in batch.iter() {
                     let set = cursors.behind(entry.record.seq).and(second);
                     evolve(&mut folding, &entry.record, &entry.introduced, set)?;
                 }
             }
+            folding.settle()?;
             Ok(overlay.into_writes())
         });
         let mut overlay = Overlay::new(store);
