@@ -295,6 +295,11 @@ impl DeferredContent {
     pub(crate) fn is_empty(&self) -> bool {
         self.added.is_empty()
     }
+
+    /// The memory the additions take, about: 16 bytes each, and 16 a key in the set.
+    pub(crate) fn bytes(&self) -> usize {
+        self.added.len() * 16 + self.keys.len() * 16
+    }
 }
 
 /// Merges `deferred` into the content-id index of `store`, every key at once: the rows are

@@ -283,7 +283,7 @@ fn fold_into(temp: &Path, log: &LogSource<'_>, progress: Progress<'_>, handover:
             )?;
             let last = folded.events < handover.events;
             let mut writes = folded.writes;
-            held.hand_over(&mut writes, last, handover.held_bytes);
+            held.hand_over(&base, &mut writes, last, handover.held_bytes)?;
             let writes = Arc::new(writes);
             events += folded.events;
             bytes += folded.bytes;

@@ -636,7 +636,7 @@ pub(crate) struct HeldRows {
     writes: Writes,
     /// Whether the content-id index's additions are deferred in this chunk
     /// ([`Held::defer_if_empty`]), and those not merged into its rows yet
-    /// ([`Held::settle`]).
+    /// ([`HeldRows::hand_over`], [`Held::settle`]).
     defer: bool,
     deferred: crate::buckets::DeferredContent,
     /// The bytes of the rows held, keys and values.
@@ -656,12 +656,27 @@ impl HeldRows {
     }
 
     /// Adds the rows held to a chunk's `writes` if the chunk is the `last`, or if they
-    /// take more than `bound` bytes; else keeps holding them.
-    pub(crate) fn hand_over(&mut self, writes: &mut Writes, last: bool, bound: usize) {
-        debug_assert!(self.deferred.is_empty(), "a chunk's fold settles its deferred additions");
+    /// take more than `bound` bytes; else keeps holding them. The content-id index's
+    /// deferred additions are merged into the rows first, over `store` (what the chunks
+    /// before wrote), if the chunk is the last or they take more than `bound` bytes;
+    /// else they stay deferred into the next chunk.
+    pub(crate) fn hand_over<S: Store + ?Sized>(
+        &mut self,
+        store: &S,
+        writes: &mut Writes,
+        last: bool,
+        bound: usize,
+    ) -> Result<()> {
+        if !self.deferred.is_empty() && (last || self.deferred.bytes() > bound) {
+            // The merge reads and writes the held table alone: nothing lands in `rest`.
+            let mut rest = Overlay::new(store);
+            Held { held: &mut *self, rest: &mut rest }.settle()?;
+            debug_assert!(rest.into_writes().is_empty(), "a merge writes only the held table");
+        }
         if last || self.bytes > bound {
             writes.extend(self.take());
         }
+        Ok(())
     }
 
     fn row_bytes(key: &[u8], value: &Value) -> usize {
@@ -690,12 +705,13 @@ pub(crate) struct Held<'h, S: Store + ?Sized> {
 
 impl<S: Store + ?Sized> Held<'_, S> {
     /// The start of a chunk's fold: when the held table is the content-id index and the
-    /// index is empty (a fold from sequence 0, in its first chunk), its additions are
-    /// deferred until [`Held::settle`], which merges them at once. Merged one by one, the
-    /// chunk's additions were most of the second folding thread's time (about a sixth of a
+    /// index is empty (a fold from sequence 0, up to the first merge), its additions are
+    /// deferred, across chunks, until [`HeldRows::hand_over`] merges them at once (after
+    /// the last chunk, or when they take more than its bound). Inserted one by one, the
+    /// additions were most of the second folding thread's time (about a sixth of a
     /// catch-up's CPU on the comparison's workload); at once, they are a sort and one
     /// write of each bucket. Into an index that holds entries already, each addition
-    /// is merged as it comes, as before: a merge then reads each key's entry and rewrites
+    /// is inserted as it comes: a merge there reads each key's entry and rewrites
     /// nearly every bucket, which costs more than the inserts it replaces.
     pub(crate) fn defer_if_empty(&mut self) -> Result<()> {
         self.held.defer = self.held.table == Table::ContentIndex && crate::buckets::CONTENT.size(&*self, &[])? == 0;
@@ -703,7 +719,7 @@ impl<S: Store + ?Sized> Held<'_, S> {
     }
 
     /// Merges the content-id index's deferred additions into the held rows, and stops
-    /// deferring them: the end of a chunk's fold, before its rows are handed over.
+    /// deferring them.
     pub(crate) fn settle(&mut self) -> Result<()> {
         self.held.defer = false;
         let deferred = std::mem::take(&mut self.held.deferred);
@@ -1101,7 +1117,7 @@ mod tests {
             let table = |h: bool| if h { Table::ContentIndex } else { Table::Heads };
             for s in steps {
                 if let Step::Flush(bound) = s {
-                    held.hand_over(&mut chunk, false, bound);
+                    held.hand_over(&base, &mut chunk, false, bound).unwrap();
                     apply_writes(&mut base, std::mem::take(&mut chunk)).unwrap();
                     continue;
                 }
@@ -1131,7 +1147,7 @@ mod tests {
                 let counted: usize = held.writes.rows().map(|(k, v)| HeldRows::row_bytes(k, v)).sum();
                 proptest::prop_assert_eq!(held.bytes, counted);
             }
-            held.hand_over(&mut chunk, true, usize::MAX);
+            held.hand_over(&base, &mut chunk, true, usize::MAX).unwrap();
             apply_writes(&mut base, chunk).unwrap();
             proptest::prop_assert_eq!(every_row(&base), every_row(&reference));
         }
