@@ -251,7 +251,8 @@ pub trait Store {
 
     /// The content-id index's additions this store defers, to merge them into the
     /// index's rows at once; `None`, the default, when each is written as it comes. A
-    /// catch-up's store defers them, and merges them at the end of each chunk.
+    /// fold from sequence 0 (a catch-up's or a rebuild's store) defers them while the
+    /// index is empty, and merges them after its last chunk or at its memory bound.
     fn deferred_content(&mut self) -> Option<&mut crate::buckets::DeferredContent> {
         None
     }
