@@ -257,9 +257,9 @@ pub(crate) fn content_is_stored<S: Store + ?Sized>(
 }
 
 /// Content-id index entries added and not yet in the map's rows: a store that folds
-/// many records at once (a catch-up's) defers them ([`Store::deferred_content`]) and
-/// merges them into the rows at the end of a chunk, all at once. Lookups of the index
-/// through that store see them.
+/// many records from sequence 0 (a catch-up's, a rebuild's) defers them
+/// ([`Store::deferred_content`]) and merges them into the rows all at once. Lookups of
+/// the index through that store see them.
 #[derive(Debug, Default)]
 pub struct DeferredContent {
     /// Each addition's key (its bytes as a big-endian integer, so that integers sort as
