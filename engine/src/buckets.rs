@@ -84,7 +84,12 @@ pub(crate) fn read_varint(rest: &mut &[u8]) -> Option<usize> {
 
 /// Bytes an entry takes: its lengths as varints, its key and its value.
 fn entry_size(key: &[u8], value: &[u8]) -> usize {
-    varint_len(key.len()) + varint_len(value.len()) + key.len() + value.len()
+    entry_len(key.len(), value.len())
+}
+
+/// Bytes of an entry whose key and value take `key` and `value` bytes.
+fn entry_len(key: usize, value: usize) -> usize {
+    varint_len(key) + varint_len(value) + key + value
 }
 
 /// Appends an entry.
@@ -284,11 +289,10 @@ impl DeferredContent {
         self.keys.contains(&Self::key_of(id))
     }
 
-    /// The seqs deferred under `id`'s key.
+    /// The seqs deferred under `id`'s key (a scan of every addition: no fold asks).
     fn seqs_of(&self, id: &ContentId) -> impl Iterator<Item = u64> + '_ {
         let key = Self::key_of(id);
-        let any = self.keys.contains(&key);
-        self.added.iter().filter(move |(k, _)| any && *k == key).map(|(_, seq)| *seq)
+        self.added.iter().filter(move |(k, _)| *k == key).map(|(_, seq)| *seq)
     }
 
     /// Whether nothing is deferred.
@@ -317,7 +321,8 @@ pub(crate) fn content_merge<S: Store + ?Sized>(store: &mut S, deferred: Deferred
     let size = CONTENT.size(store, &[])?;
     // Each key's entry: its bucket (once the map's size is known), its key, and where its
     // value is in `values`.
-    let mut merged: Vec<(u64, u64, std::ops::Range<usize>)> = Vec::with_capacity(deferred.keys.len());
+    let mut merged: Vec<(u64, [u8; CONTENT_KEY_BYTES], std::ops::Range<usize>)> =
+        Vec::with_capacity(deferred.keys.len());
     let mut values: Vec<u8> = Vec::with_capacity(added.len() * 4);
     let mut resized = size;
     for group in added.chunk_by(|a, b| a.0 == b.0) {
@@ -335,15 +340,15 @@ pub(crate) fn content_merge<S: Store + ?Sized>(store: &mut S, deferred: Deferred
         match old {
             None => fresh.for_each(|seq| put_varint(&mut values, seq as usize)),
             Some((mut seqs, old_len)) => {
-                let old_size = varint_len(key.len()) + varint_len(old_len) + key.len() + old_len;
-                resized = resized.checked_sub(old_size as u64).ok_or_else(|| CONTENT.corrupt(&[], "bad map size"))?;
+                let old_size = entry_len(key.len(), old_len) as u64;
+                resized = resized.checked_sub(old_size).ok_or_else(|| CONTENT.corrupt(&[], "bad map size"))?;
                 seqs.extend(fresh);
                 seqs.sort_unstable();
                 seqs.iter().for_each(|seq| put_varint(&mut values, *seq as usize));
             }
         }
         resized += entry_size(&key, &values[start..]) as u64;
-        merged.push((0, group[0].0, start..values.len()));
+        merged.push((0, key, start..values.len()));
     }
     if size == 0 {
         store.put(CONTENT.table, &[], &resized.to_le_bytes())?;
@@ -352,18 +357,17 @@ pub(crate) fn content_merge<S: Store + ?Sized>(store: &mut S, deferred: Deferred
     }
     let n = buckets_for(resized, CONTENT.bytes);
     for (bucket, key, _) in merged.iter_mut() {
-        *bucket = address((CONTENT.hash)(&key.to_be_bytes()), n);
+        *bucket = address((CONTENT.hash)(key), n);
     }
     merged.sort_unstable_by_key(|(bucket, key, _)| (*bucket, *key));
     for group in merged.chunk_by(|a, b| a.0 == b.0) {
         let bucket = group[0].0;
         let parts = CONTENT.read_parts(store, &[], bucket)?;
         let old = CONTENT.entries(&[], bucket, n, &parts)?;
-        let keys: Vec<[u8; CONTENT_KEY_BYTES]> = group.iter().map(|(_, key, _)| key.to_be_bytes()).collect();
         // Both lists are sorted by key: merge them, a new value replacing an old one.
         let mut entries: Vec<Entry<'_>> = Vec::with_capacity(old.len() + group.len());
         let mut old = old.into_iter().peekable();
-        for ((_, _, value), key) in group.iter().zip(&keys) {
+        for (_, key, value) in group {
             while let Some(e) = old.next_if(|(k, _)| *k < key.as_slice()) {
                 entries.push(e);
             }
