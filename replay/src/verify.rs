@@ -702,7 +702,7 @@ pub fn verify_log(
     // The log's length sizes the lists of content references and objects.
     let records = guarded("table log", || txn.open_table(LOG).and_then(|t| Ok(t.len()?))).ok().and_then(Result::ok);
     let records = records.unwrap_or(0) + journal_rows.len() as u64;
-    let fold = Fold::new(walk.fold_set);
+    let fold = Fold::new(walk.fold_set, LogLists::new(txn, &journal_rows, limits.record_bytes_max));
     let (walked, scan, fold, links) = if seq.saturating_add(journal_rows.len() as u64) <= FOLD_BATCH as u64 {
         // The walk hands a log this short to the fold as one batch, at its end: a fold
         // thread would only wait for it, so everything runs here, one phase after the other.
@@ -1390,43 +1390,77 @@ enum Item {
 }
 
 /// The fold's scratch state: the projection rows, which `evolve` needs in no order
-/// (`HashStore`), and the message list of every record folded, by seq. A transcript
-/// names its messages by the records whose lists hold their ids
+/// (`HashStore`), and the log's records for their message lists. A transcript names its
+/// messages by the records whose lists hold their ids
 /// ([`annal::transcript::message_list`]), and the fold of a rewrite or a fork reads the
-/// lists of records before it: this is where it finds them, as the transcript rows of
-/// earlier versions held the ids.
-#[derive(Default)]
-struct Scratch {
+/// lists of records before it: [`LogLists`] reads them from the log when asked.
+struct Scratch<'a> {
     rows: HashStore,
-    /// The lists, one after another in seq order, in blocks of [`LIST_BLOCK_IDS`] (a
-    /// longer list has a block of its own): a block is never moved, so keeping a list
-    /// copies it once.
-    blocks: Vec<Vec<ContentId>>,
-    /// `(seq, block, where its list starts in the block, its length)`, ascending.
-    lists: Vec<(u64, usize, usize, usize)>,
+    lists: LogLists<'a>,
 }
 
-/// Ids per block of [`Scratch`]'s lists: 32 MiB.
-const LIST_BLOCK_IDS: usize = 1 << 20;
+/// Message lists the fold keeps before it starts again: a rewrite of a long session
+/// reads the lists of the records after it, one after another.
+const LISTS_KEPT_MAX: usize = 16_384;
 
-impl Scratch {
-    /// Keeps the message list of record `seq`, which follows every seq kept before.
-    fn keep_list(&mut self, seq: u64, list: &[ContentId]) {
-        if self.lists.last().is_some_and(|(last, ..)| *last >= seq) {
-            return;
+/// The message lists of the log's records, read by seq when the fold asks for one: from
+/// the log file's snapshot, or past its last record from the journal's rows. Most logs'
+/// folds ask for none (only rewrites and forks read lists), so none is read ahead or
+/// kept beyond [`LISTS_KEPT_MAX`]: keeping every record's list cost a copy of every id
+/// (32 bytes each) and the memory for it.
+///
+/// A record that cannot be read or decoded, or that has no message, has no list here,
+/// as for the fold it never reached: the walk reports it.
+struct LogLists<'a> {
+    txn: &'a ReadTransaction,
+    journal: &'a [annal::journal::JournalRow],
+    record_bytes_max: u64,
+    kept: std::cell::RefCell<HashMap<u64, std::sync::Arc<[ContentId]>>>,
+}
+
+impl<'a> LogLists<'a> {
+    fn new(txn: &'a ReadTransaction, journal: &'a [annal::journal::JournalRow], record_bytes_max: u64) -> Self {
+        LogLists { txn, journal, record_bytes_max, kept: Default::default() }
+    }
+
+    /// The message list of the record stored at `seq`, if it decodes and has one.
+    fn get(&self, seq: u64) -> Option<std::sync::Arc<[ContentId]>> {
+        if let Some(list) = self.kept.borrow().get(&seq) {
+            return Some(list.clone());
         }
-        let room = self.blocks.last().map_or(0, |b| b.capacity() - b.len());
-        if room < list.len() {
-            self.blocks.push(Vec::with_capacity(LIST_BLOCK_IDS.max(list.len())));
+        let list = self.read(seq)?;
+        let mut kept = self.kept.borrow_mut();
+        if kept.len() >= LISTS_KEPT_MAX {
+            kept.clear();
         }
-        let block = self.blocks.len() - 1;
-        let ids = &mut self.blocks[block];
-        self.lists.push((seq, block, ids.len(), list.len()));
-        ids.extend_from_slice(list);
+        kept.insert(seq, list.clone());
+        Some(list)
+    }
+
+    fn read(&self, seq: u64) -> Option<std::sync::Arc<[ContentId]>> {
+        let from_file;
+        let bytes = match self.journal.binary_search_by_key(&seq, |row| row.seq) {
+            Ok(i) => self.journal[i].record.as_slice(),
+            Err(_) => {
+                // A file that makes redb fail or panic has no list here; the walk reports it.
+                let read = guarded("table log", || {
+                    let table = self.txn.open_table(LOG).ok()?;
+                    let bytes = table.get(seq).ok()??.value().to_vec();
+                    Some(bytes)
+                });
+                from_file = read.ok()??;
+                from_file.as_slice()
+            }
+        };
+        let record = decode_record(bytes, self.record_bytes_max).ok()?.record;
+        if record.seq != seq {
+            return None;
+        }
+        annal::transcript::message_list(&record.event).filter(|l| !l.is_empty()).map(Into::into)
     }
 }
 
-impl Store for Scratch {
+impl Store for Scratch<'_> {
     fn read(
         &self,
         table: Table,
@@ -1453,20 +1487,16 @@ impl Store for Scratch {
         self.rows.update_in_place(table, key, f)
     }
     fn message_list(&self, seq: u64) -> annal::error::Result<Option<std::sync::Arc<[ContentId]>>> {
-        let Ok(i) = self.lists.binary_search_by_key(&seq, |(s, ..)| *s) else {
-            return Ok(None);
-        };
-        let (_, block, at, len) = self.lists[i];
-        Ok(Some(self.blocks[block][at..at + len].into()))
+        Ok(self.lists.get(seq))
     }
 }
 
 /// The fold side of the walk, on its own thread: commit hashes and the engine's
 /// `evolve` into scratch state.
-struct Fold {
+struct Fold<'a> {
     /// Scratch state; `deep` puts its rows in key order once, at the end, to compare
     /// them with the stored tables.
-    store: Scratch,
+    store: Scratch<'a>,
     /// Sessions whose fold failed: their later records are not folded (no cascades).
     broken: HashSet<SessionId>,
     failed: bool,
@@ -1480,10 +1510,10 @@ struct Fold {
     findings: Vec<Finding>,
 }
 
-impl Fold {
-    fn new(set: ProjectionSet) -> Fold {
+impl<'a> Fold<'a> {
+    fn new(set: ProjectionSet, lists: LogLists<'a>) -> Fold<'a> {
         Fold {
-            store: Scratch::default(),
+            store: Scratch { rows: HashStore::default(), lists },
             broken: HashSet::new(),
             failed: false,
             set: set.iter().filter(|p| *p != Projection::Content).collect(),
@@ -1496,7 +1526,7 @@ impl Fold {
     /// Folds the walk's batches until it is done, and hands each back to it: the walk,
     /// whose thread allocated the records, frees them (the fold is the longer share of
     /// the work, and freeing on the allocating thread is the cheaper way).
-    fn run(mut self, batches: Receiver<Vec<Item>>, spent: SyncSender<Vec<Item>>) -> Fold {
+    fn run(mut self, batches: Receiver<Vec<Item>>, spent: SyncSender<Vec<Item>>) -> Fold<'a> {
         for batch in batches {
             self.take(&batch);
             // A batch the walk has no room for is freed here.
@@ -1519,9 +1549,6 @@ impl Fold {
 
     fn record(&mut self, r: &annal::Record, introduced: &[ContentId]) {
         let seq = r.seq;
-        if let Some(list) = annal::transcript::message_list(&r.event).filter(|l| !l.is_empty()) {
-            self.store.keep_list(seq, list);
-        }
         if let Event::TurnCommitted(e) = &r.event {
             if e.recomputed_hash() != e.commit_hash {
                 self.findings.push(Finding::CommitHash { seq });
@@ -1726,7 +1753,7 @@ impl<'a> Walk<'a> {
 
     /// Takes the fold thread's scratch state and findings; findings of the log walk are
     /// kept in sequence order.
-    fn merge_fold(&mut self, fold: Fold) {
+    fn merge_fold(&mut self, fold: Fold<'_>) {
         if self.opts.deep {
             self.store = fold.store.rows.into_ordered();
         }

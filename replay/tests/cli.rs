@@ -3,7 +3,9 @@
 
 use annal::codec::{content_id, stored_chain_hash, LogChain, HEADER_LEN};
 use annal::tables::{meta_keys, LOG, META};
-use annal::{CommitTurn, Engine, Expected, Limits, ListQuery, Message, Reader, SessionId};
+use annal::{
+    CommitTurn, Engine, Expected, Limits, ListQuery, Message, Reader, Restore, Rewrite, RewriteReason, SessionId,
+};
 use redb::{ReadableDatabase, ReadableTable};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
@@ -883,6 +885,81 @@ fn verify_runs_beside_a_live_writer() {
     assert_eq!(std::fs::metadata(&db).unwrap().len(), size);
     assert_eq!(engine.tip().unwrap().0, before + 2);
     engine.close().unwrap();
+}
+
+/// verify's fold reads the message lists of earlier records from the log when a rewrite
+/// or a restore needs them: here from records that are still only in the journal,
+/// past the log file's last record, and from records of the log file.
+#[test]
+fn verify_folds_rewrites_that_name_records_in_the_journal() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = demo_db(&dir, 2);
+    let engine = Engine::open(&db).unwrap();
+    let session = live_session(&db);
+    let in_file = engine.head(session).unwrap().unwrap();
+    let turn = |key: &str, texts: &[&str]| {
+        let mut turn = CommitTurn::new(session, key, Expected::Any);
+        for text in texts {
+            turn = turn.message(Message::user(*text));
+        }
+        engine.commit_turn(turn).unwrap().receipt()
+    };
+    let first = turn("journal-1", &["one", "two", "three"]);
+    turn("journal-2", &["four", "five"]);
+    let head = engine.head(session).unwrap().unwrap();
+    // An edit inside the first new turn: what follows it is named by its records' lists.
+    let edit = Rewrite {
+        session,
+        expected: head.revision,
+        start: in_file.message_count + 1,
+        end: in_file.message_count + 2,
+        replacement: vec![Message::user("two, edited")],
+        reason: RewriteReason::Edit,
+        note: "edit".into(),
+        actor: "test".into(),
+    };
+    let edited = engine.rewrite(edit).unwrap();
+    // A compaction of messages of the log file's records and the journal's.
+    let compaction = Rewrite {
+        session,
+        expected: edited.revision,
+        start: 1,
+        end: in_file.message_count + 1,
+        replacement: vec![Message::system("summary")],
+        reason: RewriteReason::Compaction,
+        note: "compact".into(),
+        actor: "test".into(),
+    };
+    let compacted = engine.rewrite(compaction).unwrap();
+    let restore = Restore {
+        session,
+        expected: compacted.revision,
+        target: head.revision,
+        note: "back".into(),
+        actor: "test".into(),
+    };
+    let restored = engine.restore(restore).unwrap();
+    let file_tip = {
+        // A reader beside the writer, as verify opens it.
+        let mut builder = redb::Builder::new();
+        builder.set_concurrency_mode(redb::ConcurrencyMode::SingleWriter);
+        let log = builder.open_read_only(&db).unwrap();
+        let txn = log.begin_read().unwrap();
+        let table = txn.open_table(LOG).unwrap();
+        let last = table.last().unwrap().map(|(k, _)| k.value());
+        last.unwrap_or(0)
+    };
+    assert!(file_tip < first.seq, "the new records are in the journal (file tip {file_tip}, first {})", first.seq);
+    for extra in [&[][..], &["--deep"][..]] {
+        let (rc, report) = verify_json(&db, extra);
+        assert_eq!(rc, 0, "{report}");
+        assert_eq!(report["tip"]["seq"], restored.seq, "{report}");
+    }
+    engine.close().unwrap();
+    // And once the journal is absorbed into the log file.
+    let (rc, report) = verify_json(&db, &["--deep"]);
+    assert_eq!(rc, 0, "{report}");
+    assert_eq!(report["tip"]["seq"], restored.seq, "{report}");
 }
 
 #[test]
