@@ -719,27 +719,36 @@ pub fn verify_log(
             handed.iter().for_each(|batch| fold.take(&batch.items));
             fold
         }));
-        let scan =
-            guarded("content rows", || scan_content(txn, &journal_rows, limits, records, &mut || refs.pop_front()));
+        let scan = guarded("content rows", || {
+            scan_content(txn, &journal_rows, limits, records, &mut || refs.pop_front(), None)
+        });
         (walked, Ok(scan), fold.map_err(drop), Ok(findings))
     } else {
         // Four threads on the cores there are: the walk (reading and decoding), the fold,
         // the chain links and the content scan, each a fair share of the work.
         let (batches, folded) = sync_channel::<Vec<Item>>(FOLD_QUEUE);
         let (spent, spare) = sync_channel::<Vec<Item>>(FOLD_QUEUE);
-        walk.spent = Some(spare);
+        let (checks_spent, checks_spare) = sync_channel::<Checks>(FOLD_QUEUE);
+        let (refs_spent, refs_spare) = sync_channel::<Vec<Ref>>(FOLD_QUEUE);
+        walk.spent = Some(Spare { items: spare, checks: checks_spare, refs: refs_spare });
         let (to_check, checked) = sync_channel::<Checks>(FOLD_QUEUE);
         let (to_scan, scanned) = std::sync::mpsc::channel::<RefBatch>();
         std::thread::scope(|s| {
             let rows = &journal_rows;
             let scan = s.spawn(move || {
-                guarded("content rows", || scan_content(txn, rows, limits, records, &mut || scanned.recv().ok()))
+                guarded("content rows", || {
+                    scan_content(txn, rows, limits, records, &mut || scanned.recv().ok(), Some(refs_spent))
+                })
             });
             let fold = s.spawn(move || fold.run(folded, spent));
             let chain = &chain;
             let links = s.spawn(move || {
                 let mut findings = Vec::new();
-                checked.into_iter().for_each(|mut checks| check_links(&mut checks, chain, &mut findings));
+                for mut checks in checked {
+                    check_links(&mut checks, chain, &mut findings);
+                    // Back to the walk to fill again; one it has no room for is freed here.
+                    let _ = checks_spent.try_send(checks);
+                }
                 findings
             });
             let walked = guarded("table log", || {
@@ -1077,8 +1086,12 @@ struct Matcher<'s> {
     /// The next batch of references, `None` once the walk is done.
     source: &'s mut dyn FnMut() -> Option<RefBatch>,
     /// References taken from the source and not yet matched, in log order: the batches
-    /// as they came, each with the references not taken from it yet.
-    pending: std::collections::VecDeque<std::vec::IntoIter<Ref>>,
+    /// as they came, each with the place of its first reference not taken yet.
+    pending: std::collections::VecDeque<(Vec<Ref>, usize)>,
+    /// Where a batch's list goes once every reference of it is taken: back to the walk,
+    /// which fills it again (a list freed on this thread and allocated afresh on the
+    /// walk's cost the kernel's zeroing of fresh pages).
+    spent: Option<SyncSender<Vec<Ref>>>,
     /// Every reference of a record at or before this seq has been taken.
     through: u64,
     done: bool,
@@ -1086,20 +1099,34 @@ struct Matcher<'s> {
 }
 
 impl<'s> Matcher<'s> {
-    fn new(source: &'s mut dyn FnMut() -> Option<RefBatch>, records: u64) -> Matcher<'s> {
+    fn new(
+        source: &'s mut dyn FnMut() -> Option<RefBatch>,
+        records: u64,
+        spent: Option<SyncSender<Vec<Ref>>>,
+    ) -> Matcher<'s> {
         let pending = std::collections::VecDeque::new();
         // Room for a reference every two records: most are matched at their row.
-        Matcher { source, pending, through: 0, done: false, kept: Refs::new(records / 4) }
+        Matcher { source, pending, spent, through: 0, done: false, kept: Refs::new(records / 4) }
     }
 
     /// The next pending reference if it is of a record at or before `seq`.
     fn next_through(&mut self, seq: u64) -> Option<Ref> {
         loop {
-            let batch = self.pending.front_mut()?;
-            match batch.as_slice().first() {
-                Some(r) if r.seq <= seq => return batch.next(),
+            let (refs, at) = self.pending.front_mut()?;
+            match refs.get(*at) {
+                Some(r) if r.seq <= seq => {
+                    *at += 1;
+                    return Some(*r);
+                }
                 Some(_) => return None,
-                None => drop(self.pending.pop_front()),
+                None => {
+                    let (mut refs, _) = self.pending.pop_front()?;
+                    if let Some(spent) = &self.spent {
+                        refs.clear();
+                        // One the walk has no room for is freed here.
+                        let _ = spent.try_send(refs);
+                    }
+                }
             }
         }
     }
@@ -1110,7 +1137,7 @@ impl<'s> Matcher<'s> {
             match (self.source)() {
                 Some(batch) => {
                     self.through = batch.through;
-                    self.pending.push_back(batch.refs.into_iter());
+                    self.pending.push_back((batch.refs, 0));
                 }
                 None => self.done = true,
             }
@@ -1171,9 +1198,10 @@ fn scan_content(
     limits: &Limits,
     records: u64,
     refs: &mut dyn FnMut() -> Option<RefBatch>,
+    spent: Option<SyncSender<Vec<Ref>>>,
 ) -> ContentScan {
     let mut scan = ContentScan::default();
-    let mut matcher = Matcher::new(refs, records);
+    let mut matcher = Matcher::new(refs, records, spent);
     if let Err(e) = scan_rows(&mut scan, &mut matcher, txn, journal, limits, records) {
         scan.findings.push(storage("content rows", e));
     }
@@ -1329,16 +1357,38 @@ impl Batch {
     }
 
     /// An empty batch for `records` that fills `items`, a list the fold is done with.
-    fn with_items(mut items: Vec<Item>, records: usize) -> Batch {
+    fn with_items(items: Vec<Item>, records: usize) -> Batch {
+        Batch::with_parts(Some(items), None, None, records)
+    }
+
+    /// An empty batch for `records` that fills the lists given, which the threads they
+    /// went to are done with, and fresh ones for the others.
+    fn with_parts(items: Option<Vec<Item>>, checks: Option<Checks>, refs: Option<Vec<Ref>>, records: usize) -> Batch {
+        let mut items = items.unwrap_or_else(|| Vec::with_capacity(records));
         items.clear();
-        let checks = Checks { links: Vec::with_capacity(records), bytes: Vec::with_capacity(records * 256) };
-        let refs = RefBatch { through: 0, refs: Vec::with_capacity(records * 2) };
-        Batch { items, checks, refs }
+        let mut checks = checks
+            .unwrap_or_else(|| Checks { links: Vec::with_capacity(records), bytes: Vec::with_capacity(records * 256) });
+        checks.links.clear();
+        checks.bytes.clear();
+        let mut refs = refs.unwrap_or_else(|| Vec::with_capacity(records * 2));
+        refs.clear();
+        Batch { items, checks, refs: RefBatch { through: 0, refs } }
     }
 
     fn is_empty(&self) -> bool {
         self.items.is_empty() && self.checks.links.is_empty() && self.refs.refs.is_empty()
     }
+}
+
+/// The lists of batches the other threads are done with, handed back to the walk to fill
+/// again: the fold's records (which the walk, whose thread allocated them, frees), the
+/// chain thread's links and bytes, and the content thread's references. A list freed on
+/// the thread it went to, and a fresh one allocated on the walk's for each batch, cost
+/// the kernel's zeroing of fresh pages again and again.
+struct Spare {
+    items: Receiver<Vec<Item>>,
+    checks: Receiver<Checks>,
+    refs: Receiver<Vec<Ref>>,
 }
 
 /// Chain links to check, with the bytes of their records one after the other.
@@ -1670,9 +1720,8 @@ struct Walk<'a> {
     content_fold_error: Option<Finding>,
     /// Records decoded and not yet handed to the fold thread.
     batch: Batch,
-    /// Batches the fold is done with, for the walk to free the records it allocated and
-    /// fill again.
-    spent: Option<Receiver<Vec<Item>>>,
+    /// What the other threads are done with, for the walk to fill again.
+    spent: Option<Spare>,
     streams: HashMap<SessionId, u64>,
     /// Sessions with erased records, and the first of them.
     erased: HashMap<SessionId, u64>,
@@ -1741,8 +1790,13 @@ impl<'a> Walk<'a> {
     /// Hands the current batch to the fold.
     fn hand_over(&mut self, fold: Sink<'_>) {
         if !self.batch.is_empty() {
-            let next = match self.spent.as_ref().and_then(|spent| spent.try_recv().ok()) {
-                Some(items) => Batch::with_items(items, FOLD_BATCH),
+            let next = match self.spent.as_ref() {
+                Some(spare) => Batch::with_parts(
+                    spare.items.try_recv().ok(),
+                    spare.checks.try_recv().ok(),
+                    spare.refs.try_recv().ok(),
+                    FOLD_BATCH,
+                ),
                 None => Batch::with_capacity(FOLD_BATCH),
             };
             let mut batch = std::mem::replace(&mut self.batch, next);
