@@ -288,6 +288,82 @@ impl<'a> Entries<'a> {
     }
 }
 
+/// The ids of a content row's entries, read from the row's bytes in as many pieces as
+/// they come in (a row stored in pieces need not be joined to list its ids). Feed the
+/// pieces in order with [`IdScan::feed`], then [`IdScan::finish`]: the result is that
+/// of [`entries`] over the joined row, ids or the first structural error, the same
+/// error with the same figures.
+#[derive(Clone, Debug)]
+pub struct IdScan {
+    max: u64,
+    /// The header being read, and how much of it has come.
+    header: [u8; ENTRY_HEADER_LEN],
+    filled: usize,
+    /// The entry being skipped: its stored length and the bytes of it still to come.
+    len: u64,
+    skip: u64,
+    ids: Vec<ContentId>,
+    error: Option<DecodeError>,
+}
+
+impl IdScan {
+    /// A scan of one row, each entry's stored length bounded by `object_bytes_max`.
+    pub fn new(object_bytes_max: u64) -> IdScan {
+        IdScan {
+            max: object_bytes_max,
+            header: [0; ENTRY_HEADER_LEN],
+            filled: 0,
+            len: 0,
+            skip: 0,
+            ids: Vec::new(),
+            error: None,
+        }
+    }
+
+    /// The row's next bytes.
+    pub fn feed(&mut self, mut bytes: &[u8]) {
+        while !bytes.is_empty() && self.error.is_none() {
+            if self.skip > 0 {
+                let n = self.skip.min(bytes.len() as u64);
+                bytes = &bytes[n as usize..];
+                self.skip -= n;
+                continue;
+            }
+            let n = (ENTRY_HEADER_LEN - self.filled).min(bytes.len());
+            self.header[self.filled..self.filled + n].copy_from_slice(&bytes[..n]);
+            self.filled += n;
+            bytes = &bytes[n..];
+            if self.filled == ENTRY_HEADER_LEN {
+                self.filled = 0;
+                let h = &self.header;
+                let len = u32::from_le_bytes([h[33], h[34], h[35], h[36]]) as u64;
+                if len > self.max {
+                    self.error = Some(DecodeError::TooLarge { size: len, max: self.max });
+                    return;
+                }
+                let mut id = [0u8; 32];
+                id.copy_from_slice(&h[..32]);
+                self.ids.push(ContentId(id));
+                (self.len, self.skip) = (len, len);
+            }
+        }
+    }
+
+    /// The ids of the row fed, in row order, or what was wrong with it.
+    pub fn finish(self) -> Result<Vec<ContentId>, DecodeError> {
+        if let Some(e) = self.error {
+            return Err(e);
+        }
+        if self.filled > 0 {
+            return Err(DecodeError::Truncated { needed: ENTRY_HEADER_LEN as u64, found: self.filled as u64 });
+        }
+        if self.skip > 0 {
+            return Err(DecodeError::Truncated { needed: self.len, found: self.len - self.skip });
+        }
+        Ok(self.ids)
+    }
+}
+
 /// The entry with id `id` in `row`, if the row holds it.
 pub fn find<'a>(row: &'a [u8], id: &ContentId, object_bytes_max: u64) -> Result<Option<ContentEntry<'a>>, DecodeError> {
     for entry in entries(row, object_bytes_max) {
@@ -314,6 +390,45 @@ mod tests {
         assert_eq!(parsed[0].verify(1 << 20).as_deref(), Some(a));
         assert_eq!(parsed[1].verify(1 << 20).as_deref(), Some(b));
         assert_eq!(find(&row, &crate::content_id(b), 1 << 20).unwrap().unwrap().stored, b);
+    }
+
+    /// The ids, or the first error, of `entries` over the whole row.
+    fn ids_of(row: &[u8], max: u64) -> Result<Vec<ContentId>, DecodeError> {
+        entries(row, max).map(|e| e.map(|e| e.id)).collect()
+    }
+
+    proptest::proptest! {
+        /// A scan fed a row in any pieces gives what `entries` gives over the joined row:
+        /// rows of whole entries, cut short, with a byte changed, or arbitrary bytes.
+        #[test]
+        fn an_id_scan_over_pieces_reads_as_entries_does(
+            objects in proptest::collection::vec(proptest::collection::vec(proptest::num::u8::ANY, 0..90), 0..5),
+            junk in proptest::collection::vec(proptest::num::u8::ANY, 0..120),
+            damage in 0u8..4,
+            at in proptest::num::usize::ANY,
+            cuts in proptest::collection::vec(0usize..200, 0..6),
+            max in proptest::prop_oneof![proptest::strategy::Just(1u64 << 20), 0u64..80],
+        ) {
+            let mut row = Vec::new();
+            for o in &objects {
+                push_entry(&mut row, &crate::content_id(o), o);
+            }
+            match damage {
+                1 if !row.is_empty() => row.truncate(at % row.len()),
+                2 if !row.is_empty() => { let i = at % row.len(); row[i] ^= 0x5a; }
+                3 => row = junk,
+                _ => {}
+            }
+            let mut cuts: Vec<usize> = cuts.into_iter().map(|c| c.min(row.len())).collect();
+            cuts.sort_unstable();
+            let mut scan = IdScan::new(max);
+            let mut from = 0;
+            for c in cuts.into_iter().chain([row.len()]) {
+                scan.feed(&row[from..c]);
+                from = c;
+            }
+            proptest::prop_assert_eq!(scan.finish(), ids_of(&row, max));
+        }
     }
 
     #[test]

@@ -326,33 +326,43 @@ pub struct LogTail {
 struct ContentCursor {
     reader: ContentReader,
     /// The scan, until it meets a row it cannot read.
-    rows: Option<crate::pieces::Rows<'static>>,
-    /// The next row the scan read and no record asked for yet.
-    pending: Option<(u64, Vec<u8>)>,
+    rows: Option<crate::pieces::RowIds<'static>>,
+    /// The next row the scan read and no record asked for yet: its seq and its ids.
+    pending: Option<(u64, crate::pieces::IdsOrDamage)>,
+    object_bytes_max: u64,
 }
 
 impl ContentCursor {
-    fn new(reader: ContentReader, seqs: std::ops::RangeInclusive<u64>) -> Result<ContentCursor> {
-        let rows = Some(reader.range_owned(seqs)?);
-        Ok(ContentCursor { reader, rows, pending: None })
+    fn new(reader: ContentReader, seqs: std::ops::RangeInclusive<u64>, object_bytes_max: u64) -> Result<ContentCursor> {
+        let rows = Some(reader.range_owned(seqs)?.ids(object_bytes_max));
+        Ok(ContentCursor { reader, rows, pending: None, object_bytes_max })
     }
 
-    /// The content row of record `seq`, if it has one; `seq` is above every seq asked
-    /// for before.
-    fn get(&mut self, seq: u64) -> Result<Option<Vec<u8>>> {
+    /// The ids of the content row of record `seq`, none if it has no row; `seq` is above
+    /// every seq asked for before. The scan reads the ids from the row's pieces where
+    /// they lie; a lookup joins the row and reads them from it, with the same result.
+    fn ids(&mut self, seq: u64) -> Result<Vec<ContentId>> {
         loop {
-            let Some(rows) = self.rows.as_mut() else { return self.reader.get(seq) };
+            let Some(rows) = self.rows.as_mut() else {
+                return match self.reader.get(seq)? {
+                    Some(row) => ids_in_row(&row, seq, self.object_bytes_max),
+                    None => Ok(Vec::new()),
+                };
+            };
             if self.pending.is_none() {
                 match rows.next() {
                     Some(Ok(row)) => self.pending = Some(row),
                     Some(Err(_)) => self.rows = None,
-                    None => return Ok(None),
+                    None => return Ok(Vec::new()),
                 }
                 continue;
             }
             match self.pending.as_ref().map(|(s, _)| *s) {
-                Some(s) if s == seq => return Ok(self.pending.take().map(|(_, row)| row)),
-                Some(s) if s > seq => return Ok(None),
+                Some(s) if s == seq => {
+                    let (_, ids) = self.pending.take().expect("matched above");
+                    return ids.map_err(|e| Error::corrupt(Location::Log { seq }, format!("content row: {e}")));
+                }
+                Some(s) if s > seq => return Ok(Vec::new()),
                 // A row below the seq asked for: not the order this cursor serves.
                 _ => {
                     self.pending = None;
@@ -396,7 +406,7 @@ impl LogTail {
             prev,
             log: log.range(after + 1..=file_last.max(after))?,
             journal: journal.after(after),
-            content: ContentCursor::new(ContentReader::open(txn)?, after + 1..=file_last)?,
+            content: ContentCursor::new(ContentReader::open(txn)?, after + 1..=file_last, object_bytes_max)?,
             chain: chain.clone(),
             next_seq: after + 1,
             last_seq: last,
@@ -417,10 +427,7 @@ impl LogTail {
         }
         let introduced = match row {
             Some(row) => ids_in_row(row, seq, self.object_bytes_max)?,
-            None => match self.content.get(seq)? {
-                Some(row) => ids_in_row(&row, seq, self.object_bytes_max)?,
-                None => Vec::new(),
-            },
+            None => self.content.ids(seq)?,
         };
         self.prev = hash;
         self.next_seq += 1;
@@ -652,45 +659,75 @@ mod tests {
         assert_eq!(Staged::default().holds(10, &ContentId([1; 32])), None);
     }
 
-    /// The cursor's rows and errors are those of a lookup by seq, seq after seq: rows in
-    /// pieces and whole (an older file's), a row with a piece missing, a row stored both
-    /// ways, and the rows after them.
+    /// The cursor's ids and errors are those of a lookup by seq, seq after seq: rows in
+    /// pieces (entries across the pieces' boundaries) and whole (an older file's), rows
+    /// whose entries are cut short or too long, a row with a piece missing, a row stored
+    /// both ways, and the rows after them.
     #[test]
     fn a_content_cursor_reads_as_lookups_by_seq_do() {
+        let row = |objects: &[&[u8]]| {
+            let mut row = Vec::new();
+            for o in objects {
+                annal_codec::content::push_entry(&mut row, &annal_codec::content_id(o), o);
+            }
+            row
+        };
+        let (big, small) = ([7u8; 1_500], [1u8; 20]);
         let db = redb::Builder::new().create_with_backend(redb::backends::InMemoryBackend::new()).unwrap();
         let txn = db.begin_write().unwrap();
         {
             let mut whole = txn.open_table(crate::tables::CONTENT).unwrap();
-            whole.insert(3, [3u8; 40].as_slice()).unwrap();
+            whole.insert(3, row(&[&small, b"x"]).as_slice()).unwrap();
             whole.insert(8, [8u8; 30].as_slice()).unwrap();
             drop(whole);
             let mut rows = ContentWriter::open(&txn).unwrap();
-            rows.append(2, &[2u8; 2_500]).unwrap();
+            rows.append(2, &row(&[&big, &small, &big, b""])).unwrap();
             rows.append(5, &[5u8; 10]).unwrap();
-            rows.append(8, &[9u8; 10]).unwrap();
-            rows.append(11, &[11u8; 1_000]).unwrap();
+            rows.append(8, &row(&[&small])).unwrap();
+            let long = row(&[&big, &big]);
+            rows.append(9, &long[..long.len() - 1]).unwrap();
+            rows.append(10, &row(&[&[3u8; 300]])).unwrap();
+            rows.append(11, &row(&[small.as_slice(); 27])).unwrap();
             rows.append(12, &[12u8; 3]).unwrap();
             drop(rows);
             // Row 6: pieces 0 and 2, piece 1 missing.
             let mut pieces = txn.open_table(PIECES).unwrap();
-            pieces.insert((6, 0), [6u8; 1_000].as_slice()).unwrap();
+            pieces.insert((6, 0), row(&[&big]).get(..1_000).unwrap()).unwrap();
             pieces.insert((6, 2), [6u8; 7].as_slice()).unwrap();
         }
         txn.commit().unwrap();
         let txn = db.begin_read().unwrap();
         let reader = ContentReader::open(&txn).unwrap();
-        let expected: Vec<std::result::Result<Option<Vec<u8>>, String>> =
-            (1..=13).map(|seq| reader.get(seq).map_err(|e| e.to_string())).collect();
-        assert!(expected[5].is_err(), "row 6 is damaged");
-        assert_eq!(expected[7].as_ref().unwrap().as_deref(), Some(&[9u8; 10][..]), "pieces first, as a lookup");
-        let mut cursor = ContentCursor::new(ContentReader::open(&txn).unwrap(), 1..=13).unwrap();
-        let got: Vec<std::result::Result<Option<Vec<u8>>, String>> =
-            (1..=13).map(|seq| cursor.get(seq).map_err(|e| e.to_string())).collect();
-        assert_eq!(got, expected);
-        // Asked for every other seq, it skips the rows between.
-        let mut cursor = ContentCursor::new(ContentReader::open(&txn).unwrap(), 1..=13).unwrap();
-        for seq in [2, 4, 11, 12, 13] {
-            assert_eq!(cursor.get(seq).map_err(|e| e.to_string()), expected[seq as usize - 1], "seq {seq}");
+        // Under a limit of 1,000 bytes row 2's objects are too long; under a MiB it is
+        // four pieces of whole entries.
+        for max in [1_000, 1 << 20] {
+            let expected: Vec<std::result::Result<Vec<ContentId>, String>> = (1..=13)
+                .map(|seq| match reader.get(seq) {
+                    Ok(Some(row)) => ids_in_row(&row, seq, max).map_err(|e| e.to_string()),
+                    Ok(None) => Ok(Vec::new()),
+                    Err(e) => Err(e.to_string()),
+                })
+                .collect();
+            let row_2 = expected[1].as_ref().map(Vec::len);
+            if max == 1_000 {
+                assert!(row_2.is_err_and(|e| e.contains("exceeds")), "{row_2:?}");
+            } else {
+                assert_eq!(row_2, Ok(4));
+            }
+            assert_eq!(expected[2].as_ref().map(Vec::len), Ok(2), "a whole row of an older file");
+            assert!(expected[4].is_err() && expected[5].is_err(), "row 5 is no row of entries, row 6 is damaged");
+            assert_eq!(expected[7].as_ref().map(Vec::len), Ok(1), "pieces first, as a lookup");
+            assert!(expected[8].is_err(), "row 9 is cut short");
+            assert_eq!(expected[10].as_ref().map(Vec::len), Ok(27), "row 11: entries across the pieces");
+            let mut cursor = ContentCursor::new(ContentReader::open(&txn).unwrap(), 1..=13, max).unwrap();
+            let got: Vec<std::result::Result<Vec<ContentId>, String>> =
+                (1..=13).map(|seq| cursor.ids(seq).map_err(|e| e.to_string())).collect();
+            assert_eq!(got, expected, "limit {max}");
+            // Asked for every other seq, it skips the rows between.
+            let mut cursor = ContentCursor::new(ContentReader::open(&txn).unwrap(), 1..=13, max).unwrap();
+            for seq in [2, 4, 10, 11, 12, 13] {
+                assert_eq!(cursor.ids(seq).map_err(|e| e.to_string()), expected[seq as usize - 1], "seq {seq}");
+            }
         }
     }
 }

@@ -18,6 +18,8 @@
 
 use crate::error::{Error, Location, Result};
 use crate::tables::CONTENT;
+use annal_codec::content::IdScan;
+use annal_codec::{ContentId, DecodeError};
 use redb::{ReadOnlyTable, ReadTransaction, ReadableTable, Table, TableDefinition, TableHandle, WriteTransaction};
 use std::ops::RangeInclusive;
 
@@ -221,7 +223,7 @@ impl<'a> Rows<'a> {
     }
 
     /// A damaged row: an error, or in lenient mode the row, with the damage kept.
-    fn damaged(&mut self, seq: u64, row: Vec<u8>, detail: String) -> Result<Option<(u64, Vec<u8>)>> {
+    fn damaged<S>(&mut self, seq: u64, row: S, detail: String) -> Result<Option<(u64, S)>> {
         if self.lenient {
             self.damage = Some((seq, detail));
             Ok(Some((seq, row)))
@@ -244,15 +246,17 @@ impl<'a> Rows<'a> {
         Ok(self.next_whole.as_ref().map(|(seq, _)| *seq))
     }
 
-    /// The next whole row, copied out of its page.
-    fn take_whole(&mut self) -> Option<(u64, Vec<u8>)> {
-        self.next_whole.take().map(|(seq, bytes)| (seq, bytes.value().to_vec()))
+    /// The next whole row, read out of its page into `row`.
+    fn take_whole<S: Sink>(&mut self, mut row: S) -> Option<(u64, S)> {
+        self.next_whole.take().map(|(seq, bytes)| {
+            row.take(bytes.value(), true);
+            (seq, row)
+        })
     }
 
-    /// The pieces of the row at `seq`, the next one: a row out of order is reported
-    /// once, its remaining pieces skipped, and the rows after it still read.
-    fn take_pieces(&mut self, seq: u64) -> Result<Option<(u64, Vec<u8>)>> {
-        let mut row = Vec::new();
+    /// The pieces of the row at `seq`, the next one, read into `row`: a row out of order
+    /// is reported once, its remaining pieces skipped, and the rows after it still read.
+    fn take_pieces<S: Sink>(&mut self, seq: u64, mut row: S) -> Result<Option<(u64, S)>> {
         let mut bad = None;
         let mut expected = 0u32;
         loop {
@@ -262,11 +266,7 @@ impl<'a> Rows<'a> {
                     if bad.is_none() && (i != expected || bytes.is_empty()) {
                         bad = Some(expected);
                     }
-                    if row.is_empty() && bytes.len() >= PIECE_BYTES {
-                        // A full first piece: more follow; room for a row of four.
-                        row.reserve_exact(4 * PIECE_BYTES);
-                    }
-                    row.extend_from_slice(bytes);
+                    row.take(bytes, expected == 0 && bytes.len() < PIECE_BYTES);
                     expected = expected.saturating_add(1);
                 }
                 other => {
@@ -282,22 +282,86 @@ impl<'a> Rows<'a> {
         }
     }
 
-    fn step(&mut self) -> Result<Option<(u64, Vec<u8>)>> {
+    /// The next row, read into a sink from `sink`.
+    fn step<S: Sink>(&mut self, sink: impl Fn() -> S) -> Result<Option<(u64, S)>> {
         let (piece, whole) = (self.peek_piece()?, self.peek_whole()?);
         match (piece, whole) {
             (None, None) => Ok(None),
-            (Some(p), Some(w)) if w < p => Ok(self.take_whole()),
+            (Some(p), Some(w)) if w < p => Ok(self.take_whole(sink())),
             (Some(p), Some(w)) if w == p => {
                 self.next_whole = None;
                 let lenient = std::mem::replace(&mut self.lenient, true);
-                let row = self.take_pieces(p);
+                let row = self.take_pieces(p, sink());
                 self.lenient = lenient;
-                let (_, bytes) = row?.unwrap_or_default();
+                let (_, bytes) = row?.unwrap_or_else(|| (p, sink()));
                 self.damaged(p, bytes, "the row is stored whole and in pieces".into())
             }
-            (Some(p), _) => self.take_pieces(p),
-            (None, Some(_)) => Ok(self.take_whole()),
+            (Some(p), _) => self.take_pieces(p, sink()),
+            (None, Some(_)) => Ok(self.take_whole(sink())),
         }
+    }
+
+    /// The next row, or the error that kept it from being read (as [`Rows::next`]).
+    fn next_with<S: Sink>(&mut self, sink: impl Fn() -> S) -> Option<Result<(u64, S)>> {
+        if self.failed {
+            return None;
+        }
+        match self.step(sink) {
+            Ok(row) => row.map(Ok),
+            Err(e @ Error::Corrupt { .. }) => Some(Err(e)),
+            Err(e) => {
+                self.failed = true;
+                Some(Err(e))
+            }
+        }
+    }
+
+    /// The rows' content ids instead of their bytes: each row's pieces are read where
+    /// they lie, never joined. Each item is a row's seq and its ids or what was wrong with
+    /// its entries (`annal_codec::content::IdScan`), or, as from [`Rows::next`], the error
+    /// that kept the row from being read.
+    pub fn ids(self, object_bytes_max: u64) -> RowIds<'a> {
+        RowIds { rows: self, max: object_bytes_max }
+    }
+}
+
+/// Where a row's bytes go as they are read: the row joined, or its ids.
+trait Sink {
+    /// The row's next bytes; `whole` when they are the whole row.
+    fn take(&mut self, bytes: &[u8], whole: bool);
+}
+
+impl Sink for Vec<u8> {
+    fn take(&mut self, bytes: &[u8], whole: bool) {
+        if self.is_empty() && !whole {
+            // A full first piece: more follow; room for a row of four.
+            self.reserve_exact(4 * PIECE_BYTES);
+        }
+        self.extend_from_slice(bytes);
+    }
+}
+
+impl Sink for IdScan {
+    fn take(&mut self, bytes: &[u8], _whole: bool) {
+        self.feed(bytes);
+    }
+}
+
+/// The ids of content rows in seq order: from [`Rows::ids`].
+pub struct RowIds<'a> {
+    rows: Rows<'a>,
+    max: u64,
+}
+
+/// A row's content ids, or what is wrong with its entries.
+pub type IdsOrDamage = std::result::Result<Vec<ContentId>, DecodeError>;
+
+impl Iterator for RowIds<'_> {
+    type Item = Result<(u64, IdsOrDamage)>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        let max = self.max;
+        self.rows.next_with(|| IdScan::new(max)).map(|r| r.map(|(seq, scan)| (seq, scan.finish())))
     }
 }
 
@@ -308,17 +372,7 @@ impl Iterator for Rows<'_> {
     /// out of order, a row in both tables) is an error for that row only; a storage
     /// error ends the iteration.
     fn next(&mut self) -> Option<Self::Item> {
-        if self.failed {
-            return None;
-        }
-        match self.step() {
-            Ok(row) => row.map(Ok),
-            Err(e @ Error::Corrupt { .. }) => Some(Err(e)),
-            Err(e) => {
-                self.failed = true;
-                Some(Err(e))
-            }
-        }
+        self.next_with(Vec::new)
     }
 }
 
