@@ -339,7 +339,7 @@ pub use evolve::evolve;
 pub use import::ImportStats;
 pub use journal::{journal_paths, JOURNAL_BYTES_MAX, JOURNAL_SWITCH_BYTES};
 pub use limits::Limits;
-pub use log::{LogEntry, LogTail};
+pub use log::{FileRecords, LogEntry, LogTail};
 pub use migrate::migrate;
 pub use projection::*;
 pub use purge::{collect_garbage, purge, ErasureReport, PurgeRequest, Reclaimed};

@@ -95,13 +95,15 @@ impl crate::store::Records for Staged<'_> {
 /// the lists of the records after it, and a catch-up folds many).
 const FILE_LISTS_MAX: usize = 16_384;
 
-/// Records read by seq from a log file's snapshot (and, past it, the journal's rows of
-/// `tail`): what a catch-up, a rebuild or a read-only opener folds with, when a
+/// Records read by seq from a log file's snapshot (and, past it, the journal's rows):
+/// what a catch-up, a rebuild, a read-only opener or `verify` folds with, when a
 /// transcript names a record it folded before. Keeps the message lists it read, up to
-/// [`FILE_LISTS_MAX`].
-pub(crate) struct FileRecords<'a> {
+/// 16,384, and starts again when full.
+pub struct FileRecords<'a> {
     txn: &'a ReadTransaction,
     tail: Option<&'a crate::journal::Tail>,
+    /// Journal rows past the log file, in seq order (`over_rows`).
+    rows: &'a [crate::journal::JournalRow],
     table: std::cell::OnceCell<redb::ReadOnlyTable<u64, &'static [u8]>>,
     record_bytes_max: u64,
     lists: std::cell::RefCell<std::collections::HashMap<u64, std::sync::Arc<[ContentId]>>>,
@@ -110,8 +112,22 @@ pub(crate) struct FileRecords<'a> {
 impl<'a> FileRecords<'a> {
     /// The records of the log file `txn` reads (and of `tail`'s rows past it), none
     /// larger than `record_bytes_max`.
-    pub fn new(txn: &'a ReadTransaction, tail: Option<&'a crate::journal::Tail>, record_bytes_max: u64) -> Self {
-        FileRecords { txn, tail, table: std::cell::OnceCell::new(), record_bytes_max, lists: Default::default() }
+    pub(crate) fn new(txn: &'a ReadTransaction, tail: Option<&'a crate::journal::Tail>, record_bytes_max: u64) -> Self {
+        FileRecords {
+            txn,
+            tail,
+            rows: &[],
+            table: std::cell::OnceCell::new(),
+            record_bytes_max,
+            lists: Default::default(),
+        }
+    }
+
+    /// The records of the log file `txn` reads and, past its last one, of `rows`: the
+    /// journal's rows in seq order, as [`crate::journal::rows_after`] gives them. None
+    /// larger than `record_bytes_max`.
+    pub fn over_rows(txn: &'a ReadTransaction, rows: &'a [crate::journal::JournalRow], record_bytes_max: u64) -> Self {
+        FileRecords { rows, ..FileRecords::new(txn, None, record_bytes_max) }
     }
 }
 
@@ -138,7 +154,11 @@ pub(crate) fn record_bytes(
 
 impl crate::store::Records for FileRecords<'_> {
     fn record(&self, seq: u64) -> Result<Option<Record>> {
-        let Some(bytes) = record_bytes(self.txn, &self.table, self.tail, seq)? else {
+        let bytes = match self.rows.binary_search_by_key(&seq, |row| row.seq) {
+            Ok(i) => Some(self.rows[i].record.clone()),
+            Err(_) => record_bytes(self.txn, &self.table, self.tail, seq)?,
+        };
+        let Some(bytes) = bytes else {
             return Ok(None);
         };
         let decoded = decode_record(&bytes, self.record_bytes_max).map_err(|source| Error::Decode { seq, source })?;

@@ -702,7 +702,7 @@ pub fn verify_log(
     // The log's length sizes the lists of content references and objects.
     let records = guarded("table log", || txn.open_table(LOG).and_then(|t| Ok(t.len()?))).ok().and_then(Result::ok);
     let records = records.unwrap_or(0) + journal_rows.len() as u64;
-    let fold = Fold::new(walk.fold_set, LogLists::new(txn, &journal_rows, limits.record_bytes_max));
+    let fold = Fold::new(walk.fold_set, annal::FileRecords::over_rows(txn, &journal_rows, limits.record_bytes_max));
     let (walked, scan, fold, links) = if seq.saturating_add(journal_rows.len() as u64) <= FOLD_BATCH as u64 {
         // The walk hands a log this short to the fold as one batch, at its end: a fold
         // thread would only wait for it, so everything runs here, one phase after the other.
@@ -1443,71 +1443,12 @@ enum Item {
 /// (`HashStore`), and the log's records for their message lists. A transcript names its
 /// messages by the records whose lists hold their ids
 /// ([`annal::transcript::message_list`]), and the fold of a rewrite or a fork reads the
-/// lists of records before it: [`LogLists`] reads them from the log when asked.
+/// lists of records before it, which `records` reads from the log when asked.
 struct Scratch<'a> {
     rows: HashStore,
-    lists: LogLists<'a>,
-}
-
-/// Message lists the fold keeps before it starts again: a rewrite of a long session
-/// reads the lists of the records after it, one after another.
-const LISTS_KEPT_MAX: usize = 16_384;
-
-/// The message lists of the log's records, read by seq when the fold asks for one: from
-/// the log file's snapshot, or past its last record from the journal's rows. Most logs'
-/// folds ask for none (only rewrites and forks read lists), so none is read ahead or
-/// kept beyond [`LISTS_KEPT_MAX`]: keeping every record's list cost a copy of every id
-/// (32 bytes each) and the memory for it.
-///
-/// A record that cannot be read or decoded, or that has no message, has no list here,
-/// as for the fold it never reached: the walk reports it.
-struct LogLists<'a> {
-    txn: &'a ReadTransaction,
-    journal: &'a [annal::journal::JournalRow],
-    record_bytes_max: u64,
-    kept: std::cell::RefCell<HashMap<u64, std::sync::Arc<[ContentId]>>>,
-}
-
-impl<'a> LogLists<'a> {
-    fn new(txn: &'a ReadTransaction, journal: &'a [annal::journal::JournalRow], record_bytes_max: u64) -> Self {
-        LogLists { txn, journal, record_bytes_max, kept: Default::default() }
-    }
-
-    /// The message list of the record stored at `seq`, if it decodes and has one.
-    fn get(&self, seq: u64) -> Option<std::sync::Arc<[ContentId]>> {
-        if let Some(list) = self.kept.borrow().get(&seq) {
-            return Some(list.clone());
-        }
-        let list = self.read(seq)?;
-        let mut kept = self.kept.borrow_mut();
-        if kept.len() >= LISTS_KEPT_MAX {
-            kept.clear();
-        }
-        kept.insert(seq, list.clone());
-        Some(list)
-    }
-
-    fn read(&self, seq: u64) -> Option<std::sync::Arc<[ContentId]>> {
-        let from_file;
-        let bytes = match self.journal.binary_search_by_key(&seq, |row| row.seq) {
-            Ok(i) => self.journal[i].record.as_slice(),
-            Err(_) => {
-                // A file that makes redb fail or panic has no list here; the walk reports it.
-                let read = guarded("table log", || {
-                    let table = self.txn.open_table(LOG).ok()?;
-                    let bytes = table.get(seq).ok()??.value().to_vec();
-                    Some(bytes)
-                });
-                from_file = read.ok()??;
-                from_file.as_slice()
-            }
-        };
-        let record = decode_record(bytes, self.record_bytes_max).ok()?.record;
-        if record.seq != seq {
-            return None;
-        }
-        annal::transcript::message_list(&record.event).filter(|l| !l.is_empty()).map(Into::into)
-    }
+    /// The log's records, read by seq when the fold asks for a list (most logs' folds ask
+    /// for none: only rewrites and forks read lists).
+    records: annal::FileRecords<'a>,
 }
 
 impl Store for Scratch<'_> {
@@ -1537,7 +1478,10 @@ impl Store for Scratch<'_> {
         self.rows.update_in_place(table, key, f)
     }
     fn message_list(&self, seq: u64) -> annal::error::Result<Option<std::sync::Arc<[ContentId]>>> {
-        Ok(self.lists.get(seq))
+        // A page that makes redb panic is a storage error of this record; the walk reports
+        // the page itself.
+        guarded("table log", || annal::store::Records::message_list(&self.records, seq))
+            .unwrap_or_else(|finding| Err(annal::Error::Storage(finding.to_string())))
     }
 }
 
@@ -1561,9 +1505,9 @@ struct Fold<'a> {
 }
 
 impl<'a> Fold<'a> {
-    fn new(set: ProjectionSet, lists: LogLists<'a>) -> Fold<'a> {
+    fn new(set: ProjectionSet, records: annal::FileRecords<'a>) -> Fold<'a> {
         Fold {
-            store: Scratch { rows: HashStore::default(), lists },
+            store: Scratch { rows: HashStore::default(), records },
             broken: HashSet::new(),
             failed: false,
             set: set.iter().filter(|p| *p != Projection::Content).collect(),

@@ -907,29 +907,23 @@ fn verify_folds_rewrites_that_name_records_in_the_journal() {
     let first = turn("journal-1", &["one", "two", "three"]);
     turn("journal-2", &["four", "five"]);
     let head = engine.head(session).unwrap().unwrap();
-    // An edit inside the first new turn: what follows it is named by its records' lists.
-    let edit = Rewrite {
+    let rewrite = |expected, start, end, message, reason| Rewrite {
         session,
-        expected: head.revision,
-        start: in_file.message_count + 1,
-        end: in_file.message_count + 2,
-        replacement: vec![Message::user("two, edited")],
-        reason: RewriteReason::Edit,
-        note: "edit".into(),
+        expected,
+        start,
+        end,
+        replacement: vec![message],
+        reason,
+        note: "test".into(),
         actor: "test".into(),
     };
+    // An edit inside the first new turn: what follows it is named by its records' lists.
+    let (start, end) = (in_file.message_count + 1, in_file.message_count + 2);
+    let edit = rewrite(head.revision, start, end, Message::user("two, edited"), RewriteReason::Edit);
     let edited = engine.rewrite(edit).unwrap();
     // A compaction of messages of the log file's records and the journal's.
-    let compaction = Rewrite {
-        session,
-        expected: edited.revision,
-        start: 1,
-        end: in_file.message_count + 1,
-        replacement: vec![Message::system("summary")],
-        reason: RewriteReason::Compaction,
-        note: "compact".into(),
-        actor: "test".into(),
-    };
+    let end = in_file.message_count + 1;
+    let compaction = rewrite(edited.revision, 1, end, Message::system("summary"), RewriteReason::Compaction);
     let compacted = engine.rewrite(compaction).unwrap();
     let restore = Restore {
         session,
