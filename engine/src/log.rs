@@ -299,9 +299,12 @@ pub(crate) fn hash_at(log: &impl ReadableTable<u64, &'static [u8]>, chain: &LogC
 
 /// The ids of the objects in the content row of record `seq`.
 pub(crate) fn ids_in_row(row: &[u8], seq: u64, object_bytes_max: u64) -> Result<Vec<ContentId>> {
-    entries(row, object_bytes_max)
-        .map(|e| e.map(|e| e.id).map_err(|e| Error::corrupt(Location::Log { seq }, format!("content row: {e}"))))
-        .collect()
+    entries(row, object_bytes_max).map(|e| e.map(|e| e.id).map_err(|e| row_damage(seq, e))).collect()
+}
+
+/// The error of a content row of record `seq` whose entries do not parse.
+fn row_damage(seq: u64, e: annal_codec::DecodeError) -> Error {
+    Error::corrupt(Location::Log { seq }, format!("content row: {e}"))
 }
 
 /// Object `id` of `row`, the content row of record `seq`, checked against its id; `None`
@@ -377,17 +380,14 @@ impl ContentCursor {
                 }
                 continue;
             }
-            match self.pending.as_ref().map(|(s, _)| *s) {
-                Some(s) if s == seq => {
-                    let (_, ids) = self.pending.take().expect("matched above");
-                    return ids.map_err(|e| Error::corrupt(Location::Log { seq }, format!("content row: {e}")));
+            match self.pending.take() {
+                Some((s, ids)) if s == seq => return ids.map_err(|e| row_damage(seq, e)),
+                Some(later) if later.0 > seq => {
+                    self.pending = Some(later);
+                    return Ok(Vec::new());
                 }
-                Some(s) if s > seq => return Ok(Vec::new()),
                 // A row below the seq asked for: not the order this cursor serves.
-                _ => {
-                    self.pending = None;
-                    self.rows = None;
-                }
+                _ => self.rows = None,
             }
         }
     }

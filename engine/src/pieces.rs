@@ -320,7 +320,7 @@ impl<'a> Rows<'a> {
     /// they lie, never joined. Each item is a row's seq and its ids or what was wrong with
     /// its entries (`annal_codec::content::IdScan`), or, as from [`Rows::next`], the error
     /// that kept the row from being read.
-    pub fn ids(self, object_bytes_max: u64) -> RowIds<'a> {
+    pub(crate) fn ids(self, object_bytes_max: u64) -> RowIds<'a> {
         RowIds { rows: self, max: object_bytes_max }
     }
 }
@@ -348,13 +348,13 @@ impl Sink for IdScan {
 }
 
 /// The ids of content rows in seq order: from [`Rows::ids`].
-pub struct RowIds<'a> {
+pub(crate) struct RowIds<'a> {
     rows: Rows<'a>,
     max: u64,
 }
 
 /// A row's content ids, or what is wrong with its entries.
-pub type IdsOrDamage = std::result::Result<Vec<ContentId>, DecodeError>;
+pub(crate) type IdsOrDamage = std::result::Result<Vec<ContentId>, DecodeError>;
 
 impl Iterator for RowIds<'_> {
     type Item = Result<(u64, IdsOrDamage)>;

@@ -1353,12 +1353,7 @@ struct Batch {
 
 impl Batch {
     fn with_capacity(records: usize) -> Batch {
-        Batch::with_items(Vec::with_capacity(records), records)
-    }
-
-    /// An empty batch for `records` that fills `items`, a list the fold is done with.
-    fn with_items(items: Vec<Item>, records: usize) -> Batch {
-        Batch::with_parts(Some(items), None, None, records)
+        Batch::with_parts(None, None, None, records)
     }
 
     /// An empty batch for `records` that fills the lists given, which the threads they
