@@ -341,36 +341,97 @@ pub struct LogTail {
 }
 
 /// The content rows of a [`LogTail`]'s log file, read in seq order beside its records:
-/// one range scan over the content table instead of a lookup from the root a record
-/// (about a seventh of a rebuild's time on the comparison's workload). Rows are asked for
-/// in increasing seq order. A row the scan cannot read whole (damaged pieces, a row in
-/// both tables) is read again by seq, and so is every row after it, so that an error is
-/// reported at the seq it belongs to and reads as a lookup's would.
+/// one range scan instead of a lookup from the root a record (about a seventh of a
+/// rebuild's time on the comparison's workload). From the seq in
+/// `meta_keys::CONTENT_IDS_FROM` on, a row's ids come from its ids row
+/// (`tables::CONTENT_IDS`) and the row itself is not read; an ids row that lists none
+/// sends the reader to the row. Rows are asked for in increasing seq order. A row the
+/// scan cannot read whole (damaged pieces, a row in both tables) is read again by seq,
+/// and so is every row after it, so that an error is reported at the seq it belongs to
+/// and reads as a lookup's would.
 struct ContentCursor {
     reader: ContentReader,
-    /// The scan, until it meets a row it cannot read.
+    /// The scan of the rows before the listed ones, until it meets a row it cannot read.
     rows: Option<crate::pieces::RowIds<'static>>,
     /// The next row the scan read and no record asked for yet: its seq and its ids.
     pending: Option<(u64, crate::pieces::IdsOrDamage)>,
+    /// The first seq whose ids are listed, and the scan of the ids rows from there.
+    listed: Option<(u64, redb::Range<'static, u64, &'static [u8]>)>,
+    /// The next ids row the scan read and no record asked for yet.
+    pending_listed: Option<(u64, Option<Vec<ContentId>>)>,
     object_bytes_max: u64,
 }
 
 impl ContentCursor {
-    fn new(reader: ContentReader, seqs: std::ops::RangeInclusive<u64>, object_bytes_max: u64) -> Result<ContentCursor> {
-        let rows = Some(reader.range_owned(seqs)?.ids(object_bytes_max));
-        Ok(ContentCursor { reader, rows, pending: None, object_bytes_max })
+    /// A cursor over the rows of `seqs`, whose ids are listed from `listed_from` on.
+    fn new(
+        reader: ContentReader,
+        seqs: std::ops::RangeInclusive<u64>,
+        listed_from: u64,
+        object_bytes_max: u64,
+    ) -> Result<ContentCursor> {
+        let (lo, hi) = (*seqs.start(), *seqs.end());
+        let listed = match reader.ids_owned(lo.max(listed_from)..=hi)? {
+            Some(range) if listed_from <= hi => Some((listed_from, range)),
+            _ => None,
+        };
+        let before = match &listed {
+            Some((from, _)) => lo..=hi.min(from.saturating_sub(1)),
+            None => seqs,
+        };
+        let rows = Some(reader.range_owned(before)?.ids(object_bytes_max));
+        Ok(ContentCursor { reader, rows, pending: None, listed, pending_listed: None, object_bytes_max })
     }
 
     /// The ids of the content row of record `seq`, none if it has no row; `seq` is above
-    /// every seq asked for before. The scan reads the ids from the row's pieces where
-    /// they lie; a lookup joins the row and reads them from it, with the same result.
+    /// every seq asked for before.
     fn ids(&mut self, seq: u64) -> Result<Vec<ContentId>> {
+        match &self.listed {
+            Some((from, _)) if seq >= *from => match self.listed_ids(seq)? {
+                Some(ids) => Ok(ids),
+                None => self.looked_up(seq),
+            },
+            _ => self.scanned_ids(seq),
+        }
+    }
+
+    /// The ids row of `seq`: `Ok(Some(ids))`, or `Ok(None)` when the row must be read
+    /// (its ids row lists none or is damaged). A seq without an ids row has no row.
+    fn listed_ids(&mut self, seq: u64) -> Result<Option<Vec<ContentId>>> {
+        loop {
+            match self.pending_listed.take() {
+                Some((s, ids)) if s == seq => return Ok(ids),
+                Some(later) if later.0 > seq => {
+                    self.pending_listed = Some(later);
+                    return Ok(Some(Vec::new()));
+                }
+                // An ids row of a seq that no record asked for: passed over.
+                Some(_) | None => {}
+            }
+            let Some((_, range)) = self.listed.as_mut() else { return Ok(None) };
+            match range.next() {
+                Some(Ok((k, v))) => self.pending_listed = Some((k.value(), crate::pieces::listed_ids(v.value()))),
+                Some(Err(e)) => return Err(e.into()),
+                None => return Ok(Some(Vec::new())),
+            }
+        }
+    }
+
+    /// The ids of the row of `seq`, read from the row by a lookup.
+    fn looked_up(&self, seq: u64) -> Result<Vec<ContentId>> {
+        match self.reader.get(seq)? {
+            Some(row) => ids_in_row(&row, seq, self.object_bytes_max),
+            None => Ok(Vec::new()),
+        }
+    }
+
+    /// The ids of the row of `seq`, from the scan of the rows. The scan reads the ids
+    /// from the row's pieces where they lie; a lookup joins the row and reads them from
+    /// it, with the same result.
+    fn scanned_ids(&mut self, seq: u64) -> Result<Vec<ContentId>> {
         loop {
             let Some(rows) = self.rows.as_mut() else {
-                return match self.reader.get(seq)? {
-                    Some(row) => ids_in_row(&row, seq, self.object_bytes_max),
-                    None => Ok(Vec::new()),
-                };
+                return self.looked_up(seq);
             };
             if self.pending.is_none() {
                 match rows.next() {
@@ -426,7 +487,12 @@ impl LogTail {
             prev,
             log: log.range(after + 1..=file_last.max(after))?,
             journal: journal.after(after),
-            content: ContentCursor::new(ContentReader::open(txn)?, after + 1..=file_last, object_bytes_max)?,
+            content: ContentCursor::new(
+                ContentReader::open(txn)?,
+                after + 1..=file_last,
+                content_ids_from(txn)?,
+                object_bytes_max,
+            )?,
             chain: chain.clone(),
             next_seq: after + 1,
             last_seq: last,
@@ -599,9 +665,33 @@ pub(crate) fn upgrade_format(db: &Database) -> Result<bool> {
     }
     let mut txn = db.begin_write()?;
     txn.set_durability(redb::Durability::Immediate)?;
-    txn.open_table(META)?.insert(meta_keys::FORMAT, tables::FORMAT.to_le_bytes().as_slice())?;
+    // The rows written from now on have their ids listed; those before are read for them
+    // (`annal migrate` lists theirs too).
+    let next = match txn.open_table(LOG)?.last()? {
+        Some((k, _)) => k.value() + 1,
+        None => 1,
+    };
+    txn.open_table(tables::CONTENT_IDS)?;
+    {
+        let mut meta = txn.open_table(META)?;
+        meta.insert(meta_keys::FORMAT, tables::FORMAT.to_le_bytes().as_slice())?;
+        meta.insert(meta_keys::CONTENT_IDS_FROM, next.to_le_bytes().as_slice())?;
+    }
     txn.commit()?;
     Ok(true)
+}
+
+/// The first seq from which every content row of the log file in `txn` has its ids
+/// listed (`tables::CONTENT_IDS`); `u64::MAX` in a file of an earlier format, or one whose
+/// key is unreadable, whose rows are all read for their ids.
+pub(crate) fn content_ids_from(txn: &ReadTransaction) -> Result<u64> {
+    let meta = match txn.open_table(META) {
+        Ok(meta) => meta,
+        Err(redb::TableError::TableDoesNotExist(_)) => return Ok(u64::MAX),
+        Err(e) => return Err(e.into()),
+    };
+    let from = meta.get(meta_keys::CONTENT_IDS_FROM)?.and_then(|g| tables::meta_u64(g.value()));
+    Ok(from.unwrap_or(u64::MAX))
 }
 
 /// Opens the log of `db` for writing: checks format and key, writes them into a new
@@ -617,6 +707,7 @@ pub(crate) fn open_log(db: &Database, chain: &LogChain) -> Result<Tip> {
         {
             let mut meta = txn.open_table(META)?;
             meta.insert(meta_keys::FORMAT, tables::FORMAT.to_le_bytes().as_slice())?;
+            meta.insert(meta_keys::CONTENT_IDS_FROM, 1u64.to_le_bytes().as_slice())?;
             if let Some(check) = chain.key_check() {
                 meta.insert(meta_keys::KEY_CHECK, check.as_slice())?;
             }
@@ -739,15 +830,70 @@ mod tests {
             assert_eq!(expected[7].as_ref().map(Vec::len), Ok(1), "pieces first, as a lookup");
             assert!(expected[8].is_err(), "row 9 is cut short");
             assert_eq!(expected[10].as_ref().map(Vec::len), Ok(27), "row 11: entries across the pieces");
-            let mut cursor = ContentCursor::new(ContentReader::open(&txn).unwrap(), 1..=13, max).unwrap();
-            let got: Vec<std::result::Result<Vec<ContentId>, String>> =
-                (1..=13).map(|seq| cursor.ids(seq).map_err(|e| e.to_string())).collect();
-            assert_eq!(got, expected, "limit {max}");
-            // Asked for every other seq, it skips the rows between.
-            let mut cursor = ContentCursor::new(ContentReader::open(&txn).unwrap(), 1..=13, max).unwrap();
-            for seq in [2, 4, 10, 11, 12, 13] {
-                assert_eq!(cursor.ids(seq).map_err(|e| e.to_string()), expected[seq as usize - 1], "seq {seq}");
+            // Rows 7 on were all written by the writer, which lists their ids (rows that
+            // do not parse as ones to read): listed from there, they read the same
+            // under a limit their objects keep to.
+            let listed = if max == 1_000 { vec![u64::MAX] } else { vec![u64::MAX, 7] };
+            for from in listed {
+                let open = || ContentCursor::new(ContentReader::open(&txn).unwrap(), 1..=13, from, max).unwrap();
+                let mut cursor = open();
+                let got: Vec<std::result::Result<Vec<ContentId>, String>> =
+                    (1..=13).map(|seq| cursor.ids(seq).map_err(|e| e.to_string())).collect();
+                assert_eq!(got, expected, "limit {max}, listed from {from}");
+                // Asked for every other seq, it skips the rows between.
+                let mut cursor = open();
+                for seq in [2, 4, 10, 11, 12, 13] {
+                    assert_eq!(cursor.ids(seq).map_err(|e| e.to_string()), expected[seq as usize - 1], "seq {seq}");
+                }
             }
         }
+        // The listing is what the cursor reads from its first seq on: the writer's ids
+        // for the rows it wrote, none for a row written around it (row 6), and for row 3,
+        // a whole row of an older file, none either (such a file lists from its last
+        // record on).
+        let mut cursor = ContentCursor::new(ContentReader::open(&txn).unwrap(), 1..=13, 1, 1 << 20).unwrap();
+        let lens: Vec<_> = (1..=13).map(|seq| cursor.ids(seq).map(|ids| ids.len()).map_err(drop)).collect();
+        let err = Err(());
+        assert_eq!(lens, [Ok(0), Ok(4), Ok(0), Ok(0), err, Ok(0), Ok(0), Ok(1), err, Ok(1), Ok(27), err, Ok(0)]);
+    }
+
+    /// The writer lists the ids of every row it writes, replaces them with the row and
+    /// removes them with it; `fill_ids` lists the rows written before the listing.
+    #[test]
+    fn the_writer_keeps_each_rows_ids_beside_it() {
+        let row = |objects: &[&[u8]]| {
+            let mut row = Vec::new();
+            for o in objects {
+                annal_codec::content::push_entry(&mut row, &annal_codec::content_id(o), o);
+            }
+            row
+        };
+        let db = redb::Builder::new().create_with_backend(redb::backends::InMemoryBackend::new()).unwrap();
+        let txn = db.begin_write().unwrap();
+        {
+            let mut whole = txn.open_table(crate::tables::CONTENT).unwrap();
+            whole.insert(1, row(&[b"old"]).as_slice()).unwrap();
+            whole.insert(2, [9u8; 5].as_slice()).unwrap();
+            drop(whole);
+            let mut rows = ContentWriter::open(&txn).unwrap();
+            rows.append(3, &row(&[b"a", b"b"])).unwrap();
+            rows.append(4, &row(&[b"c"])).unwrap();
+            rows.put(4, &row(&[b"d", b"e", b"f"])).unwrap();
+            rows.append(5, &row(&[b"g"])).unwrap();
+            rows.remove(5).unwrap();
+        }
+        let listed = |txn: &redb::WriteTransaction| -> Vec<(u64, usize)> {
+            let t = txn.open_table(crate::tables::CONTENT_IDS).unwrap();
+            t.iter().unwrap().map(|e| e.unwrap()).map(|(k, v)| (k.value(), v.value().len())).collect()
+        };
+        assert_eq!(listed(&txn), [(3, 64), (4, 96)]);
+        assert_eq!(ContentWriter::open(&txn).unwrap().fill_ids(0..=u64::MAX).unwrap(), 4);
+        // Row 2 does not parse: listed as one to read.
+        assert_eq!(listed(&txn), [(1, 32), (2, 0), (3, 64), (4, 96)]);
+        let t = txn.open_table(crate::tables::CONTENT_IDS).unwrap();
+        let ids = crate::pieces::listed_ids(t.get(4).unwrap().unwrap().value()).unwrap();
+        let want: Vec<_> = [b"d", b"e", b"f"].iter().map(|o| annal_codec::content_id(*o)).collect();
+        assert_eq!(ids, want);
+        assert_eq!(crate::pieces::listed_ids(&[1u8; 33]), None, "a damaged ids row sends the reader to the row");
     }
 }

@@ -17,7 +17,7 @@
 //! tests.
 
 use crate::error::{Error, Location, Result};
-use crate::tables::CONTENT;
+use crate::tables::{CONTENT, CONTENT_IDS};
 use annal_codec::content::IdScan;
 use annal_codec::{ContentId, DecodeError};
 use redb::{ReadOnlyTable, ReadTransaction, ReadableTable, Table, TableDefinition, TableHandle, WriteTransaction};
@@ -31,10 +31,12 @@ pub const PIECES: TableDefinition<(u64, u32), &[u8]> = TableDefinition::new("con
 pub const PIECE_BYTES: usize = 1000;
 
 /// The content rows of a log file: its pieces and, in a file that has them, its whole
-/// rows of an earlier format. `P` and `W` are the two tables, read-only or writable.
+/// rows of an earlier format, with the ids of each row ([`CONTENT_IDS`]). `P` is the
+/// pieces' table and `W` the whole rows' and the ids', read-only or writable.
 pub struct ContentRows<P, W> {
     pieces: Option<P>,
     whole: Option<W>,
+    ids: Option<W>,
 }
 
 /// The content rows of a read snapshot.
@@ -67,7 +69,18 @@ fn open_if_present<K: redb::Key + 'static, V: redb::Value + 'static>(
 impl ContentReader {
     /// Opens the content rows of `txn` (a file with neither table has no rows).
     pub fn open(txn: &ReadTransaction) -> Result<ContentReader> {
-        Ok(ContentRows { pieces: open_if_present(txn, PIECES)?, whole: open_if_present(txn, CONTENT)? })
+        Ok(ContentRows {
+            pieces: open_if_present(txn, PIECES)?,
+            whole: open_if_present(txn, CONTENT)?,
+            ids: open_if_present(txn, CONTENT_IDS)?,
+        })
+    }
+
+    /// The ids rows of the seqs in `seqs`, in seq order, as an iterator that owns its
+    /// snapshot's pages; `None` in a file without [`CONTENT_IDS`].
+    pub(crate) fn ids_owned(&self, seqs: RangeInclusive<u64>) -> Result<Option<redb::Range<'static, u64, &'static [u8]>>> {
+        let Some((lo, hi)) = bounds(&seqs) else { return Ok(None) };
+        Ok(self.ids.as_ref().map(|t| t.range(lo..=hi)).transpose()?)
     }
 
     /// [`ContentRows::range`], as an iterator that owns its snapshot's pages (it may
@@ -89,17 +102,41 @@ impl<'txn> ContentWriter<'txn> {
         } else {
             None
         };
-        Ok(ContentRows { pieces: Some(txn.open_table(PIECES)?), whole })
+        Ok(ContentRows { pieces: Some(txn.open_table(PIECES)?), whole, ids: Some(txn.open_table(CONTENT_IDS)?) })
     }
 
-    /// Writes the row of a new record `seq` (one that has no row yet).
+    /// Writes the row of a new record `seq` (one that has no row yet), and its ids.
     pub fn append(&mut self, seq: u64, row: &[u8]) -> Result<()> {
         let pieces = self.pieces.as_mut().expect("a writer opens its pieces");
         for (i, piece) in row.chunks(PIECE_BYTES).enumerate() {
             let i = u32::try_from(i).map_err(|_| Error::Storage(format!("content row {seq} is too long")))?;
             pieces.insert((seq, i), piece)?;
         }
+        if !row.is_empty() {
+            let ids = self.ids.as_mut().expect("a writer opens the ids");
+            ids.insert(seq, ids_value(Some(row)).as_slice())?;
+        }
         Ok(())
+    }
+
+    /// Writes the ids row of every content row of the seqs in `seqs` (an ids row already
+    /// there is replaced): for the rows of a file written before [`CONTENT_IDS`]. Returns
+    /// how many rows it read.
+    pub fn fill_ids(&mut self, seqs: RangeInclusive<u64>) -> Result<u64> {
+        let Some((lo, hi)) = bounds(&seqs) else { return Ok(0) };
+        let pieces = self.pieces.as_ref().map(|p| p.range((lo, 0)..=(hi, u32::MAX))).transpose()?;
+        let whole = self.whole.as_ref().map(|w| w.range(lo..=hi)).transpose()?;
+        let ids = self.ids.as_mut().expect("a writer opens the ids");
+        let mut rows = Rows::new(pieces, whole).lenient();
+        let mut n = 0;
+        while let Some(row) = rows.next() {
+            let (seq, row) = row?;
+            // A damaged row is listed as one to read.
+            let damaged = rows.take_damage().is_some();
+            ids.insert(seq, ids_value((!damaged).then_some(row.as_slice())).as_slice())?;
+            n += 1;
+        }
+        Ok(n)
     }
 
     /// Replaces the row of `seq` (an empty `row` removes it).
@@ -116,8 +153,43 @@ impl<'txn> ContentWriter<'txn> {
         if let Some(whole) = self.whole.as_mut() {
             whole.remove(seq)?;
         }
+        if let Some(ids) = self.ids.as_mut() {
+            ids.remove(seq)?;
+        }
         Ok(())
     }
+}
+
+/// The value of the ids row of content row `row`: its ids, 32 bytes each in row order,
+/// or empty when the row does not parse (`None`, or bytes whose entries do not), which
+/// tells a reader to read the row itself.
+fn ids_value(row: Option<&[u8]>) -> Vec<u8> {
+    let Some(row) = row else { return Vec::new() };
+    let mut scan = IdScan::new(u64::MAX);
+    scan.feed(row);
+    match scan.finish() {
+        Ok(ids) if !ids.is_empty() => ids.iter().flat_map(|id| id.0).collect(),
+        _ => Vec::new(),
+    }
+}
+
+/// The ids an ids row lists ([`CONTENT_IDS`]): `None` when it lists none (the row is to
+/// be read), or when its length is not a multiple of 32 (a damaged ids row, which a
+/// reader treats the same way).
+pub(crate) fn listed_ids(value: &[u8]) -> Option<Vec<ContentId>> {
+    if value.is_empty() || value.len() % 32 != 0 {
+        return None;
+    }
+    Some(
+        value
+            .chunks_exact(32)
+            .map(|c| {
+                let mut id = [0u8; 32];
+                id.copy_from_slice(c);
+                ContentId(id)
+            })
+            .collect(),
+    )
 }
 
 /// A value read in place, in its page.

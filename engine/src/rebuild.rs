@@ -372,16 +372,14 @@ mod tests {
         txn.commit().unwrap();
     }
 
-    /// Removes the content row of record `seq` (its pieces) from the log file at `path`.
+    /// Removes the content row of record `seq` (its pieces and its listed ids) from the
+    /// log file at `path`.
     fn remove_content_row(path: &Path, seq: u64) {
         edit_log(path, |txn| {
-            let mut pieces = txn.open_table(crate::pieces::PIECES).unwrap();
-            let keys: Vec<(u64, u32)> =
-                pieces.range((seq, 0)..(seq + 1, 0)).unwrap().map(|row| row.unwrap().0.value()).collect();
-            assert!(!keys.is_empty(), "record {seq} brought content");
-            for key in keys {
-                pieces.remove(key).unwrap();
-            }
+            let mut rows = crate::pieces::ContentWriter::open(txn).unwrap();
+            assert!(rows.get(seq).unwrap().is_some(), "record {seq} brought content");
+            // The row and its listed ids.
+            rows.remove(seq).unwrap();
         });
     }
 

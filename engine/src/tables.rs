@@ -5,8 +5,8 @@
 //! checkpointer, rebuild and migrate), whose storage internals are private.
 //!
 //! The log file holds what is authoritative, written only by appending: [`LOG`],
-//! [`crate::pieces::PIECES`] (and, in files of earlier formats, [`CONTENT`]) and
-//! [`META`]. The projections file beside it holds what is disposable:
+//! [`crate::pieces::PIECES`] (and, in files of earlier formats, [`CONTENT`]), the ids of
+//! each content row in [`CONTENT_IDS`], and [`META`]. The projections file beside it holds what is disposable:
 //! every projection row in [`PROJECTIONS`], under a physical key that names its logical
 //! [`Table`] (see [`physical_key`]), and the projections' versions and cursors in its own
 //! [`META`].
@@ -24,6 +24,14 @@ pub const LOG: TableDefinition<u64, &[u8]> = TableDefinition::new("log");
 /// pieces ([`crate::pieces::PIECES`]) and reads these as they are
 /// ([`crate::pieces::ContentRows`]).
 pub const CONTENT: TableDefinition<u64, &[u8]> = TableDefinition::new("content_rows");
+/// Global sequence → the ids of the objects in that record's content row, 32 bytes each,
+/// in row order: what a fold needs of a content row (the objects the record introduced)
+/// without reading the row. Kept in step with the rows by [`crate::pieces::ContentWriter`].
+/// An empty value stands for a row that did not parse when it was written: a reader reads
+/// the row itself. It covers every row at or after the seq in
+/// [`meta_keys::CONTENT_IDS_FROM`]; rows before that (written by a release of format 5 or
+/// earlier) are read for their ids.
+pub const CONTENT_IDS: TableDefinition<u64, &[u8]> = TableDefinition::new("content_ids");
 /// Log file: format version, log tip, key check. Projections file: format version,
 /// projection versions and cursors, and the chain hash at the checkpoint.
 pub const META: TableDefinition<&str, &[u8]> = TableDefinition::new("meta");
@@ -142,10 +150,16 @@ pub fn clear_projection_tables(txn: &WriteTransaction, tables: &[Table]) -> Resu
 /// beside the log file (`crate::journal`): after a crash the journal holds acknowledged
 /// commits that a release reading format 3 would not look for. Format 5 (this release)
 /// keeps content rows in pieces ([`crate::pieces`]), which a release reading format 4
-/// would not find. A file of format 2, 3 or 4 is read as it is (its whole content rows
-/// stay where they are until a rewrite moves one to pieces), and the first open for
-/// writing rewrites its format number.
-pub const FORMAT: u32 = 5;
+/// would not find. Format 6 (this release) keeps the ids of each content row in
+/// [`CONTENT_IDS`], which a release reading format 5 would not keep in step. A file of
+/// format 2 to 5 is read as it is (its whole content rows stay where they are until a
+/// rewrite moves one to pieces, and its rows have no ids rows), and the first open for
+/// writing rewrites its format number and sets [`meta_keys::CONTENT_IDS_FROM`] past its
+/// last record; `annal migrate` fills in the ids of the rows before it.
+pub const FORMAT: u32 = 6;
+
+/// Content rows in pieces, without their ids beside them: read as it is, upgraded in place.
+pub const FORMAT_BEFORE_CONTENT_IDS: u32 = 5;
 
 /// The journal's layout before content pieces: read as it is, upgraded in place.
 pub const FORMAT_WHOLE_CONTENT_ROWS: u32 = 4;
@@ -159,6 +173,7 @@ pub const FORMAT_BEFORE_JOURNAL: u32 = 3;
 /// Whether this release reads a log file of format `f` without a migration.
 pub fn readable_format(f: u64) -> bool {
     f == FORMAT as u64
+        || f == FORMAT_BEFORE_CONTENT_IDS as u64
         || f == FORMAT_WHOLE_CONTENT_ROWS as u64
         || f == FORMAT_BEFORE_JOURNAL as u64
         || f == FORMAT_APPEND_ONLY_V1 as u64
@@ -185,6 +200,11 @@ pub mod meta_keys {
     /// removal from the content-id index may not be in the projections file yet: the next
     /// open folds the content projection again.
     pub const CONTENT_COLLECTING: &str = "content_collecting";
+    /// u64 LE: every content row at or after this seq has its ids in
+    /// [`super::CONTENT_IDS`] (1 in a file created by format 6 or migrated; past its last
+    /// record in a file of an earlier format upgraded at open). Absent in files of earlier
+    /// formats: no row has.
+    pub const CONTENT_IDS_FROM: &str = "content_ids_from";
     /// u64 LE, in the log file of a host of a shared log: the last stream sequence its
     /// fold has taken in, written with the records it applied.
     pub const STREAM_POSITION: &str = "stream_position";
@@ -248,6 +268,7 @@ pub(crate) fn write_projection_meta(meta: &mut redb::Table<&str, &[u8]>, p: Proj
 pub(crate) fn create_log_tables(txn: &WriteTransaction) -> Result<()> {
     txn.open_table(LOG)?;
     txn.open_table(crate::pieces::PIECES)?;
+    txn.open_table(CONTENT_IDS)?;
     txn.open_table(META)?;
     Ok(())
 }
