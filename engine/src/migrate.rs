@@ -8,6 +8,11 @@
 //! projection metadata are dropped.
 //! The projections file is folded at the next open. An engine refuses a format-1 file
 //! with [`crate::Error::MigrationRequired`], which names `annal migrate`.
+//!
+//! A file of format 2 to 5 opens as it is, and its first open for writing lists the ids
+//! of the content rows written from then on ([`crate::tables::CONTENT_IDS`]). [`migrate`]
+//! upgrades such a file too, and lists the ids of its earlier rows, so that a fold reads
+//! none of its content rows.
 
 use crate::error::{fail_closed, Error, Location, Result};
 use crate::pieces::ContentWriter;
@@ -28,6 +33,9 @@ pub struct MigrateStats {
     pub records: u64,
     /// Content objects moved into content rows.
     pub content_objects: u64,
+    /// Content rows of a file of format 2 to 6 whose ids were listed beside them
+    /// ([`crate::tables::CONTENT_IDS`]): those written before the file's listing began.
+    pub content_rows_listed: u64,
 }
 
 /// Migrates the database at `path` to the current format, in place and all or nothing.
@@ -47,15 +55,32 @@ pub fn migrate(path: impl AsRef<Path>, chain_key: Option<[u8; 32]>) -> Result<Mi
         };
         match format {
             1 => migrate_v1(&db, &chain),
-            f if f == tables::FORMAT as u64 => Ok(MigrateStats { from_format: f as u32, ..MigrateStats::default() }),
             f if tables::readable_format(f) => {
                 crate::log::check_log(&db.begin_read()?, &chain)?;
                 crate::log::upgrade_format(&db)?;
-                Ok(MigrateStats { from_format: f as u32, ..MigrateStats::default() })
+                let content_rows_listed = list_content_ids(&db)?;
+                Ok(MigrateStats { from_format: f as u32, content_rows_listed, ..MigrateStats::default() })
             }
             f => Err(Error::UnsupportedFormat { found: f as u32, supported: tables::FORMAT }),
         }
     })
+}
+
+/// Lists the ids of every content row written before the file's listing began (the rows
+/// of a file upgraded from format 5 or earlier), in one durable transaction, and marks
+/// the listing whole: from then on a fold reads no content row for its ids. Returns the
+/// rows listed (none if the listing was whole already).
+fn list_content_ids(db: &redb::Database) -> Result<u64> {
+    let from = crate::log::content_ids_from(&db.begin_read()?)?;
+    if from <= 1 {
+        return Ok(0);
+    }
+    let mut txn = db.begin_write()?;
+    txn.set_durability(redb::Durability::Immediate)?;
+    let listed = ContentWriter::open(&txn)?.fill_ids(0..=from.saturating_sub(1))?;
+    txn.open_table(META)?.insert(meta_keys::CONTENT_IDS_FROM, 1u64.to_le_bytes().as_slice())?;
+    txn.commit()?;
+    Ok(listed)
 }
 
 /// Whether a reference of `event` is to a message object (which may have attachments).
@@ -134,6 +159,8 @@ fn migrate_v1(db: &redb::Database, chain: &LogChain) -> Result<MigrateStats> {
             meta.remove(meta_keys::cursor(p).as_str())?;
         }
         meta.insert(meta_keys::FORMAT, tables::FORMAT.to_le_bytes().as_slice())?;
+        // Every row was written above, its ids listed with it.
+        meta.insert(meta_keys::CONTENT_IDS_FROM, 1u64.to_le_bytes().as_slice())?;
     }
     txn.commit()?;
     Ok(stats)

@@ -516,6 +516,8 @@ fn scrub(path: &Path) -> Result<()> {
                     out.insert(k.value(), v.value())?;
                 }
             }
+            // Every row was copied through the content writer, which listed its ids.
+            out.insert(meta_keys::CONTENT_IDS_FROM, 1u64.to_le_bytes().as_slice())?;
         }
         txn.commit()?;
         // Bulk inserts leave free pages in the new file (holding only copies of what it

@@ -413,8 +413,16 @@ fn run(cli: Cli) -> Result<Exit> {
         Command::Migrate { db, key_file } => {
             annal_replay::require_file(&db)?;
             let stats = annal::migrate(&db, key(&key_file)?)?;
-            if stats.from_format == annal::tables::FORMAT {
+            if stats.from_format == annal::tables::FORMAT && stats.content_rows_listed == 0 {
                 print(&format!("{} is already in format {}; nothing to do\n", db.display(), stats.from_format))?;
+            } else if stats.from_format != 1 {
+                print(&format!(
+                    "migrated {} from format {} to {}: the ids of {} earlier content rows listed\n",
+                    db.display(),
+                    stats.from_format,
+                    annal::tables::FORMAT,
+                    stats.content_rows_listed
+                ))?;
             } else {
                 print(&format!(
                     "migrated {} from format {} to {}: {} records kept byte for byte, {} content objects moved\n",

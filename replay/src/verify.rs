@@ -179,6 +179,15 @@ pub enum Finding {
         /// The row that stores it again.
         row: u64,
     },
+    /// The ids listed for a content row (`annal::tables::CONTENT_IDS`) are not its ids:
+    /// other ids, none for a row that parses, no listing for a row the file lists, or a
+    /// listing for a seq that has no content row.
+    ContentIds {
+        /// The seq of the content row, or of the listing.
+        row: u64,
+        /// What is wrong.
+        detail: String,
+    },
     /// A content id an event refers to is not stored.
     MissingContent {
         /// The first record referring to it.
@@ -288,6 +297,7 @@ impl Finding {
             | Finding::Fold { seq, session, .. }
             | Finding::ErasedWithoutPurge { seq, session } => format!("log seq {seq} (session {session})"),
             Finding::ContentRow { row, .. } | Finding::StrayContentRow { row } => format!("content row {row}"),
+            Finding::ContentIds { row, .. } => format!("content ids {row}"),
             Finding::MissingContent { id, .. }
             | Finding::DuplicateContent { id, .. }
             | Finding::ContentAfterReference { id, .. }
@@ -314,6 +324,7 @@ impl Finding {
             | Finding::ClockBackwards { seq, .. }
             | Finding::ContentRow { row: seq, .. }
             | Finding::StrayContentRow { row: seq }
+            | Finding::ContentIds { row: seq, .. }
             | Finding::DuplicateContent { row: seq, .. }
             | Finding::MissingContent { seq, .. }
             | Finding::ContentAfterReference { seq, .. }
@@ -338,6 +349,7 @@ impl Finding {
             Finding::ClockBackwards { .. } => "clock_backwards",
             Finding::ContentRow { .. } => "content_row",
             Finding::StrayContentRow { .. } => "stray_content_row",
+            Finding::ContentIds { .. } => "content_ids",
             Finding::ErasedWithoutPurge { .. } => "erased_without_purge",
             Finding::DuplicateContent { .. } => "duplicate_content",
             Finding::MissingContent { .. } => "missing_content",
@@ -372,9 +384,10 @@ impl Finding {
             Finding::ClockBackwards { at_ms, previous_ms, .. } => {
                 format!("committed_at {at_ms} ms is before the previous record's {previous_ms} ms")
             }
-            Finding::ContentRow { detail, .. } | Finding::Meta { detail, .. } | Finding::Drafts { detail } => {
-                detail.clone()
-            }
+            Finding::ContentRow { detail, .. }
+            | Finding::ContentIds { detail, .. }
+            | Finding::Meta { detail, .. }
+            | Finding::Drafts { detail } => detail.clone(),
             Finding::StrayContentRow { .. } => "no log record has this seq".into(),
             Finding::ErasedWithoutPurge { .. } => "the record is erased, but the session has no tombstone".into(),
             Finding::DuplicateContent { first_row, row, .. } if first_row == row => {
@@ -1268,6 +1281,7 @@ fn scan_rows(
 ) -> std::result::Result<(), String> {
     let table = ContentReader::open(txn).map_err(|e| e.to_string())?;
     let mut iter = table.iter().map_err(|e| e.to_string())?.lenient();
+    let mut listed = Listed::open(txn)?;
     // Room for about two objects a record (of the `records` in the log): growing the list
     // by doubling copied it and faulted its pages in again at each step.
     scan.objects.reserve((records as usize).saturating_mul(2).min(OBJECTS_RESERVE_MAX));
@@ -1278,12 +1292,108 @@ fn scan_rows(
             scan.findings.push(Finding::ContentRow { row, detail });
         }
         scan.rows.push(seq);
-        scan_row(scan, matcher, &mut canonical, seq, &row, limits);
+        let first = scan.objects.len();
+        let parsed = scan_row(scan, matcher, &mut canonical, seq, &row, limits);
+        let damaged = scan.findings.last().is_some_and(|f| matches!(f, Finding::ContentRow { row, .. } if *row == seq));
+        let ids = scan.objects[first..].iter().map(|(id, _)| id);
+        listed.check(seq, parsed && !damaged, ids, &mut scan.findings)?;
     }
+    listed.finish(&mut scan.findings)?;
     for row in journal.iter().filter(|r| !r.content.is_empty()) {
         scan_row(scan, matcher, &mut canonical, row.seq, &row.content, limits);
     }
     Ok(())
+}
+
+/// The ids listed for the content rows (`annal::tables::CONTENT_IDS`), read in seq order
+/// beside the rows and checked against them.
+struct Listed {
+    rows: Option<redb::Range<'static, u64, &'static [u8]>>,
+    /// The next listing read and not checked yet, in its page.
+    next: Option<(u64, redb::AccessGuard<'static, &'static [u8]>)>,
+    /// Every content row from this seq on must have its ids listed.
+    from: u64,
+}
+
+impl Listed {
+    fn open(txn: &ReadTransaction) -> std::result::Result<Listed, String> {
+        let from = match txn.open_table(META) {
+            Ok(meta) => meta
+                .get(meta_keys::CONTENT_IDS_FROM)
+                .map_err(|e| e.to_string())?
+                .and_then(|g| tables::meta_u64(g.value())),
+            Err(_) => None,
+        };
+        let rows = match txn.open_table(tables::CONTENT_IDS) {
+            Ok(t) => Some(t.range(0..=u64::MAX).map_err(|e| e.to_string())?),
+            Err(redb::TableError::TableDoesNotExist(_)) => None,
+            Err(e) => return Err(e.to_string()),
+        };
+        Ok(Listed { rows, next: None, from: from.unwrap_or(u64::MAX) })
+    }
+
+    /// The next listing at or below `seq`, if any.
+    fn next_through(
+        &mut self,
+        seq: u64,
+    ) -> std::result::Result<Option<(u64, redb::AccessGuard<'static, &'static [u8]>)>, String> {
+        if self.next.is_none() {
+            self.next = match self.rows.as_mut().and_then(Iterator::next) {
+                Some(Ok((k, v))) => Some((k.value(), v)),
+                Some(Err(e)) => return Err(e.to_string()),
+                None => None,
+            };
+        }
+        Ok(self.next.take_if(|(s, _)| *s <= seq))
+    }
+
+    /// Checks the listing of content row `seq`, whose ids are `ids` (all of them if
+    /// `parsed`), and every listing before it, which no row has.
+    fn check<'a>(
+        &mut self,
+        seq: u64,
+        parsed: bool,
+        ids: impl Iterator<Item = &'a ContentId>,
+        findings: &mut Vec<Finding>,
+    ) -> std::result::Result<(), String> {
+        let mut own = None;
+        while let Some((s, value)) = self.next_through(seq)? {
+            match s == seq {
+                true => own = Some(value),
+                false => findings.push(stray_listing(s)),
+            }
+        }
+        let value = own.as_ref().map(|g| g.value());
+        // A row that does not read whole or parse is a finding of its own: its listing is
+        // only checked to be a list.
+        let detail = match value {
+            None if seq >= self.from => Some(format!("no ids listed for the content row (listed from seq {})", self.from)),
+            None => None,
+            Some(v) if v.len() % 32 != 0 => Some(format!("{} bytes are no list of 32-byte ids", v.len())),
+            Some(_) if !parsed => None,
+            Some([]) => Some("lists no ids for a content row that parses".to_string()),
+            Some(v) => {
+                let same = v.chunks_exact(32).eq(ids.map(|id| &id.0[..]));
+                (!same).then(|| "lists other ids than its content row's".to_string())
+            }
+        };
+        if let Some(detail) = detail {
+            findings.push(Finding::ContentIds { row: seq, detail });
+        }
+        Ok(())
+    }
+
+    /// Every listing past the last row: none has a row.
+    fn finish(mut self, findings: &mut Vec<Finding>) -> std::result::Result<(), String> {
+        while let Some((s, _)) = self.next_through(u64::MAX)? {
+            findings.push(stray_listing(s));
+        }
+        Ok(())
+    }
+}
+
+fn stray_listing(seq: u64) -> Finding {
+    Finding::ContentIds { row: seq, detail: "lists ids for a seq that has no content row".into() }
 }
 
 /// Scans content row `row`: parses it, checks every object against its id (decompressing
@@ -1296,14 +1406,15 @@ fn scan_row(
     row: u64,
     bytes: &[u8],
     limits: &Limits,
-) {
+) -> bool {
     let message_max = limits.message_object_bytes_max();
     let first = scan.objects.len();
+    let mut parsed = true;
     {
         if bytes.is_empty() {
             scan.findings.push(Finding::ContentRow { row, detail: "empty row".into() });
             matcher.row(row, &mut []);
-            return;
+            return false;
         }
         for (n, entry) in entries(bytes, message_max).enumerate() {
             let entry = match entry {
@@ -1311,6 +1422,7 @@ fn scan_row(
                 Err(e) => {
                     let detail = format!("does not parse after {n} object{}: {e}", if n == 1 { "" } else { "s" });
                     scan.findings.push(Finding::ContentRow { row, detail });
+                    parsed = false;
                     break;
                 }
             };
@@ -1333,6 +1445,7 @@ fn scan_row(
         }
     }
     matcher.row(row, &mut scan.objects[first..]);
+    parsed
 }
 
 /// Decoded records handed from the log walk to the fold, per message.
@@ -2022,7 +2135,15 @@ impl<'a> Walk<'a> {
             Ok(t) => t,
             Err(e) => return self.find(storage("table meta", e)),
         };
+        let from = meta.get(meta_keys::CONTENT_IDS_FROM).map(|g| g.map(|g| tables::meta_u64(g.value())));
+        let ids_finding = |detail: &str| Finding::Meta { key: meta_keys::CONTENT_IDS_FROM.into(), detail: detail.into() };
         match meta.get(meta_keys::FORMAT) {
+            Ok(Some(g)) if tables::meta_u64(g.value()) == Some(tables::FORMAT as u64) => match from {
+                Ok(Some(Some(_))) => {}
+                Ok(Some(None)) => self.find(ids_finding("not a seq")),
+                Ok(None) => self.find(ids_finding("missing")),
+                Err(e) => self.find(storage("meta content_ids_from", e)),
+            },
             Ok(Some(g)) if tables::meta_u64(g.value()).is_some_and(tables::readable_format) => {}
             Ok(Some(g)) => self.find(Finding::Meta {
                 key: meta_keys::FORMAT.into(),

@@ -1409,3 +1409,68 @@ fn a_content_row_with_a_missing_piece_is_named() {
     let rows = annal::pieces::ContentReader::open(&txn).unwrap();
     assert!(matches!(rows.get(row), Err(annal::Error::Corrupt { .. })));
 }
+
+/// The ids listed beside each content row (`annal::tables::CONTENT_IDS`) are checked
+/// against the rows: a listing of other ids, one emptied for a row that parses, a row
+/// whose listing is gone, a listing of a seq with no row and a listing that is no list of
+/// ids are each named at their seq, and a file of this format without the meta key that
+/// says where the listing starts is a meta finding.
+#[test]
+fn listed_content_ids_that_differ_from_their_rows_are_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = demo_db(&dir, 2);
+    assert_eq!(verify_json(&db, &[]).0, 0);
+    let database = redb::Database::open(&db).unwrap();
+    let txn = database.begin_write().unwrap();
+    let (other, emptied, gone, stray, short) = {
+        let mut ids = txn.open_table(annal::tables::CONTENT_IDS).unwrap();
+        let seqs: Vec<u64> = ids.iter().unwrap().map(|e| e.unwrap().0.value()).collect();
+        assert!(seqs.len() >= 4, "{seqs:?}");
+        let last = *seqs.last().unwrap();
+        let (other, emptied, gone, short) = (seqs[0], seqs[1], seqs[2], seqs[3]);
+        let mut value = ids.get(other).unwrap().unwrap().value().to_vec();
+        value[5] ^= 1;
+        ids.insert(other, value.as_slice()).unwrap();
+        ids.insert(emptied, [].as_slice()).unwrap();
+        ids.remove(gone).unwrap();
+        ids.insert(short, [7u8; 31].as_slice()).unwrap();
+        // Past the last row: no content row has it.
+        ids.insert(last + 1_000, [7u8; 32].as_slice()).unwrap();
+        (other, emptied, gone, last + 1_000, short)
+    };
+    txn.open_table(annal::tables::META).unwrap().remove(annal::tables::meta_keys::CONTENT_IDS_FROM).unwrap();
+    txn.commit().unwrap();
+    drop(database);
+    let (rc, report) = verify_json(&db, &[]);
+    assert_eq!(rc, 1, "{report}");
+    let f = findings(&report);
+    let at = |seq: u64, what: &str| {
+        f.iter().any(|(k, l, d)| k == "content_ids" && *l == format!("content ids {seq}") && d.contains(what))
+    };
+    assert!(at(other, "other ids"), "{f:?}");
+    assert!(at(emptied, "no ids for a content row that parses"), "{f:?}");
+    assert!(at(stray, "no content row"), "{f:?}");
+    assert!(at(short, "no list of 32-byte ids"), "{f:?}");
+    assert!(f.iter().any(|(k, l, d)| k == "meta" && l.contains("content_ids_from") && d == "missing"), "{f:?}");
+    // Without the meta key no row is required to be listed: the row whose listing is
+    // gone is no finding, and is read for its ids.
+    assert!(!f.iter().any(|(_, l, _)| *l == format!("content ids {gone}")), "{f:?}");
+    assert_eq!(f.len(), 5, "{f:?}");
+
+    // With the key back, listing from the first seq, the row whose listing is gone is
+    // named too.
+    let database = redb::Database::open(&db).unwrap();
+    let txn = database.begin_write().unwrap();
+    txn.open_table(annal::tables::META)
+        .unwrap()
+        .insert(annal::tables::meta_keys::CONTENT_IDS_FROM, 1u64.to_le_bytes().as_slice())
+        .unwrap();
+    txn.commit().unwrap();
+    drop(database);
+    let f = findings(&verify_json(&db, &[]).1);
+    assert!(
+        f.iter().any(|(k, l, d)| k == "content_ids" && *l == format!("content ids {gone}") && d.contains("no ids listed")),
+        "{f:?}"
+    );
+    assert_eq!(f.len(), 5, "{f:?}");
+}

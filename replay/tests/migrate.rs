@@ -405,3 +405,60 @@ fn a_collection_and_a_purge_move_whole_content_rows_to_pieces() {
         );
     }
 }
+
+/// A file of an earlier format lists the ids of the content rows written after its
+/// upgrade at open, and only those; `annal migrate` lists the rows before it. The file
+/// verifies, and rebuilds to the same projections, at each step.
+#[test]
+fn migrate_lists_the_content_ids_of_the_rows_before_the_upgrade() {
+    use redb::{ReadableDatabase, ReadableTable};
+    let dir = tempfile::tempdir().unwrap();
+    let src = fixture_dir("format4-whole-content-rows");
+    let db = dir.path().join("v4.redb");
+    std::fs::copy(src.join("v4.redb"), &db).expect("copy the log");
+    let path = db.to_str().unwrap();
+    // (the seq the listing starts at, the seqs listed, the seqs with a content row)
+    let listing = |db: &Path| {
+        let raw = redb::Database::open(db).unwrap();
+        let txn = raw.begin_read().unwrap();
+        let meta = txn.open_table(annal::tables::META).unwrap();
+        let from = meta
+            .get(annal::tables::meta_keys::CONTENT_IDS_FROM)
+            .unwrap()
+            .and_then(|g| annal::tables::meta_u64(g.value()));
+        let listed: Vec<u64> = match txn.open_table(annal::tables::CONTENT_IDS) {
+            Ok(t) => t.iter().unwrap().map(|e| e.unwrap().0.value()).collect(),
+            Err(_) => Vec::new(),
+        };
+        let rows = annal::pieces::ContentReader::open(&txn).unwrap();
+        let rows: Vec<u64> = rows.iter().unwrap().map(|r| r.unwrap().0).collect();
+        let last = txn.open_table(annal::tables::LOG).unwrap().last().unwrap().map_or(0, |(k, _)| k.value());
+        (from, listed, rows, last)
+    };
+    let (from, listed, rows_before, last_before) = listing(&db);
+    assert_eq!((from, listed.len()), (None, 0), "format 4 lists nothing");
+
+    let engine = annal::Engine::open(&db).unwrap();
+    engine.create_session(annal::CreateSession::new().message(annal::Message::user("listed"))).unwrap();
+    let digests = engine.projection_digests().unwrap();
+    engine.close().unwrap();
+    let (from, listed, rows, _) = listing(&db);
+    assert_eq!(from, Some(last_before + 1), "listed from the first record after the upgrade");
+    let after: Vec<u64> = rows.iter().copied().filter(|&s| s > last_before).collect();
+    assert!(!after.is_empty());
+    assert_eq!(listed, after, "the new rows and only those");
+    let verify = annal(&["verify", path, "--deep"]);
+    assert_eq!(verify.status.code(), Some(0), "{}", String::from_utf8_lossy(&verify.stdout));
+
+    let migrated = stdout_of(&["migrate", path]);
+    assert!(migrated.contains(&format!("the ids of {} earlier content rows listed", rows_before.len())), "{migrated}");
+    let (from, listed, rows, _) = listing(&db);
+    assert_eq!((from, &listed), (Some(1), &rows), "every row listed");
+    let verify = annal(&["verify", path, "--deep"]);
+    assert_eq!(verify.status.code(), Some(0), "{}", String::from_utf8_lossy(&verify.stdout));
+    let engine = annal::Engine::open(&db).unwrap();
+    engine.rebuild(annal::ProjectionSet::all()).unwrap();
+    assert_eq!(engine.projection_digests().unwrap(), digests, "a rebuild from the listing gives the same projections");
+    engine.close().unwrap();
+    assert!(stdout_of(&["migrate", path]).contains("nothing to do"));
+}
