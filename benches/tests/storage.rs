@@ -23,7 +23,7 @@
 //! Run with `--nocapture` to see the figures.
 
 use annal::pieces::{ContentReader, PIECES};
-use annal::tables::{LOG, META};
+use annal::tables::{CONTENT_IDS, LOG, META};
 use annal::{
     CommitTurn, ContentId, CreateSession, Durability, Engine, Expected, Limits, Message, Options, Reader, RevisionId,
     Rewrite, RewriteReason, Role,
@@ -255,13 +255,15 @@ fn run(path: &Path, rewrites: Rewrites) -> Measured {
         let db = redb::Database::open(path).expect("reopen raw");
         let txn = db.begin_read().expect("read");
         let tables: BTreeSet<String> = txn.list_tables().expect("list tables").map(|t| t.name().to_string()).collect();
-        let expected: BTreeSet<String> = [LOG.name(), PIECES.name(), META.name()].map(String::from).into();
-        assert_eq!(tables, expected, "the log file holds only the log, the content rows and meta");
+        let expected: BTreeSet<String> =
+            [LOG.name(), PIECES.name(), CONTENT_IDS.name(), META.name()].map(String::from).into();
+        assert_eq!(tables, expected, "the log file holds only the log, the content rows and their ids, and meta");
         let objects = content_objects(&txn);
         let measured = Measured {
             rewrites: rewrite_count,
             log_bytes: table_bytes(&txn, LOG),
-            content_bytes: table_bytes(&txn, PIECES),
+            // The rows and the ids listed beside them.
+            content_bytes: table_bytes(&txn, PIECES) + table_bytes(&txn, CONTENT_IDS),
             content_objects: objects.len() as u64,
             distinct_replacements,
             file_bytes: std::fs::metadata(path).expect("file size").len(),

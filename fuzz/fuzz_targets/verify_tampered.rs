@@ -1,7 +1,8 @@
 //! A demo database whose rows are tampered with through redb (log records replaced,
 //! flipped, removed or added; content rows, read and rewritten through their pieces,
 //! replaced, flipped, removed, added at any seq, or an object moved to another row; one
-//! piece written at any index; a whole row of an earlier format added; meta
+//! piece written at any index; a whole row of an earlier format added; the ids listed
+//! for a content row changed, added at any seq or removed; meta
 //! values changed; projection rows changed or removed in the projections file), then
 //! checked by `annal verify --deep`'s own function on the two files. Verification must
 //! report, never panic and never hang, whatever the rows hold; the untampered files must
@@ -12,7 +13,7 @@
 use annal::codec::content::entries;
 use annal::fault::SharedMemory;
 use annal::pieces::{PIECES, PIECE_BYTES};
-use annal::tables::{CONTENT, LOG, META, PROJECTIONS};
+use annal::tables::{CONTENT, CONTENT_IDS, LOG, META, PROJECTIONS};
 use annal_replay::verify::{verify, VerifyOptions};
 use arbitrary::Arbitrary;
 use libfuzzer_sys::fuzz_target;
@@ -47,6 +48,11 @@ enum Tamper {
     /// Write a content row whole, as a file of an earlier format holds it: beside the
     /// pieces of the same seq, or at a seq that has none.
     WholeContentRow { seq: u8, bytes: Vec<u8> },
+    /// Write the ids listed for a content row at a seq up to a few past the tip (other
+    /// ids, none, bytes that are no list of ids, a listing without a row).
+    SetContentIds { seq: u8, bytes: Vec<u8> },
+    /// Remove the ids listed for a content row.
+    RemoveContentIds { at: u16 },
     /// Replace a meta value.
     SetMeta { at: u8, bytes: Vec<u8> },
     /// Replace a projection row's value in the projections file.
@@ -233,6 +239,14 @@ fn tamper_log(txn: &redb::WriteTransaction, tampers: &[Tamper]) -> Result<(), re
             }
             Tamper::WholeContentRow { seq, bytes } => {
                 txn.open_table(CONTENT)?.insert(u64::from(*seq) % (tip + 4), bytes.as_slice())?;
+            }
+            Tamper::SetContentIds { seq, bytes } => {
+                txn.open_table(CONTENT_IDS)?.insert(u64::from(*seq) % (tip + 4), bytes.as_slice())?;
+            }
+            Tamper::RemoveContentIds { at } => {
+                if let Some(seq) = pick(&rows, *at) {
+                    txn.open_table(CONTENT_IDS)?.remove(seq)?;
+                }
             }
             Tamper::SetMeta { at, bytes } => {
                 if !names.is_empty() {

@@ -817,6 +817,10 @@ pub fn stats(reader: &Reader, path: &Path) -> Result<Stats> {
     if let Ok(whole) = txn.open_table(CONTENT) {
         s.tables.push(TableStorage::of(CONTENT.name(), &whole)?);
     }
+    // The ids listed beside the content rows (absent in a file of an earlier format).
+    if let Ok(ids) = txn.open_table(annal::tables::CONTENT_IDS) {
+        s.tables.push(TableStorage::of(annal::tables::CONTENT_IDS.name(), &ids)?);
+    }
     s.tables.push(TableStorage::of(META.name(), &meta)?);
     if projections_bytes > 0 {
         let mut b = redb::Builder::new();

@@ -1211,7 +1211,7 @@ fn read_views_show_the_demo() {
     assert_eq!(json["content_objects"].as_u64().unwrap() as usize, count_content(&db));
     let tables = json["tables"].as_array().unwrap();
     let names: Vec<&str> = tables.iter().map(|t| t["name"].as_str().unwrap()).collect();
-    assert_eq!(names, ["log", "content_pieces", "meta", "projections"]);
+    assert_eq!(names, ["log", "content_pieces", "content_ids", "meta", "projections"]);
     assert_eq!(tables[0]["entries"].as_u64().unwrap(), tip);
     let pieces = tables[1]["entries"].as_u64().unwrap();
     let rows = annal::pieces::ContentReader::open(&redb::Database::open(&db).unwrap().begin_read().unwrap())
@@ -1221,9 +1221,10 @@ fn read_views_show_the_demo() {
         .count();
     assert!(rows > 0 && rows <= count_content(&db), "one row per record that brought content");
     assert!(pieces >= rows as u64, "{pieces} pieces for {rows} rows");
+    assert_eq!(tables[2]["entries"].as_u64().unwrap(), rows as u64, "every row's ids listed");
     assert!(tables.iter().all(|t| t["leaf_pages"].as_u64().unwrap() > 0 && t["stored_bytes"].as_u64().unwrap() > 0));
     let rows: u64 = json["projections"].as_object().unwrap().values().map(|t| t["rows"].as_u64().unwrap()).sum();
-    assert_eq!(rows, tables[3]["entries"].as_u64().unwrap(), "every projection row is counted under its table");
+    assert_eq!(rows, tables[4]["entries"].as_u64().unwrap(), "every projection row is counted under its table");
     assert_eq!(json["projections"]["p.heads"]["rows"], json["sessions"]);
     let out = annal(&["stats", p(&db)]);
     assert!(stdout(&out).contains("projections"), "{}", stdout(&out));
