@@ -78,7 +78,10 @@ impl ContentReader {
 
     /// The ids rows of the seqs in `seqs`, in seq order, as an iterator that owns its
     /// snapshot's pages; `None` in a file without [`CONTENT_IDS`].
-    pub(crate) fn ids_owned(&self, seqs: RangeInclusive<u64>) -> Result<Option<redb::Range<'static, u64, &'static [u8]>>> {
+    pub(crate) fn ids_owned(
+        &self,
+        seqs: RangeInclusive<u64>,
+    ) -> Result<Option<redb::Range<'static, u64, &'static [u8]>>> {
         let Some((lo, hi)) = bounds(&seqs) else { return Ok(None) };
         Ok(self.ids.as_ref().map(|t| t.range(lo..=hi)).transpose()?)
     }
@@ -177,7 +180,7 @@ fn ids_value(row: Option<&[u8]>) -> Vec<u8> {
 /// be read), or when its length is not a multiple of 32 (a damaged ids row, which a
 /// reader treats the same way).
 pub(crate) fn listed_ids(value: &[u8]) -> Option<Vec<ContentId>> {
-    if value.is_empty() || value.len() % 32 != 0 {
+    if value.is_empty() || !value.len().is_multiple_of(32) {
         return None;
     }
     Some(

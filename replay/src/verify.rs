@@ -1305,12 +1305,15 @@ fn scan_rows(
     Ok(())
 }
 
+/// The seq of a content row and the ids listed for it, in their page.
+type Listing = (u64, redb::AccessGuard<'static, &'static [u8]>);
+
 /// The ids listed for the content rows (`annal::tables::CONTENT_IDS`), read in seq order
 /// beside the rows and checked against them.
 struct Listed {
     rows: Option<redb::Range<'static, u64, &'static [u8]>>,
     /// The next listing read and not checked yet, in its page.
-    next: Option<(u64, redb::AccessGuard<'static, &'static [u8]>)>,
+    next: Option<Listing>,
     /// Every content row from this seq on must have its ids listed.
     from: u64,
 }
@@ -1333,10 +1336,7 @@ impl Listed {
     }
 
     /// The next listing at or below `seq`, if any.
-    fn next_through(
-        &mut self,
-        seq: u64,
-    ) -> std::result::Result<Option<(u64, redb::AccessGuard<'static, &'static [u8]>)>, String> {
+    fn next_through(&mut self, seq: u64) -> std::result::Result<Option<Listing>, String> {
         if self.next.is_none() {
             self.next = match self.rows.as_mut().and_then(Iterator::next) {
                 Some(Ok((k, v))) => Some((k.value(), v)),
@@ -1367,9 +1367,11 @@ impl Listed {
         // A row that does not read whole or parse is a finding of its own: its listing is
         // only checked to be a list.
         let detail = match value {
-            None if seq >= self.from => Some(format!("no ids listed for the content row (listed from seq {})", self.from)),
+            None if seq >= self.from => {
+                Some(format!("no ids listed for the content row (listed from seq {})", self.from))
+            }
             None => None,
-            Some(v) if v.len() % 32 != 0 => Some(format!("{} bytes are no list of 32-byte ids", v.len())),
+            Some(v) if !v.len().is_multiple_of(32) => Some(format!("{} bytes are no list of 32-byte ids", v.len())),
             Some(_) if !parsed => None,
             Some([]) => Some("lists no ids for a content row that parses".to_string()),
             Some(v) => {
@@ -2136,7 +2138,8 @@ impl<'a> Walk<'a> {
             Err(e) => return self.find(storage("table meta", e)),
         };
         let from = meta.get(meta_keys::CONTENT_IDS_FROM).map(|g| g.map(|g| tables::meta_u64(g.value())));
-        let ids_finding = |detail: &str| Finding::Meta { key: meta_keys::CONTENT_IDS_FROM.into(), detail: detail.into() };
+        let ids_finding =
+            |detail: &str| Finding::Meta { key: meta_keys::CONTENT_IDS_FROM.into(), detail: detail.into() };
         match meta.get(meta_keys::FORMAT) {
             Ok(Some(g)) if tables::meta_u64(g.value()) == Some(tables::FORMAT as u64) => match from {
                 Ok(Some(Some(_))) => {}

@@ -1470,7 +1470,8 @@ fn listed_content_ids_that_differ_from_their_rows_are_named() {
     drop(database);
     let f = findings(&verify_json(&db, &[]).1);
     assert!(
-        f.iter().any(|(k, l, d)| k == "content_ids" && *l == format!("content ids {gone}") && d.contains("no ids listed")),
+        f.iter()
+            .any(|(k, l, d)| k == "content_ids" && *l == format!("content ids {gone}") && d.contains("no ids listed")),
         "{f:?}"
     );
     assert_eq!(f.len(), 5, "{f:?}");
