@@ -770,19 +770,21 @@ mod tests {
         assert_eq!(Staged::default().holds(10, &ContentId([1; 32])), None);
     }
 
+    /// A content row of `objects`, each stored raw.
+    fn row(objects: &[&[u8]]) -> Vec<u8> {
+        let mut row = Vec::new();
+        for o in objects {
+            annal_codec::content::push_entry(&mut row, &annal_codec::content_id(o), o);
+        }
+        row
+    }
+
     /// The cursor's ids and errors are those of a lookup by seq, seq after seq: rows in
     /// pieces (entries across the pieces' boundaries) and whole (an older file's), rows
     /// whose entries are cut short or too long, a row with a piece missing, a row stored
     /// both ways, and the rows after them.
     #[test]
     fn a_content_cursor_reads_as_lookups_by_seq_do() {
-        let row = |objects: &[&[u8]]| {
-            let mut row = Vec::new();
-            for o in objects {
-                annal_codec::content::push_entry(&mut row, &annal_codec::content_id(o), o);
-            }
-            row
-        };
         let (big, small) = ([7u8; 1_500], [1u8; 20]);
         let db = redb::Builder::new().create_with_backend(redb::backends::InMemoryBackend::new()).unwrap();
         let txn = db.begin_write().unwrap();
@@ -861,13 +863,6 @@ mod tests {
     /// removes them with it; `fill_ids` lists the rows written before the listing.
     #[test]
     fn the_writer_keeps_each_rows_ids_beside_it() {
-        let row = |objects: &[&[u8]]| {
-            let mut row = Vec::new();
-            for o in objects {
-                annal_codec::content::push_entry(&mut row, &annal_codec::content_id(o), o);
-            }
-            row
-        };
         let db = redb::Builder::new().create_with_backend(redb::backends::InMemoryBackend::new()).unwrap();
         let txn = db.begin_write().unwrap();
         {

@@ -330,6 +330,15 @@ fn a_file_with_whole_content_rows_opens_reads_and_writes_on() {
     assert_eq!(rebuilt.status.code(), Some(0), "{}", String::from_utf8_lossy(&rebuilt.stderr));
 }
 
+/// The format-4 fixture's directory, and a copy of its log file (without its projections
+/// file) in `dir`.
+fn copy_v4_log(dir: &Path) -> (PathBuf, PathBuf) {
+    let src = fixture_dir("format4-whole-content-rows");
+    let db = dir.join("v4.redb");
+    std::fs::copy(src.join("v4.redb"), &db).expect("copy the log");
+    (src, db)
+}
+
 /// In a format-4 file, a content collection rewrites the whole rows it touches in pieces
 /// (a row is never in both tables) and leaves the others where they are; a purge's scrub
 /// then copies every row into the new file in pieces. The other sessions answer as
@@ -339,9 +348,7 @@ fn a_collection_and_a_purge_move_whole_content_rows_to_pieces() {
     use annal::codec::content::{encode_object, push_stored};
     use redb::{ReadableDatabase, ReadableTable};
     let dir = tempfile::tempdir().unwrap();
-    let src = fixture_dir("format4-whole-content-rows");
-    let db = dir.path().join("v4.redb");
-    std::fs::copy(src.join("v4.redb"), &db).expect("copy the log");
+    let (src, db) = copy_v4_log(dir.path());
     let path = db.to_str().unwrap();
     let layout = |db: &Path| {
         let raw = redb::Database::open(db).unwrap();
@@ -413,9 +420,7 @@ fn a_collection_and_a_purge_move_whole_content_rows_to_pieces() {
 fn migrate_lists_the_content_ids_of_the_rows_before_the_upgrade() {
     use redb::{ReadableDatabase, ReadableTable};
     let dir = tempfile::tempdir().unwrap();
-    let src = fixture_dir("format4-whole-content-rows");
-    let db = dir.path().join("v4.redb");
-    std::fs::copy(src.join("v4.redb"), &db).expect("copy the log");
+    let (_, db) = copy_v4_log(dir.path());
     let path = db.to_str().unwrap();
     // (the seq the listing starts at, the seqs listed, the seqs with a content row)
     let listing = |db: &Path| {
