@@ -18,7 +18,10 @@
 //!   scratch state: the transcript fold, which recomputes every `revision_after`, and
 //!   with `deep` every fold (the stream index and the content-id index included).
 //! - The content scan reads the content rows in seq order. A row that is empty, does not
-//!   parse, has its pieces out of order or is stored both whole and in pieces is a finding (the entries before the damage are still checked). Every entry
+//!   parse, has its pieces out of order or is stored both whole and in pieces is a finding (the entries before the damage are still checked). Beside the
+//!   rows it reads the ids listed for them (`annal::tables::CONTENT_IDS`): a listing of
+//!   other ids than its row's, an empty one for a row that parses, a row the file lists
+//!   without its listing, and a listing of a seq with no row are findings. Every entry
 //!   must use a known encoding and its bytes must hash to its id (a damaged object is
 //!   named with the row that holds it); the scan notes which objects decode as message
 //!   objects, and their attachments. As it reads the row at a seq, it takes the content
@@ -1288,15 +1291,16 @@ fn scan_rows(
     let mut canonical = Vec::new();
     while let Some(entry) = iter.next() {
         let (seq, row) = entry.map_err(|e| e.to_string())?;
-        if let Some((row, detail)) = iter.take_damage() {
+        let damage = iter.take_damage();
+        let whole = damage.is_none();
+        if let Some((row, detail)) = damage {
             scan.findings.push(Finding::ContentRow { row, detail });
         }
         scan.rows.push(seq);
         let first = scan.objects.len();
         let parsed = scan_row(scan, matcher, &mut canonical, seq, &row, limits);
-        let damaged = scan.findings.last().is_some_and(|f| matches!(f, Finding::ContentRow { row, .. } if *row == seq));
         let ids = scan.objects[first..].iter().map(|(id, _)| id);
-        listed.check(seq, parsed && !damaged, ids, &mut scan.findings)?;
+        listed.check(seq, whole && parsed, ids, &mut scan.findings)?;
     }
     listed.finish(&mut scan.findings)?;
     for row in journal.iter().filter(|r| !r.content.is_empty()) {
