@@ -12,6 +12,10 @@
 //! that is rewritten (an erasure, a content collection, a purge's scrub) moves to pieces,
 //! so a seq's row is only ever in one of the two tables.
 //!
+//! The writer lists the ids of each row it writes beside it, in
+//! [`crate::tables::CONTENT_IDS`], in the same transaction, and replaces and removes the
+//! listing with the row: a fold reads a row's ids from there instead of the row.
+//!
 //! The engine reads and writes content rows only through [`ContentRows`]; the writer is
 //! public, like the table definitions in [`crate::tables`], for offline tools and tamper
 //! tests.
