@@ -215,13 +215,36 @@ pub mod id_list {
     use serde::Serializer;
     use std::fmt;
 
-    /// Serializes `ids` as one byte string.
-    pub fn serialize<S: Serializer>(ids: &[ContentId], s: S) -> Result<S::Ok, S::Error> {
+    /// `ids` packed: 32 bytes an id, one after the other (the byte string's contents, and
+    /// the value of the log file's `content_ids` table).
+    pub fn pack(ids: &[ContentId]) -> Vec<u8> {
         let mut bytes = Vec::with_capacity(ids.len() * 32);
         for id in ids {
             bytes.extend_from_slice(&id.0);
         }
-        s.serialize_bytes(&bytes)
+        bytes
+    }
+
+    /// The ids `bytes` packs ([`pack`]); `None` when its length is not a multiple of 32.
+    pub fn unpack(bytes: &[u8]) -> Option<Vec<ContentId>> {
+        if !bytes.len().is_multiple_of(32) {
+            return None;
+        }
+        Some(
+            bytes
+                .chunks_exact(32)
+                .map(|c| {
+                    let mut id = [0u8; 32];
+                    id.copy_from_slice(c);
+                    ContentId(id)
+                })
+                .collect(),
+        )
+    }
+
+    /// Serializes `ids` as one byte string.
+    pub fn serialize<S: Serializer>(ids: &[ContentId], s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_bytes(&pack(ids))
     }
 
     /// Deserializes a byte string whose length is a multiple of 32 into content ids.
@@ -239,16 +262,7 @@ pub mod id_list {
         }
 
         fn visit_bytes<E: de::Error>(self, v: &[u8]) -> Result<Self::Value, E> {
-            if !v.len().is_multiple_of(32) {
-                return Err(E::invalid_length(v.len(), &self));
-            }
-            Ok(v.chunks_exact(32)
-                .map(|c| {
-                    let mut id = [0u8; 32];
-                    id.copy_from_slice(c);
-                    ContentId(id)
-                })
-                .collect())
+            unpack(v).ok_or_else(|| E::invalid_length(v.len(), &self))
         }
 
         fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {

@@ -175,8 +175,8 @@ fn ids_value(row: Option<&[u8]>) -> Vec<u8> {
     let mut scan = IdScan::new(u64::MAX);
     scan.feed(row);
     match scan.finish() {
-        Ok(ids) if !ids.is_empty() => ids.iter().flat_map(|id| id.0).collect(),
-        _ => Vec::new(),
+        Ok(ids) => annal_codec::ids::id_list::pack(&ids),
+        Err(_) => Vec::new(),
     }
 }
 
@@ -184,19 +184,7 @@ fn ids_value(row: Option<&[u8]>) -> Vec<u8> {
 /// be read), or when its length is not a multiple of 32 (a damaged ids row, which a
 /// reader treats the same way).
 pub(crate) fn listed_ids(value: &[u8]) -> Option<Vec<ContentId>> {
-    if value.is_empty() || !value.len().is_multiple_of(32) {
-        return None;
-    }
-    Some(
-        value
-            .chunks_exact(32)
-            .map(|c| {
-                let mut id = [0u8; 32];
-                id.copy_from_slice(c);
-                ContentId(id)
-            })
-            .collect(),
-    )
+    annal_codec::ids::id_list::unpack(value).filter(|ids| !ids.is_empty())
 }
 
 /// A value read in place, in its page.
