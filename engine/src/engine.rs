@@ -1313,6 +1313,58 @@ fn refuse_unreadable_format(path: &Path, options: &Options) -> Result<()> {
     }
 }
 
+/// What [`recover_log`] did to a database's log file.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LogRecovery {
+    /// The log's last seq, counting what the journal held.
+    pub tip_seq: u64,
+    /// Records the journal held past the log file (a crash), now appended to it.
+    pub records_taken_in: u64,
+    /// A content collection was interrupted: the projections file may still list ids
+    /// whose content is gone, and the next open folds the content-id index again.
+    pub collection_interrupted: bool,
+}
+
+/// Brings the log file of the database at `path` to where an open for writing brings
+/// it, and no further: it finishes an erasure a crash interrupted, upgrades a file of an
+/// older readable format, checks the chain key, appends what the journal holds past the
+/// log file (a crash) and removes the journal, as a clean close leaves it. The
+/// projections file is not opened, so nothing is folded.
+///
+/// This is the first step of an offline rebuild of every projection (`annal rebuild`):
+/// an open would first fold the projections up to the log (all of them, when the
+/// projections file is missing), only for the rebuild to fold them again. The file must
+/// exist (it is never created) and no other process may have it open for writing.
+pub fn recover_log(path: impl AsRef<Path>, options: &Options) -> Result<LogRecovery> {
+    let path = path.as_ref();
+    options.limits.validate()?;
+    if !path.is_file() {
+        return Err(Error::Storage(format!("{} is not a file", path.display())));
+    }
+    refuse_unreadable_format(path, options)?;
+    fail_closed("recover", || {
+        let mut log = open_file(path, options)?;
+        if log.begin_read().map(|txn| crate::purge::unfinished_in(&txn)).unwrap_or(false) {
+            drop(log);
+            crate::purge::finish(path)?;
+            log = open_file(path, options)?;
+        }
+        let chain = options.chain_key.map_or_else(LogChain::plain, LogChain::keyed);
+        let before = crate::log::open_log(&log, &chain)?;
+        let tip = match crate::journal::journal_paths(path).iter().any(|p| p.exists()) {
+            true => {
+                let mut journal = Journal::open(path, 0)?;
+                let tip = crate::journal::recover(&log, &mut journal, before, &chain)?;
+                journal.shred()?;
+                tip
+            }
+            false => before,
+        };
+        let collection_interrupted = crate::collect::collecting_in(&log.begin_read()?);
+        Ok(LogRecovery { tip_seq: tip.seq, records_taken_in: tip.seq - before.seq, collection_interrupted })
+    })
+}
+
 /// Every file of the database at `path`, whether it exists or not: the log file, its
 /// projections file and its two journal files (`crate::journal`). A copy of all four,
 /// taken while no engine has them open (or as a SIGKILL leaves them), is the database.

@@ -331,8 +331,8 @@ pub use decide::{check_fence, decide, materialize, outcome_of, Decision, Now, Re
 pub use delta::{View, HEAD_CACHE_ENTRIES_MAX};
 pub use draft::{Draft, DraftSummary};
 pub use engine::{
-    database_files, projections_path, ContextOutcome, Durability, Engine, EngineStats, Options, SessionReceipt,
-    StatsSnapshot, ToolReceipt, TurnOutcome, DRAFT_FLUSH_INTERVAL,
+    database_files, projections_path, recover_log, ContextOutcome, Durability, Engine, EngineStats, LogRecovery,
+    Options, SessionReceipt, StatsSnapshot, ToolReceipt, TurnOutcome, DRAFT_FLUSH_INTERVAL,
 };
 pub use error::{Error, Limit, Location, Rejection, Result};
 pub use evolve::evolve;

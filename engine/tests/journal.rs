@@ -286,3 +286,46 @@ fn a_relaxed_open_takes_in_a_journal_a_crash_left() {
     assert!(journal_paths(&copy).iter().all(|p| !p.exists()), "a relaxed engine keeps no journal");
     engine.close().unwrap();
 }
+
+/// `recover_log`, the first step of an offline rebuild: what a crash left in the journal
+/// goes into the log file, the journal is removed as a clean close removes it, and the
+/// projections file is neither opened nor created. A rebuild then gives the projections
+/// the live engine had, and an open has nothing left to fold.
+#[test]
+fn recovering_the_log_takes_in_the_journal_and_folds_nothing() {
+    let db = Db::new();
+    let engine = Engine::open(&db.path).unwrap();
+    let (s, rev) = create(&engine, &[Message::system("sys")]);
+    let head = commit_turns(&engine, s, "t", 30, rev);
+    let live = engine.projection_digests().unwrap();
+    let copy = db.dir.path().join("crashed.redb");
+    copy_database(&db.path, &copy);
+    engine.close().unwrap();
+    std::fs::remove_file(projections_path(&copy)).unwrap();
+
+    let recovered = recover_log(&copy, &Options::default()).unwrap();
+    assert_eq!(recovered, LogRecovery { tip_seq: 31, records_taken_in: 31, collection_interrupted: false });
+    assert_eq!(log_records(&copy), 31);
+    assert!(journal_paths(&copy).iter().all(|p| !p.exists()), "the journal is removed");
+    assert!(!projections_path(&copy).exists(), "the projections file is not created");
+    // Once more: nothing left to take in.
+    let again = recover_log(&copy, &Options::default()).unwrap();
+    assert_eq!(again, LogRecovery { tip_seq: 31, records_taken_in: 0, collection_interrupted: false });
+
+    let stats = rebuild_offline(&copy, &Options::default(), ProjectionSet::all(), &mut |_, _| {}).unwrap();
+    assert_eq!(stats.events, 31);
+    let engine = Engine::open(&copy).unwrap();
+    assert_eq!(engine.stats().recovered_events, 0, "the rebuild left nothing to fold");
+    assert_eq!(engine.head(s).unwrap().unwrap().revision, head);
+    assert_eq!(engine.projection_digests().unwrap(), live);
+    engine.close().unwrap();
+
+    // A missing file is an error and is not created; a wrong chain key changes nothing.
+    let missing = db.dir.path().join("missing.redb");
+    assert!(matches!(recover_log(&missing, &Options::default()), Err(Error::Storage(_))));
+    assert!(database_files(&missing).iter().all(|p| !p.exists()));
+    let keyed = Options { chain_key: Some([7; 32]), ..Options::default() };
+    let before = std::fs::read(&copy).unwrap();
+    assert!(matches!(recover_log(&copy, &keyed), Err(Error::KeyMismatch { .. })));
+    assert_eq!(std::fs::read(&copy).unwrap(), before);
+}

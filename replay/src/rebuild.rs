@@ -68,23 +68,29 @@ pub fn parse_projections(names: &[String]) -> Result<Vec<Projection>> {
 
 /// Rebuilds the chosen projections of the database at `path`.
 ///
-/// The database is first opened as an [`Engine`], which checks the format and the key
-/// and brings stale projections up to date, then closed; the rebuild itself is the
-/// engine's [`annal::rebuild_offline`]: the checkpointer run from sequence 0 into the
-/// projections file, in one durable transaction, so readers see either the old
-/// projections or the new ones. The writing host must not be running.
+/// The log file is first brought to where an open for writing brings it
+/// ([`annal::recover_log`]: an interrupted erasure finished, the format upgraded, the
+/// key checked, the journal a crash left appended), without folding anything. A rebuild
+/// of some projections, or one after an interrupted content collection, then opens the
+/// database as an [`Engine`], which brings the other projections up to the log (the
+/// rebuild reads their cursors), and closes it. The rebuild itself is the engine's
+/// [`annal::rebuild_offline`]: the checkpointer run from sequence 0 into the projections
+/// file, in one durable transaction, so readers see either the old projections or the
+/// new ones. The writing host must not be running.
 pub fn rebuild(path: &Path, opts: &RebuildOptions) -> Result<RebuildReport> {
     require_file(path)?;
     let set: ProjectionSet =
         if opts.projections.is_empty() { ProjectionSet::all() } else { opts.projections.iter().copied().collect() };
     let options = Options { chain_key: opts.key, ..Options::default() };
-    Engine::open_with(path, options.clone())
-        .map_err(|e| match e {
-            annal::Error::Storage(s) => CliError::usage(format!("cannot open {} for writing: {s}", path.display())),
-            other => other.into(),
-        })?
-        .close()?;
-    let total = crate::open_reader(path, opts.key)?.tip()?.0;
+    let for_writing = |e: annal::Error| match e {
+        annal::Error::Storage(s) => CliError::usage(format!("cannot open {} for writing: {s}", path.display())),
+        other => other.into(),
+    };
+    let recovered = annal::recover_log(path, &options).map_err(for_writing)?;
+    if set != ProjectionSet::all() || recovered.collection_interrupted {
+        Engine::open_with(path, options.clone()).map_err(for_writing)?.close()?;
+    }
+    let total = recovered.tip_seq;
     let bar = progress::bar(total, "rebuild", opts.progress);
     let started = Instant::now();
     let stats = annal::rebuild_offline(path, &options, set, &mut |done, _| bar.set_position(done))?;

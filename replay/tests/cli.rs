@@ -103,6 +103,42 @@ fn demo_verifies_clean_and_rebuild_changes_nothing() {
     assert_eq!(verify_json(&db, &["--deep"]).0, 0);
 }
 
+/// A rebuild after a crash, with the projections file deleted: the commits the journal
+/// alone held are taken into the log file and rebuilt, the journal is gone, and the
+/// projections are the live engine's.
+#[test]
+fn rebuild_after_a_crash_without_a_projections_file_takes_in_the_journal() {
+    let dir = tempfile::tempdir().unwrap();
+    let live = dir.path().join("live.redb");
+    let engine = Engine::open(&live).unwrap();
+    let session = engine.create_session(annal::CreateSession::new().message(Message::system("sys"))).unwrap().session;
+    for i in 0..12 {
+        let turn = CommitTurn::new(session, format!("t{i}"), Expected::Any).message(Message::user(format!("turn {i}")));
+        engine.commit_turn(turn).unwrap();
+    }
+    let digests = engine.projection_digests().unwrap();
+    let head = engine.head(session).unwrap().unwrap().revision;
+    // The files as a SIGKILL leaves them, less the projections file.
+    let db = dir.path().join("crashed.redb");
+    for (from, to) in annal::database_files(&live).iter().zip(annal::database_files(&db)) {
+        if from.exists() {
+            std::fs::copy(from, to).unwrap();
+        }
+    }
+    engine.close().unwrap();
+    std::fs::remove_file(annal::projections_path(&db)).unwrap();
+
+    let out = annal(&["rebuild", p(&db)]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert!(stdout(&out).contains("13 events, 1 sessions"), "{}", stdout(&out));
+    assert!(annal::journal_paths(&db).iter().all(|f| !f.exists()), "the journal went into the log file");
+    let (rc, report) = verify_json(&db, &["--deep"]);
+    assert_eq!(rc, 0, "{report}");
+    let reader = Reader::open(&db, Limits::default(), None).unwrap();
+    assert_eq!(reader.projection_digests().unwrap(), digests);
+    assert_eq!(reader.head(session).unwrap().unwrap().revision, head);
+}
+
 /// The seq of the first record of `kind`.
 fn first_of_kind(db: &Path, kind: annal::EventKind) -> u64 {
     let reader = Reader::open(db, Limits::default(), None).unwrap();
