@@ -326,6 +326,15 @@ impl Engine {
         let path = path.as_ref();
         options.limits.validate()?;
         refuse_unreadable_format(path, &options)?;
+        let mut folded = RebuildStats::default();
+        if path.is_file() && !projections_path(path).exists() {
+            // Every projection is folded from the log: the way an offline rebuild does it
+            // (into a new file, written in physical key order on a thread of its own), not
+            // by the catch-up below, which would write the same rows in place.
+            if recover_log(path, &options)?.tip_seq > 0 {
+                folded = crate::rebuild::rebuild_offline(path, &options, ProjectionSet::all(), &mut |_, _| {})?;
+            }
+        }
         let mut log = open_file(path, &options)?;
         // An erasure a crash interrupted is finished before anything else (the check needs
         // the file open for writing: after a crash only such an open recovers it).
@@ -346,7 +355,7 @@ impl Engine {
         };
         let lengths = [FileLength::Path(path.to_path_buf()), FileLength::Path(projections_path(path))];
         fail_closed("open", || {
-            Engine::start(log, projections, journal, options, Some(path.to_path_buf()), None, lengths)
+            Engine::start(log, projections, journal, options, Some(path.to_path_buf()), None, lengths, folded)
         })
     }
 
@@ -362,7 +371,7 @@ impl Engine {
         b.set_concurrency_mode(ConcurrencyMode::ExclusiveWriter);
         let projections = b.create_with_backend(redb::backends::InMemoryBackend::new())?;
         let lengths = [log_length, FileLength::Unknown];
-        fail_closed("open", || Engine::start(log, projections, None, options, None, None, lengths))
+        fail_closed("open", || Engine::start(log, projections, None, options, None, None, lengths, Default::default()))
     }
 
     /// Opens (or creates) a database with the log on one storage backend and the
@@ -377,7 +386,7 @@ impl Engine {
         let log = fail_closed("open", || Ok(builder(&options).create_with_backend(log)?))?;
         let projections = fail_closed("open", || Ok(builder(&options).create_with_backend(projections)?))?;
         let lengths = [log_length, projections_length];
-        fail_closed("open", || Engine::start(log, projections, None, options, None, None, lengths))
+        fail_closed("open", || Engine::start(log, projections, None, options, None, None, lengths, Default::default()))
     }
 
     /// Opens (or creates) a database with the log, the projections and the two journal
@@ -399,7 +408,9 @@ impl Engine {
         let [first, second] = journal;
         let journal = Some(Journal::on_backends(first, second, preallocate_bytes(&options))?);
         let lengths = [log_length, projections_length];
-        fail_closed("open", || Engine::start(log, projections, journal, options, None, None, lengths))
+        fail_closed("open", || {
+            Engine::start(log, projections, journal, options, None, None, lengths, Default::default())
+        })
     }
 
     /// Opens (or creates) a host of a shared log at `path`: the engine's files hold
@@ -434,7 +445,8 @@ impl Engine {
         let projections = open_projections(&projections_path(path), &options)?;
         let lengths = [FileLength::Path(path.to_path_buf()), FileLength::Path(projections_path(path))];
         fail_closed("open", || {
-            Engine::start(log, projections, None, options, Some(path.to_path_buf()), Some(backend), lengths)
+            let (path, folded) = (Some(path.to_path_buf()), Default::default());
+            Engine::start(log, projections, None, options, path, Some(backend), lengths, folded)
         })
     }
 
@@ -463,6 +475,9 @@ impl Engine {
         true
     }
 
+    /// Starts an engine on its opened files. `folded` is what was folded into the
+    /// projections file before (a rebuild of a missing one), counted as recovery.
+    #[allow(clippy::too_many_arguments)]
     fn start(
         log: Database,
         projections: Database,
@@ -471,6 +486,7 @@ impl Engine {
         path: Option<PathBuf>,
         backend: Option<Arc<dyn crate::backend::LogBackend>>,
         lengths: [FileLength; 2],
+        folded: RebuildStats,
     ) -> Result<Engine> {
         let chain = match options.chain_key {
             Some(k) => LogChain::keyed(k),
@@ -513,10 +529,10 @@ impl Engine {
                 (cursors, current)
             };
             let recovery = if current {
-                RebuildStats { events: 0, bytes: 0, elapsed: std::time::Duration::ZERO }
+                folded
             } else {
                 let limits = &options.limits;
-                checkpoint::catch_up(
+                let caught_up = checkpoint::catch_up(
                     &projections,
                     &log_txn,
                     &chain,
@@ -526,7 +542,12 @@ impl Engine {
                     durability,
                     &mut |_, _| {},
                     checkpoint::Folding::default(),
-                )?
+                )?;
+                RebuildStats {
+                    events: folded.events + caught_up.events,
+                    bytes: folded.bytes + caught_up.bytes,
+                    elapsed: folded.elapsed + caught_up.elapsed,
+                }
             };
             (recovery, collecting)
         };

@@ -13,7 +13,7 @@ use std::path::Path;
 use std::time::Duration;
 
 /// What a rebuild did.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct RebuildStats {
     /// Events folded.
     pub events: u64,

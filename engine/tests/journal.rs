@@ -329,3 +329,31 @@ fn recovering_the_log_takes_in_the_journal_and_folds_nothing() {
     assert!(matches!(recover_log(&copy, &keyed), Err(Error::KeyMismatch { .. })));
     assert_eq!(std::fs::read(&copy).unwrap(), before);
 }
+
+/// An open after a crash whose projections file is gone: the journal goes into the log
+/// file and every projection is rebuilt into a new file before the open proper, which
+/// then has nothing left to fold; the events are counted as the open's recovery.
+#[test]
+fn an_open_without_a_projections_file_after_a_crash_rebuilds_them_from_the_journal_too() {
+    let db = Db::new();
+    let engine = Engine::open(&db.path).unwrap();
+    let (s, rev) = create(&engine, &[Message::system("sys")]);
+    let head = commit_turns(&engine, s, "t", 30, rev);
+    let live = engine.projection_digests().unwrap();
+    let copy = db.dir.path().join("crashed.redb");
+    copy_database(&db.path, &copy);
+    engine.close().unwrap();
+    std::fs::remove_file(projections_path(&copy)).unwrap();
+
+    let engine = Engine::open(&copy).unwrap();
+    assert_eq!(engine.stats().recovered_events, 31);
+    assert_eq!(engine.head(s).unwrap().unwrap().revision, head);
+    assert_eq!(engine.projection_digests().unwrap(), live);
+    assert!(!annal::rebuild::rebuild_path(&projections_path(&copy)).exists(), "no rebuild file is left");
+    let head = commit_turns(&engine, s, "after", 2, head);
+    engine.close().unwrap();
+    let engine = Engine::open(&copy).unwrap();
+    assert_eq!(engine.stats().recovered_events, 0);
+    assert_eq!(engine.head(s).unwrap().unwrap().revision, head);
+    engine.close().unwrap();
+}
