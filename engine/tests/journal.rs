@@ -287,21 +287,36 @@ fn a_relaxed_open_takes_in_a_journal_a_crash_left() {
     engine.close().unwrap();
 }
 
+/// What a live engine had when [`crashed_without_projections`] copied its files.
+struct Crashed {
+    session: SessionId,
+    head: RevisionId,
+    digests: Vec<TableDigest>,
+}
+
+/// A database of one session and 30 turns, all in the journal, copied as a SIGKILL
+/// leaves it (`crashed.redb` beside the original), less its projections file.
+fn crashed_without_projections() -> (Db, PathBuf, Crashed) {
+    let db = Db::new();
+    let engine = Engine::open(&db.path).unwrap();
+    let (session, rev) = create(&engine, &[Message::system("sys")]);
+    let head = commit_turns(&engine, session, "t", 30, rev);
+    let digests = engine.projection_digests().unwrap();
+    let copy = db.dir.path().join("crashed.redb");
+    copy_database(&db.path, &copy);
+    engine.close().unwrap();
+    std::fs::remove_file(projections_path(&copy)).unwrap();
+    (db, copy, Crashed { session, head, digests })
+}
+
 /// `recover_log`, the first step of an offline rebuild: what a crash left in the journal
 /// goes into the log file, the journal is removed as a clean close removes it, and the
 /// projections file is neither opened nor created. A rebuild then gives the projections
 /// the live engine had, and an open has nothing left to fold.
 #[test]
 fn recovering_the_log_takes_in_the_journal_and_folds_nothing() {
-    let db = Db::new();
-    let engine = Engine::open(&db.path).unwrap();
-    let (s, rev) = create(&engine, &[Message::system("sys")]);
-    let head = commit_turns(&engine, s, "t", 30, rev);
-    let live = engine.projection_digests().unwrap();
-    let copy = db.dir.path().join("crashed.redb");
-    copy_database(&db.path, &copy);
-    engine.close().unwrap();
-    std::fs::remove_file(projections_path(&copy)).unwrap();
+    let (db, copy, crashed) = crashed_without_projections();
+    let (s, head, live) = (crashed.session, crashed.head, crashed.digests);
 
     let recovered = recover_log(&copy, &Options::default()).unwrap();
     assert_eq!(recovered, LogRecovery { tip_seq: 31, records_taken_in: 31, collection_interrupted: false });
@@ -335,15 +350,8 @@ fn recovering_the_log_takes_in_the_journal_and_folds_nothing() {
 /// then has nothing left to fold; the events are counted as the open's recovery.
 #[test]
 fn an_open_without_a_projections_file_after_a_crash_rebuilds_them_from_the_journal_too() {
-    let db = Db::new();
-    let engine = Engine::open(&db.path).unwrap();
-    let (s, rev) = create(&engine, &[Message::system("sys")]);
-    let head = commit_turns(&engine, s, "t", 30, rev);
-    let live = engine.projection_digests().unwrap();
-    let copy = db.dir.path().join("crashed.redb");
-    copy_database(&db.path, &copy);
-    engine.close().unwrap();
-    std::fs::remove_file(projections_path(&copy)).unwrap();
+    let (_db, copy, crashed) = crashed_without_projections();
+    let (s, head, live) = (crashed.session, crashed.head, crashed.digests);
 
     let engine = Engine::open(&copy).unwrap();
     assert_eq!(engine.stats().recovered_events, 31);

@@ -91,7 +91,11 @@ fn assert_limit<T: std::fmt::Debug>(result: Result<T>, limit: Limit) {
 #[track_caller]
 fn reject_without_trace(db: &Db, command: Command, limit: Limit) {
     let control = db.path.with_extension("control");
-    std::fs::copy(&db.path, &control).expect("copy");
+    for (from, to) in database_files(&db.path).iter().zip(database_files(&control)) {
+        if from.exists() {
+            std::fs::copy(from, to).expect("copy");
+        }
+    }
     Engine::open_with(&control, db.options.clone()).expect("open control").close().expect("close control");
     let engine = db.open();
     let tip = engine.tip().expect("tip");
@@ -105,7 +109,10 @@ fn reject_without_trace(db: &Db, command: Command, limit: Limit) {
     assert!(notices.try_recv().is_err(), "{limit}: a rejection notified a subscriber");
     engine.close().expect("close");
     assert_eq!(file_hash(&db.path), file_hash(&control), "{limit}: the file differs from a run without the command");
-    std::fs::remove_file(&control).expect("remove control");
+    database_files(&control)
+        .iter()
+        .filter(|f| f.exists())
+        .for_each(|f| std::fs::remove_file(f).expect("remove control"));
 }
 
 /// Runs `command` on a closed database and expects it to be accepted.
