@@ -335,14 +335,7 @@ impl Engine {
                 folded = crate::rebuild::rebuild_offline(path, &options, ProjectionSet::all(), &mut |_, _| {})?;
             }
         }
-        let mut log = open_file(path, &options)?;
-        // An erasure a crash interrupted is finished before anything else (the check needs
-        // the file open for writing: after a crash only such an open recovers it).
-        if log.begin_read().map(|txn| crate::purge::unfinished_in(&txn)).unwrap_or(false) {
-            drop(log);
-            crate::purge::finish(path)?;
-            log = open_file(path, &options)?;
-        }
+        let log = open_log_file(path, &options)?;
         let projections = open_projections(&projections_path(path), &options)?;
         // A durable database commits into its journal (`crate::journal`).
         // A durable database commits into its journal (`crate::journal`); a relaxed open
@@ -1226,6 +1219,19 @@ fn builder(options: &Options) -> redb::Builder {
 /// Opens (or creates) one file. A damaged file can make a plain open fail; redb's
 /// integrity check reads every page, verifies its checksum and rebuilds the allocator
 /// state, or reports the damage.
+/// Opens the log file at `path` for writing, and first finishes an erasure a crash
+/// interrupted (the check needs the file open for writing: after a crash only such an
+/// open recovers it).
+fn open_log_file(path: &Path, options: &Options) -> Result<Database> {
+    let log = open_file(path, options)?;
+    if !log.begin_read().map(|txn| crate::purge::unfinished_in(&txn)).unwrap_or(false) {
+        return Ok(log);
+    }
+    drop(log);
+    crate::purge::finish(path)?;
+    open_file(path, options)
+}
+
 fn open_file(path: &Path, options: &Options) -> Result<Database> {
     match fail_closed("open", || Ok(builder(options).create(path)?)) {
         Ok(db) => Ok(db),
@@ -1364,12 +1370,7 @@ pub fn recover_log(path: impl AsRef<Path>, options: &Options) -> Result<LogRecov
     }
     refuse_unreadable_format(path, options)?;
     fail_closed("recover", || {
-        let mut log = open_file(path, options)?;
-        if log.begin_read().map(|txn| crate::purge::unfinished_in(&txn)).unwrap_or(false) {
-            drop(log);
-            crate::purge::finish(path)?;
-            log = open_file(path, options)?;
-        }
+        let log = open_log_file(path, options)?;
         let chain = options.chain_key.map_or_else(LogChain::plain, LogChain::keyed);
         let before = crate::log::open_log(&log, &chain)?;
         let tip = match crate::journal::journal_paths(path).iter().any(|p| p.exists()) {
