@@ -337,7 +337,6 @@ impl Engine {
         }
         let log = open_log_file(path, &options)?;
         let projections = open_projections(&projections_path(path), &options)?;
-        // A durable database commits into its journal (`crate::journal`).
         // A durable database commits into its journal (`crate::journal`); a relaxed open
         // still takes in what a journal left by a crash holds.
         let journal = match options.durability == Durability::Durable
@@ -1216,9 +1215,6 @@ fn builder(options: &Options) -> redb::Builder {
     b
 }
 
-/// Opens (or creates) one file. A damaged file can make a plain open fail; redb's
-/// integrity check reads every page, verifies its checksum and rebuilds the allocator
-/// state, or reports the damage.
 /// Opens the log file at `path` for writing, and first finishes an erasure a crash
 /// interrupted (the check needs the file open for writing: after a crash only such an
 /// open recovers it).
@@ -1232,6 +1228,9 @@ fn open_log_file(path: &Path, options: &Options) -> Result<Database> {
     open_file(path, options)
 }
 
+/// Opens (or creates) one file. A damaged file can make a plain open fail; redb's
+/// integrity check reads every page, verifies its checksum and rebuilds the allocator
+/// state, or reports the damage.
 fn open_file(path: &Path, options: &Options) -> Result<Database> {
     match fail_closed("open", || Ok(builder(options).create(path)?)) {
         Ok(db) => Ok(db),

@@ -105,17 +105,39 @@ fn frames_land_in_place_in_the_preallocated_journal() {
     engine.close().unwrap();
 }
 
-#[test]
-fn an_open_after_a_crash_appends_the_journal_to_the_log_file() {
+/// What a live engine had when [`crashed`] copied its files.
+struct Crashed {
+    session: SessionId,
+    head: RevisionId,
+    digests: Vec<TableDigest>,
+}
+
+/// A database of one session and 30 turns, all in the journal (the log file holds no
+/// record), copied as a SIGKILL leaves it: `crashed.redb` beside the original.
+fn crashed() -> (Db, PathBuf, Crashed) {
     let db = Db::new();
     let engine = Engine::open(&db.path).unwrap();
-    let (s, rev) = create(&engine, &[Message::system("sys")]);
-    let head = commit_turns(&engine, s, "t", 30, rev);
-    let live = engine.projection_digests().unwrap();
+    let (session, rev) = create(&engine, &[Message::system("sys")]);
+    let head = commit_turns(&engine, session, "t", 30, rev);
+    let digests = engine.projection_digests().unwrap();
     let copy = db.dir.path().join("crashed.redb");
     copy_database(&db.path, &copy);
     assert_eq!(log_records(&db.path), 0, "the journal alone holds the commits");
     engine.close().unwrap();
+    (db, copy, Crashed { session, head, digests })
+}
+
+/// [`crashed`], less the copy's projections file.
+fn crashed_without_projections() -> (Db, PathBuf, Crashed) {
+    let (db, copy, crashed) = crashed();
+    std::fs::remove_file(projections_path(&copy)).unwrap();
+    (db, copy, crashed)
+}
+
+#[test]
+fn an_open_after_a_crash_appends_the_journal_to_the_log_file() {
+    let (_db, copy, crashed) = crashed();
+    let (s, head, live) = (crashed.session, crashed.head, crashed.digests);
     let engine = Engine::open(&copy).unwrap();
     assert_eq!(engine.head(s).unwrap().unwrap().revision, head, "every acknowledged commit is there");
     assert_eq!(engine.projection_digests().unwrap(), live);
@@ -285,28 +307,6 @@ fn a_relaxed_open_takes_in_a_journal_a_crash_left() {
     assert_eq!(engine.head(s).unwrap().unwrap().revision, head);
     assert!(journal_paths(&copy).iter().all(|p| !p.exists()), "a relaxed engine keeps no journal");
     engine.close().unwrap();
-}
-
-/// What a live engine had when [`crashed_without_projections`] copied its files.
-struct Crashed {
-    session: SessionId,
-    head: RevisionId,
-    digests: Vec<TableDigest>,
-}
-
-/// A database of one session and 30 turns, all in the journal, copied as a SIGKILL
-/// leaves it (`crashed.redb` beside the original), less its projections file.
-fn crashed_without_projections() -> (Db, PathBuf, Crashed) {
-    let db = Db::new();
-    let engine = Engine::open(&db.path).unwrap();
-    let (session, rev) = create(&engine, &[Message::system("sys")]);
-    let head = commit_turns(&engine, session, "t", 30, rev);
-    let digests = engine.projection_digests().unwrap();
-    let copy = db.dir.path().join("crashed.redb");
-    copy_database(&db.path, &copy);
-    engine.close().unwrap();
-    std::fs::remove_file(projections_path(&copy)).unwrap();
-    (db, copy, Crashed { session, head, digests })
 }
 
 /// `recover_log`, the first step of an offline rebuild: what a crash left in the journal
