@@ -156,6 +156,7 @@ pub struct SessionCreated {
     /// Set when the session is a fork.
     pub forked_from: Option<ForkOrigin>,
     /// Initial messages, after the forked prefix if any.
+    #[serde(deserialize_with = "crate::wire::seq::deserialize")]
     pub messages: Vec<ContentId>,
     /// The revision after creation; replay recomputes and compares it.
     pub revision_after: RevisionId,
@@ -186,12 +187,16 @@ pub struct TurnCommitted {
     /// Hash of the turn's semantic content.
     pub commit_hash: CommitHash,
     /// Appended messages.
+    #[serde(deserialize_with = "crate::wire::seq::deserialize")]
     pub messages: Vec<ContentId>,
     /// Usage deltas.
+    #[serde(deserialize_with = "crate::wire::seq::deserialize")]
     pub usage: Vec<Usage>,
     /// Context keys this turn applied.
+    #[serde(deserialize_with = "crate::wire::seq::deserialize")]
     pub applied_context: Vec<String>,
     /// Tool operations this turn settled or referenced.
+    #[serde(deserialize_with = "crate::wire::seq::deserialize")]
     pub tool_ops: Vec<String>,
     /// Optional host run id.
     pub run_id: Option<String>,
@@ -201,6 +206,7 @@ pub struct TurnCommitted {
     pub state: StateDelta,
     /// Queued inputs the turn consumed, completed with it (schema 3; empty when read
     /// from 1 or 2).
+    #[serde(deserialize_with = "crate::wire::seq::deserialize")]
     pub inputs: Vec<String>,
 }
 
@@ -230,12 +236,16 @@ struct TurnHead {
 /// The fields of [`TurnCommitted`] after its messages.
 #[derive(Deserialize)]
 struct TurnTail {
+    #[serde(deserialize_with = "crate::wire::seq::deserialize")]
     usage: Vec<Usage>,
+    #[serde(deserialize_with = "crate::wire::seq::deserialize")]
     applied_context: Vec<String>,
+    #[serde(deserialize_with = "crate::wire::seq::deserialize")]
     tool_ops: Vec<String>,
     run_id: Option<String>,
     revision_after: RevisionId,
     state: StateDelta,
+    #[serde(deserialize_with = "crate::wire::seq::deserialize")]
     inputs: Vec<String>,
 }
 
@@ -295,12 +305,16 @@ pub struct TurnCommittedV2 {
     /// Hash of the turn's semantic content.
     pub commit_hash: CommitHash,
     /// Appended messages.
+    #[serde(deserialize_with = "crate::wire::seq::deserialize")]
     pub messages: Vec<ContentId>,
     /// Usage deltas.
+    #[serde(deserialize_with = "crate::wire::seq::deserialize")]
     pub usage: Vec<Usage>,
     /// Context keys this turn applied.
+    #[serde(deserialize_with = "crate::wire::seq::deserialize")]
     pub applied_context: Vec<String>,
     /// Tool operations this turn settled or referenced.
+    #[serde(deserialize_with = "crate::wire::seq::deserialize")]
     pub tool_ops: Vec<String>,
     /// Optional host run id.
     pub run_id: Option<String>,
@@ -335,12 +349,16 @@ pub struct TurnCommittedV1 {
     /// Hash of the turn's semantic content.
     pub commit_hash: CommitHash,
     /// Appended messages.
+    #[serde(deserialize_with = "crate::wire::seq::deserialize")]
     pub messages: Vec<ContentId>,
     /// Usage deltas.
+    #[serde(deserialize_with = "crate::wire::seq::deserialize")]
     pub usage: Vec<Usage>,
     /// Context keys this turn applied.
+    #[serde(deserialize_with = "crate::wire::seq::deserialize")]
     pub applied_context: Vec<String>,
     /// Tool operations this turn settled or referenced.
+    #[serde(deserialize_with = "crate::wire::seq::deserialize")]
     pub tool_ops: Vec<String>,
     /// Optional host run id.
     pub run_id: Option<String>,
@@ -441,6 +459,7 @@ pub struct TranscriptRewritten {
     /// One past the last replaced position.
     pub end: u64,
     /// New messages for the range (possibly none).
+    #[serde(deserialize_with = "crate::wire::seq::deserialize")]
     pub replacement: Vec<ContentId>,
     /// Why.
     pub kind: RewriteKind,
@@ -642,6 +661,7 @@ pub struct InputsClaimed {
     /// What the claim is for.
     pub target: ClaimTarget,
     /// The inputs claimed, in queue order.
+    #[serde(deserialize_with = "crate::wire::seq::deserialize")]
     pub inputs: Vec<String>,
     /// When the claim expires (writer clock, unix ms).
     pub expires_at_ms: u64,
@@ -852,5 +872,6 @@ pub struct MessageObject {
     #[serde(with = "serde_bytes")]
     pub body: Vec<u8>,
     /// Content ids of attachments, stored as separate content objects.
+    #[serde(deserialize_with = "crate::wire::seq::deserialize")]
     pub attachments: Vec<ContentId>,
 }

@@ -574,6 +574,7 @@ pub fn message_attachments(bytes: &[u8], limit: u64) -> Result<Vec<ContentId>, W
         #[allow(dead_code)]
         #[serde(borrow, with = "serde_bytes")]
         body: &'a [u8],
+        #[serde(deserialize_with = "crate::wire::seq::deserialize")]
         attachments: Vec<ContentId>,
     }
     wire::from_bytes_borrowed::<Borrowed<'_>>(bytes, limit).map(|m| m.attachments)

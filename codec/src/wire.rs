@@ -68,10 +68,11 @@ pub fn to_bytes_sized<T: Serialize + ?Sized>(value: &T, limit: u64, capacity: us
 }
 
 /// Decodes exactly one `T` from `bytes`. bincode does not apply `limit` to a slice:
-/// `bytes` bounds every read, a length that claims more than is left fails as the input
-/// ending early (`Truncated`), and serde preallocates at most 1 MiB for a claimed count.
-/// The callers bound `bytes` by the limit that applies (a record's by
-/// `record_bytes_max`, in its header).
+/// `bytes` bounds every read, and a length that claims more than is left fails as the
+/// input ending early (`Truncated`). serde preallocates up to 1 MiB for a list's claimed
+/// count; the types decoded from untrusted bytes read their lists through [`seq`], which
+/// reserves at most [`SEQ_PREALLOC_BYTES`]. The callers bound `bytes` by the limit that
+/// applies (a record's by `record_bytes_max`, in its header).
 pub fn from_bytes<T: DeserializeOwned>(bytes: &[u8], limit: u64) -> Result<T, WireError> {
     options(limit).deserialize(bytes).map_err(|e| classify(e, limit))
 }
@@ -120,6 +121,51 @@ pub fn from_bytes_around_ids<H: DeserializeOwned, T: DeserializeOwned>(
         .collect();
     let tail: T = from_bytes(tail, limit)?;
     Ok((head, ids, tail))
+}
+
+/// The most bytes a list decoded from untrusted bytes reserves before its elements are
+/// read ([`seq`]).
+pub const SEQ_PREALLOC_BYTES: usize = 4096;
+
+/// A serde adapter for the `Vec` fields of what is decoded from untrusted bytes (log
+/// records, message objects): `#[serde(deserialize_with = "crate::wire::seq::deserialize")]`.
+///
+/// A list's encoding starts with its count, which the input claims. serde's own `Vec`
+/// reserves room for up to 1 MiB of elements on that claim before it reads one, so a few
+/// bytes claiming a long list made a decoder under a 64 KiB limit allocate 1 MiB. This
+/// one reserves at most [`SEQ_PREALLOC_BYTES`] and grows only as elements are read:
+/// each takes at least a byte of the input, which the decode limit bounds. It accepts and
+/// refuses exactly the bytes serde's `Vec` does, and gives the same values; encoding is
+/// unchanged.
+pub mod seq {
+    use serde::de::{Deserialize, Deserializer, SeqAccess, Visitor};
+    use std::fmt;
+    use std::marker::PhantomData;
+
+    /// Deserializes a list, reserving room for at most [`super::SEQ_PREALLOC_BYTES`] of
+    /// elements up front.
+    pub fn deserialize<'de, D: Deserializer<'de>, T: Deserialize<'de>>(d: D) -> Result<Vec<T>, D::Error> {
+        d.deserialize_seq(Capped(PhantomData))
+    }
+
+    struct Capped<T>(PhantomData<T>);
+
+    impl<'de, T: Deserialize<'de>> Visitor<'de> for Capped<T> {
+        type Value = Vec<T>;
+
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("a sequence")
+        }
+
+        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+            let room = super::SEQ_PREALLOC_BYTES / std::mem::size_of::<T>().max(1);
+            let mut out = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(room));
+            while let Some(element) = seq.next_element()? {
+                out.push(element);
+            }
+            Ok(out)
+        }
+    }
 }
 
 /// The encoded size of `value`, bounded by `limit`.
