@@ -46,8 +46,14 @@ impl RevisionId {
     }
 }
 
-/// The log record chain: `h(seq) = blake3(h(seq-1) || record bytes)`, or blake3's keyed
-/// mode when the host supplies a 32-byte key.
+/// The log record chain, `H` being blake3, or blake3's keyed mode when the host supplies
+/// a 32-byte key. A record of format 2 links its 52 header bytes and the digest of its
+/// payload: `h(seq) = H(h(seq-1) || header || H(PAYLOAD_DOMAIN || payload))` (see
+/// [`LogChain::payload_digest`]); an erased record, which stores the digest in place of
+/// the payload and the magic `ANNE`, is linked with the magic `ANNL`, so erasing a
+/// record keeps its hash. A record of format 1 links every byte before its stored hash:
+/// `h(seq) = H(h(seq-1) || record bytes)`. [`crate::chain_link`] picks the rule by the
+/// record's magic and format byte.
 #[derive(Clone)]
 pub struct LogChain {
     key: Option<[u8; 32]>,
@@ -89,7 +95,9 @@ impl LogChain {
         ChainHash(*h.finalize().as_bytes())
     }
 
-    /// `h(seq)` from `h(seq-1)` and the record bytes (everything before the stored hash).
+    /// `H(h(seq-1) || body)`: `h(seq)` from `h(seq-1)` and the bytes the link covers (a
+    /// format-2 record's header and payload digest, or, for format 1, every byte of the
+    /// record before its stored hash).
     pub fn next(&self, prev: &ChainHash, record_body: &[u8]) -> ChainHash {
         let mut h = self.hasher();
         h.update(&prev.0);

@@ -10,8 +10,11 @@
 //! disposable: [`Engine::rebuild`] refolds them from the log at any time.
 //!
 //! The log is the database. The writer group-commits whatever is queued into one
-//! append (records and the bytes of new content, nothing else): one frame in the log's
-//! journal and one fsync ([`journal`]). It folds each durable batch into an in-memory
+//! append: one frame in the log's journal and one fsync ([`journal`]). The frame holds
+//! the batch's records, the bytes of the content they introduce, and the changes to
+//! streamed drafts waiting to be written (new segments, removed drafts), nothing else.
+//! Without a journal ([`Durability::Relaxed`], [`Engine::open_with_backend`]) the same
+//! rows go into one redb transaction. It folds each durable batch into an in-memory
 //! delta; behind the commits, an absorber moves the journalled rows into the log file
 //! and a checkpointer writes the delta into a projections file beside it, and an open
 //! after a crash appends what the journal holds and folds the log past the last

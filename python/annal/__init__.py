@@ -16,9 +16,10 @@ log.
 >>> db.close()
 
 Every call releases the GIL while the engine works, so threads that commit at once are
-group-committed into one transaction and one fsync. The ``*_async`` methods queue the
-command at once and return an awaitable future. Errors are :mod:`annal.errors`
-exceptions carrying the engine's values.
+group-committed: one journal frame and one fsync for all of them (with the default
+``durable=True``). The ``*_async`` methods queue the command at once and return an
+awaitable future. Errors are :mod:`annal.errors` exceptions carrying the engine's
+values.
 
 Hosts that run sessions on workers take a session's execution lease
 (:meth:`Database.acquire_lease`) and pass its token as ``fence=`` to their writes: after
@@ -109,6 +110,11 @@ def open(  # noqa: A001
     path: str | os.PathLike[str], *, durable: bool = True, compress: bool | Literal["lz4", "zstd", "off"] = True
 ) -> Database:
     """Opens (or creates) the database at ``path``; same as ``Database(path, ...)``.
+
+    ``durable=False`` opens with relaxed durability: commits are acknowledged before they
+    are on disk, so a crash can lose recent acknowledged commits (never half of one), and
+    the file is held exclusively (no other process can read it while it is open). It is
+    meant for tests and bulk imports.
 
     ``compress`` is how new content is stored: ``True`` (lz4, the default), ``"zstd"``
     (a quarter to a third smaller, for more CPU), ``"lz4"``, or ``False`` / ``"off"``.

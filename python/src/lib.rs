@@ -445,11 +445,14 @@ impl Database {
 impl Database {
     /// Opens (or creates) the database at `path`.
     ///
-    /// `durable=False` acknowledges commits before they reach the disk (a crash may lose
-    /// the last ones, never corrupt the file). `compress` says how new content is stored:
-    /// `True` (lz4, the default), `"zstd"` (a quarter to a third smaller, for more CPU), `"lz4"`,
-    /// or `False` / `"off"` (uncompressed). Content written under any of them reads back
-    /// under every other.
+    /// `durable=False` opens with relaxed durability: commits are acknowledged before
+    /// they are on disk, so a crash can lose recent acknowledged commits (never half of
+    /// one), and the file is held exclusively (no other process can read it while it is
+    /// open). It is meant for tests and bulk imports.
+    ///
+    /// `compress` says how new content is stored: `True` (lz4, the default), `"zstd"` (a
+    /// quarter to a third smaller, for more CPU), `"lz4"`, or `False` / `"off"`
+    /// (uncompressed). Content written under any of them reads back under every other.
     #[new]
     #[pyo3(signature = (path, *, durable = true, compress = Compress::Flag(true)))]
     fn open(py: Python<'_>, path: std::path::PathBuf, durable: bool, compress: Compress) -> PyResult<Database> {
@@ -976,7 +979,8 @@ impl Database {
         Ok(self.run(py, |e| Ok(e.abandoned_drafts().to_vec()))?.into_iter().map(DraftSummary::from).collect())
     }
 
-    /// Writes every draft segment still in memory to the file now (a durable commit).
+    /// Writes every draft change still in memory to disk now (durably, unless the
+    /// database was opened with `durable=False`).
     fn flush_drafts(&self, py: Python<'_>) -> PyResult<()> {
         self.run(py, |e| e.flush_drafts())
     }
