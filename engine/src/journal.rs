@@ -7,10 +7,10 @@
 //! first cycle, is overwritten in place, so the `fdatasync` writes the frame's pages and
 //! no file metadata.
 //!
-//! The log file takes the same rows later, when the writer **absorbs** the journal: one
-//! redb transaction appends every journalled record and content row under its seq (the
-//! one appender, `log::append_sealed`) with the draft changes, commits durably,
-//! and the journal starts again at offset 0. Until then the rows are read from memory:
+//! The log file takes the same rows later, when the absorber thread **absorbs** the
+//! journal: one redb transaction appends every journalled record and content row under
+//! its seq (the one appender, `log::append_sealed`) with the draft changes, commits
+//! durably, and the journal starts again at offset 0. Until then the rows are read from memory:
 //! every view holds the `Tail` of sealed batches past the log file's snapshot.
 //!
 //! Frame layout (little-endian):
@@ -425,9 +425,12 @@ pub fn rows_after(files: &[Vec<u8>], seq: u64, hash: &ChainHash, chain: &LogChai
 /// file's tip, read again only when the tip moved or a file changed where a writer
 /// writes (its length, its first frame header, or the bytes just past its last frame,
 /// where the next frame of the cycle goes). A live writer appends to the files while it
-/// reads them: a frame being written fails its checksum and ends the scan (it is not
-/// acknowledged yet), and a journal that does not continue the tip it read means the
-/// writer absorbed it in between (the caller reads the tip again).
+/// reads them: a frame still being written fails its checksum and ends the scan, and a
+/// journal that does not continue the tip it read means the writer absorbed it in
+/// between (the caller reads the tip again). A frame written whole and not yet synced
+/// passes its checksum, so the follower can take a commit before the writer's
+/// `fdatasync` returns, that is before it is acknowledged (`docs/guarantees.md`,
+/// Durability).
 pub(crate) struct Follower {
     paths: [PathBuf; 2],
     cached: parking_lot::Mutex<Option<Followed>>,

@@ -67,7 +67,9 @@ impl Reader {
     /// another process has it open for writing with the default (durable) options. The
     /// reader starts from the projections file's last checkpoint (or from nothing if
     /// there is none usable) and folds the log past it in memory, so it sees every
-    /// durable commit; each query first folds whatever was committed since.
+    /// durable commit (and possibly a last one whose fsync the writer is still waiting
+    /// for: `docs/guarantees.md`, Durability); each query first folds whatever was
+    /// committed since.
     /// `chain_key` is needed to verify event pages of a keyed database.
     pub fn open(path: impl AsRef<Path>, limits: Limits, chain_key: Option<[u8; 32]>) -> Result<Reader> {
         limits.validate()?;
