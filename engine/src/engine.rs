@@ -27,7 +27,12 @@ use std::time::Duration;
 /// How commits reach the disk.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Durability {
-    /// Every acknowledged commit is fsynced (redb `Durability::Immediate`). The default.
+    /// Every group commit is durable before any of its callers is acknowledged: it is
+    /// one frame written to the journal and one `fdatasync` ([`crate::journal`]), or,
+    /// on a database without a journal ([`Engine::open_with_backend`],
+    /// [`Engine::open_with_backends`]), one redb transaction committed with
+    /// `redb::Durability::Immediate`. Checkpoints and absorptions commit durably too. The
+    /// default.
     Durable,
     /// Commits are not fsynced; a crash can lose recent acknowledged commits (never
     /// half of one). For tests and bulk import only. The database is opened exclusively:
@@ -280,9 +285,9 @@ impl Drop for Inner {
     }
 }
 
-/// An open annal database. `Send + Sync` and cheap to clone; every clone talks to the
-/// same writer thread. Dropping the last clone, or [`Engine::close`], flushes and joins
-/// the writer.
+/// An open annal database. `Send + Sync` and cheap to clone; every clone commits
+/// through the same writer (its thread, or a lone caller's own thread under the same
+/// lock). Dropping the last clone, or [`Engine::close`], flushes and joins the writer.
 #[derive(Clone)]
 pub struct Engine {
     inner: Arc<Inner>,
@@ -898,7 +903,9 @@ impl Engine {
         &self.inner.abandoned
     }
 
-    /// Writes every draft segment still in memory to the file now (a durable commit).
+    /// Writes every draft change still in memory now, on its own: one journal frame and
+    /// its fsync, or, without a journal, one transaction of the log file (synced unless
+    /// durability is [`Durability::Relaxed`]). Writes nothing when there is none.
     pub fn flush_drafts(&self) -> Result<()> {
         let (reply, rx) = oneshot::channel();
         self.send(Request::FlushDrafts { reply })?;
@@ -951,8 +958,10 @@ impl Engine {
     }
 
     /// A receiver that hears about every durable commit once, in commit order. A
-    /// receiver more than [`SUBSCRIBER_QUEUE_MAX`] notices behind is disconnected
-    /// ([`Engine::subscribe_stream`] tells its consumer where to resume instead).
+    /// receiver more than [`SUBSCRIBER_QUEUE_MAX`] notices behind is disconnected: it
+    /// still yields the notices queued before that, with no gap between them, and then
+    /// reports the disconnection, never a later notice ([`Engine::subscribe_stream`]
+    /// tells its consumer where to resume instead).
     pub fn subscribe(&self) -> Receiver<CommitNotice> {
         let (tx, rx) = bounded(SUBSCRIBER_QUEUE_MAX);
         self.inner.shared.subscribers.lock().push(Subscriber::Channel(tx));
@@ -1066,7 +1075,8 @@ impl Engine {
     /// the canonical bytes of every content object the records refer to that this
     /// database does not hold yet. The first record must follow the current tip. Runs in
     /// one transaction: on any error nothing is appended
-    /// ([`crate::Rejection::InvalidImport`] names the record).
+    /// ([`crate::Rejection::InvalidImport`] names the record). Subscribers hear one
+    /// notice for the records appended, before this returns.
     pub fn import(&self, records: Vec<annal_codec::Record>, content: Vec<Vec<u8>>) -> Result<ImportStats> {
         let (reply, rx) = oneshot::channel();
         self.send(Request::Import { records, content, reply })?;

@@ -33,16 +33,19 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-/// A durable commit, announced to subscribers once per accepted command that wrote.
+/// A durable commit, announced to subscribers once per accepted command that wrote, and
+/// once per import ([`crate::Engine::import`]) or copy ([`crate::Engine::copy_in`]) that
+/// appended records.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CommitNotice {
-    /// First global seq written by the command.
+    /// First global seq written by the commit.
     pub first_seq: u64,
-    /// Last global seq written by the command.
+    /// Last global seq written by the commit.
     pub last_seq: u64,
-    /// Sessions the command wrote to.
+    /// Sessions the commit wrote to, in the order of their first record.
     pub sessions: Vec<SessionId>,
-    /// Commit time, unix ms.
+    /// Commit time, unix ms: for an import or a copy, the `committed_at_ms` of its last
+    /// record.
     pub committed_at_ms: u64,
 }
 
@@ -323,10 +326,20 @@ fn exclusive(shared: &Shared, seq: &mut Sequencer, req: Request, checkpoints: &S
         Request::Checkpoint { reply } => drop(reply.send(drain(shared, checkpoints))),
         Request::Import { records, content, reply } => {
             let mut tip = tip;
+            let sessions = sessions_of(&records);
             let result = crate::import::import(shared, &mut tip, records, content);
             *shared.tip.lock() = tip;
             seq.next_seq = tip.seq + 1;
             seq.clock_ms = seq.clock_ms.max(tip.clock_ms);
+            // One durable transaction, one notice, sent before the reply as for a command.
+            if let Ok(stats) = &result {
+                if stats.records > 0 {
+                    let first_seq = stats.tip_seq + 1 - stats.records;
+                    let notice =
+                        CommitNotice { first_seq, last_seq: stats.tip_seq, sessions, committed_at_ms: tip.clock_ms };
+                    notify(shared, vec![notice]);
+                }
+            }
             let _ = reply.send(result);
             after_apply(shared, checkpoints);
         }
@@ -360,6 +373,13 @@ fn exclusive(shared: &Shared, seq: &mut Sequencer, req: Request, checkpoints: &S
             let _ = reply.send(result);
         }
     }
+}
+
+/// The sessions `records` write to, in the order of their first record: what a
+/// [`CommitNotice`] names.
+fn sessions_of(records: &[Record]) -> Vec<SessionId> {
+    let mut seen = std::collections::HashSet::new();
+    records.iter().map(|r| r.session).filter(|s| seen.insert(*s)).collect()
 }
 
 /// One sweep batch of an online collection, on the idle log: mark what the records

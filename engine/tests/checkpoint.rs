@@ -90,23 +90,49 @@ fn read_your_writes_across_threads_while_checkpoints_run() {
     engine.close().unwrap();
 }
 
-/// Reads of different kinds never go back: a head read after a tip read is at least as
-/// new, whatever the writer and the checkpointer do meanwhile.
+/// Reads of different kinds never go back: each read is at least as new as every read
+/// before it (tip, then head, then transcript, then an event page, then the tip again),
+/// whatever the writer and the checkpointer do meanwhile.
 #[test]
 fn query_kinds_read_one_monotonic_view() {
     let db = Db::new();
     let engine = open_with(&db, eager());
     let (s, rev) = create(&engine, &[Message::system("sys")]);
     let stop = Arc::new(AtomicBool::new(false));
+    // Every commit is one event of `s` adding one message, so in any view the tip, the
+    // head's last seq and its message count are one number (the main thread checks it):
+    // reads of different kinds compare through it.
     let reader = {
         let (engine, stop) = (engine.clone(), stop.clone());
         std::thread::spawn(move || {
             let mut reads = 0;
+            let mut newest = 0;
             while !stop.load(Ordering::Relaxed) {
                 let (tip, _) = engine.tip().unwrap();
+                assert!(tip >= newest, "a tip read at {tip} after a read at {newest}");
                 let head = engine.head(s).unwrap().unwrap();
-                assert!(head.last_seq >= tip.min(head.last_seq), "never older than the tip read before");
+                assert!(head.last_seq >= tip, "a head read at {} after a tip read at {tip}", head.last_seq);
+                let transcript = engine.transcript(s, PageRequest::first(1)).unwrap();
+                assert!(
+                    transcript.total >= head.message_count,
+                    "a transcript of {} messages read after a head of {}",
+                    transcript.total,
+                    head.message_count
+                );
+                let q = EventQuery { from_seq: transcript.total, max_events: 1000, max_bytes: 64 << 20 };
+                let events = engine.events(q).unwrap();
+                let seqs: Vec<u64> = events.events.iter().map(|e| e.record.seq).collect();
+                let latest = *seqs.last().expect("an event page from a seq read before holds it");
+                assert_eq!(
+                    seqs,
+                    (transcript.total..=latest).collect::<Vec<_>>(),
+                    "an event page read after the transcript"
+                );
+                let (again, _) = engine.tip().unwrap();
+                assert!(again >= latest, "a tip read at {again} after an event page up to {latest}");
                 let view = engine.snapshot().unwrap();
+                assert!(view.seq() >= again, "a view at {} after a tip read at {again}", view.seq());
+                newest = view.seq();
                 let seen = query::head(&view, &s).unwrap().unwrap();
                 assert!(seen.last_seq <= view.seq(), "a view never shows a commit past its seq");
                 let page = query::transcript(&view, engine.limits(), &s, PageRequest::first(1000)).unwrap();
@@ -121,9 +147,11 @@ fn query_kinds_read_one_monotonic_view() {
         let c = CommitTurn::new(s, format!("t{i}"), Expected::Exact(head)).message(Message::user(format!("m{i}")));
         let receipt = engine.commit_turn(c).unwrap().receipt();
         head = receipt.revision;
-        // Right after the reply, this thread reads the commit too.
-        assert!(engine.head(s).unwrap().unwrap().last_seq >= receipt.seq);
-        assert!(engine.tip().unwrap().0 >= receipt.seq);
+        // Right after the reply, this thread reads the commit too; the commit is the
+        // tip's one event and its session's last message.
+        let read = engine.head(s).unwrap().unwrap();
+        assert_eq!((read.last_seq, read.message_count), (receipt.seq, receipt.seq));
+        assert_eq!(engine.tip().unwrap().0, receipt.seq);
     }
     stop.store(true, Ordering::Relaxed);
     assert!(reader.join().unwrap() > 0);

@@ -1259,6 +1259,110 @@ fn s12_subscribers_hear_each_durable_commit_once_and_no_rejection() {
     assert_eq!(covered, (1..=marker.receipt.seq).collect::<Vec<_>>());
 }
 
+/// The sessions of `records` in the order of their first record.
+fn sessions_in_order(records: &[Record]) -> Vec<SessionId> {
+    let mut sessions = Vec::new();
+    for r in records {
+        if !sessions.contains(&r.session) {
+            sessions.push(r.session);
+        }
+    }
+    sessions
+}
+
+#[test]
+fn s12_an_import_is_heard_once_per_import_after_it_returns() {
+    let source = Db::new().open();
+    let sessions = workload(&source);
+    // Every session with its content: the whole log.
+    let SessionExport { records, content } = source.export_sessions(&sessions, true).unwrap();
+    let tip = tip_seq(&source);
+    assert!(records.len() > 10 && records.len() as u64 == tip);
+
+    let db = Db::new();
+    let engine = db.open_durable();
+    let rx = engine.subscribe();
+    let mut stream = engine.subscribe_stream();
+    // An empty import and a rejected one append nothing: nothing to hear.
+    assert_eq!(engine.import(Vec::new(), Vec::new()).unwrap().records, 0);
+    assert!(matches!(rejected(engine.import(records[1..].to_vec(), content.clone())), Rejection::InvalidImport { .. }));
+    assert!(rx.try_recv().is_err(), "an import that appended nothing notified a subscriber");
+
+    // Two imports, each one durable transaction: one notice each, queued before the
+    // import returns, covering exactly its records.
+    let (first, second) = records.split_at(records.len() / 2);
+    let mut heard = Vec::new();
+    for part in [first, second] {
+        let stats = engine.import(part.to_vec(), content.clone()).unwrap();
+        assert_eq!(stats.records, part.len() as u64);
+        let notice = rx.try_recv().expect("a notice queued before the import returned");
+        assert!(rx.try_recv().is_err(), "one notice per import");
+        let last = part.last().unwrap();
+        assert_eq!((notice.first_seq, notice.last_seq), (part[0].seq, last.seq));
+        assert_eq!(notice.last_seq, stats.tip_seq);
+        assert_eq!(notice.sessions, sessions_in_order(part));
+        assert_eq!(notice.committed_at_ms, last.committed_at_ms);
+        heard.push(notice);
+    }
+    // A command after the import is heard next, at the next seq.
+    let marker = engine.create_session(CreateSession::new()).unwrap();
+    let notice = next_notice(&rx);
+    assert_eq!((notice.first_seq, notice.last_seq), (tip + 1, tip + 1));
+    assert_eq!(marker.receipt.seq, tip + 1);
+    heard.push(notice);
+    assert!(rx.try_recv().is_err());
+    let covered: Vec<u64> = heard.iter().flat_map(|n| n.first_seq..=n.last_seq).collect();
+    assert_eq!(covered, (1..=tip + 1).collect::<Vec<_>>(), "every seq heard exactly once");
+
+    // The commit stream hears the same notices, and ends once the engine is closed.
+    engine.close().unwrap();
+    let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
+    let items: Vec<StreamItem> = runtime.block_on(async {
+        let mut items = Vec::new();
+        while let Some(item) = stream.recv().await {
+            items.push(item);
+        }
+        items
+    });
+    assert_eq!(items, heard.into_iter().map(StreamItem::Commit).collect::<Vec<_>>());
+}
+
+#[test]
+fn s12_a_subscriber_more_than_its_queue_behind_is_disconnected_after_what_it_holds() {
+    let db = Db::new();
+    let engine = db.open();
+    let rx = engine.subscribe();
+    let (s, _) = create(&engine, &[]);
+    let first = tip_seq(&engine);
+    // One commit more than the queue holds, and the receiver reads none of them.
+    for i in 0..SUBSCRIBER_QUEUE_MAX {
+        engine.append_context(context(s, &format!("k{i}"), "v")).unwrap();
+    }
+    let last = tip_seq(&engine);
+    assert_eq!(last - first + 1, SUBSCRIBER_QUEUE_MAX as u64 + 1);
+    // The writer did not wait for the receiver; the receiver still holds the first
+    // `SUBSCRIBER_QUEUE_MAX` commits, in order, each once, with no gap.
+    assert_eq!(rx.len(), SUBSCRIBER_QUEUE_MAX);
+    let mut next = first;
+    for _ in 0..SUBSCRIBER_QUEUE_MAX {
+        let n = rx.try_recv().expect("a queued notice");
+        assert_eq!((n.first_seq, n.last_seq, n.sessions.as_slice()), (next, next, &[s][..]));
+        next += 1;
+    }
+    assert_eq!(next, last, "the receiver holds every commit before the one that overflowed it");
+    // Then the end: the receiver is disconnected while the engine is open, and hears
+    // nothing of later commits.
+    assert_eq!(rx.try_recv(), Err(crossbeam_channel::TryRecvError::Disconnected));
+    engine.append_context(context(s, "after", "v")).unwrap();
+    assert_eq!(rx.try_recv(), Err(crossbeam_channel::TryRecvError::Disconnected));
+    assert!(rx.recv_timeout(Duration::from_secs(1)).is_err());
+    // Other subscribers are unaffected: a new one hears the next commit.
+    let fresh = engine.subscribe();
+    let seq = engine.append_context(context(s, "fresh", "v")).unwrap();
+    let ContextOutcome::Staged(seq) = seq else { panic!("staged") };
+    assert_eq!(next_notice(&fresh).first_seq, seq);
+}
+
 // ---------------------------------------------------------------------------- S13
 
 #[test]
