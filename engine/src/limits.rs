@@ -204,3 +204,63 @@ impl Limits {
         self.check(Limit::IdBytes, id.len() as u64)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every default is the value SPEC §8 gives, or for the limits it does not name, the
+    /// value the field's documentation gives. The destructuring names every field, so a
+    /// new limit does not compile here until its default is pinned too.
+    #[test]
+    fn the_defaults_are_the_documented_ones() {
+        let Limits {
+            content_bytes_max,
+            command_bytes_max,
+            messages_per_command_max,
+            labels_per_session_max,
+            label_key_bytes_max,
+            label_value_bytes_max,
+            id_bytes_max,
+            page_items_max,
+            page_bytes_max,
+            record_bytes_max,
+            metadata_bytes_max,
+            batch_commands_max,
+            attachments_per_message_max,
+            list_items_max,
+            note_bytes_max,
+            host_state_name_bytes_max,
+            host_state_entries_max,
+            draft_bytes_max,
+            session_draft_bytes_max,
+            draft_bytes_total_max,
+            inbox_inputs_max,
+        } = Limits::default();
+        // SPEC §8.
+        assert_eq!(content_bytes_max, 16 << 20, "content object 16 MiB");
+        assert_eq!(command_bytes_max, 64 << 20, "command 64 MiB");
+        assert_eq!(messages_per_command_max, 4096, "messages per command 4096");
+        assert_eq!(labels_per_session_max, 64, "labels 64 per session");
+        assert_eq!(label_key_bytes_max, 128, "label key 128 B");
+        assert_eq!(label_value_bytes_max, 1 << 10, "label value 1 KiB");
+        assert_eq!(id_bytes_max, 256, "ids and keys 256 B");
+        assert_eq!(page_items_max, 10_000, "page 10,000 items");
+        assert_eq!(page_bytes_max, 64 << 20, "page 64 MiB");
+        assert_eq!(record_bytes_max, 128 << 20, "decoded record 128 MiB");
+        // The field documentation.
+        assert_eq!(metadata_bytes_max, 64 << 10, "metadata 64 KiB");
+        assert_eq!(batch_commands_max, 4096, "commands per batch 4096");
+        assert_eq!(attachments_per_message_max, 64, "attachments per message 64");
+        assert_eq!(list_items_max, 1024, "list items per turn 1024");
+        assert_eq!(note_bytes_max, 4 << 10, "note 4 KiB");
+        assert_eq!(host_state_name_bytes_max, 128, "host state name 128 B");
+        assert_eq!(host_state_entries_max, 64, "host state entries 64");
+        assert_eq!(draft_bytes_max, 4 << 20, "draft 4 MiB");
+        assert_eq!(session_draft_bytes_max, 16 << 20, "drafts of a session 16 MiB");
+        assert_eq!(draft_bytes_total_max, 64 << 20, "drafts of the database 64 MiB");
+        assert_eq!(inbox_inputs_max, 1024, "open inputs per inbox 1024");
+        // The defaults are usable.
+        assert_eq!(Limits::default().validate(), Ok(()));
+    }
+}

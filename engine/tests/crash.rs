@@ -11,6 +11,10 @@
 //!
 //! - every acknowledged event is in the log at its seq, for its session, with its revision
 //!   or tool operation;
+//! - every batch of tool calls or results the child sent (it prints a `SENT` line naming
+//!   each operation and its content before it sends the batch) is whole in the log, its
+//!   events at consecutive seqs in the batch's order, or not there at all, whether it was
+//!   acknowledged or not;
 //! - the log is dense from 1 to the tip, every chain link verifies (the pages come through
 //!   `events()`, and the chain is recomputed from re-encoded records), and the meta tip is
 //!   the last record's hash;
@@ -29,7 +33,7 @@
 //! wait until the child starts to open and then kill it within a few milliseconds, while
 //! it opens the files and recovers.
 
-use annal::codec::{encode_record, LogChain};
+use annal::codec::{content_id, encode_record, LogChain};
 use annal::*;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::io::{BufRead, BufReader, Read, Write};
@@ -183,6 +187,15 @@ enum Checkpoints {
 fn ack(kind: &str, seq: u64, session: SessionId, what: &str) {
     let mut out = std::io::stdout().lock();
     writeln!(out, "ACK {kind} {seq} {session} {what}").and_then(|_| out.flush()).expect("write ack");
+}
+
+/// Prints a batch of tool calls (`T1`) or results (`T2`) before it is sent, flushed:
+/// `SENT <kind> <session> <op>=<content id> ...`, the content being the call's arguments
+/// or the result. A batch whose line is complete may have landed, acknowledged or not.
+fn sent(kind: &str, session: SessionId, ops: &[(&str, &[u8])]) {
+    let ops: Vec<String> = ops.iter().map(|(op, bytes)| format!("{op}={}", content_id(bytes).to_hex())).collect();
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "SENT {kind} {session} {}", ops.join(" ")).and_then(|_| out.flush()).expect("write sent");
 }
 
 fn ack_rev(receipt: &Receipt, session: SessionId) {
@@ -350,14 +363,16 @@ impl Worker {
     fn tool_batch(&mut self) {
         let n = 1 + self.rng.below(4);
         let ops: Vec<String> = (0..n).map(|_| self.next_op()).collect();
-        let commands = ops
+        let calls: Vec<RecordToolCall> = ops
             .iter()
             .enumerate()
             .map(|(k, op)| {
                 let parent = (k > 0 && self.rng.below(2) == 0).then(|| ops[0].clone());
-                Command::RecordToolCall(tool_call(self.session, op, parent, &mut self.rng))
+                tool_call(self.session, op, parent, &mut self.rng)
             })
             .collect();
+        sent("T1", self.session, &calls.iter().map(|c| (c.op_id.as_str(), c.args.as_slice())).collect::<Vec<_>>());
+        let commands = calls.into_iter().map(Command::RecordToolCall).collect();
         let outcomes = self.engine.batch(commands).expect("T1 batch");
         for (op, outcome) in ops.iter().zip(&outcomes) {
             ack("T1", tool_seq(outcome), self.session, op);
@@ -372,8 +387,10 @@ impl Worker {
         }
         let n = 1 + self.rng.below(self.open_ops.len() as u64);
         let ops: Vec<String> = self.open_ops.drain(..n as usize).collect();
-        let commands =
-            ops.iter().map(|op| Command::RecordToolResult(tool_result(self.session, op, &mut self.rng))).collect();
+        let results: Vec<RecordToolResult> =
+            ops.iter().map(|op| tool_result(self.session, op, &mut self.rng)).collect();
+        sent("T2", self.session, &results.iter().map(|r| (r.op_id.as_str(), r.result.as_slice())).collect::<Vec<_>>());
+        let commands = results.into_iter().map(Command::RecordToolResult).collect();
         let outcomes = self.engine.batch(commands).expect("T2 batch");
         for (op, outcome) in ops.iter().zip(&outcomes) {
             ack("T2", tool_seq(outcome), self.session, op);
@@ -547,6 +564,35 @@ fn parse_ack(line: &str) -> Option<(u64, Acked)> {
     Some((seq, acked))
 }
 
+/// A batch of tool calls (`T1`) or results (`T2`) a child sent: its session, and each
+/// operation with the content id of its arguments or result.
+#[derive(Clone, Debug)]
+struct Sent {
+    kind: String,
+    session: SessionId,
+    ops: Vec<(String, ContentId)>,
+    /// Whether the child that sent it acknowledged any of its events. Only that child
+    /// settles the batch's operations until it is killed (operation ids name the child),
+    /// so an acknowledgement of the same kind for one of them is the batch's own.
+    acked: bool,
+}
+
+fn parse_sent(line: &str) -> Option<Sent> {
+    let mut parts = line.trim_end().split(' ');
+    if parts.next()? != "SENT" {
+        return None;
+    }
+    let kind = parts.next().filter(|k| ["T1", "T2"].contains(k))?.to_string();
+    let session: SessionId = parts.next()?.parse().ok()?;
+    let ops = parts
+        .map(|op| {
+            let (op, id) = op.split_once('=')?;
+            Some((op.to_string(), id.parse().ok()?))
+        })
+        .collect::<Option<Vec<_>>>()?;
+    Some(Sent { kind, session, ops, acked: false })
+}
+
 /// Complete lines from the child's stdout, as they arrive. A line cut short by the kill
 /// has no newline and is dropped: it was never acknowledged to anybody.
 fn spawn_line_reader(stdout: impl Read + Send + 'static) -> (mpsc::Receiver<String>, std::thread::JoinHandle<()>) {
@@ -616,6 +662,8 @@ fn parse_ready(line: &str) -> Option<(u64, u64)> {
 struct Killed {
     /// The events it acknowledged.
     acked: Vec<(u64, Acked)>,
+    /// The batches of tool events it sent.
+    sent: Vec<Sent>,
     /// Whether it had started to open the database.
     opening: bool,
     /// Events its open folded, and how long that took in microseconds, if it got as far
@@ -675,8 +723,26 @@ fn run_and_kill(test_name: &str, path: &Path, rng: &mut Rng, iteration: u64, mod
     child.wait().expect("wait");
     reader.join().expect("reader thread");
     seen.extend(lines.try_iter());
+    let acked: Vec<(u64, Acked)> = seen.iter().filter_map(|l| parse_ack(l)).collect();
+    let acked_ops: BTreeSet<(&str, SessionId, &str)> = acked
+        .iter()
+        .filter_map(|(_, a)| match a {
+            Acked::ToolCall(s, op) => Some(("T1", *s, op.as_str())),
+            Acked::ToolResult(s, op) => Some(("T2", *s, op.as_str())),
+            _ => None,
+        })
+        .collect();
+    let sent = seen
+        .iter()
+        .filter_map(|l| parse_sent(l))
+        .map(|batch| {
+            let acked = batch.ops.iter().any(|(op, _)| acked_ops.contains(&(batch.kind.as_str(), batch.session, op)));
+            Sent { acked, ..batch }
+        })
+        .collect();
     Killed {
-        acked: seen.iter().filter_map(|l| parse_ack(l)).collect(),
+        acked,
+        sent,
         opening: seen.iter().any(|l| l.trim() == OPENING),
         recovered: seen.iter().find_map(|l| parse_ready(l)),
     }
@@ -804,6 +870,57 @@ fn check_acked(events: &[StoredEvent], acked: &BTreeMap<u64, Acked>) {
     }
 }
 
+/// What [`check_batches`] found of the batches the children sent.
+#[derive(Clone, Copy, Debug, Default)]
+struct Batches {
+    /// Whole in the log, none of their events acknowledged.
+    landed_unacked: u64,
+    /// Not in the log at all.
+    absent: u64,
+}
+
+/// Every batch of tool events a child sent is whole in the log, its events at
+/// consecutive seqs in the batch's order, or not there at all, and then none of its
+/// events was acknowledged. An event belongs to a batch by its kind, session, operation
+/// and content: a later child settles what a lost batch of results left open with
+/// results of its own.
+fn check_batches(events: &[StoredEvent], sent: &[Sent]) -> Batches {
+    let mut logged: HashMap<(&str, SessionId, &str), (u64, ContentId)> = HashMap::new();
+    for ev in events {
+        let r = &ev.record;
+        let (key, id) = match &r.event {
+            Event::ToolCallRecorded(e) => (("T1", r.session, e.op_id.as_str()), e.args),
+            Event::ToolResultRecorded(e) => (("T2", r.session, e.op_id.as_str()), e.result),
+            _ => continue,
+        };
+        assert!(logged.insert(key, (r.seq, id)).is_none(), "{key:?} is in the log once");
+    }
+    let mut found = Batches::default();
+    for batch in sent {
+        let seqs: Vec<Option<u64>> = batch
+            .ops
+            .iter()
+            .map(|(op, id)| {
+                let logged = logged.get(&(batch.kind.as_str(), batch.session, op.as_str()));
+                logged.filter(|(_, logged_id)| logged_id == id).map(|(seq, _)| *seq)
+            })
+            .collect();
+        match seqs[0] {
+            None => {
+                assert!(seqs.iter().all(Option::is_none), "{batch:?} is partly in the log: {seqs:?}");
+                assert!(!batch.acked, "{batch:?} was acknowledged and is not in the log");
+                found.absent += 1;
+            }
+            Some(first) => {
+                let whole: Vec<Option<u64>> = (first..).take(seqs.len()).map(Some).collect();
+                assert_eq!(seqs, whole, "{batch:?} is not whole at consecutive seqs in the log");
+                found.landed_unacked += u64::from(!batch.acked);
+            }
+        }
+    }
+    found
+}
+
 /// Every head equals the log's fold and the chain over its own transcript pages.
 fn check_heads(engine: &Engine, folded: &HashMap<SessionId, Folded>) {
     let heads = all_sessions(engine);
@@ -833,23 +950,29 @@ fn check_heads(engine: &Engine, folded: &HashMap<SessionId, Folded>) {
     }
 }
 
-fn verify_after_kill(path: &Path, acked: &BTreeMap<u64, Acked>, content_checked: u64) -> u64 {
+fn verify_after_kill(path: &Path, acked: &BTreeMap<u64, Acked>, sent: &[Sent], content_checked: u64) -> (u64, Batches) {
     let engine = Engine::open(path).expect("reopen after kill");
     let events = all_events(&engine);
     let (folded, open_ops) = check_log(&engine, &events, content_checked);
     check_acked(&events, acked);
+    let batches = check_batches(&events, sent);
     check_heads(&engine, &folded);
     assert_eq!(all_unsettled(&engine), open_ops, "unsettled list is exactly the calls with no durable result");
     let live = engine.projection_digests().expect("digests");
     engine.rebuild(ProjectionSet::all()).expect("rebuild");
     assert_eq!(engine.projection_digests().expect("digests"), live, "rebuild reproduces the live projections");
     engine.close().expect("close");
-    events.len() as u64
+    (events.len() as u64, batches)
 }
 
 /// Verifies a copy of the database and its projections file as the kill left them, and
 /// leaves the originals alone for the next child to recover.
-fn verify_copy_after_kill(path: &Path, acked: &BTreeMap<u64, Acked>, content_checked: u64) -> u64 {
+fn verify_copy_after_kill(
+    path: &Path,
+    acked: &BTreeMap<u64, Acked>,
+    sent: &[Sent],
+    content_checked: u64,
+) -> (u64, Batches) {
     let dir = tempfile::tempdir_in(path.parent().expect("a directory")).expect("tempdir");
     let copy = dir.path().join("copy.redb");
     for (from, to) in annal::database_files(path).iter().zip(annal::database_files(&copy)) {
@@ -857,7 +980,7 @@ fn verify_copy_after_kill(path: &Path, acked: &BTreeMap<u64, Acked>, content_che
             std::fs::copy(from, to).expect("copy a file of the database");
         }
     }
-    verify_after_kill(&copy, acked, content_checked)
+    verify_after_kill(&copy, acked, sent, content_checked)
 }
 
 fn db_path(dir: &tempfile::TempDir) -> PathBuf {
@@ -905,6 +1028,8 @@ fn kill_loop(test_name: &str, mode: Mode, ckpt: Checkpoints, kills: u64, seed: u
     let path = db_path(&dir);
     let mut rng = Rng::new(seed);
     let mut acked: BTreeMap<u64, Acked> = BTreeMap::new();
+    let mut sent: Vec<Sent> = Vec::new();
+    let mut batches = Batches::default();
     let mut opens = Opens::default();
     let mut tip = 0;
     for iteration in 0..kills {
@@ -915,10 +1040,12 @@ fn kill_loop(test_name: &str, mode: Mode, ckpt: Checkpoints, kills: u64, seed: u
                 panic!("seq {seq} acknowledged twice: {before:?} and {a:?}");
             }
         }
-        let now = match ckpt {
-            Checkpoints::Default => verify_after_kill(&path, &acked, tip),
-            Checkpoints::Eager => verify_copy_after_kill(&path, &acked, tip),
+        sent.extend(killed.sent);
+        let (now, found) = match ckpt {
+            Checkpoints::Default => verify_after_kill(&path, &acked, &sent, tip),
+            Checkpoints::Eager => verify_copy_after_kill(&path, &acked, &sent, tip),
         };
+        batches = found;
         assert!(now >= tip, "the log never shrinks ({tip} -> {now})");
         tip = now;
         if (iteration + 1) % 100 == 0 {
@@ -927,10 +1054,14 @@ fn kill_loop(test_name: &str, mode: Mode, ckpt: Checkpoints, kills: u64, seed: u
     }
     assert!(!acked.is_empty(), "the children acknowledged commits before being killed");
     eprintln!(
-        "{test_name}: {kills} kills, {} acknowledged events, log tip {tip}; {} children ready, {} of whose \
+        "{test_name}: {kills} kills, {} acknowledged events, log tip {tip}; {} batches of tool events sent, \
+         {} of them in the log unacknowledged, {} not in the log; {} children ready, {} of whose \
          opens folded {} events past the last checkpoint (at most {} in one open; longest recovery {} us); \
          {} killed while opening",
         acked.len(),
+        sent.len(),
+        batches.landed_unacked,
+        batches.absent,
         opens.ready,
         opens.recovering,
         opens.recovered_events,
@@ -940,6 +1071,9 @@ fn kill_loop(test_name: &str, mode: Mode, ckpt: Checkpoints, kills: u64, seed: u
     );
     if ckpt == Checkpoints::Eager {
         assert!(opens.recovering > 0, "some child's open folded the log past the last checkpoint");
+    }
+    if mode == Mode::Tools {
+        assert!(batches.landed_unacked > 0, "some kill left a batch in the log that was never acknowledged");
     }
 }
 

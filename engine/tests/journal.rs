@@ -1,8 +1,9 @@
 //! The journal (SPEC §1, §2, §9, invariants 4, 9, 11, 12): a durable commit is one frame
 //! and one fsync in the journal; the log file takes the rows behind the commits; an open
 //! after a crash appends what the journal holds; a torn last frame is dropped, a damaged
-//! acknowledged frame fails closed; a fault in the journal poisons the engine; a reader
-//! in another process sees journalled commits; a clean close leaves no journal.
+//! acknowledged frame fails closed; a fault in the journal fails every caller of its group
+//! commit, poisons the engine and is never retried; a reader in another process sees
+//! journalled commits; a clean close leaves no journal.
 
 mod common;
 
@@ -10,7 +11,12 @@ use annal::fault::{Faults, FaultyBackend};
 use annal::journal::JOURNAL_PREALLOC_BYTES;
 use annal::*;
 use common::*;
+use std::collections::BTreeSet;
+use std::ops::Bound;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 /// Copies every file of the database at `from` to `to`, as a SIGKILL leaves them.
 fn copy_database(from: &Path, to: &Path) {
@@ -291,6 +297,250 @@ fn a_failed_journal_write_or_fsync_poisons_the_engine_and_loses_nothing_acknowle
         assert!(retry.is_ok() || matches!(retry, Err(Error::Rejected(Rejection::RevisionConflict { .. }))));
         engine.close().unwrap();
     }
+}
+
+/// What the journal files were asked to do once one of their calls failed.
+#[derive(Debug, Default)]
+struct AfterFailure {
+    /// A write or a `sync_data` has failed.
+    failed: AtomicBool,
+    /// Writes and `sync_data` calls that failed.
+    failures: AtomicU64,
+    /// Writes asked for after the first failure.
+    writes: AtomicU64,
+    /// `sync_data` calls asked for after the first failure.
+    syncs: AtomicU64,
+}
+
+/// A journal file that counts every write and `sync_data` it is asked for once one has
+/// failed, the failing one excluded: what an engine that retries would call again.
+#[derive(Debug)]
+struct Watched<B: redb::StorageBackend> {
+    inner: B,
+    after: Arc<AfterFailure>,
+}
+
+impl<B: redb::StorageBackend> Watched<B> {
+    fn call(&self, counter: &AtomicU64, f: impl FnOnce() -> std::io::Result<()>) -> std::io::Result<()> {
+        if self.after.failed.load(Ordering::SeqCst) {
+            counter.fetch_add(1, Ordering::SeqCst);
+        }
+        let result = f();
+        if result.is_err() {
+            self.after.failures.fetch_add(1, Ordering::SeqCst);
+            self.after.failed.store(true, Ordering::SeqCst);
+        }
+        result
+    }
+}
+
+impl<B: redb::StorageBackend> redb::StorageBackend for Watched<B> {
+    fn len(&self) -> std::io::Result<u64> {
+        self.inner.len()
+    }
+
+    fn read(&self, offset: u64, out: &mut [u8]) -> std::io::Result<()> {
+        self.inner.read(offset, out)
+    }
+
+    fn set_len(&self, len: u64) -> std::io::Result<()> {
+        self.inner.set_len(len)
+    }
+
+    fn sync_data(&self) -> std::io::Result<()> {
+        self.call(&self.after.syncs, || self.inner.sync_data())
+    }
+
+    fn write(&self, offset: u64, data: &[u8]) -> std::io::Result<()> {
+        self.call(&self.after.writes, || self.inner.write(offset, data))
+    }
+
+    fn close(&self) -> std::io::Result<()> {
+        self.inner.close()
+    }
+
+    fn try_lock_range(&self, start: Bound<u64>, end: Bound<u64>) -> std::result::Result<bool, redb::BackendError> {
+        self.inner.try_lock_range(start, end)
+    }
+
+    fn try_lock_shared_range(
+        &self,
+        start: Bound<u64>,
+        end: Bound<u64>,
+    ) -> std::result::Result<bool, redb::BackendError> {
+        self.inner.try_lock_shared_range(start, end)
+    }
+
+    fn lock_range(&self, start: Bound<u64>, end: Bound<u64>) -> std::result::Result<(), redb::BackendError> {
+        self.inner.lock_range(start, end)
+    }
+
+    fn lock_shared_range(&self, start: Bound<u64>, end: Bound<u64>) -> std::result::Result<(), redb::BackendError> {
+        self.inner.lock_shared_range(start, end)
+    }
+
+    fn unlock_range(&self, start: Bound<u64>, end: Bound<u64>) -> std::result::Result<(), redb::BackendError> {
+        self.inner.unlock_range(start, end)
+    }
+
+    fn query_lock_range(&self, start: Bound<u64>, end: Bound<u64>) -> std::result::Result<bool, redb::BackendError> {
+        self.inner.query_lock_range(start, end)
+    }
+}
+
+/// Committer threads of [`a_failed_journal_write_or_fsync_fails_its_whole_group_commit`].
+const COMMITTERS: usize = 8;
+
+/// Invariant 9 on the default path (a durable database in files, whose commits go to the
+/// journal), with committers on several threads, so that the failing group commit
+/// carries several callers. The journal's write (then, in a second run, its
+/// `sync_data`) fails while they commit: every caller of the failing group commit gets
+/// its error, and none an `Ok`; every later command is `Poisoned`; the journal is not
+/// written or synced again, not even by the close; and after a reopen every
+/// acknowledged turn is there, the failing group commit is all there or not at all (not
+/// at all when its write failed: nothing reached the file), and no other turn is.
+#[test]
+fn a_failed_journal_write_or_fsync_fails_its_whole_group_commit() {
+    for fail_sync in [false, true] {
+        // Now and then the committers' timing leaves the failing group commit one caller:
+        // run again until it has several.
+        let mut tries = 0;
+        while fault_under_committers(fail_sync) < 2 {
+            tries += 1;
+            assert!(tries < 10, "the failing group commit never had several callers");
+        }
+    }
+}
+
+/// One run of [`a_failed_journal_write_or_fsync_fails_its_whole_group_commit`], the
+/// journal's `sync_data` failing if `fail_sync`, else its write. Returns the callers of
+/// the failing group commit.
+fn fault_under_committers(fail_sync: bool) -> usize {
+    let db = Db::new();
+    let (ok, journal) = (Faults::new(), Faults::new());
+    let after = Arc::new(AfterFailure::default());
+    let files = journal_paths(&db.path).map(|p| Watched { inner: faulty(&p, &journal), after: after.clone() });
+    let (log, projections) = (faulty(&db.path, &ok), faulty(&projections_path(&db.path), &ok));
+    let engine = Engine::open_with_journal(log, projections, files, Options::default()).unwrap();
+    let sessions: Vec<(SessionId, RevisionId)> =
+        (0..COMMITTERS).map(|t| create(&engine, &[Message::system(format!("session {t}"))])).collect();
+
+    // Each committer commits turns to its own session until it has seen three errors.
+    let acknowledged = AtomicU64::new(0);
+    let runs: Vec<Vec<(String, Result<Receipt>)>> = std::thread::scope(|scope| {
+        let committers: Vec<_> = sessions
+            .iter()
+            .enumerate()
+            .map(|(t, &(session, mut head))| {
+                let (engine, acknowledged) = (engine.clone(), &acknowledged);
+                scope.spawn(move || {
+                    let mut run = Vec::new();
+                    for i in 0..10_000 {
+                        let id = format!("c{t}-{i}");
+                        let result = engine.commit_turn(turn(session, &id, head)).map(|o| o.receipt());
+                        if let Ok(receipt) = &result {
+                            head = receipt.revision;
+                            acknowledged.fetch_add(1, Ordering::SeqCst);
+                        }
+                        run.push((id, result));
+                        if run.iter().filter(|(_, r)| r.is_err()).count() == 3 {
+                            break;
+                        }
+                    }
+                    run
+                })
+            })
+            .collect();
+        // The fault comes while every committer is busy.
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while acknowledged.load(Ordering::SeqCst) < 10 * COMMITTERS as u64
+            && !committers.iter().any(|c| c.is_finished())
+            && Instant::now() < deadline
+        {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert!(!committers.iter().any(|c| c.is_finished()), "a committer stopped before the fault");
+        match fail_sync {
+            true => journal.fail_sync_after(0),
+            false => journal.fail_write_after(0),
+        }
+        committers.into_iter().map(|c| c.join().unwrap()).collect()
+    });
+
+    // Each committer: acknowledged turns, then one error (the failing group commit's,
+    // or `Poisoned` for a command that came after it), then `Poisoned` only.
+    let (mut acked, mut failed, mut refused) = (BTreeSet::new(), BTreeSet::new(), BTreeSet::new());
+    let mut failure = None;
+    for run in &runs {
+        let first_err = run.iter().position(|(_, r)| r.is_err()).expect("every committer saw the fault");
+        acked.extend(run[..first_err].iter().map(|(id, _)| id.clone()));
+        assert_eq!(run.len(), first_err + 3, "no Ok after an error");
+        for (id, result) in &run[first_err + 1..] {
+            assert!(matches!(result, Err(Error::Poisoned)), "{id} after an error: {result:?}");
+            refused.insert(id.clone());
+        }
+        let (id, result) = &run[first_err];
+        match result {
+            Err(Error::Poisoned) => {
+                refused.insert(id.clone());
+            }
+            Err(Error::Rejected(r)) => panic!("{id} was rejected: {r:?}"),
+            Err(e) => {
+                // The one error of the failing group commit, given to each of its callers.
+                assert_eq!(failure.get_or_insert_with(|| e.clone()), e, "{id}");
+                failed.insert(id.clone());
+            }
+            Ok(_) => unreachable!(),
+        }
+    }
+    assert!(!failed.is_empty(), "the failing group commit's callers got its error: {runs:?}");
+    eprintln!(
+        "fail_sync {fail_sync}: {} acknowledged, {} in the failing group commit, {} refused as poisoned",
+        acked.len(),
+        failed.len(),
+        refused.len()
+    );
+    assert!(engine.is_poisoned());
+    let (s, created) = sessions[0];
+    assert!(matches!(engine.commit_turn(turn(s, "later", created)), Err(Error::Poisoned)));
+    assert_eq!(after.failures.load(Ordering::SeqCst), 1, "one call failed, and was not tried again");
+    drop(engine);
+    let (writes, syncs) = (after.writes.load(Ordering::SeqCst), after.syncs.load(Ordering::SeqCst));
+    assert_eq!((writes, syncs), (0, 0), "journal writes and syncs after the failure, close included");
+    assert!(journal.syncs() > 0, "the acknowledged turns were synced");
+
+    journal.heal();
+    let engine = Engine::open(&db.path).unwrap();
+    let mut present = BTreeSet::new();
+    let mut events = COMMITTERS as u64;
+    for &(s, _) in &sessions {
+        let turns: Vec<String> = transcript(engine.reader(), s)
+            .iter()
+            .skip(1)
+            .step_by(2)
+            .map(|m| String::from_utf8(m.message.body.clone()).unwrap())
+            .map(|body| body.strip_prefix("question of ").expect("a turn's question").to_string())
+            .collect();
+        events += turns.len() as u64;
+        present.extend(turns);
+        assert_eq!(present.len() as u64 + COMMITTERS as u64, events, "a turn is there once, in {s}");
+    }
+    assert_eq!(tip_seq(&engine), events, "the log holds the sessions and their turns, nothing else");
+    assert!(acked.is_subset(&present), "acknowledged turns lost: {:?}", acked.difference(&present).collect::<Vec<_>>());
+    assert!(
+        refused.is_disjoint(&present),
+        "refused turns written: {:?}",
+        refused.intersection(&present).collect::<Vec<_>>()
+    );
+    let landed: BTreeSet<String> = present.difference(&acked).cloned().collect();
+    assert!(landed.is_empty() || landed == failed, "the failing group commit is whole or absent: {landed:?}");
+    if !fail_sync {
+        assert!(landed.is_empty(), "a frame whose write failed reached the file: {landed:?}");
+    }
+    eprintln!("fail_sync {fail_sync}: {} turns of the failing group commit after the reopen", landed.len());
+    assert!(engine.commit_turn(turn(s, "after-reopen", head(&engine, s).revision)).is_ok());
+    engine.close().unwrap();
+    failed.len()
 }
 
 #[test]

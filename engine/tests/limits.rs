@@ -1,11 +1,13 @@
 //! Every limit in [`annal::Limits`] (SPEC §8, invariant 10), at the limit and one past it.
 //!
 //! A command at the limit is accepted. One past it is `Rejection::LimitExceeded` naming
-//! the right [`Limit`], with `actual > max`, and the database file is byte for byte what it
-//! would have been without the command: the test copies the closed file, opens and closes
-//! the copy without the command, opens the original, sends the command (the file is
-//! hashed before and after it while the engine is open), closes it, and compares the two
-//! files. Queries that break a page limit are rejected the same way and write nothing.
+//! the right [`Limit`], with `actual > max`, and every file of the database (the log file,
+//! its projections file and its two journal files) is byte for byte what it would have
+//! been without the command: the test copies the closed database, opens and closes the
+//! copy without the command, opens the original, sends the command (the files are hashed
+//! before and after it while the engine is open), closes it, and compares the two
+//! databases file by file. Queries that break a page limit are rejected the same way and
+//! write nothing.
 //! The record-size limit is checked in the codec's decoder.
 
 use annal::codec::{decode_record, encode_record, DecodeError, LogChain};
@@ -69,8 +71,30 @@ impl Db {
     }
 }
 
-fn file_hash(path: &Path) -> blake3::Hash {
-    blake3::hash(&std::fs::read(path).expect("read database file"))
+/// What each file of the database is, in the order of [`database_files`].
+const FILE_NAMES: [&str; 4] = ["log file", "projections file", "journal file 0", "journal file 1"];
+
+/// The hash of every file of the database at `path` ([`database_files`]: the log file, its
+/// projections file and its two journal files), `None` for one that does not exist.
+fn files_hash(path: &Path) -> [Option<blake3::Hash>; 4] {
+    database_files(path).map(|file| match std::fs::read(&file) {
+        Ok(bytes) => Some(blake3::hash(&bytes)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+        Err(e) => panic!("read {}: {e}", file.display()),
+    })
+}
+
+/// Fails naming every file whose hash differs between `left` and `right`.
+#[track_caller]
+fn assert_same_files(left: [Option<blake3::Hash>; 4], right: [Option<blake3::Hash>; 4], what: &str) {
+    let short = |h: &Option<blake3::Hash>| h.map_or("absent".to_string(), |h| h.to_hex()[..12].to_string());
+    let differ: Vec<String> = FILE_NAMES
+        .iter()
+        .zip(left.iter().zip(&right))
+        .filter(|(_, (l, r))| l != r)
+        .map(|(name, (l, r))| format!("{name} {} -> {}", short(l), short(r)))
+        .collect();
+    assert!(differ.is_empty(), "{what}: {}", differ.join(", "));
 }
 
 #[track_caller]
@@ -84,10 +108,11 @@ fn assert_limit<T: std::fmt::Debug>(result: Result<T>, limit: Limit) {
     }
 }
 
-/// Sends `command` to a closed database and checks it is rejected for `limit` and that
-/// the file ends up exactly as opening and closing it without the command leaves it
-/// (redb records its allocator state when it closes, so a bare before/after hash around an
-/// open and a close differs even with no command at all).
+/// Sends `command` to a closed database and checks it is rejected for `limit`, that no
+/// file of the database changes while the engine is open, and that every file ends up
+/// exactly as opening and closing it without the command leaves it (redb records its
+/// allocator state when it closes, so a bare before/after hash around an open and a close
+/// differs even with no command at all).
 #[track_caller]
 fn reject_without_trace(db: &Db, command: Command, limit: Limit) {
     let control = db.path.with_extension("control");
@@ -101,14 +126,28 @@ fn reject_without_trace(db: &Db, command: Command, limit: Limit) {
     let tip = engine.tip().expect("tip");
     let digests = engine.projection_digests().expect("digests");
     let notices = engine.subscribe();
-    let open_hash = file_hash(&db.path);
+    // Every file a command could write: a durable commit writes a journal file, the log
+    // file takes the journal's rows, and checkpoints write the projections file (the delta
+    // is empty after a clean open, so no checkpoint runs while the files are hashed).
+    let open_hash = files_hash(&db.path);
+    let journalled = db.options.durability == Durability::Durable;
+    let exist = [true, true, journalled, journalled];
+    assert_eq!(open_hash.map(|h| h.is_some()), exist, "{limit}: the files of the open database");
     assert_limit(engine.execute(command), limit);
-    assert_eq!(file_hash(&db.path), open_hash, "{limit}: the rejected command wrote to the open file");
+    assert_same_files(
+        open_hash,
+        files_hash(&db.path),
+        &format!("{limit}: the rejected command wrote to the open database"),
+    );
     assert_eq!(engine.tip().expect("tip"), tip, "{limit}: the tip moved");
     assert_eq!(engine.projection_digests().expect("digests"), digests, "{limit}: projections changed");
     assert!(notices.try_recv().is_err(), "{limit}: a rejection notified a subscriber");
     engine.close().expect("close");
-    assert_eq!(file_hash(&db.path), file_hash(&control), "{limit}: the file differs from a run without the command");
+    assert_same_files(
+        files_hash(&control),
+        files_hash(&db.path),
+        &format!("{limit}: the database differs from a run without the command"),
+    );
     database_files(&control)
         .iter()
         .filter(|f| f.exists())
@@ -445,13 +484,16 @@ fn note_bytes() {
 }
 
 /// A query is not a command, but a page over the limit is the same typed rejection and
-/// leaves the file alone.
+/// leaves every file of the database alone.
 #[track_caller]
-fn query_rejected<T: std::fmt::Debug>(db: &Db, engine: &Engine, result: Result<T>, limit: Limit) {
-    let before = file_hash(&db.path);
-    assert_limit(result, limit);
+fn query_rejected<T: std::fmt::Debug>(db: &Db, engine: &Engine, query: impl FnOnce() -> Result<T>, limit: Limit) {
+    // The commits before it go to the projections file first (and the journal into the
+    // log file), so that nothing else writes a file while they are hashed.
+    engine.checkpoint().expect("checkpoint");
+    let before = files_hash(&db.path);
+    assert_limit(query(), limit);
     assert!(engine.tip().is_ok(), "still readable");
-    assert_eq!(file_hash(&db.path), before, "a rejected query wrote to the file");
+    assert_same_files(before, files_hash(&db.path), "a rejected query wrote to the database");
 }
 
 #[test]
@@ -469,22 +511,22 @@ fn page_items() {
     let at = PageRequest::first(max);
     let past = PageRequest::first(max + 1);
     assert_eq!(engine.transcript(s, at).unwrap().messages.len() as u64, max);
-    query_rejected(&db, &engine, engine.transcript(s, past), Limit::PageItems);
+    query_rejected(&db, &engine, || engine.transcript(s, past), Limit::PageItems);
     assert_eq!(engine.transcript_at(s, h, at).unwrap().messages.len() as u64, max);
-    query_rejected(&db, &engine, engine.transcript_at(s, h, past), Limit::PageItems);
+    query_rejected(&db, &engine, || engine.transcript_at(s, h, past), Limit::PageItems);
     assert_eq!(engine.revisions(s, at).unwrap().page.items.len() as u64, max);
-    query_rejected(&db, &engine, engine.revisions(s, past), Limit::PageItems);
+    query_rejected(&db, &engine, || engine.revisions(s, past), Limit::PageItems);
     assert_eq!(engine.tool_ops(s, at).unwrap().items.len() as u64, max);
-    query_rejected(&db, &engine, engine.tool_ops(s, past), Limit::PageItems);
+    query_rejected(&db, &engine, || engine.tool_ops(s, past), Limit::PageItems);
     assert_eq!(engine.unsettled_all(at).unwrap().items.len() as u64, max);
-    query_rejected(&db, &engine, engine.unsettled_all(past), Limit::PageItems);
+    query_rejected(&db, &engine, || engine.unsettled_all(past), Limit::PageItems);
     assert_eq!(engine.list_sessions(&ListQuery::new().page(0, max)).unwrap().items.len() as u64, max);
-    query_rejected(&db, &engine, engine.list_sessions(&ListQuery::new().page(0, max + 1)), Limit::PageItems);
+    query_rejected(&db, &engine, || engine.list_sessions(&ListQuery::new().page(0, max + 1)), Limit::PageItems);
     let q = |n| EventQuery { from_seq: 1, max_events: n, max_bytes: 4096 };
     assert_eq!(engine.events(q(max)).unwrap().events.len() as u64, max);
-    query_rejected(&db, &engine, engine.events(q(max + 1)), Limit::PageItems);
+    query_rejected(&db, &engine, || engine.events(q(max + 1)), Limit::PageItems);
     assert_eq!(engine.session_events(s, q(max)).unwrap().events.len() as u64, max);
-    query_rejected(&db, &engine, engine.session_events(s, q(max + 1)), Limit::PageItems);
+    query_rejected(&db, &engine, || engine.session_events(s, q(max + 1)), Limit::PageItems);
     engine.close().unwrap();
 }
 
@@ -498,8 +540,8 @@ fn page_bytes() {
     let q = |n| EventQuery { from_seq: 1, max_events: 5, max_bytes: n };
     let page = engine.events(q(max)).unwrap();
     assert_eq!(page.events.len(), 1);
-    query_rejected(&db, &engine, engine.events(q(max + 1)), Limit::PageBytes);
-    query_rejected(&db, &engine, engine.session_events(s, q(max + 1)), Limit::PageBytes);
+    query_rejected(&db, &engine, || engine.events(q(max + 1)), Limit::PageBytes);
+    query_rejected(&db, &engine, || engine.session_events(s, q(max + 1)), Limit::PageBytes);
     // A budget smaller than the one record is OversizedRecord, never a truncated record.
     let size = page.events[0].size;
     let err = engine.events(q(size - 1)).unwrap_err();
