@@ -304,7 +304,14 @@ pub(crate) struct Delta {
     progress: (Mutex<()>, Condvar),
     /// The seqs live views read at.
     readers: Arc<Readers>,
+    /// What every view keeps alive: the databases a read-only opener's snapshots are of,
+    /// when they are not a writer's (a database opened over a repaired view of a crashed
+    /// file closes its transactions when it is dropped).
+    anchor: Option<Anchor>,
 }
+
+/// Something a view keeps alive as long as it lives.
+pub(crate) type Anchor = Arc<dyn std::any::Any + Send + Sync>;
 
 /// The seqs that live views read at, each with its number of views: a version of a row
 /// that none of them can read is dropped when the next batch rewrites the row, so a row
@@ -362,12 +369,19 @@ impl Delta {
             progress: (Mutex::new(()), Condvar::new()),
             content_cache: None,
             readers: Arc::default(),
+            anchor: None,
         })
     }
 
     /// This delta with a content cache of `bytes` (none for 0) that its views read first.
     pub fn with_content_cache(mut self, bytes: u64) -> Delta {
         self.content_cache = ContentCache::new(bytes).map(Arc::new);
+        self
+    }
+
+    /// This delta with `anchor` kept alive by every view of it.
+    pub fn with_anchor(mut self, anchor: Anchor) -> Delta {
+        self.anchor = Some(anchor);
         self
     }
 
@@ -394,6 +408,7 @@ impl Delta {
             content: std::cell::OnceCell::new(),
             records: std::cell::OnceCell::new(),
             content_index_size: std::cell::OnceCell::new(),
+            _anchor: self.anchor.clone(),
         }
     }
 
@@ -572,6 +587,8 @@ pub struct View {
     /// The size of the content-id index at this view's seq (`Buckets::size`), read at the
     /// view's first content lookup: a page of messages reads it once.
     content_index_size: std::cell::OnceCell<u64>,
+    /// The databases this view's snapshots are of, for a read-only opener's view.
+    _anchor: Option<Anchor>,
 }
 
 impl std::fmt::Debug for View {

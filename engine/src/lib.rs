@@ -312,6 +312,7 @@ pub mod store;
 mod stream;
 pub mod tables;
 pub mod transcript;
+pub mod unclean;
 mod writer;
 
 pub use annal_codec as codec;

@@ -37,8 +37,8 @@ struct Follow {
     log: Arc<dyn ReadableDatabase + Send + Sync>,
     /// The journal beside the log file: commits the log file does not hold yet.
     journal: crate::journal::Follower,
-    _projections: Option<redb::ReadOnlyDatabase>,
-    _empty: redb::Database,
+    _projections: Option<crate::unclean::ReadOnly>,
+    _empty: Arc<redb::Database>,
     lock: Mutex<()>,
 }
 
@@ -74,29 +74,27 @@ impl Reader {
     pub fn open(path: impl AsRef<Path>, limits: Limits, chain_key: Option<[u8; 32]>) -> Result<Reader> {
         limits.validate()?;
         let path = path.as_ref();
-        let builder = || {
-            let mut b = redb::Builder::new();
-            b.set_concurrency_mode(redb::ConcurrencyMode::SingleWriter);
-            b.set_cache_size(READER_CACHE_BYTES);
-            b
-        };
-        let log: Arc<dyn ReadableDatabase + Send + Sync> =
-            Arc::new(fail_closed("open read-only", || Ok(builder().open_read_only(path)?))?);
+        // A file whose writer was killed opens too: redb's repair runs in memory
+        // (`crate::unclean`), and nothing is written to it.
+        let open = |path: &Path| crate::unclean::open_read_only(path, READER_CACHE_BYTES);
+        let log = fail_closed("open read-only", || Ok(open(path)?))?;
         let projections_path = crate::engine::projections_path(path);
         // While an erasure is unfinished the projections file may still hold what the
         // purge erased from the log: fold the whole log instead.
         let unfinished = log.begin_read().map(|txn| crate::purge::unfinished_in(&txn)).unwrap_or(false);
         let projections = match projections_path.exists() && !unfinished {
-            true => builder().open_read_only(&projections_path).ok(),
+            true => open(&projections_path).ok(),
             false => None,
         };
         let chain = chain_key.map_or_else(LogChain::plain, LogChain::keyed);
         let journal = crate::journal::Follower::new(path);
-        let empty = crate::checkpoint::empty_projections()?;
+        let empty = Arc::new(crate::checkpoint::empty_projections()?);
         let delta = fail_closed("open read-only", || match &projections {
-            Some(p) => crate::checkpoint::read_only_delta(log.clone(), p, &empty, &journal, &chain, &limits),
-            None => crate::checkpoint::read_only_delta(log.clone(), &empty, &empty, &journal, &chain, &limits),
+            Some(p) => crate::checkpoint::read_only_delta(log.clone(), &**p, &empty, &journal, &chain, &limits),
+            None => crate::checkpoint::read_only_delta(log.clone(), &*empty, &empty, &journal, &chain, &limits),
         })?;
+        // Views outlive the reader that made them: they keep its databases open.
+        let delta = delta.with_anchor(Arc::new((log.clone(), projections.clone(), empty.clone())));
         let follow = Follow { log, journal, _projections: projections, _empty: empty, lock: Mutex::new(()) };
         Ok(Reader {
             source: Arc::new(Source { delta: Arc::new(delta), follow: Some(follow), renewals: None }),

@@ -153,6 +153,39 @@ fn an_open_after_a_crash_appends_the_journal_to_the_log_file() {
     assert_eq!(tip_seq(&report), 31);
 }
 
+/// Every byte of every file of the database at `path` (absent files as `None`).
+fn file_bytes(path: &Path) -> Vec<Option<Vec<u8>>> {
+    database_files(path).iter().map(|f| std::fs::read(f).ok()).collect()
+}
+
+#[test]
+fn a_read_only_opener_reads_a_crashed_database_and_writes_nothing() {
+    let (_db, copy, crashed) = crashed();
+    // The copy's log file and projections file were open for writing when it was taken:
+    // redb refuses to open them read-only without a repair.
+    let mut builder = redb::Builder::new();
+    builder.set_concurrency_mode(redb::ConcurrencyMode::SingleWriter);
+    assert!(
+        matches!(builder.open_read_only(&copy), Err(redb::DatabaseError::RepairAborted)),
+        "the crashed copy needs redb's repair"
+    );
+    let before = file_bytes(&copy);
+    let reader = Reader::open(&copy, Limits::default(), None).expect("a crashed database opens read-only");
+    assert_eq!(tip_seq(&reader), 31, "the journal's commits are read past the log file");
+    assert_eq!(reader.head(crashed.session).unwrap().unwrap().revision, crashed.head);
+    assert_eq!(reader.projection_digests().unwrap(), crashed.digests);
+    // A view outlives the reader that took it, as over a clean file.
+    let view = reader.snapshot().unwrap();
+    drop(reader);
+    assert_eq!(query::head(&view, &crashed.session).unwrap().unwrap().revision, crashed.head);
+    drop(view);
+    assert!(file_bytes(&copy) == before, "reading a crashed database changes no byte of it");
+    // An open for writing then recovers the same state.
+    let engine = Engine::open(&copy).unwrap();
+    assert_eq!(engine.projection_digests().unwrap(), crashed.digests);
+    engine.close().unwrap();
+}
+
 #[test]
 fn the_journal_switches_files_and_is_absorbed_behind_the_commits() {
     let db = Db::new();

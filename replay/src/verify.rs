@@ -74,7 +74,7 @@ use annal::{
     evolve, ChainHash, ContentId, Event, EventKind, HashStore, Limits, Location, MemStore, Projection, ProjectionSet,
     Reader, SessionId, Store, Table, View,
 };
-use redb::{ReadTransaction, ReadableDatabase, ReadableTable, ReadableTableMetadata};
+use redb::{ReadTransaction, ReadableTable, ReadableTableMetadata};
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt;
 use std::path::Path;
@@ -545,9 +545,29 @@ pub fn verify(path: &Path, opts: &VerifyOptions) -> Result<VerifyReport> {
         }
     };
     let chain = opts.key.map_or_else(LogChain::plain, LogChain::keyed);
-    let (txn, journal) = with_journal(path, &_db, txn, &chain)?;
-    let stored = || Reader::open(path, limits.clone(), opts.key)?.snapshot();
+    let (txn, journal) = with_journal(path, &*_db, txn, &chain)?;
+    let stored = || {
+        projections_readable(path)?;
+        Reader::open(path, limits.clone(), opts.key)?.snapshot()
+    };
     verify_log(&txn, &journal, &limits, opts, &stored)
+}
+
+/// Whether the projections file beside `path`, if there is one, opens and its table of
+/// rows reads. A reader treats a projections file it cannot use as absent and folds the
+/// whole log instead, which is right for a query and wrong for `--deep`: the tables it
+/// would compare would be that fresh fold, not what is stored.
+fn projections_readable(path: &Path) -> annal::Result<()> {
+    let projections = annal::projections_path(path);
+    if !projections.exists() {
+        return Ok(());
+    }
+    let unreadable = |e: &dyn fmt::Display| annal::Error::Storage(format!("the projections file: {e}"));
+    let db = annal::unclean::open_read_only(&projections, VERIFY_CACHE_BYTES).map_err(|e| unreadable(&e))?;
+    let txn = db.begin_read().map_err(|e| unreadable(&e))?;
+    let table = txn.open_table(annal::tables::PROJECTIONS).map_err(|e| unreadable(&e))?;
+    redb::ReadableTableMetadata::len(&table).map_err(|e| unreadable(&e))?;
+    Ok(())
 }
 
 /// The journal files beside `path`, read right after `txn` was taken. If they do not
@@ -556,7 +576,7 @@ pub fn verify(path: &Path, opts: &VerifyOptions) -> Result<VerifyReport> {
 /// continue the log is walked anyway, and reported.
 fn with_journal(
     path: &Path,
-    db: &redb::ReadOnlyDatabase,
+    db: &dyn redb::ReadableDatabase,
     mut txn: ReadTransaction,
     chain: &LogChain,
 ) -> Result<(ReadTransaction, Vec<Vec<u8>>)> {
@@ -571,7 +591,7 @@ fn with_journal(
             return Ok((txn, journal));
         }
         tries += 1;
-        txn = match redb::ReadableDatabase::begin_read(db) {
+        txn = match db.begin_read() {
             Ok(txn) => txn,
             Err(_) => return Ok((txn, journal)),
         };
@@ -603,22 +623,26 @@ enum Refused {
 /// against 100 MB, and 3 to 30% more CPU).
 const VERIFY_CACHE_BYTES: usize = 4 << 20;
 
-/// Opens the log file read-only, as a reader beside a live writer does, and takes the
-/// snapshot verify checks.
-fn open_log(path: &Path) -> std::result::Result<(redb::ReadOnlyDatabase, ReadTransaction), Refused> {
+/// Opens the log file read-only, as a reader beside a live writer does (a file its
+/// writer left unclean, after a crash, over a view that takes redb's repair in memory:
+/// `annal::unclean`), and takes the snapshot verify checks. A file cut short is damage,
+/// as a corrupted one is; a file that cannot be read at all is a usage error.
+fn open_log(path: &Path) -> std::result::Result<(annal::unclean::ReadOnly, ReadTransaction), Refused> {
     let opened = guarded("file", || -> std::result::Result<_, redb::Error> {
-        let mut builder = redb::Builder::new();
-        builder.set_concurrency_mode(redb::ConcurrencyMode::SingleWriter);
-        builder.set_cache_size(VERIFY_CACHE_BYTES);
-        let db = builder.open_read_only(path)?;
+        let db = annal::unclean::open_read_only(path, VERIFY_CACHE_BYTES)?;
         let txn = db.begin_read()?;
         Ok((db, txn))
     });
+    let cut_short = |e: &redb::Error| match e {
+        redb::Error::Io(io) => io.kind() == std::io::ErrorKind::UnexpectedEof,
+        _ => false,
+    };
     match opened {
         Ok(Ok(opened)) => Ok(opened),
         Ok(Err(redb::Error::Corrupted(detail))) => {
             Err(Refused::Damaged(storage("file", format!("cannot be opened: {detail}"))))
         }
+        Ok(Err(e)) if cut_short(&e) => Err(Refused::Damaged(storage("file", format!("cannot be opened: {e}")))),
         Ok(Err(e)) => Err(Refused::Usage(CliError::usage(format!("cannot open {} read-only: {e}", path.display())))),
         Err(finding) => Err(Refused::Damaged(finding)),
     }
@@ -2309,6 +2333,74 @@ impl<'a> Walk<'a> {
 mod tests {
     use super::*;
     use annal::{CommitTurn, CreateSession, Engine, Expected, Message};
+
+    /// A closed database of one session and ten turns at `dir/name`.
+    fn small_database(dir: &Path, name: &str) -> std::path::PathBuf {
+        let path = dir.join(name);
+        let engine = Engine::open(&path).unwrap();
+        let session = engine.create_session(CreateSession::new().message(Message::system("hi"))).unwrap().session;
+        for i in 0..10 {
+            let turn = CommitTurn::new(session, format!("t{i}"), Expected::Any).message(Message::user(format!("{i}")));
+            engine.commit_turn(turn).unwrap();
+        }
+        engine.close().unwrap();
+        path
+    }
+
+    fn deep() -> VerifyOptions {
+        VerifyOptions { deep: true, ..VerifyOptions::default() }
+    }
+
+    #[test]
+    fn a_database_whose_writer_was_killed_verifies_and_is_not_written() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("live.redb");
+        let engine = Engine::open(&path).unwrap();
+        let session = engine.create_session(CreateSession::new().message(Message::system("hi"))).unwrap().session;
+        engine.commit_turn(CommitTurn::new(session, "t1", Expected::Any).message(Message::user("one"))).unwrap();
+        engine.checkpoint().unwrap();
+        engine.commit_turn(CommitTurn::new(session, "t2", Expected::Any).message(Message::user("two"))).unwrap();
+        // Every file as a SIGKILL of the host leaves it: taken while it is open.
+        let crashed = dir.path().join("crashed.redb");
+        for (from, to) in annal::database_files(&path).iter().zip(annal::database_files(&crashed)) {
+            if from.exists() {
+                std::fs::copy(from, to).unwrap();
+            }
+        }
+        engine.close().unwrap();
+        let bytes = || annal::database_files(&crashed).map(|f| std::fs::read(f).ok());
+        let before = bytes();
+        let report = verify(&crashed, &deep()).expect("a crashed database verifies");
+        assert!(report.is_clean(), "{}", report.render());
+        assert_eq!(report.records, 3);
+        assert!(matches!(report.deep, Some(Ok(_))), "{:?}", report.deep);
+        assert!(bytes() == before, "verify writes nothing to a crashed database");
+    }
+
+    #[test]
+    fn a_log_file_cut_short_is_a_finding() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = small_database(dir.path(), "cut.redb");
+        let len = std::fs::metadata(&path).unwrap().len();
+        let file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+        file.set_len(len / 2).unwrap();
+        let report = verify(&path, &VerifyOptions::default()).expect("a damaged file is a report, not an error");
+        assert!(report.findings.iter().any(|f| f.kind() == "storage" && f.location() == "file"), "{}", report.render());
+    }
+
+    #[test]
+    fn deep_reports_a_projections_file_it_cannot_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = small_database(dir.path(), "garbage.redb");
+        let projections = annal::projections_path(&path);
+        let len = std::fs::metadata(&projections).unwrap().len() as usize;
+        std::fs::write(&projections, (0..len).map(|i| (i * 7 + 3) as u8).collect::<Vec<u8>>()).unwrap();
+        let report = verify(&path, &deep()).unwrap();
+        assert!(matches!(&report.deep, Some(Err(why)) if why.contains("projections file")), "{:?}", report.deep);
+        assert!(report.findings.iter().any(|f| f.location() == "projections"), "{}", report.render());
+        // Without --deep the projections are not verify's business.
+        assert!(verify(&path, &VerifyOptions::default()).unwrap().is_clean());
+    }
 
     #[test]
     fn deep_is_skipped_when_the_reader_sees_another_tip() {
