@@ -249,11 +249,13 @@ impl Options {
         if hosts.is_empty() {
             return Err(bad("no server".into()));
         }
-        let mut options = Options {
-            servers: hosts.split(',').map(|h| format!("{scheme}://{h}")).collect(),
-            tls: Tls { required, ..Tls::default() },
-            ..Options::default()
-        };
+        // Each server is checked here, so that a malformed one fails at once instead of
+        // as a connection error that the caller retries.
+        let servers: Vec<String> = hosts.split(',').map(|h| format!("{scheme}://{h}")).collect();
+        for server in &servers {
+            server.parse::<async_nats::ServerAddr>().map_err(|e| bad(format!("server {server:?}: {e}")))?;
+        }
+        let mut options = Options { servers, tls: Tls { required, ..Tls::default() }, ..Options::default() };
         if let Some(auth) = auth {
             let (user, password) = auth.split_once(':').unwrap_or((auth, ""));
             options.credentials = Credentials::UserPassword {
@@ -1011,9 +1013,18 @@ mod url_tests {
         let plain = Options::from_url("nats://127.0.0.1:4222?token=t").unwrap();
         assert!(!plain.tls.required);
         assert_eq!((plain.stream.as_str(), plain.credentials), ("ANNAL", Credentials::Token("t".into())));
-        for bad in
-            ["127.0.0.1:4222", "http://h:1", "tls://", "tls://h:1?bogus=1", "tls://h:1?cert=/c", "tls://u:%zz@h:1"]
-        {
+        for bad in [
+            "127.0.0.1:4222",
+            "http://h:1",
+            "tls://",
+            "tls://h:1?bogus=1",
+            "tls://h:1?cert=/c",
+            "tls://u:%zz@h:1",
+            "tls://a:b@:0",
+            "tls://h:1,:2",
+            "nats://h:port",
+            "tls://h:99999",
+        ] {
             assert!(Options::from_url(bad).is_err(), "{bad}");
         }
         assert!(is_url("tls://h:1") && is_url("nats://h:1") && !is_url("/tmp/annal.redb"));
