@@ -38,11 +38,14 @@ pub struct CompactStats {
 /// brings the projections up to the log and checkpoints them at close); then redb
 /// compacts each file with it held exclusively, so no other process may have it open,
 /// not even for reading (that is an [`Error::Storage`], and the file is left as it was).
-/// The sizes reported are of both files together.
+/// The sizes reported are of both files together, the size before taken before the
+/// engine opens them (an open and a close can grow them, which the compaction then
+/// gives back: that is not space the compaction freed).
 pub fn compact(path: impl AsRef<Path>, options: Options) -> Result<CompactStats> {
     let path = path.as_ref();
+    let bytes_before = database_len_before(path);
     Engine::open_with(path, options)?.close()?;
-    compact_closed(path)
+    Ok(CompactStats { bytes_before, ..compact_closed(path)? })
 }
 
 /// redb's compaction of the closed database at `path`, each of its two files held
@@ -63,6 +66,12 @@ fn compact_closed(path: &Path) -> Result<CompactStats> {
 /// The log file at `path` and its projections file.
 fn database_files(path: &Path) -> [std::path::PathBuf; 2] {
     [path.to_path_buf(), crate::engine::projections_path(path)]
+}
+
+/// The length of the log file at `path` and its projections file together, before an
+/// engine has opened them: a file that does not exist yet counts as empty.
+fn database_len_before(path: &Path) -> u64 {
+    database_files(path).iter().filter_map(|f| std::fs::metadata(f).ok()).map(|m| m.len()).sum()
 }
 
 /// The length of the log file at `path` and its projections file together.
@@ -261,8 +270,8 @@ pub struct RecompressStats {
     pub stored_bytes_before: u64,
     /// Stored bytes of every object after.
     pub stored_bytes_after: u64,
-    /// Both files' sizes before the recompression and after the compaction that
-    /// followed it, and the time of both.
+    /// Both files' sizes before the recompression (before the engine opened them) and
+    /// after the compaction that followed it, and the time of both.
     pub compact: CompactStats,
 }
 
@@ -289,10 +298,10 @@ pub fn recompress(
 ) -> Result<RecompressStats> {
     let path = path.as_ref();
     let max = options.limits.message_object_bytes_max();
+    let bytes_before = database_len_before(path);
     let engine = Engine::open_with(path, options)?;
     let tip = engine.tip()?.0;
     engine.close()?;
-    let bytes_before = database_len(path)?;
     let started = Instant::now();
     let mut stats = RecompressStats {
         rows: 0,

@@ -64,7 +64,7 @@ use base64::Engine as _;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::io::{BufRead, Write};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 /// A byte string: UTF-8 text as it is, anything else as base64.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -1037,12 +1037,34 @@ fn check_header(parsed: &ParsedImport, header: &SessionsHeader) -> Result<()> {
 /// unless every line parses, every content id matches its bytes, the records match the
 /// header, and the engine accepts the copy. `rechain` does not apply: a copy is always
 /// chained under the target's key.
+///
+/// An input with no records (an empty file, or empty standard input) is a usage error, and
+/// nothing is opened or created. An import that fails into a database that did not exist
+/// removes every file of it that the import created.
 pub fn import(path: &Path, input: &mut dyn BufRead, opts: &ImportOptions) -> Result<Imported> {
     let parsed = parse_import(input)?;
     if let Some(header) = &parsed.header {
         check_header(&parsed, header)?;
     }
+    if parsed.records.is_empty() {
+        return Err(CliError::usage("no records to import: the input holds no record lines"));
+    }
+    // A database this import creates is removed again if it fails: every file of it
+    // (the log file, its projections file, its journal) that was not there before.
     let existed = path.exists();
+    let absent: Vec<PathBuf> = annal::database_files(path).into_iter().filter(|f| !f.exists()).collect();
+    let result = import_opened(path, parsed, opts);
+    if result.is_err() && !existed {
+        for file in &absent {
+            let _ = std::fs::remove_file(file);
+        }
+    }
+    result
+}
+
+/// Opens the database at `path` (created if missing), imports `parsed` into it and
+/// closes it.
+fn import_opened(path: &Path, parsed: ParsedImport, opts: &ImportOptions) -> Result<Imported> {
     let options = Options { chain_key: opts.key, ..Options::default() };
     let engine = Engine::open_with(path, options).map_err(|e| match e {
         annal::Error::Storage(s) => CliError::usage(format!("cannot open {}: {s}", path.display())),
@@ -1052,12 +1074,10 @@ pub fn import(path: &Path, input: &mut dyn BufRead, opts: &ImportOptions) -> Res
         Some(_) => copy_into(&engine, parsed).map(Imported::Sessions),
         None => import_into(&engine, parsed, opts).map(Imported::Log),
     };
-    engine.close()?;
-    if result.is_err() && !existed {
-        // Nothing was imported: leave no empty database behind.
-        let _ = std::fs::remove_file(path);
-    }
-    result
+    let closed = engine.close();
+    let imported = result?;
+    closed?;
+    Ok(imported)
 }
 
 fn import_into(engine: &Engine, parsed: ParsedImport, opts: &ImportOptions) -> Result<ImportReport> {

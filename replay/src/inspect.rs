@@ -324,7 +324,7 @@ pub fn render_transcript(p: &annal::TranscriptPage) -> String {
             preview(&m.message.body, 100)
         );
     }
-    if p.has_more {
+    if p.has_more && !p.messages.is_empty() {
         let _ = writeln!(out, "… more from offset {}", p.offset + p.messages.len() as u64);
     }
     out
@@ -371,12 +371,9 @@ fn summary(event: &Event) -> String {
                 .forked_from
                 .as_ref()
                 .map_or(String::new(), |f| format!(" fork of {} at {} msgs,", f.session, f.message_count));
-            format!(
-                "{fork} {} msgs, labels {} → {}",
-                e.messages.len(),
-                labels_text(&e.labels),
-                e.revision_after.short()
-            )
+            let labels =
+                if e.labels.is_empty() { String::new() } else { format!(", labels {}", labels_text(&e.labels)) };
+            format!("{fork} {} msgs{labels} → {}", e.messages.len(), e.revision_after.short())
         }
         Event::TurnCommitted(e) => {
             let tokens: u64 = e.usage.iter().map(|u| u.input + u.output).sum();
@@ -409,8 +406,8 @@ fn summary(event: &Event) -> String {
         Event::ToolCallRecorded(e) => format!("{} {} call {} ({:?})", e.op_id, e.tool_name, e.call_id, e.recovery),
         Event::ToolResultRecorded(e) => format!("{} {} ({})", e.op_id, e.outcome.name(), e.result.short()),
         Event::LabelsChanged(e) => {
-            let removed: Vec<_> = e.remove.iter().cloned().collect();
-            format!("set {} remove {}", labels_text(&e.set), removed.join(","))
+            let set: Vec<String> = e.set.iter().map(|(k, v)| format!("{k}={v}")).collect();
+            set_and_remove(&set, e.remove.iter())
         }
         Event::MetadataSet(e) => format!("{} bytes", e.metadata.len()),
         Event::HostStateChanged(e) => state_text(&e.state),
@@ -436,14 +433,36 @@ fn summary(event: &Event) -> String {
 /// `set a=<id>,b=<id> remove c`.
 fn state_text(state: &annal::codec::StateDelta) -> String {
     let set: Vec<String> = state.set.iter().map(|(k, v)| format!("{k}={}", v.short())).collect();
-    let removed: Vec<_> = state.remove.iter().cloned().collect();
-    format!("set {} remove {}", set.join(","), removed.join(","))
+    set_and_remove(&set, state.remove.iter())
+}
+
+/// `set a=1,b=2 remove c`, each part only when it names something (`nothing` when
+/// neither does).
+fn set_and_remove<'a>(set: &[String], remove: impl Iterator<Item = &'a String>) -> String {
+    let removed: Vec<&str> = remove.map(String::as_str).collect();
+    let mut parts = Vec::new();
+    if !set.is_empty() {
+        parts.push(format!("set {}", set.join(",")));
+    }
+    if !removed.is_empty() {
+        parts.push(format!("remove {}", removed.join(",")));
+    }
+    if parts.is_empty() {
+        return "nothing".into();
+    }
+    parts.join(" ")
 }
 
 /// Writes decoded events to `out`.
 pub fn log(reader: &Reader, q: &LogQuery, out: &mut dyn std::io::Write) -> Result<u64> {
     let view = reader.snapshot()?;
     let sessions: Vec<SessionId> = q.session.into_iter().collect();
+    // An unknown session is an error before anything is written, the header included.
+    for s in &sessions {
+        if query::head(&view, s)?.is_none() {
+            return Err(not_found(s));
+        }
+    }
     let mut shown = 0u64;
     if !q.json {
         writeln!(
@@ -507,6 +526,10 @@ pub struct Stats {
     pub tables: Vec<TableStorage>,
     /// Rows and bytes (key plus value) of each projection table.
     pub projections: BTreeMap<String, (u64, u64)>,
+    /// Why the projections file could not be read, when it exists but is unusable
+    /// (truncated or not a database). Every read command then folds the projections
+    /// from the log, as these statistics do; only the file's own table is not counted.
+    pub projections_file_unusable: Option<String>,
     /// How the stored content objects compress, per content type: a message object's
     /// `content_type`, or `(other objects)` for objects that are not messages
     /// (attachments, context, tool arguments and results, state values), or
@@ -714,6 +737,12 @@ impl Stats {
                 human_bytes(t.fragmented_bytes)
             );
         }
+        if let Some(why) = &self.projections_file_unusable {
+            let _ = writeln!(
+                out,
+                "projections file unusable, not counted above ({why}); the rows below are folded from the log"
+            );
+        }
         let _ = writeln!(out, "{:<19} {:>10} {:>10}", "projection table", "rows", "bytes");
         for (name, (rows, bytes)) in &self.projections {
             let _ = writeln!(out, "{name:<19} {rows:>10} {:>10}", human_bytes(*bytes));
@@ -763,6 +792,7 @@ impl Stats {
             "projections": self.projections.iter().map(|(name, (rows, bytes))| {
                 (name.clone(), json!({"rows": rows, "bytes": bytes}))
             }).collect::<serde_json::Map<_, _>>(),
+            "projections_file_unusable": self.projections_file_unusable,
         })
     }
 }
@@ -823,13 +853,10 @@ pub fn stats(reader: &Reader, path: &Path) -> Result<Stats> {
     }
     s.tables.push(TableStorage::of(META.name(), &meta)?);
     if projections_bytes > 0 {
-        let mut b = redb::Builder::new();
-        b.set_concurrency_mode(redb::ConcurrencyMode::SingleWriter);
-        if let Ok(db) = b.open_read_only(&projections_path) {
-            let ptxn = db.begin_read().map_err(redb::Error::from)?;
-            if let Ok(table) = ptxn.open_table(PROJECTIONS) {
-                s.tables.push(TableStorage::of(PROJECTIONS.name(), &table)?);
-            }
+        match projections_table(&projections_path) {
+            Ok(Some(table)) => s.tables.push(table),
+            Ok(None) => {}
+            Err(e) => s.projections_file_unusable = Some(format!("{}: {e}", projections_path.display())),
         }
     }
     for t in annal::Table::ALL {
@@ -842,6 +869,20 @@ pub fn stats(reader: &Reader, path: &Path) -> Result<Stats> {
         s.projections.insert(t.name().to_string(), row);
     }
     Ok(s)
+}
+
+/// The storage of the projections table of the projections file at `path` (`None`
+/// when the file has none yet), or why the file cannot be read.
+fn projections_table(path: &Path) -> std::result::Result<Option<TableStorage>, String> {
+    let mut b = redb::Builder::new();
+    b.set_concurrency_mode(redb::ConcurrencyMode::SingleWriter);
+    let db = b.open_read_only(path).map_err(|e| e.to_string())?;
+    let txn = db.begin_read().map_err(|e| e.to_string())?;
+    match txn.open_table(PROJECTIONS) {
+        Ok(table) => TableStorage::of(PROJECTIONS.name(), &table).map(Some).map_err(|e| e.to_string()),
+        Err(redb::TableError::TableDoesNotExist(_)) => Ok(None),
+        Err(e) => Err(e.to_string()),
+    }
 }
 
 /// Counts one content row's objects into `s`.

@@ -82,6 +82,19 @@ impl CliError {
     pub fn finding(message: impl Into<String>) -> CliError {
         CliError { exit: Exit::Finding, message: message.into() }
     }
+
+    /// The reader of the output went away (`annal log DB | head`): no message, and exit 0
+    /// unless the command's outcome says otherwise (see [`CliError::is_closed_pipe`]).
+    pub fn closed_pipe() -> CliError {
+        CliError { exit: Exit::Ok, message: String::new() }
+    }
+
+    /// Whether this is [`CliError::closed_pipe`]: the output could not all be written
+    /// because its reader went away. A command whose outcome is a finding still ends
+    /// with that outcome; one whose only product is its output ends quietly.
+    pub fn is_closed_pipe(&self) -> bool {
+        self.exit == Exit::Ok && self.message.is_empty()
+    }
 }
 
 impl fmt::Display for CliError {
@@ -114,7 +127,7 @@ impl From<std::io::Error> for CliError {
     fn from(e: std::io::Error) -> CliError {
         if e.kind() == std::io::ErrorKind::BrokenPipe {
             // The reader went away (`annal log | head`): not an error worth a word.
-            return CliError { exit: Exit::Ok, message: String::new() };
+            return CliError::closed_pipe();
         }
         CliError::usage(format!("i/o: {e}"))
     }
@@ -158,9 +171,14 @@ fn parse_hex_key(bytes: &[u8]) -> Option<[u8; 32]> {
     text.parse::<annal::ChainHash>().ok().map(|h| h.0)
 }
 
-/// Fails with a usage error unless `path` names an existing file.
+/// Fails with a usage error unless `path` names an existing file that is not empty. An
+/// empty file is no database: a command that writes would otherwise make a new one in
+/// its place, so every command refuses it and leaves it as it is.
 pub fn require_file(path: &Path) -> Result<()> {
     match std::fs::metadata(path) {
+        Ok(m) if m.is_file() && m.len() == 0 => {
+            Err(CliError::usage(format!("{} is empty: not an annal database", path.display())))
+        }
         Ok(m) if m.is_file() => Ok(()),
         Ok(_) => Err(CliError::usage(format!("{} is not a file", path.display()))),
         Err(e) => Err(CliError::usage(format!("{}: {e}", path.display()))),

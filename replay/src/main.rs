@@ -123,7 +123,13 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Drop projections and fold them again from the log, in one durable transaction.
+    /// Drop projections and fold them again from the log.
+    ///
+    /// Every projection (the default) is folded into a new file beside the projections
+    /// file (DB.projections.rebuild), which is renamed over DB.projections once its last
+    /// commit is durable: readers see the old projections until the rename, and a failed
+    /// rebuild leaves them as they were. Some projections (--projection) are written anew
+    /// in the projections file itself, in one durable transaction.
     ///
     /// With --from URL, make a shared log's host's files again from its stream (see
     /// `annal --help` for the URL's form): the whole stream is folded into new files
@@ -136,7 +142,7 @@ enum Command {
         /// it open).
         db: PathBuf,
         /// A projection to rebuild (repeatable): heads, transcript, graph, context,
-        /// turns, usage, labels, tools. All of them by default.
+        /// turns, usage, labels, tools, streams, content, inbox. All of them by default.
         #[arg(long = "projection", value_name = "NAME")]
         projections: Vec<String>,
         /// Rebuild the host's whole files from this stream
@@ -252,6 +258,9 @@ enum Command {
         /// Print JSON.
         #[arg(long)]
         json: bool,
+        /// Key of a keyed chain: 32 raw bytes or 64 hex digits.
+        #[arg(long)]
+        key_file: Option<PathBuf>,
     },
     /// Show a session's head, usage, pending context and unsettled tool calls.
     Inspect {
@@ -262,6 +271,9 @@ enum Command {
         /// Print JSON.
         #[arg(long)]
         json: bool,
+        /// Key of a keyed chain: 32 raw bytes or 64 hex digits.
+        #[arg(long)]
+        key_file: Option<PathBuf>,
     },
     /// Show a page of a session's transcript, at the head or at any revision it held.
     Transcript {
@@ -275,12 +287,15 @@ enum Command {
         /// Messages to skip.
         #[arg(long, default_value_t = 0)]
         offset: u64,
-        /// Messages to show at most.
-        #[arg(long, default_value_t = 100)]
+        /// Messages to show at most (at least 1).
+        #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..))]
         limit: u64,
         /// Print JSON.
         #[arg(long)]
         json: bool,
+        /// Key of a keyed chain: 32 raw bytes or 64 hex digits.
+        #[arg(long)]
+        key_file: Option<PathBuf>,
     },
     /// Show decoded events of the log.
     Log {
@@ -311,6 +326,9 @@ enum Command {
         /// Output format.
         #[arg(long, value_enum, default_value = "dot")]
         format: GraphFormat,
+        /// Key of a keyed chain: 32 raw bytes or 64 hex digits.
+        #[arg(long)]
+        key_file: Option<PathBuf>,
     },
     /// Count events by kind, content objects, bytes saved by deduplication, file size.
     ///
@@ -348,6 +366,25 @@ fn print_json(value: &serde_json::Value) -> Result<()> {
     print(&format!("{text}\n"))
 }
 
+/// Ends a command whose outcome is known before its report is printed: `outcome` is the
+/// exit code whether or not the report could all be written, so a reader that goes away
+/// early (`annal verify DB | head -1`) does not turn a finding into a success.
+fn report(printed: Result<()>, outcome: Exit) -> Result<Exit> {
+    match printed {
+        Err(e) if !e.is_closed_pipe() => Err(e),
+        _ => Ok(outcome),
+    }
+}
+
+/// [`report`] of a report printed as text or as JSON.
+fn report_text_or_json(text: impl FnOnce() -> String, json: Option<serde_json::Value>, outcome: Exit) -> Result<Exit> {
+    let printed = match json {
+        Some(value) => print_json(&value),
+        None => print(&text()),
+    };
+    report(printed, outcome)
+}
+
 /// Refuses a stream URL where a command takes only a database file.
 fn file_only(db: &Path, command: &str) -> Result<()> {
     match stream::url_of(db) {
@@ -383,9 +420,8 @@ fn run(cli: Cli) -> Result<Exit> {
     }
     match cli.command {
         Command::Demo { db, sessions } => {
-            let report = demo::demo(&demo::DemoOptions { db, sessions, progress: true })?;
-            print(&report.render())?;
-            Ok(if report.verify.is_clean() { Exit::Ok } else { Exit::Finding })
+            let demo = demo::demo(&demo::DemoOptions { db, sessions, progress: true })?;
+            report(print(&demo.render()), if demo.verify.is_clean() { Exit::Ok } else { Exit::Finding })
         }
         Command::Verify { db, key_file, deep, expect_tip, json } => {
             let expect_tip = match expect_tip {
@@ -394,21 +430,13 @@ fn run(cli: Cli) -> Result<Exit> {
             };
             let opts = VerifyOptions { key: key(&key_file)?, deep, expect_tip, progress: true };
             if let Some(url) = stream::url_of(&db) {
-                let report = stream::verify(url, &opts)?;
-                if json {
-                    print_json(&report.to_json())?;
-                } else {
-                    print(&report.render())?;
-                }
-                return Ok(if report.is_clean() { Exit::Ok } else { Exit::Finding });
+                let verified = stream::verify(url, &opts)?;
+                let outcome = if verified.is_clean() { Exit::Ok } else { Exit::Finding };
+                return report_text_or_json(|| verified.render(), json.then(|| verified.to_json()), outcome);
             }
-            let report = verify::verify(&db, &opts)?;
-            if json {
-                print_json(&report.to_json())?;
-            } else {
-                print(&report.render())?;
-            }
-            Ok(if report.is_clean() { Exit::Ok } else { Exit::Finding })
+            let verified = verify::verify(&db, &opts)?;
+            let outcome = if verified.is_clean() { Exit::Ok } else { Exit::Finding };
+            report_text_or_json(|| verified.render(), json.then(|| verified.to_json()), outcome)
         }
         Command::Migrate { db, key_file } => {
             annal_replay::require_file(&db)?;
@@ -490,9 +518,9 @@ fn run(cli: Cli) -> Result<Exit> {
             print(&report.render())?;
             Ok(Exit::Ok)
         }
-        Command::Sessions { db, labels, archived, recent, json } => {
+        Command::Sessions { db, labels, archived, recent, json, key_file } => {
             let labels = inspect::parse_labels(&labels)?;
-            let heads = inspect::sessions(&open_reader(&db, None)?, &labels, archived, recent)?;
+            let heads = inspect::sessions(&open_reader(&db, key(&key_file)?)?, &labels, archived, recent)?;
             if json {
                 print_json(&inspect::sessions_json(&heads))?;
             } else {
@@ -500,9 +528,9 @@ fn run(cli: Cli) -> Result<Exit> {
             }
             Ok(Exit::Ok)
         }
-        Command::Inspect { db, session, json } => {
+        Command::Inspect { db, session, json, key_file } => {
             let session = parse_session(&session)?;
-            let inspection = inspect::inspect(&open_reader(&db, None)?, session)?;
+            let inspection = inspect::inspect(&open_reader(&db, key(&key_file)?)?, session)?;
             if json {
                 print_json(&inspection.to_json())?;
             } else {
@@ -510,14 +538,14 @@ fn run(cli: Cli) -> Result<Exit> {
             }
             Ok(Exit::Ok)
         }
-        Command::Transcript { db, session, revision, offset, limit, json } => {
+        Command::Transcript { db, session, revision, offset, limit, json, key_file } => {
             let session = parse_session(&session)?;
             let revision = match revision {
                 None => None,
                 Some(r) => Some(r.parse().map_err(|e| CliError::usage(format!("--revision: {e}")))?),
             };
             let page = annal::PageRequest::new(offset, limit);
-            let page = inspect::transcript(&open_reader(&db, None)?, session, revision, page)?;
+            let page = inspect::transcript(&open_reader(&db, key(&key_file)?)?, session, revision, page)?;
             if json {
                 print_json(&inspect::transcript_json(&page))?;
             } else {
@@ -533,9 +561,9 @@ fn run(cli: Cli) -> Result<Exit> {
             out.flush()?;
             Ok(Exit::Ok)
         }
-        Command::Graph { db, session, format } => {
+        Command::Graph { db, session, format, key_file } => {
             let session = parse_session(&session)?;
-            let reader = open_reader(&db, None)?;
+            let reader = open_reader(&db, key(&key_file)?)?;
             let g = reader.graph(session).map_err(|e| match e {
                 annal::Error::Rejected(r) => CliError::usage(r.to_string()),
                 other => other.into(),

@@ -1,5 +1,6 @@
 //! `annal rebuild`: drop projections and fold them again from the log with the engine's
-//! own `evolve`, in one durable transaction.
+//! own `evolve`: every projection into a new projections file that replaces the old one,
+//! some of them in one durable transaction on the projections file.
 
 use crate::{progress, require_file, CliError, Result};
 use annal::{Engine, Options, Projection, ProjectionSet, Table};
@@ -74,9 +75,13 @@ pub fn parse_projections(names: &[String]) -> Result<Vec<Projection>> {
 /// of some projections, or one after an interrupted content collection, then opens the
 /// database as an [`Engine`], which brings the other projections up to the log (the
 /// rebuild reads their cursors), and closes it. The rebuild itself is the engine's
-/// [`annal::rebuild_offline`]: the checkpointer run from sequence 0 into the projections
-/// file, in one durable transaction, so readers see either the old projections or the
-/// new ones. The writing host must not be running.
+/// [`annal::rebuild_offline`], the checkpointer run from sequence 0. A rebuild of every
+/// projection folds into a new file beside the projections file
+/// ([`annal::rebuild::rebuild_path`]) and renames it over the projections file once its
+/// last commit is durable; a rebuild that fails removes the new file and leaves the
+/// projections file as it was. A rebuild of some projections writes them anew in the
+/// projections file in one durable transaction. Either way readers see the old
+/// projections or the new ones. The writing host must not be running.
 pub fn rebuild(path: &Path, opts: &RebuildOptions) -> Result<RebuildReport> {
     require_file(path)?;
     let set: ProjectionSet =

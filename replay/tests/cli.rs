@@ -1512,3 +1512,315 @@ fn listed_content_ids_that_differ_from_their_rows_are_named() {
     );
     assert_eq!(f.len(), 5, "{f:?}");
 }
+
+/// The files of the database at `db` that exist.
+fn existing_files(db: &Path) -> Vec<PathBuf> {
+    annal::database_files(db).into_iter().filter(|f| f.exists()).collect()
+}
+
+/// An import that fails into a database that did not exist leaves none of its files
+/// behind: not the log file, not its projections file, not its journal.
+#[test]
+fn a_failed_import_into_a_new_database_leaves_no_file_behind() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = demo_db(&dir, 2);
+    let lines: Vec<String> = export(&db, &[]).lines().map(str::to_string).collect();
+    let write = |name: &str, lines: &[String]| {
+        let f = dir.path().join(name);
+        std::fs::write(&f, lines.join("\n") + "\n").unwrap();
+        f
+    };
+    let target = dir.path().join("target.redb");
+
+    // A chain that does not reproduce: the first record claims another chain hash.
+    let mut edited = lines.clone();
+    let hash = serde_json::from_str::<Value>(&edited[0]).unwrap()["chain_hash"].as_str().unwrap().to_string();
+    edited[0] = edited[0].replace(&hash, &"0".repeat(64));
+    let out = annal(&["import", p(&write("chain.jsonl", &edited)), p(&target)]);
+    assert_eq!(code(&out), 1, "{}", stderr(&out));
+    assert!(stderr(&out).contains("do not reproduce"), "{}", stderr(&out));
+    assert_eq!(existing_files(&target), Vec::<PathBuf>::new());
+
+    // A gap in the sequence numbers.
+    let gap: Vec<String> = lines[..2].iter().chain(&lines[3..]).cloned().collect();
+    let out = annal(&["import", p(&write("gap.jsonl", &gap)), p(&target)]);
+    assert_eq!(code(&out), 1, "{}", stderr(&out));
+    assert_eq!(existing_files(&target), Vec::<PathBuf>::new());
+
+    // A fork whose parent is neither in the target nor in the file.
+    let reader = Reader::open(&db, Limits::default(), None).unwrap();
+    let heads = reader.list_sessions(&ListQuery::new().include_archived()).unwrap().items;
+    let fork = heads.iter().find(|h| h.forked_from.is_some()).expect("the demo forks").session;
+    drop(reader);
+    let file = write("fork.jsonl", &[export(&db, &["--session", &fork.to_string()]).trim_end().to_string()]);
+    let out = annal(&["import", p(&file), p(&target)]);
+    assert_eq!(code(&out), 1, "{}", stderr(&out));
+    assert!(stderr(&out).contains("fork"), "{}", stderr(&out));
+    assert_eq!(existing_files(&target), Vec::<PathBuf>::new());
+
+    // Into a database that exists, a failed import removes nothing.
+    let full = write("full.jsonl", &lines);
+    assert_eq!(code(&annal(&["import", p(&full), p(&target)])), 0);
+    let files = existing_files(&target);
+    assert_eq!(code(&annal(&["import", p(&full), p(&target)])), 1, "the records do not follow the tip");
+    assert_eq!(existing_files(&target), files);
+    assert_eq!(verify_json(&target, &["--deep"]).0, 0);
+}
+
+/// The commands that write refuse an empty file, as the read commands do: exit 2, and
+/// the file stays empty, with no other file beside it.
+#[test]
+fn writing_commands_refuse_an_empty_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let empty = dir.path().join("empty.redb");
+    let session = SessionId([7; 16]).to_string();
+    let commands: [&[&str]; 9] = [
+        &["rebuild"],
+        &["rebuild", "--projection", "usage"],
+        &["compact"],
+        &["compact", "--compression", "zstd"],
+        &["gc"],
+        &["purge", "SESSION"],
+        &["migrate"],
+        &["verify"],
+        &["sessions"],
+    ];
+    for command in commands {
+        std::fs::write(&empty, b"").unwrap();
+        let mut args = vec![command[0], p(&empty)];
+        args.extend(command[1..].iter().map(|a| if *a == "SESSION" { session.as_str() } else { a }));
+        let out = annal(&args);
+        assert_eq!(code(&out), 2, "{command:?}: {}{}", stdout(&out), stderr(&out));
+        assert!(stderr(&out).contains("is empty: not an annal database"), "{command:?}: {}", stderr(&out));
+        assert_eq!(std::fs::metadata(&empty).unwrap().len(), 0, "{command:?} left the file as it was");
+        assert_eq!(existing_files(&empty), vec![empty.clone()], "{command:?} wrote no other file");
+    }
+}
+
+/// A database with a keyed chain and one session, and a file holding its key.
+fn keyed_db(dir: &tempfile::TempDir) -> (PathBuf, PathBuf, SessionId) {
+    let db = dir.path().join("keyed.redb");
+    let key = [0x5a; 32];
+    let engine = Engine::open_with(&db, annal::Options { chain_key: Some(key), ..Default::default() }).unwrap();
+    let created = engine.create_session(annal::CreateSession::new().message(Message::system("hi"))).unwrap();
+    engine.commit_turn(CommitTurn::new(created.session, "t1", Expected::Any).message(Message::user("hello"))).unwrap();
+    engine.close().unwrap();
+    let key_file = dir.path().join("key.hex");
+    std::fs::write(&key_file, format!("{}\n", "5a".repeat(32))).unwrap();
+    (db, key_file, created.session)
+}
+
+/// sessions, inspect, transcript and graph read a keyed database with its --key-file,
+/// and refuse it without the key or with another one, as log does.
+#[test]
+fn read_views_take_the_key_of_a_keyed_chain() {
+    let dir = tempfile::tempdir().unwrap();
+    let (db, key, session) = keyed_db(&dir);
+    let wrong = dir.path().join("wrong.bin");
+    std::fs::write(&wrong, [1u8; 32]).unwrap();
+    let missing = dir.path().join("missing.key");
+    let session = session.to_string();
+    let commands: [(&[&str], &str); 5] = [
+        (&["sessions"], &session),
+        (&["inspect", &session], &session),
+        (&["transcript", &session], "hello"),
+        (&["graph", &session, "--format", "text"], "t1"),
+        (&["log"], "t1"),
+    ];
+    for (command, shows) in commands {
+        let with = |extra: &[&str]| {
+            let mut args = vec![command[0], p(&db)];
+            args.extend_from_slice(&command[1..]);
+            args.extend_from_slice(extra);
+            annal(&args)
+        };
+        let out = with(&["--key-file", p(&key)]);
+        assert_eq!(code(&out), 0, "{command:?}: {}", stderr(&out));
+        assert!(stdout(&out).contains(shows), "{command:?}: {}", stdout(&out));
+        let out = with(&[]);
+        assert_eq!(code(&out), 2, "{command:?} without the key: {}", stdout(&out));
+        assert!(stderr(&out).contains("keyed chain"), "{command:?}: {}", stderr(&out));
+        assert_eq!(code(&with(&["--key-file", p(&wrong)])), 2, "{command:?} with another key");
+        let out = with(&["--key-file", p(&missing)]);
+        assert_eq!(code(&out), 2, "{command:?} with no key file");
+        assert!(stderr(&out).contains(&format!("key file {}", p(&missing))), "{command:?}: {}", stderr(&out));
+    }
+}
+
+/// Runs the `annal` binary with `args`, its standard output a pipe whose reader is
+/// already gone, and returns the exit code.
+fn annal_into_a_closed_pipe(args: &[&str]) -> i32 {
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    let status = std::process::Command::new(env!("CARGO_BIN_EXE_annal"))
+        .args(args)
+        .stdout(writer)
+        .stderr(std::process::Stdio::null())
+        .status()
+        .expect("run the annal binary");
+    status.code().expect("exit code")
+}
+
+/// A reader that goes away early does not hide a finding: verify of a damaged file
+/// still exits 1, while a clean verify and a command that only prints (log, export)
+/// exit 0.
+#[test]
+fn a_closed_output_pipe_keeps_the_outcome() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = demo_db(&dir, 2);
+    assert_eq!(annal_into_a_closed_pipe(&["verify", p(&db)]), 0);
+    assert_eq!(annal_into_a_closed_pipe(&["log", p(&db)]), 0);
+    assert_eq!(annal_into_a_closed_pipe(&["export", p(&db)]), 0);
+    let a = first_of_kind(&db, annal::EventKind::ContextAppended);
+    tamper_record(&db, a, |b| {
+        let at = b.windows(7).position(|w| w == b"indexer").expect("the source is in the record");
+        b[at] ^= 0x20;
+    });
+    assert_eq!(code(&annal(&["verify", p(&db)])), 1);
+    assert_eq!(annal_into_a_closed_pipe(&["verify", p(&db)]), 1);
+    assert_eq!(annal_into_a_closed_pipe(&["verify", p(&db), "--json"]), 1);
+    assert_eq!(annal_into_a_closed_pipe(&["verify", p(&db), "--deep"]), 1);
+}
+
+/// compact reports the space it freed, measured before the engine opens the files: a
+/// second compaction of a compacted database frees nothing.
+#[test]
+fn compacting_a_compacted_database_frees_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = demo_db(&dir, 2);
+    assert_eq!(code(&annal(&["rebuild", p(&db)])), 0);
+    let out = annal(&["compact", p(&db)]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let files = |db: &Path| existing_files(db).iter().map(|f| std::fs::metadata(f).unwrap().len()).sum::<u64>();
+    let compacted = files(&db);
+    for _ in 0..2 {
+        let out = annal(&["compact", p(&db)]);
+        assert_eq!(code(&out), 0, "{}", stderr(&out));
+        let size = annal_replay::human_bytes(compacted);
+        let expected = format!("compacted {size} → {size} (0 B freed) in ");
+        assert!(stdout(&out).starts_with(&expected), "{}", stdout(&out));
+        assert_eq!(files(&db), compacted);
+    }
+    let out = annal(&["compact", p(&db), "--compression", "lz4"]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert!(stdout(&out).contains("(0 B freed)"), "{}", stdout(&out));
+}
+
+/// stats, like every read command, works without a usable projections file: it counts
+/// the projections it folds from the log and names the file it could not read.
+#[test]
+fn stats_names_an_unusable_projections_file_and_counts_the_rest() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = demo_db(&dir, 2);
+    let projections = annal::projections_path(&db);
+    let good: Value = serde_json::from_slice(&annal(&["stats", p(&db), "--json"]).stdout).unwrap();
+    assert_eq!(good["projections_file_unusable"], Value::Null, "{good}");
+    let bytes = std::fs::read(&projections).unwrap();
+    let garbage: Vec<u8> = (0..bytes.len()).map(|i| (i * 7 + 3) as u8).collect();
+    for (what, damaged) in [("truncated", bytes[..5000].to_vec()), ("garbage", garbage)] {
+        std::fs::write(&projections, &damaged).unwrap();
+        let out = annal(&["sessions", p(&db), "--archived"]);
+        assert_eq!(code(&out), 0, "{what}: {}", stderr(&out));
+        let out = annal(&["stats", p(&db)]);
+        assert_eq!(code(&out), 0, "{what}: {}", stderr(&out));
+        let text = stdout(&out);
+        assert!(
+            text.contains(&format!("projections file unusable, not counted above ({}:", p(&projections))),
+            "{text}"
+        );
+        let out = annal(&["stats", p(&db), "--json"]);
+        assert_eq!(code(&out), 0, "{what}: {}", stderr(&out));
+        let json: Value = serde_json::from_slice(&out.stdout).unwrap();
+        let why = json["projections_file_unusable"].as_str().unwrap_or_else(|| panic!("{what}: {json}"));
+        assert!(why.starts_with(p(&projections)), "{why}");
+        assert_eq!(json["sessions"], good["sessions"], "{what}");
+        assert_eq!(json["projections"], good["projections"], "{what}: the rows come from the log's fold");
+        assert_eq!(std::fs::read(&projections).unwrap(), damaged, "{what}: stats writes nothing");
+    }
+}
+
+/// An input with no records is a usage error, and nothing is created: an empty file,
+/// and an empty standard input (`annal export missing.redb | annal import - new.redb`).
+#[test]
+fn an_import_of_no_records_is_a_usage_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let target = dir.path().join("target.redb");
+    let empty = dir.path().join("empty.jsonl");
+    std::fs::write(&empty, b"").unwrap();
+    let out = annal(&["import", p(&empty), p(&target)]);
+    assert_eq!(code(&out), 2, "{}", stdout(&out));
+    assert!(stderr(&out).contains("no records to import"), "{}", stderr(&out));
+    assert_eq!(existing_files(&target), Vec::<PathBuf>::new());
+
+    let missing = dir.path().join("missing.redb");
+    let mut exporting = std::process::Command::new(env!("CARGO_BIN_EXE_annal"))
+        .args(["export", p(&missing)])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_annal"))
+        .args(["import", "-", p(&target)])
+        .stdin(exporting.stdout.take().unwrap())
+        .output()
+        .unwrap();
+    assert_eq!(exporting.wait().unwrap().code(), Some(2), "the export of a missing file fails");
+    assert_eq!(code(&out), 2, "{}", stdout(&out));
+    assert!(stderr(&out).contains("no records to import"), "{}", stderr(&out));
+    assert_eq!(existing_files(&target), Vec::<PathBuf>::new());
+    assert!(!missing.exists());
+
+    // Into a database that exists: refused the same way, the database unchanged.
+    let db = demo_db(&dir, 1);
+    let before = export(&db, &[]);
+    let out = annal(&["import", p(&empty), p(&db)]);
+    assert_eq!(code(&out), 2, "{}", stdout(&out));
+    assert_eq!(export(&db, &[]), before);
+}
+
+/// log names an unknown session before it writes anything; its summaries leave out
+/// empty lists; transcript refuses --limit 0.
+#[test]
+fn log_and_transcript_print_nothing_empty() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = demo_db(&dir, 2);
+    let unknown = SessionId([7; 16]).to_string();
+    let out = annal(&["log", p(&db), "--session", &unknown]);
+    assert_eq!(code(&out), 2);
+    assert_eq!(stdout(&out), "", "no header before the error");
+    assert!(stderr(&out).contains("not found"), "{}", stderr(&out));
+
+    let out = annal(&["log", p(&db)]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let text = stdout(&out);
+    assert!(text.contains("state set model="), "{text}");
+    for line in text.lines() {
+        for empty in ["remove  ", "remove →", "set  ", "set →", "labels  ", "labels →"] {
+            assert!(!line.contains(empty), "{line}");
+        }
+        assert!(!line.trim_end().ends_with(" remove"), "{line}");
+    }
+
+    let session = live_session(&db).to_string();
+    let out = annal(&["transcript", p(&db), &session, "--limit", "0"]);
+    assert_eq!(code(&out), 2, "{}", stdout(&out));
+    assert!(!stdout(&out).contains("more from offset"), "{}", stdout(&out));
+    let out = annal(&["transcript", p(&db), &session, "--limit", "1"]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert!(stdout(&out).contains("… more from offset 1"), "{}", stdout(&out));
+}
+
+/// rebuild --help says how each kind of rebuild writes, and names every projection.
+#[test]
+fn rebuild_help_names_every_projection() {
+    let out = annal(&["rebuild", "--help"]);
+    assert_eq!(code(&out), 0);
+    let help = stdout(&out).split_whitespace().collect::<Vec<_>>().join(" ");
+    assert!(!help.starts_with("Drop projections and fold them again from the log, in one durable"), "{help}");
+    assert!(help.contains("renamed over DB.projections"), "{help}");
+    let listed = help.split("A projection to rebuild (repeatable): ").nth(1).expect("the flag's help");
+    let listed = listed.split(". All of them").next().unwrap();
+    let names: Vec<&str> = listed.split(", ").collect();
+    let all: Vec<&str> = annal::Projection::ALL.iter().map(|p| p.name()).collect();
+    assert_eq!(names, all, "{help}");
+}
