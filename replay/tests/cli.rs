@@ -1143,16 +1143,10 @@ fn expect_tip_catches_a_truncated_tail() {
 #[test]
 fn a_keyed_chain_needs_its_key() {
     let dir = tempfile::tempdir().unwrap();
-    let db = dir.path().join("keyed.redb");
-    let key = [0x5a; 32];
-    let engine = Engine::open_with(&db, annal::Options { chain_key: Some(key), ..Default::default() }).unwrap();
-    let created = engine.create_session(annal::CreateSession::new().message(Message::system("hi"))).unwrap();
-    engine.commit_turn(CommitTurn::new(created.session, "t1", Expected::Any).message(Message::user("hello"))).unwrap();
-    engine.close().unwrap();
+    let (db, hex, _) = keyed_db(&dir);
+    // The same key as 32 raw bytes.
     let raw = dir.path().join("key.bin");
-    std::fs::write(&raw, key).unwrap();
-    let hex = dir.path().join("key.hex");
-    std::fs::write(&hex, format!("{}\n", "5a".repeat(32))).unwrap();
+    std::fs::write(&raw, [0x5a; 32]).unwrap();
     let wrong = dir.path().join("wrong.bin");
     std::fs::write(&wrong, [1u8; 32]).unwrap();
     assert_eq!(code(&annal(&["verify", p(&db), "--deep", "--key-file", p(&raw)])), 0);
@@ -1597,7 +1591,8 @@ fn writing_commands_refuse_an_empty_file() {
     }
 }
 
-/// A database with a keyed chain and one session, and a file holding its key.
+/// A database with a keyed chain (key 32 bytes of 0x5a) and one session, and a file
+/// holding its key in hex.
 fn keyed_db(dir: &tempfile::TempDir) -> (PathBuf, PathBuf, SessionId) {
     let db = dir.path().join("keyed.redb");
     let key = [0x5a; 32];
