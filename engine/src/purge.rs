@@ -621,9 +621,8 @@ fn copy_bytes_table(
 /// Every seq the session `session` has a record at, with whether it is erased: for tests
 /// and tools that check a purge.
 pub fn session_records(path: &Path, session: &SessionId) -> Result<BTreeMap<u64, bool>> {
-    let mut b = redb::Builder::new();
-    b.set_concurrency_mode(redb::ConcurrencyMode::SingleWriter);
-    let db = b.open_read_only(path).map_err(|e| Error::Storage(e.to_string()))?;
+    let db = crate::unclean::open_read_only(path, crate::reader::READER_CACHE_BYTES)
+        .map_err(|e| Error::Storage(e.to_string()))?;
     let txn = db.begin_read()?;
     let log = txn.open_table(LOG)?;
     let mut out = BTreeMap::new();

@@ -8,7 +8,7 @@ use annal::pieces::{ContentReader, PIECES};
 use annal::query::{self, ListQuery, PageRequest};
 use annal::tables::{CONTENT, LOG, META, PROJECTIONS};
 use annal::{ContentId, ContextState, Event, EventKind, Reader, RevisionId, SessionHead, SessionId, ToolState};
-use redb::{ReadableDatabase, ReadableTable, ReadableTableMetadata, TableHandle};
+use redb::{ReadableTable, ReadableTableMetadata, TableHandle};
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write as _;
@@ -874,9 +874,8 @@ pub fn stats(reader: &Reader, path: &Path) -> Result<Stats> {
 /// The storage of the projections table of the projections file at `path` (`None`
 /// when the file has none yet), or why the file cannot be read.
 fn projections_table(path: &Path) -> std::result::Result<Option<TableStorage>, String> {
-    let mut b = redb::Builder::new();
-    b.set_concurrency_mode(redb::ConcurrencyMode::SingleWriter);
-    let db = b.open_read_only(path).map_err(|e| e.to_string())?;
+    // A file its writer did not close (a host killed) opens over an in-memory repair.
+    let db = annal::unclean::open_read_only(path, annal::reader::READER_CACHE_BYTES).map_err(|e| e.to_string())?;
     let txn = db.begin_read().map_err(|e| e.to_string())?;
     match txn.open_table(PROJECTIONS) {
         Ok(table) => TableStorage::of(PROJECTIONS.name(), &table).map(Some).map_err(|e| e.to_string()),

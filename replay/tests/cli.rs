@@ -1819,3 +1819,39 @@ fn rebuild_help_names_every_projection() {
     let all: Vec<&str> = annal::Projection::ALL.iter().map(|p| p.name()).collect();
     assert_eq!(names, all, "{help}");
 }
+
+#[test]
+fn the_read_commands_read_a_database_whose_host_was_killed_and_write_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let live = dir.path().join("live.redb");
+    let engine = Engine::open(&live).unwrap();
+    let created = engine.create_session(annal::CreateSession::new().message(Message::system("hi"))).unwrap();
+    engine.commit_turn(CommitTurn::new(created.session, "t1", Expected::Any).message(Message::user("one"))).unwrap();
+    engine.checkpoint().unwrap();
+    engine.commit_turn(CommitTurn::new(created.session, "t2", Expected::Any).message(Message::user("two"))).unwrap();
+    // Every file as a SIGKILL of the host leaves it: copied while the engine runs.
+    let db = dir.path().join("killed.redb");
+    for (from, to) in annal::database_files(&live).iter().zip(annal::database_files(&db)) {
+        if from.exists() {
+            std::fs::copy(from, to).unwrap();
+        }
+    }
+    engine.close().unwrap();
+    let bytes = || annal::database_files(&db).map(|f| std::fs::read(f).ok());
+    let before = bytes();
+    let session = created.session.to_string();
+    for args in [
+        vec!["verify", p(&db), "--deep"],
+        vec!["stats", p(&db)],
+        vec!["sessions", p(&db)],
+        vec!["log", p(&db)],
+        vec!["inspect", p(&db), &session],
+        vec!["export", p(&db)],
+    ] {
+        let out = annal(&args);
+        assert_eq!(code(&out), 0, "{args:?}: {}", stderr(&out));
+        assert!(!stdout(&out).contains("unusable"), "{args:?}: {}", stdout(&out));
+    }
+    assert!(stdout(&annal(&["log", p(&db)])).contains("TurnCommitted"), "the journal's commits are read");
+    assert!(bytes() == before, "no read command writes to the files");
+}
