@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Awaitable, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Iterable, Iterator, Mapping, Sequence
+from types import TracebackType
 from typing import Literal
 
 Role = Literal["system", "user", "assistant", "tool"]
@@ -21,7 +22,8 @@ def compact(
     path: str | os.PathLike[str], *, compression: Literal["lz4", "zstd", "off"] | None = None
 ) -> tuple[int, int]:
     """Compacts a closed database; returns (bytes_before, bytes_after). With
-    ``compression``, every content object is first stored the way it stores new ones."""
+    ``compression``, every content object is first stored the way it stores new ones.
+    A missing ``path`` raises ``FileNotFoundError`` (nothing is created)."""
 
 def new_session_id() -> str:
     """A fresh UUIDv7 session id."""
@@ -112,6 +114,16 @@ class RevisionNode:
     message_count: int
     created_at_ms: int
     origin: str
+
+class RevisionPage:
+    """A page of a session's revision list, with its current head."""
+
+    head: str
+    total: int
+    items: list[RevisionNode]
+    offset: int
+    limit: int
+    has_more: bool
 
 class ContextEntry:
     key: str
@@ -273,7 +285,14 @@ class Subscription:
     def __next__(self) -> CommitNotice: ...
 
 class Database:
-    """An open annal database. Every call releases the GIL while the engine works."""
+    """An open annal database (created if missing). Every call releases the GIL while
+    the engine works.
+
+    ``durable=False``: commits are acknowledged before they are on disk (a crash can
+    lose recent ones, never half of one) and the file is held exclusively; for tests and
+    bulk imports. ``compress``: how new content is stored, ``True`` (lz4, the default),
+    ``"zstd"``, ``"lz4"`` or ``False`` / ``"off"``; every setting reads the others' content.
+    """
 
     def __init__(
         self,
@@ -290,7 +309,13 @@ class Database:
     def closed(self) -> bool: ...
     def close(self) -> None: ...
     def __enter__(self) -> Database: ...
-    def __exit__(self, *exc: object) -> bool: ...
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc_value: BaseException | None,
+        traceback: TracebackType | None,
+        /,
+    ) -> bool: ...
     # commands
     def create_session(
         self,
@@ -378,7 +403,7 @@ class Database:
         tool_name: str,
         args: bytes | str,
         *,
-        call_id: str = "",
+        call_id: str,
         parent_op: str | None = None,
         turn_id: str | None = None,
         replay_safe: bool = False,
@@ -394,7 +419,7 @@ class Database:
         fence: int | None = None,
     ) -> bool: ...
     def set_labels(
-        self, session: str, set: Mapping[str, str] = ..., remove: Sequence[str] = (), *, fence: int | None = None
+        self, session: str, set: Mapping[str, str] = ..., remove: Iterable[str] = (), *, fence: int | None = None
     ) -> int | None: ...
     def set_metadata(
         self, session: str, metadata: bytes, *, expected: Expected = None, fence: int | None = None
@@ -461,15 +486,24 @@ class Database:
         offset: int = 0,
         limit: int = 0,
         recent: bool = False,
-    ) -> SessionPage: ...
+    ) -> SessionPage:
+        """Sessions matching every label; ``limit=0`` returns as many as a page may hold."""
     def transcript(
         self, session: str, offset: int = 0, limit: int = 100, *, revision: str | None = None
-    ) -> TranscriptPage: ...
-    def revisions(self, session: str, offset: int = 0, limit: int = 100) -> list[RevisionNode]: ...
+    ) -> TranscriptPage:
+        """A page of the transcript; ``limit=0`` returns no messages (``total`` still counts them)."""
+    def revisions(self, session: str, offset: int = 0, limit: int = 100) -> list[RevisionNode]:
+        """One page of revisions, oldest first (``revision_page`` adds the head and ``has_more``)."""
+    def revision_page(self, session: str, offset: int = 0, limit: int = 100) -> RevisionPage:
+        """One page of revisions, oldest first, with the head, the total and ``has_more``."""
     def context(self, session: str, *, pending: bool = False) -> list[ContextEntry]: ...
     def usage(self, session: str) -> list[UsageTotals]: ...
     def tool_op(self, session: str, op_id: str) -> ToolOp | None: ...
-    def tool_ops(self, session: str, *, unsettled: bool = False, offset: int = 0, limit: int = 100) -> list[ToolOp]: ...
+    def tool_ops(
+        self, session: str, *, unsettled: bool = False, offset: int = 0, limit: int | None = None
+    ) -> list[ToolOp]:
+        """Tool operations in call order from ``offset``: ``limit`` of them (100 if ``None``;
+        with ``unsettled=True``, all of them if ``None``)."""
     def host_state(self, session: str, name: str, *, at: int | None = None) -> bytes | None: ...
     def content(self, content_id: str) -> bytes | None: ...
     def contents(self, content_ids: Sequence[str]) -> list[bytes | None]: ...

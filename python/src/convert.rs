@@ -264,6 +264,37 @@ impl From<annal::RevisionNode> for RevisionNode {
     }
 }
 
+/// A page of a session's revision list, oldest first, with the current head.
+#[pyclass(module = "annal", frozen, get_all)]
+#[derive(Clone)]
+pub struct RevisionPage {
+    /// The session's current head revision (hex), on every page.
+    pub head: String,
+    /// Distinct revisions the session has held.
+    pub total: u64,
+    /// The revisions of this page.
+    pub items: Vec<RevisionNode>,
+    /// The offset used (clamped to `total`).
+    pub offset: u64,
+    /// The limit asked for.
+    pub limit: u64,
+    /// Whether more revisions follow.
+    pub has_more: bool,
+}
+
+impl From<annal::RevisionPage> for RevisionPage {
+    fn from(p: annal::RevisionPage) -> RevisionPage {
+        RevisionPage {
+            head: p.head.to_hex(),
+            total: p.total,
+            items: p.page.items.into_iter().map(RevisionNode::from).collect(),
+            offset: p.page.offset,
+            limit: p.page.limit,
+            has_more: p.page.has_more,
+        }
+    }
+}
+
 /// A staged or applied system-context entry.
 #[pyclass(module = "annal", frozen, get_all)]
 #[derive(Clone)]
@@ -863,6 +894,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<StoredMessage>()?;
     m.add_class::<TranscriptPage>()?;
     m.add_class::<RevisionNode>()?;
+    m.add_class::<RevisionPage>()?;
     m.add_class::<ContextEntry>()?;
     m.add_class::<UsageTotals>()?;
     m.add_class::<ToolOp>()?;

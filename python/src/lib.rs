@@ -17,10 +17,11 @@ use annal::{
 };
 use convert::*;
 use errors::to_py;
-use pyo3::exceptions::{PyTypeError, PyValueError};
+use pyo3::exceptions::{PyFileNotFoundError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyDict};
+use pyo3::types::{PyBytes, PyDict, PyMapping, PyString};
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc, OnceLock, RwLock};
 use std::time::Duration;
 
@@ -239,11 +240,48 @@ fn usage(items: Vec<Bound<'_, PyAny>>) -> PyResult<Vec<Usage>> {
         .collect()
 }
 
-/// `{name: bytes}` sets, `{name: None}` removes.
-fn state_changes(state: Option<&Bound<'_, PyDict>>) -> PyResult<StateChanges> {
+/// The `(key, value)` pairs of a `dict` or of any other mapping.
+fn mapping_items<'py>(obj: &Bound<'py, PyAny>, what: &str) -> PyResult<Vec<(Bound<'py, PyAny>, Bound<'py, PyAny>)>> {
+    if let Ok(d) = obj.cast::<PyDict>() {
+        return Ok(d.iter().collect());
+    }
+    let m = obj.cast::<PyMapping>().map_err(|_| PyTypeError::new_err(format!("{what} must be a mapping")))?;
+    m.items()?.iter().map(|item| item.extract()).collect()
+}
+
+/// `Mapping[str, str]` (labels): a `dict` or any other mapping.
+#[derive(Default)]
+struct StrMap(BTreeMap<String, String>);
+
+impl<'a, 'py> FromPyObject<'a, 'py> for StrMap {
+    type Error = PyErr;
+
+    fn extract(obj: Borrowed<'a, 'py, PyAny>) -> PyResult<StrMap> {
+        let items = mapping_items(&obj, "labels")?;
+        items.into_iter().map(|(k, v)| Ok((k.extract()?, v.extract()?))).collect::<PyResult<_>>().map(StrMap)
+    }
+}
+
+/// A collection of `str` (a list, tuple, set, ...), but not a `str` itself.
+#[derive(Default)]
+struct StrSet(BTreeSet<String>);
+
+impl<'a, 'py> FromPyObject<'a, 'py> for StrSet {
+    type Error = PyErr;
+
+    fn extract(obj: Borrowed<'a, 'py, PyAny>) -> PyResult<StrSet> {
+        if obj.is_instance_of::<PyString>() {
+            return Err(PyTypeError::new_err("expected a collection of str, not a str"));
+        }
+        obj.try_iter()?.map(|item| item?.extract::<String>()).collect::<PyResult<_>>().map(StrSet)
+    }
+}
+
+/// `{name: bytes}` sets, `{name: None}` removes (a `dict` or any other mapping).
+fn state_changes(state: Option<&Bound<'_, PyAny>>) -> PyResult<StateChanges> {
     let mut changes = StateChanges::default();
-    if let Some(state) = state {
-        for (name, value) in state.iter() {
+    if let Some(state) = state.filter(|s| !s.is_none()) {
+        for (name, value) in mapping_items(state, "state")? {
             let name: String = name.extract()?;
             if value.is_none() {
                 changes.remove.insert(name);
@@ -305,8 +343,24 @@ fn completions() -> &'static mpsc::Sender<Pending> {
     })
 }
 
+/// Set when the interpreter starts to exit (an `atexit` hook): from then on nobody can
+/// await the futures, and a thread attaching to a finalizing interpreter may crash it.
+static EXITING: AtomicBool = AtomicBool::new(false);
+
+/// Marks the interpreter as exiting (registered with `atexit`).
+#[pyfunction]
+fn interpreter_exiting() {
+    EXITING.store(true, Ordering::SeqCst);
+}
+
+/// Resolves answered futures on their event loops. Once the interpreter exits (or is no
+/// longer initialized) the answers are dropped: their futures can no longer be awaited.
 fn resolve_all(done: Vec<(Waiter, annal::Result<Outcome>)>) {
-    Python::attach(|py| {
+    if EXITING.load(Ordering::SeqCst) {
+        return;
+    }
+    // `None`: the interpreter is not initialized (or is finalizing); the answers go.
+    let _ = Python::try_attach(move |py| {
         // Per event loop: (future, ok, value or exception) of each answered command.
         type Answers = Vec<(Py<PyAny>, bool, Py<PyAny>)>;
         let mut by_loop: Vec<(Py<PyAny>, Answers)> = Vec::new();
@@ -354,6 +408,16 @@ fn block_on<F: std::future::Future>(future: F) -> F::Output {
 }
 
 /// An open annal database: the log file at `path` and its projections file beside it.
+/// `Database(path)` opens it, creating it if it does not exist.
+///
+/// `durable=False` opens with relaxed durability: commits are acknowledged before
+/// they are on disk, so a crash can lose recent acknowledged commits (never half of
+/// one), and the file is held exclusively (no other process can read it while it is
+/// open). It is meant for tests and bulk imports.
+///
+/// `compress` says how new content is stored: `True` (lz4, the default), `"zstd"` (a
+/// quarter to a third smaller, for more CPU), `"lz4"`, or `False` / `"off"`
+/// (uncompressed). Content written under any of them reads back under every other.
 ///
 /// Thread-safe: share one `Database` between threads (and asyncio tasks). Every call
 /// releases the GIL while the engine works, so concurrent commits are group-committed.
@@ -443,16 +507,8 @@ impl Database {
 
 #[pymethods]
 impl Database {
-    /// Opens (or creates) the database at `path`.
-    ///
-    /// `durable=False` opens with relaxed durability: commits are acknowledged before
-    /// they are on disk, so a crash can lose recent acknowledged commits (never half of
-    /// one), and the file is held exclusively (no other process can read it while it is
-    /// open). It is meant for tests and bulk imports.
-    ///
-    /// `compress` says how new content is stored: `True` (lz4, the default), `"zstd"` (a
-    /// quarter to a third smaller, for more CPU), `"lz4"`, or `False` / `"off"`
-    /// (uncompressed). Content written under any of them reads back under every other.
+    /// Opens (or creates) the database at `path` (see the class documentation for
+    /// `durable` and `compress`).
     #[new]
     #[pyo3(signature = (path, *, durable = true, compress = Compress::Flag(true)))]
     fn open(py: Python<'_>, path: std::path::PathBuf, durable: bool, compress: Compress) -> PyResult<Database> {
@@ -520,7 +576,7 @@ impl Database {
     fn create_session(
         &self,
         py: Python<'_>,
-        labels: Option<BTreeMap<String, String>>,
+        labels: Option<StrMap>,
         metadata: Option<Vec<u8>>,
         messages: Vec<PyRef<'_, Message>>,
         session: Option<&str>,
@@ -535,7 +591,7 @@ impl Database {
     fn create_session_async(
         &self,
         py: Python<'_>,
-        labels: Option<BTreeMap<String, String>>,
+        labels: Option<StrMap>,
         metadata: Option<Vec<u8>>,
         messages: Vec<PyRef<'_, Message>>,
         session: Option<&str>,
@@ -565,7 +621,7 @@ impl Database {
         messages: Vec<PyRef<'_, Message>>,
         expected: Option<Bound<'_, PyAny>>,
         usage: Vec<Bound<'_, PyAny>>,
-        state: Option<Bound<'_, PyDict>>,
+        state: Option<Bound<'_, PyAny>>,
         applied_context: Vec<String>,
         tool_ops: Vec<String>,
         run_id: Option<String>,
@@ -602,7 +658,7 @@ impl Database {
         messages: Vec<PyRef<'_, Message>>,
         expected: Option<Bound<'_, PyAny>>,
         usage: Vec<Bound<'_, PyAny>>,
-        state: Option<Bound<'_, PyDict>>,
+        state: Option<Bound<'_, PyAny>>,
         applied_context: Vec<String>,
         tool_ops: Vec<String>,
         run_id: Option<String>,
@@ -702,7 +758,7 @@ impl Database {
         parent: &str,
         index: Option<u64>,
         replacement: Option<PyRef<'_, Message>>,
-        labels: Option<BTreeMap<String, String>>,
+        labels: Option<StrMap>,
         session: Option<&str>,
         fence: Option<u64>,
     ) -> PyResult<SessionReceipt> {
@@ -719,7 +775,7 @@ impl Database {
             },
             index,
             replacement: replacement.map(|m| m.to_engine()).transpose()?,
-            labels,
+            labels: labels.map(|l| l.0),
         };
         let fence = self::fence(parent, fence);
         Ok(SessionReceipt::from(self.run(py, move |e| fenced_run(e, fence, |e| e.fork(c)))?))
@@ -766,10 +822,10 @@ impl Database {
         })
     }
 
-    /// Records a tool call before it is dispatched. Returns whether an event was written
-    /// (`False` for an exact retry). `fence`: a lease token it is fenced by (see
-    /// `commit_turn`).
-    #[pyo3(signature = (session, op_id, tool_name, args, *, call_id = String::new(), parent_op = None, turn_id = None, replay_safe = false, fence = None))]
+    /// Records a tool call before it is dispatched. `call_id` is the model's id of the
+    /// call (required, not empty). Returns whether an event was written (`False` for an
+    /// exact retry). `fence`: a lease token it is fenced by (see `commit_turn`).
+    #[pyo3(signature = (session, op_id, tool_name, args, *, call_id, parent_op = None, turn_id = None, replay_safe = false, fence = None))]
     #[allow(clippy::too_many_arguments)]
     fn record_tool_call(
         &self,
@@ -822,19 +878,20 @@ impl Database {
         Ok(self.run(py, move |e| fenced_run(e, fence, |e| e.record_tool_result(c)))?.created)
     }
 
-    /// Sets and removes labels. Returns the event's seq, or `None` if nothing changed.
-    /// `fence`: a lease token it is fenced by (see `commit_turn`).
-    #[pyo3(signature = (session, set = BTreeMap::new(), remove = BTreeSet::new(), *, fence = None))]
+    /// Sets (`set`, a mapping) and removes (`remove`, a list, tuple or set of names)
+    /// labels. Returns the event's seq, or `None` if nothing changed. `fence`: a lease
+    /// token it is fenced by (see `commit_turn`).
+    #[pyo3(signature = (session, set = StrMap::default(), remove = StrSet::default(), *, fence = None))]
     fn set_labels(
         &self,
         py: Python<'_>,
         session: &str,
-        set: BTreeMap<String, String>,
-        remove: BTreeSet<String>,
+        set: StrMap,
+        remove: StrSet,
         fence: Option<u64>,
     ) -> PyResult<Option<u64>> {
         let s = session_id(session)?;
-        let c = SetLabels { session: s, set, remove };
+        let c = SetLabels { session: s, set: set.0, remove: remove.0 };
         let fence = self::fence(s, fence);
         self.run(py, move |e| fenced_run(e, fence, |e| e.set_labels(c)))
     }
@@ -863,7 +920,7 @@ impl Database {
         &self,
         py: Python<'_>,
         session: &str,
-        state: Bound<'_, PyDict>,
+        state: Bound<'_, PyAny>,
         expected: Option<Bound<'_, PyAny>>,
         fence: Option<u64>,
     ) -> PyResult<Option<u64>> {
@@ -1088,19 +1145,21 @@ impl Database {
     }
 
     /// Lists sessions: every label in `labels` must match. `recent=True` orders by last
-    /// update (newest first) instead of creation.
-    #[pyo3(signature = (*, labels = BTreeMap::new(), include_archived = false, offset = 0, limit = 0, recent = false))]
+    /// update (newest first) instead of creation. `limit=0` (the default) returns as many
+    /// as a page may hold (the engine's page item limit, 10 000 by default); a larger
+    /// `limit` is `errors.LimitExceeded`.
+    #[pyo3(signature = (*, labels = StrMap::default(), include_archived = false, offset = 0, limit = 0, recent = false))]
     fn list_sessions(
         &self,
         py: Python<'_>,
-        labels: BTreeMap<String, String>,
+        labels: StrMap,
         include_archived: bool,
         offset: u64,
         limit: u64,
         recent: bool,
     ) -> PyResult<SessionPage> {
         let mut q = ListQuery::new().page(offset, limit);
-        for (k, v) in labels {
+        for (k, v) in labels.0 {
             q = q.label(k, v);
         }
         if include_archived {
@@ -1118,7 +1177,8 @@ impl Database {
         })
     }
 
-    /// A page of the transcript at the head, or at `revision`.
+    /// A page of the transcript at the head, or at `revision`. `limit=0` returns no
+    /// messages (the page still reports `total` and `has_more`).
     #[pyo3(signature = (session, offset = 0, limit = 100, *, revision = None))]
     fn transcript(
         &self,
@@ -1138,12 +1198,21 @@ impl Database {
         Ok(TranscriptPage::from(t))
     }
 
-    /// The revisions a session has held, oldest first.
+    /// The revisions a session has held, oldest first: the nodes of one page only
+    /// (`revision_page` also reports the head, the total and `has_more`). `limit=0`
+    /// returns no revisions.
     #[pyo3(signature = (session, offset = 0, limit = 100))]
     fn revisions(&self, py: Python<'_>, session: &str, offset: u64, limit: u64) -> PyResult<Vec<RevisionNode>> {
+        Ok(self.revision_page(py, session, offset, limit)?.items)
+    }
+
+    /// A page of the revisions a session has held, oldest first, with the session's
+    /// current head, the number of revisions and whether more follow. `limit=0` returns
+    /// no revisions (the page still reports the head, `total` and `has_more`).
+    #[pyo3(signature = (session, offset = 0, limit = 100))]
+    fn revision_page(&self, py: Python<'_>, session: &str, offset: u64, limit: u64) -> PyResult<RevisionPage> {
         let s = session_id(session)?;
-        let page = self.run(py, move |e| e.revisions(s, PageRequest::new(offset, limit)))?;
-        Ok(page.page.items.into_iter().map(RevisionNode::from).collect())
+        Ok(RevisionPage::from(self.run(py, move |e| e.revisions(s, PageRequest::new(offset, limit)))?))
     }
 
     /// Every context entry of a session (`pending=True`: only those not applied yet).
@@ -1166,23 +1235,25 @@ impl Database {
         Ok(self.run(py, move |e| e.tool_op(s, &op_id))?.map(ToolOp::from))
     }
 
-    /// A session's tool operations in call order (`unsettled=True`: only those without
-    /// a result, the ones a restarted host must resolve).
-    #[pyo3(signature = (session, *, unsettled = false, offset = 0, limit = 100))]
+    /// A session's tool operations in call order, `limit` of them (100 if `None`) from
+    /// `offset`. `unsettled=True`: only those without a result, the ones a restarted host
+    /// must resolve, from `offset`, and all of them unless `limit` is given.
+    #[pyo3(signature = (session, *, unsettled = false, offset = 0, limit = None))]
     fn tool_ops(
         &self,
         py: Python<'_>,
         session: &str,
         unsettled: bool,
         offset: u64,
-        limit: u64,
+        limit: Option<u64>,
     ) -> PyResult<Vec<ToolOp>> {
         let s = session_id(session)?;
         let ops = self.run(py, move |e| {
             if unsettled {
-                e.unsettled(s)
+                let ops = e.unsettled(s)?.into_iter().skip(usize::try_from(offset).unwrap_or(usize::MAX));
+                Ok(ops.take(limit.map_or(usize::MAX, |l| usize::try_from(l).unwrap_or(usize::MAX))).collect())
             } else {
-                e.tool_ops(s, PageRequest::new(offset, limit)).map(|p| p.items)
+                e.tool_ops(s, PageRequest::new(offset, limit.unwrap_or(100))).map(|p| p.items)
             }
         })?;
         Ok(ops.into_iter().map(ToolOp::from).collect())
@@ -1325,7 +1396,7 @@ impl Database {
 }
 
 fn create_command(
-    labels: Option<BTreeMap<String, String>>,
+    labels: Option<StrMap>,
     metadata: Option<Vec<u8>>,
     messages: &[PyRef<'_, Message>],
     session: Option<&str>,
@@ -1334,7 +1405,7 @@ fn create_command(
         Some(s) => CreateSession::with_id(session_id(s)?),
         None => CreateSession::new(),
     };
-    c.labels = labels.unwrap_or_default();
+    c.labels = labels.unwrap_or_default().0;
     c.metadata = metadata.unwrap_or_default();
     c.messages = self::messages(messages)?;
     Ok(c)
@@ -1347,7 +1418,7 @@ fn turn_command(
     messages: &[PyRef<'_, Message>],
     expected: Option<&Bound<'_, PyAny>>,
     usage: Vec<Bound<'_, PyAny>>,
-    state: Option<&Bound<'_, PyDict>>,
+    state: Option<&Bound<'_, PyAny>>,
     applied_context: Vec<String>,
     tool_ops: Vec<String>,
     run_id: Option<String>,
@@ -1436,14 +1507,17 @@ pub struct Subscription {
 
 #[pymethods]
 impl Subscription {
-    /// The next notice; waits up to `timeout` seconds (forever if `None`). Returns `None`
-    /// on timeout or once the database is closed.
+    /// The next notice; waits up to `timeout` seconds (forever if `None`, or if it is too
+    /// long to represent, such as `float("inf")`; a negative or NaN timeout does not
+    /// wait). Returns `None` on timeout or once the database is closed.
     #[pyo3(signature = (timeout = None))]
     fn recv(&self, py: Python<'_>, timeout: Option<f64>) -> Option<CommitNotice> {
         let rx = self.rx.clone();
-        py.detach(move || match timeout {
-            Some(t) => rx.recv_timeout(Duration::from_secs_f64(t.max(0.0))).ok(),
-            None => rx.recv().ok(),
+        // `max` turns NaN and negative timeouts into 0.
+        let limit = timeout.map(|t| Duration::try_from_secs_f64(t.max(0.0)).ok());
+        py.detach(move || match limit {
+            Some(Some(t)) => rx.recv_timeout(t).ok(),
+            Some(None) | None => rx.recv().ok(),
         })
         .map(CommitNotice::from)
     }
@@ -1468,10 +1542,21 @@ fn content_id(data: &[u8]) -> String {
 /// free space back. Returns `(bytes_before, bytes_after)` of both files together. No
 /// `Database` (and no other process) may have it open. With `compression` (`"lz4"`,
 /// `"zstd"` or `"off"`), every content object is first stored the way that compression
-/// stores new ones (ids, records and queries do not change).
+/// stores new ones (ids, records and queries do not change). A missing `path` is
+/// `FileNotFoundError` (nothing is created).
 #[pyfunction]
 #[pyo3(signature = (path, *, compression = None))]
 fn compact(py: Python<'_>, path: std::path::PathBuf, compression: Option<String>) -> PyResult<(u64, u64)> {
+    if let Err(e) = std::fs::metadata(&path) {
+        return Err(match e.kind() {
+            std::io::ErrorKind::NotFound => PyFileNotFoundError::new_err((
+                e.raw_os_error().unwrap_or(2),
+                "No such file or directory",
+                path.to_string_lossy().into_owned(),
+            )),
+            _ => e.into(),
+        });
+    }
     let stats = match compression {
         None => py.detach(move || annal::compact(&path, Options::default())).map_err(|e| to_py(py, e))?,
         Some(name) => {
@@ -1500,5 +1585,7 @@ fn _annal(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(content_id, m)?)?;
     m.add_function(wrap_pyfunction!(new_session_id, m)?)?;
     m.add_function(wrap_pyfunction!(compact, m)?)?;
+    let exiting = wrap_pyfunction!(interpreter_exiting, m)?;
+    m.py().import("atexit")?.call_method1("register", (exiting,))?;
     Ok(())
 }

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import pickle
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -248,3 +250,108 @@ def test_purge_and_collect(tmp_path: Path) -> None:
     db.close()
     raw = b"".join(p.read_bytes() for p in tmp_path.iterdir() if p.is_file())
     assert secret not in raw
+
+
+def test_recv_with_an_unbounded_timeout(db: annal.Database) -> None:
+    sub = db.subscribe()
+    s = db.create_session().session
+    db.commit_turn(s, "t1", [Message.user("hi")])
+    # Too long for a duration: no limit, as with None.
+    assert sub.recv(timeout=float("inf")).sessions == [s]
+    assert sub.recv(timeout=1e20).sessions == [s]
+    # Negative and NaN timeouts do not wait.
+    assert sub.recv(timeout=-1) is None
+    assert sub.recv(timeout=float("nan")) is None
+
+
+def test_pending_async_commits_at_exit(tmp_path: Path) -> None:
+    script = f"""
+import asyncio
+import annal
+
+db = annal.open({str(tmp_path / "exit.redb")!r})
+s = db.create_session().session
+
+async def main():
+    for i in range(3000):
+        db.commit_turn_async(s, f"t{{i}}", [annal.Message.user("x" * 2000)])
+
+asyncio.new_event_loop().run_until_complete(main())
+"""
+    for _ in range(3):
+        run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+        assert "panicked" not in run.stderr, run.stderr
+        assert run.returncode == 0, run.stderr
+
+
+def test_compact_refuses_a_missing_path(tmp_path: Path) -> None:
+    missing = tmp_path / "missing.redb"
+    with pytest.raises(FileNotFoundError) as e:
+        annal.compact(missing)
+    assert e.value.filename == str(missing)
+    with pytest.raises(FileNotFoundError):
+        annal.compact(missing, compression="zstd")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_record_tool_call_needs_a_call_id(db: annal.Database) -> None:
+    s = db.create_session().session
+    with pytest.raises(TypeError, match="call_id"):
+        db.record_tool_call(s, "op-1", "grep", b"{}")
+    assert db.record_tool_call(s, "op-1", "grep", b"{}", call_id="c1")
+    assert "call_id" in annal.Database.record_tool_call.__doc__
+
+
+def test_labels_and_state_take_any_mapping_and_collection(db: annal.Database) -> None:
+    from types import MappingProxyType
+
+    s = db.create_session(labels=MappingProxyType({"a": "1", "b": "2", "c": "3", "d": "4"})).session
+    assert db.set_labels(s, remove=["a"]) is not None
+    assert db.set_labels(s, remove=("b",)) is not None
+    assert db.set_labels(s, MappingProxyType({"e": "5"}), remove={"c"}) is not None
+    assert db.head(s).labels == {"d": "4", "e": "5"}
+    with pytest.raises(TypeError):
+        db.set_labels(s, remove="d")
+    assert [h.session for h in db.list_sessions(labels=MappingProxyType({"e": "5"})).items] == [s]
+    child = db.fork(s, labels=MappingProxyType({"f": "6"})).session
+    assert db.head(child).labels == {"f": "6"}
+    db.commit_turn(s, "t1", [Message.user("hi")], state=MappingProxyType({"k": b"v"}))
+    assert db.host_state(s, "k") == b"v"
+    db.set_host_state(s, MappingProxyType({"k": None, "j": b"w"}))
+    assert db.host_state(s, "k") is None and db.host_state(s, "j") == b"w"
+    with pytest.raises(TypeError):
+        db.set_host_state(s, [("k", b"v")])
+
+
+def test_context_manager_exit_takes_the_exception(tmp_path: Path) -> None:
+    with pytest.raises(KeyError):
+        with annal.open(tmp_path / "cm.redb") as db:
+            raise KeyError("x")
+    assert db.closed
+    db = annal.open(tmp_path / "cm.redb")
+    assert db.__exit__(None, None, None) is False and db.closed
+
+
+def test_database_doc_describes_its_options() -> None:
+    assert "durable=False" in annal.Database.__doc__
+    assert "compress" in annal.Database.__doc__ and "zstd" in annal.Database.__doc__
+
+
+def test_revision_pages_and_unsettled_paging(db: annal.Database) -> None:
+    s = db.create_session(messages=[Message.user("a")]).session
+    for i in range(3):
+        db.commit_turn(s, f"t{i}", [Message.user(str(i))])
+    page = db.revision_page(s, 1, 2)
+    assert page.head == db.head(s).revision and page.total == 4 and page.has_more
+    assert [n.ordinal for n in page.items] == [1, 2] and (page.offset, page.limit) == (1, 2)
+    assert [n.revision for n in db.revisions(s, 1, 2)] == [n.revision for n in page.items]
+    empty = db.revision_page(s, 0, 0)
+    assert empty.items == [] and empty.head == page.head and empty.has_more
+    assert db.transcript(s, 0, 0).messages == [] and db.transcript(s, 0, 0).total == 4
+
+    for i in range(5):
+        db.record_tool_call(s, f"op-{i}", "grep", b"{}", call_id=f"c{i}")
+    assert [o.op_id for o in db.tool_ops(s, unsettled=True)] == [f"op-{i}" for i in range(5)]
+    assert [o.op_id for o in db.tool_ops(s, unsettled=True, offset=1, limit=2)] == ["op-1", "op-2"]
+    assert [o.op_id for o in db.tool_ops(s, unsettled=True, offset=3)] == ["op-3", "op-4"]
+    assert [o.op_id for o in db.tool_ops(s, offset=1, limit=2)] == ["op-1", "op-2"]
