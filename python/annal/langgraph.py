@@ -73,6 +73,13 @@ DELTA_DEPTH_MAX = 8
 # A serialized value this small is kept in the record itself, not as a content object.
 INLINE_MAX = 64
 PAGE = 1000
+# The engine's bounds on one command (annal's default limits, which every database
+# opened from Python uses): how many messages it carries and how many bytes (bodies,
+# content types and attachments). ``copy_thread`` splits its appends to stay within them.
+COMMAND_MESSAGES_MAX = 4096
+COMMAND_BYTES_MAX = 64 * 1024 * 1024
+# What a turn's id and bookkeeping may add to the bytes a command carries.
+COMMAND_BYTES_SLACK = 64 * 1024
 
 
 def _pack(obj: Any) -> bytes:
@@ -409,24 +416,29 @@ class AnnalSaver(BaseCheckpointSaver[int]):
         return messages, ids
 
     def _prepare_put(
-        self, config: RunnableConfig, checkpoint: Checkpoint, metadata: CheckpointMetadata
-    ) -> tuple[_Thread, str, list[Message], tuple[dict[str, Any], dict], list[str], RunnableConfig]:
+        self,
+        config: RunnableConfig,
+        checkpoint: Checkpoint,
+        metadata: CheckpointMetadata,
+        thread: _Thread | None = None,
+    ) -> tuple[_Thread, str, list[Message], tuple[dict[str, Any], dict, Any], list[str], RunnableConfig]:
         conf = config["configurable"]
         thread_id = str(conf["thread_id"])
         ns = conf.get("checkpoint_ns", "")
         parent = conf.get("checkpoint_id")
-        thread = self._thread(thread_id, create=True)
+        if thread is None:
+            thread = self._thread(thread_id, create=True)
         assert thread is not None
         blobs: dict[str, bytes] = {}
         values = checkpoint.get("channel_values", {})
         refs = {}
-        memos = thread.memo.setdefault(ns, {})
+        # The memo of each channel for the next checkpoint; it takes the place of the
+        # thread's memo only once this checkpoint is committed, so the memo never holds
+        # an element whose content is not stored.
+        memos = thread.memo.get(ns, {})
+        next_memos: dict[str, dict[int, _Item]] = {}
         for ch, v in values.items():
-            refs[ch], fresh = self._dump_value(v, blobs, memos.get(ch))
-            if fresh:
-                memos[ch] = fresh
-            else:
-                memos.pop(ch, None)
+            refs[ch], next_memos[ch] = self._dump_value(v, blobs, memos.get(ch))
         # (ns, channel) -> (type, element ids, depth): the next delta's base, once the
         # record's id is known.
         lists: dict[tuple[str, str], tuple[str, bytes, int]] = {}
@@ -463,18 +475,24 @@ class AnnalSaver(BaseCheckpointSaver[int]):
         messages, ids = self._messages(CHECKPOINT_TYPE, header, [record], blobs, thread)
         turn_id = "c:" + content_id(_pack([header, ids]))[:32]
         tips = {key: _ListTip(checkpoint["id"], ids[0], *tip) for key, tip in lists.items()}
-        header_tips = (header, tips)
+        header_tips = (header, tips, (ns, next_memos))
         out: RunnableConfig = {"configurable": {"thread_id": thread_id, "checkpoint_ns": ns, "checkpoint_id": checkpoint["id"]}}
         return thread, turn_id, messages, header_tips, ids, out
 
     def _prepare_writes(
-        self, config: RunnableConfig, writes: Sequence[tuple[str, Any]], task_id: str, task_path: str
+        self,
+        config: RunnableConfig,
+        writes: Sequence[tuple[str, Any]],
+        task_id: str,
+        task_path: str,
+        thread: _Thread | None = None,
     ) -> tuple[_Thread, str, list[Message], dict[str, Any], list[str]]:
         conf = config["configurable"]
         thread_id = str(conf["thread_id"])
         ns = conf.get("checkpoint_ns", "")
         checkpoint_id = str(conf["checkpoint_id"])
-        thread = self._thread(thread_id, create=True)
+        if thread is None:
+            thread = self._thread(thread_id, create=True)
         assert thread is not None
         blobs: dict[str, bytes] = {}
         entries = []
@@ -490,25 +508,43 @@ class AnnalSaver(BaseCheckpointSaver[int]):
         return thread, turn_id, messages, header, ids
 
     def _commit(self, thread: _Thread, turn_id: str, messages: list[Message], header: Any, ids: list[str]) -> None:
-        header, tips = header if isinstance(header, tuple) else (header, {})
+        header, tips, memo = header if isinstance(header, tuple) else (header, {}, None)
         result = self.db.commit_turn(thread.session, turn_id, messages)
         if result.already_committed and not self._indexed(thread, header, ids):
             # The same content was written before and then redacted: write it again.
             self.db.commit_turn(thread.session, f"{turn_id}:{uuid.uuid4().hex}", messages)
+        self._committed(thread, header, ids, tips, memo)
+
+    @staticmethod
+    def _committed(
+        thread: _Thread,
+        header: dict[str, Any],
+        ids: list[str],
+        tips: dict[tuple[str, str], _ListTip],
+        memo: tuple[str, dict[str, dict[int, _Item]]] | None,
+    ) -> None:
+        """Brings the index up to a committed turn: its entry, the list tips the next
+        checkpoint may refer to, and the list memo of its namespace."""
         with thread.lock:
             thread.apply(header, ids)
-            thread.lists.update(tips)  # committed: the next checkpoint may refer to it
+            thread.lists.update(tips)
+            if memo is not None:
+                ns, channels = memo
+                memos = thread.memo.setdefault(ns, {})
+                for ch, fresh in channels.items():
+                    if fresh:
+                        memos[ch] = fresh
+                    else:
+                        memos.pop(ch, None)
 
     async def _acommit(
         self, thread: _Thread, turn_id: str, messages: list[Message], header: Any, ids: list[str]
     ) -> None:
-        header, tips = header if isinstance(header, tuple) else (header, {})
+        header, tips, memo = header if isinstance(header, tuple) else (header, {}, None)
         result = await self.db.commit_turn_async(thread.session, turn_id, messages)
         if result.already_committed and not self._indexed(thread, header, ids):
             await self.db.commit_turn_async(thread.session, f"{turn_id}:{uuid.uuid4().hex}", messages)
-        with thread.lock:
-            thread.apply(header, ids)
-            thread.lists.update(tips)
+        self._committed(thread, header, ids, tips, memo)
 
     @staticmethod
     def _indexed(thread: _Thread, header: dict, ids: list[str]) -> bool:
@@ -716,12 +752,24 @@ class AnnalSaver(BaseCheckpointSaver[int]):
         purged: list[str] = []
         with self._shared.lock:
             self._shared.threads.pop(thread_id, None)
-            page = self.db.list_sessions(
-                labels={KIND_LABEL: "thread", THREAD_LABEL: thread_id}, include_archived=True, limit=PAGE
-            )
-            for head in page.items:
+            # Every session the thread id ever had (a thread id deleted and reused has
+            # one per use), listed in full before the first purge changes the listing.
+            sessions: list[str] = []
+            offset = 0
+            while True:
+                page = self.db.list_sessions(
+                    labels={KIND_LABEL: "thread", THREAD_LABEL: thread_id},
+                    include_archived=True,
+                    offset=offset,
+                    limit=PAGE,
+                )
+                sessions.extend(h.session for h in page.items)
+                offset += len(page.items)
+                if not page.has_more or not page.items:
+                    break
+            for session in sessions:
                 try:
-                    report = self.db.purge(head.session, reason=reason, actor=actor, descendants=copies)
+                    report = self.db.purge(session, reason=reason, actor=actor, descendants=copies)
                 except _errors.Purged:
                     continue  # a descendant of a session purged before it
                 purged.extend(s for s, _ in report.purged)
@@ -785,7 +833,14 @@ class AnnalSaver(BaseCheckpointSaver[int]):
     def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
         """Copies every checkpoint and write of one thread to another: a fork of the
         source session (no content is copied), or, if the target thread exists, its
-        messages appended to the target's session."""
+        messages appended to the target's session.
+
+        The append is as many turns as the engine's command limits need (messages and
+        bytes per command); a checkpoint or write never straddles two of them, since its
+        spilled attachments travel in the same turn. Every message keeps every one of its
+        attachments, in order (a record is found by its position): if the content of an
+        attachment is missing the copy raises ``errors.Corrupt`` before anything is
+        appended. A turn refused partway leaves the turns before it in the target."""
         source = self._thread(str(source_thread_id))
         if source is None:
             return
@@ -797,19 +852,50 @@ class AnnalSaver(BaseCheckpointSaver[int]):
                 self.db.fork(source.session, labels=labels)
                 self._shared.threads.pop(target_thread_id, None)
                 return
-        messages: list[Message] = []
+        # The source's messages in groups that go in one turn: a checkpoint or writes
+        # message with the blob messages that carry its spilled attachments.
+        groups: list[tuple[list[Message], int]] = []
         offset = 0
         while True:
             page = self.db.transcript(source.session, offset, PAGE)
             for m in page.messages:
                 attachments = self.db.contents(m.attachments) if m.attachments else []
-                messages.append(Message(m.role, m.body, m.content_type, [a for a in attachments if a is not None]))
+                for cid, data in zip(m.attachments, attachments):
+                    if data is None:
+                        raise _errors.Corrupt(
+                            f"copy_thread: attachment {cid} of message {m.position} of session "
+                            f"{source.session} is missing",
+                            location=f"content {cid}",
+                            detail="attachment content missing",
+                        )
+                message = Message(m.role, m.body, m.content_type, attachments)
+                size = len(m.body) + len(m.content_type) + sum(len(a) for a in attachments)
+                if m.content_type == BLOBS_TYPE and groups:
+                    group, total = groups[-1]
+                    group.append(message)
+                    groups[-1] = (group, total + size)
+                else:
+                    groups.append(([message], size))
             offset += len(page.messages)
             if not page.has_more or not page.messages:
                 break
-        if messages:
-            self.db.commit_turn(target, f"copy:{uuid.uuid4().hex}", messages)
-        self._reload(target_thread_id)
+        copy_id = uuid.uuid4().hex
+        turn: list[Message] = []
+        turn_bytes = 0
+        turns = 0
+        bytes_max = COMMAND_BYTES_MAX - COMMAND_BYTES_SLACK
+        try:
+            for group, size in groups:
+                if turn and (len(turn) + len(group) > COMMAND_MESSAGES_MAX or turn_bytes + size > bytes_max):
+                    self.db.commit_turn(target, f"copy:{copy_id}:{turns}", turn)
+                    turns += 1
+                    turn, turn_bytes = [], 0
+                turn.extend(group)
+                turn_bytes += size
+            if turn:
+                self.db.commit_turn(target, f"copy:{copy_id}:{turns}", turn)
+        finally:
+            self._reload(target_thread_id)
 
     def prune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
         """``keep_latest``: redacts every checkpoint but the latest of each namespace
@@ -836,9 +922,21 @@ class AnnalSaver(BaseCheckpointSaver[int]):
 
     # ----- async -----
 
+    async def _athread(self, config: RunnableConfig) -> _Thread:
+        """The thread ``config`` names, created or loaded in a worker thread if this
+        process has not used it yet (creating a session is a durable commit, loading one
+        reads its transcript)."""
+        thread_id = str(config["configurable"]["thread_id"])
+        thread = self._shared.threads.get(thread_id)
+        if thread is None:
+            thread = await asyncio.to_thread(self._thread, thread_id, create=True)
+        assert thread is not None
+        return thread
+
     async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
-        """Like ``get_tuple``: reads are snapshot reads that never wait for the writer."""
-        return self.get_tuple(config)
+        """Like ``get_tuple``, run in a worker thread: loading a thread's index reads
+        its transcript, and a purge in progress makes reads wait for the reopen."""
+        return await asyncio.to_thread(self.get_tuple, config)
 
     async def alist(
         self,
@@ -848,8 +946,13 @@ class AnnalSaver(BaseCheckpointSaver[int]):
         before: RunnableConfig | None = None,
         limit: int | None = None,
     ) -> AsyncIterator[CheckpointTuple]:
-        """Like ``list``."""
-        for tup in self.list(config, filter=filter, before=before, limit=limit):
+        """Like ``list``; each checkpoint is read in a worker thread."""
+        it = self.list(config, filter=filter, before=before, limit=limit)
+        done = object()
+        while True:
+            tup = await asyncio.to_thread(next, it, done)
+            if tup is done:
+                return
             yield tup
 
     async def aput(
@@ -859,16 +962,21 @@ class AnnalSaver(BaseCheckpointSaver[int]):
         metadata: CheckpointMetadata,
         new_versions: ChannelVersions,
     ) -> RunnableConfig:
-        """Like ``put``; the commit is queued without blocking the event loop."""
-        thread, turn_id, messages, header, ids, out = self._prepare_put(config, checkpoint, metadata)
+        """Like ``put``; the commit is queued without blocking the event loop (as is the
+        session of a new thread, created in a worker thread). The values are serialized
+        on the calling thread."""
+        thread = await self._athread(config)
+        thread, turn_id, messages, header, ids, out = self._prepare_put(config, checkpoint, metadata, thread)
         await self._acommit(thread, turn_id, messages, header, ids)
         return out
 
     async def aput_writes(
         self, config: RunnableConfig, writes: Sequence[tuple[str, Any]], task_id: str, task_path: str = ""
     ) -> None:
-        """Like ``put_writes``; the commit is queued without blocking the event loop."""
-        thread, turn_id, messages, header, ids = self._prepare_writes(config, writes, task_id, task_path)
+        """Like ``put_writes``; the commit is queued without blocking the event loop (as
+        is the session of a new thread, created in a worker thread)."""
+        thread = await self._athread(config)
+        thread, turn_id, messages, header, ids = self._prepare_writes(config, writes, task_id, task_path, thread)
         await self._acommit(thread, turn_id, messages, header, ids)
 
     async def adelete_thread(self, thread_id: str) -> None:

@@ -3,10 +3,17 @@ checkpoint's list, across branches and restarts."""
 
 from __future__ import annotations
 
+import asyncio
+import os
+import threading
 from pathlib import Path
+from typing import Any
 
+import pytest
 from langgraph.checkpoint.base import empty_checkpoint
 
+import annal.langgraph
+from annal import Database, errors
 from annal.langgraph import AnnalSaver
 
 
@@ -101,3 +108,166 @@ def test_message_changed_in_place_is_serialized_again(tmp_path: Path) -> None:
         assert not hasattr(stored(second)[2], "custom")
         assert stored(third)[2].custom == "an extra field"
         assert stored(fourth) == items
+
+
+class RecordingDb:
+    """A Database that records which thread made each call, and can hide contents."""
+
+    def __init__(self, db: Database) -> None:
+        self.db = db
+        self.calls: list[tuple[str, int]] = []
+        self.missing: set[str] = set()
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self.db, name)
+        if not callable(attr):
+            return attr
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            self.calls.append((name, threading.get_ident()))
+            result = attr(*args, **kwargs)
+            if name == "contents":
+                return [None if cid in self.missing else data for cid, data in zip(args[0], result)]
+            return result
+
+        return call
+
+
+def thread_config(thread: str) -> dict:
+    return {"configurable": {"thread_id": thread, "checkpoint_ns": ""}}
+
+
+HUGE = {"role": "tool", "text": "x" * (17 << 20)}  # over the engine's 16 MiB per content
+
+
+def test_refused_put_leaves_the_memo_unchanged(tmp_path: Path) -> None:
+    with AnnalSaver.open(str(tmp_path / "c.redb")) as saver:
+        m1 = {"role": "user", "text": "hello " * 50}
+        with pytest.raises(errors.LimitExceeded):
+            saver.put(thread_config("t"), checkpoint([m1, HUGE], 0), {}, {})
+        # The same element object again: its content was never stored, so it is sent.
+        stored = saver.put(thread_config("t"), checkpoint([m1], 1), {}, {})
+        assert saver.get_tuple(stored).checkpoint["channel_values"]["messages"] == [m1]
+
+
+def test_put_failing_in_a_later_channel_leaves_the_memo_unchanged(tmp_path: Path) -> None:
+    with AnnalSaver.open(str(tmp_path / "c.redb")) as saver:
+        m1 = {"role": "user", "text": "hello " * 50}
+        cp = checkpoint([m1], 0)
+        cp["channel_values"]["bad"] = object()
+        with pytest.raises(Exception):
+            saver.put(thread_config("t"), cp, {}, {})
+        stored = saver.put(thread_config("t"), checkpoint([m1], 1), {}, {})
+        assert saver.get_tuple(stored).checkpoint["channel_values"]["messages"] == [m1]
+
+
+async def test_refused_aput_leaves_the_memo_unchanged(tmp_path: Path) -> None:
+    with AnnalSaver.open(str(tmp_path / "c.redb")) as saver:
+        m1 = {"role": "user", "text": "hello " * 50}
+        await saver.aput(thread_config("t"), checkpoint([{"role": "system", "text": "s" * 100}], 0), {}, {})
+        with pytest.raises(errors.LimitExceeded):
+            await saver.aput(thread_config("t"), checkpoint([m1, HUGE], 1), {}, {})
+        stored = await saver.aput(thread_config("t"), checkpoint([m1], 2), {}, {})
+        got = await saver.aget_tuple(stored)
+        assert got.checkpoint["channel_values"]["messages"] == [m1]
+
+
+def copied(saver: AnnalSaver, thread: str) -> list:
+    return [
+        (t.config["configurable"]["checkpoint_id"], t.checkpoint["channel_values"], t.metadata, t.pending_writes)
+        for t in saver.list(thread_config(thread))
+    ]
+
+
+def test_copy_into_an_existing_thread_of_more_messages_than_a_command_holds(tmp_path: Path) -> None:
+    # 2058 checkpoints with a write each: 4116 messages, more than one command carries (4096).
+    with AnnalSaver.open(str(tmp_path / "c.redb"), durable=False) as saver:
+        config = None
+        for i in range(2058):
+            cp = empty_checkpoint()
+            cp["channel_values"] = {"step": i}
+            cp["channel_versions"] = {"step": i + 1}
+            config = saver.put(thread_config("src"), cp, {"step": i}, {})
+            saver.put_writes(config, [("step", i + 1)], f"task{i}")
+        own = saver.put(thread_config("dst"), empty_checkpoint(), {}, {})["configurable"]["checkpoint_id"]
+        saver.copy_thread("src", "dst")
+        saver.copy_thread("src", "fork")  # a new target: a fork
+        source = copied(saver, "src")
+        assert len(source) == 2058
+        dst = copied(saver, "dst")
+        assert [c for c in dst if c[0] != own] == source == copied(saver, "fork")
+        assert len(dst) == len(source) + 1
+
+
+def test_copy_into_an_existing_thread_of_more_bytes_than_a_command_holds(tmp_path: Path) -> None:
+    with AnnalSaver.open(str(tmp_path / "c.redb"), durable=False) as saver:
+        for i in range(5):  # 70 MiB that do not compress
+            cp = empty_checkpoint()
+            cp["channel_values"] = {"blob": os.urandom(14 << 20)}
+            cp["channel_versions"] = {"blob": i + 1}
+            saver.put(thread_config("src"), cp, {"step": i}, {})
+        own = saver.put(thread_config("dst"), empty_checkpoint(), {}, {})["configurable"]["checkpoint_id"]
+        saver.copy_thread("src", "dst")
+        source = copied(saver, "src")
+        assert len(source) == 5
+        assert [c for c in copied(saver, "dst") if c[0] != own] == source
+
+
+def test_copy_with_a_missing_attachment_is_refused(tmp_path: Path) -> None:
+    db = Database(str(tmp_path / "c.redb"))
+    recording = RecordingDb(db)
+    saver = AnnalSaver(recording)
+    try:
+        first = saver.put(thread_config("src"), checkpoint([{"text": "a" * 100}, {"text": "b" * 100}], 0), {}, {})
+        saver.put(thread_config("dst"), empty_checkpoint(), {}, {})
+        before = copied(saver, "dst")
+        page = db.transcript(saver._thread("src").session, 0, 10)
+        # The record is the checkpoint message's first attachment; hide an element.
+        recording.missing.add(page.messages[0].attachments[1])
+        with pytest.raises(errors.Corrupt):
+            saver.copy_thread("src", "dst")
+        recording.missing.clear()
+        assert copied(saver, "dst") == before
+        saver.copy_thread("src", "dst")
+        assert saver.get_tuple({"configurable": {**first["configurable"], "thread_id": "dst"}}) is not None
+    finally:
+        db.close()
+
+
+def test_purge_erases_every_session_of_a_reused_thread_id(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(annal.langgraph, "PAGE", 3)
+    with AnnalSaver.open(str(tmp_path / "c.redb"), durable=False) as saver:
+        for i in range(8):
+            cp = empty_checkpoint()
+            cp["channel_values"] = {"secret": f"secret-{i}"}
+            saver.put(thread_config("t"), cp, {}, {})
+            if i < 7:
+                saver.delete_thread("t")
+        purged = saver.purge_thread("t", reason="erasure", actor="test")
+        assert len(purged) == 8
+        left = saver.db.list_sessions(labels={"langgraph.thread": "t"}, include_archived=True, limit=100).items
+        assert left == []
+        assert saver.get_tuple(thread_config("t")) is None
+
+
+async def test_async_calls_leave_blocking_work_to_worker_threads(tmp_path: Path) -> None:
+    db = Database(str(tmp_path / "c.redb"))
+    recording = RecordingDb(db)
+    try:
+        loop_thread = threading.get_ident()
+        saver = AnnalSaver(recording)
+        stored = await saver.aput(thread_config("t"), checkpoint([{"text": "a" * 100}], 0), {}, {})
+        await saver.aput_writes(stored, [("step", 1)], "task")
+        # A new saver on the same database loads the thread from its transcript.
+        fresh = AnnalSaver(RecordingDb(db))
+        got = await fresh.aget_tuple(stored)
+        assert got.checkpoint["channel_values"]["messages"] == [{"text": "a" * 100}]
+        assert [t async for t in fresh.alist(thread_config("t"))][0].checkpoint["id"] == got.checkpoint["id"]
+        on_loop = [
+            name
+            for name, ident in recording.calls + fresh.db.calls
+            if ident == loop_thread and not name.endswith("_async")
+        ]
+        assert on_loop == []
+    finally:
+        db.close()
