@@ -216,8 +216,16 @@ fn expected(value: Option<&Bound<'_, PyAny>>) -> PyResult<Expected> {
     if let Ok(text) = value.extract::<String>() {
         return Ok(Expected::Exact(revision_id(&text)?));
     }
-    if let Ok(n) = value.extract::<u64>() {
-        return Ok(Expected::Version(n));
+    // `bool` is an `int` to Python: `True` would be stream seq 1.
+    if value.is_instance_of::<pyo3::types::PyBool>() {
+        return Err(PyTypeError::new_err(
+            "expected must be None, a revision id (str) or a stream seq (int), not a bool",
+        ));
+    }
+    if value.is_instance_of::<pyo3::types::PyInt>() {
+        return value.extract::<u64>().map(Expected::Version).map_err(|_| {
+            PyValueError::new_err(format!("expected: a stream seq is an int from 0 to 2**64 - 1, not {value}"))
+        });
     }
     Err(PyTypeError::new_err("expected must be None, a revision id (str) or a stream seq (int)"))
 }

@@ -355,3 +355,17 @@ def test_revision_pages_and_unsettled_paging(db: annal.Database) -> None:
     assert [o.op_id for o in db.tool_ops(s, unsettled=True, offset=1, limit=2)] == ["op-1", "op-2"]
     assert [o.op_id for o in db.tool_ops(s, unsettled=True, offset=3)] == ["op-3", "op-4"]
     assert [o.op_id for o in db.tool_ops(s, offset=1, limit=2)] == ["op-1", "op-2"]
+
+
+def test_expected_is_none_a_revision_or_a_stream_seq(db: annal.Database) -> None:
+    s = db.create_session(messages=[Message.system("sys")]).session
+    tip = db.tip()
+    for wrong in (True, False):
+        with pytest.raises(TypeError, match="not a bool"):
+            db.commit_turn(s, "t", [Message.user("x")], expected=wrong)
+    with pytest.raises(ValueError, match="stream seq"):
+        db.commit_turn(s, "t", [Message.user("x")], expected=-1)
+    with pytest.raises(TypeError):
+        db.commit_turn(s, "t", [Message.user("x")], expected=1.0)
+    assert db.tip() == tip, "a refused argument writes nothing"
+    db.commit_turn(s, "t", [Message.user("x")], expected=1)
