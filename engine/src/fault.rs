@@ -40,6 +40,12 @@ struct FaultState {
     writes: AtomicU64,
     written_bytes: AtomicU64,
     syncs: AtomicU64,
+    /// Writes and `sync_data` calls that failed by injection.
+    failures: AtomicU64,
+    /// Writes and `sync_data` calls asked for after the first injected failure (the
+    /// failing one excluded).
+    writes_after_failure: AtomicU64,
+    syncs_after_failure: AtomicU64,
 }
 
 impl Default for FaultState {
@@ -52,6 +58,9 @@ impl Default for FaultState {
             writes: AtomicU64::new(0),
             written_bytes: AtomicU64::new(0),
             syncs: AtomicU64::new(0),
+            failures: AtomicU64::new(0),
+            writes_after_failure: AtomicU64::new(0),
+            syncs_after_failure: AtomicU64::new(0),
         }
     }
 }
@@ -120,6 +129,29 @@ impl Faults {
     pub fn syncs(&self) -> u64 {
         self.0.syncs.load(Ordering::Acquire)
     }
+
+    /// Writes and `sync_data` calls that failed by injection.
+    pub fn failures(&self) -> u64 {
+        self.0.failures.load(Ordering::Acquire)
+    }
+
+    /// (writes, `sync_data` calls) asked for after the first injected failure, the
+    /// failing call excluded, whether they failed too or not: what an engine that retries
+    /// or carries on after a failed write or fsync would call.
+    pub fn calls_after_failure(&self) -> (u64, u64) {
+        (self.0.writes_after_failure.load(Ordering::Acquire), self.0.syncs_after_failure.load(Ordering::Acquire))
+    }
+
+    /// Counts a write or `sync_data` call asked for (in `after` if a call failed
+    /// before it), and whether it fails by injection (`failing`).
+    fn asked(&self, after: &AtomicU64, failing: bool) {
+        if self.0.failures.load(Ordering::Acquire) > 0 {
+            after.fetch_add(1, Ordering::AcqRel);
+        }
+        if failing {
+            self.0.failures.fetch_add(1, Ordering::AcqRel);
+        }
+    }
 }
 
 /// Wraps a backend and injects the faults switched on in [`Faults`].
@@ -162,7 +194,9 @@ impl<B: StorageBackend> StorageBackend for FaultyBackend<B> {
     }
 
     fn sync_data(&self) -> Result<(), io::Error> {
-        if countdown(&self.faults.0.syncs_until_failure) {
+        let failing = countdown(&self.faults.0.syncs_until_failure);
+        self.faults.asked(&self.faults.0.syncs_after_failure, failing);
+        if failing {
             return Err(injected("sync_data"));
         }
         self.faults.0.syncs.fetch_add(1, Ordering::AcqRel);
@@ -170,7 +204,9 @@ impl<B: StorageBackend> StorageBackend for FaultyBackend<B> {
     }
 
     fn write(&self, offset: u64, data: &[u8]) -> Result<(), io::Error> {
-        if countdown(&self.faults.0.writes_until_failure) {
+        let failing = countdown(&self.faults.0.writes_until_failure);
+        self.faults.asked(&self.faults.0.writes_after_failure, failing);
+        if failing {
             return Err(injected("write"));
         }
         self.faults.0.writes.fetch_add(1, Ordering::AcqRel);

@@ -12,10 +12,8 @@ use annal::journal::JOURNAL_PREALLOC_BYTES;
 use annal::*;
 use common::*;
 use std::collections::BTreeSet;
-use std::ops::Bound;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 /// Copies every file of the database at `from` to `to`, as a SIGKILL leaves them.
@@ -332,95 +330,6 @@ fn a_failed_journal_write_or_fsync_poisons_the_engine_and_loses_nothing_acknowle
     }
 }
 
-/// What the journal files were asked to do once one of their calls failed.
-#[derive(Debug, Default)]
-struct AfterFailure {
-    /// A write or a `sync_data` has failed.
-    failed: AtomicBool,
-    /// Writes and `sync_data` calls that failed.
-    failures: AtomicU64,
-    /// Writes asked for after the first failure.
-    writes: AtomicU64,
-    /// `sync_data` calls asked for after the first failure.
-    syncs: AtomicU64,
-}
-
-/// A journal file that counts every write and `sync_data` it is asked for once one has
-/// failed, the failing one excluded: what an engine that retries would call again.
-#[derive(Debug)]
-struct Watched<B: redb::StorageBackend> {
-    inner: B,
-    after: Arc<AfterFailure>,
-}
-
-impl<B: redb::StorageBackend> Watched<B> {
-    fn call(&self, counter: &AtomicU64, f: impl FnOnce() -> std::io::Result<()>) -> std::io::Result<()> {
-        if self.after.failed.load(Ordering::SeqCst) {
-            counter.fetch_add(1, Ordering::SeqCst);
-        }
-        let result = f();
-        if result.is_err() {
-            self.after.failures.fetch_add(1, Ordering::SeqCst);
-            self.after.failed.store(true, Ordering::SeqCst);
-        }
-        result
-    }
-}
-
-impl<B: redb::StorageBackend> redb::StorageBackend for Watched<B> {
-    fn len(&self) -> std::io::Result<u64> {
-        self.inner.len()
-    }
-
-    fn read(&self, offset: u64, out: &mut [u8]) -> std::io::Result<()> {
-        self.inner.read(offset, out)
-    }
-
-    fn set_len(&self, len: u64) -> std::io::Result<()> {
-        self.inner.set_len(len)
-    }
-
-    fn sync_data(&self) -> std::io::Result<()> {
-        self.call(&self.after.syncs, || self.inner.sync_data())
-    }
-
-    fn write(&self, offset: u64, data: &[u8]) -> std::io::Result<()> {
-        self.call(&self.after.writes, || self.inner.write(offset, data))
-    }
-
-    fn close(&self) -> std::io::Result<()> {
-        self.inner.close()
-    }
-
-    fn try_lock_range(&self, start: Bound<u64>, end: Bound<u64>) -> std::result::Result<bool, redb::BackendError> {
-        self.inner.try_lock_range(start, end)
-    }
-
-    fn try_lock_shared_range(
-        &self,
-        start: Bound<u64>,
-        end: Bound<u64>,
-    ) -> std::result::Result<bool, redb::BackendError> {
-        self.inner.try_lock_shared_range(start, end)
-    }
-
-    fn lock_range(&self, start: Bound<u64>, end: Bound<u64>) -> std::result::Result<(), redb::BackendError> {
-        self.inner.lock_range(start, end)
-    }
-
-    fn lock_shared_range(&self, start: Bound<u64>, end: Bound<u64>) -> std::result::Result<(), redb::BackendError> {
-        self.inner.lock_shared_range(start, end)
-    }
-
-    fn unlock_range(&self, start: Bound<u64>, end: Bound<u64>) -> std::result::Result<(), redb::BackendError> {
-        self.inner.unlock_range(start, end)
-    }
-
-    fn query_lock_range(&self, start: Bound<u64>, end: Bound<u64>) -> std::result::Result<bool, redb::BackendError> {
-        self.inner.query_lock_range(start, end)
-    }
-}
-
 /// Committer threads of [`a_failed_journal_write_or_fsync_fails_its_whole_group_commit`].
 const COMMITTERS: usize = 8;
 
@@ -451,8 +360,7 @@ fn a_failed_journal_write_or_fsync_fails_its_whole_group_commit() {
 fn fault_under_committers(fail_sync: bool) -> usize {
     let db = Db::new();
     let (ok, journal) = (Faults::new(), Faults::new());
-    let after = Arc::new(AfterFailure::default());
-    let files = journal_paths(&db.path).map(|p| Watched { inner: faulty(&p, &journal), after: after.clone() });
+    let files = journal_paths(&db.path).map(|p| faulty(&p, &journal));
     let (log, projections) = (faulty(&db.path, &ok), faulty(&projections_path(&db.path), &ok));
     let engine = Engine::open_with_journal(log, projections, files, Options::default()).unwrap();
     let sessions: Vec<(SessionId, RevisionId)> =
@@ -536,10 +444,9 @@ fn fault_under_committers(fail_sync: bool) -> usize {
     assert!(engine.is_poisoned());
     let (s, created) = sessions[0];
     assert!(matches!(engine.commit_turn(turn(s, "later", created)), Err(Error::Poisoned)));
-    assert_eq!(after.failures.load(Ordering::SeqCst), 1, "one call failed, and was not tried again");
+    assert_eq!(journal.failures(), 1, "one call failed, and was not tried again");
     drop(engine);
-    let (writes, syncs) = (after.writes.load(Ordering::SeqCst), after.syncs.load(Ordering::SeqCst));
-    assert_eq!((writes, syncs), (0, 0), "journal writes and syncs after the failure, close included");
+    assert_eq!(journal.calls_after_failure(), (0, 0), "journal writes and syncs after the failure, close included");
     assert!(journal.syncs() > 0, "the acknowledged turns were synced");
 
     journal.heal();
