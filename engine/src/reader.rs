@@ -29,7 +29,7 @@ struct Source {
     /// The writer's lease renewals, for an engine's own reader.
     renewals: Option<Arc<Mutex<crate::decide::Renewals>>>,
     /// For a read-only opener: the log it follows, folded into its own delta before each
-    /// view, and the databases it keeps open.
+    /// view (the delta keeps the databases open: `Delta::with_anchor`).
     follow: Option<Follow>,
 }
 
@@ -37,8 +37,6 @@ struct Follow {
     log: Arc<dyn ReadableDatabase + Send + Sync>,
     /// The journal beside the log file: commits the log file does not hold yet.
     journal: crate::journal::Follower,
-    _projections: Option<crate::unclean::ReadOnly>,
-    _empty: Arc<redb::Database>,
     lock: Mutex<()>,
 }
 
@@ -93,9 +91,10 @@ impl Reader {
             Some(p) => crate::checkpoint::read_only_delta(log.clone(), &**p, &empty, &journal, &chain, &limits),
             None => crate::checkpoint::read_only_delta(log.clone(), &*empty, &empty, &journal, &chain, &limits),
         })?;
-        // Views outlive the reader that made them: they keep its databases open.
-        let delta = delta.with_anchor(Arc::new((log.clone(), projections.clone(), empty.clone())));
-        let follow = Follow { log, journal, _projections: projections, _empty: empty, lock: Mutex::new(()) };
+        // The delta's views keep the databases they read open, whatever outlives what:
+        // the reader, or a view taken from it.
+        let delta = delta.with_anchor(Arc::new((log.clone(), projections, empty)));
+        let follow = Follow { log, journal, lock: Mutex::new(()) };
         Ok(Reader {
             source: Arc::new(Source { delta: Arc::new(delta), follow: Some(follow), renewals: None }),
             limits,
