@@ -1,9 +1,16 @@
 //! The content cache: content objects already read and verified, kept in memory by id,
 //! so that a message read again (a transcript page an agent host reads at every turn,
 //! say) costs a lookup instead of the content index, the content row, decompression and
-//! hashing; and the message lists of records ([`crate::transcript::message_list`]) by
+//! hashing; the message lists of records ([`crate::transcript::message_list`]) by
 //! seq, which the transcript's runs name, so that a page read again costs no record
-//! decode.
+//! decode; and the message lists of revisions that a restore or a read of a past revision
+//! rebuilt from the graph's recipes, by revision id, so that the next such walk stops
+//! there instead of going back to the session's first record.
+//!
+//! A revision id is the chain value over its list, so a revision's list is the same in
+//! every session and every view that holds the revision; a walk takes a cached list only
+//! at a node its session's graph holds, and the list it ends with is hashed against the
+//! id it was asked for either way.
 //!
 //! A record never changes under its seq while an engine is open (a purge reopens it), so
 //! a cached list is right for every view that sees its record.
@@ -16,7 +23,7 @@
 //! host) read the files every time.
 
 use crate::store::RowHasher;
-use annal_codec::ContentId;
+use annal_codec::{ContentId, RevisionId};
 use std::sync::Arc;
 
 /// Bytes an entry costs beyond its object (the map slot, the id, the seq, the `Arc`).
@@ -49,10 +56,20 @@ impl quick_cache::Weighter<u64, Arc<[ContentId]>> for ListWeight {
     }
 }
 
-/// Verified content objects by id and records' message lists by seq, bounded by their
-/// bytes ([`crate::Options::content_cache_bytes`]: three quarters for the objects, a
-/// quarter for the lists); quick_cache's eviction (a variant of CLOCK-Pro, which a scan
-/// does not flush) picks what leaves.
+#[derive(Clone)]
+struct RevisionWeight;
+
+impl quick_cache::Weighter<RevisionId, Arc<[ContentId]>> for RevisionWeight {
+    fn weight(&self, _: &RevisionId, value: &Arc<[ContentId]>) -> u64 {
+        (value.len() * std::mem::size_of::<ContentId>()) as u64 + ENTRY_OVERHEAD_BYTES
+    }
+}
+
+/// Verified content objects by id, records' message lists by seq and revisions' message
+/// lists by id, bounded by their bytes ([`crate::Options::content_cache_bytes`]: three
+/// quarters for the objects, three sixteenths for the records' lists, a sixteenth for
+/// the revisions'); quick_cache's eviction (a variant of CLOCK-Pro, which a scan does not
+/// flush) picks what leaves.
 pub(crate) struct ContentCache {
     objects: quick_cache::sync::Cache<ContentId, Cached, Weight, RowHasher>,
     /// Objects larger than this are not kept (one would push out many others).
@@ -60,6 +77,9 @@ pub(crate) struct ContentCache {
     lists: quick_cache::sync::Cache<u64, Arc<[ContentId]>, ListWeight, RowHasher>,
     /// Lists of more ids than this are not kept.
     list_ids_max: usize,
+    revisions: quick_cache::sync::Cache<RevisionId, Arc<[ContentId]>, RevisionWeight, RowHasher>,
+    /// Revisions' lists of more ids than this are not kept.
+    revision_ids_max: usize,
 }
 
 impl ContentCache {
@@ -68,7 +88,9 @@ impl ContentCache {
         if bytes == 0 {
             return None;
         }
-        let (object_bytes, list_bytes) = (bytes - bytes / 4, (bytes / 4).max(1));
+        let (object_bytes, lists_bytes) = (bytes - bytes / 4, bytes / 4);
+        let revision_bytes = (lists_bytes / 4).max(1);
+        let list_bytes = (lists_bytes - lists_bytes / 4).max(1);
         let items = (object_bytes / 2048).max(16) as usize;
         let objects =
             quick_cache::sync::Cache::with(items, object_bytes, Weight, RowHasher::default(), Default::default());
@@ -80,7 +102,22 @@ impl ContentCache {
             Default::default(),
         );
         let list_ids_max = (list_bytes / 4) as usize / std::mem::size_of::<ContentId>();
-        Some(ContentCache { objects, object_bytes_max: object_bytes / 16, lists, list_ids_max })
+        let revisions = quick_cache::sync::Cache::with(
+            (revision_bytes / 4096).max(16) as usize,
+            revision_bytes,
+            RevisionWeight,
+            RowHasher::default(),
+            Default::default(),
+        );
+        let revision_ids_max = (revision_bytes / 2) as usize / std::mem::size_of::<ContentId>();
+        Some(ContentCache {
+            objects,
+            object_bytes_max: object_bytes / 16,
+            lists,
+            list_ids_max,
+            revisions,
+            revision_ids_max,
+        })
     }
 
     /// The message list of the record at `seq`, if it is cached.
@@ -92,6 +129,19 @@ impl ContentCache {
     pub fn put_list(&self, seq: u64, list: &Arc<[ContentId]>) {
         if list.len() <= self.list_ids_max {
             self.lists.insert(seq, list.clone());
+        }
+    }
+
+    /// The message list of revision `revision`, if it is cached.
+    pub fn revision(&self, revision: &RevisionId) -> Option<Arc<[ContentId]>> {
+        self.revisions.get(revision)
+    }
+
+    /// Keeps `list`, the message list of revision `revision`, which the caller hashed to
+    /// it.
+    pub fn put_revision(&self, revision: RevisionId, list: &[ContentId]) {
+        if list.len() <= self.revision_ids_max {
+            self.revisions.insert(revision, Arc::from(list));
         }
     }
 
@@ -141,7 +191,7 @@ mod tests {
         cache.put_list(7, &list);
         assert_eq!(cache.list(7).as_deref(), Some(&list[..]));
         assert_eq!(cache.list(8), None);
-        // A list larger than a quarter of the lists' share is not kept.
+        // A list larger than a quarter of the records' lists' share is not kept.
         let long: Arc<[ContentId]> = (0..200u8).map(id).collect();
         cache.put_list(9, &long);
         assert_eq!(cache.list(9), None);
@@ -149,7 +199,29 @@ mod tests {
             cache.put_list(seq, &list);
         }
         let held = (100..400).filter(|s| cache.list(*s).is_some()).count() as u64;
-        assert!(held * (10 * 32 + ENTRY_OVERHEAD_BYTES) <= 16 << 10, "{held} lists held");
+        // Within the records' lists' share: three sixteenths of the cache.
+        assert!(held * (10 * 32 + ENTRY_OVERHEAD_BYTES) <= 12 << 10, "{held} lists held");
+        assert!(held > 0);
+    }
+
+    #[test]
+    fn revisions_lists_are_kept_by_id_within_their_share() {
+        let cache = ContentCache::new(64 << 10).unwrap();
+        let revision = |n: u64| RevisionId(*blake3::hash(&n.to_le_bytes()).as_bytes());
+        let list: Vec<ContentId> = (0..10u8).map(id).collect();
+        cache.put_revision(revision(1), &list);
+        assert_eq!(cache.revision(&revision(1)).as_deref(), Some(&list[..]));
+        assert_eq!(cache.revision(&revision(2)), None);
+        // A list larger than half the revisions' share (a sixteenth of the cache) is not
+        // kept.
+        let long: Vec<ContentId> = (0..100u8).map(id).collect();
+        cache.put_revision(revision(3), &long);
+        assert_eq!(cache.revision(&revision(3)), None);
+        for n in 100..400 {
+            cache.put_revision(revision(n), &list);
+        }
+        let held = (100..400).filter(|n| cache.revision(&revision(*n)).is_some()).count() as u64;
+        assert!(held * (10 * 32 + ENTRY_OVERHEAD_BYTES) <= 4 << 10, "{held} lists held");
         assert!(held > 0);
     }
 

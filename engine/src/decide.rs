@@ -366,7 +366,12 @@ pub fn materialize<S: Store + ?Sized>(
     revision: &RevisionId,
 ) -> Result<Option<Vec<ContentId>>> {
     match follow_recipes(store, session, revision)? {
-        Some(list) => check_materialized(revision, RevisionId::of(&list)).map(|()| Some(list)),
+        Some(list) => {
+            check_materialized(revision, RevisionId::of(&list))?;
+            // Checked: the next walk that reaches `revision` may stop there.
+            store.keep_revision(revision, &list);
+            Ok(Some(list))
+        }
         None => Ok(None),
     }
 }
@@ -384,7 +389,11 @@ fn check_materialized(revision: &RevisionId, computed: RevisionId) -> Result<()>
 
 /// [`materialize`]'s message list, before its hash is checked. Each node's recipe is in
 /// the record that first produced it, which `store` reads (within a batch, the writer's
-/// store answers for the batch's own records first: `store::WithRecords`).
+/// store answers for the batch's own records first: `store::WithRecords`). The walk
+/// goes back from `revision` until a root, or until a node whose list the engine's
+/// content cache holds (one that an earlier walk rebuilt and checked): a restore, say,
+/// walks back to the revision the previous restore went to, not to the session's
+/// creation.
 fn follow_recipes<S: Store + ?Sized>(
     store: &S,
     session: &SessionId,
@@ -408,6 +417,9 @@ fn follow_recipes<S: Store + ?Sized>(
             None if splices.is_empty() && s == *session => return Ok(None),
             None => return Err(Error::corrupt(node_location(&s, &r), "recipe refers to a missing revision")),
         };
+        if let Some(list) = store.cached_revision(&r) {
+            break Base::Cached(list);
+        }
         if node.seq >= bound {
             return Err(Error::corrupt(Location::Log { seq: node.seq }, "revision recipe does not go back in time"));
         }
@@ -433,7 +445,7 @@ fn follow_recipes<S: Store + ?Sized>(
                 splices.push((start, end, replacement));
                 r = parent;
             }
-            Recipe::Root { fork: None, messages } => break messages,
+            Recipe::Root { fork: None, messages } => break Base::Root(messages),
             Recipe::Root { fork: Some(f), messages } => {
                 splices.push((f.message_count, u64::MAX, messages));
                 s = f.session;
@@ -445,9 +457,13 @@ fn follow_recipes<S: Store + ?Sized>(
     // The list never holds more than the root's messages and every replacement: room
     // for that at once, so that a long walk of appends does not grow it step by step.
     let room: usize = splices.iter().map(|(_, _, replacement)| replacement.len()).sum();
+    let base = match &base {
+        Base::Root(messages) => messages.as_slice(),
+        Base::Cached(list) => list,
+    };
     let mut list = crate::transcript::spare_ids();
     list.reserve_exact(base.len() + room);
-    list.extend(base);
+    list.extend_from_slice(base);
     for (start, end, replacement) in splices.into_iter().rev() {
         let len = list.len() as u64;
         let end = end.min(len);
@@ -460,6 +476,13 @@ fn follow_recipes<S: Store + ?Sized>(
         list.splice(start as usize..end as usize, replacement);
     }
     Ok(Some(list))
+}
+
+/// Where [`follow_recipes`]' walk ended: at a root, with its messages, or at a node whose
+/// list the content cache held.
+enum Base {
+    Root(Vec<ContentId>),
+    Cached(std::sync::Arc<[ContentId]>),
 }
 
 /// Decides one non-batch command at the writer's time `now`. It reads `store`'s
@@ -683,6 +706,7 @@ fn restore<S: Store + ?Sized>(store: &S, c: &Restore, limits: &Limits) -> Result
     };
     let chains = crate::transcript::hash_chain(RevisionId::empty(), &target);
     check_materialized(&c.target, chains.last().copied().unwrap_or(RevisionId::empty()))?;
+    store.keep_revision(&c.target, &target);
     if c.target == h.revision {
         return reject(Rejection::NoChange);
     }

@@ -873,6 +873,14 @@ impl Store for View {
         }
         Ok(Some(list))
     }
+    fn cached_revision(&self, revision: &annal_codec::RevisionId) -> Option<Arc<[ContentId]>> {
+        self.cache.as_ref()?.revision(revision)
+    }
+    fn keep_revision(&self, revision: &annal_codec::RevisionId, list: &[ContentId]) {
+        if let Some(cache) = &self.cache {
+            cache.put_revision(*revision, list);
+        }
+    }
     fn content_row_holds(&self, seq: u64, id: &ContentId) -> Result<Option<bool>> {
         if seq > self.seq {
             // The batch being decided answers for its own rows: a row past the view that

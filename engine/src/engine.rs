@@ -59,11 +59,14 @@ pub struct Options {
     /// Bytes of content objects (message bodies, context, tool payloads) kept in memory
     /// once read and verified, so that reading them again (the recent messages of a
     /// session, at every turn) skips the content index, the read, decompression and
-    /// hashing; and of records' message lists, which a transcript's rows name its
-    /// messages by, so that reading a page again decodes no record. Default 64 MiB: three
-    /// quarters for the objects, a quarter for the lists; 0 turns both off. An object
-    /// larger than a sixteenth of its share, or a list larger than a quarter of its share,
-    /// is not kept.
+    /// hashing; of records' message lists, which a transcript's rows name its messages
+    /// by, so that reading a page again decodes no record; and of the message lists of
+    /// revisions that a restore (or a read of a past revision) rebuilt from the revision
+    /// graph, so that the next restore of the session walks back only to there. Default
+    /// 64 MiB: three quarters for the objects, three sixteenths for the records' lists, a
+    /// sixteenth for the revisions'; 0 turns all three off. An object larger than a
+    /// sixteenth of its share, a record's list larger than a quarter of its share, or a
+    /// revision's list larger than half its share (65,536 ids by default), is not kept.
     pub content_cache_bytes: usize,
     /// Verify every page of the file at open (redb's integrity check: checksums of the
     /// committed trees, allocator state rebuilt). Costs a read of the whole file and a

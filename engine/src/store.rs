@@ -235,6 +235,19 @@ pub trait Store {
     fn message_list(&self, seq: u64) -> Result<Option<std::sync::Arc<[annal_codec::ContentId]>>> {
         Ok(self.record_at(seq)?.as_ref().map(crate::transcript::list_of))
     }
+    /// The message list of revision `revision` if the engine's content cache holds it,
+    /// where the store reads through an engine's view (an overlay over one too):
+    /// [`crate::decide::materialize`]'s walk over a revision's recipes stops at a
+    /// revision whose list it holds. `None` elsewhere (the default).
+    fn cached_revision(&self, revision: &annal_codec::RevisionId) -> Option<Arc<[annal_codec::ContentId]>> {
+        let _ = revision;
+        None
+    }
+    /// Keeps `list`, which the caller hashed to `revision`, in the engine's content cache,
+    /// where [`Store::cached_revision`] reads one; nothing elsewhere (the default).
+    fn keep_revision(&self, revision: &annal_codec::RevisionId, list: &[annal_codec::ContentId]) {
+        let _ = (revision, list);
+    }
     /// Lets `f` change the value at `key` in place, where the store holds it in a buffer
     /// of its own that no reader shares and that nothing needs to restore; `f` returns
     /// whether it changed it. Returns false, without calling `f`, where the store holds
@@ -556,6 +569,12 @@ impl<S: Store + ?Sized> Store for Overlay<'_, S> {
     fn message_list(&self, seq: u64) -> Result<Option<std::sync::Arc<[annal_codec::ContentId]>>> {
         self.base.message_list(seq)
     }
+    fn cached_revision(&self, revision: &annal_codec::RevisionId) -> Option<Arc<[annal_codec::ContentId]>> {
+        self.base.cached_revision(revision)
+    }
+    fn keep_revision(&self, revision: &annal_codec::RevisionId, list: &[annal_codec::ContentId]) {
+        self.base.keep_revision(revision, list)
+    }
 }
 
 /// Writes buffered by an [`Overlay`]: physical key ([`crate::tables::physical_key`]) →
@@ -740,6 +759,12 @@ impl<S: Store + ?Sized> Store for Held<'_, S> {
     }
     fn message_list(&self, seq: u64) -> Result<Option<Arc<[annal_codec::ContentId]>>> {
         self.rest.message_list(seq)
+    }
+    fn cached_revision(&self, revision: &annal_codec::RevisionId) -> Option<Arc<[annal_codec::ContentId]>> {
+        self.rest.cached_revision(revision)
+    }
+    fn keep_revision(&self, revision: &annal_codec::RevisionId, list: &[annal_codec::ContentId]) {
+        self.rest.keep_revision(revision, list)
     }
     fn content_row_holds(&self, seq: u64, id: &annal_codec::ContentId) -> Result<Option<bool>> {
         self.rest.content_row_holds(seq, id)
@@ -1051,6 +1076,12 @@ impl<S: Store + ?Sized> Store for WithRecords<'_, S> {
             Some(list) => Ok(Some(list)),
             None => self.rows().message_list(seq),
         }
+    }
+    fn cached_revision(&self, revision: &annal_codec::RevisionId) -> Option<Arc<[annal_codec::ContentId]>> {
+        self.rows().cached_revision(revision)
+    }
+    fn keep_revision(&self, revision: &annal_codec::RevisionId, list: &[annal_codec::ContentId]) {
+        self.rows().keep_revision(revision, list)
     }
 }
 

@@ -585,6 +585,98 @@ fn materialize_rebuilds_every_revision_a_session_held() {
     assert_eq!(materialize(&log.with_log(), &a, &RevisionId([7; 32])).unwrap(), None);
 }
 
+/// The projections with the records, counting the records read, and with a cache of
+/// revisions' lists as an engine's view has one.
+struct Remembering<'a> {
+    log: WithLog<'a>,
+    reads: std::cell::Cell<u64>,
+    lists: std::cell::RefCell<std::collections::HashMap<RevisionId, std::sync::Arc<[ContentId]>>>,
+}
+
+impl Store for Remembering<'_> {
+    fn read(&self, table: Table, key: &[u8], f: &mut dyn FnMut(Option<&[u8]>) -> Result<()>) -> Result<()> {
+        self.log.read(table, key, f)
+    }
+    fn put(&mut self, _: Table, _: &[u8], _: &[u8]) -> Result<()> {
+        unreachable!("decide only reads")
+    }
+    fn remove(&mut self, _: Table, _: &[u8]) -> Result<()> {
+        unreachable!("decide only reads")
+    }
+    fn record_at(&self, seq: u64) -> Result<Option<Record>> {
+        self.reads.set(self.reads.get() + 1);
+        self.log.record_at(seq)
+    }
+    /// Not counted: an engine keeps records' lists in its cache, which reading the
+    /// head's transcript goes through.
+    fn message_list(&self, seq: u64) -> Result<Option<std::sync::Arc<[ContentId]>>> {
+        self.log.message_list(seq)
+    }
+    fn cached_revision(&self, revision: &RevisionId) -> Option<std::sync::Arc<[ContentId]>> {
+        self.lists.borrow().get(revision).cloned()
+    }
+    fn keep_revision(&self, revision: &RevisionId, list: &[ContentId]) {
+        self.lists.borrow_mut().insert(*revision, list.into());
+    }
+}
+
+/// Rebuilding a revision's list walks its recipes back from the revision, reading a
+/// record a node; a list rebuilt once is kept (by an engine, in its content cache), and
+/// the next walk that reaches that revision stops there: a restore of a long session
+/// reads the records since the revision the previous one rebuilt, not every record of
+/// the session. A kept list counts only at a node the session holds, and the list a walk
+/// ends with is hashed against the revision asked for either way.
+#[test]
+fn a_walk_over_the_recipes_stops_at_a_list_rebuilt_before() {
+    let mut log = Log::new();
+    let (s, other) = (sid(1), sid(2));
+    let m = |t: String| Message::user(t);
+    let mut revisions = vec![receipt(&log.ok(create(s, &[m("0".into())]))).revision];
+    for i in 1..=60 {
+        let t = turn(s, &format!("t{i}"), Expected::Any, &[m(format!("{i}"))]);
+        revisions.push(receipt(&log.ok(Command::CommitTurn(t))).revision);
+    }
+    let want = |n: usize| Some((0..=n).map(|i| cid(&m(format!("{i}")))).collect::<Vec<_>>());
+    fn remembering(log: &Log) -> Remembering<'_> {
+        Remembering {
+            log: WithLog { store: &log.store, records: &log.records },
+            reads: Default::default(),
+            lists: Default::default(),
+        }
+    }
+
+    let store = remembering(&log);
+    assert_eq!(materialize(&store, &s, &revisions[50]).unwrap(), want(50));
+    let from_the_start = store.reads.get();
+    assert!(from_the_start >= 50, "{from_the_start} records read");
+    assert!(store.lists.borrow().contains_key(&revisions[50]));
+    store.reads.set(0);
+    assert_eq!(materialize(&store, &s, &revisions[53]).unwrap(), want(53));
+    assert!(store.reads.get() <= 6, "{} records read after the kept list", store.reads.get());
+    // The revision itself: no record at all.
+    store.reads.set(0);
+    assert_eq!(materialize(&store, &s, &revisions[50]).unwrap(), want(50));
+    assert_eq!(store.reads.get(), 0);
+    // A restore keeps its target's list too, and its decision is the one a walk from the
+    // start makes.
+    let command = restore(s, revisions[60], revisions[55]);
+    let plain = decide(&log.with_log(), &command, &log.limits, &annal::Now::at(0)).unwrap();
+    store.reads.set(0);
+    let remembered = decide(&store, &command, &log.limits, &annal::Now::at(0)).unwrap();
+    assert_eq!(format!("{remembered:?}"), format!("{plain:?}"));
+    assert!(store.reads.get() <= 8, "{} records read", store.reads.get());
+    assert!(store.lists.borrow().contains_key(&revisions[55]));
+
+    // A kept list of a revision another session never held is not that session's.
+    log.ok(create(other, &[m("x".into())]));
+    let store = remembering(&log);
+    store.keep_revision(&revisions[50], &want(50).unwrap());
+    assert_eq!(materialize(&store, &other, &revisions[50]).unwrap(), None);
+    // A kept list that is not the revision's fails the hash check of the walk that took it.
+    store.keep_revision(&revisions[50], &want(49).unwrap());
+    assert!(matches!(materialize(&store, &s, &revisions[53]), Err(Error::Corrupt { .. })));
+}
+
 /// A node's row holds what its record does not: none of its messages' ids (the
 /// map's entries are keyed by the revisions' ids, which the row holds once each). Reading it needs the records: a store of
 /// projection rows alone cannot answer, and a node whose seq names another record is a
