@@ -1915,3 +1915,74 @@ fn revision_after_compaction(before: &[ContentId], summary: &Message) -> Revisio
     ids.splice(5..200, [message_id(summary)]);
     RevisionId::of(&ids)
 }
+
+/// A restore's walk over the revision graph stops at a revision whose list an earlier
+/// walk rebuilt (kept in the engine's content cache). Restores of compactions one after
+/// another, a restore of a revision older than the last one kept, a restore in a fork
+/// (whose walk goes on into its parent's graph), reads of past revisions, and the same
+/// after a reopen (an empty cache) give exactly what an engine without the cache gives,
+/// whose every walk goes back to the session's creation.
+#[test]
+fn restores_through_kept_lists_give_what_walks_from_the_creation_give() {
+    /// Runs the same commands on `engine`; returns every revision restored to, with the
+    /// transcript right after, and the transcripts read at past revisions.
+    fn run(db: &Db, engine: Engine, reopen: &dyn Fn(&Db) -> Engine) -> Vec<(RevisionId, Vec<ContentId>)> {
+        let mut seen = Vec::new();
+        let (s, r0) = create(&engine, &[Message::system("sys")]);
+        let mut h = commit_turns(&engine, s, "a", 30, r0);
+        let first = h;
+        let mut restored = Vec::new();
+        for round in 0..4 {
+            let len = head(&engine, s).message_count;
+            let summary = vec![Message::system(format!("summary {round}"))];
+            let compacted =
+                engine.rewrite(rewrite(s, h, 1, len - 2, summary, RewriteReason::Compaction)).unwrap().revision;
+            h = engine.restore(restore(s, compacted, h)).unwrap().revision;
+            restored.push(h);
+            seen.push((h, transcript_ids(&engine, s)));
+            h = commit_turns(&engine, s, &format!("b{round}-"), 10, h);
+        }
+        // Older than every kept list.
+        h = engine.restore(restore(s, h, first)).unwrap().revision;
+        seen.push((h, transcript_ids(&engine, s)));
+        h = engine.restore(restore(s, h, restored[2])).unwrap().revision;
+        seen.push((h, transcript_ids(&engine, s)));
+        // A fork, compacted and restored: the walk goes into the parent's graph.
+        let fork = engine.fork_at(s, 20).unwrap();
+        let f = commit_turns(&engine, fork.session, "f", 5, fork.receipt.revision);
+        let len = head(&engine, fork.session).message_count;
+        let summary = vec![Message::system("fork summary")];
+        let compacted =
+            engine.rewrite(rewrite(fork.session, f, 1, len - 1, summary, RewriteReason::Compaction)).unwrap().revision;
+        let back = engine.restore(restore(fork.session, compacted, f)).unwrap().revision;
+        seen.push((back, transcript_ids(&engine, fork.session)));
+        let past = |engine: &Engine, session: SessionId, revision: RevisionId| {
+            let page = engine.transcript_at(session, revision, PageRequest::first(1000)).unwrap();
+            (revision, page.messages.iter().map(|m| m.content_id).collect::<Vec<_>>())
+        };
+        for &r in &restored {
+            seen.push(past(&engine, s, r));
+        }
+        engine.close().unwrap();
+        let engine = reopen(db);
+        h = engine.restore(restore(s, h, restored[3])).unwrap().revision;
+        seen.push((h, transcript_ids(&engine, s)));
+        h = engine.restore(restore(s, h, restored[1])).unwrap().revision;
+        seen.push((h, transcript_ids(&engine, s)));
+        seen.push(past(&engine, fork.session, f));
+        engine.close().unwrap();
+        seen
+    }
+    let bare_options = || Options { durability: Durability::Relaxed, content_cache_bytes: 0, ..Options::default() };
+    let (cached, bare) = (Db::new(), Db::new());
+    let with_cache = run(&cached, cached.open(), &|db| db.open());
+    let without = run(&bare, Engine::open_with(&bare.path, bare_options()).unwrap(), &|db| {
+        Engine::open_with(&db.path, bare_options()).unwrap()
+    });
+    assert_eq!(with_cache.len(), 14);
+    assert_eq!(with_cache, without);
+    // Each restored transcript hashes to the revision it was restored to.
+    for (revision, ids) in &with_cache {
+        assert_eq!(RevisionId::of(ids), *revision);
+    }
+}
