@@ -1,16 +1,12 @@
 //! The content cache: content objects already read and verified, kept in memory by id,
 //! so that a message read again (a transcript page an agent host reads at every turn,
 //! say) costs a lookup instead of the content index, the content row, decompression and
-//! hashing; the message lists of records ([`crate::transcript::message_list`]) by
+//! hashing; and the message lists of records ([`crate::transcript::message_list`]) by
 //! seq, which the transcript's runs name, so that a page read again costs no record
-//! decode; and the message lists of revisions that a restore or a read of a past revision
-//! rebuilt from the graph's recipes, by revision id, so that the next such walk stops
-//! there instead of going back to the session's first record.
-//!
-//! A revision id is the chain value over its list, so a revision's list is the same in
-//! every session and every view that holds the revision; a walk takes a cached list only
-//! at a node its session's graph holds, and the list it ends with is hashed against the
-//! id it was asked for either way.
+//! decode. Beside it, the revision cache ([`RevisionCache`]): the message lists of
+//! revisions that a restore or a read of a past revision rebuilt from the graph's
+//! recipes, by revision id, so that the next such walk stops there instead of going back
+//! to the session's first record.
 //!
 //! A record never changes under its seq while an engine is open (a purge reopens it), so
 //! a cached list is right for every view that sees its record.
@@ -65,11 +61,11 @@ impl quick_cache::Weighter<RevisionId, Arc<[ContentId]>> for RevisionWeight {
     }
 }
 
-/// Verified content objects by id, records' message lists by seq and revisions' message
-/// lists by id, bounded by their bytes ([`crate::Options::content_cache_bytes`]: three
-/// quarters for the objects, three sixteenths for the records' lists, a sixteenth for
-/// the revisions'); quick_cache's eviction (a variant of CLOCK-Pro, which a scan does not
-/// flush) picks what leaves.
+/// Verified content objects by id and records' message lists by seq, bounded by their
+/// bytes (of [`crate::Options::content_cache_bytes`], three quarters for the objects and
+/// three sixteenths for the lists; the last sixteenth is the [`RevisionCache`]'s);
+/// quick_cache's eviction (a variant of CLOCK-Pro, which a scan does not flush) picks
+/// what leaves.
 pub(crate) struct ContentCache {
     objects: quick_cache::sync::Cache<ContentId, Cached, Weight, RowHasher>,
     /// Objects larger than this are not kept (one would push out many others).
@@ -77,20 +73,17 @@ pub(crate) struct ContentCache {
     lists: quick_cache::sync::Cache<u64, Arc<[ContentId]>, ListWeight, RowHasher>,
     /// Lists of more ids than this are not kept.
     list_ids_max: usize,
-    revisions: quick_cache::sync::Cache<RevisionId, Arc<[ContentId]>, RevisionWeight, RowHasher>,
-    /// Revisions' lists of more ids than this are not kept.
-    revision_ids_max: usize,
 }
 
 impl ContentCache {
-    /// A cache of at most `bytes` (none for 0).
+    /// The content cache of an engine whose [`crate::Options::content_cache_bytes`] is
+    /// `bytes` (none for 0): three quarters for the objects, three sixteenths for the
+    /// lists (the last sixteenth is for [`RevisionCache::of_content_cache`]).
     pub fn new(bytes: u64) -> Option<ContentCache> {
         if bytes == 0 {
             return None;
         }
-        let (object_bytes, lists_bytes) = (bytes - bytes / 4, bytes / 4);
-        let revision_bytes = (lists_bytes / 4).max(1);
-        let list_bytes = (lists_bytes - lists_bytes / 4).max(1);
+        let (object_bytes, list_bytes) = (bytes - bytes / 4, (bytes / 4 - bytes / 16).max(1));
         let items = (object_bytes / 2048).max(16) as usize;
         let objects =
             quick_cache::sync::Cache::with(items, object_bytes, Weight, RowHasher::default(), Default::default());
@@ -102,22 +95,7 @@ impl ContentCache {
             Default::default(),
         );
         let list_ids_max = (list_bytes / 4) as usize / std::mem::size_of::<ContentId>();
-        let revisions = quick_cache::sync::Cache::with(
-            (revision_bytes / 4096).max(16) as usize,
-            revision_bytes,
-            RevisionWeight,
-            RowHasher::default(),
-            Default::default(),
-        );
-        let revision_ids_max = (revision_bytes / 2) as usize / std::mem::size_of::<ContentId>();
-        Some(ContentCache {
-            objects,
-            object_bytes_max: object_bytes / 16,
-            lists,
-            list_ids_max,
-            revisions,
-            revision_ids_max,
-        })
+        Some(ContentCache { objects, object_bytes_max: object_bytes / 16, lists, list_ids_max })
     }
 
     /// The message list of the record at `seq`, if it is cached.
@@ -129,19 +107,6 @@ impl ContentCache {
     pub fn put_list(&self, seq: u64, list: &Arc<[ContentId]>) {
         if list.len() <= self.list_ids_max {
             self.lists.insert(seq, list.clone());
-        }
-    }
-
-    /// The message list of revision `revision`, if it is cached.
-    pub fn revision(&self, revision: &RevisionId) -> Option<Arc<[ContentId]>> {
-        self.revisions.get(revision)
-    }
-
-    /// Keeps `list`, the message list of revision `revision`, which the caller hashed to
-    /// it.
-    pub fn put_revision(&self, revision: RevisionId, list: &[ContentId]) {
-        if list.len() <= self.revision_ids_max {
-            self.revisions.insert(revision, Arc::from(list));
         }
     }
 
@@ -161,6 +126,59 @@ impl ContentCache {
     pub fn forget(&self, ids: &[ContentId]) {
         for id in ids {
             self.objects.remove(id);
+        }
+    }
+}
+
+/// The message lists of revisions by revision id, bounded by their bytes, which
+/// [`crate::decide::materialize`]'s walk over the recipes (a restore, a read of a past
+/// revision) stops at and keeps what it rebuilt in.
+///
+/// A revision id is the chain value over its list, so a revision's list is the same in
+/// every session, every view and every file that holds the revision, and nothing a purge,
+/// a content collection or a later commit does changes it: a kept list never goes stale.
+/// A walk takes one only at a node its session's graph holds, and hashes the list it ends
+/// with against the revision it was asked for either way. The lists hold ids, no content,
+/// so read-only openers keep one too ([`crate::reader::READER_REVISION_CACHE_BYTES`]).
+pub(crate) struct RevisionCache {
+    lists: quick_cache::sync::Cache<RevisionId, Arc<[ContentId]>, RevisionWeight, RowHasher>,
+    /// Lists of more ids than this are not kept.
+    ids_max: usize,
+}
+
+impl RevisionCache {
+    /// A cache of at most `bytes` (none for 0); a list larger than half of it is not
+    /// kept.
+    pub fn new(bytes: u64) -> Option<RevisionCache> {
+        if bytes == 0 {
+            return None;
+        }
+        let lists = quick_cache::sync::Cache::with(
+            (bytes / 4096).max(16) as usize,
+            bytes,
+            RevisionWeight,
+            RowHasher::default(),
+            Default::default(),
+        );
+        Some(RevisionCache { lists, ids_max: (bytes / 2) as usize / std::mem::size_of::<ContentId>() })
+    }
+
+    /// The revision cache of an engine whose [`crate::Options::content_cache_bytes`] is
+    /// `bytes`: a sixteenth of it (none for 0).
+    pub fn of_content_cache(bytes: u64) -> Option<RevisionCache> {
+        RevisionCache::new(bytes / 16)
+    }
+
+    /// The message list of revision `revision`, if it is kept.
+    pub fn get(&self, revision: &RevisionId) -> Option<Arc<[ContentId]>> {
+        self.lists.get(revision)
+    }
+
+    /// Keeps `list`, the message list of revision `revision`, which the caller hashed to
+    /// it.
+    pub fn put(&self, revision: RevisionId, list: &[ContentId]) {
+        if list.len() <= self.ids_max {
+            self.lists.insert(revision, Arc::from(list));
         }
     }
 }
@@ -191,7 +209,7 @@ mod tests {
         cache.put_list(7, &list);
         assert_eq!(cache.list(7).as_deref(), Some(&list[..]));
         assert_eq!(cache.list(8), None);
-        // A list larger than a quarter of the records' lists' share is not kept.
+        // A list larger than a quarter of the lists' share is not kept.
         let long: Arc<[ContentId]> = (0..200u8).map(id).collect();
         cache.put_list(9, &long);
         assert_eq!(cache.list(9), None);
@@ -199,28 +217,28 @@ mod tests {
             cache.put_list(seq, &list);
         }
         let held = (100..400).filter(|s| cache.list(*s).is_some()).count() as u64;
-        // Within the records' lists' share: three sixteenths of the cache.
+        // Within the lists' share: three sixteenths of the cache.
         assert!(held * (10 * 32 + ENTRY_OVERHEAD_BYTES) <= 12 << 10, "{held} lists held");
         assert!(held > 0);
     }
 
     #[test]
-    fn revisions_lists_are_kept_by_id_within_their_share() {
-        let cache = ContentCache::new(64 << 10).unwrap();
+    fn revisions_lists_are_kept_by_id_within_their_bytes() {
+        assert!(RevisionCache::new(0).is_none());
+        let cache = RevisionCache::new(4 << 10).unwrap();
         let revision = |n: u64| RevisionId(*blake3::hash(&n.to_le_bytes()).as_bytes());
         let list: Vec<ContentId> = (0..10u8).map(id).collect();
-        cache.put_revision(revision(1), &list);
-        assert_eq!(cache.revision(&revision(1)).as_deref(), Some(&list[..]));
-        assert_eq!(cache.revision(&revision(2)), None);
-        // A list larger than half the revisions' share (a sixteenth of the cache) is not
-        // kept.
+        cache.put(revision(1), &list);
+        assert_eq!(cache.get(&revision(1)).as_deref(), Some(&list[..]));
+        assert_eq!(cache.get(&revision(2)), None);
+        // A list larger than half the cache is not kept.
         let long: Vec<ContentId> = (0..100u8).map(id).collect();
-        cache.put_revision(revision(3), &long);
-        assert_eq!(cache.revision(&revision(3)), None);
+        cache.put(revision(3), &long);
+        assert_eq!(cache.get(&revision(3)), None);
         for n in 100..400 {
-            cache.put_revision(revision(n), &list);
+            cache.put(revision(n), &list);
         }
-        let held = (100..400).filter(|n| cache.revision(&revision(*n)).is_some()).count() as u64;
+        let held = (100..400).filter(|n| cache.get(&revision(*n)).is_some()).count() as u64;
         assert!(held * (10 * 32 + ENTRY_OVERHEAD_BYTES) <= 4 << 10, "{held} lists held");
         assert!(held > 0);
     }

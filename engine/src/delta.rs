@@ -16,7 +16,7 @@
 //! hold, so which snapshot of the projections file a view got does not change what it
 //! reads.
 
-use crate::cache::ContentCache;
+use crate::cache::{ContentCache, RevisionCache};
 use crate::error::{Error, Location, Result};
 use crate::journal::{SealedBatch, Tail};
 use crate::projection::SessionHead;
@@ -300,6 +300,7 @@ pub(crate) struct Delta {
     /// Verified content objects every view of this delta reads first (the engine's own;
     /// read-only openers have none).
     content_cache: Option<Arc<ContentCache>>,
+    revision_cache: Option<Arc<RevisionCache>>,
     /// Signalled whenever a layer is checkpointed (backpressure and drains wait on it).
     progress: (Mutex<()>, Condvar),
     /// The seqs live views read at.
@@ -368,14 +369,25 @@ impl Delta {
             }),
             progress: (Mutex::new(()), Condvar::new()),
             content_cache: None,
+            revision_cache: None,
             readers: Arc::default(),
             anchor: None,
         })
     }
 
-    /// This delta with a content cache of `bytes` (none for 0) that its views read first.
+    /// This delta with the content cache and the revision cache of an engine whose
+    /// [`crate::Options::content_cache_bytes`] is `bytes` (none for 0), which its views
+    /// read first.
     pub fn with_content_cache(mut self, bytes: u64) -> Delta {
         self.content_cache = ContentCache::new(bytes).map(Arc::new);
+        self.revision_cache = RevisionCache::of_content_cache(bytes).map(Arc::new);
+        self
+    }
+
+    /// This delta with a revision cache of `bytes` (none for 0) alone, for a read-only
+    /// opener: revisions' lists never go stale, content may (a host's purge).
+    pub fn with_revision_cache(mut self, bytes: u64) -> Delta {
+        self.revision_cache = RevisionCache::new(bytes).map(Arc::new);
         self
     }
 
@@ -405,6 +417,7 @@ impl Delta {
             ckpt: state.checkpoint.clone(),
             log: state.log.clone(),
             cache: self.content_cache.clone(),
+            revisions: self.revision_cache.clone(),
             content: std::cell::OnceCell::new(),
             records: std::cell::OnceCell::new(),
             content_index_size: std::cell::OnceCell::new(),
@@ -580,6 +593,8 @@ pub struct View {
     log: LogSnap,
     /// The engine's content cache, if it has one.
     cache: Option<Arc<ContentCache>>,
+    /// The revisions' lists a walk over the recipes stops at ([`RevisionCache`]).
+    revisions: Option<Arc<RevisionCache>>,
     /// The log file's content table, opened at the first content read of this view.
     content: std::cell::OnceCell<crate::pieces::ContentReader>,
     /// The log file's record table, opened at the first record read of this view.
@@ -874,11 +889,11 @@ impl Store for View {
         Ok(Some(list))
     }
     fn cached_revision(&self, revision: &annal_codec::RevisionId) -> Option<Arc<[ContentId]>> {
-        self.cache.as_ref()?.revision(revision)
+        self.revisions.as_ref()?.get(revision)
     }
     fn keep_revision(&self, revision: &annal_codec::RevisionId, list: &[ContentId]) {
-        if let Some(cache) = &self.cache {
-            cache.put_revision(*revision, list);
+        if let Some(cache) = &self.revisions {
+            cache.put(*revision, list);
         }
     }
     fn content_row_holds(&self, seq: u64, id: &ContentId) -> Result<Option<bool>> {

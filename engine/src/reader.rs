@@ -50,6 +50,13 @@ impl std::fmt::Debug for Reader {
 /// order, so a larger cache only costs memory (redb's default is 1 GiB).
 pub const READER_CACHE_BYTES: usize = 64 << 20;
 
+/// The revision cache of a [`Reader::open`] ([`crate::decide::materialize`]'s walk over
+/// a revision's recipes stops at a list an earlier walk rebuilt): 4 MiB, the default
+/// engine's share. It keeps ids alone, which never go stale, so a reader beside a live
+/// host keeps one; the reader keeps no content cache (what a host's purge erases must
+/// not be served from a reader's memory).
+pub const READER_REVISION_CACHE_BYTES: u64 = 4 << 20;
+
 impl Reader {
     /// The engine's own reader, over its live delta.
     pub(crate) fn live(
@@ -93,7 +100,9 @@ impl Reader {
         })?;
         // The delta's views keep the databases they read open, whatever outlives what:
         // the reader, or a view taken from it.
-        let delta = delta.with_anchor(Arc::new((log.clone(), projections, empty)));
+        let delta = delta
+            .with_anchor(Arc::new((log.clone(), projections, empty)))
+            .with_revision_cache(READER_REVISION_CACHE_BYTES);
         let follow = Follow { log, journal, lock: Mutex::new(()) };
         Ok(Reader {
             source: Arc::new(Source { delta: Arc::new(delta), follow: Some(follow), renewals: None }),

@@ -1986,3 +1986,45 @@ fn restores_through_kept_lists_give_what_walks_from_the_creation_give() {
         assert_eq!(RevisionId::of(ids), *revision);
     }
 }
+
+/// An engine keeps the list of every revision a walk over the recipes rebuilt (a
+/// restore, a read of a past revision) in its content cache's share, and so does a
+/// read-only opener beside it, in a cache of ids alone; the next walk that reaches the
+/// revision stops there. An engine opened without a content cache keeps none.
+#[test]
+fn engines_and_readers_keep_the_revisions_their_walks_rebuilt() {
+    let db = Db::new();
+    let engine = db.open_durable();
+    let (s, r0) = create(&engine, &[Message::system("sys")]);
+    let middle = commit_turns(&engine, s, "a", 10, r0);
+    let head = commit_turns(&engine, s, "b", 10, middle);
+    let at = |reader: &Reader, revision: RevisionId| {
+        let page = reader.transcript_at(s, revision, PageRequest::first(1000)).unwrap();
+        page.messages.iter().map(|m| m.content_id).collect::<Vec<_>>()
+    };
+    let kept = |reader: &Reader, revision: RevisionId| reader.snapshot().unwrap().cached_revision(&revision);
+
+    let beside = Reader::open(&db.path, Limits::default(), None).unwrap();
+    assert_eq!(kept(&beside, middle), None);
+    let ids = at(&beside, middle);
+    assert_eq!(ids.len(), 21);
+    assert_eq!(kept(&beside, middle).as_deref(), Some(&ids[..]));
+    assert_eq!(at(&beside, middle), ids);
+    // The engine's own.
+    assert_eq!(kept(engine.reader(), middle), None);
+    assert_eq!(at(engine.reader(), middle), ids);
+    assert_eq!(kept(engine.reader(), middle).as_deref(), Some(&ids[..]));
+    // A restore keeps its target's.
+    let compacted = engine
+        .rewrite(rewrite(s, head, 1, 40, vec![Message::system("summary")], RewriteReason::Compaction))
+        .unwrap()
+        .revision;
+    engine.restore(restore(s, compacted, head)).unwrap();
+    let whole = transcript_ids(engine.reader(), s);
+    assert_eq!(kept(engine.reader(), head).as_deref(), Some(&whole[..]));
+    engine.close().unwrap();
+
+    let engine = Engine::open_with(&db.path, Options { content_cache_bytes: 0, ..Options::default() }).unwrap();
+    assert_eq!(at(engine.reader(), middle), ids);
+    assert_eq!(kept(engine.reader(), middle), None);
+}
