@@ -356,8 +356,11 @@ fn expect_revision(head: &SessionHead, expected: &RevisionId) -> Result<()> {
 use crate::transcript::chain_at;
 
 /// Rebuilds the message list of any revision a session has held, from the revision
-/// graph's recipes. Costs O(the session's events), never O(the whole log). `None` when
-/// the session never held `revision`. A node's recipe is in the record that first
+/// graph's recipes. Costs O(the session's events), never O(the whole log), and where the
+/// store keeps revisions' lists ([`Store::cached_revision`]: an engine's view, a
+/// reader's), O(the events since the nearest revision a walk rebuilt before) plus the
+/// list's length; the list is kept for the next walk. `None` when the session never
+/// held `revision`. A node's recipe is in the record that first
 /// produced it, so `store` must see the log (a view, or an overlay over one): a store of
 /// projection rows alone answers with [`Error::Storage`].
 pub fn materialize<S: Store + ?Sized>(
@@ -390,8 +393,8 @@ fn check_materialized(revision: &RevisionId, computed: RevisionId) -> Result<()>
 /// [`materialize`]'s message list, before its hash is checked. Each node's recipe is in
 /// the record that first produced it, which `store` reads (within a batch, the writer's
 /// store answers for the batch's own records first: `store::WithRecords`). The walk
-/// goes back from `revision` until a root, or until a node whose list the engine's
-/// content cache holds (one that an earlier walk rebuilt and checked): a restore, say,
+/// goes back from `revision` until a root, or until a node whose list the store's
+/// revision cache holds (one that an earlier walk rebuilt and checked): a restore, say,
 /// walks back to the revision the previous restore went to, not to the session's
 /// creation.
 fn follow_recipes<S: Store + ?Sized>(
@@ -479,7 +482,7 @@ fn follow_recipes<S: Store + ?Sized>(
 }
 
 /// Where [`follow_recipes`]' walk ended: at a root, with its messages, or at a node whose
-/// list the content cache held.
+/// list the revision cache held.
 enum Base {
     Root(Vec<ContentId>),
     Cached(std::sync::Arc<[ContentId]>),
