@@ -43,20 +43,12 @@ impl quick_cache::Weighter<ContentId, Cached> for Weight {
     }
 }
 
+/// The weight of a list of ids, whatever it is kept by (a record's seq, a revision id).
 #[derive(Clone)]
 struct ListWeight;
 
-impl quick_cache::Weighter<u64, Arc<[ContentId]>> for ListWeight {
-    fn weight(&self, _: &u64, value: &Arc<[ContentId]>) -> u64 {
-        (value.len() * std::mem::size_of::<ContentId>()) as u64 + ENTRY_OVERHEAD_BYTES
-    }
-}
-
-#[derive(Clone)]
-struct RevisionWeight;
-
-impl quick_cache::Weighter<RevisionId, Arc<[ContentId]>> for RevisionWeight {
-    fn weight(&self, _: &RevisionId, value: &Arc<[ContentId]>) -> u64 {
+impl<K> quick_cache::Weighter<K, Arc<[ContentId]>> for ListWeight {
+    fn weight(&self, _: &K, value: &Arc<[ContentId]>) -> u64 {
         (value.len() * std::mem::size_of::<ContentId>()) as u64 + ENTRY_OVERHEAD_BYTES
     }
 }
@@ -141,7 +133,7 @@ impl ContentCache {
 /// with against the revision it was asked for either way. The lists hold ids, no content,
 /// so read-only openers keep one too ([`crate::reader::READER_REVISION_CACHE_BYTES`]).
 pub(crate) struct RevisionCache {
-    lists: quick_cache::sync::Cache<RevisionId, Arc<[ContentId]>, RevisionWeight, RowHasher>,
+    lists: quick_cache::sync::Cache<RevisionId, Arc<[ContentId]>, ListWeight, RowHasher>,
     /// Lists of more ids than this are not kept.
     ids_max: usize,
 }
@@ -156,7 +148,7 @@ impl RevisionCache {
         let lists = quick_cache::sync::Cache::with(
             (bytes / 4096).max(16) as usize,
             bytes,
-            RevisionWeight,
+            ListWeight,
             RowHasher::default(),
             Default::default(),
         );
@@ -175,9 +167,10 @@ impl RevisionCache {
     }
 
     /// Keeps `list`, the message list of revision `revision`, which the caller hashed to
-    /// it.
+    /// it. A revision kept already is left as it is (its list cannot differ), without a
+    /// copy of `list`.
     pub fn put(&self, revision: RevisionId, list: &[ContentId]) {
-        if list.len() <= self.ids_max {
+        if list.len() <= self.ids_max && !self.lists.contains_key(&revision) {
             self.lists.insert(revision, Arc::from(list));
         }
     }

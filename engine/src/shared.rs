@@ -284,14 +284,8 @@ pub(crate) fn fold_batch(
         match fold_one(shared, &mut overlay, &mut entries, &m, next_seq, clock_ms) {
             Ok(at_ms) => {
                 overlay.keep();
-                let mut sessions = Vec::new();
-                for e in &entries[start..] {
-                    if !sessions.contains(&e.record.session) {
-                        sessions.push(e.record.session);
-                    }
-                }
                 let last_seq = next_seq + (entries.len() - start) as u64 - 1;
-                notices.push(CommitNotice { first_seq: next_seq, last_seq, sessions, committed_at_ms: at_ms });
+                notices.extend(CommitNotice::of(entries[start..].iter().map(|e| &e.record), at_ms));
                 verdicts.push((m.seq, Verdict::Applied { first_seq: next_seq, at_ms }));
                 next_seq = last_seq + 1;
                 clock_ms = at_ms;

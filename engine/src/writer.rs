@@ -49,6 +49,25 @@ pub struct CommitNotice {
     pub committed_at_ms: u64,
 }
 
+impl CommitNotice {
+    /// The notice of a commit that appended `records` (in seq order) at
+    /// `committed_at_ms`: their first and last seq and their sessions in the order of
+    /// their first record. `None` for no record.
+    pub(crate) fn of<'r>(records: impl IntoIterator<Item = &'r Record>, committed_at_ms: u64) -> Option<CommitNotice> {
+        let mut records = records.into_iter();
+        let first = records.next()?;
+        let mut notice =
+            CommitNotice { first_seq: first.seq, last_seq: first.seq, sessions: vec![first.session], committed_at_ms };
+        for r in records {
+            notice.last_seq = r.seq;
+            if !notice.sessions.contains(&r.session) {
+                notice.sessions.push(r.session);
+            }
+        }
+        Some(notice)
+    }
+}
+
 /// Queue depth of each subscriber; a subscriber that falls this far behind is dropped
 /// (its receiver disconnects) rather than stalling the writer.
 pub const SUBSCRIBER_QUEUE_MAX: usize = 65_536;
@@ -326,19 +345,15 @@ fn exclusive(shared: &Shared, seq: &mut Sequencer, req: Request, checkpoints: &S
         Request::Checkpoint { reply } => drop(reply.send(drain(shared, checkpoints))),
         Request::Import { records, content, reply } => {
             let mut tip = tip;
-            let sessions = sessions_of(&records);
+            // The import appends all of its records or none.
+            let notice = CommitNotice::of(&records, 0);
             let result = crate::import::import(shared, &mut tip, records, content);
             *shared.tip.lock() = tip;
             seq.next_seq = tip.seq + 1;
             seq.clock_ms = seq.clock_ms.max(tip.clock_ms);
             // One durable transaction, one notice, sent before the reply as for a command.
-            if let Ok(stats) = &result {
-                if stats.records > 0 {
-                    let first_seq = stats.tip_seq + 1 - stats.records;
-                    let notice =
-                        CommitNotice { first_seq, last_seq: stats.tip_seq, sessions, committed_at_ms: tip.clock_ms };
-                    notify(shared, vec![notice]);
-                }
+            if let (Ok(_), Some(notice)) = (&result, notice) {
+                notify(shared, vec![CommitNotice { committed_at_ms: tip.clock_ms, ..notice }]);
             }
             let _ = reply.send(result);
             after_apply(shared, checkpoints);
@@ -373,13 +388,6 @@ fn exclusive(shared: &Shared, seq: &mut Sequencer, req: Request, checkpoints: &S
             let _ = reply.send(result);
         }
     }
-}
-
-/// The sessions `records` write to, in the order of their first record: what a
-/// [`CommitNotice`] names.
-fn sessions_of(records: &[Record]) -> Vec<SessionId> {
-    let mut seen = std::collections::HashSet::new();
-    records.iter().map(|r| r.session).filter(|s| seen.insert(*s)).collect()
 }
 
 /// One sweep batch of an online collection, on the idle log: mark what the records
@@ -643,20 +651,7 @@ pub(crate) fn decide_batch(
                     Effect::Draft(change) => drafts.apply(change, clock_ms),
                 }
             }
-            let mut sessions = Vec::new();
-            for entry in &staged {
-                if !sessions.contains(&entry.record.session) {
-                    sessions.push(entry.record.session);
-                }
-            }
-            if let (Some(first), Some(last)) = (staged.first(), staged.last()) {
-                notices.push(CommitNotice {
-                    first_seq: first.record.seq,
-                    last_seq: last.record.seq,
-                    sessions,
-                    committed_at_ms: clock_ms,
-                });
-            }
+            notices.extend(CommitNotice::of(staged.iter().map(|e| &e.record), clock_ms));
             spans.push(entries.len()..entries.len() + staged.len());
             entries.extend(staged);
             outcomes.push(Ok(outcome));

@@ -1956,10 +1956,7 @@ fn restores_through_kept_lists_give_what_walks_from_the_creation_give() {
             engine.rewrite(rewrite(fork.session, f, 1, len - 1, summary, RewriteReason::Compaction)).unwrap().revision;
         let back = engine.restore(restore(fork.session, compacted, f)).unwrap().revision;
         seen.push((back, transcript_ids(&engine, fork.session)));
-        let past = |engine: &Engine, session: SessionId, revision: RevisionId| {
-            let page = engine.transcript_at(session, revision, PageRequest::first(1000)).unwrap();
-            (revision, page.messages.iter().map(|m| m.content_id).collect::<Vec<_>>())
-        };
+        let past = |engine: &Engine, session, revision| (revision, transcript_ids_at(engine, session, revision));
         for &r in &restored {
             seen.push(past(&engine, s, r));
         }
@@ -1998,10 +1995,7 @@ fn engines_and_readers_keep_the_revisions_their_walks_rebuilt() {
     let (s, r0) = create(&engine, &[Message::system("sys")]);
     let middle = commit_turns(&engine, s, "a", 10, r0);
     let head = commit_turns(&engine, s, "b", 10, middle);
-    let at = |reader: &Reader, revision: RevisionId| {
-        let page = reader.transcript_at(s, revision, PageRequest::first(1000)).unwrap();
-        page.messages.iter().map(|m| m.content_id).collect::<Vec<_>>()
-    };
+    let at = |reader: &Reader, revision| transcript_ids_at(reader, s, revision);
     let kept = |reader: &Reader, revision: RevisionId| reader.snapshot().unwrap().cached_revision(&revision);
 
     let beside = Reader::open(&db.path, Limits::default(), None).unwrap();

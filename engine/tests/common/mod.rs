@@ -180,6 +180,12 @@ pub fn transcript_ids(reader: &Reader, session: SessionId) -> Vec<ContentId> {
     transcript(reader, session).into_iter().map(|m| m.content_id).collect()
 }
 
+/// The content ids of the whole transcript at `revision`, a revision the session held.
+pub fn transcript_ids_at(reader: &Reader, session: SessionId, revision: RevisionId) -> Vec<ContentId> {
+    let page = reader.transcript_at(session, revision, PageRequest::first(1000)).unwrap();
+    page.messages.into_iter().map(|m| m.content_id).collect()
+}
+
 /// The last committed global seq.
 pub fn tip_seq(reader: &Reader) -> u64 {
     reader.tip().unwrap().0
