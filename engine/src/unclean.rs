@@ -35,16 +35,26 @@ pub type ReadOnly = Arc<dyn ReadableDatabase + Send + Sync>;
 /// Opens `path` for reading, as a reader beside a live writer does (redb's single-writer
 /// mode), with a page cache of `cache_bytes`; a file its last writer left unclean, which
 /// redb refuses to open read-only, is opened over a [`CopyOnWrite`] view of it that
-/// takes the repair in memory. The file is never written.
+/// takes the repair in memory. The file is never written. redb may panic on pages it
+/// cannot make sense of (the repair reads every page of a damaged file); such a panic is
+/// a `Corrupted` storage error here, so no caller takes its process down.
 pub fn open_read_only(path: &Path, cache_bytes: usize) -> Result<ReadOnly, redb::DatabaseError> {
-    let mut b = redb::Builder::new();
-    b.set_concurrency_mode(redb::ConcurrencyMode::SingleWriter);
-    b.set_cache_size(cache_bytes);
-    match b.open_read_only(path) {
-        Ok(db) => Ok(Arc::new(db)),
-        Err(redb::DatabaseError::RepairAborted) => Ok(Arc::new(open_repaired(path, cache_bytes)?)),
-        Err(e) => Err(e),
-    }
+    let open = || -> Result<ReadOnly, redb::DatabaseError> {
+        let mut b = redb::Builder::new();
+        b.set_concurrency_mode(redb::ConcurrencyMode::SingleWriter);
+        b.set_cache_size(cache_bytes);
+        match b.open_read_only(path) {
+            Ok(db) => Ok(Arc::new(db)),
+            Err(redb::DatabaseError::RepairAborted) => Ok(Arc::new(open_repaired(path, cache_bytes)?)),
+            Err(e) => Err(e),
+        }
+    };
+    std::panic::catch_unwind(open).unwrap_or_else(|panic| {
+        let message = crate::error::panic_message(panic.as_ref());
+        Err(redb::DatabaseError::Storage(redb::StorageError::Corrupted(format!(
+            "the storage layer failed on damaged data: {message}"
+        ))))
+    })
 }
 
 /// Opens `path` as a database over a copy-on-write view of the file: redb repairs it in
@@ -156,6 +166,7 @@ impl StorageBackend for CopyOnWrite {
 
     fn write(&self, offset: u64, data: &[u8]) -> Result<(), io::Error> {
         let mut state = self.state.lock();
+        let end = offset.checked_add(data.len() as u64).ok_or_else(|| past_u64(offset))?;
         let mut done = 0usize;
         while done < data.len() {
             let at = offset + done as u64;
@@ -172,9 +183,14 @@ impl StorageBackend for CopyOnWrite {
             }
             done += n;
         }
-        state.len = state.len.max(offset + data.len() as u64);
+        state.len = state.len.max(end);
         Ok(())
     }
+}
+
+/// The error of an access that would end past `u64::MAX` bytes.
+fn past_u64(offset: u64) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidInput, format!("an access at offset {offset} ends past the largest offset"))
 }
 
 #[cfg(test)]
@@ -195,6 +211,20 @@ mod tests {
             (0u64..50_000).prop_map(Op::SetLen),
             (0u64..50_000, 0usize..12_000).prop_map(|(o, n)| Op::Read(o, n)),
         ]
+    }
+
+    /// A write whose end would pass the largest offset is refused, changing nothing,
+    /// as a read past the end is.
+    #[test]
+    fn an_access_past_the_largest_offset_is_an_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f");
+        std::fs::write(&path, [7u8; 100]).unwrap();
+        let view = CopyOnWrite::open(&path).unwrap();
+        let e = view.write(u64::MAX - 1, &[1, 2, 3]).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::InvalidInput);
+        assert_eq!(view.len().unwrap(), 100);
+        assert!(view.read(u64::MAX - 1, &mut [0u8; 3]).is_err());
     }
 
     proptest! {
