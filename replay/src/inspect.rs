@@ -874,14 +874,9 @@ pub fn stats(reader: &Reader, path: &Path) -> Result<Stats> {
 /// The storage of the projections table of the projections file at `path` (`None`
 /// when the file has none yet), or why the file cannot be read.
 fn projections_table(path: &Path) -> std::result::Result<Option<TableStorage>, String> {
-    // A file its writer did not close (a host killed) opens over an in-memory repair.
-    let db = annal::unclean::open_read_only(path, annal::reader::READER_CACHE_BYTES).map_err(|e| e.to_string())?;
-    let txn = db.begin_read().map_err(|e| e.to_string())?;
-    match txn.open_table(PROJECTIONS) {
-        Ok(table) => TableStorage::of(PROJECTIONS.name(), &table).map(Some).map_err(|e| e.to_string()),
-        Err(redb::TableError::TableDoesNotExist(_)) => Ok(None),
-        Err(e) => Err(e.to_string()),
-    }
+    crate::with_projections_table(path, annal::reader::READER_CACHE_BYTES, |table| {
+        TableStorage::of(PROJECTIONS.name(), table).map_err(|e| e.to_string())
+    })
 }
 
 /// Counts one content row's objects into `s`.

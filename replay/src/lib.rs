@@ -185,6 +185,25 @@ pub fn require_file(path: &Path) -> Result<()> {
     }
 }
 
+/// Runs `f` on the table of rows of the projections file at `path`, opened read-only (a
+/// file its writer did not close over an in-memory repair, `annal::unclean`): `None`
+/// when the file has no such table yet (its host was stopped before it made it; an open
+/// folds from nothing then, as with no file), or why the file cannot be read. `verify
+/// --deep` and `stats` ask this one question of the file.
+pub fn with_projections_table<T>(
+    path: &Path,
+    cache_bytes: usize,
+    f: impl FnOnce(&redb::ReadOnlyTable<&'static [u8], &'static [u8]>) -> std::result::Result<T, String>,
+) -> std::result::Result<Option<T>, String> {
+    let db = annal::unclean::open_read_only(path, cache_bytes).map_err(|e| e.to_string())?;
+    let txn = redb::ReadableDatabase::begin_read(&*db).map_err(|e| e.to_string())?;
+    match txn.open_table(annal::tables::PROJECTIONS) {
+        Ok(table) => f(&table).map(Some),
+        Err(redb::TableError::TableDoesNotExist(_)) => Ok(None),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
 /// Opens an existing database read-only. Works beside a live writer in another process.
 pub fn open_reader(path: &Path, key: Option<[u8; 32]>) -> Result<Reader> {
     require_file(path)?;

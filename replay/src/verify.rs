@@ -554,20 +554,21 @@ pub fn verify(path: &Path, opts: &VerifyOptions) -> Result<VerifyReport> {
 }
 
 /// Whether the projections file beside `path`, if there is one, opens and its table of
-/// rows reads. A reader treats a projections file it cannot use as absent and folds the
-/// whole log instead, which is right for a query and wrong for `--deep`: the tables it
-/// would compare would be that fresh fold, not what is stored.
+/// rows reads (`crate::with_projections_table`). A reader treats a projections file it
+/// cannot use as absent and folds the whole log instead, which is right for a query and
+/// wrong for `--deep`: the tables it would compare would be that fresh fold, not what is
+/// stored.
 fn projections_readable(path: &Path) -> annal::Result<()> {
     let projections = annal::projections_path(path);
     if !projections.exists() {
         return Ok(());
     }
-    let unreadable = |e: &dyn fmt::Display| annal::Error::Storage(format!("the projections file: {e}"));
-    let db = annal::unclean::open_read_only(&projections, VERIFY_CACHE_BYTES).map_err(|e| unreadable(&e))?;
-    let txn = db.begin_read().map_err(|e| unreadable(&e))?;
-    let table = txn.open_table(annal::tables::PROJECTIONS).map_err(|e| unreadable(&e))?;
-    redb::ReadableTableMetadata::len(&table).map_err(|e| unreadable(&e))?;
-    Ok(())
+    let len = |table: &redb::ReadOnlyTable<&'static [u8], &'static [u8]>| {
+        redb::ReadableTableMetadata::len(table).map_err(|e| e.to_string())
+    };
+    crate::with_projections_table(&projections, VERIFY_CACHE_BYTES, len)
+        .map(drop)
+        .map_err(|e| annal::Error::Storage(format!("the projections file: {e}")))
 }
 
 /// The journal files beside `path`, read right after `txn` was taken. If they do not
