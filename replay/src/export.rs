@@ -1049,12 +1049,17 @@ pub fn import(path: &Path, input: &mut dyn BufRead, opts: &ImportOptions) -> Res
     if parsed.records.is_empty() {
         return Err(CliError::usage("no records to import: the input holds no record lines"));
     }
+    // An existing file must be a database (`crate::require_file`: an empty one is
+    // refused, not made into a new database).
+    if path.exists() {
+        crate::require_file(path)?;
+        return import_opened(path, parsed, opts);
+    }
     // A database this import creates is removed again if it fails: every file of it
     // (the log file, its projections file, its journal) that was not there before.
-    let existed = path.exists();
     let absent: Vec<PathBuf> = annal::database_files(path).into_iter().filter(|f| !f.exists()).collect();
     let result = import_opened(path, parsed, opts);
-    if result.is_err() && !existed {
+    if result.is_err() {
         for file in &absent {
             let _ = std::fs::remove_file(file);
         }

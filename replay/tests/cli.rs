@@ -1589,6 +1589,15 @@ fn writing_commands_refuse_an_empty_file() {
         assert_eq!(std::fs::metadata(&empty).unwrap().len(), 0, "{command:?} left the file as it was");
         assert_eq!(existing_files(&empty), vec![empty.clone()], "{command:?} wrote no other file");
     }
+    // An import into it, of a log that would make a database anywhere else.
+    let input = dir.path().join("export.jsonl");
+    std::fs::write(&input, export(&demo_db(&dir, 1), &[])).unwrap();
+    std::fs::write(&empty, b"").unwrap();
+    let out = annal(&["import", p(&input), p(&empty)]);
+    assert_eq!(code(&out), 2, "import: {}{}", stdout(&out), stderr(&out));
+    assert!(stderr(&out).contains("is empty: not an annal database"), "import: {}", stderr(&out));
+    assert_eq!(std::fs::metadata(&empty).unwrap().len(), 0, "import left the file as it was");
+    assert_eq!(existing_files(&empty), vec![empty.clone()], "import wrote no other file");
 }
 
 /// A database with a keyed chain (key 32 bytes of 0x5a) and one session, and a file
