@@ -43,16 +43,16 @@ pub struct CompactStats {
 /// gives back: that is not space the compaction freed).
 pub fn compact(path: impl AsRef<Path>, options: Options) -> Result<CompactStats> {
     let path = path.as_ref();
-    let bytes_before = database_len_before(path);
+    let bytes_before = database_len(path);
     Engine::open_with(path, options)?.close()?;
-    Ok(CompactStats { bytes_before, ..compact_closed(path)? })
+    compact_closed(path, bytes_before)
 }
 
 /// redb's compaction of the closed database at `path`, each of its two files held
-/// exclusively in turn; the sizes reported are of both files together.
-fn compact_closed(path: &Path) -> Result<CompactStats> {
+/// exclusively in turn; `bytes_before` is both files' size before whatever the caller
+/// did first, and the size after is of both files together.
+fn compact_closed(path: &Path, bytes_before: u64) -> Result<CompactStats> {
     let files = database_files(path);
-    let bytes_before = database_len(path)?;
     let started = Instant::now();
     for file in &files {
         fail_closed("compact", || {
@@ -60,7 +60,7 @@ fn compact_closed(path: &Path) -> Result<CompactStats> {
             compact_passes(&mut db).map_err(|e| Error::Storage(format!("compaction: {e}")))
         })?;
     }
-    Ok(CompactStats { bytes_before, bytes_after: database_len(path)?, elapsed: started.elapsed() })
+    Ok(CompactStats { bytes_before, bytes_after: database_len(path), elapsed: started.elapsed() })
 }
 
 /// The log file at `path` and its projections file.
@@ -68,18 +68,10 @@ fn database_files(path: &Path) -> [std::path::PathBuf; 2] {
     [path.to_path_buf(), crate::engine::projections_path(path)]
 }
 
-/// The length of the log file at `path` and its projections file together, before an
-/// engine has opened them: a file that does not exist yet counts as empty.
-fn database_len_before(path: &Path) -> u64 {
+/// The length of the log file at `path` and its projections file together: a file that
+/// does not exist (yet) counts as empty.
+fn database_len(path: &Path) -> u64 {
     database_files(path).iter().filter_map(|f| std::fs::metadata(f).ok()).map(|m| m.len()).sum()
-}
-
-/// The length of the log file at `path` and its projections file together.
-fn database_len(path: &Path) -> Result<u64> {
-    database_files(path)
-        .iter()
-        .map(|f| std::fs::metadata(f).map(|m| m.len()).map_err(|e| Error::Storage(e.to_string())))
-        .sum()
 }
 
 /// Free space below which a closing engine leaves a file as it is: whatever its share of
@@ -298,7 +290,7 @@ pub fn recompress(
 ) -> Result<RecompressStats> {
     let path = path.as_ref();
     let max = options.limits.message_object_bytes_max();
-    let bytes_before = database_len_before(path);
+    let bytes_before = database_len(path);
     let engine = Engine::open_with(path, options)?;
     let tip = engine.tip()?.0;
     engine.close()?;
@@ -348,8 +340,8 @@ pub fn recompress(
             }
         }
     })?;
-    let compacted = compact_closed(path)?;
-    stats.compact = CompactStats { bytes_before, elapsed: started.elapsed(), ..compacted };
+    let compacted = compact_closed(path, bytes_before)?;
+    stats.compact = CompactStats { elapsed: started.elapsed(), ..compacted };
     Ok(stats)
 }
 
