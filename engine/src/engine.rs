@@ -126,7 +126,7 @@ impl Default for Options {
             batch_commands_max: 1024,
             queue_depth: 4096,
             cache_bytes: 256 << 20,
-            content_cache_bytes: 64 << 20,
+            content_cache_bytes: CONTENT_CACHE_BYTES,
             multi_process_readers: true,
             check_integrity_on_open: false,
             checkpoint: CheckpointPolicy::default(),
@@ -303,6 +303,9 @@ impl std::fmt::Debug for Engine {
         f.debug_struct("Engine").finish_non_exhaustive()
     }
 }
+
+/// The default of [`Options::content_cache_bytes`]: 64 MiB.
+pub const CONTENT_CACHE_BYTES: usize = 64 << 20;
 
 /// The default of [`Options::draft_flush_interval`].
 pub const DRAFT_FLUSH_INTERVAL: Duration = Duration::from_millis(50);

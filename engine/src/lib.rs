@@ -336,7 +336,7 @@ pub use delta::{View, HEAD_CACHE_ENTRIES_MAX};
 pub use draft::{Draft, DraftSummary};
 pub use engine::{
     database_files, projections_path, recover_log, ContextOutcome, Durability, Engine, EngineStats, LogRecovery,
-    Options, SessionReceipt, StatsSnapshot, ToolReceipt, TurnOutcome, DRAFT_FLUSH_INTERVAL,
+    Options, SessionReceipt, StatsSnapshot, ToolReceipt, TurnOutcome, CONTENT_CACHE_BYTES, DRAFT_FLUSH_INTERVAL,
 };
 pub use error::{Error, Limit, Location, Rejection, Result};
 pub use evolve::evolve;

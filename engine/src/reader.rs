@@ -51,11 +51,12 @@ impl std::fmt::Debug for Reader {
 pub const READER_CACHE_BYTES: usize = 64 << 20;
 
 /// The revision cache of a [`Reader::open`] ([`crate::decide::materialize`]'s walk over
-/// a revision's recipes stops at a list an earlier walk rebuilt): 4 MiB, the default
-/// engine's share. It keeps ids alone, which never go stale, so a reader beside a live
-/// host keeps one; the reader keeps no content cache (what a host's purge erases must
-/// not be served from a reader's memory).
-pub const READER_REVISION_CACHE_BYTES: u64 = 4 << 20;
+/// a revision's recipes stops at a list an earlier walk rebuilt): the share of an engine
+/// with the default [`crate::CONTENT_CACHE_BYTES`], a sixteenth (4 MiB). It keeps ids
+/// alone, which never go stale, so a reader beside a live host keeps one; the reader
+/// keeps no content cache (what a host's purge erases must not be served from a
+/// reader's memory).
+pub const READER_REVISION_CACHE_BYTES: u64 = crate::CONTENT_CACHE_BYTES as u64 / 16;
 
 impl Reader {
     /// The engine's own reader, over its live delta.
