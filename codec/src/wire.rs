@@ -70,9 +70,11 @@ pub fn to_bytes_sized<T: Serialize + ?Sized>(value: &T, limit: u64, capacity: us
 /// Decodes exactly one `T` from `bytes`. bincode does not apply `limit` to a slice:
 /// `bytes` bounds every read, and a length that claims more than is left fails as the
 /// input ending early (`Truncated`). serde preallocates up to 1 MiB for a list's claimed
-/// count; the types decoded from untrusted bytes read their lists through [`seq`], which
-/// reserves at most [`SEQ_PREALLOC_BYTES`]. The callers bound `bytes` by the limit that
-/// applies (a record's by `record_bytes_max`, in its header).
+/// count; the lists of log records, message objects, projection rows and journalled
+/// draft changes read through [`seq`] instead, which reserves at most
+/// [`SEQ_PREALLOC_BYTES`] (a list nested in a tuple, a draft's segments, keeps serde's
+/// bound). The callers bound `bytes` by the limit that applies (a record's by
+/// `record_bytes_max`, in its header).
 pub fn from_bytes<T: DeserializeOwned>(bytes: &[u8], limit: u64) -> Result<T, WireError> {
     options(limit).deserialize(bytes).map_err(|e| classify(e, limit))
 }
@@ -128,7 +130,8 @@ pub fn from_bytes_around_ids<H: DeserializeOwned, T: DeserializeOwned>(
 pub const SEQ_PREALLOC_BYTES: usize = 4096;
 
 /// A serde adapter for the `Vec` fields of what is decoded from untrusted bytes (log
-/// records, message objects): `#[serde(deserialize_with = "crate::wire::seq::deserialize")]`.
+/// records, message objects, and the engine's projection rows and journalled draft
+/// changes): `#[serde(deserialize_with = "annal_codec::wire::seq::deserialize")]`.
 ///
 /// A list's encoding starts with its count, which the input claims. serde's own `Vec`
 /// reserves room for up to 1 MiB of elements on that claim before it reads one, so a few

@@ -194,8 +194,10 @@ pub struct DraftState {
 /// What one transaction writes of the drafts.
 #[derive(Debug, Default, serde::Serialize, serde::Deserialize)]
 pub(crate) struct DraftWrites {
+    #[serde(deserialize_with = "annal_codec::wire::seq::deserialize")]
     deletes: Vec<DraftKey>,
     /// (key, first index, segments from it, index value).
+    #[serde(deserialize_with = "annal_codec::wire::seq::deserialize")]
     inserts: Vec<(DraftKey, u32, Vec<Vec<u8>>, IndexValue)>,
 }
 

@@ -317,6 +317,7 @@ pub struct ClaimRow {
     /// What it is for.
     pub target: ClaimTarget,
     /// The inputs it took.
+    #[serde(deserialize_with = "annal_codec::wire::seq::deserialize")]
     pub inputs: Vec<String>,
     /// When it expires (writer clock, unix ms).
     pub expires_at_ms: u64,
@@ -328,8 +329,10 @@ pub struct ClaimRow {
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct InboxTip {
     /// Inputs neither completed nor cancelled, in queue order.
+    #[serde(deserialize_with = "annal_codec::wire::seq::deserialize")]
     pub open: Vec<String>,
     /// Open claims, oldest first.
+    #[serde(deserialize_with = "annal_codec::wire::seq::deserialize")]
     pub claims: Vec<u64>,
 }
 
@@ -452,6 +455,7 @@ pub(crate) struct StoredNode {
     pub ordinal: u64,
     /// Each parent by the seq of the record that first produced it (its node's `seq`);
     /// the first is the head the node was made from.
+    #[serde(deserialize_with = "annal_codec::wire::seq::deserialize")]
     pub parents: Vec<u64>,
     /// The record that first produced the node.
     pub seq: u64,
