@@ -250,11 +250,13 @@ impl Options {
             return Err(bad("no server".into()));
         }
         // Each server is checked here, so that a malformed one fails at once instead of
-        // as a connection error that the caller retries.
+        // as a connection error that the caller retries (`server_addrs`, which the
+        // connection parses them with too).
         let servers: Vec<String> = hosts.split(',').map(|h| format!("{scheme}://{h}")).collect();
-        for server in &servers {
-            server.parse::<async_nats::ServerAddr>().map_err(|e| bad(format!("server {server:?}: {e}")))?;
-        }
+        server_addrs(&servers).map_err(|e| match e {
+            Error::Other(why) => bad(why),
+            other => other,
+        })?;
         let mut options = Options { servers, tls: Tls { required, ..Tls::default() }, ..Options::default() };
         if let Some(auth) = auth {
             let (user, password) = auth.split_once(':').unwrap_or((auth, ""));
@@ -360,6 +362,12 @@ fn other(e: impl std::fmt::Display) -> Error {
     Error::Other(e.to_string())
 }
 
+/// The servers of `servers` (`nats://HOST:PORT`, `tls://…`) as the client connects to
+/// them; a malformed one is [`Error::Other`] naming it.
+fn server_addrs(servers: &[String]) -> Result<Vec<async_nats::ServerAddr>, Error> {
+    servers.iter().map(|server| server.parse().map_err(|e| Error::Other(format!("server {server:?}: {e}")))).collect()
+}
+
 /// Authorization and permission failures are told apart by the servers' words: the
 /// client library reports them as text.
 fn refused_or(e: impl std::fmt::Display, otherwise: fn(String) -> Error) -> Error {
@@ -410,7 +418,9 @@ impl JetStreamLog {
                 connect.credentials(&text).map_err(|e| Error::Connect(format!("{}: {e}", path.display())))?
             }
         };
-        let servers = options.servers.clone();
+        // A malformed address is not a server that cannot be reached: `Other`, which no
+        // caller retries.
+        let servers = server_addrs(&options.servers)?;
         let (client, context, stream) = runtime.block_on(async {
             let client = connect.connect(servers).await.map_err(|e| refused_or(e, Error::Connect))?;
             let context = jetstream::ContextBuilder::new()
