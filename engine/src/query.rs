@@ -615,14 +615,39 @@ pub fn unsettled(view: &View, session: &SessionId) -> Result<Vec<ToolOp>> {
     ids.iter().map(|id| op_by_id(store, session, id)).collect()
 }
 
+/// A page of `session`'s unsettled operations, in call order: only the page's
+/// operations are read.
+pub fn unsettled_page(view: &View, limits: &Limits, session: &SessionId, page: PageRequest) -> Result<Page<ToolOp>> {
+    check_page(limits, page.limit)?;
+    head_of(view, session)?;
+    scan_page(view, Table::Unsettled, &keys::session(session), page, |k, v| {
+        op_by_id(view, session, &decode_row::<String>(Table::Unsettled, k, v)?)
+    })
+}
+
 /// Unsettled operations across all sessions, in call order.
 pub fn unsettled_all(view: &View, limits: &Limits, page: PageRequest) -> Result<Page<ToolOp>> {
     check_page(limits, page.limit)?;
-    let store = view;
+    scan_page(view, Table::UnsettledAll, &[], page, |k, v| {
+        let (session, op_id): (SessionId, String) = decode_row(Table::UnsettledAll, k, v)?;
+        op_by_id(view, &session, &op_id)
+    })
+}
+
+/// The `page` of the rows of `table` under `prefix`, in key order, each made an item by
+/// `item`: the rows before the page are skipped unread, and one past it tells
+/// `has_more`.
+fn scan_page<T>(
+    view: &View,
+    table: Table,
+    prefix: &[u8],
+    page: PageRequest,
+    mut item: impl FnMut(&[u8], &[u8]) -> Result<T>,
+) -> Result<Page<T>> {
     let mut items = Vec::new();
     let mut has_more = false;
     let mut skipped = 0u64;
-    store.scan(Table::UnsettledAll, &[], |k, v| {
+    view.scan(table, prefix, |k, v| {
         if skipped < page.offset {
             skipped += 1;
             return Ok(true);
@@ -631,8 +656,7 @@ pub fn unsettled_all(view: &View, limits: &Limits, page: PageRequest) -> Result<
             has_more = true;
             return Ok(false);
         }
-        let (session, op_id): (SessionId, String) = decode_row(Table::UnsettledAll, k, v)?;
-        items.push(op_by_id(store, &session, &op_id)?);
+        items.push(item(k, v)?);
         Ok(true)
     })?;
     Ok(Page { items, offset: page.offset, limit: page.limit, has_more })

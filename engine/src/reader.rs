@@ -273,6 +273,11 @@ impl Reader {
         fail_closed("unsettled", || query::unsettled(&self.snapshot()?, &session))
     }
 
+    /// A page of the session's unsettled tool operations, in call order.
+    pub fn unsettled_page(&self, session: SessionId, page: PageRequest) -> Result<Page<ToolOp>> {
+        fail_closed("unsettled_page", || query::unsettled_page(&self.snapshot()?, &self.limits, &session, page))
+    }
+
     /// Unsettled tool operations across every session, for crash recovery.
     pub fn unsettled_all(&self, page: PageRequest) -> Result<Page<ToolOp>> {
         fail_closed("unsettled_all", || query::unsettled_all(&self.snapshot()?, &self.limits, page))

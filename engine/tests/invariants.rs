@@ -525,6 +525,8 @@ fn inv10_page_items_and_page_bytes() {
     over(engine.tool_ops(s, PageRequest::first(6)).map(drop));
     engine.unsettled_all(PageRequest::first(5)).unwrap();
     over(engine.unsettled_all(PageRequest::first(6)).map(drop));
+    engine.unsettled_page(s, PageRequest::first(5)).unwrap();
+    over(engine.unsettled_page(s, PageRequest::first(6)).map(drop));
     let q = |max_events, max_bytes| EventQuery { from_seq: 1, max_events, max_bytes };
     engine.events(q(5, 1000)).unwrap();
     over(engine.events(q(6, 1000)).map(drop));

@@ -2022,3 +2022,24 @@ fn engines_and_readers_keep_the_revisions_their_walks_rebuilt() {
     assert_eq!(at(engine.reader(), middle), ids);
     assert_eq!(kept(engine.reader(), middle), None);
 }
+
+/// A page of a session's unsettled tool operations is the slice of them all at its
+/// offset, in call order, and says whether more follow; settled ones are not in it.
+#[test]
+fn unsettled_operations_page_in_call_order() {
+    let db = Db::new();
+    let engine = db.open();
+    let (s, _) = create(&engine, &[Message::system("sys")]);
+    for i in 0..6 {
+        engine.record_tool_call(tool_call(s, &format!("op{i}"), "bash", "ls")).unwrap();
+    }
+    engine.record_tool_result(tool_result(s, "op1", "done")).unwrap();
+    let all = engine.unsettled(s).unwrap();
+    let ids = |ops: &[ToolOp]| ops.iter().map(|o| o.op_id.clone()).collect::<Vec<_>>();
+    assert_eq!(ids(&all), ["op0", "op2", "op3", "op4", "op5"]);
+    let page = engine.unsettled_page(s, PageRequest::new(1, 2)).unwrap();
+    assert_eq!((ids(&page.items), page.has_more), (ids(&all[1..3]), true));
+    let last = engine.unsettled_page(s, PageRequest::new(3, 2)).unwrap();
+    assert_eq!((ids(&last.items), last.has_more), (ids(&all[3..]), false));
+    assert!(engine.unsettled_page(s, PageRequest::new(9, 2)).unwrap().items.is_empty());
+}

@@ -1258,8 +1258,13 @@ impl Database {
         let s = session_id(session)?;
         let ops = self.run(py, move |e| {
             if unsettled {
-                let ops = e.unsettled(s)?.into_iter().skip(usize::try_from(offset).unwrap_or(usize::MAX));
-                Ok(ops.take(limit.map_or(usize::MAX, |l| usize::try_from(l).unwrap_or(usize::MAX))).collect())
+                match limit {
+                    Some(limit) => e.unsettled_page(s, PageRequest::new(offset, limit)).map(|p| p.items),
+                    None => {
+                        let ops = e.unsettled(s)?.into_iter();
+                        Ok(ops.skip(usize::try_from(offset).unwrap_or(usize::MAX)).collect())
+                    }
+                }
             } else {
                 e.tool_ops(s, PageRequest::new(offset, limit.unwrap_or(100))).map(|p| p.items)
             }

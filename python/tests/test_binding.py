@@ -354,6 +354,10 @@ def test_revision_pages_and_unsettled_paging(db: annal.Database) -> None:
     assert [o.op_id for o in db.tool_ops(s, unsettled=True)] == [f"op-{i}" for i in range(5)]
     assert [o.op_id for o in db.tool_ops(s, unsettled=True, offset=1, limit=2)] == ["op-1", "op-2"]
     assert [o.op_id for o in db.tool_ops(s, unsettled=True, offset=3)] == ["op-3", "op-4"]
+    # A page is a page in both modes: over the engine's page limit, it is refused.
+    for unsettled in (False, True):
+        with pytest.raises(errors.LimitExceeded):
+            db.tool_ops(s, unsettled=unsettled, limit=10**6)
     assert [o.op_id for o in db.tool_ops(s, offset=1, limit=2)] == ["op-1", "op-2"]
 
 
