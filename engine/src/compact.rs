@@ -40,9 +40,11 @@ pub struct CompactStats {
 /// not even for reading (that is an [`Error::Storage`], and the file is left as it was).
 /// The sizes reported are of both files together, the size before taken before the
 /// engine opens them (an open and a close can grow them, which the compaction then
-/// gives back: that is not space the compaction freed).
+/// gives back: that is not space the compaction freed). A `path` that is not a file is
+/// an [`Error::Storage`]: no database is made there.
 pub fn compact(path: impl AsRef<Path>, options: Options) -> Result<CompactStats> {
     let path = path.as_ref();
+    require_database_file(path)?;
     let bytes_before = database_len(path);
     Engine::open_with(path, options)?.close()?;
     compact_closed(path, bytes_before)
@@ -66,6 +68,16 @@ fn compact_closed(path: &Path, bytes_before: u64) -> Result<CompactStats> {
 /// The log file at `path` and its projections file.
 fn database_files(path: &Path) -> [std::path::PathBuf; 2] {
     [path.to_path_buf(), crate::engine::projections_path(path)]
+}
+
+/// Refuses a `path` that is not a file: compacting or recompressing an existing database
+/// must not make a new one where there was none.
+fn require_database_file(path: &Path) -> Result<()> {
+    match std::fs::metadata(path) {
+        Ok(m) if m.is_file() => Ok(()),
+        Ok(_) => Err(Error::Storage(format!("{} is not a file", path.display()))),
+        Err(e) => Err(Error::Storage(format!("{}: {e}", path.display()))),
+    }
 }
 
 /// The length of the log file at `path` and its projections file together: a file that
@@ -281,7 +293,8 @@ pub struct RecompressStats {
 /// partly in one encoding and partly in the other, and running it again finishes the
 /// work. An object whose bytes do not hash to its id is left as it is and counted; a row
 /// that does not parse is left whole. `progress` is called after each transaction with
-/// the seq of the last row rewritten and the log's tip.
+/// the seq of the last row rewritten and the log's tip. A `path` that is not a file is
+/// an [`Error::Storage`], as for [`compact`].
 pub fn recompress(
     path: impl AsRef<Path>,
     compression: annal_codec::content::Compression,
@@ -289,6 +302,7 @@ pub fn recompress(
     progress: crate::rebuild::Progress<'_>,
 ) -> Result<RecompressStats> {
     let path = path.as_ref();
+    require_database_file(path)?;
     let max = options.limits.message_object_bytes_max();
     let bytes_before = database_len(path);
     let engine = Engine::open_with(path, options)?;

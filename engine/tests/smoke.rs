@@ -162,6 +162,14 @@ fn compact_gives_back_what_a_rebuild_freed_and_changes_no_row() {
     assert!(matches!(annal::compact(&path, Options::default()), Err(Error::Storage(_))));
     assert_eq!(std::fs::metadata(&path).unwrap().len(), size);
     engine.close().unwrap();
+
+    // No database at the path: refused, and none is made there; a directory likewise.
+    let missing = dir.path().join("missing.redb");
+    assert!(matches!(annal::compact(&missing, Options::default()), Err(Error::Storage(_))));
+    let lz4 = annal::codec::content::Compression::Lz4;
+    assert!(matches!(annal::recompress(&missing, lz4, Options::default(), &mut |_, _| {}), Err(Error::Storage(_))));
+    assert!(annal::database_files(&missing).iter().all(|f| !f.exists()));
+    assert!(matches!(annal::compact(dir.path(), Options::default()), Err(Error::Storage(_))));
 }
 
 /// Content compresses where it pays and reads back byte for byte under every
