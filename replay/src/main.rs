@@ -9,7 +9,7 @@ use annal_replay::{
     compact, demo, export, graph, inspect, open_reader, parse_session, purge, read_key_file, rebuild, stream, verify,
 };
 use annal_replay::{CliError, Exit, Result};
-use clap::{Parser, Subcommand, ValueEnum};
+use clap::{Args, Parser, Subcommand, ValueEnum};
 use std::io::{BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -109,9 +109,8 @@ enum Command {
         /// (tls://USER:PASSWORD@HOST:PORT[,HOST:PORT]/STREAM?ca=FILE).
         #[arg(value_name = "DB|URL")]
         db: PathBuf,
-        /// Key of a keyed chain: 32 raw bytes or 64 hex digits.
-        #[arg(long)]
-        key_file: Option<PathBuf>,
+        #[command(flatten)]
+        key: ChainKey,
         /// Also fold every projection and compare every projection table byte for byte
         /// with the fresh fold.
         #[arg(long)]
@@ -149,18 +148,16 @@ enum Command {
         /// (tls://USER:PASSWORD@HOST:PORT[,HOST:PORT]/STREAM?ca=FILE).
         #[arg(long, value_name = "URL", conflicts_with = "projections")]
         from: Option<String>,
-        /// Key of a keyed chain: 32 raw bytes or 64 hex digits.
-        #[arg(long)]
-        key_file: Option<PathBuf>,
+        #[command(flatten)]
+        key: ChainKey,
     },
     /// Upgrade a file written by an older release to this release's format, in place
     /// and all or nothing: every record is kept byte for byte.
     Migrate {
         /// The database file (no other process may have it open).
         db: PathBuf,
-        /// Key of a keyed chain: 32 raw bytes or 64 hex digits.
-        #[arg(long)]
-        key_file: Option<PathBuf>,
+        #[command(flatten)]
+        key: ChainKey,
     },
     /// Give the file's free pages back to the file system (after a rebuild or a bulk
     /// load); nothing else changes. With --compression, first store every content object
@@ -168,9 +165,8 @@ enum Command {
     Compact {
         /// The database file (no other process may have it open, not even to read).
         db: PathBuf,
-        /// Key of a keyed chain: 32 raw bytes or 64 hex digits.
-        #[arg(long)]
-        key_file: Option<PathBuf>,
+        #[command(flatten)]
+        key: ChainKey,
         /// Recompress the content first: lz4, zstd or off.
         #[arg(long, value_enum)]
         compression: Option<CompressionArg>,
@@ -193,18 +189,16 @@ enum Command {
         /// Also purge the session's fork descendants (refused without it when it has any).
         #[arg(long)]
         descendants: bool,
-        /// Key of a keyed chain: 32 raw bytes or 64 hex digits.
-        #[arg(long)]
-        key_file: Option<PathBuf>,
+        #[command(flatten)]
+        key: ChainKey,
     },
     /// Remove content that no session that is not purged reaches, and rewrite the files
     /// if any was removed.
     Gc {
         /// The database file (no other process may have it open).
         db: PathBuf,
-        /// Key of a keyed chain: 32 raw bytes or 64 hex digits.
-        #[arg(long)]
-        key_file: Option<PathBuf>,
+        #[command(flatten)]
+        key: ChainKey,
     },
     /// Write events as JSON Lines, one event per line, content inlined.
     ///
@@ -223,9 +217,8 @@ enum Command {
         /// copy has the parents its forks need.
         #[arg(long, requires = "sessions")]
         ancestry: bool,
-        /// Key of a keyed chain: 32 raw bytes or 64 hex digits.
-        #[arg(long)]
-        key_file: Option<PathBuf>,
+        #[command(flatten)]
+        key: ChainKey,
     },
     /// Append a full export to a database (created if missing), or copy the sessions of
     /// a session export into it; all or nothing.
@@ -234,9 +227,8 @@ enum Command {
         file: PathBuf,
         /// The database file.
         db: PathBuf,
-        /// Key of the target's keyed chain: 32 raw bytes or 64 hex digits.
-        #[arg(long)]
-        key_file: Option<PathBuf>,
+        #[command(flatten)]
+        key: ChainKey,
         /// Accept chain hashes that differ from the export's (another key). A session
         /// export is always chained under the target's key.
         #[arg(long)]
@@ -258,9 +250,8 @@ enum Command {
         /// Print JSON.
         #[arg(long)]
         json: bool,
-        /// Key of a keyed chain: 32 raw bytes or 64 hex digits.
-        #[arg(long)]
-        key_file: Option<PathBuf>,
+        #[command(flatten)]
+        key: ChainKey,
     },
     /// Show a session's head, usage, pending context and unsettled tool calls.
     Inspect {
@@ -271,9 +262,8 @@ enum Command {
         /// Print JSON.
         #[arg(long)]
         json: bool,
-        /// Key of a keyed chain: 32 raw bytes or 64 hex digits.
-        #[arg(long)]
-        key_file: Option<PathBuf>,
+        #[command(flatten)]
+        key: ChainKey,
     },
     /// Show a page of a session's transcript, at the head or at any revision it held.
     Transcript {
@@ -293,9 +283,8 @@ enum Command {
         /// Print JSON.
         #[arg(long)]
         json: bool,
-        /// Key of a keyed chain: 32 raw bytes or 64 hex digits.
-        #[arg(long)]
-        key_file: Option<PathBuf>,
+        #[command(flatten)]
+        key: ChainKey,
     },
     /// Show decoded events of the log.
     Log {
@@ -313,9 +302,8 @@ enum Command {
         /// JSON Lines in the export schema.
         #[arg(long)]
         json: bool,
-        /// Key of a keyed chain: 32 raw bytes or 64 hex digits.
-        #[arg(long)]
-        key_file: Option<PathBuf>,
+        #[command(flatten)]
+        key: ChainKey,
     },
     /// Draw a session's revision graph, forks included.
     Graph {
@@ -326,9 +314,8 @@ enum Command {
         /// Output format.
         #[arg(long, value_enum, default_value = "dot")]
         format: GraphFormat,
-        /// Key of a keyed chain: 32 raw bytes or 64 hex digits.
-        #[arg(long)]
-        key_file: Option<PathBuf>,
+        #[command(flatten)]
+        key: ChainKey,
     },
     /// Count events by kind, content objects, bytes saved by deduplication, file size.
     ///
@@ -343,15 +330,25 @@ enum Command {
         /// Print JSON.
         #[arg(long)]
         json: bool,
-        /// Key of a keyed chain: 32 raw bytes or 64 hex digits (needed to fold a keyed
-        /// stream).
-        #[arg(long)]
-        key_file: Option<PathBuf>,
+        #[command(flatten)]
+        key: ChainKey,
     },
 }
 
-fn key(path: &Option<PathBuf>) -> Result<Option<[u8; 32]>> {
-    path.as_deref().map(read_key_file).transpose()
+/// The chain key every command that reads or writes a log takes.
+#[derive(Args, Debug)]
+struct ChainKey {
+    /// Key of a keyed chain (for import, the target's; for a stream, the hosts'): 32 raw
+    /// bytes or 64 hex digits.
+    #[arg(long)]
+    key_file: Option<PathBuf>,
+}
+
+impl ChainKey {
+    /// The key the file holds, if one was named.
+    fn read(&self) -> Result<Option<[u8; 32]>> {
+        self.key_file.as_deref().map(read_key_file).transpose()
+    }
 }
 
 fn print(text: &str) -> Result<()> {
@@ -423,12 +420,12 @@ fn run(cli: Cli) -> Result<Exit> {
             let demo = demo::demo(&demo::DemoOptions { db, sessions, progress: true })?;
             report(print(&demo.render()), if demo.verify.is_clean() { Exit::Ok } else { Exit::Finding })
         }
-        Command::Verify { db, key_file, deep, expect_tip, json } => {
+        Command::Verify { db, key, deep, expect_tip, json } => {
             let expect_tip = match expect_tip {
                 None => None,
                 Some(h) => Some(h.parse().map_err(|e| CliError::usage(format!("--expect-tip: {e}")))?),
             };
-            let opts = VerifyOptions { key: key(&key_file)?, deep, expect_tip, progress: true };
+            let opts = VerifyOptions { key: key.read()?, deep, expect_tip, progress: true };
             if let Some(url) = stream::url_of(&db) {
                 let verified = stream::verify(url, &opts)?;
                 let outcome = if verified.is_clean() { Exit::Ok } else { Exit::Finding };
@@ -438,9 +435,9 @@ fn run(cli: Cli) -> Result<Exit> {
             let outcome = if verified.is_clean() { Exit::Ok } else { Exit::Finding };
             report_text_or_json(|| verified.render(), json.then(|| verified.to_json()), outcome)
         }
-        Command::Migrate { db, key_file } => {
+        Command::Migrate { db, key } => {
             annal_replay::require_file(&db)?;
-            let stats = annal::migrate(&db, key(&key_file)?)?;
+            let stats = annal::migrate(&db, key.read()?)?;
             if stats.from_format == annal::tables::FORMAT && stats.content_rows_listed == 0 {
                 print(&format!("{} is already in format {}; nothing to do\n", db.display(), stats.from_format))?;
             } else if stats.from_format != 1 {
@@ -463,38 +460,38 @@ fn run(cli: Cli) -> Result<Exit> {
             }
             Ok(Exit::Ok)
         }
-        Command::Compact { db, key_file, compression: None } => {
-            print(&compact::render(&compact::compact(&db, key(&key_file)?)?))?;
+        Command::Compact { db, key, compression: None } => {
+            print(&compact::render(&compact::compact(&db, key.read()?)?))?;
             Ok(Exit::Ok)
         }
-        Command::Compact { db, key_file, compression: Some(compression) } => {
-            let stats = compact::recompress(&db, key(&key_file)?, compression.into(), true)?;
+        Command::Compact { db, key, compression: Some(compression) } => {
+            let stats = compact::recompress(&db, key.read()?, compression.into(), true)?;
             print(&compact::render_recompress(&stats))?;
             Ok(Exit::Ok)
         }
-        Command::Purge { db, session, reason, actor, descendants, key_file } => {
+        Command::Purge { db, session, reason, actor, descendants, key } => {
             let mut request = annal::PurgeRequest::new(parse_session(&session)?, reason, actor);
             request.descendants = descendants;
-            print(&purge::render(&purge::purge(&db, key(&key_file)?, &request)?))?;
+            print(&purge::render(&purge::purge(&db, key.read()?, &request)?))?;
             Ok(Exit::Ok)
         }
-        Command::Gc { db, key_file } => {
-            print(&purge::render(&purge::gc(&db, key(&key_file)?)?))?;
+        Command::Gc { db, key } => {
+            print(&purge::render(&purge::gc(&db, key.read()?)?))?;
             Ok(Exit::Ok)
         }
-        Command::Rebuild { db, from: Some(url), key_file, .. } => {
-            print(&stream::rebuild_from(&db, &url, key(&key_file)?, true)?.render())?;
+        Command::Rebuild { db, from: Some(url), key, .. } => {
+            print(&stream::rebuild_from(&db, &url, key.read()?, true)?.render())?;
             Ok(Exit::Ok)
         }
-        Command::Rebuild { db, projections, key_file, from: None } => {
+        Command::Rebuild { db, projections, key, from: None } => {
             let projections = rebuild::parse_projections(&projections)?;
-            let report = rebuild::rebuild(&db, &RebuildOptions { projections, key: key(&key_file)?, progress: true })?;
+            let report = rebuild::rebuild(&db, &RebuildOptions { projections, key: key.read()?, progress: true })?;
             print(&report.render())?;
             Ok(Exit::Ok)
         }
-        Command::Export { db, sessions, ancestry, key_file } => {
+        Command::Export { db, sessions, ancestry, key } => {
             let sessions = sessions.iter().map(|s| parse_session(s)).collect::<Result<Vec<_>>>()?;
-            let key = key(&key_file)?;
+            let key = key.read()?;
             let folded = stream::url_of(&db).map(|url| stream::fold(url, key, true)).transpose()?;
             if let Some(warning) = folded.as_ref().and_then(stream::Folded::warning) {
                 eprintln!("annal: {warning}");
@@ -507,8 +504,8 @@ fn run(cli: Cli) -> Result<Exit> {
             };
             Ok(Exit::Ok)
         }
-        Command::Import { file, db, key_file, rechain } => {
-            let opts = ImportOptions { key: key(&key_file)?, rechain };
+        Command::Import { file, db, key, rechain } => {
+            let opts = ImportOptions { key: key.read()?, rechain };
             let report = if file.as_os_str() == "-" {
                 export::import(&db, &mut std::io::stdin().lock(), &opts)?
             } else {
@@ -518,9 +515,9 @@ fn run(cli: Cli) -> Result<Exit> {
             print(&report.render())?;
             Ok(Exit::Ok)
         }
-        Command::Sessions { db, labels, archived, recent, json, key_file } => {
+        Command::Sessions { db, labels, archived, recent, json, key } => {
             let labels = inspect::parse_labels(&labels)?;
-            let heads = inspect::sessions(&open_reader(&db, key(&key_file)?)?, &labels, archived, recent)?;
+            let heads = inspect::sessions(&open_reader(&db, key.read()?)?, &labels, archived, recent)?;
             if json {
                 print_json(&inspect::sessions_json(&heads))?;
             } else {
@@ -528,9 +525,9 @@ fn run(cli: Cli) -> Result<Exit> {
             }
             Ok(Exit::Ok)
         }
-        Command::Inspect { db, session, json, key_file } => {
+        Command::Inspect { db, session, json, key } => {
             let session = parse_session(&session)?;
-            let inspection = inspect::inspect(&open_reader(&db, key(&key_file)?)?, session)?;
+            let inspection = inspect::inspect(&open_reader(&db, key.read()?)?, session)?;
             if json {
                 print_json(&inspection.to_json())?;
             } else {
@@ -538,14 +535,14 @@ fn run(cli: Cli) -> Result<Exit> {
             }
             Ok(Exit::Ok)
         }
-        Command::Transcript { db, session, revision, offset, limit, json, key_file } => {
+        Command::Transcript { db, session, revision, offset, limit, json, key } => {
             let session = parse_session(&session)?;
             let revision = match revision {
                 None => None,
                 Some(r) => Some(r.parse().map_err(|e| CliError::usage(format!("--revision: {e}")))?),
             };
             let page = annal::PageRequest::new(offset, limit);
-            let page = inspect::transcript(&open_reader(&db, key(&key_file)?)?, session, revision, page)?;
+            let page = inspect::transcript(&open_reader(&db, key.read()?)?, session, revision, page)?;
             if json {
                 print_json(&inspect::transcript_json(&page))?;
             } else {
@@ -553,17 +550,17 @@ fn run(cli: Cli) -> Result<Exit> {
             }
             Ok(Exit::Ok)
         }
-        Command::Log { db, session, from, limit, json, key_file } => {
+        Command::Log { db, session, from, limit, json, key } => {
             let session = session.as_deref().map(parse_session).transpose()?;
-            let reader = open_reader(&db, key(&key_file)?)?;
+            let reader = open_reader(&db, key.read()?)?;
             let mut out = std::io::BufWriter::new(std::io::stdout().lock());
             inspect::log(&reader, &LogQuery { session, from_seq: from, limit, json }, &mut out)?;
             out.flush()?;
             Ok(Exit::Ok)
         }
-        Command::Graph { db, session, format, key_file } => {
+        Command::Graph { db, session, format, key } => {
             let session = parse_session(&session)?;
-            let reader = open_reader(&db, key(&key_file)?)?;
+            let reader = open_reader(&db, key.read()?)?;
             let g = reader.graph(session).map_err(|e| match e {
                 annal::Error::Rejected(r) => CliError::usage(r.to_string()),
                 other => other.into(),
@@ -576,8 +573,8 @@ fn run(cli: Cli) -> Result<Exit> {
             print(&graph::render(&g, format)?)?;
             Ok(Exit::Ok)
         }
-        Command::Stats { db, json, key_file } => {
-            let key = key(&key_file)?;
+        Command::Stats { db, json, key } => {
+            let key = key.read()?;
             let Some(url) = stream::url_of(&db) else {
                 let stats = inspect::stats(&open_reader(&db, key)?, Path::new(&db))?;
                 if json {
