@@ -1330,9 +1330,10 @@ fn open_projections(path: &Path, options: &Options) -> Result<Database> {
 }
 
 /// Refuses, before anything is opened for writing, a file whose format or chain key this
-/// engine cannot use (a format-1 file names `annal migrate`), so that such an open
-/// changes no byte and creates no projections file. A file that cannot be opened
-/// read-only here (held exclusively, or not a database) is left to the normal open.
+/// engine cannot use (a format-1 file names `annal migrate`), or a projections file named
+/// in place of its log file, so that such an open changes no byte and creates no
+/// projections file. A file that cannot be opened read-only here (held exclusively, or
+/// not a database) is left to the normal open.
 fn refuse_unreadable_format(path: &Path, options: &Options) -> Result<()> {
     if !path.exists() {
         return Ok(());
@@ -1348,9 +1349,12 @@ fn refuse_unreadable_format(path: &Path, options: &Options) -> Result<()> {
         Err(_) => return Ok(()),
     };
     match fail_closed("open", || crate::log::check_log(&txn, &chain)) {
-        Err(e @ (Error::MigrationRequired { .. } | Error::UnsupportedFormat { .. } | Error::KeyMismatch { .. })) => {
-            Err(e)
-        }
+        Err(
+            e @ (Error::MigrationRequired { .. }
+            | Error::UnsupportedFormat { .. }
+            | Error::KeyMismatch { .. }
+            | Error::Rejected(_)),
+        ) => Err(e),
         _ => Ok(()),
     }
 }

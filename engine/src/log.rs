@@ -611,7 +611,7 @@ pub(crate) enum LogState {
 
 /// Checks the log file's format and key on a read snapshot.
 pub(crate) fn check_log(txn: &ReadTransaction, chain: &LogChain) -> Result<LogState> {
-    let names: Vec<String> = txn.list_tables()?.map(|t| redb::TableHandle::name(&t).to_string()).collect();
+    let names = refuse_projections_file(txn)?;
     if !names.iter().any(|n| n == META.name_str()) {
         return if names.is_empty() { Ok(LogState::New) } else { Err(missing_format()) };
     }
@@ -631,6 +631,20 @@ pub(crate) fn check_log(txn: &ReadTransaction, chain: &LogChain) -> Result<LogSt
         check_key(meta.get(meta_keys::KEY_CHECK)?.map(|g| g.value().to_vec()), chain)?;
     }
     Ok(state)
+}
+
+/// The names of the file's tables, or `InvalidRequest` if the file is a projections
+/// file (a `projections` table and no log), which a path given in place of its log file
+/// would otherwise have opened, migrated or written to as a log.
+pub(crate) fn refuse_projections_file(txn: &ReadTransaction) -> Result<Vec<String>> {
+    let names: Vec<String> = txn.list_tables()?.map(|t| redb::TableHandle::name(&t).to_string()).collect();
+    let has = |name: &str| names.iter().any(|n| n == name);
+    if has(tables::PROJECTIONS.name_str()) && !has(LOG.name_str()) {
+        return Err(Error::Rejected(crate::error::Rejection::InvalidRequest {
+            reason: "this is a projections file, not a log file: name the log file beside it".into(),
+        }));
+    }
+    Ok(names)
 }
 
 fn missing_format() -> Error {

@@ -46,6 +46,9 @@ pub fn migrate(path: impl AsRef<Path>, chain_key: Option<[u8; 32]>) -> Result<Mi
     let path = path.as_ref();
     let chain = chain_key.map_or_else(LogChain::plain, LogChain::keyed);
     fail_closed("migrate", || {
+        // Read-only first: an open for writing writes the file's header, and a
+        // projections file named in place of its log must be left as it is.
+        crate::log::refuse_projections_file(&crate::unclean::open_read_only(path, 1 << 20)?.begin_read()?)?;
         let db = redb::Database::open(path)?;
         let format = {
             let txn = db.begin_read()?;
