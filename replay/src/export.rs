@@ -872,6 +872,7 @@ pub fn parse_import(input: &mut dyn BufRead) -> Result<ParsedImport> {
     let mut seen = HashSet::new();
     let mut text = String::new();
     let mut line_no = 0u64;
+    let mut blank = None;
     loop {
         text.clear();
         let n = input.read_line(&mut text).map_err(|e| match e.kind() {
@@ -885,8 +886,14 @@ pub fn parse_import(input: &mut dyn BufRead) -> Result<ParsedImport> {
         let body = text.strip_suffix('\n').unwrap_or(&text);
         let body = body.strip_suffix('\r').unwrap_or(body);
         let malformed = |why: String| CliError::finding(format!("line {line_no}: {why}"));
+        // Blank lines may end the file (an editor's or a shell's last newline); one
+        // between events is damage.
         if body.trim().is_empty() {
-            return Err(malformed("empty line".into()));
+            blank.get_or_insert(line_no);
+            continue;
+        }
+        if let Some(blank) = blank {
+            return Err(CliError::finding(format!("line {blank}: empty line")));
         }
         if line_no == 1 && is_header(body) {
             let header: SessionsHeader = serde_json::from_str(body).map_err(|e| malformed(e.to_string()))?;
@@ -1186,6 +1193,15 @@ mod tests {
         // A second header is not a record line.
         let twice = format!("{header}\n{header}\n");
         assert!(parse_import(&mut twice.as_bytes()).unwrap_err().message.starts_with("line 2:"));
+    }
+
+    #[test]
+    fn blank_lines_may_end_an_export_but_not_split_it() {
+        let header = r#"{"annal":"sessions","version":1,"ancestry":false,"sessions":[]}"#;
+        let parsed = parse_import(&mut format!("{header}\n\n \r\n").as_bytes()).unwrap();
+        assert!(parsed.header.is_some() && parsed.records.is_empty());
+        let split = format!("{header}\n\n{header}\n");
+        assert_eq!(parse_import(&mut split.as_bytes()).unwrap_err().message, "line 2: empty line");
     }
 
     #[test]
