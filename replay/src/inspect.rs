@@ -411,7 +411,7 @@ fn summary(event: &Event) -> String {
         }
         Event::MetadataSet(e) => format!("{} bytes", e.metadata.len()),
         Event::HostStateChanged(e) => state_text(&e.state),
-        Event::LeaseAcquired(e) => format!("{} token {} until {}", e.owner, e.token, e.expires_at_ms),
+        Event::LeaseAcquired(e) => format!("{} token {} until {}", e.owner, e.token, format_time_ms(e.expires_at_ms)),
         Event::LeaseReleased(e) => format!("token {}", e.token),
         Event::InputEnqueued(e) => {
             format!("{} for the {} ({})", e.input_id, e.kind.name().replace('_', " "), e.message.short())
@@ -421,7 +421,13 @@ fn summary(event: &Event) -> String {
                 annal::codec::ClaimTarget::Turn(t) => format!("turn {t}"),
                 annal::codec::ClaimTarget::NextTurn => "the next turn".into(),
             };
-            format!("{} by {} (token {}) for {target} until {}", e.inputs.join(","), e.owner, e.token, e.expires_at_ms)
+            format!(
+                "{} by {} (token {}) for {target} until {}",
+                e.inputs.join(","),
+                e.owner,
+                e.token,
+                format_time_ms(e.expires_at_ms)
+            )
         }
         Event::ClaimAbandoned(e) => format!("claim {}", e.claim),
         Event::InputCancelled(e) => e.input_id.clone(),

@@ -25,7 +25,8 @@ static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
 ///
 /// Read-only commands (verify, sessions, inspect, transcript, log, graph, stats, export)
 /// open the file read-only and work beside a live host that has it open for writing.
-/// rebuild, import and compact need the file to themselves.
+/// The writing commands (rebuild, import, migrate, purge, gc, compact) need the host
+/// stopped; compact, purge and gc rewrite the file and need the readers gone too.
 ///
 /// verify, export and stats also take the JetStream stream of a shared log in place of
 /// the file: the whole stream is folded into a temporary host, and the command works on
@@ -277,7 +278,7 @@ enum Command {
         /// Messages to skip.
         #[arg(long, default_value_t = 0)]
         offset: u64,
-        /// Messages to show at most (at least 1).
+        /// Messages to show at most (1 to 10,000, the page limit).
         #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..))]
         limit: u64,
         /// Print JSON.
@@ -541,6 +542,10 @@ fn run(cli: Cli) -> Result<Exit> {
                 None => None,
                 Some(r) => Some(r.parse().map_err(|e| CliError::usage(format!("--revision: {e}")))?),
             };
+            let most = annal::Limits::default().page_items_max;
+            if limit > most {
+                return Err(CliError::usage(format!("--limit {limit}: a page holds at most {most} messages")));
+            }
             let page = annal::PageRequest::new(offset, limit);
             let page = inspect::transcript(&open_reader(&db, key.read()?)?, session, revision, page)?;
             if json {
@@ -606,9 +611,30 @@ fn run(cli: Cli) -> Result<Exit> {
     }
 }
 
+/// What the last panic said, where: kept by the panic hook for the report of a command
+/// that panicked.
+static PANICKED: std::sync::Mutex<Option<String>> = std::sync::Mutex::new(None);
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let exit = match run(cli) {
+    // The storage layer panics on some damaged pages. The library turns the panics it
+    // meets into errors, but a command also reads through the storage layer itself; a
+    // panic that gets that far is the command's finding (exit 1) with the panic's message
+    // and place, never the runtime's report and its exit code 101.
+    std::panic::set_hook(Box::new(|info| {
+        let place = info.location().map(|l| format!(" ({}:{})", l.file(), l.line())).unwrap_or_default();
+        let said = annal::error::panic_message(info.payload());
+        *PANICKED.lock().unwrap_or_else(|e| e.into_inner()) = Some(format!("{said}{place}"));
+    }));
+    let ran = std::panic::catch_unwind(|| run(cli)).unwrap_or_else(|payload| {
+        let said = PANICKED.lock().unwrap_or_else(|e| e.into_inner()).take();
+        let said = said.unwrap_or_else(|| annal::error::panic_message(payload.as_ref()));
+        Err(CliError::finding(format!(
+            "the command stopped on damaged data (`annal verify` reports what is damaged): {}",
+            said.replace('\n', " ")
+        )))
+    });
+    let exit = match ran {
         Ok(exit) => exit,
         Err(e) => {
             if !e.message.is_empty() {

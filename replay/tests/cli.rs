@@ -755,6 +755,76 @@ fn verify_of_a_damaged_page_reports_and_never_crashes() {
 }
 
 #[test]
+fn read_commands_on_a_damaged_page_fail_with_a_finding_and_never_crash() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = demo_db(&dir, 2);
+    let session = live_session(&db).to_string();
+    let projections = dir.path().join("demo.redb.projections");
+    let copy = dir.path().join("damaged.redb");
+    let copy_projections = dir.path().join("damaged.redb.projections");
+    let mut codes = std::collections::BTreeMap::new();
+    for (file, target) in [(&db, &copy), (&projections, &copy_projections)] {
+        let pristine = std::fs::read(file).unwrap();
+        for page in 0..pristine.len() / 4096 {
+            for offset in [0, 16] {
+                let mut bytes = pristine.clone();
+                bytes[page * 4096 + offset] ^= 0xff;
+                std::fs::copy(&db, &copy).unwrap();
+                std::fs::copy(&projections, &copy_projections).unwrap();
+                std::fs::write(target, &bytes).unwrap();
+                for args in [vec!["sessions", p(&copy)], vec!["inspect", p(&copy), &session], vec!["stats", p(&copy)]] {
+                    let out = annal(&args);
+                    let at = format!("{} page {page} offset {offset}: {args:?}", file.display());
+                    let rc = out.status.code().unwrap_or_else(|| panic!("{at}: killed by a signal"));
+                    assert!(rc <= 2, "{at}: exit {rc}: {}", stderr(&out));
+                    assert!(!stderr(&out).contains("panicked"), "{at}: {}", stderr(&out));
+                    *codes.entry(rc).or_insert(0) += 1;
+                }
+            }
+        }
+    }
+    assert!(codes.get(&0).copied().unwrap_or(0) > 0, "damage where nothing is read changes nothing: {codes:?}");
+}
+
+#[test]
+fn a_projections_file_named_in_place_of_its_log_is_refused_and_left_as_it_is() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = demo_db(&dir, 1);
+    let export_file = dir.path().join("export.jsonl");
+    std::fs::write(&export_file, export(&db, &[])).unwrap();
+    let projections = std::fs::read(dir.path().join("demo.redb.projections")).unwrap();
+    let named = dir.path().join("named.redb");
+    let files = || {
+        let mut names: Vec<_> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+        names.sort();
+        names
+    };
+    std::fs::write(&named, &projections).unwrap();
+    let before = files();
+    let session = live_session(&db).to_string();
+    let commands: Vec<Vec<&str>> = vec![
+        vec!["sessions", p(&named)],
+        vec!["inspect", p(&named), &session],
+        vec!["log", p(&named)],
+        vec!["stats", p(&named)],
+        vec!["export", p(&named)],
+        vec!["verify", p(&named)],
+        vec!["rebuild", p(&named)],
+        vec!["migrate", p(&named)],
+        vec!["compact", p(&named)],
+        vec!["gc", p(&named)],
+        vec!["import", p(&export_file), p(&named)],
+    ];
+    for args in commands {
+        let out = annal(&args);
+        assert_eq!(code(&out), 2, "{args:?}: {}", stderr(&out));
+        assert!(stderr(&out).contains("projections file"), "{args:?}: {}", stderr(&out));
+        assert!(std::fs::read(&named).unwrap() == projections, "{args:?} changed the file");
+        assert_eq!(files(), before, "{args:?} made or removed a file");
+    }
+}
+
+#[test]
 fn an_unsupported_schema_version_is_a_typed_finding() {
     let dir = tempfile::tempdir().unwrap();
     let db = demo_db(&dir, 2);
@@ -1809,6 +1879,9 @@ fn log_and_transcript_print_nothing_empty() {
     let out = annal(&["transcript", p(&db), &session, "--limit", "0"]);
     assert_eq!(code(&out), 2, "{}", stdout(&out));
     assert!(!stdout(&out).contains("more from offset"), "{}", stdout(&out));
+    let out = annal(&["transcript", p(&db), &session, "--limit", "10001"]);
+    assert_eq!(code(&out), 2, "{}", stdout(&out));
+    assert!(stderr(&out).contains("--limit 10001: a page holds at most 10000 messages"), "{}", stderr(&out));
     let out = annal(&["transcript", p(&db), &session, "--limit", "1"]);
     assert_eq!(code(&out), 0, "{}", stderr(&out));
     assert!(stdout(&out).contains("… more from offset 1"), "{}", stdout(&out));
