@@ -493,12 +493,20 @@ impl Follower {
             };
             ((lens[i], at(0), at(end)), end)
         });
+        // A frame whose header is whole but whose bytes are not (one the writer is still
+        // writing, as likely as a damaged one) ends the read; its header is already what
+        // it will be, so a stamp taken now would not change when the frame is done, and
+        // the tail kept would miss it and every commit after it. Such a read is not kept.
+        let unfinished = (0..2).any(|i| {
+            let rest = bytes[i].get(files[i].1 as usize..).unwrap_or_default();
+            payload_len(rest).is_some() && read_frame(rest).is_none()
+        });
         let [first, second] = scanned;
         let tail = continuing(first.into_iter().chain(second).collect(), seq, hash, chain)?
             .into_iter()
             .filter(|f| !f.rows.is_empty())
             .fold(Tail::default(), |t, f| t.with(Arc::new(SealedBatch { rows: f.rows })));
-        *cached = Some(Followed { files, tip: (seq, *hash), tail: tail.clone() });
+        *cached = (!unfinished).then(|| Followed { files, tip: (seq, *hash), tail: tail.clone() });
         Ok(tail)
     }
 }
@@ -867,6 +875,40 @@ mod tests {
             let frames = |r: Result<Vec<Frame>>| r.map(|f| f.iter().map(|f| (f.first_seq, f.len)).collect::<Vec<_>>());
             assert_eq!(format!("{:?}", frames(scan(&chained))), format!("{:?}", frames(scan(&file))));
         }
+    }
+
+    /// A follower that read a frame the writer had not finished (its header whole, its
+    /// bytes not yet) reads it once it is done, though the header, the file's length and
+    /// the log's tip are as they were.
+    #[test]
+    fn a_follower_reads_again_a_frame_it_found_unfinished() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("db");
+        let chain = LogChain::plain();
+        let mut prev = chain.genesis();
+        let mut frames = Vec::new();
+        for seq in 1..=2u64 {
+            let mut record = vec![seq as u8; 100];
+            let split = record.len() - 32;
+            let hash = annal_codec::chain_link(&record[..split], &prev, &chain);
+            record[split..].copy_from_slice(&hash.0);
+            frames.push(encode_frame(1, seq, &prev, &[Sealed { seq, record, content: vec![7; 100] }], &[]));
+            prev = hash;
+        }
+        let [first, second] = journal_paths(&path);
+        let mut file = [frames[0].clone(), frames[1][..frames[1].len() - 50].to_vec(), vec![0; 4096]].concat();
+        file.truncate(8192);
+        std::fs::write(&first, &file).unwrap();
+        std::fs::write(&second, vec![0; 8192]).unwrap();
+        let follower = Follower::new(&path);
+        let seqs = |tail: &Tail| tail.batches().flat_map(|b| b.rows.iter().map(|r| r.seq)).collect::<Vec<_>>();
+        assert_eq!(seqs(&follower.tail_after(0, &chain.genesis(), &chain).unwrap()), vec![1]);
+        let at = frames[0].len();
+        file[at..at + frames[1].len()].copy_from_slice(&frames[1]);
+        std::fs::write(&first, &file).unwrap();
+        assert_eq!(seqs(&follower.tail_after(0, &chain.genesis(), &chain).unwrap()), vec![1, 2]);
+        // Nothing unfinished: the read is kept, and answers again.
+        assert_eq!(seqs(&follower.tail_after(0, &chain.genesis(), &chain).unwrap()), vec![1, 2]);
     }
 
     /// Past [`TAIL_RECENT_MAX`] batches the tail moves its newest into its long list;
