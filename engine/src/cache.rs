@@ -53,6 +53,24 @@ impl<K> quick_cache::Weighter<K, Arc<[ContentId]>> for ListWeight {
     }
 }
 
+/// A cache of lists in one shard. quick_cache splits a cache into shards (four a core by
+/// default) and refuses an entry heavier than one shard holds, so a sharded cache would
+/// keep lists of a fraction of the length its owner promises, fewer the more cores the
+/// machine has; the lists are read far more often than kept, and a read takes the
+/// shard's lock shared.
+fn one_shard<K: Eq + std::hash::Hash + Clone>(
+    items: usize,
+    bytes: u64,
+) -> quick_cache::sync::Cache<K, Arc<[ContentId]>, ListWeight, RowHasher> {
+    let options = quick_cache::OptionsBuilder::new()
+        .estimated_items_capacity(items)
+        .weight_capacity(bytes)
+        .shards(1)
+        .build()
+        .expect("a capacity and a shard count are all the options need");
+    quick_cache::sync::Cache::with_options(options, ListWeight, RowHasher::default(), Default::default())
+}
+
 /// Verified content objects by id and records' message lists by seq, bounded by their
 /// bytes (of [`crate::Options::content_cache_bytes`], three quarters for the objects and
 /// three sixteenths for the lists; the last sixteenth is the [`RevisionCache`]'s);
@@ -79,13 +97,7 @@ impl ContentCache {
         let items = (object_bytes / 2048).max(16) as usize;
         let objects =
             quick_cache::sync::Cache::with(items, object_bytes, Weight, RowHasher::default(), Default::default());
-        let lists = quick_cache::sync::Cache::with(
-            (list_bytes / 512).max(16) as usize,
-            list_bytes,
-            ListWeight,
-            RowHasher::default(),
-            Default::default(),
-        );
+        let lists = one_shard((list_bytes / 512).max(16) as usize, list_bytes);
         let list_ids_max = (list_bytes / 4) as usize / std::mem::size_of::<ContentId>();
         Some(ContentCache { objects, object_bytes_max: object_bytes / 16, lists, list_ids_max })
     }
@@ -145,13 +157,7 @@ impl RevisionCache {
         if bytes == 0 {
             return None;
         }
-        let lists = quick_cache::sync::Cache::with(
-            (bytes / 4096).max(16) as usize,
-            bytes,
-            ListWeight,
-            RowHasher::default(),
-            Default::default(),
-        );
+        let lists = one_shard((bytes / 4096).max(16) as usize, bytes);
         Some(RevisionCache { lists, ids_max: (bytes / 2) as usize / std::mem::size_of::<ContentId>() })
     }
 
@@ -234,6 +240,25 @@ mod tests {
         let held = (100..400).filter(|n| cache.get(&revision(*n)).is_some()).count() as u64;
         assert!(held * (10 * 32 + ENTRY_OVERHEAD_BYTES) <= 4 << 10, "{held} lists held");
         assert!(held > 0);
+    }
+
+    /// The longest lists the caches promise are kept whatever the machine's cores: an
+    /// engine's default revision cache keeps a list of 60,000 ids, and its records'
+    /// lists one of 90,000.
+    #[test]
+    fn the_longest_lists_promised_are_kept() {
+        let default = crate::CONTENT_CACHE_BYTES as u64;
+        let long: Vec<ContentId> =
+            (0..60_000u32).map(|n| ContentId(*blake3::hash(&n.to_le_bytes()).as_bytes())).collect();
+        let revisions = RevisionCache::of_content_cache(default).unwrap();
+        assert!(revisions.ids_max >= long.len());
+        revisions.put(RevisionId([1; 32]), &long);
+        assert_eq!(revisions.get(&RevisionId([1; 32])).map(|l| l.len()), Some(long.len()));
+        let longer: Arc<[ContentId]> = long.iter().cycle().take(90_000).copied().collect();
+        let content = ContentCache::new(default).unwrap();
+        assert!(content.list_ids_max >= longer.len());
+        content.put_list(7, &longer);
+        assert_eq!(content.list(7).map(|l| l.len()), Some(longer.len()));
     }
 
     #[test]
