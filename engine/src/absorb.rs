@@ -31,57 +31,63 @@ struct Request {
     done: Option<oneshot::Sender<Result<()>>>,
 }
 
-/// How far the log file holds the journal.
+/// How far the absorber has gone: requests are done in the order they were sent, so a
+/// count says which.
 #[derive(Default)]
 struct Progress {
-    /// The last seq the log file holds.
-    seq: Mutex<u64>,
+    /// Requests done, each in a durable transaction of the log file.
+    done: Mutex<u64>,
     changed: Condvar,
 }
 
 /// The writer's handle on the absorber thread.
 pub(crate) struct Absorber {
     tx: Option<Sender<Request>>,
+    /// Requests sent: the last one's number (they are numbered from 1).
+    sent: u64,
     progress: Arc<Progress>,
     handle: Option<crate::pool::Task<()>>,
 }
 
 impl Absorber {
-    /// Starts the thread; the log file holds the log up to `file_seq`.
-    pub fn start(shared: Arc<Shared>, file_seq: u64) -> Result<Absorber> {
+    /// Starts the thread.
+    pub fn start(shared: Arc<Shared>) -> Result<Absorber> {
         let (tx, rx) = crossbeam_channel::unbounded();
-        let progress = Arc::new(Progress { seq: Mutex::new(file_seq), changed: Condvar::new() });
+        let progress = Arc::new(Progress::default());
         let thread_progress = progress.clone();
         let handle = crate::pool::spawn(move || run(shared, rx, thread_progress))?;
-        Ok(Absorber { tx: Some(tx), progress, handle: Some(handle) })
+        Ok(Absorber { tx: Some(tx), sent: 0, progress, handle: Some(handle) })
     }
 
-    /// The last seq the log file holds.
-    pub fn absorbed(&self) -> u64 {
-        *self.progress.seq.lock()
+    /// How many requests are done: every one numbered up to it.
+    pub fn done(&self) -> u64 {
+        *self.progress.done.lock()
     }
 
-    /// Asks for everything journalled up to `tip` to go into the log file, without
-    /// waiting.
-    pub fn request(&self, tip: Tip, drafts: Vec<DraftWrites>) {
+    /// Asks for everything journalled up to `tip` to go into the log file, with
+    /// `drafts`, without waiting; returns the request's number.
+    pub fn request(&mut self, tip: Tip, drafts: Vec<DraftWrites>) -> u64 {
+        self.sent += 1;
         if let Some(tx) = &self.tx {
             let _ = tx.send(Request { tip, drafts, done: None });
         }
+        self.sent
     }
 
     /// Puts everything journalled up to `tip` into the log file, and waits for it.
-    pub fn absorb_all(&self, tip: Tip, drafts: Vec<DraftWrites>) -> Result<()> {
+    pub fn absorb_all(&mut self, tip: Tip, drafts: Vec<DraftWrites>) -> Result<()> {
         let (done, wait) = oneshot::channel();
         let tx = self.tx.as_ref().ok_or(Error::Closed)?;
         tx.send(Request { tip, drafts, done: Some(done) }).map_err(|_| Error::Closed)?;
+        self.sent += 1;
         wait.recv().map_err(|_| Error::Poisoned)?
     }
 
-    /// Waits until the log file holds `seq`, or the engine is poisoned.
-    pub fn wait_for(&self, seq: u64, shared: &Shared) {
-        let mut at = self.progress.seq.lock();
-        while *at < seq && !shared.poisoned.load(Ordering::Acquire) {
-            self.progress.changed.wait_for(&mut at, std::time::Duration::from_millis(10));
+    /// Waits until request `request` is done, or the engine is poisoned.
+    pub fn wait_for(&self, request: u64, shared: &Shared) {
+        let mut done = self.progress.done.lock();
+        while *done < request && !shared.poisoned.load(Ordering::Acquire) {
+            self.progress.changed.wait_for(&mut done, std::time::Duration::from_millis(10));
         }
     }
 }
@@ -103,8 +109,7 @@ fn run(shared: Arc<Shared>, rx: Receiver<Request>, progress: Arc<Progress>) {
         };
         match &result {
             Ok(()) => {
-                let mut at = progress.seq.lock();
-                *at = (*at).max(request.tip.seq);
+                *progress.done.lock() += 1;
                 shared.stats.absorptions.fetch_add(1, Ordering::Relaxed);
             }
             Err(_) => shared.poisoned.store(true, Ordering::Release),

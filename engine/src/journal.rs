@@ -557,8 +557,11 @@ pub(crate) struct Journal {
     active: usize,
     /// Where the next frame goes in it.
     offset: u64,
-    /// The last seq each file holds in its current cycle (0 for none).
-    last_seq: [u64; 2],
+    /// For each file, the absorber request (`crate::absorb::Absorber::request`, counted
+    /// from 1) that takes what the file holds in its current cycle into the log file, its
+    /// records and its draft changes alike; 0 for none. A file is not written again
+    /// before that request is done.
+    needs: [u64; 2],
     /// The active file's cycle.
     cycle: u64,
     /// Each file's length.
@@ -642,7 +645,7 @@ impl Journal {
         let len =
             [preallocate(files[0].as_ref(), preallocate_bytes)?, preallocate(files[1].as_ref(), preallocate_bytes)?];
         // The cycle is set by `recover`, which reads the files.
-        Ok(Journal { files, paths, active: 0, offset: 0, last_seq: [0, 0], cycle: 1, len, buffer: Vec::new(), dirty })
+        Ok(Journal { files, paths, active: 0, offset: 0, needs: [0, 0], cycle: 1, len, buffer: Vec::new(), dirty })
     }
 
     /// What each file's frames chain through, old frames included ([`read_chained`]).
@@ -665,15 +668,14 @@ impl Journal {
     pub fn append(&mut self, next_seq: u64, prev: &ChainHash, rows: &[Sealed], drafts: &[u8]) -> Result<u64> {
         let mut frame = std::mem::take(&mut self.buffer);
         encode_frame_into(&mut frame, self.cycle, next_seq, prev, rows, drafts);
-        let written = self.write(&frame, rows.last().map_or(0, |r| r.seq));
+        let written = self.write(&frame);
         let len = frame.len() as u64;
         self.buffer = frame;
         written.map(|()| len)
     }
 
-    /// Writes `frame` at the write offset and waits for it to be durable; `last_seq`
-    /// is the last record it holds (0 for none).
-    fn write(&mut self, frame: &[u8], last_seq: u64) -> Result<()> {
+    /// Writes `frame` at the write offset and waits for it to be durable.
+    fn write(&mut self, frame: &[u8]) -> Result<()> {
         let file = &self.files[self.active];
         let end = self.offset + frame.len() as u64;
         if end > self.len[self.active] {
@@ -684,15 +686,19 @@ impl Journal {
         file.write(self.offset, frame).map_err(io)?;
         file.sync_data().map_err(io)?;
         self.offset = end;
-        if last_seq > 0 {
-            self.last_seq[self.active] = last_seq;
-        }
         Ok(())
     }
 
-    /// The last seq the file that is not active holds in its current cycle.
-    pub fn other_last_seq(&self) -> u64 {
-        self.last_seq[1 - self.active]
+    /// The absorber request that must be done before the file that is not active is
+    /// written again (0 for none).
+    pub fn other_needs(&self) -> u64 {
+        self.needs[1 - self.active]
+    }
+
+    /// After a [`Journal::switch`]: the absorber request `request` takes what the file
+    /// just left holds.
+    pub fn left(&mut self, request: u64) {
+        self.needs[1 - self.active] = request;
     }
 
     /// Bytes the active file holds in this cycle.
@@ -702,15 +708,16 @@ impl Journal {
 
     /// Turns to the other file, from offset 0 in a new cycle, if the active one holds
     /// [`JOURNAL_SWITCH_BYTES`] and the log file holds everything the other one does
-    /// (up to `absorbed`). Returns whether it did.
-    pub fn switch(&mut self, absorbed: u64) -> bool {
+    /// (the absorber has done its first `done` requests). Returns whether it did; then
+    /// the caller hands the absorber what the file it left holds ([`Journal::left`]).
+    pub fn switch(&mut self, done: u64) -> bool {
         let other = 1 - self.active;
-        if self.offset < JOURNAL_SWITCH_BYTES || self.last_seq[other] > absorbed {
+        if self.offset < JOURNAL_SWITCH_BYTES || self.needs[other] > done {
             return false;
         }
         self.active = other;
         self.offset = 0;
-        self.last_seq[other] = 0;
+        self.needs[other] = 0;
         self.cycle += 1;
         true
     }
@@ -718,7 +725,7 @@ impl Journal {
     /// Starts again from offset 0 in a new cycle: the log file holds every frame.
     pub fn restart(&mut self) {
         self.offset = 0;
-        self.last_seq = [0, 0];
+        self.needs = [0, 0];
         self.cycle += 1;
     }
 
@@ -875,6 +882,30 @@ mod tests {
             let frames = |r: Result<Vec<Frame>>| r.map(|f| f.iter().map(|f| (f.first_seq, f.len)).collect::<Vec<_>>());
             assert_eq!(format!("{:?}", frames(scan(&chained))), format!("{:?}", frames(scan(&file))));
         }
+    }
+
+    /// A file is written again only once the absorber has taken what it held, draft
+    /// changes alone included: a cycle of draft frames (which carry no seq) waits for
+    /// the request that takes them as a cycle of records does.
+    #[test]
+    fn a_file_of_draft_frames_alone_waits_for_the_request_that_takes_them() {
+        let mut journal = Journal::on_backends(Kept::default(), Kept::default(), 4096).unwrap();
+        let drafts = vec![0xD7; (JOURNAL_SWITCH_BYTES / 2) as usize];
+        let fill = |journal: &mut Journal| {
+            while journal.offset() < JOURNAL_SWITCH_BYTES {
+                journal.append(1, &ChainHash([0; 32]), &[], &drafts).unwrap();
+            }
+        };
+        fill(&mut journal);
+        assert!(journal.switch(0), "the second file holds nothing");
+        journal.left(1);
+        fill(&mut journal);
+        assert_eq!(journal.other_needs(), 1);
+        assert!(!journal.switch(0), "the first file's drafts are not in the log file yet");
+        assert!(journal.switch(1));
+        journal.left(2);
+        journal.restart();
+        assert_eq!(journal.other_needs(), 0, "a restart follows an absorption of everything");
     }
 
     /// A follower that read a frame the writer had not finished (its header whole, its

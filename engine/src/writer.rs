@@ -255,7 +255,7 @@ impl Core {
     /// to a journal.
     pub(crate) fn new(shared: &Arc<Shared>, tip: Tip, checkpoints: Sender<Signal>, journal: Option<Journal>) -> Core {
         let absorber = match &journal {
-            Some(_) => match Absorber::start(shared.clone(), tip.seq) {
+            Some(_) => match Absorber::start(shared.clone()) {
                 Ok(absorber) => Some(absorber),
                 Err(_) => {
                     // Without its absorber the journal would only grow: refuse writes.
@@ -532,7 +532,7 @@ impl Sequencer {
     /// Puts everything journalled into the log file and waits for it (before work that
     /// needs the log file to itself, and at close); then the journal starts again.
     fn absorb(&mut self, shared: &Shared) -> Result<()> {
-        let (Some(journal), Some(absorber)) = (self.journal.as_mut(), self.absorber.as_ref()) else {
+        let (Some(journal), Some(absorber)) = (self.journal.as_mut(), self.absorber.as_mut()) else {
             return Ok(());
         };
         let tip = *shared.tip.lock();
@@ -545,14 +545,15 @@ impl Sequencer {
     /// full and the log file holds the other's rows, and hands the absorber what was
     /// journalled so far. Past [`JOURNAL_BYTES_MAX`] it waits for the absorber.
     fn after_journal(&mut self, shared: &Shared) {
-        let (Some(journal), Some(absorber)) = (self.journal.as_mut(), self.absorber.as_ref()) else {
+        let (Some(journal), Some(absorber)) = (self.journal.as_mut(), self.absorber.as_mut()) else {
             return;
         };
         if journal.offset() >= JOURNAL_BYTES_MAX {
-            absorber.wait_for(journal.other_last_seq(), shared);
+            absorber.wait_for(journal.other_needs(), shared);
         }
-        if journal.switch(absorber.absorbed()) {
-            absorber.request(*shared.tip.lock(), std::mem::take(&mut self.absorbing));
+        if journal.switch(absorber.done()) {
+            let request = absorber.request(*shared.tip.lock(), std::mem::take(&mut self.absorbing));
+            journal.left(request);
         }
     }
 
