@@ -787,15 +787,35 @@ impl View {
         if let Some(bytes) = self.cache.as_ref().and_then(|c| c.get(id, self.seq)) {
             return f(&bytes).map(Some);
         }
-        // The rows the index names under the id's key; nearly always one, the one that
-        // holds it.
-        for seq in self.content_rows(id)? {
+        let size = self.content_index_size()?;
+        let mut found = self.find_content(id, size, object_bytes_max)?;
+        if found.is_none() {
+            // A content collection applies its changes at the tip's seq, which views at
+            // that seq see: one that shrank the index since this view read its size moved
+            // the entries to other buckets. It removed unreachable objects alone, so the
+            // index's size read now finds the rest.
+            let now = crate::buckets::CONTENT.size(self, &[])?;
+            if now != size {
+                found = self.find_content(id, now, object_bytes_max)?;
+            }
+        }
+        let Some((seq, bytes)) = found else {
+            return Ok(None);
+        };
+        if let Some(cache) = &self.cache {
+            cache.put(*id, seq, &bytes);
+        }
+        f(&bytes).map(Some)
+    }
+
+    /// Content object `id` and the seq of the row that holds it, looked for in the rows
+    /// the content-id index of `size` entries names under the id's key (nearly always
+    /// one, the one that holds it).
+    fn find_content(&self, id: &ContentId, size: u64, object_bytes_max: u64) -> Result<Option<(u64, Vec<u8>)>> {
+        for seq in self.content_rows(id, size)? {
             let found = self.with_content_row(seq, |row| crate::log::find_object(row, seq, id, object_bytes_max))?;
             if let Some(bytes) = found {
-                if let Some(cache) = &self.cache {
-                    cache.put(*id, seq, &bytes);
-                }
-                return f(&bytes).map(Some);
+                return Ok(Some((seq, bytes)));
             }
         }
         Ok(None)
@@ -819,16 +839,20 @@ impl View {
         f(&row)
     }
 
-    /// The seqs of the content rows that may hold `id`, from the content-id index
-    /// ([`crate::buckets::content_rows`]).
-    pub(crate) fn content_rows(&self, id: &ContentId) -> Result<Vec<u64>> {
-        let size = match self.content_index_size.get() {
-            Some(size) => *size,
+    /// The size of the content-id index, read once a view.
+    fn content_index_size(&self) -> Result<u64> {
+        match self.content_index_size.get() {
+            Some(size) => Ok(*size),
             None => {
                 let size = crate::buckets::CONTENT.size(self, &[])?;
-                *self.content_index_size.get_or_init(|| size)
+                Ok(*self.content_index_size.get_or_init(|| size))
             }
-        };
+        }
+    }
+
+    /// The seqs of the content rows that may hold `id`, from the content-id index of
+    /// `size` entries ([`crate::buckets::content_rows`]).
+    fn content_rows(&self, id: &ContentId, size: u64) -> Result<Vec<u64>> {
         let rows = crate::buckets::content_rows_sized(self, size, id)?;
         match rows.last() {
             Some(seq) if *seq > self.seq => Err(Error::corrupt(

@@ -249,6 +249,34 @@ fn an_object_read_before_its_collection_is_not_read_after_it() {
     engine.close().unwrap();
 }
 
+/// A view taken before a collection that shrinks the content-id index sees the index's
+/// rows after it (the collection applies at the tip's seq), and still reads every object
+/// its transcript reaches: its size of the index is read again on a miss.
+#[test]
+fn a_view_taken_before_a_collection_that_shrank_the_index_reads_what_it_reaches() {
+    let db = Db::new();
+    let engine = db.open_durable();
+    let (s, head) = create(&engine, &[Message::user("hello")]);
+    commit_turns(&engine, s, "t", 40, head);
+    engine.close().unwrap();
+    let objects: Vec<Vec<u8>> = leftovers(600).iter().map(object_of).collect();
+    inject(&db.path, 1, &objects);
+
+    // No content cache: every read goes through the index.
+    let options = annal::Options { content_cache_bytes: 0, ..annal::Options::default() };
+    let engine = Engine::open_with(&db.path, options).unwrap();
+    let view = engine.reader().snapshot().unwrap();
+    let (limits, page) = (annal::Limits::default(), annal::PageRequest::first(1000));
+    let before = annal::query::transcript(&view, &limits, &s, page).unwrap();
+    assert!(before.messages.len() > 40);
+    let report = engine.collect_garbage(1 << 20).unwrap();
+    assert_eq!(report.objects_removed, objects.len() as u64, "{report:?}");
+    let after = annal::query::transcript(&view, &limits, &s, page).unwrap();
+    assert_eq!(after.messages, before.messages);
+    drop(view);
+    engine.close().unwrap();
+}
+
 /// A collection that ends with nothing committed after it: the index removals are the
 /// delta's only writes (no event made them), and the close must still checkpoint them.
 /// Otherwise the projections file keeps index entries for objects whose rows no longer
