@@ -505,7 +505,17 @@ pub(crate) fn fold_tail(
     let mut events = 0;
     let (record_max, object_max) = (limits.record_bytes_max, limits.message_object_bytes_max());
     let records = crate::log::FileRecords::new(&txn, Some(&tail), record_max);
-    for entry in LogTail::new(&txn, &tail, chain, view.seq(), last, record_max, object_max)? {
+    let entries = LogTail::new(&txn, &tail, chain, view.seq(), last, record_max, object_max)?;
+    // What this reader folded must be what the log holds: a journalled record it read
+    // before the writer's fsync, which then failed, and a new one at its seq after the
+    // writer reopened, would otherwise chain the new records onto the lost one's fold.
+    if entries.prev() != view.hash() {
+        return Err(Error::corrupt(
+            crate::Location::Log { seq: view.seq() },
+            "the log no longer holds the record this reader folded at this seq; open it again",
+        ));
+    }
+    for entry in entries {
         let entry = entry?;
         evolve(
             &mut WithRecords::write(&mut overlay, &records),

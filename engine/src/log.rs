@@ -467,6 +467,11 @@ pub struct LogEntry {
 
 impl LogTail {
     /// Reads records `after + 1 ..= last` of the log in `txn` and, past it, in `journal`.
+    /// The chain hash of the record the walk starts after.
+    pub(crate) fn prev(&self) -> ChainHash {
+        self.prev
+    }
+
     pub(crate) fn new(
         txn: &ReadTransaction,
         journal: &crate::journal::Tail,

@@ -290,6 +290,46 @@ fn a_reader_in_another_process_sees_journalled_commits() {
     assert_eq!(reader.head(s).unwrap().unwrap().revision, head, "and then the log file");
 }
 
+/// A reader that folded a journalled record the log then lost (read before the writer's
+/// fsync, which failed; the writer reopened and wrote another record at that seq) does
+/// not chain the records after it onto that fold: it refuses, and a reader opened again
+/// reads the log as it is.
+#[test]
+fn a_reader_refuses_a_journal_that_no_longer_holds_what_it_folded() {
+    let db = Db::new();
+    let engine = Engine::open(&db.path).unwrap();
+    let (s, rev) = create(&engine, &[Message::system("sys")]);
+    engine.close().unwrap();
+    let at = |name: &str| db.dir.path().join(name);
+    // Two histories after the creation, each left as a SIGKILL leaves it: the journal
+    // holds their turns.
+    let mut heads = Vec::new();
+    for (name, turns) in [("one", 1), ("other", 2)] {
+        copy_database(&db.path, &at(&format!("{name}.redb")));
+        let engine = Engine::open(at(&format!("{name}.redb"))).unwrap();
+        heads.push(commit_turns(&engine, s, name, turns, rev));
+        copy_database(&at(&format!("{name}.redb")), &at(&format!("{name}-killed.redb")));
+        engine.close().unwrap();
+    }
+    let reader_path = at("read.redb");
+    copy_database(&db.path, &reader_path);
+    let journal_of = |name: &str| {
+        for (from, to) in journal_paths(&at(name)).iter().zip(journal_paths(&reader_path)) {
+            std::fs::copy(from, to).unwrap();
+        }
+    };
+    journal_of("one-killed.redb");
+    let reader = Reader::open(&reader_path, Limits::default(), None).unwrap();
+    assert_eq!(reader.head(s).unwrap().unwrap().revision, heads[0]);
+    journal_of("other-killed.redb");
+    match reader.head(s) {
+        Err(Error::Corrupt { detail, .. }) => assert!(detail.contains("no longer holds"), "{detail}"),
+        other => panic!("the reader folded onto a record the log lost: {other:?}"),
+    }
+    let again = Reader::open(&reader_path, Limits::default(), None).unwrap();
+    assert_eq!(again.head(s).unwrap().unwrap().revision, heads[1]);
+}
+
 fn faulty(path: &Path, faults: &Faults) -> FaultyBackend<redb::backends::FileBackend> {
     let file = std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(false).open(path).unwrap();
     FaultyBackend::new(redb::backends::FileBackend::new(file).unwrap(), faults.clone())
