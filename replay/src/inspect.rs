@@ -654,6 +654,13 @@ impl Stats {
         self.file_bytes as f64 / (self.logical_bytes().max(1)) as f64
     }
 
+    /// Sessions the log holds a purge's tombstone of (`SessionPurged` records), whichever
+    /// file purged them: an imported copy of a purged database counts them too, while
+    /// [`Stats::reclaimed`] counts the purges this file ran.
+    pub fn sessions_purged(&self) -> u64 {
+        self.by_kind.get(annal::codec::EventKind::SessionPurged.name()).copied().unwrap_or(0)
+    }
+
     /// The statistics as text.
     pub fn render(&self) -> String {
         let mut out = String::new();
@@ -665,7 +672,12 @@ impl Stats {
         if self.undecodable > 0 {
             let _ = writeln!(out, "  {:<19} {:>10}", "(undecodable)", self.undecodable);
         }
-        let _ = writeln!(out, "sessions          {:>12}", self.sessions);
+        let _ = writeln!(
+            out,
+            "sessions          {:>12}   (live and archived; {} purged)",
+            self.sessions,
+            self.sessions_purged()
+        );
         let _ = writeln!(
             out,
             "content objects   {:>12}   ({} stored once)",
@@ -764,6 +776,7 @@ impl Stats {
             "undecodable": self.undecodable,
             "record_bytes": self.record_bytes,
             "sessions": self.sessions,
+            "sessions_purged": self.sessions_purged(),
             "content_objects": self.content_objects,
             "content_bytes": self.content_bytes,
             "content_refs": self.content_refs,
@@ -810,7 +823,6 @@ pub fn stats(reader: &Reader, path: &Path) -> Result<Stats> {
     let txn = view.log();
     let limits = reader.limits();
     let projections_path = annal::projections_path(path);
-    let projections_bytes = std::fs::metadata(&projections_path).map_or(0, |m| m.len());
     let mut s = Stats {
         file_bytes: annal::database_files(path).iter().filter_map(|f| std::fs::metadata(f).ok()).map(|m| m.len()).sum(),
         allocated_bytes: {
@@ -858,7 +870,8 @@ pub fn stats(reader: &Reader, path: &Path) -> Result<Stats> {
         s.tables.push(TableStorage::of(annal::tables::CONTENT_IDS.name(), &ids)?);
     }
     s.tables.push(TableStorage::of(META.name(), &meta)?);
-    if projections_bytes > 0 {
+    // An empty file is unusable too (as `verify --deep` finds): no database opens there.
+    if projections_path.exists() {
         match projections_table(&projections_path) {
             Ok(Some(table)) => s.tables.push(table),
             Ok(None) => {}

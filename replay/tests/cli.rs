@@ -1791,7 +1791,7 @@ fn stats_names_an_unusable_projections_file_and_counts_the_rest() {
     assert_eq!(good["projections_file_unusable"], Value::Null, "{good}");
     let bytes = std::fs::read(&projections).unwrap();
     let garbage: Vec<u8> = (0..bytes.len()).map(|i| (i * 7 + 3) as u8).collect();
-    for (what, damaged) in [("truncated", bytes[..5000].to_vec()), ("garbage", garbage)] {
+    for (what, damaged) in [("truncated", bytes[..5000].to_vec()), ("garbage", garbage), ("empty", Vec::new())] {
         std::fs::write(&projections, &damaged).unwrap();
         let out = annal(&["sessions", p(&db), "--archived"]);
         assert_eq!(code(&out), 0, "{what}: {}", stderr(&out));

@@ -125,6 +125,7 @@ fn purge_gc_verify_export_import_stats() {
     let out = annal(&["stats", p(&db), "--json"]);
     let stats: serde_json::Value = serde_json::from_str(&stdout(&out)).unwrap();
     assert_eq!(stats["reclaimed"]["sessions_purged"], 1);
+    assert_eq!(stats["sessions_purged"], 1);
     assert_eq!(stats["reclaimed"]["records_erased"], 7);
     assert!(stats["reclaimed"]["content_objects"].as_u64().unwrap() >= 6, "{}", stats["reclaimed"]);
 
@@ -146,6 +147,13 @@ fn purge_gc_verify_export_import_stats() {
     assert_eq!(stdout(&annal(&["export", p(&copy)])), export, "export, import, export is identical");
     let out = annal(&["inspect", p(&copy), &s.to_string()]);
     assert!(stderr(&out).contains("purged"), "{}", stderr(&out));
+    // The copy ran no purge of its own; the log it holds has the tombstone.
+    let copied: serde_json::Value = serde_json::from_str(&stdout(&annal(&["stats", p(&copy), "--json"]))).unwrap();
+    assert_eq!(
+        (copied["sessions_purged"].as_u64(), copied["reclaimed"]["sessions_purged"].as_u64()),
+        (Some(1), Some(0))
+    );
+    assert_eq!(copied["sessions"], stats["sessions"]);
 
     // The live session's draft survived the rewrite; the purged one's is gone.
     let engine = Engine::open(&db).unwrap();
