@@ -436,8 +436,17 @@ pub(crate) fn collect_refs(event: &Event, messages: &mut HashSet<ContentId>, oth
 
 /// Whether a read transaction of a log file sees the mark of an unfinished erasure.
 pub fn unfinished_in(txn: &redb::ReadTransaction) -> bool {
-    let Ok(meta) = txn.open_table(META) else { return false };
-    matches!(meta.get(meta_keys::ERASURE_UNFINISHED), Ok(Some(_)))
+    erasure_unfinished(txn).unwrap_or(false)
+}
+
+/// [`unfinished_in`], with the error of a file that cannot be read (a file with no
+/// `meta` table has no mark).
+pub(crate) fn erasure_unfinished(txn: &redb::ReadTransaction) -> Result<bool> {
+    match txn.open_table(META) {
+        Ok(meta) => Ok(meta.get(meta_keys::ERASURE_UNFINISHED)?.is_some()),
+        Err(redb::TableError::TableDoesNotExist(_)) => Ok(false),
+        Err(e) => Err(e.into()),
+    }
 }
 
 /// Finishes an interrupted erasure (steps 3 and 4): [`Engine::open`] calls it when the

@@ -87,7 +87,9 @@ impl Reader {
         let projections_path = crate::engine::projections_path(path);
         // While an erasure is unfinished the projections file may still hold what the
         // purge erased from the log: fold the whole log instead.
-        let unfinished = log.begin_read().map(|txn| crate::purge::unfinished_in(&txn)).unwrap_or(false);
+        // Its first read: a file redb cannot read fails here with its own error (the
+        // reads after it would only say that an earlier one failed).
+        let unfinished = fail_closed("open read-only", || crate::purge::erasure_unfinished(&log.begin_read()?))?;
         let projections = match projections_path.exists() && !unfinished {
             true => open(&projections_path).ok(),
             false => None,

@@ -204,12 +204,21 @@ pub fn with_projections_table<T>(
     }
 }
 
+/// A storage error's message, with what it means where redb's words do not say it: a
+/// read past the file's end is a file cut short.
+pub fn storage_hint(message: &str) -> String {
+    match message.contains("failed to fill whole buffer") {
+        true => format!("{message} (the file ends before the pages it names: it was cut short)"),
+        false => message.to_string(),
+    }
+}
+
 /// Opens an existing database read-only. Works beside a live writer in another process.
 pub fn open_reader(path: &Path, key: Option<[u8; 32]>) -> Result<Reader> {
     require_file(path)?;
     Reader::open(path, Limits::default(), key).map_err(|e| match e {
         annal::Error::Storage(_) | annal::Error::KeyMismatch { .. } | annal::Error::MigrationRequired { .. } => {
-            CliError::usage(format!("cannot open {} read-only: {e}", path.display()))
+            CliError::usage(format!("cannot open {} read-only: {}", path.display(), storage_hint(&e.to_string())))
         }
         // The log itself is damaged: a finding.
         other => CliError::from(other),

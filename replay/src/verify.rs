@@ -632,6 +632,14 @@ fn open_log(path: &Path) -> std::result::Result<(annal::unclean::ReadOnly, ReadT
     let opened = guarded("file", || -> std::result::Result<_, redb::Error> {
         let db = annal::unclean::open_read_only(path, VERIFY_CACHE_BYTES)?;
         let txn = db.begin_read()?;
+        // The first read, the log's last record (the journal's check reads it next): one
+        // that fails (a file cut short) fails here with its own error; redb answers every
+        // read after it with "a previous I/O error occurred".
+        match txn.open_table(LOG) {
+            Ok(log) => drop(log.last()?),
+            Err(redb::TableError::Storage(e)) => return Err(e.into()),
+            Err(_) => {}
+        }
         Ok((db, txn))
     });
     let cut_short = |e: &redb::Error| match e {
@@ -643,7 +651,10 @@ fn open_log(path: &Path) -> std::result::Result<(annal::unclean::ReadOnly, ReadT
         Ok(Err(redb::Error::Corrupted(detail))) => {
             Err(Refused::Damaged(storage("file", format!("cannot be opened: {detail}"))))
         }
-        Ok(Err(e)) if cut_short(&e) => Err(Refused::Damaged(storage("file", format!("cannot be opened: {e}")))),
+        Ok(Err(e)) if cut_short(&e) => {
+            let e = crate::storage_hint(&e.to_string());
+            Err(Refused::Damaged(storage("file", format!("cannot be opened: {e}"))))
+        }
         Ok(Err(e)) => Err(Refused::Usage(CliError::usage(format!("cannot open {} read-only: {e}", path.display())))),
         Err(finding) => Err(Refused::Damaged(finding)),
     }

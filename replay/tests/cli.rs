@@ -786,6 +786,26 @@ fn read_commands_on_a_damaged_page_fail_with_a_finding_and_never_crash() {
     assert!(codes.get(&0).copied().unwrap_or(0) > 0, "damage where nothing is read changes nothing: {codes:?}");
 }
 
+/// A log file cut short is reported with the read that failed (a read past its end),
+/// not with redb's "a previous I/O error occurred" that every read after it gives:
+/// `verify` as a finding, a read command as a file it cannot open.
+#[test]
+fn a_log_file_cut_short_is_reported_as_cut_short() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = demo_db(&dir, 2);
+    let bytes = std::fs::read(&db).unwrap();
+    std::fs::write(&db, &bytes[..bytes.len() / 2 / 4096 * 4096]).unwrap();
+    let out = annal(&["verify", p(&db)]);
+    assert_eq!(code(&out), 1, "{}{}", stdout(&out), stderr(&out));
+    assert!(stdout(&out).contains("it was cut short"), "{}", stdout(&out));
+    for args in [vec!["sessions", p(&db)], vec!["stats", p(&db)]] {
+        let out = annal(&args);
+        assert_ne!(code(&out), 0, "{args:?}");
+        assert!(stderr(&out).contains("it was cut short"), "{args:?}: {}", stderr(&out));
+        assert!(!stderr(&out).contains("Previous I/O error"), "{args:?}: {}", stderr(&out));
+    }
+}
+
 #[test]
 fn a_projections_file_named_in_place_of_its_log_is_refused_and_left_as_it_is() {
     let dir = tempfile::tempdir().unwrap();
