@@ -613,7 +613,13 @@ impl Journal {
         let mut created = false;
         let mut open = |p: &Path| -> Result<redb::backends::FileBackend> {
             created |= !p.exists();
-            let file = OpenOptions::new().read(true).write(true).create(true).truncate(false).open(p)?;
+            let file = OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .open(p)
+                .map_err(|e| Error::Storage(format!("the journal file {}: {e}", p.display())))?;
             redb::backends::FileBackend::new(file).map_err(io)
         };
         let files: [Box<dyn redb::StorageBackend>; 2] = [Box::new(open(&paths[0])?), Box::new(open(&paths[1])?)];

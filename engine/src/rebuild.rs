@@ -216,7 +216,10 @@ fn fold_into(temp: &Path, log: &LogSource<'_>, progress: Progress<'_>, handover:
 
     let LogSource { txn: log_txn, chain, limits, tip } = *log;
     let started = std::time::Instant::now();
-    let db = redb::Builder::new().set_cache_size(REBUILD_PROJECTIONS_CACHE_BYTES).create(temp)?;
+    let db = redb::Builder::new()
+        .set_cache_size(REBUILD_PROJECTIONS_CACHE_BYTES)
+        .create(temp)
+        .map_err(|e| Error::Storage(format!("create {}: {e}", temp.display())))?;
     {
         let mut txn = db.begin_write()?;
         txn.set_durability(redb::Durability::None)?;
