@@ -469,6 +469,9 @@ pub fn demo(opts: &DemoOptions) -> Result<DemoReport> {
             if p.exists() {
                 return Err(CliError::usage(format!("{} exists; the demo writes a new database", p.display())));
             }
+            if let Some(dir) = p.parent().filter(|d| !d.as_os_str().is_empty() && !d.is_dir()) {
+                return Err(CliError::usage(format!("{}: no such directory for the demo's database", dir.display())));
+            }
             (None, p.clone())
         }
         None => {
