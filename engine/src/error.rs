@@ -57,6 +57,33 @@ pub enum Limit {
     InboxInputs,
 }
 
+impl Limit {
+    /// Every limit, in the order [`crate::Limits`] declares them.
+    pub const ALL: [Limit; 21] = [
+        Limit::ContentBytes,
+        Limit::CommandBytes,
+        Limit::MessagesPerCommand,
+        Limit::LabelsPerSession,
+        Limit::LabelKeyBytes,
+        Limit::LabelValueBytes,
+        Limit::IdBytes,
+        Limit::PageItems,
+        Limit::PageBytes,
+        Limit::RecordBytes,
+        Limit::MetadataBytes,
+        Limit::BatchCommands,
+        Limit::AttachmentsPerMessage,
+        Limit::ListItems,
+        Limit::NoteBytes,
+        Limit::HostStateNameBytes,
+        Limit::HostStateEntries,
+        Limit::DraftBytes,
+        Limit::SessionDraftBytes,
+        Limit::DraftBytesTotal,
+        Limit::InboxInputs,
+    ];
+}
+
 impl fmt::Display for Limit {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let name = match self {

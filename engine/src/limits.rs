@@ -209,6 +209,41 @@ impl Limits {
 mod tests {
     use super::*;
 
+    /// `Limit::ALL` names every limit once: with each field a different value (the
+    /// struct literal names every field, so a new one does not compile here until it is
+    /// given one), the maxima of `ALL` are every value, each once.
+    #[test]
+    fn every_limit_is_in_all_once() {
+        let limits = Limits {
+            content_bytes_max: 1,
+            command_bytes_max: 2,
+            messages_per_command_max: 3,
+            labels_per_session_max: 4,
+            label_key_bytes_max: 5,
+            label_value_bytes_max: 6,
+            id_bytes_max: 7,
+            page_items_max: 8,
+            page_bytes_max: 9,
+            record_bytes_max: 10,
+            metadata_bytes_max: 11,
+            batch_commands_max: 12,
+            attachments_per_message_max: 13,
+            list_items_max: 14,
+            note_bytes_max: 15,
+            host_state_name_bytes_max: 16,
+            host_state_entries_max: 17,
+            draft_bytes_max: 18,
+            session_draft_bytes_max: 19,
+            draft_bytes_total_max: 20,
+            inbox_inputs_max: 21,
+        };
+        let mut maxima: Vec<u64> = Limit::ALL.iter().map(|l| limits.max(*l)).collect();
+        maxima.sort_unstable();
+        assert_eq!(maxima, (1..=21).collect::<Vec<u64>>());
+        let names: std::collections::BTreeSet<String> = Limit::ALL.iter().map(|l| l.to_string()).collect();
+        assert_eq!(names.len(), Limit::ALL.len());
+    }
+
     /// Every default is the value SPEC §8 gives, or for the limits it does not name, the
     /// value the field's documentation gives. The destructuring names every field, so a
     /// new limit does not compile here until its default is pinned too.

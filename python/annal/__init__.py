@@ -38,6 +38,7 @@ from typing import Literal
 
 from . import errors
 from ._annal import (
+    LIMITS,
     Claim,
     ClaimRow,
     CommitNotice,
@@ -72,6 +73,7 @@ from ._annal import (
 from .errors import AnnalError
 
 __all__ = [
+    "LIMITS",
     "AnnalError",
     "Claim",
     "ClaimRow",

@@ -15,6 +15,11 @@ UsageItem = tuple[str, str, int, int] | tuple[str, str, int, int, int, int]
 InputKind = Literal["next_turn", "active_turn"]
 InputStateName = Literal["pending", "claimed", "completed", "cancelled"]
 
+#: The limits every database opened from Python has (annal's defaults), by name:
+#: ``messages_per_command_max``, ``command_bytes_max``, ``attachments_per_message_max``, ...
+#: A command past one is refused with ``AnnalError`` kind ``limit_exceeded``.
+LIMITS: dict[str, int]
+
 def content_id(data: bytes) -> str:
     """The content id of ``data`` (blake3, hex)."""
 

@@ -55,7 +55,7 @@ from langgraph.checkpoint.base import (
     writes_sort_key,
 )
 
-from . import Database, Message, content_id
+from . import LIMITS, Database, Message, content_id
 from . import errors as _errors
 
 __all__ = ["AnnalSaver"]
@@ -65,7 +65,7 @@ WRITES_TYPE = "application/vnd.langgraph.writes"
 BLOBS_TYPE = "application/vnd.langgraph.blobs"
 THREAD_LABEL = "langgraph.thread"
 KIND_LABEL = "langgraph"
-ATTACHMENTS_MAX = 64
+ATTACHMENTS_MAX = LIMITS["attachments_per_message_max"]
 # A list refers to the list of its parent checkpoint plus what it appends, for at most
 # this many checkpoints in a row; then it is stored whole again, so reading a checkpoint
 # reads at most this many earlier records.
@@ -73,11 +73,11 @@ DELTA_DEPTH_MAX = 8
 # A serialized value this small is kept in the record itself, not as a content object.
 INLINE_MAX = 64
 PAGE = 1000
-# The engine's bounds on one command (annal's default limits, which every database
-# opened from Python uses): how many messages it carries and how many bytes (bodies,
-# content types and attachments). ``copy_thread`` splits its appends to stay within them.
-COMMAND_MESSAGES_MAX = 4096
-COMMAND_BYTES_MAX = 64 * 1024 * 1024
+# The engine's bounds on one command (the limits every database opened from Python
+# has): how many messages it carries and how many bytes (bodies, content types and
+# attachments). ``copy_thread`` splits its appends to stay within them.
+COMMAND_MESSAGES_MAX = LIMITS["messages_per_command_max"]
+COMMAND_BYTES_MAX = LIMITS["command_bytes_max"]
 # What a turn's id and bookkeeping may add to the bytes a command carries.
 COMMAND_BYTES_SLACK = 64 * 1024
 

@@ -1598,6 +1598,13 @@ fn _annal(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(content_id, m)?)?;
     m.add_function(wrap_pyfunction!(new_session_id, m)?)?;
     m.add_function(wrap_pyfunction!(compact, m)?)?;
+    // The limits every database opened from Python has (annal's defaults), by name.
+    let limits = pyo3::types::PyDict::new(m.py());
+    let defaults = annal::Limits::default();
+    for limit in annal::Limit::ALL {
+        limits.set_item(limit.to_string(), defaults.max(limit))?;
+    }
+    m.add("LIMITS", limits)?;
     let exiting = wrap_pyfunction!(interpreter_exiting, m)?;
     m.py().import("atexit")?.call_method1("register", (exiting,))?;
     Ok(())

@@ -361,6 +361,19 @@ def test_revision_pages_and_unsettled_paging(db: annal.Database) -> None:
     assert [o.op_id for o in db.tool_ops(s, offset=1, limit=2)] == ["op-1", "op-2"]
 
 
+def test_limits_are_the_engines_and_bound_what_a_command_carries(db: annal.Database) -> None:
+    limits = annal.LIMITS
+    assert limits["messages_per_command_max"] == 4096 and limits["page_items_max"] == 10_000
+    assert limits["attachments_per_message_max"] == 64 and len(limits) == 21
+    s = db.create_session(messages=[Message.system("sys")]).session
+    tip = db.tip()
+    many = [Message.user(str(i)) for i in range(limits["messages_per_command_max"] + 1)]
+    with pytest.raises(errors.LimitExceeded):
+        db.commit_turn(s, "t", many)
+    assert db.tip() == tip, "a refused command writes nothing"
+    db.commit_turn(s, "t", many[1:])
+
+
 def test_expected_is_none_a_revision_or_a_stream_seq(db: annal.Database) -> None:
     s = db.create_session(messages=[Message.system("sys")]).session
     tip = db.tip()
