@@ -268,6 +268,20 @@ def _shared(db: Database) -> _Shared:
         return shared
 
 
+class _Turn(NamedTuple):
+    """A checkpoint's or a task's writes' turn, prepared: what it commits, and what the
+    thread's index takes once it is committed (its entry, and for a checkpoint the list
+    tips and the list memo of its namespace)."""
+
+    thread: _Thread
+    turn_id: str
+    messages: list[Message]
+    header: dict[str, Any]
+    ids: list[str]
+    tips: dict[tuple[str, str], _ListTip]
+    memo: tuple[str, dict[str, dict[int, _Item]]] | None
+
+
 class AnnalSaver(BaseCheckpointSaver[int]):
     """A LangGraph checkpointer that stores threads as annal sessions.
 
@@ -421,7 +435,7 @@ class AnnalSaver(BaseCheckpointSaver[int]):
         checkpoint: Checkpoint,
         metadata: CheckpointMetadata,
         thread: _Thread | None = None,
-    ) -> tuple[_Thread, str, list[Message], tuple[dict[str, Any], dict, Any], list[str], RunnableConfig]:
+    ) -> tuple[_Turn, RunnableConfig]:
         conf = config["configurable"]
         thread_id = str(conf["thread_id"])
         ns = conf.get("checkpoint_ns", "")
@@ -475,9 +489,8 @@ class AnnalSaver(BaseCheckpointSaver[int]):
         messages, ids = self._messages(CHECKPOINT_TYPE, header, [record], blobs, thread)
         turn_id = "c:" + content_id(_pack([header, ids]))[:32]
         tips = {key: _ListTip(checkpoint["id"], ids[0], *tip) for key, tip in lists.items()}
-        header_tips = (header, tips, (ns, next_memos))
         out: RunnableConfig = {"configurable": {"thread_id": thread_id, "checkpoint_ns": ns, "checkpoint_id": checkpoint["id"]}}
-        return thread, turn_id, messages, header_tips, ids, out
+        return _Turn(thread, turn_id, messages, header, ids, tips, (ns, next_memos)), out
 
     def _prepare_writes(
         self,
@@ -486,7 +499,7 @@ class AnnalSaver(BaseCheckpointSaver[int]):
         task_id: str,
         task_path: str,
         thread: _Thread | None = None,
-    ) -> tuple[_Thread, str, list[Message], dict[str, Any], list[str]]:
+    ) -> _Turn:
         conf = config["configurable"]
         thread_id = str(conf["thread_id"])
         ns = conf.get("checkpoint_ns", "")
@@ -505,31 +518,25 @@ class AnnalSaver(BaseCheckpointSaver[int]):
         header = {"k": "w", "ns": ns, "id": checkpoint_id, "t": task_id, "tp": task_path, "x": replace, "w": entries}
         messages, ids = self._messages(WRITES_TYPE, header, [], blobs, thread)
         turn_id = "w:" + content_id(_pack([header, ids]))[:32]
-        return thread, turn_id, messages, header, ids
+        return _Turn(thread, turn_id, messages, header, ids, {}, None)
 
-    def _commit(self, thread: _Thread, turn_id: str, messages: list[Message], header: Any, ids: list[str]) -> None:
-        header, tips, memo = header if isinstance(header, tuple) else (header, {}, None)
-        result = self.db.commit_turn(thread.session, turn_id, messages)
-        if result.already_committed and not self._indexed(thread, header, ids):
+    def _commit(self, turn: _Turn) -> None:
+        result = self.db.commit_turn(turn.thread.session, turn.turn_id, turn.messages)
+        if result.already_committed and not self._indexed(turn.thread, turn.header, turn.ids):
             # The same content was written before and then redacted: write it again.
-            self.db.commit_turn(thread.session, f"{turn_id}:{uuid.uuid4().hex}", messages)
-        self._committed(thread, header, ids, tips, memo)
+            self.db.commit_turn(turn.thread.session, f"{turn.turn_id}:{uuid.uuid4().hex}", turn.messages)
+        self._committed(turn)
 
     @staticmethod
-    def _committed(
-        thread: _Thread,
-        header: dict[str, Any],
-        ids: list[str],
-        tips: dict[tuple[str, str], _ListTip],
-        memo: tuple[str, dict[str, dict[int, _Item]]] | None,
-    ) -> None:
+    def _committed(turn: _Turn) -> None:
         """Brings the index up to a committed turn: its entry, the list tips the next
         checkpoint may refer to, and the list memo of its namespace."""
+        thread = turn.thread
         with thread.lock:
-            thread.apply(header, ids)
-            thread.lists.update(tips)
-            if memo is not None:
-                ns, channels = memo
+            thread.apply(turn.header, turn.ids)
+            thread.lists.update(turn.tips)
+            if turn.memo is not None:
+                ns, channels = turn.memo
                 memos = thread.memo.setdefault(ns, {})
                 for ch, fresh in channels.items():
                     if fresh:
@@ -537,14 +544,11 @@ class AnnalSaver(BaseCheckpointSaver[int]):
                     else:
                         memos.pop(ch, None)
 
-    async def _acommit(
-        self, thread: _Thread, turn_id: str, messages: list[Message], header: Any, ids: list[str]
-    ) -> None:
-        header, tips, memo = header if isinstance(header, tuple) else (header, {}, None)
-        result = await self.db.commit_turn_async(thread.session, turn_id, messages)
-        if result.already_committed and not self._indexed(thread, header, ids):
-            await self.db.commit_turn_async(thread.session, f"{turn_id}:{uuid.uuid4().hex}", messages)
-        self._committed(thread, header, ids, tips, memo)
+    async def _acommit(self, turn: _Turn) -> None:
+        result = await self.db.commit_turn_async(turn.thread.session, turn.turn_id, turn.messages)
+        if result.already_committed and not self._indexed(turn.thread, turn.header, turn.ids):
+            await self.db.commit_turn_async(turn.thread.session, f"{turn.turn_id}:{uuid.uuid4().hex}", turn.messages)
+        self._committed(turn)
 
     @staticmethod
     def _indexed(thread: _Thread, header: dict, ids: list[str]) -> bool:
@@ -717,16 +721,15 @@ class AnnalSaver(BaseCheckpointSaver[int]):
         new_versions: ChannelVersions,
     ) -> RunnableConfig:
         """Stores a checkpoint as one turn; returns its config."""
-        thread, turn_id, messages, header, ids, out = self._prepare_put(config, checkpoint, metadata)
-        self._commit(thread, turn_id, messages, header, ids)
+        turn, out = self._prepare_put(config, checkpoint, metadata)
+        self._commit(turn)
         return out
 
     def put_writes(
         self, config: RunnableConfig, writes: Sequence[tuple[str, Any]], task_id: str, task_path: str = ""
     ) -> None:
         """Stores a task's pending writes for a checkpoint as one turn."""
-        thread, turn_id, messages, header, ids = self._prepare_writes(config, writes, task_id, task_path)
-        self._commit(thread, turn_id, messages, header, ids)
+        self._commit(self._prepare_writes(config, writes, task_id, task_path))
 
     def delete_thread(self, thread_id: str) -> None:
         """Archives the thread's session: its checkpoints and writes are gone from every
@@ -858,8 +861,11 @@ class AnnalSaver(BaseCheckpointSaver[int]):
         offset = 0
         while True:
             page = self.db.transcript(source.session, offset, PAGE)
+            # The page's attachments in one call, handed back to their messages in order.
+            ids = [cid for m in page.messages for cid in m.attachments]
+            fetched = iter(self.db.contents(ids) if ids else [])
             for m in page.messages:
-                attachments = self.db.contents(m.attachments) if m.attachments else []
+                attachments = [next(fetched) for _ in m.attachments]
                 for cid, data in zip(m.attachments, attachments):
                     if data is None:
                         raise _errors.Corrupt(
@@ -966,8 +972,8 @@ class AnnalSaver(BaseCheckpointSaver[int]):
         session of a new thread, created in a worker thread). The values are serialized
         on the calling thread."""
         thread = await self._athread(config)
-        thread, turn_id, messages, header, ids, out = self._prepare_put(config, checkpoint, metadata, thread)
-        await self._acommit(thread, turn_id, messages, header, ids)
+        turn, out = self._prepare_put(config, checkpoint, metadata, thread)
+        await self._acommit(turn)
         return out
 
     async def aput_writes(
@@ -976,8 +982,7 @@ class AnnalSaver(BaseCheckpointSaver[int]):
         """Like ``put_writes``; the commit is queued without blocking the event loop (as
         is the session of a new thread, created in a worker thread)."""
         thread = await self._athread(config)
-        thread, turn_id, messages, header, ids = self._prepare_writes(config, writes, task_id, task_path, thread)
-        await self._acommit(thread, turn_id, messages, header, ids)
+        await self._acommit(self._prepare_writes(config, writes, task_id, task_path, thread))
 
     async def adelete_thread(self, thread_id: str) -> None:
         """Like ``delete_thread``."""
