@@ -334,7 +334,12 @@ impl Engine {
     /// projections file beside it ([`projections_path`]), created or brought up to the
     /// log as needed.
     pub fn open_with(path: impl AsRef<Path>, options: Options) -> Result<Engine> {
-        let path = path.as_ref();
+        // redb panics on some damaged pages: wherever the open meets one, it is an error.
+        fail_closed("open", || Engine::open_path(path.as_ref(), options))
+    }
+
+    /// [`Engine::open_with`], unguarded.
+    fn open_path(path: &Path, options: Options) -> Result<Engine> {
         options.limits.validate()?;
         refuse_unreadable_format(path, &options)?;
         let mut folded = RebuildStats::default();

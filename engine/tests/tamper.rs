@@ -548,6 +548,42 @@ fn a_damaged_page_fails_closed_not_with_a_panic() {
     assert!(panics.is_empty(), "a damaged byte at these offsets made the engine panic: {panics:?}");
 }
 
+/// Four damaged bytes in a log file that is opened from its path, beside its projections
+/// file (the way a host opens it, durable): the open answers with an engine or an error,
+/// never a panic, wherever it meets the damage (the check for an unfinished erasure, the
+/// format, the catch-up). Found through the Python binding, where the panic surfaced as an
+/// exception no `except Exception` catches.
+#[test]
+fn a_damaged_log_file_opened_from_its_path_fails_closed_not_with_a_panic() {
+    let db = build(None);
+    let pristine = std::fs::read(&db.path).unwrap();
+    let projections = std::fs::read(projections_path(&db.path)).unwrap();
+    let copy = db._dir.path().join("damaged.redb");
+    let mut panics = Vec::new();
+    for base in (0..pristine.len()).step_by(4096) {
+        let within = [0, 1, 2, 3, 4, 8, 9, 12, 16, 24, 32, 64, 128, 512, 1024, 2048, 3072, 4000];
+        for at in within.map(|w| base + w).into_iter().filter(|at| at + 4 <= pristine.len()) {
+            let mut bytes = pristine.clone();
+            bytes[at..at + 4].iter_mut().for_each(|b| *b ^= 0xa5);
+            for path in database_files(&copy) {
+                let _ = std::fs::remove_file(path);
+            }
+            std::fs::write(&copy, &bytes).unwrap();
+            std::fs::write(projections_path(&copy), &projections).unwrap();
+            let outcome = std::panic::catch_unwind(|| {
+                if let Ok(engine) = Engine::open(&copy) {
+                    let _ = engine.list_sessions(&ListQuery::new().include_archived());
+                    let _ = engine.close();
+                }
+            });
+            if outcome.is_err() {
+                panics.push(at);
+            }
+        }
+    }
+    assert!(panics.is_empty(), "four damaged bytes at these offsets made the open panic: {panics:?}");
+}
+
 /// The same sweep with `Options::check_integrity_on_open`: redb verifies every page's
 /// checksum at open, so the damage that could abort a release build is refused at open.
 #[test]
