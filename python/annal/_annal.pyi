@@ -297,6 +297,7 @@ class Database:
     lose recent ones, never half of one) and the file is held exclusively; for tests and
     bulk imports. ``compress``: how new content is stored, ``True`` (lz4, the default),
     ``"zstd"``, ``"lz4"`` or ``False`` / ``"off"``; every setting reads the others' content.
+    A path in a directory that does not exist raises ``FileNotFoundError`` naming it.
     """
 
     def __init__(

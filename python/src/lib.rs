@@ -521,6 +521,14 @@ impl Database {
     #[pyo3(signature = (path, *, durable = true, compress = Compress::Flag(true)))]
     fn open(py: Python<'_>, path: std::path::PathBuf, durable: bool, compress: Compress) -> PyResult<Database> {
         let options = OpenOptions { durable, compression: compress.compression()? };
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty() && !d.is_dir()) {
+            // What `open()` raises for a file in a directory that does not exist.
+            return Err(PyFileNotFoundError::new_err((
+                2,
+                "No such file or directory",
+                dir.to_string_lossy().into_owned(),
+            )));
+        }
         let engine_options = options.engine_options();
         let open_path = path.clone();
         let engine = py.detach(move || Engine::open_with(&open_path, engine_options)).map_err(|e| to_py(py, e))?;
@@ -1297,7 +1305,9 @@ impl Database {
         Ok(value.map(|v| PyBytes::new(py, &v)))
     }
 
-    /// Several content objects at once (one snapshot, one call): `None` for any missing.
+    /// Several content objects in one call (the GIL released once): `None` for any
+    /// missing. Content never changes under its id, so the objects agree whichever
+    /// commits land meanwhile.
     fn contents<'py>(&self, py: Python<'py>, content_ids: Vec<String>) -> PyResult<Vec<Option<Bound<'py, PyBytes>>>> {
         let ids = content_ids
             .iter()
@@ -1512,6 +1522,9 @@ impl ErasureReport {
     }
 }
 
+/// How long a subscription's wait runs between two checks for signals (a Ctrl-C).
+const SIGNAL_SLICE: Duration = Duration::from_millis(100);
+
 /// Commit notices from `Database.subscribe()`: iterate, or `recv(timeout)`.
 #[pyclass(module = "annal", frozen)]
 pub struct Subscription {
@@ -1522,24 +1535,37 @@ pub struct Subscription {
 impl Subscription {
     /// The next notice; waits up to `timeout` seconds (forever if `None`, or if it is too
     /// long to represent, such as `float("inf")`; a negative or NaN timeout does not
-    /// wait). Returns `None` on timeout or once the database is closed.
+    /// wait). Returns `None` on timeout or once the database is closed. The wait takes
+    /// signals between slices of [`SIGNAL_SLICE`]: Ctrl-C raises `KeyboardInterrupt`.
     #[pyo3(signature = (timeout = None))]
-    fn recv(&self, py: Python<'_>, timeout: Option<f64>) -> Option<CommitNotice> {
-        let rx = self.rx.clone();
-        // `max` turns NaN and negative timeouts into 0.
-        let limit = timeout.map(|t| Duration::try_from_secs_f64(t.max(0.0)).ok());
-        py.detach(move || match limit {
-            Some(Some(t)) => rx.recv_timeout(t).ok(),
-            Some(None) | None => rx.recv().ok(),
-        })
-        .map(CommitNotice::from)
+    fn recv(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<Option<CommitNotice>> {
+        // `max` turns NaN and negative timeouts into 0; a deadline too far to represent
+        // is none.
+        let deadline = match timeout.map(|t| Duration::try_from_secs_f64(t.max(0.0)).ok()) {
+            Some(Some(t)) => std::time::Instant::now().checked_add(t),
+            Some(None) | None => None,
+        };
+        loop {
+            let slice = deadline
+                .map_or(SIGNAL_SLICE, |d| d.saturating_duration_since(std::time::Instant::now()).min(SIGNAL_SLICE));
+            let rx = self.rx.clone();
+            match py.detach(move || rx.recv_timeout(slice)) {
+                Ok(notice) => return Ok(Some(CommitNotice::from(notice))),
+                Err(crossbeam_channel::RecvTimeoutError::Disconnected) => return Ok(None),
+                Err(crossbeam_channel::RecvTimeoutError::Timeout) => {}
+            }
+            py.check_signals()?;
+            if deadline.is_some_and(|d| std::time::Instant::now() >= d) {
+                return Ok(None);
+            }
+        }
     }
 
     fn __iter__(slf: Py<Self>) -> Py<Self> {
         slf
     }
 
-    fn __next__(&self, py: Python<'_>) -> Option<CommitNotice> {
+    fn __next__(&self, py: Python<'_>) -> PyResult<Option<CommitNotice>> {
         self.recv(py, None)
     }
 }
@@ -1573,7 +1599,14 @@ fn compact(py: Python<'_>, path: std::path::PathBuf, compression: Option<String>
     let stats = match compression {
         None => py.detach(move || annal::compact(&path, Options::default())).map_err(|e| to_py(py, e))?,
         Some(name) => {
-            let compression = Compress::Codec(name).compression()?;
+            let compression = match name.as_str() {
+                "lz4" | "zstd" | "off" => Compress::Codec(name).compression()?,
+                other => {
+                    return Err(PyValueError::new_err(format!(
+                        "compression must be \"lz4\", \"zstd\" or \"off\", not {other:?}"
+                    )))
+                }
+            };
             py.detach(move || annal::recompress(&path, compression, Options::default(), &mut |_, _| {}))
                 .map_err(|e| to_py(py, e))?
                 .compact

@@ -132,6 +132,38 @@ def test_context_and_tools(db: annal.Database) -> None:
         db.record_tool_result(s, "op-2", b"x")
 
 
+def test_a_database_in_a_missing_directory_and_a_bad_compression_are_named(tmp_path: Path) -> None:
+    missing = tmp_path / "no such dir"
+    with pytest.raises(FileNotFoundError) as caught:
+        annal.open(missing / "x.redb")
+    assert caught.value.filename == str(missing) and not missing.exists()
+    with pytest.raises(ValueError, match="^compression must be"):
+        annal.compact(tmp_path, compression="gzip")
+
+
+def test_a_subscription_wait_is_interrupted_by_a_signal(db: annal.Database) -> None:
+    import signal
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    sub = db.subscribe()
+    old = signal.signal(signal.SIGALRM, interrupt)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.2)
+        with pytest.raises(KeyboardInterrupt):
+            # Bounded, so a wait that ignores the signal fails the test instead of hanging it.
+            sub.recv(timeout=5)
+        signal.setitimer(signal.ITIMER_REAL, 0.2)
+        with pytest.raises(KeyboardInterrupt):
+            for _ in sub:
+                pass
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+    assert sub.recv(timeout=0) is None
+
+
 def test_events_subscribe_and_close(tmp_path: Path) -> None:
     db = annal.open(tmp_path / "s.redb")
     sub = db.subscribe()
