@@ -139,6 +139,30 @@ def _plain(obj: Any) -> Any:
     raise _NotPlain
 
 
+def _same(a: Any, b: Any) -> bool:
+    """``a == b`` with the types equal too, all the way down, and dicts in the same key
+    order: ``1``, ``1.0`` and ``True`` are equal to Python but serialize differently, and
+    so do ``0.0`` and ``-0.0``, and dicts whose keys come in another order. ``b`` is a
+    :func:`_plain` copy; raises :class:`_NotPlain` where it holds something else."""
+    t = type(b)
+    if t is not type(a):
+        if t not in _IMMUTABLE and t not in (dict, list, tuple):
+            raise _NotPlain
+        return False
+    if t is float:
+        return a.hex() == b.hex() if a == a else b != b  # NaN equals NaN here
+    if t in _IMMUTABLE:
+        return bool(a == b)
+    if t is dict:
+        return len(a) == len(b) and all(
+            type(ka) is type(kb) and ka == kb and _same(va, vb)
+            for (ka, va), (kb, vb) in zip(a.items(), b.items())
+        )
+    if t is list or t is tuple:
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    raise _NotPlain
+
+
 class _ModelSnapshot:
     """A pydantic model's state as it was serialized: its class, and copies of its
     field values, its extra fields and its private attributes."""
@@ -156,9 +180,9 @@ class _ModelSnapshot:
         # them; anything else that differs only makes the element serialized again.
         return (
             type(item) is self.cls
-            and item.__dict__ == self.fields
-            and item.__pydantic_extra__ == self.extra
-            and item.__pydantic_private__ == self.private
+            and _same(item.__dict__, self.fields)
+            and _same(item.__pydantic_extra__, self.extra)
+            and _same(item.__pydantic_private__, self.private)
         )
 
 
@@ -182,11 +206,16 @@ def _snapshot(item: Any) -> Any:
 
 
 def _unchanged(item: Any, snapshot: Any) -> bool:
-    """Whether ``item`` still equals the snapshot taken when it was serialized."""
+    """Whether ``item`` still equals the snapshot taken when it was serialized: exactly
+    (:func:`_same`) for plain values and pydantic models of them, by ``==`` for what
+    ``copy.deepcopy`` copied."""
     try:
         if type(snapshot) is _ModelSnapshot:
             return snapshot.matches(item)
-        return bool(item == snapshot)
+        try:
+            return _same(item, snapshot)
+        except _NotPlain:
+            return bool(item == snapshot)
     except Exception:
         return False
 
@@ -282,6 +311,19 @@ class _Turn(NamedTuple):
     memo: tuple[str, dict[str, dict[int, _Item]]] | None
 
 
+@dataclass
+class _CopyGroup:
+    """Messages ``copy_thread`` commits in one turn: a checkpoint or writes message, the
+    blob messages that carry its objects, their bytes, its header, the content ids its
+    record reaches and those its messages carry."""
+
+    messages: list[Message]
+    size: int
+    header: dict[str, Any]
+    reaches: set[str]
+    carries: set[str]
+
+
 class AnnalSaver(BaseCheckpointSaver[int]):
     """A LangGraph checkpointer that stores threads as annal sessions.
 
@@ -361,9 +403,18 @@ class AnnalSaver(BaseCheckpointSaver[int]):
             self._shared.threads.pop(thread_id, None)
 
     def _reload(self, thread_id: str) -> None:
-        with self._shared.lock:
-            self._shared.threads.pop(thread_id, None)
-        self._thread(thread_id)
+        """Reads the thread's index again from its transcript, into the object every
+        holder of the thread shares, under its lock: a put that commits meanwhile applies
+        its entry to that object, before the read (which then holds it too) or after the
+        new index is in place, so it is never lost from the index. The list memo and tips
+        start again empty (the next checkpoint stores its lists whole)."""
+        thread = self._thread(thread_id)
+        if thread is None:
+            return
+        with thread.lock:
+            fresh = self._load(thread.session)
+            thread.checkpoints, thread.writes, thread.stored = fresh.checkpoints, fresh.writes, fresh.stored
+            thread.memo, thread.lists = {}, {}
 
     # ----- encoding -----
 
@@ -843,7 +894,11 @@ class AnnalSaver(BaseCheckpointSaver[int]):
         spilled attachments travel in the same turn. Every message keeps every one of its
         attachments, in order (a record is found by its position): if the content of an
         attachment is missing the copy raises ``errors.Corrupt`` before anything is
-        appended. A turn refused partway leaves the turns before it in the target."""
+        appended. What a copied record names and no copied message carries (content an
+        earlier checkpoint of the source sent, whose message a prune or
+        ``delete_for_runs`` took out of the transcript) goes along in blob messages, so
+        the copy reads whole on its own, even once the source is purged. A turn refused
+        partway leaves the turns before it in the target."""
         source = self._thread(str(source_thread_id))
         if source is None:
             return
@@ -856,8 +911,10 @@ class AnnalSaver(BaseCheckpointSaver[int]):
                 self._shared.threads.pop(target_thread_id, None)
                 return
         # The source's messages in groups that go in one turn: a checkpoint or writes
-        # message with the blob messages that carry its spilled attachments.
-        groups: list[tuple[list[Message], int]] = []
+        # message with the blob messages that carry its spilled attachments, and the
+        # content its record reaches.
+        groups: list[_CopyGroup] = []
+        records: dict[str, Any] = {}
         offset = 0
         while True:
             page = self.db.transcript(source.session, offset, PAGE)
@@ -877,21 +934,50 @@ class AnnalSaver(BaseCheckpointSaver[int]):
                 message = Message(m.role, m.body, m.content_type, attachments)
                 size = len(m.body) + len(m.content_type) + sum(len(a) for a in attachments)
                 if m.content_type == BLOBS_TYPE and groups:
-                    group, total = groups[-1]
-                    group.append(message)
-                    groups[-1] = (group, total + size)
+                    groups[-1].messages.append(message)
+                    groups[-1].size += size
+                    groups[-1].carries.update(m.attachments)
                 else:
-                    groups.append(([message], size))
+                    header = _unpack(m.body) if m.content_type in (CHECKPOINT_TYPE, WRITES_TYPE) else {}
+                    reaches = self._reaches(m.content_type, header, attachments, records)
+                    groups.append(_CopyGroup([message], size, header, reaches, set(m.attachments)))
             offset += len(page.messages)
             if not page.has_more or not page.messages:
                 break
+        # A checkpoint's values and a task's writes name content an earlier message of the
+        # thread carried (each object is sent once a thread). The earlier messages may be
+        # gone from the source's transcript (a prune, delete_for_runs), so what the copied
+        # messages do not carry goes with them: the copy reads whole on its own, even once
+        # the source is purged. (What a turn carries counts for the turns after it only:
+        # a copy refused partway leaves whole turns.)
+        carried: set[str] = set()
+        for group in groups:
+            carried |= group.carries
+            missing = sorted(group.reaches - carried)
+            if not missing:
+                continue
+            data = self.db.contents(missing)
+            for cid, blob in zip(missing, data):
+                if blob is None:
+                    raise _errors.Corrupt(
+                        f"copy_thread: content {cid} that a record of session {source.session} reaches is missing",
+                        location=f"content {cid}",
+                        detail="content missing",
+                    )
+            spill = _pack({"k": "b", "ns": group.header.get("ns", ""), "id": group.header.get("id")})
+            for i in range(0, len(missing), ATTACHMENTS_MAX):
+                chunk = [b for b in data[i : i + ATTACHMENTS_MAX] if b is not None]
+                group.messages.append(Message("tool", spill, BLOBS_TYPE, chunk))
+                group.size += len(spill) + len(BLOBS_TYPE) + sum(len(b) for b in chunk)
+            carried.update(missing)
         copy_id = uuid.uuid4().hex
         turn: list[Message] = []
         turn_bytes = 0
         turns = 0
         bytes_max = COMMAND_BYTES_MAX - COMMAND_BYTES_SLACK
         try:
-            for group, size in groups:
+            for g in groups:
+                group, size = g.messages, g.size
                 if turn and (len(turn) + len(group) > COMMAND_MESSAGES_MAX or turn_bytes + size > bytes_max):
                     self.db.commit_turn(target, f"copy:{copy_id}:{turns}", turn)
                     turns += 1
@@ -902,6 +988,33 @@ class AnnalSaver(BaseCheckpointSaver[int]):
                 self.db.commit_turn(target, f"copy:{copy_id}:{turns}", turn)
         finally:
             self._reload(target_thread_id)
+
+    def _reaches(
+        self, content_type: str, header: dict[str, Any], attachments: list[bytes], records: dict[str, Any]
+    ) -> set[str]:
+        """The content a checkpoint message's record (its first attachment) or a writes
+        message's header names: blobs, list elements, and the records its list deltas are
+        relative to, down to a whole list (``records`` caches the records read)."""
+        if content_type == WRITES_TYPE:
+            return {w[3] for w in header.get("w", [])}
+        if content_type != CHECKPOINT_TYPE or not attachments:
+            return set()
+        out: set[str] = set()
+        for ch, ref in _unpack(attachments[0]).get("vals", {}).items():
+            base = ref
+            for _ in range(DELTA_DEPTH_MAX + 1):
+                if base[0] != "d":
+                    break
+                key = base[1].hex()
+                out.add(key)
+                if key not in records:
+                    raw = self.db.content(key)
+                    if raw is None:
+                        raise _errors.Corrupt(f"checkpoint record {key} is missing", location=f"content {key}", detail="")
+                    records[key] = _unpack(raw)
+                base = records[key]["vals"][ch]
+            out.update(self._value_ids(self._resolve_delta(ch, ref, records) if ref[0] == "d" else ref))
+        return out
 
     def prune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
         """``keep_latest``: redacts every checkpoint but the latest of each namespace
@@ -916,9 +1029,15 @@ class AnnalSaver(BaseCheckpointSaver[int]):
             thread = self._thread(thread_id)
             if thread is None:
                 continue
+            # What goes is chosen now, by name: a checkpoint put while the redaction runs
+            # is newer than every one of them, and stays.
+            doomed: set[tuple[str, str]] = set()
             with thread.lock:
-                keep = {(ns, max(entries)) for ns, entries in thread.checkpoints.items() if entries}
-            self._redact(thread_id, lambda h, k=keep: (h.get("ns", ""), h.get("id")) not in k)
+                for ns, entries in thread.checkpoints.items():
+                    latest = max(entries, default=None)
+                    doomed.update((ns, cid) for cid in entries if cid != latest)
+            if doomed:
+                self._redact(thread_id, lambda h, d=doomed: (h.get("ns", ""), h.get("id")) in d)
 
     def get_next_version(self, current: int | None, channel: None = None) -> int:
         """Versions are integers, one more than the current. Channel values are stored by

@@ -79,6 +79,79 @@ def test_mutated_element_is_serialized_again(tmp_path: Path) -> None:
         assert saver.get_tuple(second).checkpoint["channel_values"]["messages"][1]["text"] == "changed in place"
 
 
+def test_an_element_changed_to_an_equal_value_of_another_type_is_serialized_again(tmp_path: Path) -> None:
+    # 1 == 1.0 == True and 0.0 == -0.0 in Python, but each serializes as what it is.
+    from langchain_core.messages import AIMessage
+
+    with AnnalSaver.open(str(tmp_path / "c.redb")) as saver:
+        message = AIMessage(content="a", id="a1", additional_kwargs={"n": 1})
+        items: list[Any] = [{"done": 0, "score": 1, "x": 0.0}, message]
+        first, _ = put(saver, "t", None, items, 0)
+        items[0]["done"], items[0]["score"], items[0]["x"] = False, 1.0, -0.0
+        items[1].additional_kwargs["n"] = True
+        second, _ = put(saver, "t", first, items, 1)
+        plain, message = saver.get_tuple(second).checkpoint["channel_values"]["messages"]
+        assert [type(plain[k]) for k in ("done", "score")] == [bool, float] and str(plain["x"]) == "-0.0"
+        assert message.additional_kwargs["n"] is True
+        plain, message = saver.get_tuple(first).checkpoint["channel_values"]["messages"]
+        assert [type(plain[k]) for k in ("done", "score")] == [int, int] and type(message.additional_kwargs["n"]) is int
+
+
+def test_prune_beside_puts_keeps_every_checkpoint_put_after_it_chose(tmp_path: Path) -> None:
+    path = str(tmp_path / "c.redb")
+    with AnnalSaver.open(path) as saver:
+        configs: list[dict] = []
+        done = threading.Event()
+
+        def writer() -> None:
+            try:
+                parent = None
+                for step in range(100):
+                    parent, _ = put(saver, "t", parent, [{"step": step}], step)
+                    configs.append(parent)
+            finally:
+                done.set()
+
+        thread = threading.Thread(target=writer)
+        thread.start()
+        while not done.is_set():
+            saver.prune(["t"], strategy="keep_latest")
+        thread.join()
+        last = configs[-1]
+        assert len(configs) == 100
+        assert saver.get_tuple(last).checkpoint["channel_values"]["messages"] == [{"step": 99}]
+        latest = saver.get_tuple({"configurable": {"thread_id": "t", "checkpoint_ns": ""}})
+        assert latest.config["configurable"]["checkpoint_id"] == last["configurable"]["checkpoint_id"]
+    with AnnalSaver.open(path) as saver:
+        latest = saver.get_tuple({"configurable": {"thread_id": "t", "checkpoint_ns": ""}})
+        assert latest.config["configurable"]["checkpoint_id"] == last["configurable"]["checkpoint_id"]
+        assert latest.checkpoint["channel_values"]["messages"] == [{"step": 99}]
+
+
+def test_a_copy_into_an_existing_thread_after_a_prune_reads_whole_once_the_source_is_purged(tmp_path: Path) -> None:
+    with AnnalSaver.open(str(tmp_path / "c.redb")) as saver:
+        parent = None
+        items: list = []
+        for step in range(5):
+            # A list that grows (stored as deltas) and a value that does not change (sent
+            # once, by the first checkpoint).
+            items = items + [{"text": f"m{step}"}]
+            config = {"configurable": {"thread_id": "src", "checkpoint_ns": ""}}
+            if parent is not None:
+                config["configurable"]["checkpoint_id"] = parent["configurable"]["checkpoint_id"]
+            cp = checkpoint(items, step)
+            cp["channel_values"]["system"] = "a long system prompt " * 20
+            parent = saver.put(config, cp, {"step": step}, {})
+        put(saver, "dst", None, [{"text": "other"}], 0)
+        saver.prune(["src"], strategy="keep_latest")
+        saver.copy_thread("src", "dst")
+        saver.purge_thread("src", reason="test", actor="test")
+        copied = {"configurable": {"thread_id": "dst", "checkpoint_ns": ""}}
+        copied["configurable"]["checkpoint_id"] = parent["configurable"]["checkpoint_id"]
+        values = saver.get_tuple(copied).checkpoint["channel_values"]
+        assert values["messages"] == items and values["system"] == "a long system prompt " * 20
+
+
 def test_message_changed_in_place_is_serialized_again(tmp_path: Path) -> None:
     # LangChain messages are pydantic models: a field, a nested value or an extra field
     # changed in place between two checkpoints must reach the second one.
