@@ -1010,7 +1010,9 @@ class AnnalSaver(BaseCheckpointSaver[int]):
                 if key not in records:
                     raw = self.db.content(key)
                     if raw is None:
-                        raise _errors.Corrupt(f"checkpoint record {key} is missing", location=f"content {key}", detail="")
+                        raise _errors.Corrupt(
+                            f"checkpoint record {key} is missing", location=f"content {key}", detail=""
+                        )
                     records[key] = _unpack(raw)
                 base = records[key]["vals"][ch]
             out.update(self._value_ids(self._resolve_delta(ch, ref, records) if ref[0] == "d" else ref))
