@@ -1000,16 +1000,18 @@ pub fn check_fence<S: Store + ?Sized>(store: &S, fence: &Fence) -> Result<()> {
     Ok(())
 }
 
-fn check_ttl(ttl_ms: u64) -> Result<()> {
+/// Refuses a ttl outside `1..=LEASE_TTL_MS_MAX`; `what` names what it is the ttl of (a
+/// lease, a claim).
+fn check_ttl(what: &str, ttl_ms: u64) -> Result<()> {
     if ttl_ms == 0 || ttl_ms > LEASE_TTL_MS_MAX {
-        return invalid(format!("lease ttl {ttl_ms} ms is outside 1..={LEASE_TTL_MS_MAX}"));
+        return invalid(format!("{what} ttl {ttl_ms} ms is outside 1..={LEASE_TTL_MS_MAX}"));
     }
     Ok(())
 }
 
 fn acquire_lease<S: Store + ?Sized>(store: &S, c: &AcquireLease, limits: &Limits, now: &Now<'_>) -> Result<Decision> {
     limits.check_id("lease owner", &c.owner)?;
-    check_ttl(c.ttl_ms)?;
+    check_ttl("lease", c.ttl_ms)?;
     let h = live_head(store, &c.session)?;
     let expires_at_ms = now.ms.saturating_add(c.ttl_ms);
     if let Some(lease) = &h.lease {
@@ -1033,7 +1035,7 @@ fn acquire_lease<S: Store + ?Sized>(store: &S, c: &AcquireLease, limits: &Limits
 }
 
 fn renew_lease<S: Store + ?Sized>(store: &S, c: &RenewLease, now: &Now<'_>) -> Result<Decision> {
-    check_ttl(c.ttl_ms)?;
+    check_ttl("lease", c.ttl_ms)?;
     let h = head(store, &c.session)?;
     match &h.lease {
         Some(lease) if lease.token == c.token && !lease.released => Ok(Decision::Renew(Lease {
@@ -1151,7 +1153,7 @@ fn turn_committed<S: Store + ?Sized>(store: &S, session: &SessionId, turn_id: &s
 
 fn claim_inputs<S: Store + ?Sized>(store: &S, c: &ClaimInputs, limits: &Limits, now: &Now<'_>) -> Result<Decision> {
     limits.check_id("claim owner", &c.owner)?;
-    check_ttl(c.ttl_ms)?;
+    check_ttl("claim", c.ttl_ms)?;
     if c.max == 0 {
         return invalid("a claim must take at least one input");
     }

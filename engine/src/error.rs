@@ -184,7 +184,7 @@ pub enum Rejection {
     },
     /// A fenced command (or a lease renewal or release) presented a token that is not the
     /// session's current lease token: a worker that lost its lease must stop.
-    #[error("fenced: token {presented} is not the session's current lease token {current}")]
+    #[error("{}", fenced_text(*presented, *current))]
     Fenced {
         /// The token presented.
         presented: u64,
@@ -529,6 +529,14 @@ storage_from!(
     redb::SetDurabilityError,
     std::io::Error
 );
+
+/// What [`Rejection::Fenced`] says: a token that is the current one was released.
+fn fenced_text(presented: u64, current: u64) -> String {
+    match presented == current {
+        true => format!("fenced: lease token {presented} was released"),
+        false => format!("fenced: token {presented} is not the session's current lease token {current}"),
+    }
+}
 
 /// Runs `f`, turning a panic inside the storage layer into [`Error::Corrupt`] at
 /// [`Location::File`]. redb may panic on pages it cannot make sense of; annal fails

@@ -224,7 +224,9 @@ fn inbox_limits_and_bad_requests_get_typed_errors() {
     let zero = ClaimInputs { max: 0, ..claim(s, &lease, ClaimTarget::NextTurn, 100) };
     assert!(matches!(rejected(engine.claim_inputs(zero)), Rejection::InvalidRequest { .. }));
     let no_ttl = claim(s, &lease, ClaimTarget::NextTurn, 0);
-    assert!(matches!(rejected(engine.claim_inputs(no_ttl)), Rejection::InvalidRequest { .. }));
+    assert!(
+        matches!(rejected(engine.claim_inputs(no_ttl)), Rejection::InvalidRequest { reason } if reason.starts_with("claim ttl 0 ms"))
+    );
     assert_eq!(rejected(engine.cancel_input(s, "zz")), Rejection::UnknownInput { input_id: "zz".into() });
     engine.archive(s, "done").unwrap();
     assert_eq!(

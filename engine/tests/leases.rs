@@ -139,10 +139,14 @@ fn release_lets_another_owner_in_at_once() {
     assert!(engine.release_lease(&a).unwrap());
     assert!(!engine.release_lease(&a).unwrap(), "a second release writes nothing");
     assert!(engine.lease(s).unwrap().unwrap().released);
-    assert_eq!(rejected(engine.renew_lease(&a, ms(10))), Rejection::Fenced { presented: 1, current: 1 });
+    let released = rejected(engine.renew_lease(&a, ms(10)));
+    assert_eq!(released, Rejection::Fenced { presented: 1, current: 1 });
+    assert_eq!(released.to_string(), "fenced: lease token 1 was released");
     let b = engine.acquire_lease(s, "b", ms(10_000)).unwrap();
     assert_eq!(b.token, 2);
-    assert_eq!(rejected(engine.release_lease(&a)), Rejection::Fenced { presented: 1, current: 2 });
+    let stale = rejected(engine.release_lease(&a));
+    assert_eq!(stale, Rejection::Fenced { presented: 1, current: 2 });
+    assert_eq!(stale.to_string(), "fenced: token 1 is not the session's current lease token 2");
     let events = session_events(&engine, s);
     assert!(matches!(events[2].record.event, Event::LeaseReleased(ref e) if e.token == 1));
 }

@@ -799,16 +799,16 @@ impl Model {
         Ok(())
     }
 
-    fn ttl(ttl_ms: u64) -> Reply<()> {
+    fn ttl(what: &str, ttl_ms: u64) -> Reply<()> {
         if ttl_ms == 0 || ttl_ms > LEASE_TTL_MS_MAX {
-            return invalid(&format!("lease ttl {ttl_ms} ms is outside 1..={LEASE_TTL_MS_MAX}"));
+            return invalid(&format!("{what} ttl {ttl_ms} ms is outside 1..={LEASE_TTL_MS_MAX}"));
         }
         Ok(())
     }
 
     fn acquire_lease(&mut self, c: &AcquireLease) -> Reply<Outcome> {
         self.id("lease owner", &c.owner)?;
-        Model::ttl(c.ttl_ms)?;
+        Model::ttl("lease", c.ttl_ms)?;
         let now = self.time.now_ms();
         let s = self.live(&c.session)?;
         let expires_at_ms = now.saturating_add(c.ttl_ms);
@@ -837,7 +837,7 @@ impl Model {
     }
 
     fn renew_lease(&mut self, c: &RenewLease) -> Reply<Outcome> {
-        Model::ttl(c.ttl_ms)?;
+        Model::ttl("lease", c.ttl_ms)?;
         let now = self.time.now_ms();
         let s = self.existing(&c.session)?;
         match &s.lease {
@@ -902,7 +902,7 @@ impl Model {
 
     fn claim_inputs(&mut self, c: &ClaimInputs) -> Reply<Outcome> {
         self.id("claim owner", &c.owner)?;
-        Model::ttl(c.ttl_ms)?;
+        Model::ttl("claim", c.ttl_ms)?;
         if c.max == 0 {
             return invalid("a claim must take at least one input");
         }
