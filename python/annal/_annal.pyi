@@ -41,7 +41,11 @@ class Message:
     body: bytes
     attachments: list[bytes]
     def __init__(
-        self, role: Role, body: bytes | str, content_type: str = "text/plain", attachments: Sequence[bytes | str] = ()
+        self,
+        role: Role,
+        body: bytes | bytearray | str,
+        content_type: str = "text/plain",
+        attachments: Sequence[bytes | bytearray | str] = (),
     ) -> None: ...
     @staticmethod
     def user(text: str) -> Message: ...
@@ -400,14 +404,14 @@ class Database:
     def archive(self, session: str, reason: str = "", *, fence: int | None = None) -> bool: ...
     def revive(self, session: str, reason: str = "", *, fence: int | None = None) -> int: ...
     def append_context(
-        self, session: str, key: str, content: bytes | str, *, source: str = "", fence: int | None = None
+        self, session: str, key: str, content: bytes | bytearray | str, *, source: str = "", fence: int | None = None
     ) -> int | None: ...
     def record_tool_call(
         self,
         session: str,
         op_id: str,
         tool_name: str,
-        args: bytes | str,
+        args: bytes | bytearray | str,
         *,
         call_id: str,
         parent_op: str | None = None,
@@ -419,7 +423,7 @@ class Database:
         self,
         session: str,
         op_id: str,
-        result: bytes | str,
+        result: bytes | bytearray | str,
         *,
         outcome: Literal["ok", "error", "cancelled"] = "ok",
         fence: int | None = None,
@@ -443,7 +447,9 @@ class Database:
     def lease(self, session: str) -> LeaseState | None:
         """The session's lease (token, holder, expiry, released), or ``None`` if none was granted."""
     # streamed drafts
-    def append_draft(self, session: str, draft_id: str, segment: bytes | str, *, fence: int | None = None) -> int:
+    def append_draft(
+        self, session: str, draft_id: str, segment: bytes | bytearray | str, *, fence: int | None = None
+    ) -> int:
         """Appends a segment to a draft; returns its index."""
     def discard_draft(self, session: str, draft_id: str, *, fence: int | None = None) -> bool:
         """Discards a draft; ``False`` if there was none."""

@@ -39,28 +39,21 @@ pub struct Message {
     pub attachments: Vec<Vec<u8>>,
 }
 
-#[derive(FromPyObject)]
-enum Bytesish {
-    Bytes(Vec<u8>),
-    Text(String),
-}
-
-impl Bytesish {
-    fn into_bytes(self) -> Vec<u8> {
-        match self {
-            Bytesish::Bytes(b) => b,
-            Bytesish::Text(s) => s.into_bytes(),
-        }
-    }
-}
-
+/// The bytes of an argument that takes bytes, a bytearray or a str (its UTF-8); anything
+/// else, a list of ints included, is a `TypeError`.
 fn bytes_arg(value: &Bound<'_, PyAny>, what: &str) -> PyResult<Vec<u8>> {
     if let Ok(b) = value.cast::<PyBytes>() {
         return Ok(b.as_bytes().to_vec());
     }
-    match value.extract::<Bytesish>() {
-        Ok(b) => Ok(b.into_bytes()),
-        Err(_) => Err(PyTypeError::new_err(format!("{what} must be bytes or str"))),
+    if let Ok(b) = value.cast::<pyo3::types::PyByteArray>() {
+        return Ok(b.to_vec());
+    }
+    match value.cast::<PyString>() {
+        Ok(s) => Ok(s.to_str()?.as_bytes().to_vec()),
+        Err(_) => Err(PyTypeError::new_err(format!(
+            "{what} must be bytes, bytearray or str, not {}",
+            value.get_type().name()?
+        ))),
     }
 }
 

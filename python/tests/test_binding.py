@@ -132,6 +132,16 @@ def test_context_and_tools(db: annal.Database) -> None:
         db.record_tool_result(s, "op-2", b"x")
 
 
+def test_bytes_arguments_take_bytes_bytearray_or_str_and_nothing_else() -> None:
+    assert Message("user", bytearray(b"hi"), attachments=[bytearray(b"a"), "b"]).body == b"hi"
+    assert Message("user", "hé").body == "hé".encode()
+    for wrong in ([104, 105], 7, None):
+        with pytest.raises(TypeError, match="must be bytes, bytearray or str"):
+            Message("user", wrong)
+    with pytest.raises(TypeError, match="an attachment must be"):
+        Message("user", "x", attachments=[[1, 2]])
+
+
 def test_a_database_in_a_missing_directory_and_a_bad_compression_are_named(tmp_path: Path) -> None:
     missing = tmp_path / "no such dir"
     with pytest.raises(FileNotFoundError) as caught:
