@@ -429,6 +429,25 @@ pub struct Database {
     options: OpenOptions,
 }
 
+impl Drop for Database {
+    /// A database dropped without `close()` (collected) closes here, and like `close()`
+    /// without the GIL: its shutdown (the last checkpoint, the journal's absorption) lets
+    /// other threads run meanwhile. Once the interpreter is exiting it only drops the
+    /// engine, as a thread must not attach to a finalizing interpreter.
+    fn drop(&mut self) {
+        let engine = match self.engine.get_mut() {
+            Ok(engine) => engine.take(),
+            Err(poisoned) => poisoned.into_inner().take(),
+        };
+        let Some(engine) = engine else { return };
+        if EXITING.load(Ordering::SeqCst) {
+            return drop(engine);
+        }
+        // `None` (no interpreter to detach from): the closure and the engine are dropped.
+        let _ = Python::try_attach(move |py| py.detach(move || drop(engine.close())));
+    }
+}
+
 #[derive(Clone)]
 struct OpenOptions {
     durable: bool,

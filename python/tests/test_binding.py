@@ -132,6 +132,40 @@ def test_context_and_tools(db: annal.Database) -> None:
         db.record_tool_result(s, "op-2", b"x")
 
 
+def test_a_database_dropped_without_close_closes_without_holding_the_gil(tmp_path: Path) -> None:
+    import time
+
+    db = annal.open(tmp_path / "g.redb")
+    s = db.create_session(messages=[Message.system("sys")]).session
+    for i in range(100):
+        db.commit_turn(s, f"t{i}", [Message.user(f"{i}: " + "x" * 2000) for _ in range(50)])
+    counter = [0]
+    stop = threading.Event()
+
+    def spin() -> None:
+        while not stop.is_set():
+            counter[0] += 1
+            time.sleep(0)  # gives the GIL back at once when the main thread wants it
+
+    # The main thread gives the GIL up only where it releases it: not between bytecodes.
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(30)
+    spinner = threading.Thread(target=spin)
+    try:
+        spinner.start()
+        time.sleep(0.05)
+        before = counter[0]
+        del db  # the last reference: the engine closes here
+        during = counter[0] - before
+    finally:
+        stop.set()
+        sys.setswitchinterval(interval)
+        spinner.join()
+    assert during > 0, "another thread ran while the dropped database closed"
+    with annal.open(tmp_path / "g.redb") as again:
+        assert again.head(s).message_count == 5001
+
+
 def test_bytes_arguments_take_bytes_bytearray_or_str_and_nothing_else() -> None:
     assert Message("user", bytearray(b"hi"), attachments=[bytearray(b"a"), "b"]).body == b"hi"
     assert Message("user", "hé").body == "hé".encode()
