@@ -1,7 +1,61 @@
 //! The values queries and commands return, as frozen Python classes.
 
 use pyo3::prelude::*;
+use pyo3::types::PyList;
 use std::collections::BTreeMap;
+use std::sync::OnceLock;
+
+/// The list field of a page: made a Python list at its first read, and the same list at
+/// every read after (a page of 10,000 messages is not converted again at each
+/// `page.messages[i]`).
+pub struct Listed<T> {
+    items: Vec<T>,
+    list: OnceLock<Py<PyList>>,
+}
+
+impl<T> Listed<T> {
+    /// The items, as Rust values.
+    pub fn into_items(self) -> Vec<T> {
+        self.items
+    }
+}
+
+impl<T> From<Vec<T>> for Listed<T> {
+    fn from(items: Vec<T>) -> Listed<T> {
+        Listed { items, list: OnceLock::new() }
+    }
+}
+
+impl<T> FromIterator<T> for Listed<T> {
+    fn from_iter<I: IntoIterator<Item = T>>(iter: I) -> Listed<T> {
+        Listed::from(iter.into_iter().collect::<Vec<T>>())
+    }
+}
+
+impl<T: Clone> Clone for Listed<T> {
+    fn clone(&self) -> Listed<T> {
+        Listed::from(self.items.clone())
+    }
+}
+
+impl<'py, T> IntoPyObject<'py> for &Listed<T>
+where
+    T: Clone + IntoPyObject<'py>,
+{
+    type Target = PyList;
+    type Output = Bound<'py, PyList>;
+    type Error = PyErr;
+
+    fn into_pyobject(self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        if let Some(list) = self.list.get() {
+            return Ok(list.bind(py).clone());
+        }
+        let list = PyList::new(py, self.items.iter().cloned())?;
+        // Another thread may have made it first: every read then returns that one.
+        let kept = self.list.get_or_init(|| list.clone().unbind());
+        Ok(kept.bind(py).clone())
+    }
+}
 
 /// Where a committed event landed.
 #[pyclass(module = "annal", frozen, get_all)]
@@ -144,7 +198,7 @@ impl Head {
 #[derive(Clone)]
 pub struct SessionPage {
     /// The heads.
-    pub items: Vec<Head>,
+    pub items: Listed<Head>,
     /// The offset used.
     pub offset: u64,
     /// The limit asked for.
@@ -200,7 +254,7 @@ pub struct TranscriptPage {
     /// Offset used.
     pub offset: u64,
     /// The messages.
-    pub messages: Vec<StoredMessage>,
+    pub messages: Listed<StoredMessage>,
     /// Whether messages follow this page.
     pub has_more: bool,
 }
@@ -273,7 +327,7 @@ pub struct RevisionPage {
     /// Distinct revisions the session has held.
     pub total: u64,
     /// The revisions of this page.
-    pub items: Vec<RevisionNode>,
+    pub items: Listed<RevisionNode>,
     /// The offset used (clamped to `total`).
     pub offset: u64,
     /// The limit asked for.
@@ -438,7 +492,7 @@ pub struct Event {
 #[derive(Clone)]
 pub struct EventPage {
     /// The events, in seq order.
-    pub events: Vec<Event>,
+    pub events: Listed<Event>,
     /// Where the next page starts.
     pub next_seq: u64,
     /// Whether events follow.

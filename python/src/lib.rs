@@ -1231,7 +1231,7 @@ impl Database {
     /// returns no revisions.
     #[pyo3(signature = (session, offset = 0, limit = 100))]
     fn revisions(&self, py: Python<'_>, session: &str, offset: u64, limit: u64) -> PyResult<Vec<RevisionNode>> {
-        Ok(self.revision_page(py, session, offset, limit)?.items)
+        Ok(self.revision_page(py, session, offset, limit)?.items.into_items())
     }
 
     /// A page of the revisions a session has held, oldest first, with the session's

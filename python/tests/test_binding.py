@@ -166,6 +166,17 @@ def test_a_database_dropped_without_close_closes_without_holding_the_gil(tmp_pat
         assert again.head(s).message_count == 5001
 
 
+def test_a_pages_list_is_made_once_and_is_the_same_list_at_every_read(db: annal.Database) -> None:
+    s = db.create_session(messages=[Message.user(str(i)) for i in range(5)]).session
+    page = db.transcript(s)
+    assert page.messages is page.messages and [m.body for m in page.messages] == [b"0", b"1", b"2", b"3", b"4"]
+    sessions, revisions, events = db.list_sessions(), db.revision_page(s), db.events()
+    assert sessions.items is sessions.items and len(sessions.items) == 1
+    assert revisions.items is revisions.items and len(revisions.items) == 1
+    assert events.events is events.events and len(events.events) == 1
+    assert [n.revision for n in db.revisions(s)] == [n.revision for n in revisions.items]
+
+
 def test_bytes_arguments_take_bytes_bytearray_or_str_and_nothing_else() -> None:
     assert Message("user", bytearray(b"hi"), attachments=[bytearray(b"a"), "b"]).body == b"hi"
     assert Message("user", "hé").body == "hé".encode()
