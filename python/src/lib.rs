@@ -381,8 +381,12 @@ fn resolve_all(done: Vec<(Waiter, annal::Result<Outcome>)>) {
         };
         for (event_loop, items) in by_loop {
             if let Err(e) = event_loop.call_method1(py, "call_soon_threadsafe", (&resolve, items)) {
-                // The loop is closed: nobody waits for these futures any more.
-                e.write_unraisable(py, None);
+                // A closed loop: nobody waits for these futures any more, and the answers
+                // go quietly. Anything else is reported, as an error nobody can catch.
+                let closed = event_loop.call_method0(py, "is_closed").and_then(|c| c.is_truthy(py)).unwrap_or(false);
+                if !closed {
+                    e.write_unraisable(py, None);
+                }
             }
         }
     });

@@ -4,6 +4,7 @@ and group commit from Python threads."""
 from __future__ import annotations
 
 import asyncio
+import os
 import pickle
 import subprocess
 import sys
@@ -164,6 +165,34 @@ def test_a_database_dropped_without_close_closes_without_holding_the_gil(tmp_pat
     assert during > 0, "another thread ran while the dropped database closed"
     with annal.open(tmp_path / "g.redb") as again:
         assert again.head(s).message_count == 5001
+
+
+def test_answers_for_a_closed_event_loop_go_quietly(db: annal.Database) -> None:
+    s = db.create_session(messages=[Message.system("sys")]).session
+    seen: list[object] = []
+    hook = sys.unraisablehook
+    sys.unraisablehook = seen.append
+    try:
+        loop = asyncio.new_event_loop()
+
+        async def start() -> list:
+            # A large turn first keeps the writer busy: the answers come after the close.
+            big = db.commit_turn_async(s, "big", [Message("tool", os.urandom(12 << 20), "application/octet-stream")])
+            return [big] + [db.commit_turn_async(s, f"t{i}", [Message.user(str(i))]) for i in range(20)]
+
+        loop.run_until_complete(start())
+        loop.close()
+        # Group commits answer in order: once this one is back, the others were answered.
+        db.commit_turn(s, "after", [Message.user("after")])
+        for _ in range(50):
+            if db.head(s).message_count == 23:
+                break
+            threading.Event().wait(0.01)
+        threading.Event().wait(0.1)
+    finally:
+        sys.unraisablehook = hook
+    assert seen == [], [getattr(u, "exc_value", u) for u in seen]
+    assert db.head(s).message_count == 23
 
 
 def test_a_pages_list_is_made_once_and_is_the_same_list_at_every_read(db: annal.Database) -> None:
@@ -354,6 +383,7 @@ def test_recv_with_an_unbounded_timeout(db: annal.Database) -> None:
 def test_pending_async_commits_at_exit(tmp_path: Path) -> None:
     script = f"""
 import asyncio
+import os
 import annal
 
 db = annal.open({str(tmp_path / "exit.redb")!r})
