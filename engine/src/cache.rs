@@ -14,9 +14,10 @@
 //! A content object never changes under its id, so a cached object is right for every
 //! view that can see it: each entry keeps the seq of the record that stored the object,
 //! and a view older than that seq does not take it. What a content collection removes is
-//! forgotten ([`ContentCache::forget`]); a purge reopens the engine, and with it the
-//! cache. Only an engine's own views use the cache: read-only openers (`annal` beside a
-//! host) read the files every time.
+//! forgotten ([`ContentCache::forget`]), once new views no longer find it, and an object
+//! that a view taken before the collection reads from its older snapshot is not kept; a
+//! purge reopens the engine, and with it the cache. Only an engine's own views use the
+//! cache: read-only openers (`annal` beside a host) read the files every time.
 
 use crate::store::RowHasher;
 use annal_codec::{ContentId, RevisionId};
@@ -83,6 +84,10 @@ pub(crate) struct ContentCache {
     lists: quick_cache::sync::Cache<u64, Arc<[ContentId]>, ListWeight, RowHasher>,
     /// Lists of more ids than this are not kept.
     list_ids_max: usize,
+    /// Content collections so far ([`ContentCache::forget`]): an object read by a view
+    /// taken before the last one is not kept (the view's snapshot may still hold what
+    /// the collection removed).
+    collections: std::sync::atomic::AtomicU64,
 }
 
 impl ContentCache {
@@ -99,7 +104,13 @@ impl ContentCache {
             quick_cache::sync::Cache::with(items, object_bytes, Weight, RowHasher::default(), Default::default());
         let lists = one_shard((list_bytes / 512).max(16) as usize, list_bytes);
         let list_ids_max = (list_bytes / 4) as usize / std::mem::size_of::<ContentId>();
-        Some(ContentCache { objects, object_bytes_max: object_bytes / 16, lists, list_ids_max })
+        Some(ContentCache {
+            objects,
+            object_bytes_max: object_bytes / 16,
+            lists,
+            list_ids_max,
+            collections: std::sync::atomic::AtomicU64::new(0),
+        })
     }
 
     /// The message list of the record at `seq`, if it is cached.
@@ -119,15 +130,29 @@ impl ContentCache {
         self.objects.get(id).filter(|c| c.seq <= seq).map(|c| c.bytes)
     }
 
-    /// Keeps `bytes`, the verified object `id` stored by record `seq`.
-    pub fn put(&self, id: ContentId, seq: u64, bytes: &[u8]) {
-        if bytes.len() as u64 <= self.object_bytes_max {
+    /// How many content collections this cache has forgotten objects for: a view takes
+    /// it when it is taken, and hands it to [`ContentCache::put`].
+    pub fn collections(&self) -> u64 {
+        self.collections.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// Keeps `bytes`, the verified object `id` stored by record `seq`, read by a view
+    /// taken when the cache had seen `collections` collections: none since, or the
+    /// object is not kept.
+    pub fn put(&self, id: ContentId, seq: u64, bytes: &[u8], collections: u64) {
+        if bytes.len() as u64 <= self.object_bytes_max && collections == self.collections() {
             self.objects.insert(id, Cached { seq, bytes: Arc::from(bytes) });
+            // A collection that forgot objects meanwhile may have missed this one.
+            if collections != self.collections() {
+                self.objects.remove(&id);
+            }
         }
     }
 
-    /// Forgets `ids` (a content collection removed them).
+    /// Forgets `ids` (a content collection removed them, and new views no longer find
+    /// them): objects that views taken before read after this are not kept.
     pub fn forget(&self, ids: &[ContentId]) {
+        self.collections.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
         for id in ids {
             self.objects.remove(id);
         }
@@ -193,12 +218,18 @@ mod tests {
     #[test]
     fn an_object_is_served_only_to_views_that_see_its_record() {
         let cache = ContentCache::new(1 << 20).unwrap();
-        cache.put(id(1), 10, b"hello");
+        cache.put(id(1), 10, b"hello", 0);
         assert_eq!(cache.get(&id(1), 10).as_deref(), Some(&b"hello"[..]));
         assert_eq!(cache.get(&id(1), 9), None);
         assert_eq!(cache.get(&id(2), 10), None);
         cache.forget(&[id(1)]);
         assert_eq!(cache.get(&id(1), 10), None);
+        // A view taken before that collection (it saw none) reads the object from its
+        // older snapshot: it is not kept for the views after.
+        cache.put(id(1), 10, b"hello", 0);
+        assert_eq!(cache.get(&id(1), 10), None);
+        cache.put(id(2), 10, b"other", cache.collections());
+        assert_eq!(cache.get(&id(2), 10).as_deref(), Some(&b"other"[..]));
     }
 
     #[test]
@@ -266,10 +297,10 @@ mod tests {
         assert!(ContentCache::new(0).is_none());
         let cache = ContentCache::new(64 << 10).unwrap();
         // Larger than a sixteenth of the cache: not kept.
-        cache.put(id(1), 1, &[7u8; 8 << 10]);
+        cache.put(id(1), 1, &[7u8; 8 << 10], 0);
         assert_eq!(cache.get(&id(1), 1), None);
         for n in 0..200u8 {
-            cache.put(id(n), 1, &[n; 2 << 10]);
+            cache.put(id(n), 1, &[n; 2 << 10], 0);
         }
         let held: u64 = (0..200u8).filter_map(|n| cache.get(&id(n), 1)).map(|b| b.len() as u64).sum();
         assert!(held <= 64 << 10, "{held} bytes held");

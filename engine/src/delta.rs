@@ -417,6 +417,7 @@ impl Delta {
             ckpt: state.checkpoint.clone(),
             log: state.log.clone(),
             cache: self.content_cache.clone(),
+            collections: self.content_cache.as_ref().map_or(0, |c| c.collections()),
             revisions: self.revision_cache.clone(),
             content: std::cell::OnceCell::new(),
             records: std::cell::OnceCell::new(),
@@ -593,6 +594,9 @@ pub struct View {
     log: LogSnap,
     /// The engine's content cache, if it has one.
     cache: Option<Arc<ContentCache>>,
+    /// The content collections the cache had seen when this view was taken
+    /// ([`ContentCache::put`]).
+    collections: u64,
     /// The revisions' lists a walk over the recipes stops at ([`RevisionCache`]).
     revisions: Option<Arc<RevisionCache>>,
     /// The log file's content table, opened at the first content read of this view.
@@ -803,7 +807,7 @@ impl View {
             return Ok(None);
         };
         if let Some(cache) = &self.cache {
-            cache.put(*id, seq, &bytes);
+            cache.put(*id, seq, &bytes, self.collections);
         }
         f(&bytes).map(Some)
     }

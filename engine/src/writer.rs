@@ -410,13 +410,21 @@ fn sweep_batch(
         return Ok(swept);
     }
     txn.commit()?;
+    // Forgotten once new views no longer find them: an object a view taken before reads
+    // from its older snapshot after this is not cached again (`ContentCache::put`).
     let ids: Vec<ContentId> = swept.removed.iter().map(|(id, _)| *id).collect();
-    shared.delta.forget_content(&ids);
     let mut overlay = Overlay::new(&view);
-    crate::evolve::content_collected(&mut overlay, &swept.removed)?;
+    if let Err(e) = crate::evolve::content_collected(&mut overlay, &swept.removed) {
+        shared.delta.forget_content(&ids);
+        return Err(e);
+    }
     let writes = overlay.into_writes();
     drop(view);
-    shared.delta.apply(writes, tip.seq, tip.hash, 0, LogUpdate::File(shared.log_db.begin_read()?));
+    let published = shared.log_db.begin_read().map(|txn| {
+        shared.delta.apply(writes, tip.seq, tip.hash, 0, LogUpdate::File(txn));
+    });
+    shared.delta.forget_content(&ids);
+    published?;
     Ok(swept)
 }
 

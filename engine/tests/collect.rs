@@ -238,11 +238,20 @@ fn an_object_read_before_its_collection_is_not_read_after_it() {
     for o in &objects {
         assert_eq!(engine.reader().content(content_id(o)).unwrap().as_deref(), Some(o.as_slice()));
     }
+    // A view taken before the collection, and before a commit (the collection applies at
+    // the tip, which views at the tip see), still reads them from its snapshot after it;
+    // what it reads then is not cached for the views after.
+    let before = engine.reader().snapshot().unwrap();
+    commit_turns(&engine, s, "later", 1, head_of(&engine, s));
     let report = engine.collect_garbage(64).unwrap();
     assert_eq!(report.objects_removed, objects.len() as u64, "{report:?}");
     for o in &objects {
         assert_eq!(engine.reader().content(content_id(o)).unwrap(), None, "a collected object is gone from memory too");
+        let old = before.content(&content_id(o), u64::MAX).unwrap();
+        assert_eq!(old.as_deref(), Some(o.as_slice()), "an older view reads its snapshot");
+        assert_eq!(engine.reader().content(content_id(o)).unwrap(), None, "and does not cache it for newer ones");
     }
+    drop(before);
     // What the transcript reaches still reads, from the cache or the file.
     transcript(engine.reader(), s);
     transcript(engine.reader(), s);
