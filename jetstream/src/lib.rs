@@ -189,7 +189,9 @@ pub struct Options {
     pub create: bool,
     /// How long a request or an acknowledgement may take. Default ten seconds.
     pub timeout: Duration,
-    /// Publishes in flight at once. Default 256.
+    /// Publishes in flight at once, for one [`JetStreamLog::append`]: a batch longer
+    /// than this awaits its oldest acknowledgement before each publish past it. Default
+    /// 256.
     pub window: usize,
 }
 
@@ -423,9 +425,13 @@ impl JetStreamLog {
         let servers = server_addrs(&options.servers)?;
         let (client, context, stream) = runtime.block_on(async {
             let client = connect.connect(servers).await.map_err(|e| refused_or(e, Error::Connect))?;
+            // The window is kept by `append` itself (a call awaits its oldest
+            // acknowledgement before it sends past it); the client's own permits, which a
+            // publish holds until its acknowledgement is awaited, are many more, so that
+            // no number of calls at once can hold them all and wait for each other.
             let context = jetstream::ContextBuilder::new()
                 .timeout(options.timeout)
-                .max_ack_inflight(options.window.max(1))
+                .max_ack_inflight(ACK_PERMITS)
                 .build(client.clone());
             let stream = open_stream(&context, options).await?;
             Ok::<_, Error>((client, context, stream))
@@ -458,9 +464,23 @@ impl JetStreamLog {
             }
         }
         let prefix = self.options.subject_prefix.clone();
+        let window = self.options.window.max(1);
         self.runtime.block_on(async {
-            let mut pending = Vec::with_capacity(batch.len());
+            let timeout = self.options.timeout;
+            let settle = |ack: Result<jetstream::publish::PublishAck, jetstream::context::PublishError>| match ack {
+                Ok(ack) => Ok(Outcome::Stored { seq: ack.sequence, duplicate: ack.duplicate }),
+                Err(e) if e.kind() == jetstream::context::PublishErrorKind::WrongLastSequence => Ok(Outcome::Conflict),
+                Err(e) => Err(publish_error(e, timeout)),
+            };
+            let mut outcomes = Vec::with_capacity(batch.len());
+            let mut pending = std::collections::VecDeque::with_capacity(window.min(batch.len()));
             for a in batch {
+                // At most `window` in flight: the oldest is awaited before one more goes.
+                if pending.len() >= window {
+                    if let Some(ack) = pending.pop_front() {
+                        outcomes.push(settle(ack.await)?);
+                    }
+                }
                 let mut message = jetstream::message::PublishMessage::build().payload(a.payload.into());
                 message = match a.expected {
                     Expected::Any => message,
@@ -475,15 +495,10 @@ impl JetStreamLog {
                     .send_publish(subject(&prefix, &a.target), message)
                     .await
                     .map_err(|e| publish_error(e, self.options.timeout))?;
-                pending.push(ack);
+                pending.push_back(ack);
             }
-            let mut outcomes = Vec::with_capacity(pending.len());
             for ack in pending {
-                outcomes.push(match ack.await {
-                    Ok(ack) => Outcome::Stored { seq: ack.sequence, duplicate: ack.duplicate },
-                    Err(e) if e.kind() == jetstream::context::PublishErrorKind::WrongLastSequence => Outcome::Conflict,
-                    Err(e) => return Err(publish_error(e, self.options.timeout)),
-                });
+                outcomes.push(settle(ack.await)?);
             }
             Ok(outcomes)
         })
@@ -847,6 +862,11 @@ fn target_of(prefix: &str, subject: &str) -> Option<Target> {
 /// the stream's leader instead: on a healthy cluster a creation is answered in
 /// milliseconds; one placed on a server that is down is not answered at all.
 const CONSUMER_WAIT: Duration = Duration::from_secs(2);
+
+/// The client's permits for publishes whose acknowledgement is not awaited yet. A
+/// publish holds one until it is; each `append` holds at most its window, so this many
+/// let any number of appends at once go on without waiting for each other's.
+const ACK_PERMITS: usize = 1 << 20;
 
 /// Requests a read from the leader keeps in flight at once.
 const GETS_IN_FLIGHT: usize = 64;

@@ -19,6 +19,42 @@ fn session(n: u8) -> SessionId {
     SessionId([n; 16])
 }
 
+/// A batch longer than the window: the append awaits its oldest acknowledgement before
+/// each publish past it (a publish holds the client's permit until its acknowledgement
+/// is awaited, so sending the whole batch first would wait for good), and so do two
+/// appends at once on one client.
+#[test]
+fn a_batch_longer_than_the_window_and_appends_at_once_are_stored_in_order() {
+    let cluster = Cluster::start();
+    let options = Options { window: 4, ..cluster.client_options("WINDOW") };
+    let log = Arc::new(JetStreamLog::connect(&options).unwrap());
+    let batch = |tag: &str, n: usize| -> Vec<Append> {
+        (0..n).map(|i| append(Target::Many, &format!("{tag}{i}"), Expected::Any, None)).collect()
+    };
+    let outcomes = log.append(batch("a", 11)).unwrap();
+    let seqs: Vec<u64> = outcomes
+        .iter()
+        .map(|o| match o {
+            Outcome::Stored { seq, duplicate: false } => *seq,
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    assert_eq!(seqs, (1..=11).collect::<Vec<u64>>());
+    let threads: Vec<_> = ["b", "c", "d"]
+        .into_iter()
+        .map(|tag| {
+            let log = log.clone();
+            std::thread::spawn(move || log.append(batch(tag, 9)).unwrap().len())
+        })
+        .collect();
+    for t in threads {
+        assert_eq!(t.join().unwrap(), 9);
+    }
+    assert_eq!(log.tip().unwrap(), 11 + 27);
+    let payloads: Vec<Vec<u8>> = log.read(1, 11).unwrap().into_iter().map(|m| m.payload).collect();
+    assert_eq!(payloads, (0..11).map(|i| format!("a{i}").into_bytes()).collect::<Vec<_>>());
+}
+
 #[test]
 fn messages_are_stored_in_order_and_read_back() {
     let cluster = Cluster::start();
