@@ -973,9 +973,11 @@ impl Engine {
     /// still yields the notices queued before that, with no gap between them, and then
     /// reports the disconnection, never a later notice ([`Engine::subscribe_stream`]
     /// tells its consumer where to resume instead).
+    ///
+    /// On a closed engine the receiver reports the disconnection at once.
     pub fn subscribe(&self) -> Receiver<CommitNotice> {
         let (tx, rx) = bounded(SUBSCRIBER_QUEUE_MAX);
-        self.inner.shared.subscribers.lock().push(Subscriber::Channel(tx));
+        self.add_subscriber(Subscriber::Channel(tx));
         rx
     }
 

@@ -1327,6 +1327,18 @@ fn s12_an_import_is_heard_once_per_import_after_it_returns() {
     assert_eq!(items, heard.into_iter().map(StreamItem::Commit).collect::<Vec<_>>());
 }
 
+/// A subscription taken on a handle of an engine that another handle closed ends at
+/// once: nothing will be committed any more, and a `recv` must not wait for good.
+#[test]
+fn s12_a_subscription_taken_after_close_ends_at_once() {
+    let db = Db::new();
+    let engine = db.open_durable();
+    let other = engine.clone();
+    engine.close().unwrap();
+    let rx = other.subscribe();
+    assert!(rx.recv_timeout(std::time::Duration::from_secs(5)).unwrap_err().is_disconnected());
+}
+
 #[test]
 fn s12_a_subscriber_more_than_its_queue_behind_is_disconnected_after_what_it_holds() {
     let db = Db::new();
