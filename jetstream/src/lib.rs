@@ -127,8 +127,9 @@ pub enum Error {
 /// This crate's results.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
-/// How the client proves who it is.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+/// How the client proves who it is. Its `Debug` masks the password, the seed and the
+/// token.
+#[derive(Clone, Default, PartialEq, Eq)]
 pub enum Credentials {
     /// None: only for servers without authorization.
     #[default]
@@ -146,6 +147,20 @@ pub enum Credentials {
     CredsFile(PathBuf),
     /// An authorization token.
     Token(String),
+}
+
+impl std::fmt::Debug for Credentials {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Credentials::None => f.write_str("None"),
+            Credentials::UserPassword { user, .. } => {
+                f.debug_struct("UserPassword").field("user", user).field("password", &"***").finish()
+            }
+            Credentials::NKey(_) => f.debug_tuple("NKey").field(&"***").finish(),
+            Credentials::CredsFile(path) => f.debug_tuple("CredsFile").field(path).finish(),
+            Credentials::Token(_) => f.debug_tuple("Token").field(&"***").finish(),
+        }
+    }
 }
 
 /// TLS settings.
@@ -228,7 +243,9 @@ impl Options {
     /// stream), `replicas`, `create` (`true` or `false`), `timeout_ms`. Anything else
     /// is an error, so a typo is not silently ignored.
     pub fn from_url(url: &str) -> Result<Options> {
-        let bad = |why: String| Error::Other(format!("JetStream URL {url:?}: {why}"));
+        // The URL is quoted with its password and token masked: an error message must not
+        // carry them into logs.
+        let bad = |why: String| Error::Other(format!("JetStream URL {}: {why}", redact_url(url)));
         let (scheme, rest) = url.split_once("://").ok_or_else(|| bad("no scheme (tls:// or nats://)".into()))?;
         let required = match scheme {
             "tls" => true,
@@ -263,8 +280,8 @@ impl Options {
         if let Some(auth) = auth {
             let (user, password) = auth.split_once(':').unwrap_or((auth, ""));
             options.credentials = Credentials::UserPassword {
-                user: percent_decode(user).map_err(bad)?,
-                password: percent_decode(password).map_err(bad)?,
+                user: percent_decode(user).map_err(|why| bad(format!("the user: {why}")))?,
+                password: percent_decode(password).map_err(|why| bad(format!("the password: {why}")))?,
             };
         }
         if let Some(stream) = stream {
@@ -275,7 +292,7 @@ impl Options {
         let mut key = None;
         for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
             let (k, v) = pair.split_once('=').ok_or_else(|| bad(format!("{pair:?} is not key=value")))?;
-            let v = percent_decode(v).map_err(bad)?;
+            let v = percent_decode(v).map_err(|why| bad(format!("{k}: {why}")))?;
             match k {
                 "ca" => options.tls.ca_file = Some(PathBuf::from(v)),
                 "cert" => cert = Some(PathBuf::from(v)),
@@ -310,14 +327,46 @@ pub fn is_url(arg: &str) -> bool {
     arg.starts_with("tls://") || arg.starts_with("nats://")
 }
 
+/// `url` with its password and its `token` masked (`***`), for messages and logs.
+pub fn redact_url(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_string();
+    };
+    let end = rest.find(['/', '?']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(end);
+    let authority = match authority.rsplit_once('@') {
+        Some((auth, hosts)) => match auth.split_once(':') {
+            Some((user, _)) => format!("{user}:***@{hosts}"),
+            None => authority.to_string(),
+        },
+        None => authority.to_string(),
+    };
+    let tail = match tail.split_once('?') {
+        Some((path, query)) => {
+            let pairs: Vec<String> = query
+                .split('&')
+                .map(|pair| match pair.split_once('=') {
+                    Some(("token", _)) => "token=***".to_string(),
+                    _ => pair.to_string(),
+                })
+                .collect();
+            format!("{path}?{}", pairs.join("&"))
+        }
+        None => tail.to_string(),
+    };
+    format!("{scheme}://{authority}{tail}")
+}
+
+/// Decodes `%XX` escapes. The error does not quote `s`, which may be a secret.
 fn percent_decode(s: &str) -> std::result::Result<String, String> {
     let bytes = s.as_bytes();
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;
     while i < bytes.len() {
         if bytes[i] == b'%' {
-            let hex = s.get(i + 1..i + 3).ok_or_else(|| format!("bad escape in {s:?}"))?;
-            out.push(u8::from_str_radix(hex, 16).map_err(|_| format!("bad escape in {s:?}"))?);
+            let escape = || format!("a bad percent escape at byte {i}");
+            let hex = s.get(i + 1..i + 3).ok_or_else(escape)?;
+            out.push(u8::from_str_radix(hex, 16).map_err(|_| escape())?);
             i += 3;
         } else {
             out.push(bytes[i]);
@@ -1029,6 +1078,29 @@ fn is_stream_not_found(e: &jetstream::context::GetStreamError) -> bool {
 #[cfg(test)]
 mod url_tests {
     use super::*;
+
+    /// No error message and no `Debug` of the options carries a password, a token or an
+    /// NKey seed: a bad escape in the password, or a typo beside a token, quotes the URL
+    /// masked.
+    #[test]
+    fn secrets_stay_out_of_errors_and_debug_output() {
+        for url in [
+            "tls://annal:s3cr%3t@h1:4222/S",
+            "tls://annal:s3cr%zzt@h1:4222/S",
+            "tls://annal:s3cret@h1:4222/S?tokn=x",
+            "tls://h1:4222/S?token=s3cret&tokn=x",
+            "tls://h1:4222/S?token=s3cr%et",
+        ] {
+            let e = Options::from_url(url).unwrap_err().to_string();
+            assert!(!e.contains("s3cr"), "{url}: {e}");
+        }
+        let o = Options::from_url("tls://annal:s3cret@h1:4222/S").unwrap();
+        assert!(!format!("{o:?}").contains("s3cret"));
+        let token = Options::from_url("tls://h1:4222/S?token=s3cret").unwrap();
+        assert!(!format!("{token:?}").contains("s3cret"));
+        assert!(!format!("{:?}", Credentials::NKey("SUs3cret".into())).contains("s3cret"));
+        assert_eq!(redact_url("tls://a:b@h:1/S?token=t&ca=/x"), "tls://a:***@h:1/S?token=***&ca=/x");
+    }
 
     #[test]
     fn a_url_gives_servers_credentials_tls_and_the_stream() {

@@ -49,32 +49,7 @@ pub fn url_of(path: &Path) -> Option<&str> {
 
 /// `url` with its password and any token replaced by `***`, for messages and reports.
 pub fn redact(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_string();
-    };
-    let end = rest.find(['/', '?']).unwrap_or(rest.len());
-    let (authority, tail) = rest.split_at(end);
-    let authority = match authority.rsplit_once('@') {
-        Some((auth, hosts)) => match auth.split_once(':') {
-            Some((user, _)) => format!("{user}:***@{hosts}"),
-            None => authority.to_string(),
-        },
-        None => authority.to_string(),
-    };
-    let tail = match tail.split_once('?') {
-        Some((path, query)) => {
-            let pairs: Vec<String> = query
-                .split('&')
-                .map(|pair| match pair.split_once('=') {
-                    Some(("token", _)) => "token=***".to_string(),
-                    _ => pair.to_string(),
-                })
-                .collect();
-            format!("{path}?{}", pairs.join("&"))
-        }
-        None => tail.to_string(),
-    };
-    format!("{scheme}://{authority}{tail}")
+    annal_jetstream::redact_url(url)
 }
 
 fn chain(key: Option<[u8; 32]>) -> LogChain {
