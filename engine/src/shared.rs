@@ -451,6 +451,19 @@ pub(crate) fn run(
             default(Duration::from_millis(100)) => {}
         }
         expire(&mut waiting);
+        if shared.poisoned.load(Ordering::Acquire) {
+            // Poisoned (by the checkpointer, or a fold): nothing more is folded, so the
+            // commands that wait for their messages, and those queued, are answered now,
+            // not when they expire.
+            for (_, ws) in std::mem::take(&mut waiting) {
+                for w in ws {
+                    let _ = w.queued.reply.send(Err(Error::Poisoned));
+                }
+            }
+            for q in queue.drain(..) {
+                let _ = q.reply.send(Err(Error::Poisoned));
+            }
+        }
         if waiting.is_empty() && !queue.is_empty() {
             publish(&shared, &host, &state, &mut queue, &mut waiting);
         }
