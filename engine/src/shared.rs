@@ -731,17 +731,20 @@ fn message_of(
         }
     };
     // The key names this host's decision: a retry of the same decision (after a lost
-    // acknowledgement) is stored once; a decision taken again (after a conflict), or the
-    // same turn decided on another host, is a new message, which the fold voids or
-    // applies, so that each caller learns whether its own command wrote.
+    // acknowledgement) is stored once; a decision taken again (after a conflict), the
+    // same turn decided on another host, or a retry of the turn with other content (its
+    // commit hash differs), is a new message, which the fold voids or applies, so that
+    // each caller learns whether its own command wrote (the other content's caller is
+    // told `TurnConflict`, as an embedded engine tells it).
     let msg_id = match &first.event {
         annal_codec::Event::TurnCommitted(t) => {
             let mut h = blake3::Hasher::new();
-            h.update(b"annal.message.key.v1");
+            h.update(b"annal.message.key.v2");
             h.update(&state.nonce);
             h.update(&first.session.0);
             h.update(&first.stream_seq.to_le_bytes());
             h.update(t.turn_id.as_bytes());
+            h.update(&t.commit_hash.0);
             Some(annal_codec::ids::hex(&h.finalize().as_bytes()[..16]))
         }
         _ => None,

@@ -378,6 +378,17 @@ fn a_failed_append_is_a_backend_error_that_poisons_nothing_and_a_retried_turn_is
         .collect();
     assert_eq!(turns, vec!["t1".to_string(), "t2".to_string()], "each turn once");
     assert_eq!(head(&engine, s).revision, again.receipt().revision);
+    // Stored, the acknowledgement lost, and the retry brings other content under the
+    // same turn id: a turn conflict, as an embedded engine answers, never a receipt for
+    // content that was not stored.
+    let rev = again.receipt().revision;
+    flaky.lose_ack.store(true, SeqCst);
+    assert!(matches!(engine.commit_turn(turn(s, "t3", rev)), Err(Error::Backend(_))));
+    let other = CommitTurn::new(s, "t3", Expected::Exact(rev)).message(Message::user("other content"));
+    assert_eq!(rejected(engine.commit_turn(other)), Rejection::TurnConflict { turn_id: "t3".into() });
+    caught_up(&engine, &stream);
+    let last = transcript(engine.reader(), s);
+    assert_eq!(last.last().unwrap().message.body, b"answer of t3".to_vec(), "the stored turn is the first's");
     assert!(!engine.is_poisoned());
 }
 
