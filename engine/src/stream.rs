@@ -91,12 +91,19 @@ impl CommitStream {
         std::future::poll_fn(|cx| Pin::new(&mut *self).poll_next(cx)).await
     }
 
-    /// Takes the lag, if the stream has one.
-    fn take_lag(&self) -> Option<StreamItem> {
-        match std::mem::take(&mut *self.missed.lock()) {
-            0 => None,
-            resume_from => Some(StreamItem::Lagged { resume_from }),
+    /// The next queued notice if the writer queued one since the queue was found empty,
+    /// else the lag, if the stream has one. Under the lock the writer sends under: a
+    /// lag is reported only when no notice before it is left in the queue (the writer
+    /// may fill the queue and record the lag between the consumer's poll and this call).
+    fn take_lag(&mut self) -> Option<StreamItem> {
+        let mut missed = self.missed.lock();
+        if *missed == 0 {
+            return None;
         }
+        if let Ok(notice) = self.rx.try_recv() {
+            return Some(StreamItem::Commit(notice));
+        }
+        Some(StreamItem::Lagged { resume_from: std::mem::take(&mut *missed) })
     }
 }
 
@@ -149,5 +156,31 @@ impl Engine {
         let stream = CommitStream { rx, missed: missed.clone(), ended: false };
         self.add_subscriber(Subscriber::Stream(StreamSender { tx, missed }));
         stream
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn notice(seq: u64) -> CommitNotice {
+        CommitNotice { first_seq: seq, last_seq: seq, sessions: Vec::new(), committed_at_ms: 0 }
+    }
+
+    /// The writer may fill the queue and record a lag between the consumer's poll that
+    /// found the queue empty and its check for a lag: the notices queued before the lag
+    /// still come first.
+    #[test]
+    fn a_lag_recorded_after_the_queue_was_found_empty_comes_after_what_was_queued() {
+        let (tx, rx) = mpsc::channel(0);
+        let missed = Missed::default();
+        let mut stream = CommitStream { rx, missed: missed.clone(), ended: false };
+        let mut sender = StreamSender { tx, missed };
+        // The consumer found the queue empty; then the writer sends two notices into a
+        // queue of one.
+        assert!(sender.deliver(&notice(7)) && sender.deliver(&notice(8)));
+        assert_eq!(stream.take_lag(), Some(StreamItem::Commit(notice(7))));
+        assert_eq!(stream.take_lag(), Some(StreamItem::Lagged { resume_from: 8 }));
+        assert_eq!(stream.take_lag(), None);
     }
 }

@@ -330,15 +330,19 @@ fn a_slow_consumer_that_resumes_from_the_log_sees_every_commit() {
         let mut seen = BTreeSet::new();
         let mut lags = 0;
         let mut last_delivered = 0;
+        // After a lag, no notice of a commit before it.
+        let mut lag_floor = 0;
         while (seen.len() as u64) < total {
             match stream.recv().await.expect("the stream ended early") {
                 StreamItem::Commit(n) => {
                     assert!(n.first_seq > last_delivered, "notices out of order");
+                    assert!(n.first_seq >= lag_floor, "a notice before the lag at {lag_floor} came after it");
                     last_delivered = n.last_seq;
                     seen.extend(n.first_seq..=n.last_seq);
                 }
                 StreamItem::Lagged { resume_from } => {
                     lags += 1;
+                    lag_floor = resume_from;
                     assert!(resume_from > last_delivered, "a commit before the lag ended at or after {resume_from}");
                     let mut from_seq = resume_from;
                     loop {
