@@ -451,6 +451,13 @@ pub(crate) fn run(
             default(Duration::from_millis(100)) => {}
         }
         expire(&mut waiting);
+        // Drafts never go to the stream: they are written to the host's own log file
+        // once the flush interval has passed (or at once, for removals), as an embedded
+        // engine writes them.
+        let (since, urgent) = shared.drafts.lock().pending();
+        if urgent || since.is_some_and(|t| t.elapsed() >= shared.draft_flush_interval) {
+            let _ = write_host_drafts(&shared);
+        }
         if shared.poisoned.load(Ordering::Acquire) {
             // Poisoned (by the checkpointer, or a fold): nothing more is folded, so the
             // commands that wait for their messages, and those queued, are answered now,
@@ -478,9 +485,26 @@ pub(crate) fn run(
             let _ = w.queued.reply.send(Err(Error::Closed));
         }
     }
+    // What drafts hold goes to the file, and the file is made durable.
+    let _ = write_host_drafts(&shared);
     let _ = durable_commit(&shared);
     shared.subscribers.lock().clear();
     let _ = checkpoints.send(Signal::Stop);
+}
+
+/// Writes every draft change still in memory to the host's log file (without an fsync:
+/// the host's durable commits, and its close, make it durable).
+fn write_host_drafts(shared: &Shared) -> Result<()> {
+    if shared.poisoned.load(Ordering::Acquire) {
+        return Err(Error::Poisoned);
+    }
+    let writes = shared.drafts.lock().writes();
+    if writes.is_empty() {
+        return Ok(());
+    }
+    crate::writer::write_drafts(shared, &writes)?;
+    shared.drafts.lock().written(&writes);
+    Ok(())
 }
 
 /// Commits the host's log file durably (what the fold wrote without an fsync).
@@ -505,11 +529,7 @@ fn exclusive(shared: &Shared, req: Request, checkpoints: &Sender<Signal>) {
         Request::Command { .. } => {}
         Request::Checkpoint { reply } => drop(reply.send(crate::writer::drain(shared, checkpoints))),
         Request::FlushDrafts { reply } => {
-            let writes = shared.drafts.lock().writes();
-            let result = crate::writer::write_drafts(shared, &writes);
-            if result.is_ok() {
-                shared.drafts.lock().written(&writes);
-            }
+            let result = write_host_drafts(shared).and_then(|()| durable_commit(shared));
             let _ = reply.send(result);
         }
         Request::Rebuild { set, reply } => {

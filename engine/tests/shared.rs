@@ -340,6 +340,24 @@ impl LogBackend for Flaky {
     }
 }
 
+/// A host's drafts never go to the stream; they are written to its own log file, at
+/// the flush interval and at close, so a host opened again has them.
+#[test]
+fn a_hosts_drafts_outlive_its_close() {
+    let stream = RedbStream::memory().unwrap();
+    let host = Host::new();
+    let engine = host.open(&stream);
+    let (s, _) = create(&engine, &[Message::system("drafts")]);
+    engine.append_draft(s, "reply", b"half of a".to_vec()).unwrap();
+    engine.append_draft(s, "reply", b"n answer".to_vec()).unwrap();
+    engine.close().unwrap();
+    let engine = host.open(&stream);
+    let drafts = engine.drafts(s, u64::MAX);
+    assert_eq!(drafts.len(), 1, "{drafts:?}");
+    assert_eq!(drafts[0].segments.concat(), b"half of an answer".to_vec());
+    engine.close().unwrap();
+}
+
 #[test]
 fn a_failed_append_is_a_backend_error_that_poisons_nothing_and_a_retried_turn_is_in_once() {
     use std::sync::atomic::Ordering::SeqCst;
