@@ -49,7 +49,7 @@ pub fn url_of(path: &Path) -> Option<&str> {
 
 /// `url` with its password and any token replaced by `***`, for messages and reports.
 pub fn redact(url: &str) -> String {
-    annal_jetstream::redact_url(url)
+    annal::backend::redact_url(url)
 }
 
 fn chain(key: Option<[u8; 32]>) -> LogChain {
