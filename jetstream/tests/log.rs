@@ -15,6 +15,17 @@ fn append(target: Target, payload: &str, expected: Expected, msg_id: Option<&str
     Append { target, payload: payload.as_bytes().to_vec(), expected, msg_id: msg_id.map(Into::into) }
 }
 
+/// The sequences of outcomes that must all be fresh stores.
+fn stored_seqs(outcomes: &[Outcome]) -> Vec<u64> {
+    outcomes
+        .iter()
+        .map(|o| match o {
+            Outcome::Stored { seq, duplicate: false } => *seq,
+            other => panic!("{other:?}"),
+        })
+        .collect()
+}
+
 fn session(n: u8) -> SessionId {
     SessionId([n; 16])
 }
@@ -32,13 +43,7 @@ fn a_batch_longer_than_the_window_and_appends_at_once_are_stored_in_order() {
         (0..n).map(|i| append(Target::Many, &format!("{tag}{i}"), Expected::Any, None)).collect()
     };
     let outcomes = log.append(batch("a", 11)).unwrap();
-    let seqs: Vec<u64> = outcomes
-        .iter()
-        .map(|o| match o {
-            Outcome::Stored { seq, duplicate: false } => *seq,
-            other => panic!("{other:?}"),
-        })
-        .collect();
+    let seqs = stored_seqs(&outcomes);
     assert_eq!(seqs, (1..=11).collect::<Vec<u64>>());
     let threads: Vec<_> = ["b", "c", "d"]
         .into_iter()
@@ -69,13 +74,7 @@ fn messages_are_stored_in_order_and_read_back() {
             append(Target::Session(session(1)), "a2", Expected::Any, None),
         ])
         .unwrap();
-    let seqs: Vec<u64> = outcomes
-        .iter()
-        .map(|o| match o {
-            Outcome::Stored { seq, duplicate: false } => *seq,
-            other => panic!("{other:?}"),
-        })
-        .collect();
+    let seqs = stored_seqs(&outcomes);
     assert_eq!(seqs, [1, 2, 3, 4]);
     assert_eq!(log.tip().unwrap(), 4);
     assert_eq!(log.last_of(&Target::Session(session(1))).unwrap(), Some(4));

@@ -620,23 +620,28 @@ class AnnalSaver(BaseCheckpointSaver[int]):
         types = [ref[1]] * len(ids) if kind == "l" else ref[1]
         return [self.serde.loads_typed((t, objects[cid])) for t, cid in zip(types, ids)]
 
-    def _resolve_delta(self, ch: str, ref: list[Any], records: dict[str, Any], depth: int = 0) -> list[Any]:
+    def _resolve_delta(
+        self, ch: str, ref: list[Any], records: dict[str, Any], depth: int = 0, bases: set[str] | None = None
+    ) -> list[Any]:
         """A list reference as the whole list, ``["l", type, ids]``: a delta
         ``["d", base record, keep, type, appended]`` is the first ``keep`` elements of
-        the base record's list in the same channel, then ``appended``."""
+        the base record's list in the same channel, then ``appended``. The ids of the
+        base records it reads go into ``bases``, if given."""
         if ref[0] == "l":
             return ref
         if ref[0] != "d" or depth > DELTA_DEPTH_MAX:
             raise _errors.Corrupt(f"list channel {ch}: bad reference", location="checkpoint record", detail=str(ref[0]))
         _, base_id, keep, t, appended = ref
         key = base_id.hex()
+        if bases is not None:
+            bases.add(key)
         base = records.get(key)
         if base is None:
             raw = self.db.content(key)
             if raw is None:
                 raise _errors.Corrupt(f"checkpoint record {key} is missing", location=f"content {key}", detail="")
             base = records[key] = _unpack(raw)
-        base_ref = self._resolve_delta(ch, base["vals"][ch], records, depth + 1)
+        base_ref = self._resolve_delta(ch, base["vals"][ch], records, depth + 1, bases)
         return ["l", t, base_ref[2][: keep * 32] + appended]
 
     @staticmethod
@@ -1001,21 +1006,8 @@ class AnnalSaver(BaseCheckpointSaver[int]):
             return set()
         out: set[str] = set()
         for ch, ref in _unpack(attachments[0]).get("vals", {}).items():
-            base = ref
-            for _ in range(DELTA_DEPTH_MAX + 1):
-                if base[0] != "d":
-                    break
-                key = base[1].hex()
-                out.add(key)
-                if key not in records:
-                    raw = self.db.content(key)
-                    if raw is None:
-                        raise _errors.Corrupt(
-                            f"checkpoint record {key} is missing", location=f"content {key}", detail=""
-                        )
-                    records[key] = _unpack(raw)
-                base = records[key]["vals"][ch]
-            out.update(self._value_ids(self._resolve_delta(ch, ref, records) if ref[0] == "d" else ref))
+            whole = self._resolve_delta(ch, ref, records, bases=out) if ref[0] == "d" else ref
+            out.update(self._value_ids(whole))
         return out
 
     def prune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
