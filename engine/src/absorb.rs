@@ -112,7 +112,7 @@ fn run(shared: Arc<Shared>, rx: Receiver<Request>, progress: Arc<Progress>) {
                 *progress.done.lock() += 1;
                 shared.stats.absorptions.fetch_add(1, Ordering::Relaxed);
             }
-            Err(_) => shared.poisoned.store(true, Ordering::Release),
+            Err(e) => shared.poisoned.set(e),
         }
         progress.changed.notify_all();
         if let Some(done) = request.done {
@@ -138,7 +138,7 @@ fn absorb(shared: &Shared, request: &Request) -> Result<()> {
     if tip.seq > file_seq {
         let written = crate::log::append_sealed(&txn, file_seq, rows, &tip)?;
         if file_seq + written.records < tip.seq {
-            return Err(Error::Storage(format!("absorb: the journal's rows end before seq {}", tip.seq)));
+            return Err(Error::storage(format!("absorb: the journal's rows end before seq {}", tip.seq)));
         }
     }
     for drafts in &request.drafts {

@@ -251,7 +251,7 @@ pub(crate) fn content_is_stored<S: Store + ?Sized>(
         let holds = match staged(seq) {
             Some(holds) => holds,
             None => store.content_row_holds(seq, id)?.ok_or_else(|| {
-                Error::Storage(format!("content row {seq} cannot be read here to tell whether it holds {id}"))
+                Error::storage(format!("content row {seq} cannot be read here to tell whether it holds {id}"))
             })?,
         };
         if holds {

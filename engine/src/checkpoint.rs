@@ -69,7 +69,7 @@ pub(crate) struct Checkpointer {
     pub projections: Arc<crate::engine::Db>,
     pub durability: redb::Durability,
     pub policy: CheckpointPolicy,
-    pub poisoned: Arc<std::sync::atomic::AtomicBool>,
+    pub poisoned: Arc<crate::error::Poison>,
     pub stats: Arc<crate::engine::EngineStats>,
 }
 
@@ -89,7 +89,7 @@ impl Checkpointer {
             }
             if let Err(e) = crate::error::fail_closed("checkpoint", || self.drain()) {
                 if !matches!(e, Error::Poisoned) {
-                    self.poisoned.store(true, Ordering::Release);
+                    self.poisoned.set(&e);
                 }
                 self.delta.notify();
                 return;
@@ -474,7 +474,7 @@ pub(crate) fn fold_chunk_on_two<S: Store + Sync + ?Sized>(
             Ok(())
         })();
         drop(to_second);
-        let theirs = other.join().unwrap_or_else(|_| Err(Error::Storage("the catch-up's second fold panicked".into())));
+        let theirs = other.join().unwrap_or_else(|_| Err(Error::storage("the catch-up's second fold panicked")));
         here?;
         let mut writes = overlay.into_writes();
         writes.extend(theirs?);

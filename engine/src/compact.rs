@@ -58,8 +58,8 @@ fn compact_closed(path: &Path, bytes_before: u64) -> Result<CompactStats> {
     let started = Instant::now();
     for file in &files {
         fail_closed("compact", || {
-            let mut db = redb::Database::open(file).map_err(|e| Error::Storage(format!("open exclusively: {e}")))?;
-            compact_passes(&mut db).map_err(|e| Error::Storage(format!("compaction: {e}")))
+            let mut db = redb::Database::open(file).map_err(|e| Error::storage_in("open exclusively", e))?;
+            compact_passes(&mut db).map_err(|e| Error::storage_in("compaction", redb::Error::from(e)))
         })?;
     }
     Ok(CompactStats { bytes_before, bytes_after: database_len(path), elapsed: started.elapsed() })
@@ -75,8 +75,8 @@ fn database_files(path: &Path) -> [std::path::PathBuf; 2] {
 fn require_database_file(path: &Path) -> Result<()> {
     match std::fs::metadata(path) {
         Ok(m) if m.is_file() => Ok(()),
-        Ok(_) => Err(Error::Storage(format!("{} is not a file", path.display()))),
-        Err(e) => Err(Error::Storage(format!("{}: {e}", path.display()))),
+        Ok(_) => Err(Error::storage(format!("{} is not a file", path.display()))),
+        Err(e) => Err(Error::storage_in(format_args!("{}", path.display()), e)),
     }
 }
 
@@ -320,7 +320,7 @@ pub fn recompress(
         compact: CompactStats { bytes_before: 0, bytes_after: 0, elapsed: Duration::ZERO },
     };
     fail_closed("recompress", || {
-        let db = redb::Database::open(path).map_err(|e| Error::Storage(format!("open exclusively: {e}")))?;
+        let db = redb::Database::open(path).map_err(|e| Error::storage_in("open exclusively", e))?;
         let mut from = 0u64;
         loop {
             let txn = db.begin_write()?;

@@ -1135,7 +1135,7 @@ fn committed_turn<S: Store + ?Sized>(
 ) -> Result<(CommitHash, Receipt)> {
     let record = store
         .record_at(seq)?
-        .ok_or_else(|| Error::Storage(format!("the record of turn {turn_id} (seq {seq}) cannot be read here")))?;
+        .ok_or_else(|| Error::storage(format!("the record of turn {turn_id} (seq {seq}) cannot be read here")))?;
     match &record.event {
         Event::TurnCommitted(e) if record.session == *session && e.turn_id == turn_id && record.seq == seq => {
             Ok((e.commit_hash, Receipt { seq, revision: e.revision_after, committed_at_ms: record.committed_at_ms }))

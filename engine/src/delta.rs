@@ -887,10 +887,10 @@ impl Store for View {
         })
     }
     fn put(&mut self, _: Table, _: &[u8], _: &[u8]) -> Result<()> {
-        Err(Error::Storage("a view is read-only".into()))
+        Err(Error::storage("a view is read-only"))
     }
     fn remove(&mut self, _: Table, _: &[u8]) -> Result<()> {
-        Err(Error::Storage("a view is read-only".into()))
+        Err(Error::storage("a view is read-only"))
     }
     fn record_at(&self, seq: u64) -> Result<Option<annal_codec::Record>> {
         let Some(bytes) = self.raw_record(seq)? else {
@@ -928,7 +928,7 @@ impl Store for View {
         if seq > self.seq {
             // The batch being decided answers for its own rows: a row past the view that
             // it does not hold is no row at all.
-            return Err(Error::Storage(format!("content row {seq} is past the view's seq {}", self.seq)));
+            return Err(Error::storage(format!("content row {seq} is past the view's seq {}", self.seq)));
         }
         self.with_content_row(seq, |row| {
             let found = annal_codec::content::find(row, id, u64::MAX).map_err(|e| {

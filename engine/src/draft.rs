@@ -212,7 +212,7 @@ impl DraftWrites {
         match self.is_empty() {
             true => Ok(Vec::new()),
             false => annal_codec::wire::to_bytes(self, u64::MAX)
-                .map_err(|e| crate::error::Error::Storage(format!("encode draft changes: {e}"))),
+                .map_err(|e| crate::error::Error::storage(format!("encode draft changes: {e}"))),
         }
     }
 

@@ -567,7 +567,7 @@ impl Engine {
         let projections = Arc::new(Db::new(projections));
         let delta = Delta::new(projections.begin_read()?, log.begin_read()?, tip.seq, tip.hash)?;
         let delta = Arc::new(delta.with_content_cache(options.content_cache_bytes as u64));
-        let poisoned = Arc::new(AtomicBool::new(false));
+        let poisoned = Arc::new(crate::error::Poison::default());
         let stats = Arc::new(EngineStats::default());
         let renewals = Arc::new(Mutex::new(crate::decide::Renewals::new()));
         let drafts = crate::draft::DraftState::load(&log.begin_read()?)?;
@@ -686,6 +686,14 @@ impl Engine {
     /// Whether an I/O failure has poisoned the engine.
     pub fn is_poisoned(&self) -> bool {
         self.inner.shared.poisoned.load(Ordering::Acquire)
+    }
+
+    /// The failure that poisoned the engine, if it is poisoned: what every later
+    /// [`Error::Poisoned`] stands for. A full disk is an [`Error::Storage`] whose
+    /// [`Error::io_kind`] is [`std::io::ErrorKind::StorageFull`]: free space, then open
+    /// the database again.
+    pub fn poison_cause(&self) -> Option<Error> {
+        self.inner.shared.poisoned.cause()
     }
 
     /// Queues `request` for the writer; blocks while the queue holds
@@ -1261,7 +1269,7 @@ fn open_file(path: &Path, options: &Options) -> Result<Database> {
         // on disk without redb's header: zeros only. Nothing was ever committed in such a
         // file, so it starts again as a new database.
         Err(e) if never_written(path).unwrap_or(false) => {
-            reset_unwritten(path).map_err(|io| Error::Storage(format!("{e}; and resetting the empty file: {io}")))?;
+            reset_unwritten(path).map_err(|io| Error::storage(format!("{e}; and resetting the empty file: {io}")))?;
             fail_closed("open", || Ok(builder(options).create(path)?))
         }
         Err(Error::Corrupt { .. }) => fail_closed("open with integrity check", || {
@@ -1392,7 +1400,7 @@ pub fn recover_log(path: impl AsRef<Path>, options: &Options) -> Result<LogRecov
     let path = path.as_ref();
     options.limits.validate()?;
     if !path.is_file() {
-        return Err(Error::Storage(format!("{} is not a file", path.display())));
+        return Err(Error::storage(format!("{} is not a file", path.display())));
     }
     refuse_unreadable_format(path, options)?;
     fail_closed("recover", || {

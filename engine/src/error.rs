@@ -5,7 +5,9 @@
 //! - [`Error::Corrupt`], [`Error::Decode`]: stored data failed verification. The engine
 //!   fails closed; run `annal verify`.
 //! - [`Error::Poisoned`], [`Error::Closed`], [`Error::Storage`]: the engine cannot write
-//!   now. Reopen the database.
+//!   now. Reopen the database. A storage failure the file system reported carries its
+//!   kind ([`Error::io_kind`]: a full disk is [`std::io::ErrorKind::StorageFull`]), and a
+//!   poisoned engine names the failure that poisoned it (`Engine::poison_cause`).
 
 use annal_codec::{DecodeError, RevisionId, SessionId};
 use std::fmt;
@@ -488,7 +490,7 @@ pub enum Error {
     Closed,
     /// The storage layer failed.
     #[error("storage: {0}")]
-    Storage(String),
+    Storage(StorageFailure),
     /// The shared log a host appends to failed (`crate::Engine::open_shared`). It does
     /// not poison the engine; a command it failed may or may not have been stored, and
     /// retrying it is safe where the command is idempotent (a turn with its id).
@@ -505,30 +507,145 @@ impl Error {
         }
     }
 
+    /// The kind of failure the file system reported, if this is a storage failure that
+    /// came from one: [`std::io::ErrorKind::StorageFull`] for a full disk,
+    /// [`std::io::ErrorKind::PermissionDenied`], [`std::io::ErrorKind::NotFound`], ...
+    pub fn io_kind(&self) -> Option<std::io::ErrorKind> {
+        match self {
+            Error::Storage(failure) => failure.io_kind(),
+            _ => None,
+        }
+    }
+
     pub(crate) fn corrupt(location: Location, detail: impl Into<String>) -> Error {
         Error::Corrupt { location, detail: detail.into() }
     }
+
+    /// A storage failure described by `detail`, with no kind from the file system.
+    pub(crate) fn storage(detail: impl Into<String>) -> Error {
+        Error::Storage(StorageFailure::new(detail))
+    }
+
+    /// `e` as an error, a storage failure's description led by `what` (its kind kept).
+    pub(crate) fn storage_in(what: impl fmt::Display, e: impl Into<Error>) -> Error {
+        match e.into() {
+            Error::Storage(f) => Error::Storage(StorageFailure { detail: format!("{what}: {}", f.detail), ..f }),
+            other => other,
+        }
+    }
 }
 
+/// What [`Error::Storage`] carries: what failed, and the kind of failure when the file
+/// system reported one. It displays as the description.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StorageFailure {
+    detail: String,
+    kind: Option<std::io::ErrorKind>,
+}
+
+impl StorageFailure {
+    /// A failure described by `detail`, with no kind from the file system.
+    pub fn new(detail: impl Into<String>) -> StorageFailure {
+        StorageFailure { detail: detail.into(), kind: None }
+    }
+
+    /// A failure the file system reported as `kind`, described by `detail`.
+    pub fn io(kind: std::io::ErrorKind, detail: impl Into<String>) -> StorageFailure {
+        StorageFailure { detail: detail.into(), kind: Some(kind) }
+    }
+
+    /// The description.
+    pub fn detail(&self) -> &str {
+        &self.detail
+    }
+
+    /// The kind of failure the file system reported, if it came from one.
+    pub fn io_kind(&self) -> Option<std::io::ErrorKind> {
+        self.kind
+    }
+}
+
+impl fmt::Display for StorageFailure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.detail)
+    }
+}
+
+impl From<std::io::Error> for StorageFailure {
+    fn from(e: std::io::Error) -> StorageFailure {
+        StorageFailure::io(e.kind(), e.to_string())
+    }
+}
+
+// redb's errors keep the I/O error under them: its kind comes along.
 macro_rules! storage_from {
     ($($t:ty),*) => {$(
         impl From<$t> for Error {
             fn from(e: $t) -> Error {
-                Error::Storage(e.to_string())
+                let detail = e.to_string();
+                match redb::Error::from(e) {
+                    redb::Error::Io(io) => Error::Storage(StorageFailure::io(io.kind(), detail)),
+                    _ => Error::storage(detail),
+                }
             }
         }
     )*};
 }
 storage_from!(
-    redb::Error,
     redb::StorageError,
     redb::TableError,
     redb::TransactionError,
     redb::CommitError,
     redb::DatabaseError,
-    redb::SetDurabilityError,
-    std::io::Error
+    redb::SetDurabilityError
 );
+
+impl From<redb::Error> for Error {
+    fn from(e: redb::Error) -> Error {
+        match e {
+            redb::Error::Io(io) => Error::Storage(io.into()),
+            other => Error::storage(other.to_string()),
+        }
+    }
+}
+
+impl From<std::io::Error> for Error {
+    fn from(e: std::io::Error) -> Error {
+        Error::Storage(e.into())
+    }
+}
+
+/// Whether the engine is poisoned (SPEC invariant 9), and by what: the first failure
+/// that poisoned it, which every later [`Error::Poisoned`] stands for.
+#[derive(Debug, Default)]
+pub(crate) struct Poison {
+    flag: std::sync::atomic::AtomicBool,
+    cause: parking_lot::Mutex<Option<Error>>,
+}
+
+impl Poison {
+    /// Whether the engine is poisoned.
+    pub fn load(&self, order: std::sync::atomic::Ordering) -> bool {
+        self.flag.load(order)
+    }
+
+    /// Poisons the engine by `cause`; the first cause is kept.
+    pub fn set(&self, cause: &Error) {
+        let mut kept = self.cause.lock();
+        if kept.is_none() && *cause != Error::Poisoned {
+            *kept = Some(cause.clone());
+        }
+        self.flag.store(true, std::sync::atomic::Ordering::Release);
+    }
+
+    /// The failure that poisoned the engine, if it is poisoned.
+    pub fn cause(&self) -> Option<Error> {
+        match self.load(std::sync::atomic::Ordering::Acquire) {
+            true => Some(self.cause.lock().clone().unwrap_or(Error::Poisoned)),
+            false => None,
+        }
+    }
+}
 
 /// What [`Rejection::Fenced`] says: a token that is the current one was released.
 fn fenced_text(presented: u64, current: u64) -> String {

@@ -46,6 +46,8 @@ struct FaultState {
     /// failing one excluded).
     writes_after_failure: AtomicU64,
     syncs_after_failure: AtomicU64,
+    /// The kind of error an injected failure of a write or a `sync_data` is.
+    kind: parking_lot::Mutex<io::ErrorKind>,
 }
 
 impl Default for FaultState {
@@ -58,6 +60,7 @@ impl Default for FaultState {
             writes: AtomicU64::new(0),
             written_bytes: AtomicU64::new(0),
             syncs: AtomicU64::new(0),
+            kind: parking_lot::Mutex::new(io::ErrorKind::Other),
             failures: AtomicU64::new(0),
             writes_after_failure: AtomicU64::new(0),
             syncs_after_failure: AtomicU64::new(0),
@@ -97,7 +100,13 @@ impl Faults {
         self.0.syncs_until_failure.store(n, Ordering::Release);
     }
 
-    /// Fail every read.
+    /// Makes the injected failures of writes and `sync_data` errors of `kind` (by
+    /// default [`io::ErrorKind::Other`]; [`io::ErrorKind::StorageFull`] is a full disk).
+    pub fn fail_as(&self, kind: io::ErrorKind) {
+        *self.0.kind.lock() = kind;
+    }
+
+    /// Makes every read fail (on) or succeed (off).
     pub fn fail_reads(&self, on: bool) {
         self.0.fail_reads.store(on, Ordering::Release);
     }
@@ -168,6 +177,13 @@ impl<B: StorageBackend> FaultyBackend<B> {
     }
 }
 
+impl Faults {
+    /// An injected failure of `what`, of the kind [`Faults::fail_as`] set.
+    fn injected(&self, what: &str) -> io::Error {
+        io::Error::new(*self.0.kind.lock(), format!("injected {what} failure"))
+    }
+}
+
 fn injected(what: &str) -> io::Error {
     io::Error::other(format!("injected {what} failure"))
 }
@@ -197,7 +213,7 @@ impl<B: StorageBackend> StorageBackend for FaultyBackend<B> {
         let failing = countdown(&self.faults.0.syncs_until_failure);
         self.faults.asked(&self.faults.0.syncs_after_failure, failing);
         if failing {
-            return Err(injected("sync_data"));
+            return Err(self.faults.injected("sync_data"));
         }
         self.faults.0.syncs.fetch_add(1, Ordering::AcqRel);
         self.inner.sync_data()
@@ -207,7 +223,7 @@ impl<B: StorageBackend> StorageBackend for FaultyBackend<B> {
         let failing = countdown(&self.faults.0.writes_until_failure);
         self.faults.asked(&self.faults.0.writes_after_failure, failing);
         if failing {
-            return Err(injected("write"));
+            return Err(self.faults.injected("write"));
         }
         self.faults.0.writes.fetch_add(1, Ordering::AcqRel);
         self.faults.0.written_bytes.fetch_add(data.len() as u64, Ordering::AcqRel);

@@ -573,8 +573,8 @@ pub(crate) struct Journal {
     dirty: [u64; 2],
 }
 
-fn io(e: impl std::fmt::Display) -> Error {
-    Error::Storage(format!("journal: {e}"))
+fn io(e: std::io::Error) -> Error {
+    Error::Storage(crate::error::StorageFailure::io(e.kind(), format!("journal: {e}")))
 }
 
 /// The default of [`crate::Options::journal_preallocate_bytes`]: bytes of written zeros
@@ -619,8 +619,8 @@ impl Journal {
                 .create(true)
                 .truncate(false)
                 .open(p)
-                .map_err(|e| Error::Storage(format!("the journal file {}: {e}", p.display())))?;
-            redb::backends::FileBackend::new(file).map_err(io)
+                .map_err(|e| Error::storage_in(format_args!("the journal file {}", p.display()), e))?;
+            redb::backends::FileBackend::new(file).map_err(|e| Error::storage_in("journal", e))
         };
         let files: [Box<dyn redb::StorageBackend>; 2] = [Box::new(open(&paths[0])?), Box::new(open(&paths[1])?)];
         if created {

@@ -338,7 +338,7 @@ pub use engine::{
     database_files, projections_path, recover_log, ContextOutcome, Durability, Engine, EngineStats, LogRecovery,
     Options, SessionReceipt, StatsSnapshot, ToolReceipt, TurnOutcome, CONTENT_CACHE_BYTES, DRAFT_FLUSH_INTERVAL,
 };
-pub use error::{Error, Limit, Location, Rejection, Result};
+pub use error::{Error, Limit, Location, Rejection, Result, StorageFailure};
 pub use evolve::evolve;
 pub use import::ImportStats;
 pub use journal::{journal_paths, JOURNAL_BYTES_MAX, JOURNAL_SWITCH_BYTES};

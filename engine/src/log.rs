@@ -205,10 +205,10 @@ pub(crate) fn seal(
     for entry in entries {
         let record = &entry.record;
         if record.seq != next.seq + 1 {
-            return Err(Error::Storage(format!("append: seq {} does not follow {}", record.seq, next.seq)));
+            return Err(Error::storage(format!("append: seq {} does not follow {}", record.seq, next.seq)));
         }
         let (bytes, hash) = encode_record(record, &next.hash, chain, record_bytes_max)
-            .map_err(|e| Error::Storage(format!("encode record {}: {e}", record.seq)))?;
+            .map_err(|e| Error::storage(format!("encode record {}: {e}", record.seq)))?;
         let mut row = Vec::new();
         for object in &entry.content {
             push_stored(&mut row, &object.id, object.encoding, &object.bytes);
@@ -246,7 +246,7 @@ pub(crate) fn append_sealed<'a>(
     let mut content = ContentWriter::open(txn)?;
     for (expected, row) in (after + 1..).zip(rows) {
         if row.seq != expected {
-            return Err(Error::Storage(format!("append: seq {} does not follow {}", row.seq, expected - 1)));
+            return Err(Error::storage(format!("append: seq {} does not follow {}", row.seq, expected - 1)));
         }
         log.insert(row.seq, row.record.as_slice())?;
         written.records += 1;

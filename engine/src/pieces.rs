@@ -116,7 +116,7 @@ impl<'txn> ContentWriter<'txn> {
     pub fn append(&mut self, seq: u64, row: &[u8]) -> Result<()> {
         let pieces = self.pieces.as_mut().expect("a writer opens its pieces");
         for (i, piece) in row.chunks(PIECE_BYTES).enumerate() {
-            let i = u32::try_from(i).map_err(|_| Error::Storage(format!("content row {seq} is too long")))?;
+            let i = u32::try_from(i).map_err(|_| Error::storage(format!("content row {seq} is too long")))?;
             pieces.insert((seq, i), piece)?;
         }
         if !row.is_empty() {

@@ -498,7 +498,7 @@ pub(crate) fn node_record<S: crate::store::Store + ?Sized>(
     seq: u64,
 ) -> crate::error::Result<(RevisionId, annal_codec::Record)> {
     let record = store.record_at(seq)?.ok_or_else(|| {
-        crate::error::Error::Storage(format!("the record of a revision node (seq {seq}) cannot be read here"))
+        crate::error::Error::storage(format!("the record of a revision node (seq {seq}) cannot be read here"))
     })?;
     match record.event.revision_after() {
         Some(produced)

@@ -222,7 +222,8 @@ fn files_len(path: &Path) -> u64 {
 
 fn open_exclusive(path: &Path) -> Result<redb::Database> {
     fail_closed("open exclusively", || {
-        redb::Database::open(path).map_err(|e| Error::Storage(format!("open {} exclusively: {e}", path.display())))
+        redb::Database::open(path)
+            .map_err(|e| Error::storage_in(format_args!("open {} exclusively", path.display()), e))
     })
 }
 
@@ -457,7 +458,7 @@ pub(crate) fn finish(path: &Path) -> Result<()> {
 
 fn io(what: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> Error {
     let path = path.display().to_string();
-    move |e| Error::Storage(format!("{what} {path}: {e}"))
+    move |e| Error::storage_in(format_args!("{what} {path}"), e)
 }
 
 /// Overwrites `file` from its start with zeros over its whole length, and syncs it.
@@ -509,7 +510,7 @@ fn scrub(path: &Path) -> Result<()> {
     fail_closed("scrub", || {
         let old = open_exclusive(path)?;
         let mut new =
-            redb::Database::create(&tmp).map_err(|e| Error::Storage(format!("create {}: {e}", tmp.display())))?;
+            redb::Database::create(&tmp).map_err(|e| Error::storage_in(format_args!("create {}", tmp.display()), e))?;
         let read = old.begin_read()?;
         copy_table(&read, &new, LOG)?;
         copy_content(&read, &new)?;
@@ -532,7 +533,7 @@ fn scrub(path: &Path) -> Result<()> {
         // Bulk inserts leave free pages in the new file (holding only copies of what it
         // keeps); compaction gives them back, so the file is no larger than it must be.
         for _ in 0..COMPACT_PASSES_MAX {
-            if !new.compact().map_err(|e| Error::Storage(format!("compaction: {e}")))? {
+            if !new.compact().map_err(|e| Error::storage_in("compaction", redb::Error::from(e)))? {
                 break;
             }
         }
@@ -631,7 +632,7 @@ fn copy_bytes_table(
 /// and tools that check a purge.
 pub fn session_records(path: &Path, session: &SessionId) -> Result<BTreeMap<u64, bool>> {
     let db = crate::unclean::open_read_only(path, crate::reader::READER_CACHE_BYTES)
-        .map_err(|e| Error::Storage(e.to_string()))?;
+        .map_err(|e| Error::storage(e.to_string()))?;
     let txn = db.begin_read()?;
     let log = txn.open_table(LOG)?;
     let mut out = BTreeMap::new();

@@ -76,7 +76,7 @@ fn rebuild_offline_in_chunks(
         let log_txn = log.begin_read()?;
         let tip = match crate::log::check_log(&log_txn, &chain)? {
             crate::log::LogState::Ready => crate::log::load_tip(&log_txn, &chain)?,
-            crate::log::LogState::New => return Err(Error::Storage(format!("{} holds no log", path.display()))),
+            crate::log::LogState::New => return Err(Error::storage(format!("{} holds no log", path.display()))),
         };
         let final_path = projections_path(path);
         // Every projection from 0 (the usual rebuild): fold into a new file beside the
@@ -159,10 +159,10 @@ impl crate::store::Store for Folded {
         })
     }
     fn put(&mut self, _: crate::Table, _: &[u8], _: &[u8]) -> Result<()> {
-        Err(Error::Storage("the rebuild's folded rows are read-only".into()))
+        Err(Error::storage("the rebuild's folded rows are read-only"))
     }
     fn remove(&mut self, _: crate::Table, _: &[u8]) -> Result<()> {
-        Err(Error::Storage("the rebuild's folded rows are read-only".into()))
+        Err(Error::storage("the rebuild's folded rows are read-only"))
     }
 }
 
@@ -181,7 +181,7 @@ fn rebuild_into_new_file(
     let remove_temp = || match std::fs::remove_file(&temp) {
         Ok(()) => Ok(()),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-        Err(e) => Err(Error::Storage(format!("remove {}: {e}", temp.display()))),
+        Err(e) => Err(Error::storage_in(format_args!("remove {}", temp.display()), e)),
     };
     remove_temp()?;
     let rebuilt = fold_into(&temp, log, progress, chunks);
@@ -191,7 +191,7 @@ fn rebuild_into_new_file(
         return rebuilt;
     }
     std::fs::rename(&temp, final_path)
-        .map_err(|e| Error::Storage(format!("rename {} over {}: {e}", temp.display(), final_path.display())))?;
+        .map_err(|e| Error::storage_in(format_args!("rename {} over {}", temp.display(), final_path.display()), e))?;
     crate::purge::sync_dir(final_path)?;
     rebuilt
 }
@@ -219,7 +219,7 @@ fn fold_into(temp: &Path, log: &LogSource<'_>, progress: Progress<'_>, handover:
     let db = redb::Builder::new()
         .set_cache_size(REBUILD_PROJECTIONS_CACHE_BYTES)
         .create(temp)
-        .map_err(|e| Error::Storage(format!("create {}: {e}", temp.display())))?;
+        .map_err(|e| Error::storage_in(format_args!("create {}", temp.display()), e))?;
     {
         let mut txn = db.begin_write()?;
         txn.set_durability(redb::Durability::None)?;
@@ -266,7 +266,7 @@ fn fold_into(temp: &Path, log: &LogSource<'_>, progress: Progress<'_>, handover:
             snapshots
                 .try_iter()
                 .find_map(|s| s.err())
-                .unwrap_or_else(|| Error::Storage("the rebuild's writing thread stopped".into()))
+                .unwrap_or_else(|| Error::storage("the rebuild's writing thread stopped"))
         };
         let (mut events, mut bytes) = (0u64, 0u64);
         // The content-id index is held across the chunks, up to a bound.
@@ -317,7 +317,7 @@ fn fold_into(temp: &Path, log: &LogSource<'_>, progress: Progress<'_>, handover:
         }
     })?;
     if events != tip.seq {
-        return Err(Error::Storage(format!("the rebuild folded {events} events of {}", tip.seq)));
+        return Err(Error::storage(format!("the rebuild folded {events} events of {}", tip.seq)));
     }
     let mut txn = db.begin_write()?;
     txn.set_durability(redb::Durability::Immediate)?;

@@ -100,7 +100,7 @@ pub(crate) mod convert {
     use super::*;
 
     fn unexpected(outcome: Outcome) -> Error {
-        Error::Storage(format!("unexpected outcome {outcome:?}"))
+        Error::storage(format!("unexpected outcome {outcome:?}"))
     }
 
     /// `batch`: the members' outcomes.

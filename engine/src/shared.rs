@@ -561,7 +561,7 @@ fn fold(
     let verdicts = match crate::error::fail_closed("fold", || fold_batch(shared, state, batch, checkpoints)) {
         Ok(verdicts) => verdicts,
         Err(e) => {
-            shared.poisoned.store(true, Ordering::Release);
+            shared.poisoned.set(&e);
             for (_, ws) in std::mem::take(waiting) {
                 for w in ws {
                     let _ = w.queued.reply.send(Err(e.clone()));
@@ -650,7 +650,7 @@ fn publish(
     let decided = match decided {
         Ok(d) => d,
         Err(e) => {
-            shared.poisoned.store(true, Ordering::Release);
+            shared.poisoned.set(&e);
             for q in batch {
                 let _ = q.reply.send(Err(e.clone()));
             }

@@ -314,7 +314,7 @@ pub(crate) const ROW_BYTES_MAX: u64 = 256 << 20;
 
 /// Encodes a projection row with the canonical wire options.
 pub fn encode_row<T: Serialize>(value: &T) -> Result<Vec<u8>> {
-    wire::to_bytes(value, ROW_BYTES_MAX).map_err(|e| Error::Storage(format!("encode row: {e}")))
+    wire::to_bytes(value, ROW_BYTES_MAX).map_err(|e| Error::storage(format!("encode row: {e}")))
 }
 
 /// Decodes a projection row; failure is corruption at that row.
@@ -1029,7 +1029,7 @@ impl<'a, S: Store + ?Sized> WithRecords<'a, S> {
 
     fn rows_mut(&mut self) -> Result<&mut S> {
         match &mut self.store {
-            Access::Read(_) => Err(Error::Storage("a store to read cannot be written".into())),
+            Access::Read(_) => Err(Error::storage("a store to read cannot be written")),
             Access::Write(s) => Ok(s),
         }
     }

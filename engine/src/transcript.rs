@@ -198,7 +198,7 @@ fn run_ids<S: Store + ?Sized>(
         Some((seq, list)) if *seq == run.seq => list,
         _ => {
             let list = store.message_list(run.seq)?.ok_or_else(|| {
-                Error::Storage(format!("the record of a transcript's messages (seq {}) cannot be read here", run.seq))
+                Error::storage(format!("the record of a transcript's messages (seq {}) cannot be read here", run.seq))
             })?;
             &mut last.insert((run.seq, list)).1
         }
@@ -471,7 +471,7 @@ pub(crate) fn splice<S: Store + ?Sized>(
     let count = inserted.map_or(0, |r| r.count);
     let new_len = start + after.len() as u64;
     if start > end || end > old_len || new_len != old_len - (end - start) + count {
-        return Err(Error::Storage(format!(
+        return Err(Error::storage(format!(
             "a splice of {start}..{end} of {old_len} positions by {count} does not leave {new_len}"
         )));
     }

@@ -29,7 +29,7 @@ use annal_codec::{ContentId, LogChain, Record, SessionId};
 use crossbeam_channel::{Receiver, Sender};
 use parking_lot::Mutex;
 use redb::ReadableDatabase;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -102,7 +102,7 @@ pub(crate) struct Shared {
     pub chain: LogChain,
     pub durability: redb::Durability,
     pub policy: CheckpointPolicy,
-    pub poisoned: Arc<AtomicBool>,
+    pub poisoned: Arc<crate::error::Poison>,
     pub subscribers: Mutex<Vec<Subscriber>>,
     pub batch_commands_max: usize,
     pub stats: Arc<EngineStats>,
@@ -257,9 +257,9 @@ impl Core {
         let absorber = match &journal {
             Some(_) => match Absorber::start(shared.clone()) {
                 Ok(absorber) => Some(absorber),
-                Err(_) => {
+                Err(e) => {
                     // Without its absorber the journal would only grow: refuse writes.
-                    shared.poisoned.store(true, Ordering::Release);
+                    shared.poisoned.set(&e);
                     None
                 }
             },
@@ -373,8 +373,8 @@ fn exclusive(shared: &Shared, seq: &mut Sequencer, req: Request, checkpoints: &S
         }
         Request::Sweep { mut marks, sweep, reply } => {
             let result = crate::error::fail_closed("collect", || sweep_batch(shared, &tip, &mut marks, &sweep));
-            if result.is_err() {
-                shared.poisoned.store(true, Ordering::Release);
+            if let Err(e) = &result {
+                shared.poisoned.set(e);
             }
             let _ = reply.send(result.map(|swept| (marks, swept)));
             after_apply(shared, checkpoints);
@@ -466,7 +466,7 @@ impl Sequencer {
         let Decided { entries, writes, outcomes, notices, clock_ms, .. } = match decided {
             Ok(decided) => decided,
             Err(e) => {
-                shared.poisoned.store(true, Ordering::Release);
+                shared.poisoned.set(&e);
                 for reply in replies {
                     let _ = reply.send(Err(e.clone()));
                 }
@@ -529,7 +529,7 @@ impl Sequencer {
                 after_apply(shared, checkpoints);
             }
             Err(e) => {
-                shared.poisoned.store(true, Ordering::Release);
+                shared.poisoned.set(&e);
                 for reply in replies {
                     let _ = reply.send(Err(e.clone()));
                 }
@@ -589,7 +589,7 @@ impl Sequencer {
                 Ok(())
             }
             Err(e) => {
-                shared.poisoned.store(true, Ordering::Release);
+                shared.poisoned.set(&e);
                 Err(e)
             }
         }
@@ -764,8 +764,8 @@ pub(crate) fn alone_on_the_log<T>(shared: &Shared, what: &'static str, f: impl F
         return Err(Error::Poisoned);
     }
     let result = crate::error::fail_closed(what, f);
-    if matches!(result, Err(Error::Storage(_)) | Err(Error::Corrupt { location: Location::File, .. })) {
-        shared.poisoned.store(true, Ordering::Release);
+    if let Err(e @ (Error::Storage(_) | Error::Corrupt { location: Location::File, .. })) = &result {
+        shared.poisoned.set(e);
     }
     result
 }

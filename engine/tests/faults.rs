@@ -548,3 +548,70 @@ fn a_log_file_that_was_never_written_opens_as_a_new_database() {
     assert!(Engine::open(&path).is_err());
     assert_eq!(std::fs::read(&path).unwrap(), bytes);
 }
+
+/// A full disk is told apart from other failures: the commit that meets it fails with a
+/// storage error of the file system's kind, every later write is `Poisoned`, and the
+/// engine names the full disk as the cause of its poisoning. The log file here, the
+/// journal and the projections file below.
+#[test]
+fn a_full_disk_is_a_storage_error_of_its_kind_and_the_cause_of_the_poisoning() {
+    let db = Db::new();
+    let faults = Faults::new();
+    let engine = db.open_faulty(&faults, Options::default());
+    create(&engine, "pre").unwrap();
+    assert_eq!(engine.poison_cause(), None);
+    faults.fail_as(io::ErrorKind::StorageFull);
+    faults.fail_write_after(0);
+    let err = create(&engine, "full").unwrap_err();
+    assert_eq!(err.io_kind(), Some(io::ErrorKind::StorageFull), "{err:?}");
+    assert!(matches!(&err, Error::Storage(f) if f.detail().contains("injected write failure")), "{err}");
+    assert_poisoned(&engine);
+    assert_eq!(engine.poison_cause(), Some(err));
+    assert_eq!(Error::Poisoned.io_kind(), None);
+}
+
+/// The journal, where a durable commit's one write goes: a full disk there is the
+/// commit's error, with its kind, and the poisoning's cause.
+#[test]
+fn a_full_disk_under_the_journal_is_the_commits_error_and_the_poisonings_cause() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = |name: &str| {
+        let f =
+            std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(false).open(dir.path().join(name));
+        FileBackend::new(f.unwrap()).unwrap()
+    };
+    let faults = Faults::new();
+    let journal = [FaultyBackend::new(file("j0"), faults.clone()), FaultyBackend::new(file("j1"), faults.clone())];
+    let engine = Engine::open_with_journal(file("log"), file("projections"), journal, Options::default()).unwrap();
+    create(&engine, "pre").unwrap();
+    faults.fail_as(io::ErrorKind::StorageFull);
+    faults.fail_sync_after(0);
+    let err = create(&engine, "full").unwrap_err();
+    assert_eq!(err.io_kind(), Some(io::ErrorKind::StorageFull), "{err:?}");
+    assert!(err.to_string().contains("journal"), "{err}");
+    assert_eq!(create(&engine, "after").unwrap_err(), Error::Poisoned);
+    assert_eq!(engine.poison_cause(), Some(err));
+}
+
+/// The projections file, which the checkpointer writes behind the commits: a full disk
+/// there poisons the engine too, and the cause says so with its kind.
+#[test]
+fn a_full_disk_under_the_projections_file_poisons_the_engine_by_its_kind() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = |name: &str| {
+        let f =
+            std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(false).open(dir.path().join(name));
+        FileBackend::new(f.unwrap()).unwrap()
+    };
+    let faults = Faults::new();
+    let projections = FaultyBackend::new(file("projections"), faults.clone());
+    let engine = Engine::open_with_backends(file("log"), projections, Options::default()).unwrap();
+    create(&engine, "pre").unwrap();
+    faults.fail_as(io::ErrorKind::StorageFull);
+    faults.fail_write_after(0);
+    assert!(engine.checkpoint().is_err());
+    assert!(engine.is_poisoned());
+    let cause = engine.poison_cause().expect("poisoned");
+    assert_eq!(cause.io_kind(), Some(io::ErrorKind::StorageFull), "{cause:?}");
+    assert_eq!(create(&engine, "after").unwrap_err(), Error::Poisoned);
+}

@@ -7,6 +7,8 @@ from collections.abc import Awaitable, Iterable, Iterator, Mapping, Sequence
 from types import TracebackType
 from typing import Literal
 
+from .errors import AnnalError
+
 Role = Literal["system", "user", "assistant", "tool"]
 #: ``None`` (any head), a revision id (hex ``str``) or a stream seq (``int``).
 Expected = str | int | None
@@ -318,6 +320,8 @@ class Database:
     @property
     def closed(self) -> bool: ...
     def close(self) -> None: ...
+    def poison_cause(self) -> AnnalError | None:
+        """The failure that poisoned the engine (an ``annal.errors`` instance), or None."""
     def __enter__(self) -> Database: ...
     def __exit__(
         self,

@@ -299,8 +299,11 @@ class Closed(Unavailable):
 
 
 class Storage(Unavailable):
-    """The storage layer failed. Fields: ``detail``."""
+    """The storage layer failed. Fields: ``detail``, and ``kind``: the kind of failure
+    the file system reported (``"StorageFull"`` for a full disk, ``"PermissionDenied"``,
+    ``"NotFound"``, ...), or ``None`` when it did not come from one."""
     detail: str
+    kind: str | None
 
 
 class Backend(Unavailable):

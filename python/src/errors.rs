@@ -118,7 +118,13 @@ fn error<'py>(py: Python<'py>, e: &Error) -> (&'static str, Fields<'py>) {
         Error::KeyMismatch { detail } => ("KeyMismatch", vec![("detail", v(py, detail.clone()))]),
         Error::Poisoned => ("Poisoned", vec![]),
         Error::Closed => ("Closed", vec![]),
-        Error::Storage(detail) => ("Storage", vec![("detail", v(py, detail.clone()))]),
+        Error::Storage(failure) => (
+            "Storage",
+            vec![
+                ("detail", v(py, failure.detail().to_string())),
+                ("kind", v(py, failure.io_kind().map(|k| format!("{k:?}")))),
+            ],
+        ),
         Error::Backend(e) => ("Backend", vec![("detail", v(py, e.to_string()))]),
     }
 }

@@ -574,6 +574,14 @@ impl Database {
         }
     }
 
+    /// The failure that poisoned the engine, as the `annal.errors` instance it raised
+    /// (a full disk is `errors.Storage` with `kind == "StorageFull"`), or `None` while
+    /// the engine is not poisoned. Reopen the database to write again.
+    fn poison_cause(&self, py: Python<'_>) -> PyResult<Option<Py<PyAny>>> {
+        let cause = self.run(py, |e| Ok(e.poison_cause()))?;
+        Ok(cause.map(|e| to_py(py, e).into_value(py).into_any()))
+    }
+
     /// Flushes and stops the writer; later calls raise `Closed`. Closing twice is fine.
     fn close(&self, py: Python<'_>) -> PyResult<()> {
         py.detach(|| {

@@ -225,6 +225,20 @@ def test_a_database_in_a_missing_directory_and_a_bad_compression_are_named(tmp_p
         annal.compact(tmp_path, compression="gzip")
 
 
+def test_a_storage_error_names_the_kind_the_file_system_gave(tmp_path: Path) -> None:
+    a_dir = tmp_path / "a-dir.redb"
+    a_dir.mkdir()
+    with pytest.raises(annal.errors.Storage) as caught:
+        annal.open(a_dir)
+    assert caught.value.kind == "IsADirectory", caught.value
+    with pytest.raises(annal.errors.Storage) as caught:
+        annal.compact(tmp_path)
+    assert caught.value.kind is None and "is not a file" in caught.value.detail
+    with annal.open(tmp_path / "healthy.redb") as db:
+        db.create_session()
+        assert db.poison_cause() is None
+
+
 def test_a_subscription_wait_is_interrupted_by_a_signal(db: annal.Database) -> None:
     import signal
 

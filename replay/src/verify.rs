@@ -568,7 +568,7 @@ fn projections_readable(path: &Path) -> annal::Result<()> {
     };
     crate::with_projections_table(&projections, VERIFY_CACHE_BYTES, len)
         .map(drop)
-        .map_err(|e| annal::Error::Storage(format!("the projections file: {e}")))
+        .map_err(|e| annal::Error::Storage(annal::StorageFailure::new(format!("the projections file: {e}"))))
 }
 
 /// The journal files beside `path`, read right after `txn` was taken. If they do not
@@ -1631,7 +1631,7 @@ impl Store for Scratch<'_> {
         // A page that makes redb panic is a storage error of this record; the walk reports
         // the page itself.
         guarded("table log", || annal::store::Records::message_list(&self.records, seq))
-            .unwrap_or_else(|finding| Err(annal::Error::Storage(finding.to_string())))
+            .unwrap_or_else(|finding| Err(annal::Error::Storage(annal::StorageFailure::new(finding.to_string()))))
     }
 }
 
