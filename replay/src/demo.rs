@@ -81,7 +81,7 @@ pub struct DemoReport {
     pub unsettled: Vec<annal::ToolOp>,
     /// What the workers of a multi-agent host did: lines of the summary.
     pub hosts: Vec<String>,
-    _dir: Option<tempfile::TempDir>,
+    _dir: Option<(crate::interrupt::Scratch, tempfile::TempDir)>,
 }
 
 impl DemoReport {
@@ -477,7 +477,7 @@ pub fn demo(opts: &DemoOptions) -> Result<DemoReport> {
         None => {
             let dir = tempfile::tempdir()?;
             let path = dir.path().join("demo.redb");
-            (Some(dir), path)
+            (Some((crate::interrupt::Scratch::new(dir.path()), dir)), path)
         }
     };
     let Workload { commands, showcase, elapsed, workers, engine, disk_bytes } =

@@ -42,6 +42,7 @@ pub mod demo;
 pub mod export;
 pub mod graph;
 pub mod inspect;
+pub mod interrupt;
 pub mod progress;
 pub mod purge;
 pub mod rebuild;

@@ -617,6 +617,9 @@ static PANICKED: std::sync::Mutex<Option<String>> = std::sync::Mutex::new(None);
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    // Ctrl-C removes the scratch directories of a demo or a fold before the process ends.
+    // Without the handler the command still works; only its scratch may stay behind.
+    let _ = annal_replay::interrupt::remove_scratch_on_signal();
     // The storage layer panics on some damaged pages. The library turns the panics it
     // meets into errors, but a command also reads through the storage layer itself; a
     // panic that gets that far is the command's finding (exit 1) with the panic's message

@@ -98,6 +98,8 @@ pub fn rebuild(path: &Path, opts: &RebuildOptions) -> Result<RebuildReport> {
     let total = recovered.tip_seq;
     let bar = progress::bar(total, "rebuild", opts.progress);
     let started = Instant::now();
+    // An interrupt removes the new projections file, not the one it was to replace.
+    let _scratch = crate::interrupt::Scratch::new(&annal::rebuild::rebuild_path(&annal::projections_path(path)));
     let stats = annal::rebuild_offline(path, &options, set, &mut |done, _| bar.set_position(done))?;
     let elapsed = started.elapsed();
     bar.finish_and_clear();

@@ -17,6 +17,7 @@
 //! [`LogBackend`]; those that take a URL need the `jetstream` feature (on by default),
 //! and without it fail with a usage error that says so.
 
+use crate::interrupt::Scratch;
 use crate::verify::{VerifyOptions, VerifyReport};
 use crate::{CliError, Result};
 use annal::backend::{BackendError, LogBackend};
@@ -122,6 +123,8 @@ pub struct Folded {
     pub tip: u64,
     /// The records the fold applied (the host's last global sequence).
     pub records: u64,
+    /// The directory's registration for removal on an interrupt.
+    _scratch: Scratch,
 }
 
 impl Folded {
@@ -198,9 +201,10 @@ pub fn fold_at(
 pub fn fold_backend(backend: Arc<dyn LogBackend>, key: Option<[u8; 32]>, progress: bool) -> Result<Folded> {
     let tip = backend.tip().map_err(|e| backend_error("reading the stream's tip", e))?;
     let dir = tempfile::Builder::new().prefix("annal-fold-").tempdir()?;
+    let scratch = Scratch::new(dir.path());
     let path = dir.path().join("host.redb");
     let records = fold_at(backend, &path, key, tip, progress)?;
-    Ok(Folded { dir, path, tip, records })
+    Ok(Folded { dir, path, tip, records, _scratch: scratch })
 }
 
 /// Connects to the stream at `url` and folds it into a fresh host ([`fold_backend`]).
@@ -291,6 +295,7 @@ pub fn verify_backend(backend: Arc<dyn LogBackend>, url: &str, opts: &VerifyOpti
     let stream = annal::shared::verify_stream(&*backend, &chain(opts.key), &Limits::default())
         .map_err(|e| backend_error("walking the stream", e))?;
     let dir = tempfile::Builder::new().prefix("annal-fold-").tempdir()?;
+    let _scratch = Scratch::new(dir.path());
     let path = dir.path().join("host.redb");
     fold_at(backend, &path, opts.key, stream.tip, opts.progress)?;
     let file = crate::verify::verify(&path, opts)?;
@@ -398,6 +403,7 @@ pub fn rebuild_from_backend(
         .prefix(&prefix)
         .tempdir_in(parent)
         .map_err(|e| CliError::usage(format!("cannot make a temporary directory in {}: {e}", parent.display())))?;
+    let _scratch = Scratch::new(scratch.path());
     let new = scratch.path().join(name);
     let new_projections = annal::projections_path(&new);
     let tip = backend.tip().map_err(|e| backend_error("reading the stream's tip", e))?;

@@ -1957,3 +1957,33 @@ fn the_read_commands_read_a_database_whose_host_was_killed_and_write_nothing() {
     assert!(stdout(&annal(&["log", p(&db)])).contains("TurnCommitted"), "the journal's commits are read");
     assert!(bytes() == before, "no read command writes to the files");
 }
+
+/// Ctrl-C during the demo removes its scratch directory: the process ends as `SIGINT`
+/// ends it, and the temporary directory it ran in holds nothing after.
+#[test]
+fn an_interrupted_demo_leaves_no_scratch_directory_behind() {
+    use std::os::unix::process::ExitStatusExt;
+    use std::time::{Duration, Instant};
+    let tmp = tempfile::tempdir().unwrap();
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_annal"))
+        .args(["demo", "--sessions", "5000"])
+        .env("TMPDIR", tmp.path())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    // The demo has started once its scratch directory holds its database.
+    let holds_a_file = |dir: &Path| std::fs::read_dir(dir).is_ok_and(|mut entries| entries.next().is_some());
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while !std::fs::read_dir(tmp.path()).unwrap().flatten().any(|e| e.path().is_dir() && holds_a_file(&e.path())) {
+        assert!(child.try_wait().unwrap().is_none(), "the demo ended before it was interrupted");
+        assert!(Instant::now() < deadline, "the demo did not start");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let kill = std::process::Command::new("kill").args(["-INT", &child.id().to_string()]).status().unwrap();
+    assert!(kill.success());
+    let status = child.wait().unwrap();
+    assert_eq!(status.signal(), Some(2), "ends as SIGINT ends a process: {status:?}");
+    let left: Vec<_> = std::fs::read_dir(tmp.path()).unwrap().flatten().map(|e| e.path()).collect();
+    assert!(left.is_empty(), "left behind: {left:?}");
+}
