@@ -205,12 +205,16 @@ pub fn with_projections_table<T>(
     }
 }
 
+/// What a read past a file's end means, said after the storage layer's words.
+pub const CUT_SHORT: &str = "(the file ends before the pages it names: it was cut short)";
+
 /// A storage error's message, with what it means where redb's words do not say it: a
-/// read past the file's end is a file cut short.
-pub fn storage_hint(message: &str) -> String {
-    match message.contains("failed to fill whole buffer") {
-        true => format!("{message} (the file ends before the pages it names: it was cut short)"),
-        false => message.to_string(),
+/// read past the file's end (a storage failure of kind `UnexpectedEof`) is a file cut
+/// short.
+pub fn storage_hint(e: &annal::Error) -> String {
+    match e.io_kind() {
+        Some(std::io::ErrorKind::UnexpectedEof) => format!("{e} {CUT_SHORT}"),
+        _ => e.to_string(),
     }
 }
 
@@ -219,7 +223,7 @@ pub fn open_reader(path: &Path, key: Option<[u8; 32]>) -> Result<Reader> {
     require_file(path)?;
     Reader::open(path, Limits::default(), key).map_err(|e| match e {
         annal::Error::Storage(_) | annal::Error::KeyMismatch { .. } | annal::Error::MigrationRequired { .. } => {
-            CliError::usage(format!("cannot open {} read-only: {}", path.display(), storage_hint(&e.to_string())))
+            CliError::usage(format!("cannot open {} read-only: {}", path.display(), storage_hint(&e)))
         }
         // The log itself is damaged: a finding.
         other => CliError::from(other),

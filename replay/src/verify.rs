@@ -652,7 +652,7 @@ fn open_log(path: &Path) -> std::result::Result<(annal::unclean::ReadOnly, ReadT
             Err(Refused::Damaged(storage("file", format!("cannot be opened: {detail}"))))
         }
         Ok(Err(e)) if cut_short(&e) => {
-            let e = crate::storage_hint(&e.to_string());
+            let e = format!("{e} {}", crate::CUT_SHORT);
             Err(Refused::Damaged(storage("file", format!("cannot be opened: {e}"))))
         }
         Ok(Err(e)) => Err(Refused::Usage(CliError::usage(format!("cannot open {} read-only: {e}", path.display())))),
