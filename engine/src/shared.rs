@@ -47,8 +47,12 @@ use std::time::{Duration, Instant};
 
 /// The magic of a message.
 pub const MESSAGE_MAGIC: &[u8; 4] = b"ANNM";
-/// The message format this release writes and reads.
+/// The message format of a message without guards, which every release reads.
 pub const MESSAGE_VERSION: u8 = 1;
+/// The message format of a message with guards ([`encode_guarded_message`]).
+pub const MESSAGE_VERSION_GUARDED: u8 = 2;
+/// Bytes of one guard in a message: a session id and a stream sequence.
+const GUARD_BYTES: usize = 16 + 8;
 /// How many times a command is decided again after its message lost to another.
 pub const REDECIDE_MAX: u32 = 64;
 /// The most messages the fold takes in one transaction of the host's log file.
@@ -65,9 +69,36 @@ const FOLD_WAIT_MAX: Duration = Duration::from_secs(60);
 /// the row), then a 32-byte MAC, `H_k(zero hash ‖ everything before)` with the chain's
 /// key (`docs/design.md` §13).
 pub fn encode_message(records: &[(Record, Vec<u8>)], chain: &LogChain, record_bytes_max: u64) -> Result<Vec<u8>> {
+    encode_guarded_message(records, &[], chain, record_bytes_max)
+}
+
+/// Encodes a message as [`encode_message`] does, with `guards`: (session, stream
+/// sequence) pairs that must each be the session's next stream sequence where the fold
+/// meets the message, or the message is void ([`Void::Stale`]). A command fenced by the
+/// lease of a session it does not write (a fork fenced on its parent, a fenced batch of
+/// other sessions) carries its fence session as a guard, so a takeover of the lease
+/// that the stream orders before it voids it on every host. Without guards the bytes
+/// are [`encode_message`]'s (format 1); with them, format 2 puts after the version the
+/// guard count (u32 LE) and each guard (16-byte session id, u64 LE stream sequence).
+pub fn encode_guarded_message(
+    records: &[(Record, Vec<u8>)],
+    guards: &[(SessionId, u64)],
+    chain: &LogChain,
+    record_bytes_max: u64,
+) -> Result<Vec<u8>> {
     let mut out = Vec::new();
     out.extend_from_slice(MESSAGE_MAGIC);
-    out.push(MESSAGE_VERSION);
+    match guards.is_empty() {
+        true => out.push(MESSAGE_VERSION),
+        false => {
+            out.push(MESSAGE_VERSION_GUARDED);
+            out.extend_from_slice(&(guards.len() as u32).to_le_bytes());
+            for (session, stream_seq) in guards {
+                out.extend_from_slice(&session.0);
+                out.extend_from_slice(&stream_seq.to_le_bytes());
+            }
+        }
+    }
     out.extend_from_slice(&(records.len() as u32).to_le_bytes());
     for (record, row) in records {
         let mut record = record.clone();
@@ -130,6 +161,9 @@ pub struct Message {
     /// Each object's stored form as the message carries it (encoding, stored bytes), so
     /// that the fold stores it without compressing it again.
     pub stored: BTreeMap<ContentId, (u8, Vec<u8>)>,
+    /// The guards ([`encode_guarded_message`]): each session's stream sequence the fold
+    /// must find next.
+    pub guards: Vec<(SessionId, u64)>,
 }
 
 fn take<'a>(bytes: &mut &'a [u8], n: usize) -> std::result::Result<&'a [u8], Void> {
@@ -166,11 +200,26 @@ pub fn decode_message(
         return Err(Void::Malformed("bad magic".into()));
     }
     let version = take(&mut rest, 1)?[0];
-    if version != MESSAGE_VERSION {
-        return Err(Void::Malformed(format!("message version {version}")));
+    let mut message = Message::default();
+    match version {
+        MESSAGE_VERSION => {}
+        MESSAGE_VERSION_GUARDED => {
+            let guards = take_u32(&mut rest)?;
+            if guards == 0 || guards > rest.len() / GUARD_BYTES {
+                return Err(Void::Malformed(format!("{guards} guards")));
+            }
+            for _ in 0..guards {
+                let guard = take(&mut rest, GUARD_BYTES)?;
+                let (session, stream_seq) = guard.split_at(16);
+                let session = SessionId(session.try_into().map_err(|_| Void::Malformed("guard".into()))?);
+                let stream_seq =
+                    u64::from_le_bytes(stream_seq.try_into().map_err(|_| Void::Malformed("guard".into()))?);
+                message.guards.push((session, stream_seq));
+            }
+        }
+        _ => return Err(Void::Malformed(format!("message version {version}"))),
     }
     let count = take_u32(&mut rest)?;
-    let mut message = Message::default();
     for _ in 0..count {
         let len = take_u32(&mut rest)?;
         let record = decode_record(take(&mut rest, len)?, record_bytes_max)
@@ -350,6 +399,14 @@ fn fold_one(
     if let Target::Session(s) = m.target {
         if message.records.iter().any(|r| r.session != s) {
             return Err(Folding::Void(Void::Malformed("a record of another session than its subject's".into())));
+        }
+    }
+    // A guard's session must be where the command was decided (its fence's lease, say,
+    // not taken over since).
+    for (session, carried) in &message.guards {
+        let next = crate::writer::next_stream_seq(&*overlay, session).map_err(Folding::Failed)?;
+        if *carried != next {
+            return Err(Folding::Void(Void::Stale { session: *session, carried: *carried, next }));
         }
     }
     let mut at_ms = clock_ms;
@@ -668,8 +725,16 @@ fn publish(
                 continue;
             }
         };
+        let guards = match guards_of(shared, &q.command, &decided.entries[..span.start], &decided.entries[span.clone()])
+        {
+            Ok(guards) => guards,
+            Err(e) => {
+                let _ = q.reply.send(Err(e));
+                continue;
+            }
+        };
         let entries = &decided.entries[span];
-        match message_of(shared, state, entries, q.tries, &mut targeted) {
+        match message_of(shared, state, entries, &guards, q.tries, &mut targeted) {
             // Over the backend's limit: this command alone fails, before anything is sent.
             Ok(p) if p.payload.len() as u64 > host.backend.max_payload() => {
                 let (size, max) = (p.payload.len() as u64, host.backend.max_payload());
@@ -707,6 +772,23 @@ fn publish(
     requeue_folded(waiting, queue, state.position);
 }
 
+/// The guards of a command's message: its fence's session, when the command is fenced
+/// and writes no record of that session (whose own stream sequence would guard it
+/// then), at the stream sequence the session takes next after the batch's `before`
+/// entries, as the command was decided.
+fn guards_of(shared: &Shared, command: &Command, before: &[Entry], own: &[Entry]) -> Result<Vec<(SessionId, u64)>> {
+    let Command::Fenced { fence, .. } = command else {
+        return Ok(Vec::new());
+    };
+    if own.iter().any(|e| e.record.session == fence.session) {
+        return Ok(Vec::new());
+    }
+    let view = shared.delta.view();
+    let next = crate::writer::next_stream_seq(&view, &fence.session)?;
+    let earlier = before.iter().filter(|e| e.record.session == fence.session).count() as u64;
+    Ok(vec![(fence.session, next + earlier)])
+}
+
 /// The message of one command's entries, with its target, expectation and key.
 ///
 /// A second message of a session in one batch carries no expectation: the backend
@@ -718,6 +800,7 @@ fn message_of(
     shared: &Shared,
     state: &HostState,
     entries: &[Entry],
+    guards: &[(SessionId, u64)],
     tries: u32,
     targeted: &mut std::collections::HashSet<SessionId>,
 ) -> Result<Publish> {
@@ -731,7 +814,7 @@ fn message_of(
             (e.record.clone(), row)
         })
         .collect();
-    let payload = encode_message(&records, &shared.chain, shared.limits.record_bytes_max)?;
+    let payload = encode_guarded_message(&records, guards, &shared.chain, shared.limits.record_bytes_max)?;
     let first = &entries[0].record;
     let single = entries.iter().all(|e| e.record.session == first.session);
     let (target, expected) = match single {

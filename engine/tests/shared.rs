@@ -434,3 +434,139 @@ fn a_subscription_that_goes_silent_is_replaced_and_the_fold_goes_on() {
     assert_same(&engine, &other);
     assert!(flaky.subscriptions.load(std::sync::atomic::Ordering::SeqCst) > 1, "the pump subscribed again");
 }
+
+/// A message guarded on a session (the fence of a command that writes other sessions)
+/// applies only if the session is where the command was decided: after another message
+/// moved it (a takeover of its lease), the guarded message is void on every host, and
+/// the same message guarded at the session's new place applies on every host.
+#[test]
+fn a_message_guarded_on_a_session_that_moved_is_void_on_every_host() {
+    use annal::backend::{Expected as Expect, Publish, Target};
+    use annal::codec::{Event, LogChain, Record, SessionArchived};
+    let stream = RedbStream::memory().unwrap();
+    let (ha, hb) = (Host::new(), Host::new());
+    let a = ha.open(&stream);
+    let b = hb.open(&stream);
+    let (parent, _) = create(&a, &[Message::system("fenced by its lease")]);
+    let (other, _) = create(&a, &[Message::system("written under the fence")]);
+    let decided_at = head(&a, parent).stream_seq + 1;
+    // Another worker takes the parent's lease: the parent's stream moves on.
+    a.acquire_lease(parent, "another worker", Duration::from_secs(60)).unwrap();
+    caught_up(&b, &stream);
+    let before = all_events(&a);
+    let archive = Record {
+        seq: 0,
+        session: other,
+        stream_seq: head(&a, other).stream_seq + 1,
+        committed_at_ms: 1,
+        event: Event::SessionArchived(SessionArchived { reason: "under a stale fence".into() }),
+    };
+    let limits = Limits::default();
+    let publish = |guard: u64| {
+        let payload = annal::shared::encode_guarded_message(
+            &[(archive.clone(), vec![])],
+            &[(parent, guard)],
+            &LogChain::plain(),
+            limits.record_bytes_max,
+        )
+        .unwrap();
+        let p = Publish { target: Target::Session(other), payload, expected: Expect::Any, msg_id: None };
+        stream.append(vec![p]).unwrap();
+    };
+    publish(decided_at);
+    for h in [&a, &b] {
+        caught_up(h, &stream);
+        assert_eq!(all_events(h), before, "nothing of the guarded message applies");
+        assert!(!head(h, other).archived);
+    }
+    publish(head(&a, parent).stream_seq + 1);
+    for h in [&a, &b] {
+        caught_up(h, &stream);
+        assert!(head(h, other).archived, "guarded where the parent is, it applies");
+    }
+    assert_same(&a, &b);
+    let report = annal::shared::verify_stream(&stream, &LogChain::plain(), &limits).unwrap();
+    assert!(report.is_clean(), "guarded messages authenticate and decode: {report:?}");
+}
+
+/// A host publishes a fenced command that writes another session than its fence's with
+/// the fence's session as a guard, at the place the command was decided; a fenced
+/// command that writes its fence's session carries no guard (its record's own stream
+/// sequence guards it) and keeps the format every release reads.
+#[test]
+fn a_fenced_command_on_another_session_carries_its_fence_as_a_guard() {
+    use annal::codec::LogChain;
+    let stream = RedbStream::memory().unwrap();
+    let host = Host::new();
+    let a = host.open(&stream);
+    let (parent, _) = create(&a, &[Message::system("parent")]);
+    let (other, _) = create(&a, &[Message::system("other")]);
+    let lease = a.acquire_lease(parent, "worker", Duration::from_secs(60)).unwrap();
+    let fenced = a.fenced(Fence::new(parent, lease.token));
+    let last_message = || {
+        let tip = stream.tip().unwrap();
+        let m = stream.read(tip, 1).unwrap().pop().unwrap();
+        let limits = Limits::default();
+        let decoded = annal::shared::decode_message(
+            &m.payload,
+            &LogChain::plain(),
+            limits.record_bytes_max,
+            limits.message_object_bytes_max(),
+        )
+        .unwrap();
+        (m.payload, decoded)
+    };
+    let parent_next = head(&a, parent).stream_seq + 1;
+    assert!(fenced.archive(other, "under the fence").unwrap());
+    let (payload, message) = last_message();
+    assert_eq!(message.guards, vec![(parent, parent_next)]);
+    assert_eq!(payload[4], annal::shared::MESSAGE_VERSION_GUARDED);
+    assert!(message.records.iter().all(|r| r.session == other));
+    fenced.commit_turn(turn(parent, "t1", head(&a, parent).revision)).unwrap();
+    let (payload, message) = last_message();
+    assert!(message.guards.is_empty());
+    assert_eq!(payload[4], annal::shared::MESSAGE_VERSION);
+    // After a takeover, the stale fence is refused where it is decided.
+    a.release_lease(&lease).unwrap();
+    a.acquire_lease(parent, "another worker", Duration::from_secs(60)).unwrap();
+    let refused = fenced.revive(other, "after the takeover").unwrap_err();
+    assert!(matches!(refused, Error::Rejected(Rejection::Fenced { .. })), "{refused:?}");
+}
+
+/// The shared log's message formats, byte for byte: a message without guards (format 1)
+/// and one with a guard (format 2), under a keyed chain, against vectors checked into
+/// `tests/golden` (`ANNAL_BLESS=1` writes them again after a deliberate change).
+#[test]
+fn the_message_formats_match_their_golden_vectors() {
+    use annal::codec::{Event, LogChain, Record, SessionArchived};
+    let record = Record {
+        seq: 0,
+        session: SessionId([0x42; 16]),
+        stream_seq: 2,
+        committed_at_ms: 1_767_225_600_000,
+        event: Event::SessionArchived(SessionArchived { reason: "golden".into() }),
+    };
+    let chain = LogChain::keyed([7; 32]);
+    let max = Limits::default().record_bytes_max;
+    let plain = annal::shared::encode_message(&[(record.clone(), vec![])], &chain, max).unwrap();
+    let guard = (SessionId([0x24; 16]), 9);
+    let guarded = annal::shared::encode_guarded_message(&[(record.clone(), vec![])], &[guard], &chain, max).unwrap();
+    for (name, bytes) in [("shared-message.v1.bin", &plain), ("shared-message.v2.bin", &guarded)] {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden").join(name);
+        if std::env::var_os("ANNAL_BLESS").is_some() {
+            std::fs::write(&path, bytes).unwrap();
+        }
+        let expected = std::fs::read(&path).unwrap_or_else(|e| panic!("missing golden vector {}: {e}", path.display()));
+        assert_eq!(bytes, &expected, "wire format of {name} changed");
+        let limits = Limits::default();
+        let m = annal::shared::decode_message(&expected, &chain, max, limits.message_object_bytes_max()).unwrap();
+        assert_eq!(m.records, vec![record.clone()]);
+        assert_eq!(m.guards, if name.contains("v2") { vec![guard] } else { vec![] });
+    }
+    assert_eq!(&guarded[..5], b"ANNM\x02");
+    assert_eq!(&guarded[5..9], &1u32.to_le_bytes());
+    assert_eq!(&guarded[9..25], &[0x24; 16]);
+    assert_eq!(&guarded[25..33], &9u64.to_le_bytes());
+    // After the guards, the entries as format 1 has them; then the MAC.
+    assert_eq!(&guarded[33..guarded.len() - 32], &plain[5..plain.len() - 32]);
+}

@@ -6,7 +6,7 @@
 //! an object that decompresses is at most the limit long and recompresses to bytes that
 //! decompress to it. The bytes also go, sealed with a valid MAC (so that they get past
 //! it), into a shared log's message decoder (`annal::shared::decode_message`): what
-//! decodes re-encodes to a message that decodes to the same records and objects.
+//! decodes re-encodes to a message that decodes to the same records, objects and guards.
 
 #![no_main]
 
@@ -60,7 +60,7 @@ fuzz_target!(|data: &[u8]| {
                     (r.clone(), row)
                 })
                 .collect();
-            if let Ok(bytes) = annal::shared::encode_message(&entries, chain, LIMIT + 64) {
+            if let Ok(bytes) = annal::shared::encode_guarded_message(&entries, &m.guards, chain, LIMIT + 64) {
                 let again =
                     annal::shared::decode_message(&bytes, chain, LIMIT + 64, LIMIT).expect("re-encoded decodes");
                 let zeroed: Vec<_> = m
@@ -73,6 +73,7 @@ fuzz_target!(|data: &[u8]| {
                     })
                     .collect();
                 assert_eq!(again.records, zeroed, "decode(encode(m)) keeps the records (at seq 0)");
+                assert_eq!(again.guards, m.guards, "and the guards");
                 if !m.records.is_empty() {
                     assert_eq!(again.objects, m.objects, "and the objects");
                 }
