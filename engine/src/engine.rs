@@ -624,8 +624,9 @@ impl Engine {
                     moved: parking_lot::Condvar::new(),
                     seen: std::sync::atomic::AtomicU64::new(position),
                     stop: AtomicBool::new(false),
+                    queued: crate::shared::QueueBytes::new(crate::shared::FOLD_QUEUE_BYTES_MAX),
                 });
-                let (fold_tx, fold_rx) = bounded(4096);
+                let (fold_tx, fold_rx) = bounded(crate::shared::FOLD_QUEUE_MESSAGES_MAX);
                 let pump_host = host.clone();
                 let pump = crate::pool::spawn(move || crate::shared::pump(pump_host, position, fold_tx))?;
                 // A host's commands always go through the writer thread.

@@ -55,8 +55,16 @@ pub const MESSAGE_VERSION_GUARDED: u8 = 2;
 const GUARD_BYTES: usize = 16 + 8;
 /// How many times a command is decided again after its message lost to another.
 pub const REDECIDE_MAX: u32 = 64;
-/// The most messages the fold takes in one transaction of the host's log file.
-const FOLD_BATCH_MAX: usize = 1024;
+/// The most messages the fold takes in one transaction of the host's log file, and the
+/// most the pump reads from the stream at once.
+pub const FOLD_BATCH_MAX: usize = 1024;
+/// The most messages queued between the pump and the fold.
+pub const FOLD_QUEUE_MESSAGES_MAX: usize = 4096;
+/// The most payload bytes queued between the pump and the fold: a host far behind a
+/// stream of large messages holds this much of it in memory, not
+/// [`FOLD_QUEUE_MESSAGES_MAX`] of the largest messages the backend takes. A message
+/// larger than the bound goes alone.
+pub const FOLD_QUEUE_BYTES_MAX: u64 = 64 << 20;
 /// How often the host's log file gets a durable commit while messages arrive.
 const DURABLE_EVERY: Duration = Duration::from_secs(1);
 /// How long a published message may wait for the fold before its caller gets
@@ -275,6 +283,51 @@ pub(crate) struct HostShared {
     /// The highest stream sequence the pump has seen.
     pub seen: AtomicU64,
     pub stop: AtomicBool,
+    /// The payload bytes the pump queued and the fold has not taken yet.
+    pub queued: QueueBytes,
+}
+
+/// Payload bytes in the queue between the pump and the fold, bounded: the pump waits
+/// before it queues past the bound ([`QueueBytes::take`]) and the fold gives the bytes
+/// back as it takes the messages ([`QueueBytes::give_back`]).
+pub(crate) struct QueueBytes {
+    used: Mutex<u64>,
+    freed: Condvar,
+    max: u64,
+}
+
+impl QueueBytes {
+    /// A queue of at most `max` bytes.
+    pub fn new(max: u64) -> QueueBytes {
+        QueueBytes { used: Mutex::new(0), freed: Condvar::new(), max }
+    }
+
+    /// Counts `n` bytes in once they fit (at once when the queue is empty, whatever
+    /// `n`), or returns false when `stop` is set while waiting.
+    pub fn take(&self, n: u64, stop: &AtomicBool) -> bool {
+        let mut used = self.used.lock();
+        while *used > 0 && used.saturating_add(n) > self.max {
+            if stop.load(Ordering::Acquire) {
+                return false;
+            }
+            self.freed.wait_for(&mut used, Duration::from_millis(100));
+        }
+        *used += n;
+        true
+    }
+
+    /// Gives back `n` bytes the fold took off the queue.
+    pub fn give_back(&self, n: u64) {
+        let mut used = self.used.lock();
+        *used = used.saturating_sub(n);
+        self.freed.notify_all();
+    }
+
+    /// Bytes queued now.
+    #[cfg(test)]
+    pub fn used(&self) -> u64 {
+        *self.used.lock()
+    }
 }
 
 /// A host's progress through the stream.
@@ -480,6 +533,7 @@ pub(crate) fn run(
                             Err(_) => break,
                         }
                     }
+                    host.queued.give_back(batch.iter().map(|m| m.payload.len() as u64).sum());
                     fold(&shared, &host, &mut state, batch, &checkpoints, &mut waiting, &mut queue);
                 }
                 Err(_) => break,
@@ -917,17 +971,21 @@ pub(crate) fn pump(host: Arc<HostShared>, position: u64, tx: Sender<StreamMessag
         }
         let mut batch = Vec::new();
         if m.seq > next {
-            match host.backend.read(next, (m.seq - next) as usize) {
-                Ok(gap) if gap.len() as u64 == m.seq - next && gap.first().map(|g| g.seq) == Some(next) => {
-                    batch.extend(gap)
-                }
+            // A gap: read it, at most FOLD_BATCH_MAX messages at a time. Past that, `m`
+            // waits for a later read (the subscription goes on after it, and each
+            // message it delivers past `next` reads the gap on).
+            let want = (m.seq - next).min(FOLD_BATCH_MAX as u64);
+            match host.backend.read(next, want as usize) {
+                Ok(gap) if gap.len() as u64 == want && gap.first().map(|g| g.seq) == Some(next) => batch.extend(gap),
                 _ => {
                     subscription = None;
                     continue;
                 }
             }
         }
-        batch.push(m);
+        if batch.last().map_or(next, |g| g.seq + 1) == m.seq {
+            batch.push(m);
+        }
         if forward(&host, batch, &mut next, &tx).is_err() {
             return;
         }
@@ -948,6 +1006,9 @@ fn forward(
             break;
         }
         host.seen.fetch_max(m.seq, Ordering::Relaxed);
+        if !host.queued.take(m.payload.len() as u64, &host.stop) {
+            return Err(());
+        }
         *next = m.seq + 1;
         tx.send(m).map_err(drop)?;
     }
@@ -1008,4 +1069,36 @@ pub fn verify_stream(
         }
     }
     Ok(report)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_queue_between_pump_and_fold_holds_at_most_its_bytes() {
+        let queue = Arc::new(QueueBytes::new(100));
+        let stop = Arc::new(AtomicBool::new(false));
+        assert!(queue.take(60, &stop) && queue.take(40, &stop));
+        assert_eq!(queue.used(), 100);
+        // Past the bound, the pump waits until the fold gives bytes back.
+        let (q, s) = (queue.clone(), stop.clone());
+        let waiting = std::thread::spawn(move || q.take(30, &s));
+        std::thread::sleep(Duration::from_millis(50));
+        assert!(!waiting.is_finished(), "the pump waits while the queue is full");
+        assert_eq!(queue.used(), 100);
+        queue.give_back(60);
+        assert!(waiting.join().unwrap());
+        assert_eq!(queue.used(), 70);
+        // A message over the bound goes alone, into an empty queue.
+        queue.give_back(70);
+        assert!(queue.take(1_000, &stop));
+        // Closing wakes a pump that waits.
+        let (q, s) = (queue.clone(), stop.clone());
+        let waiting = std::thread::spawn(move || q.take(1, &s));
+        std::thread::sleep(Duration::from_millis(50));
+        stop.store(true, Ordering::Release);
+        assert!(!waiting.join().unwrap(), "a stopped pump queues nothing");
+        assert_eq!(queue.used(), 1_000);
+    }
 }

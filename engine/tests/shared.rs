@@ -570,3 +570,62 @@ fn the_message_formats_match_their_golden_vectors() {
     // After the guards, the entries as format 1 has them; then the MAC.
     assert_eq!(&guarded[33..guarded.len() - 32], &plain[5..plain.len() - 32]);
 }
+
+/// A backend whose subscriptions start `skip` messages past where they are asked to, and
+/// that remembers the largest read it was asked for.
+struct Skipping {
+    inner: RedbStream,
+    skip: u64,
+    largest_read: std::sync::atomic::AtomicUsize,
+}
+
+impl LogBackend for Skipping {
+    fn append(
+        &self,
+        batch: Vec<annal::backend::Publish>,
+    ) -> Result<Vec<annal::backend::Published>, annal::backend::BackendError> {
+        self.inner.append(batch)
+    }
+    fn read(&self, from: u64, max: usize) -> Result<Vec<annal::backend::StreamMessage>, annal::backend::BackendError> {
+        self.largest_read.fetch_max(max, std::sync::atomic::Ordering::Relaxed);
+        self.inner.read(from, max)
+    }
+    fn tip(&self) -> Result<u64, annal::backend::BackendError> {
+        self.inner.tip()
+    }
+    fn last_of(&self, target: &annal::backend::Target) -> Result<Option<u64>, annal::backend::BackendError> {
+        self.inner.last_of(target)
+    }
+    fn subscribe(&self, from: u64) -> Result<Box<dyn annal::backend::Subscription>, annal::backend::BackendError> {
+        self.inner.subscribe(from + self.skip)
+    }
+    fn max_payload(&self) -> u64 {
+        self.inner.max_payload()
+    }
+}
+
+/// A subscription that starts far past the host's position leaves a gap the pump reads
+/// from the stream a bounded number of messages at a time (a host far behind does not
+/// hold the whole gap in memory), and the host folds every message all the same.
+#[test]
+fn a_gap_far_behind_the_subscription_is_read_a_bounded_batch_at_a_time() {
+    let stream = RedbStream::memory().unwrap();
+    let writer = Host::new();
+    let a = writer.open(&stream);
+    let (s, mut rev) = create(&a, &[Message::system("a long session")]);
+    for i in 0..1_500 {
+        rev = a.commit_turn(turn(s, &format!("t{i}"), rev)).unwrap().receipt().revision;
+    }
+    caught_up(&a, &stream);
+    let skipping = Arc::new(Skipping { inner: stream.clone(), skip: 1_400, largest_read: Default::default() });
+    let late = Host::new();
+    let backend: Arc<dyn LogBackend> = skipping.clone();
+    let b = Engine::open_shared(&late.db.path, Options::default(), backend).unwrap();
+    // One more message, which the skipped subscription delivers past the gap.
+    a.commit_turn(turn(s, "last", rev)).unwrap();
+    caught_up(&b, &stream);
+    caught_up(&a, &stream);
+    assert_same(&a, &b);
+    let largest = skipping.largest_read.load(std::sync::atomic::Ordering::Relaxed);
+    assert!(largest <= annal::shared::FOLD_BATCH_MAX, "the pump read {largest} messages at once");
+}
