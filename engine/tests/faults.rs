@@ -127,14 +127,7 @@ impl Db {
     }
 
     fn backend(&self, faults: &Faults) -> FaultyBackend<FileBackend> {
-        let file = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(&self.path)
-            .expect("open file");
-        FaultyBackend::new(FileBackend::new(file).expect("file backend"), faults.clone())
+        FaultyBackend::new(file_backend(&self.path), faults.clone())
     }
 
     fn open_faulty(&self, faults: &Faults, options: Options) -> Engine {
@@ -570,16 +563,18 @@ fn a_full_disk_is_a_storage_error_of_its_kind_and_the_cause_of_the_poisoning() {
     assert_eq!(Error::Poisoned.io_kind(), None);
 }
 
+/// A file backend on `path`, created if it is missing.
+fn file_backend(path: &Path) -> FileBackend {
+    let file = std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(false).open(path);
+    FileBackend::new(file.expect("open file")).expect("file backend")
+}
+
 /// The journal, where a durable commit's one write goes: a full disk there is the
 /// commit's error, with its kind, and the poisoning's cause.
 #[test]
 fn a_full_disk_under_the_journal_is_the_commits_error_and_the_poisonings_cause() {
     let dir = tempfile::tempdir().unwrap();
-    let file = |name: &str| {
-        let f =
-            std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(false).open(dir.path().join(name));
-        FileBackend::new(f.unwrap()).unwrap()
-    };
+    let file = |name: &str| file_backend(&dir.path().join(name));
     let faults = Faults::new();
     let journal = [FaultyBackend::new(file("j0"), faults.clone()), FaultyBackend::new(file("j1"), faults.clone())];
     let engine = Engine::open_with_journal(file("log"), file("projections"), journal, Options::default()).unwrap();
@@ -598,11 +593,7 @@ fn a_full_disk_under_the_journal_is_the_commits_error_and_the_poisonings_cause()
 #[test]
 fn a_full_disk_under_the_projections_file_poisons_the_engine_by_its_kind() {
     let dir = tempfile::tempdir().unwrap();
-    let file = |name: &str| {
-        let f =
-            std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(false).open(dir.path().join(name));
-        FileBackend::new(f.unwrap()).unwrap()
-    };
+    let file = |name: &str| file_backend(&dir.path().join(name));
     let faults = Faults::new();
     let projections = FaultyBackend::new(file("projections"), faults.clone());
     let engine = Engine::open_with_backends(file("log"), projections, Options::default()).unwrap();
