@@ -249,12 +249,16 @@ fn a_command_over_the_backends_limit_fails_alone_and_writes_nothing() {
 /// A stream that fails on demand: before storing (`refuse`), after storing with the
 /// acknowledgement lost (`lose_ack`), or by going silent: every subscription opened
 /// before `mute_before` delivers nothing more, as a consumer lost with a server does.
+/// Its subscriptions start `skip` messages past where they are asked to, and it
+/// remembers the largest read it was asked for (`largest_read`).
 struct Flaky {
     inner: RedbStream,
     refuse: std::sync::atomic::AtomicBool,
     lose_ack: std::sync::atomic::AtomicBool,
     subscriptions: Arc<std::sync::atomic::AtomicU64>,
     mute_before: Arc<std::sync::atomic::AtomicU64>,
+    skip: std::sync::atomic::AtomicU64,
+    largest_read: std::sync::atomic::AtomicUsize,
 }
 
 impl Flaky {
@@ -265,6 +269,8 @@ impl Flaky {
             lose_ack: false.into(),
             subscriptions: Default::default(),
             mute_before: Default::default(),
+            skip: Default::default(),
+            largest_read: Default::default(),
         }
     }
 
@@ -316,6 +322,7 @@ impl LogBackend for Flaky {
         from: u64,
         max: usize,
     ) -> std::result::Result<Vec<annal::backend::StreamMessage>, annal::backend::BackendError> {
+        self.largest_read.fetch_max(max, std::sync::atomic::Ordering::SeqCst);
         self.inner.read(from, max)
     }
     fn tip(&self) -> std::result::Result<u64, annal::backend::BackendError> {
@@ -332,7 +339,7 @@ impl LogBackend for Flaky {
         from: u64,
     ) -> std::result::Result<Box<dyn annal::backend::Subscription>, annal::backend::BackendError> {
         let id = self.subscriptions.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        let inner = self.inner.subscribe(from)?;
+        let inner = self.inner.subscribe(from + self.skip.load(std::sync::atomic::Ordering::SeqCst))?;
         Ok(Box::new(MaybeSilent { inner, id, mute_before: self.mute_before.clone() }))
     }
     fn max_payload(&self) -> u64 {
@@ -571,39 +578,6 @@ fn the_message_formats_match_their_golden_vectors() {
     assert_eq!(&guarded[33..guarded.len() - 32], &plain[5..plain.len() - 32]);
 }
 
-/// A backend whose subscriptions start `skip` messages past where they are asked to, and
-/// that remembers the largest read it was asked for.
-struct Skipping {
-    inner: RedbStream,
-    skip: u64,
-    largest_read: std::sync::atomic::AtomicUsize,
-}
-
-impl LogBackend for Skipping {
-    fn append(
-        &self,
-        batch: Vec<annal::backend::Publish>,
-    ) -> Result<Vec<annal::backend::Published>, annal::backend::BackendError> {
-        self.inner.append(batch)
-    }
-    fn read(&self, from: u64, max: usize) -> Result<Vec<annal::backend::StreamMessage>, annal::backend::BackendError> {
-        self.largest_read.fetch_max(max, std::sync::atomic::Ordering::Relaxed);
-        self.inner.read(from, max)
-    }
-    fn tip(&self) -> Result<u64, annal::backend::BackendError> {
-        self.inner.tip()
-    }
-    fn last_of(&self, target: &annal::backend::Target) -> Result<Option<u64>, annal::backend::BackendError> {
-        self.inner.last_of(target)
-    }
-    fn subscribe(&self, from: u64) -> Result<Box<dyn annal::backend::Subscription>, annal::backend::BackendError> {
-        self.inner.subscribe(from + self.skip)
-    }
-    fn max_payload(&self) -> u64 {
-        self.inner.max_payload()
-    }
-}
-
 /// A subscription that starts far past the host's position leaves a gap the pump reads
 /// from the stream a bounded number of messages at a time (a host far behind does not
 /// hold the whole gap in memory), and the host folds every message all the same.
@@ -617,15 +591,15 @@ fn a_gap_far_behind_the_subscription_is_read_a_bounded_batch_at_a_time() {
         rev = a.commit_turn(turn(s, &format!("t{i}"), rev)).unwrap().receipt().revision;
     }
     caught_up(&a, &stream);
-    let skipping = Arc::new(Skipping { inner: stream.clone(), skip: 1_400, largest_read: Default::default() });
+    let skipping = Arc::new(Flaky::on(&stream));
+    skipping.skip.store(1_400, std::sync::atomic::Ordering::SeqCst);
     let late = Host::new();
-    let backend: Arc<dyn LogBackend> = skipping.clone();
-    let b = Engine::open_shared(&late.db.path, Options::default(), backend).unwrap();
+    let b = Engine::open_shared(&late.db.path, Options::default(), skipping.clone()).unwrap();
     // One more message, which the skipped subscription delivers past the gap.
     a.commit_turn(turn(s, "last", rev)).unwrap();
     caught_up(&b, &stream);
     caught_up(&a, &stream);
     assert_same(&a, &b);
-    let largest = skipping.largest_read.load(std::sync::atomic::Ordering::Relaxed);
+    let largest = skipping.largest_read.load(std::sync::atomic::Ordering::SeqCst);
     assert!(largest <= annal::shared::FOLD_BATCH_MAX, "the pump read {largest} messages at once");
 }
