@@ -59,7 +59,7 @@ fn compact_closed(path: &Path, bytes_before: u64) -> Result<CompactStats> {
     for file in &files {
         fail_closed("compact", || {
             let mut db = redb::Database::open(file).map_err(|e| Error::storage_in("open exclusively", e))?;
-            compact_passes(&mut db).map_err(|e| Error::storage_in("compaction", redb::Error::from(e)))
+            compact_passes(&mut db).map_err(|e| Error::storage_in("compaction", e))
         })?;
     }
     Ok(CompactStats { bytes_before, bytes_after: database_len(path), elapsed: started.elapsed() })

@@ -577,7 +577,7 @@ impl From<std::io::Error> for StorageFailure {
     }
 }
 
-// redb's errors keep the I/O error under them: its kind comes along.
+// redb's errors keep the I/O error under them: its kind comes along, with redb's words.
 macro_rules! storage_from {
     ($($t:ty),*) => {$(
         impl From<$t> for Error {
@@ -592,22 +592,15 @@ macro_rules! storage_from {
     )*};
 }
 storage_from!(
+    redb::Error,
     redb::StorageError,
     redb::TableError,
     redb::TransactionError,
     redb::CommitError,
     redb::DatabaseError,
-    redb::SetDurabilityError
+    redb::SetDurabilityError,
+    redb::CompactionError
 );
-
-impl From<redb::Error> for Error {
-    fn from(e: redb::Error) -> Error {
-        match e {
-            redb::Error::Io(io) => Error::Storage(io.into()),
-            other => Error::storage(other.to_string()),
-        }
-    }
-}
 
 impl From<std::io::Error> for Error {
     fn from(e: std::io::Error) -> Error {

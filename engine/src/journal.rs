@@ -574,7 +574,7 @@ pub(crate) struct Journal {
 }
 
 fn io(e: std::io::Error) -> Error {
-    Error::Storage(crate::error::StorageFailure::io(e.kind(), format!("journal: {e}")))
+    Error::storage_in("journal", e)
 }
 
 /// The default of [`crate::Options::journal_preallocate_bytes`]: bytes of written zeros

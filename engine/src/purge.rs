@@ -533,7 +533,7 @@ fn scrub(path: &Path) -> Result<()> {
         // Bulk inserts leave free pages in the new file (holding only copies of what it
         // keeps); compaction gives them back, so the file is no larger than it must be.
         for _ in 0..COMPACT_PASSES_MAX {
-            if !new.compact().map_err(|e| Error::storage_in("compaction", redb::Error::from(e)))? {
+            if !new.compact().map_err(|e| Error::storage_in("compaction", e))? {
                 break;
             }
         }
@@ -631,8 +631,7 @@ fn copy_bytes_table(
 /// Every seq the session `session` has a record at, with whether it is erased: for tests
 /// and tools that check a purge.
 pub fn session_records(path: &Path, session: &SessionId) -> Result<BTreeMap<u64, bool>> {
-    let db = crate::unclean::open_read_only(path, crate::reader::READER_CACHE_BYTES)
-        .map_err(|e| Error::storage(e.to_string()))?;
+    let db = crate::unclean::open_read_only(path, crate::reader::READER_CACHE_BYTES)?;
     let txn = db.begin_read()?;
     let log = txn.open_table(LOG)?;
     let mut out = BTreeMap::new();
