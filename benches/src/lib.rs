@@ -6,8 +6,10 @@
 //!
 //! - [`workload`]: deterministic agent-session shapes drawn by a seeded [`rng`].
 //! - [`stores`]: annal, an SQLite event table with projections, one JSON Lines file
-//!   per session, and a naive redb event store, behind one trait; beside them, two probes
-//!   that only commit: the floor of a group-committing log and a bare redb insert.
+//!   per session, and a naive redb event store, behind one trait; beside them, probes
+//!   that only commit: the floor of a group-committing log (alone, or with the log file's
+//!   copy of its records, checkpoints of its projections, or both, behind it) and a bare
+//!   redb insert.
 //! - [`compare`]: the phases (commits at 1 to 64 committers, reads, rebuild, bytes on
 //!   disk, open time, and the disk's fsync ceiling).
 //! - [`report`]: `results.json`, `results.md` and SVG plots.

@@ -30,7 +30,9 @@ const USAGE: &str = "usage: annal-benches compare [--quick] [--out DIR] [--data-
                  the disk's fsync ceiling is measured there too
   --seed N       workload seed (default 42)
   --stores LIST  only these stores (for profiling one of them): annal, annal_other_mode,
-                 sqlite, jsonl, naive_redb, and the commit-phase-only floor and redb_insert
+                 annal_zstd, sqlite, jsonl, naive_redb, and the commit-phase-only floor and
+                 redb_insert; floor_log, floor_checkpoint and floor_log_checkpoint (the floor
+                 with the log file's copy, checkpoints, or both behind it) run only when named
   --levels LIST  only these numbers of concurrent committers
   --commits N    durable commits per store at each level (default 3000, 400 with --quick)
   --commits-only only the fsync ceiling and the commit phase (for profiling)
@@ -117,7 +119,7 @@ fn parse(args: &[String]) -> Result<Config, String> {
                 let names = value()?;
                 let mut stores = Vec::new();
                 for name in names.split(',') {
-                    let kind = StoreKind::ALL.iter().find(|k| k.name() == name);
+                    let kind = StoreKind::KNOWN.iter().find(|k| k.name() == name);
                     stores.push(*kind.ok_or(format!("unknown store {name:?}"))?);
                 }
                 config.stores = stores;

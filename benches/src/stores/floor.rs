@@ -16,13 +16,24 @@
 //! never written anywhere, so there are no projections, no checkpoints, no indexes, no
 //! log file beside the frames, no recovery, no reads but the head, and no rebuild. It is
 //! a probe, not a store: only the commit phase of the comparison runs it.
+//!
+//! Two pieces of annal's work behind the commit path can be added to it ([`Behind`]),
+//! each on a thread of its own, to bound what a design that folds typed values in memory
+//! would make with them: the log file's copy of every record and content object (a redb
+//! file in annal's default concurrency mode, a durable commit each 1 MiB of frames, as
+//! annal's absorber does), and checkpoints of the projections (a durable commit of a
+//! second redb file each 16,384 events or second, as annal's default policy: every dirty
+//! session's head, its transcript positions written since the last checkpoint, its new
+//! turn ids and the content-id index of the objects stored since, encoded there).
 
 use super::{fork_id, Cursor, Head, SessionStore, StoreKind};
 use crate::workload::{Msg, Op, Role};
 use crate::Result;
 use crossbeam_channel::{Receiver, Sender};
+use redb::{ReadableDatabase, ReadableTableMetadata, TableDefinition};
 use std::collections::{HashMap, HashSet};
 use std::fs::File;
+use std::ops::Range;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -113,19 +124,161 @@ fn prepare(m: &Msg) -> Object {
     Object { id, stored: canonical }
 }
 
+/// What the floor does behind its commit path, beside the frames.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Behind {
+    /// Copy every record and content object into a redb log file.
+    pub log: bool,
+    /// Checkpoint the projections into a redb file.
+    pub checkpoint: bool,
+}
+
+/// Events between two checkpoints (annal's default policy).
+const CHECKPOINT_EVENTS: u64 = 16_384;
+/// The longest time between two checkpoints (annal's default policy).
+const CHECKPOINT_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
+/// Frame bytes each durable commit of the log file takes (annal's journal switch size).
+const ABSORB_BYTES: usize = 1 << 20;
+
+const LOG: TableDefinition<u64, &[u8]> = TableDefinition::new("log");
+const CONTENT: TableDefinition<(u64, u32), &[u8]> = TableDefinition::new("content");
+const HEADS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("heads");
+const TRANSCRIPT: TableDefinition<(&[u8], u64), &[u8]> = TableDefinition::new("transcript");
+const CONTENT_IDS: TableDefinition<&[u8], u64> = TableDefinition::new("content_ids");
+const TURNS: TableDefinition<(&[u8], &str), &[u8]> = TableDefinition::new("turns");
+
+/// A batch's frame and, for each record, its seq, its bytes' range and its new objects'.
+type Absorbed = (Vec<u8>, Vec<(u64, Range<usize>, Vec<Range<usize>>)>);
+
+/// One dirty session, as the checkpointer gets it.
+struct Dirty {
+    id: [u8; 16],
+    revision: Id,
+    stream_seq: u64,
+    usage: (u64, u64),
+    /// The first transcript position written since the last checkpoint, and the ids from it.
+    from: usize,
+    ids: Vec<Id>,
+    turns: Vec<(String, Id)>,
+}
+
+/// A checkpoint: the dirty sessions and the objects stored since the last one.
+struct Checkpoint {
+    sessions: Vec<Dirty>,
+    objects: Vec<(Id, u64)>,
+}
+
+/// The writer's side of the work behind it.
+struct Handoff {
+    absorb: Option<Sender<Absorbed>>,
+    checkpoint: Option<Sender<Checkpoint>>,
+    /// This batch's records, for the absorber.
+    entries: Vec<(u64, Range<usize>, Vec<Range<usize>>)>,
+    /// Since the last checkpoint: events, the time it was taken, each dirty session's
+    /// first transcript position written, the objects stored and the turns committed.
+    events: u64,
+    since: std::time::Instant,
+    dirty: HashMap<[u8; 16], usize>,
+    objects: Vec<(Id, u64)>,
+    turns: Vec<([u8; 16], String, Id)>,
+}
+
+/// The log file's copy: one durable transaction each [`ABSORB_BYTES`] of frames, in
+/// annal's default concurrency mode. Returns the records it holds at the end.
+fn absorb(path: &Path, rx: Receiver<Absorbed>) -> std::result::Result<u64, redb::Error> {
+    let mut builder = redb::Builder::new();
+    builder.set_concurrency_mode(redb::ConcurrencyMode::SingleWriter);
+    let db = builder.create(path)?;
+    let write = |pending: &mut Vec<Absorbed>| -> std::result::Result<(), redb::Error> {
+        let txn = db.begin_write()?;
+        {
+            let (mut log, mut content) = (txn.open_table(LOG)?, txn.open_table(CONTENT)?);
+            for (frame, entries) in pending.iter() {
+                for (seq, record, objects) in entries {
+                    log.insert(*seq, &frame[record.clone()])?;
+                    for (i, object) in objects.iter().enumerate() {
+                        content.insert((*seq, i as u32), &frame[object.clone()])?;
+                    }
+                }
+            }
+        }
+        txn.commit()?;
+        pending.clear();
+        Ok(())
+    };
+    let (mut pending, mut bytes) = (Vec::new(), 0);
+    while let Ok(batch) = rx.recv() {
+        bytes += batch.0.len();
+        pending.push(batch);
+        if bytes >= ABSORB_BYTES {
+            write(&mut pending)?;
+            bytes = 0;
+        }
+    }
+    if !pending.is_empty() {
+        write(&mut pending)?;
+    }
+    Ok(db.begin_read()?.open_table(LOG)?.len()?)
+}
+
+/// The checkpointer: each checkpoint's rows, encoded here, in one durable transaction.
+/// Returns the checkpoints written.
+fn checkpoint(path: &Path, rx: Receiver<Checkpoint>) -> std::result::Result<u64, redb::Error> {
+    let mut builder = redb::Builder::new();
+    builder.set_concurrency_mode(redb::ConcurrencyMode::SingleWriter);
+    let db = builder.create(path)?;
+    let mut written = 0;
+    let mut head = Vec::with_capacity(72);
+    while let Ok(c) = rx.recv() {
+        let txn = db.begin_write()?;
+        {
+            let mut heads = txn.open_table(HEADS)?;
+            let mut transcript = txn.open_table(TRANSCRIPT)?;
+            let mut content_ids = txn.open_table(CONTENT_IDS)?;
+            let mut turns = txn.open_table(TURNS)?;
+            for s in &c.sessions {
+                head.clear();
+                head.extend_from_slice(&s.revision);
+                for n in [s.stream_seq, (s.from + s.ids.len()) as u64, s.usage.0, s.usage.1] {
+                    head.extend_from_slice(&n.to_le_bytes());
+                }
+                heads.insert(&s.id[..], &head[..])?;
+                for (i, id) in s.ids.iter().enumerate() {
+                    transcript.insert((&s.id[..], (s.from + i) as u64), &id[..])?;
+                }
+                for (turn, revision) in &s.turns {
+                    turns.insert((&s.id[..], turn.as_str()), &revision[..])?;
+                }
+            }
+            for (id, seq) in &c.objects {
+                content_ids.insert(&id[..], *seq)?;
+            }
+        }
+        txn.commit()?;
+        written += 1;
+    }
+    Ok(written)
+}
+
 /// The floor behind the [`SessionStore`] trait (commit phase and head reads only).
 pub struct FloorStore {
     queue: Option<Sender<Request>>,
-    writer: Option<JoinHandle<()>>,
+    writer: Option<JoinHandle<std::result::Result<(), String>>>,
     heads: Arc<Mutex<HashMap<[u8; 16], Head>>>,
     syncs: Arc<AtomicU64>,
     written: Arc<AtomicU64>,
     forks: AtomicU64,
+    kind: StoreKind,
 }
 
 impl FloorStore {
     /// Creates the frame file in `dir` (preallocated with zeros) and starts the writer.
     pub fn open(dir: &Path) -> Result<FloorStore> {
+        FloorStore::open_with(dir, Behind::default())
+    }
+
+    /// As [`FloorStore::open`], with the work `behind` does behind the commit path.
+    pub fn open_with(dir: &Path, behind: Behind) -> Result<FloorStore> {
         let file = std::fs::OpenOptions::new()
             .read(true)
             .write(true)
@@ -151,9 +304,61 @@ impl FloorStore {
             heads: heads.clone(),
             syncs: syncs.clone(),
             written: written.clone(),
+            handoff: None,
         };
-        let writer = std::thread::Builder::new().name("floor-writer".into()).spawn(move || writer.run(rx))?;
-        Ok(FloorStore { queue: Some(queue), writer: Some(writer), heads, syncs, written, forks: AtomicU64::new(0) })
+        let (mut absorber, mut checkpointer) = (None, None);
+        if behind.log || behind.checkpoint {
+            let mut handoff = Handoff {
+                absorb: None,
+                checkpoint: None,
+                entries: Vec::new(),
+                events: 0,
+                since: std::time::Instant::now(),
+                dirty: HashMap::new(),
+                objects: Vec::new(),
+                turns: Vec::new(),
+            };
+            if behind.log {
+                let (tx, rx) = crossbeam_channel::bounded(1024);
+                let path = dir.join("floor.log.redb");
+                absorber =
+                    Some(std::thread::Builder::new().name("floor-absorber".into()).spawn(move || absorb(&path, rx))?);
+                handoff.absorb = Some(tx);
+            }
+            if behind.checkpoint {
+                let (tx, rx) = crossbeam_channel::bounded(2);
+                let path = dir.join("floor.projections.redb");
+                checkpointer = Some(
+                    std::thread::Builder::new()
+                        .name("floor-checkpointer".into())
+                        .spawn(move || checkpoint(&path, rx))?,
+                );
+                handoff.checkpoint = Some(tx);
+            }
+            writer.handoff = Some(handoff);
+        }
+        let writer = std::thread::Builder::new().name("floor-writer".into()).spawn(move || {
+            writer.run(rx);
+            drop(writer.handoff.take());
+            if let Some(absorber) = absorber {
+                let records = absorber.join().map_err(|_| "the absorber panicked")?.map_err(|e| e.to_string())?;
+                if records != writer.seq {
+                    return Err(format!("the log file holds {records} records of {}", writer.seq));
+                }
+            }
+            if let Some(checkpointer) = checkpointer {
+                checkpointer.join().map_err(|_| "the checkpointer panicked")?.map_err(|e| e.to_string())?;
+            }
+            Ok(())
+        })?;
+        let kind = match (behind.log, behind.checkpoint) {
+            (false, false) => StoreKind::Floor,
+            (true, false) => StoreKind::FloorLog,
+            (false, true) => StoreKind::FloorCheckpoint,
+            (true, true) => StoreKind::FloorLogCheckpoint,
+        };
+        let forks = AtomicU64::new(0);
+        Ok(FloorStore { queue: Some(queue), writer: Some(writer), heads, syncs, written, forks, kind })
     }
 
     fn call(&self, session: [u8; 16], kind: Kind) -> Result<Id> {
@@ -174,6 +379,7 @@ struct Writer {
     heads: Arc<Mutex<HashMap<[u8; 16], Head>>>,
     syncs: Arc<AtomicU64>,
     written: Arc<AtomicU64>,
+    handoff: Option<Handoff>,
 }
 
 impl Writer {
@@ -191,6 +397,12 @@ impl Writer {
                     return;
                 }
             }
+            if let Err(e) = self.hand_off() {
+                for r in batch {
+                    let _ = r.reply.send(Err(e.clone()));
+                }
+                return;
+            }
             {
                 let mut heads = self.heads.lock().unwrap_or_else(|e| e.into_inner());
                 for r in &batch {
@@ -207,6 +419,45 @@ impl Writer {
             for (r, outcome) in batch.into_iter().zip(outcomes) {
                 let _ = r.reply.send(outcome);
             }
+        }
+    }
+
+    /// Hands the durable batch to the absorber, and a checkpoint to the checkpointer when
+    /// one is due (both wait when they are behind: backpressure).
+    fn hand_off(&mut self) -> std::result::Result<(), String> {
+        let Some(h) = self.handoff.as_mut() else { return Ok(()) };
+        if let Some(absorb) = &h.absorb {
+            if !h.entries.is_empty() {
+                let entries = std::mem::take(&mut h.entries);
+                absorb.send((self.frame.clone(), entries)).map_err(|_| "the absorber stopped")?;
+            }
+        }
+        let Some(checkpoint) = &h.checkpoint else { return Ok(()) };
+        if h.events < CHECKPOINT_EVENTS && h.since.elapsed() < CHECKPOINT_INTERVAL {
+            return Ok(());
+        }
+        let mut sessions = Vec::with_capacity(h.dirty.len());
+        let mut at = HashMap::with_capacity(h.dirty.len());
+        for (id, from) in h.dirty.drain() {
+            let s = &self.sessions[&id];
+            let from = from.min(s.ids.len());
+            at.insert(id, sessions.len());
+            let (revision, stream_seq, usage, ids) = (s.revision, s.stream_seq, s.usage, s.ids[from..].to_vec());
+            sessions.push(Dirty { id, revision, stream_seq, usage, from, ids, turns: Vec::new() });
+        }
+        for (id, turn, revision) in h.turns.drain(..) {
+            sessions[at[&id]].turns.push((turn, revision));
+        }
+        let objects = std::mem::take(&mut h.objects);
+        (h.events, h.since) = (0, std::time::Instant::now());
+        checkpoint.send(Checkpoint { sessions, objects }).map_err(|_| "the checkpointer stopped".into())
+    }
+
+    /// Notes that `session`'s state changed, its transcript from position `from` on.
+    fn touch(&mut self, session: [u8; 16], from: usize) {
+        if let Some(h) = self.handoff.as_mut().filter(|h| h.checkpoint.is_some()) {
+            let first = h.dirty.entry(session).or_insert(from);
+            *first = (*first).min(from);
         }
     }
 
@@ -240,14 +491,30 @@ impl Writer {
         h.update(&header);
         h.update(blake3::hash(payload).as_bytes());
         self.tip = *h.finalize().as_bytes();
+        let start = self.frame.len();
         self.frame.extend_from_slice(&header);
         self.frame.extend_from_slice(payload);
         self.frame.extend_from_slice(&self.tip);
+        let record = start..self.frame.len();
+        let mut stored = Vec::new();
         for o in objects {
             if self.content.insert(o.id) {
                 self.frame.extend_from_slice(&o.id);
                 self.frame.extend_from_slice(&(o.stored.len() as u32).to_le_bytes());
+                let at = self.frame.len();
                 self.frame.extend_from_slice(&o.stored);
+                if let Some(h) = self.handoff.as_mut() {
+                    stored.push(at..self.frame.len());
+                    if h.checkpoint.is_some() {
+                        h.objects.push((o.id, self.seq));
+                    }
+                }
+            }
+        }
+        if let Some(h) = self.handoff.as_mut() {
+            h.events += 1;
+            if h.absorb.is_some() {
+                h.entries.push((self.seq, record, stored));
             }
         }
     }
@@ -266,6 +533,7 @@ impl Writer {
                 ids.iter().for_each(|id| payload.extend_from_slice(id));
                 let revision = s.revision;
                 self.sessions.insert(session, s);
+                self.touch(session, 0);
                 self.record(&session, 1, 1, &payload, &messages.iter().collect::<Vec<_>>());
                 Ok(revision)
             }
@@ -287,6 +555,10 @@ impl Writer {
                 ids.iter().for_each(|id| payload.extend_from_slice(id));
                 payload.extend_from_slice(&s.revision);
                 let (stream_seq, revision) = (s.stream_seq, s.revision);
+                self.touch(session, len);
+                if let Some(h) = self.handoff.as_mut().filter(|h| h.checkpoint.is_some()) {
+                    h.turns.push((session, turn_id.clone(), revision));
+                }
                 self.record(&session, stream_seq, 2, &payload, &messages.iter().collect::<Vec<_>>());
                 Ok(revision)
             }
@@ -299,7 +571,8 @@ impl Writer {
                 s.stream_seq += 1;
                 payload.extend_from_slice(key.as_bytes());
                 payload.extend_from_slice(&object.id);
-                let (stream_seq, revision) = (s.stream_seq, s.revision);
+                let (stream_seq, revision, len) = (s.stream_seq, s.revision, s.ids.len());
+                self.touch(session, len);
                 self.record(&session, stream_seq, 6, &payload, &[object]);
                 Ok(revision)
             }
@@ -317,6 +590,7 @@ impl Writer {
                 payload.extend_from_slice(expected);
                 messages.iter().for_each(|o| payload.extend_from_slice(&o.id));
                 let (stream_seq, revision) = (s.stream_seq, s.revision);
+                self.touch(session, start);
                 self.record(&session, stream_seq, 3, &payload, &messages.iter().collect::<Vec<_>>());
                 Ok(revision)
             }
@@ -331,6 +605,7 @@ impl Writer {
                 s.stream_seq += 1;
                 payload.extend_from_slice(target);
                 let (stream_seq, revision) = (s.stream_seq, s.revision);
+                self.touch(session, common);
                 self.record(&session, stream_seq, 3, &payload, &[]);
                 Ok(revision)
             }
@@ -345,6 +620,7 @@ impl Writer {
                 payload.extend_from_slice(&s.revision);
                 let revision = s.revision;
                 self.sessions.insert(*child, s);
+                self.touch(*child, 0);
                 self.record(child, 1, 1, &payload, &[]);
                 Ok(revision)
             }
@@ -354,7 +630,7 @@ impl Writer {
 
 impl SessionStore for FloorStore {
     fn kind(&self) -> StoreKind {
-        StoreKind::Floor
+        self.kind
     }
 
     fn create(&self, id: [u8; 16], system: &Msg) -> Result<Cursor> {
@@ -417,7 +693,7 @@ impl SessionStore for FloorStore {
     fn close(mut self: Box<Self>) -> Result<()> {
         drop(self.queue.take());
         if let Some(writer) = self.writer.take() {
-            writer.join().map_err(|_| "the floor's writer panicked")?;
+            writer.join().map_err(|_| "the floor's writer panicked")??;
         }
         Ok(())
     }

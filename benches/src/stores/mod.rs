@@ -37,6 +37,13 @@ pub enum StoreKind {
     /// The floor: a group-committed, hash-chained log with its state kept as typed values
     /// in memory and no projection written (`floor.rs`); the commit phase only.
     Floor,
+    /// The floor with the log file's copy of every record and content object behind it
+    /// (`floor.rs`, [`floor::Behind`]); the commit phase only, and only when asked for.
+    FloorLog,
+    /// The floor with checkpoints of its projections behind it; as [`StoreKind::FloorLog`].
+    FloorCheckpoint,
+    /// The floor with both; as [`StoreKind::FloorLog`].
+    FloorLogCheckpoint,
     /// The bare redb commit: one row inserted in one durable transaction, in annal's
     /// default concurrency mode (`redb_insert.rs`); the commit phase only.
     RedbInsert,
@@ -55,6 +62,22 @@ impl StoreKind {
         StoreKind::RedbInsert,
     ];
 
+    /// Every store `--stores` names: [`StoreKind::ALL`], then the probes run only when
+    /// asked for.
+    pub const KNOWN: [StoreKind; 11] = [
+        StoreKind::Annal,
+        StoreKind::AnnalOtherMode,
+        StoreKind::AnnalZstd,
+        StoreKind::Sqlite,
+        StoreKind::Jsonl,
+        StoreKind::NaiveRedb,
+        StoreKind::Floor,
+        StoreKind::RedbInsert,
+        StoreKind::FloorLog,
+        StoreKind::FloorCheckpoint,
+        StoreKind::FloorLogCheckpoint,
+    ];
+
     /// The name used in results.
     pub fn name(self) -> &'static str {
         match self {
@@ -65,6 +88,9 @@ impl StoreKind {
             StoreKind::Jsonl => "jsonl",
             StoreKind::NaiveRedb => "naive_redb",
             StoreKind::Floor => "floor",
+            StoreKind::FloorLog => "floor_log",
+            StoreKind::FloorCheckpoint => "floor_checkpoint",
+            StoreKind::FloorLogCheckpoint => "floor_log_checkpoint",
             StoreKind::RedbInsert => "redb_insert",
         }
     }
@@ -72,7 +98,14 @@ impl StoreKind {
     /// Whether the store takes part in the commit phase only (the floor and the bare
     /// redb insert, which read nothing back and keep nothing to rebuild).
     pub fn commits_only(self) -> bool {
-        matches!(self, StoreKind::Floor | StoreKind::RedbInsert)
+        matches!(
+            self,
+            StoreKind::Floor
+                | StoreKind::FloorLog
+                | StoreKind::FloorCheckpoint
+                | StoreKind::FloorLogCheckpoint
+                | StoreKind::RedbInsert
+        )
     }
 
     /// Opens (or creates) the store in directory `dir`.
@@ -93,6 +126,15 @@ impl StoreKind {
             StoreKind::Jsonl => Box::new(jsonl::JsonlStore::open(dir)?),
             StoreKind::NaiveRedb => Box::new(naive_redb::NaiveRedbStore::open(dir)?),
             StoreKind::Floor => Box::new(floor::FloorStore::open(dir)?),
+            StoreKind::FloorLog => {
+                Box::new(floor::FloorStore::open_with(dir, floor::Behind { log: true, checkpoint: false })?)
+            }
+            StoreKind::FloorCheckpoint => {
+                Box::new(floor::FloorStore::open_with(dir, floor::Behind { log: false, checkpoint: true })?)
+            }
+            StoreKind::FloorLogCheckpoint => {
+                Box::new(floor::FloorStore::open_with(dir, floor::Behind { log: true, checkpoint: true })?)
+            }
             StoreKind::RedbInsert => Box::new(redb_insert::RedbInsertStore::open(dir)?),
         })
     }
@@ -108,7 +150,12 @@ impl StoreKind {
             }
             StoreKind::NaiveRedb => compact_redb(&dir.join(naive_redb::FILE)),
             StoreKind::Sqlite => sqlite::vacuum(dir),
-            StoreKind::Jsonl | StoreKind::Floor | StoreKind::RedbInsert => Ok(()),
+            StoreKind::Jsonl
+            | StoreKind::Floor
+            | StoreKind::FloorLog
+            | StoreKind::FloorCheckpoint
+            | StoreKind::FloorLogCheckpoint
+            | StoreKind::RedbInsert => Ok(()),
         }
     }
 
@@ -126,7 +173,9 @@ impl StoreKind {
             StoreKind::Sqlite => sqlite::bulk_load(dir, ids, system, turns),
             StoreKind::Jsonl => jsonl::bulk_load(dir, ids, system, turns),
             StoreKind::NaiveRedb => naive_redb::bulk_load(dir, ids, system, turns),
-            StoreKind::Floor => Err("the floor takes part in the commit phase only".into()),
+            StoreKind::Floor | StoreKind::FloorLog | StoreKind::FloorCheckpoint | StoreKind::FloorLogCheckpoint => {
+                Err("the floor takes part in the commit phase only".into())
+            }
             StoreKind::RedbInsert => Err("the bare redb insert takes part in the commit phase only".into()),
         }
     }
