@@ -221,8 +221,9 @@ pub fn content_rows<S: Store + ?Sized>(store: &S, id: &ContentId) -> Result<Vec<
 pub fn content_rows_sized<S: Store + ?Sized>(store: &S, size: u64, id: &ContentId) -> Result<Vec<u64>> {
     let mut seqs =
         CONTENT.get_sized(store, &[], size, content_key(id), |v| decode_content_rows(id, v))?.unwrap_or_default();
-    if let Some(deferred) = store.deferred_content_ref().filter(|d| d.holds(id)) {
-        seqs.extend(deferred.seqs_of(id));
+    let rows = seqs.len();
+    store.deferred_content_seqs(id, &mut seqs);
+    if seqs.len() > rows {
         seqs.sort_unstable();
     }
     Ok(seqs)
@@ -231,7 +232,7 @@ pub fn content_rows_sized<S: Store + ?Sized>(store: &S, size: u64, id: &ContentI
 /// Whether the content-id index lists a row under `id`'s key: `false` means `id` is not
 /// stored; `true` that a row may hold it (one holding another id of that key, by chance).
 pub fn content_may_be_stored<S: Store + ?Sized>(store: &S, id: &ContentId) -> Result<bool> {
-    if store.deferred_content_ref().is_some_and(|d| d.holds(id)) {
+    if store.deferred_content_holds(id) {
         return Ok(true);
     }
     CONTENT.contains(store, &[], content_key(id))
@@ -261,10 +262,12 @@ pub(crate) fn content_is_stored<S: Store + ?Sized>(
     Ok(false)
 }
 
-/// Content-id index entries added and not yet in the map's rows: a store that folds
-/// many records from sequence 0 (a catch-up's, a rebuild's) defers them
-/// ([`Store::deferred_content`]) and merges them into the rows all at once. Lookups of
-/// the index through that store see them.
+/// Content-id index entries added and not yet in the map's rows. A store that folds many
+/// records from sequence 0 (a catch-up's, a rebuild's) defers them
+/// ([`Store::deferred_content`]) and merges them into the rows all at once; the writer's
+/// overlay defers a batch's, which the delta keeps as typed entries until a checkpoint
+/// merges them. Lookups of the index through such a store see them
+/// ([`Store::deferred_content_seqs`]).
 #[derive(Debug, Default)]
 pub struct DeferredContent {
     /// Each addition's key (its bytes as a big-endian integer, so that integers sort as
@@ -275,24 +278,33 @@ pub struct DeferredContent {
 }
 
 impl DeferredContent {
-    fn key_of(id: &ContentId) -> u64 {
+    /// The key of `id`'s entry, as an integer.
+    pub(crate) fn key_of(id: &ContentId) -> u64 {
         u64::from_be_bytes(id.0[..CONTENT_KEY_BYTES].try_into().expect("eight bytes"))
     }
 
     fn add(&mut self, id: &ContentId, seq: u64) {
-        let key = Self::key_of(id);
+        self.add_key(Self::key_of(id), seq);
+    }
+
+    /// Adds an addition under the key `key` (as [`DeferredContent::key_of`] gives it).
+    pub(crate) fn add_key(&mut self, key: u64, seq: u64) {
         self.added.push((key, seq));
         self.keys.insert(key);
     }
 
-    fn holds(&self, id: &ContentId) -> bool {
+    /// Whether an addition is deferred under `id`'s key.
+    pub(crate) fn holds(&self, id: &ContentId) -> bool {
         self.keys.contains(&Self::key_of(id))
     }
 
-    /// The seqs deferred under `id`'s key (a scan of every addition: no fold asks).
-    fn seqs_of(&self, id: &ContentId) -> impl Iterator<Item = u64> + '_ {
+    /// Appends to `out` the seqs deferred under `id`'s key (a scan of every addition,
+    /// after a lookup of the key: few are deferred under any one key).
+    pub(crate) fn seqs_into(&self, id: &ContentId, out: &mut Vec<u64>) {
         let key = Self::key_of(id);
-        self.added.iter().filter(move |(k, _)| *k == key).map(|(_, seq)| *seq)
+        if self.keys.contains(&key) {
+            out.extend(self.added.iter().filter(|(k, _)| *k == key).map(|(_, seq)| *seq));
+        }
     }
 
     /// Whether nothing is deferred.
@@ -300,9 +312,91 @@ impl DeferredContent {
         self.added.is_empty()
     }
 
+    /// Adds every addition of `other`, after these.
+    pub(crate) fn extend(&mut self, other: &DeferredContent) {
+        for &(key, seq) in other.pairs() {
+            self.add_key(key, seq);
+        }
+    }
+
+    /// The additions deferred.
+    pub(crate) fn len(&self) -> usize {
+        self.added.len()
+    }
+
+    /// Each addition, as (key, seq), in the order they came.
+    pub(crate) fn pairs(&self) -> &[(u64, u64)] {
+        &self.added
+    }
+
+    /// Drops every addition after the first `len` (those of a command undone).
+    pub(crate) fn truncate(&mut self, len: usize) {
+        if len < self.added.len() {
+            self.added.truncate(len);
+            self.keys = self.added.iter().map(|(key, _)| *key).collect();
+        }
+    }
+
     /// The memory the additions take, about: 16 bytes each, and 16 a key in the set.
     pub(crate) fn bytes(&self) -> usize {
         self.added.len() * 16 + self.keys.len() * 16
+    }
+}
+
+/// The content-id index's additions a layer of the delta holds, folded by the writer and
+/// not yet in the index's rows: each key's seqs, for lookups by a view (which sees those
+/// at or below its seq), until the checkpoint that writes the layer merges them into the
+/// rows ([`content_merge`]). Nearly every key has one seq; the others are listed apart.
+#[derive(Debug, Default)]
+pub(crate) struct ContentAdds {
+    first: std::collections::HashMap<u64, u64, crate::store::RowHasher>,
+    more: Vec<(u64, u64)>,
+}
+
+impl ContentAdds {
+    /// Adds every addition of `deferred`.
+    pub(crate) fn extend(&mut self, deferred: &DeferredContent) {
+        for &(key, seq) in deferred.pairs() {
+            match self.first.entry(key) {
+                std::collections::hash_map::Entry::Vacant(slot) => {
+                    slot.insert(seq);
+                }
+                std::collections::hash_map::Entry::Occupied(_) => self.more.push((key, seq)),
+            }
+        }
+    }
+
+    /// Additions held.
+    pub(crate) fn len(&self) -> usize {
+        self.first.len() + self.more.len()
+    }
+
+    /// Whether an addition under `id`'s key at or below `seq` is held.
+    pub(crate) fn holds(&self, id: &ContentId, seq: u64) -> bool {
+        let key = DeferredContent::key_of(id);
+        self.first.get(&key).is_some_and(|s| *s <= seq) || self.more.iter().any(|(k, s)| *k == key && *s <= seq)
+    }
+
+    /// Appends to `out` the seqs added under `id`'s key, at or below `seq`.
+    pub(crate) fn seqs_into(&self, id: &ContentId, seq: u64, out: &mut Vec<u64>) {
+        let key = DeferredContent::key_of(id);
+        out.extend(self.first.get(&key).filter(|s| **s <= seq));
+        out.extend(self.more.iter().filter(|(k, s)| *k == key && *s <= seq).map(|(_, s)| *s));
+    }
+
+    /// The additions, to merge into the index's rows.
+    pub(crate) fn to_deferred(&self) -> DeferredContent {
+        let mut deferred = DeferredContent::default();
+        self.upto_into(u64::MAX, &mut deferred);
+        deferred
+    }
+
+    /// Adds to `deferred` the additions at or below `seq`.
+    pub(crate) fn upto_into(&self, seq: u64, deferred: &mut DeferredContent) {
+        let all = self.first.iter().map(|(k, s)| (*k, *s)).chain(self.more.iter().copied());
+        for (key, at) in all.filter(|(_, at)| *at <= seq) {
+            deferred.add_key(key, at);
+        }
     }
 }
 

@@ -115,11 +115,13 @@ impl Checkpointer {
     }
 }
 
-/// Writes a layer's newest rows and moves every cursor to its last seq, in one
-/// transaction. Returns the rows written.
+/// Writes a layer's newest rows, merges its content-id index additions into the index's
+/// rows, and moves every cursor to its last seq, in one transaction. Returns the rows
+/// written.
 pub(crate) fn write_layer(db: &Database, layer: &crate::delta::Layer, durability: redb::Durability) -> Result<u64> {
     let mut txn = db.begin_write()?;
     txn.set_durability(durability)?;
+    let mut rows = layer.rows() as u64;
     {
         let mut table = txn.open_table(PROJECTIONS)?;
         for (key, value) in layer.newest() {
@@ -132,10 +134,21 @@ pub(crate) fn write_layer(db: &Database, layer: &crate::delta::Layer, durability
                 }
             }
         }
-        write_cursors(&txn, ProjectionSet::all(), layer.last_seq, &layer.last_hash)?;
     }
+    // After the layer's rows: the additions were folded after any row of the index the
+    // layer holds (a collection, which removes entries, starts on an empty delta), and
+    // a merge gives the rows the additions one by one would have.
+    if layer.content_adds().len() > 0 {
+        let mut store = crate::tables::RedbStore::open(&txn)?;
+        let mut merged = crate::store::Overlay::new(&store);
+        crate::buckets::content_merge(&mut merged, layer.content_adds().to_deferred())?;
+        let writes = merged.into_writes();
+        rows += writes.len() as u64;
+        store.apply(&writes, None)?;
+    }
+    write_cursors(&txn, ProjectionSet::all(), layer.last_seq, &layer.last_hash)?;
     txn.commit()?;
-    Ok(layer.rows() as u64)
+    Ok(rows)
 }
 
 /// Writes the format, the versions and cursors of `set` and the checkpoint mark.

@@ -16,6 +16,7 @@
 //! hold, so which snapshot of the projections file a view got does not change what it
 //! reads.
 
+use crate::buckets::ContentAdds;
 use crate::cache::{ContentCache, RevisionCache};
 use crate::error::{Error, Location, Result};
 use crate::journal::{SealedBatch, Tail};
@@ -42,6 +43,10 @@ type Hasher = crate::store::RowHasher;
 /// Bytes a row version costs beyond its key and value (map node, version entry).
 const VERSION_OVERHEAD_BYTES: u64 = 48;
 
+/// Bytes a content-id index addition held in a layer costs (its key and seq, and the
+/// map's slot).
+const CONTENT_ADD_BYTES: u64 = 32;
+
 /// Projection rows folded from a contiguous range of the log.
 #[derive(Debug)]
 pub(crate) struct Layer {
@@ -49,6 +54,9 @@ pub(crate) struct Layer {
     rows: HashMap<Arc<[u8]>, Versions, Hasher>,
     /// The same keys in physical order, for scans and checkpoints.
     order: BTreeSet<OrderKey>,
+    /// The content-id index's additions the writer folded into this layer, not in the
+    /// index's rows: the checkpoint that writes the layer merges them.
+    content: ContentAdds,
     /// The last seq folded into this layer.
     pub last_seq: u64,
     /// `h(last_seq)`.
@@ -66,6 +74,7 @@ impl Layer {
         Layer {
             rows: HashMap::default(),
             order: BTreeSet::new(),
+            content: ContentAdds::default(),
             last_seq,
             last_hash,
             events: 0,
@@ -83,7 +92,10 @@ impl Layer {
     /// A key's versions that no view can read any more go: those followed by a version at
     /// or below `oldest_reader`, the seq of the oldest live view (every later view reads
     /// at the last published seq or above).
-    fn apply(&mut self, writes: Writes, seq: u64, hash: ChainHash, events: u64, oldest_reader: u64) {
+    fn apply(&mut self, mut writes: Writes, seq: u64, hash: ChainHash, events: u64, oldest_reader: u64) {
+        let content = std::mem::take(&mut writes.content);
+        self.bytes += CONTENT_ADD_BYTES * content.len() as u64;
+        self.content.extend(&content);
         for (physical, value) in writes.into_rows() {
             self.bytes += VERSION_OVERHEAD_BYTES + value.as_ref().map_or(0, |v| v.len() as u64);
             match self.rows.entry(physical) {
@@ -113,6 +125,11 @@ impl Layer {
     /// Rows in this layer.
     pub fn rows(&self) -> usize {
         self.rows.len()
+    }
+
+    /// The content-id index's additions held in this layer, not in the index's rows.
+    pub fn content_adds(&self) -> &ContentAdds {
+        &self.content
     }
 }
 
@@ -422,6 +439,7 @@ impl Delta {
             content: std::cell::OnceCell::new(),
             records: std::cell::OnceCell::new(),
             content_index_size: std::cell::OnceCell::new(),
+            merged_content_index: std::cell::OnceCell::new(),
             _anchor: self.anchor.clone(),
         }
     }
@@ -518,7 +536,7 @@ impl Delta {
         let (seq, hash) = (state.visible, state.visible_hash);
         let empty = state.layers.last().is_none_or(|l| {
             let l = l.read();
-            l.events == 0 && l.rows() == 0
+            l.events == 0 && l.rows() == 0 && l.content.len() == 0
         });
         if empty {
             return false;
@@ -606,6 +624,9 @@ pub struct View {
     /// The size of the content-id index at this view's seq (`Buckets::size`), read at the
     /// view's first content lookup: a page of messages reads it once.
     content_index_size: std::cell::OnceCell<u64>,
+    /// The content-id index's rows with the layers' additions merged, for scans
+    /// ([`View::merged_content_index`]).
+    merged_content_index: std::cell::OnceCell<Writes>,
     /// The databases this view's snapshots are of, for a read-only opener's view.
     _anchor: Option<Anchor>,
 }
@@ -731,6 +752,16 @@ impl View {
                 }
             }
         }
+        // The content-id index's additions the layers hold, as the rows a checkpoint
+        // would write for them.
+        let index = physical_key(Table::ContentIndex, &[]);
+        if index.starts_with(prefix) || prefix.starts_with(&index) {
+            for (k, v) in self.merged_content_index()?.rows() {
+                if k.starts_with(prefix) && **k >= *start {
+                    delta.insert(k.to_vec(), v.clone());
+                }
+            }
+        }
         let mut delta = delta.into_iter().peekable();
         let mut base = match &self.ckpt.table {
             Some(table) => Some(table.range(start..)?),
@@ -843,6 +874,22 @@ impl View {
         f(&row)
     }
 
+    /// The rows of the content-id index that change when the additions the layers hold
+    /// (at or below this view's seq) are merged into it: what the checkpoints that write
+    /// those layers will write. Computed once a view, for scans of the index's rows.
+    fn merged_content_index(&self) -> Result<&Writes> {
+        if let Some(writes) = self.merged_content_index.get() {
+            return Ok(writes);
+        }
+        let mut adds = crate::buckets::DeferredContent::default();
+        for layer in &self.layers {
+            layer.read().content.upto_into(self.seq, &mut adds);
+        }
+        let mut merged = crate::store::Overlay::new(self);
+        crate::buckets::content_merge(&mut merged, adds)?;
+        Ok(self.merged_content_index.get_or_init(|| merged.into_writes()))
+    }
+
     /// The size of the content-id index, read once a view.
     fn content_index_size(&self) -> Result<u64> {
         match self.content_index_size.get() {
@@ -923,6 +970,14 @@ impl Store for View {
         if let Some(cache) = &self.revisions {
             cache.put(*revision, list);
         }
+    }
+    fn deferred_content_seqs(&self, id: &ContentId, out: &mut Vec<u64>) {
+        for layer in &self.layers {
+            layer.read().content.seqs_into(id, self.seq, out);
+        }
+    }
+    fn deferred_content_holds(&self, id: &ContentId) -> bool {
+        self.layers.iter().any(|layer| layer.read().content.holds(id, self.seq))
     }
     fn content_row_holds(&self, seq: u64, id: &ContentId) -> Result<Option<bool>> {
         if seq > self.seq {

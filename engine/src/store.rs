@@ -265,14 +265,24 @@ pub trait Store {
     /// The content-id index's additions this store defers, to merge them into the
     /// index's rows at once; `None`, the default, when each is written as it comes. A
     /// fold from sequence 0 (a catch-up's or a rebuild's store) defers them while the
-    /// index is empty, and merges them after its last chunk or at its memory bound.
+    /// index is empty, and merges them after its last chunk or at its memory bound; the
+    /// writer's overlay defers a batch's, which the delta keeps until a checkpoint.
     fn deferred_content(&mut self) -> Option<&mut crate::buckets::DeferredContent> {
         None
     }
 
-    /// [`Store::deferred_content`], to read: lookups of the index see what is deferred.
-    fn deferred_content_ref(&self) -> Option<&crate::buckets::DeferredContent> {
-        None
+    /// Appends to `out` the seqs of the content rows this store (or a store under it)
+    /// holds deferred under `id`'s key in the content-id index, not in the index's rows:
+    /// lookups of the index see them.
+    fn deferred_content_seqs(&self, id: &annal_codec::ContentId, out: &mut Vec<u64>) {
+        let _ = (id, out);
+    }
+
+    /// Whether this store (or a store under it) holds an addition deferred under `id`'s
+    /// key ([`Store::deferred_content_seqs`]).
+    fn deferred_content_holds(&self, id: &annal_codec::ContentId) -> bool {
+        let _ = id;
+        false
     }
 }
 
@@ -475,6 +485,10 @@ pub struct Overlay<'a, S: Store + ?Sized> {
     writes: Writes,
     /// While a command is staged: each row it changed, with what the row held before.
     undo: Option<Undo>,
+    /// Whether the content-id index's additions are deferred ([`Overlay::deferring`]),
+    /// and how many were when the staged command began.
+    defer: bool,
+    staged_content: usize,
 }
 
 /// The rows a staged command changed, oldest first, each with what the overlay held for
@@ -484,7 +498,14 @@ type Undo = Vec<(Arc<[u8]>, Option<Value>)>;
 impl<'a, S: Store + ?Sized> Overlay<'a, S> {
     /// An empty overlay over `base`.
     pub fn new(base: &'a S) -> Self {
-        Overlay { base, writes: Writes::default(), undo: None }
+        Overlay { base, writes: Writes::default(), undo: None, defer: false, staged_content: 0 }
+    }
+
+    /// An empty overlay over `base` that defers the content-id index's additions: they
+    /// go with its writes ([`Writes::content`]) instead of into the index's rows, for the
+    /// delta to keep until a checkpoint merges them.
+    pub(crate) fn deferring(base: &'a S) -> Self {
+        Overlay { defer: true, ..Overlay::new(base) }
     }
 
     /// The buffered writes; `None` is a removal.
@@ -495,6 +516,7 @@ impl<'a, S: Store + ?Sized> Overlay<'a, S> {
     /// Starts staging a command: what it writes can be undone by [`Overlay::discard`].
     pub fn stage(&mut self) {
         self.undo = Some(Vec::new());
+        self.staged_content = self.writes.content.len();
     }
 
     /// Keeps what the staged command wrote.
@@ -504,6 +526,7 @@ impl<'a, S: Store + ?Sized> Overlay<'a, S> {
 
     /// Undoes what the staged command wrote: every row is as it was at [`Overlay::stage`].
     pub fn discard(&mut self) {
+        self.writes.content.truncate(self.staged_content);
         for (key, before) in self.undo.take().unwrap_or_default().into_iter().rev() {
             match before {
                 Some(value) => self.writes.rows.insert(key, value),
@@ -563,6 +586,16 @@ impl<S: Store + ?Sized> Store for Overlay<'_, S> {
     fn content_row_holds(&self, seq: u64, id: &annal_codec::ContentId) -> Result<Option<bool>> {
         self.base.content_row_holds(seq, id)
     }
+    fn deferred_content(&mut self) -> Option<&mut crate::buckets::DeferredContent> {
+        self.defer.then_some(&mut self.writes.content)
+    }
+    fn deferred_content_seqs(&self, id: &annal_codec::ContentId, out: &mut Vec<u64>) {
+        self.writes.content.seqs_into(id, out);
+        self.base.deferred_content_seqs(id, out);
+    }
+    fn deferred_content_holds(&self, id: &annal_codec::ContentId) -> bool {
+        self.writes.content.holds(id) || self.base.deferred_content_holds(id)
+    }
     fn record_at(&self, seq: u64) -> Result<Option<annal_codec::Record>> {
         self.base.record_at(seq)
     }
@@ -582,6 +615,9 @@ impl<S: Store + ?Sized> Store for Overlay<'_, S> {
 #[derive(Debug, Default)]
 pub struct Writes {
     rows: HashMap<Arc<[u8]>, Value, RowHasher>,
+    /// The content-id index's additions an overlay that defers them folded
+    /// ([`Overlay::deferring`]); empty otherwise.
+    pub(crate) content: crate::buckets::DeferredContent,
 }
 
 impl Writes {
@@ -590,9 +626,9 @@ impl Writes {
         self.rows.len()
     }
 
-    /// Whether it holds no row.
+    /// Whether it holds no row and no deferred addition.
     pub fn is_empty(&self) -> bool {
-        self.rows.is_empty()
+        self.rows.is_empty() && self.content.is_empty()
     }
 
     /// The row of physical key `physical`, if these writes hold one (`Some(None)`: a
@@ -645,6 +681,7 @@ impl Writes {
     /// Adds `other`'s rows, which replace any of these for the same key.
     pub(crate) fn extend(&mut self, other: Writes) {
         self.rows.extend(other.rows);
+        self.content.extend(&other.content);
     }
 }
 
@@ -751,8 +788,12 @@ impl<S: Store + ?Sized> Store for Held<'_, S> {
     fn deferred_content(&mut self) -> Option<&mut crate::buckets::DeferredContent> {
         self.held.defer.then_some(&mut self.held.deferred)
     }
-    fn deferred_content_ref(&self) -> Option<&crate::buckets::DeferredContent> {
-        self.held.defer.then_some(&self.held.deferred)
+    fn deferred_content_seqs(&self, id: &annal_codec::ContentId, out: &mut Vec<u64>) {
+        self.held.deferred.seqs_into(id, out);
+        self.rest.deferred_content_seqs(id, out);
+    }
+    fn deferred_content_holds(&self, id: &annal_codec::ContentId) -> bool {
+        self.held.deferred.holds(id) || self.rest.deferred_content_holds(id)
     }
     fn record_at(&self, seq: u64) -> Result<Option<annal_codec::Record>> {
         self.rest.record_at(seq)
@@ -1039,8 +1080,11 @@ impl<S: Store + ?Sized> Store for WithRecords<'_, S> {
     fn deferred_content(&mut self) -> Option<&mut crate::buckets::DeferredContent> {
         self.rows_mut().ok()?.deferred_content()
     }
-    fn deferred_content_ref(&self) -> Option<&crate::buckets::DeferredContent> {
-        self.rows().deferred_content_ref()
+    fn deferred_content_seqs(&self, id: &annal_codec::ContentId, out: &mut Vec<u64>) {
+        self.rows().deferred_content_seqs(id, out)
+    }
+    fn deferred_content_holds(&self, id: &annal_codec::ContentId) -> bool {
+        self.rows().deferred_content_holds(id)
     }
     fn read(&self, table: Table, key: &[u8], f: &mut dyn FnMut(Option<&[u8]>) -> Result<()>) -> Result<()> {
         self.rows().read(table, key, f)
@@ -1153,7 +1197,7 @@ mod tests {
                     apply_writes(&mut base, std::mem::take(&mut chunk)).unwrap();
                     continue;
                 }
-                let mut overlay = Overlay { base: &base, writes: std::mem::take(&mut chunk), undo: None };
+                let mut overlay = Overlay { writes: std::mem::take(&mut chunk), ..Overlay::new(&base) };
                 let mut folding = Held { held: &mut held, rest: &mut overlay };
                 for store in [&mut folding as &mut dyn Store, &mut reference] {
                     match &s {

@@ -372,7 +372,12 @@ fn exclusive(shared: &Shared, seq: &mut Sequencer, req: Request, checkpoints: &S
             after_apply(shared, checkpoints);
         }
         Request::Sweep { mut marks, sweep, reply } => {
-            let result = crate::error::fail_closed("collect", || sweep_batch(shared, &tip, &mut marks, &sweep));
+            // The content-id index's additions the delta holds go into its rows first:
+            // the sweep removes entries from the rows.
+            let result = crate::error::fail_closed("collect", || {
+                drain(shared, checkpoints)?;
+                sweep_batch(shared, &tip, &mut marks, &sweep)
+            });
             if let Err(e) = &result {
                 shared.poisoned.set(e);
             }
@@ -615,7 +620,9 @@ pub(crate) fn decide_batch(
         let mut spans = Vec::with_capacity(commands.len());
         let mut notices = Vec::new();
         let mut entries: Vec<Entry> = Vec::new();
-        let mut accepted = Overlay::new(&view);
+        // The content-id index's additions go to the delta as they are, for the
+        // checkpoint to merge into the index's rows.
+        let mut accepted = Overlay::deferring(&view);
         for (command, prepared) in commands {
             let mut staged = Vec::new();
             let mut effects = Vec::new();

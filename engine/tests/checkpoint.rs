@@ -410,3 +410,46 @@ fn an_empty_caught_up_database_opens_without_a_catch_up() {
     assert!(engine.head(session).unwrap().is_some());
     assert_projections_equal_a_rebuild(&engine);
 }
+
+/// Text of `n` bytes that does not compress: a content object's stored size is its size.
+fn incompressible(seed: u64, n: usize) -> String {
+    let mut x = seed | 1;
+    (0..n)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            char::from(b'!' + (x % 90) as u8)
+        })
+        .collect()
+}
+
+/// The content-id index's additions wait in the delta for a checkpoint: an object stored
+/// by a commit is found there, before and after the checkpoint that merges it into the
+/// index's rows, so it is stored once; views read the index's rows as the checkpoint
+/// writes them; and the rows equal a rebuild's.
+#[test]
+fn content_is_deduplicated_from_the_delta_and_after_its_checkpoint() {
+    let db = Db::new();
+    let engine = open_with(&db, never());
+    let body = incompressible(7, 8_192);
+    let sessions: Vec<(SessionId, RevisionId)> = (0..3).map(|_| create(&engine, &[Message::system("sys")])).collect();
+    let appended = |i: usize| {
+        let before = engine.stats().appended_bytes;
+        let (session, revision) = sessions[i];
+        let turn = CommitTurn::new(session, "t", Expected::Exact(revision)).message(Message::user(body.clone()));
+        engine.commit_turn(turn).unwrap();
+        engine.stats().appended_bytes - before
+    };
+    let first = appended(0);
+    assert!(first > 8_192, "the first commit stores the object: {first} bytes");
+    let second = appended(1);
+    assert!(second < 1_024, "found in the delta, not stored again: {second} bytes");
+    let before = engine.projection_digests().unwrap();
+    engine.checkpoint().unwrap();
+    assert_eq!(engine.projection_digests().unwrap(), before, "the checkpoint writes the rows views read");
+    let third = appended(2);
+    assert!(third < 1_024, "found in the index's rows, not stored again: {third} bytes");
+    assert_projections_equal_a_rebuild(&engine);
+    engine.close().unwrap();
+}
