@@ -119,8 +119,8 @@ fn parse(args: &[String]) -> Result<Config, String> {
                 let names = value()?;
                 let mut stores = Vec::new();
                 for name in names.split(',') {
-                    let kind = StoreKind::KNOWN.iter().find(|k| k.name() == name);
-                    stores.push(*kind.ok_or(format!("unknown store {name:?}"))?);
+                    let kind = StoreKind::known().find(|k| k.name() == name);
+                    stores.push(kind.ok_or(format!("unknown store {name:?}"))?);
                 }
                 config.stores = stores;
             }

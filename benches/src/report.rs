@@ -121,7 +121,7 @@ impl Report {
     }
 
     fn stores(&self) -> Vec<&'static str> {
-        StoreKind::KNOWN.iter().map(|k| k.name()).filter(|n| self.entries.iter().any(|e| e.store == *n)).collect()
+        StoreKind::known().map(|k| k.name()).filter(|n| self.entries.iter().any(|e| e.store == *n)).collect()
     }
 
     /// The rows of the tables: (metric, committers) in a fixed order.

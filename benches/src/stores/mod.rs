@@ -62,21 +62,13 @@ impl StoreKind {
         StoreKind::RedbInsert,
     ];
 
-    /// Every store `--stores` names: [`StoreKind::ALL`], then the probes run only when
-    /// asked for.
-    pub const KNOWN: [StoreKind; 11] = [
-        StoreKind::Annal,
-        StoreKind::AnnalOtherMode,
-        StoreKind::AnnalZstd,
-        StoreKind::Sqlite,
-        StoreKind::Jsonl,
-        StoreKind::NaiveRedb,
-        StoreKind::Floor,
-        StoreKind::RedbInsert,
-        StoreKind::FloorLog,
-        StoreKind::FloorCheckpoint,
-        StoreKind::FloorLogCheckpoint,
-    ];
+    /// The probes run only when `--stores` names them.
+    pub const PROBES: [StoreKind; 3] = [StoreKind::FloorLog, StoreKind::FloorCheckpoint, StoreKind::FloorLogCheckpoint];
+
+    /// Every store `--stores` names: [`StoreKind::ALL`], then [`StoreKind::PROBES`].
+    pub fn known() -> impl Iterator<Item = StoreKind> {
+        StoreKind::ALL.into_iter().chain(StoreKind::PROBES)
+    }
 
     /// The name used in results.
     pub fn name(self) -> &'static str {
