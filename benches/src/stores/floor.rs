@@ -125,12 +125,17 @@ fn prepare(m: &Msg) -> Object {
 }
 
 /// What the floor does behind its commit path, beside the frames.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Behind {
     /// Copy every record and content object into a redb log file.
     pub log: bool,
     /// Checkpoint the projections into a redb file.
     pub checkpoint: bool,
+}
+
+impl Behind {
+    /// Nothing: the floor as the default comparison runs it.
+    pub const NOTHING: Behind = Behind { log: false, checkpoint: false };
 }
 
 /// Events between two checkpoints (annal's default policy).
@@ -272,13 +277,9 @@ pub struct FloorStore {
 }
 
 impl FloorStore {
-    /// Creates the frame file in `dir` (preallocated with zeros) and starts the writer.
-    pub fn open(dir: &Path) -> Result<FloorStore> {
-        FloorStore::open_with(dir, Behind::default())
-    }
-
-    /// As [`FloorStore::open`], with the work `behind` does behind the commit path.
-    pub fn open_with(dir: &Path, behind: Behind) -> Result<FloorStore> {
+    /// Creates the frame file in `dir` (preallocated with zeros) and starts the writer,
+    /// with the work `behind` does behind the commit path on threads of its own.
+    pub fn open(dir: &Path, behind: Behind) -> Result<FloorStore> {
         let file = std::fs::OpenOptions::new()
             .read(true)
             .write(true)
@@ -351,12 +352,7 @@ impl FloorStore {
             }
             Ok(())
         })?;
-        let kind = match (behind.log, behind.checkpoint) {
-            (false, false) => StoreKind::Floor,
-            (true, false) => StoreKind::FloorLog,
-            (false, true) => StoreKind::FloorCheckpoint,
-            (true, true) => StoreKind::FloorLogCheckpoint,
-        };
+        let kind = StoreKind::Floor(behind);
         let forks = AtomicU64::new(0);
         Ok(FloorStore { queue: Some(queue), writer: Some(writer), heads, syncs, written, forks, kind })
     }

@@ -35,15 +35,10 @@ pub enum StoreKind {
     /// redb with JSON events and a JSON snapshot rewritten every turn.
     NaiveRedb,
     /// The floor: a group-committed, hash-chained log with its state kept as typed values
-    /// in memory and no projection written (`floor.rs`); the commit phase only.
-    Floor,
-    /// The floor with the log file's copy of every record and content object behind it
-    /// (`floor.rs`, [`floor::Behind`]); the commit phase only, and only when asked for.
-    FloorLog,
-    /// The floor with checkpoints of its projections behind it; as [`StoreKind::FloorLog`].
-    FloorCheckpoint,
-    /// The floor with both; as [`StoreKind::FloorLog`].
-    FloorLogCheckpoint,
+    /// in memory (`floor.rs`), with what [`floor::Behind`] says behind its commit path
+    /// ([`floor::Behind::NOTHING`] in the default comparison: no projection written);
+    /// the commit phase only.
+    Floor(floor::Behind),
     /// The bare redb commit: one row inserted in one durable transaction, in annal's
     /// default concurrency mode (`redb_insert.rs`); the commit phase only.
     RedbInsert,
@@ -58,12 +53,16 @@ impl StoreKind {
         StoreKind::Sqlite,
         StoreKind::Jsonl,
         StoreKind::NaiveRedb,
-        StoreKind::Floor,
+        StoreKind::Floor(floor::Behind::NOTHING),
         StoreKind::RedbInsert,
     ];
 
     /// The probes run only when `--stores` names them.
-    pub const PROBES: [StoreKind; 3] = [StoreKind::FloorLog, StoreKind::FloorCheckpoint, StoreKind::FloorLogCheckpoint];
+    pub const PROBES: [StoreKind; 3] = [
+        StoreKind::Floor(floor::Behind { log: true, checkpoint: false }),
+        StoreKind::Floor(floor::Behind { log: false, checkpoint: true }),
+        StoreKind::Floor(floor::Behind { log: true, checkpoint: true }),
+    ];
 
     /// Every store `--stores` names: [`StoreKind::ALL`], then [`StoreKind::PROBES`].
     pub fn known() -> impl Iterator<Item = StoreKind> {
@@ -79,10 +78,10 @@ impl StoreKind {
             StoreKind::Sqlite => "sqlite",
             StoreKind::Jsonl => "jsonl",
             StoreKind::NaiveRedb => "naive_redb",
-            StoreKind::Floor => "floor",
-            StoreKind::FloorLog => "floor_log",
-            StoreKind::FloorCheckpoint => "floor_checkpoint",
-            StoreKind::FloorLogCheckpoint => "floor_log_checkpoint",
+            StoreKind::Floor(floor::Behind { log: false, checkpoint: false }) => "floor",
+            StoreKind::Floor(floor::Behind { log: true, checkpoint: false }) => "floor_log",
+            StoreKind::Floor(floor::Behind { log: false, checkpoint: true }) => "floor_checkpoint",
+            StoreKind::Floor(floor::Behind { log: true, checkpoint: true }) => "floor_log_checkpoint",
             StoreKind::RedbInsert => "redb_insert",
         }
     }
@@ -90,14 +89,7 @@ impl StoreKind {
     /// Whether the store takes part in the commit phase only (the floor and the bare
     /// redb insert, which read nothing back and keep nothing to rebuild).
     pub fn commits_only(self) -> bool {
-        matches!(
-            self,
-            StoreKind::Floor
-                | StoreKind::FloorLog
-                | StoreKind::FloorCheckpoint
-                | StoreKind::FloorLogCheckpoint
-                | StoreKind::RedbInsert
-        )
+        matches!(self, StoreKind::Floor(_) | StoreKind::RedbInsert)
     }
 
     /// Opens (or creates) the store in directory `dir`.
@@ -117,16 +109,7 @@ impl StoreKind {
             StoreKind::Sqlite => Box::new(sqlite::SqliteStore::open(dir)?),
             StoreKind::Jsonl => Box::new(jsonl::JsonlStore::open(dir)?),
             StoreKind::NaiveRedb => Box::new(naive_redb::NaiveRedbStore::open(dir)?),
-            StoreKind::Floor => Box::new(floor::FloorStore::open(dir)?),
-            StoreKind::FloorLog => {
-                Box::new(floor::FloorStore::open_with(dir, floor::Behind { log: true, checkpoint: false })?)
-            }
-            StoreKind::FloorCheckpoint => {
-                Box::new(floor::FloorStore::open_with(dir, floor::Behind { log: false, checkpoint: true })?)
-            }
-            StoreKind::FloorLogCheckpoint => {
-                Box::new(floor::FloorStore::open_with(dir, floor::Behind { log: true, checkpoint: true })?)
-            }
+            StoreKind::Floor(behind) => Box::new(floor::FloorStore::open(dir, behind)?),
             StoreKind::RedbInsert => Box::new(redb_insert::RedbInsertStore::open(dir)?),
         })
     }
@@ -142,12 +125,7 @@ impl StoreKind {
             }
             StoreKind::NaiveRedb => compact_redb(&dir.join(naive_redb::FILE)),
             StoreKind::Sqlite => sqlite::vacuum(dir),
-            StoreKind::Jsonl
-            | StoreKind::Floor
-            | StoreKind::FloorLog
-            | StoreKind::FloorCheckpoint
-            | StoreKind::FloorLogCheckpoint
-            | StoreKind::RedbInsert => Ok(()),
+            StoreKind::Jsonl | StoreKind::Floor(_) | StoreKind::RedbInsert => Ok(()),
         }
     }
 
@@ -165,9 +143,7 @@ impl StoreKind {
             StoreKind::Sqlite => sqlite::bulk_load(dir, ids, system, turns),
             StoreKind::Jsonl => jsonl::bulk_load(dir, ids, system, turns),
             StoreKind::NaiveRedb => naive_redb::bulk_load(dir, ids, system, turns),
-            StoreKind::Floor | StoreKind::FloorLog | StoreKind::FloorCheckpoint | StoreKind::FloorLogCheckpoint => {
-                Err("the floor takes part in the commit phase only".into())
-            }
+            StoreKind::Floor(_) => Err("the floor takes part in the commit phase only".into()),
             StoreKind::RedbInsert => Err("the bare redb insert takes part in the commit phase only".into()),
         }
     }
