@@ -366,9 +366,9 @@ impl ContentAdds {
         }
     }
 
-    /// Additions held.
-    pub(crate) fn len(&self) -> usize {
-        self.first.len() + self.more.len()
+    /// Whether none is held (a key's second seq goes to `more` only after its first).
+    pub(crate) fn is_empty(&self) -> bool {
+        self.first.is_empty()
     }
 
     /// Whether an addition under `id`'s key at or below `seq` is held.

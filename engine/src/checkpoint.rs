@@ -138,7 +138,7 @@ pub(crate) fn write_layer(db: &Database, layer: &crate::delta::Layer, durability
     // After the layer's rows: the additions were folded after any row of the index the
     // layer holds (a collection, which removes entries, starts on an empty delta), and
     // a merge gives the rows the additions one by one would have.
-    if layer.content_adds().len() > 0 {
+    if !layer.content_adds().is_empty() {
         let mut store = crate::tables::RedbStore::open(&txn)?;
         let mut merged = crate::store::Overlay::new(&store);
         crate::buckets::content_merge(&mut merged, layer.content_adds().to_deferred())?;

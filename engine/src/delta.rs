@@ -536,7 +536,7 @@ impl Delta {
         let (seq, hash) = (state.visible, state.visible_hash);
         let empty = state.layers.last().is_none_or(|l| {
             let l = l.read();
-            l.events == 0 && l.rows() == 0 && l.content.len() == 0
+            l.events == 0 && l.rows() == 0 && l.content.is_empty()
         });
         if empty {
             return false;
