@@ -248,6 +248,11 @@ pub(crate) fn content_is_stored<S: Store + ?Sized>(
     id: &ContentId,
     staged: &dyn Fn(u64) -> Option<bool>,
 ) -> Result<bool> {
+    // The content-key filter knows every key of the index's rows: a key it never saw,
+    // and that no addition held outside the rows has, is not in the index.
+    if !store.deferred_content_holds(id) && store.content_key_absent(DeferredContent::key_of(id)) {
+        return Ok(false);
+    }
     for seq in content_rows(store, id)? {
         let holds = match staged(seq) {
             Some(holds) => holds,
@@ -343,6 +348,9 @@ impl DeferredContent {
     }
 }
 
+/// A callback over a hashed map's (key, value) entries ([`Buckets::each`]).
+pub type EntryVisitor<'a> = dyn FnMut(&[u8], &[u8]) -> Result<()> + 'a;
+
 /// The content-id index's additions a layer of the delta holds, folded by the writer and
 /// not yet in the index's rows: each key's seqs, for lookups by a view (which sees those
 /// at or below its seq), until the checkpoint that writes the layer merges them into the
@@ -393,10 +401,20 @@ impl ContentAdds {
 
     /// Adds to `deferred` the additions at or below `seq`.
     pub(crate) fn upto_into(&self, seq: u64, deferred: &mut DeferredContent) {
+        self.keys_upto(seq, &mut |key, at| deferred.add_key(key, at));
+    }
+
+    /// Calls `f` with each addition (key, seq) held at or below `seq`.
+    pub(crate) fn keys_upto(&self, seq: u64, f: &mut dyn FnMut(u64, u64)) {
         let all = self.first.iter().map(|(k, s)| (*k, *s)).chain(self.more.iter().copied());
         for (key, at) in all.filter(|(_, at)| *at <= seq) {
-            deferred.add_key(key, at);
+            f(key, at);
         }
+    }
+
+    /// The additions held.
+    pub(crate) fn len(&self) -> usize {
+        self.first.len() + self.more.len()
     }
 }
 
@@ -476,6 +494,7 @@ pub(crate) fn content_merge<S: Store + ?Sized>(store: &mut S, deferred: Deferred
 
 /// Records in the content-id index that the content row at `seq` holds `id`.
 pub fn content_add<S: Store + ?Sized>(store: &mut S, id: &ContentId, seq: u64) -> Result<()> {
+    store.note_content_key(DeferredContent::key_of(id));
     if let Some(deferred) = store.deferred_content() {
         deferred.add(id, seq);
         return Ok(());
@@ -758,18 +777,34 @@ impl Buckets {
     /// Every entry of `prefix`'s map, bucket by bucket, each bucket in key order (for
     /// checks and tools; a lookup reads one bucket).
     pub fn all<S: Store + ?Sized>(&self, store: &S, prefix: &[u8]) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
-        let size = self.size(store, prefix)?;
         let mut out = Vec::new();
+        self.each(store, prefix, &mut |k, v| {
+            out.push((k.to_vec(), v.to_vec()));
+            Ok(())
+        })?;
+        Ok(out)
+    }
+
+    /// Calls `f` with every entry of `prefix`'s map, bucket by bucket, each bucket in key
+    /// order, holding one bucket at a time.
+    pub fn each<S: Store + ?Sized>(
+        &self,
+        store: &S,
+        prefix: &[u8],
+        f: &mut EntryVisitor<'_>,
+    ) -> Result<()> {
+        let size = self.size(store, prefix)?;
         if size == 0 {
-            return Ok(out);
+            return Ok(());
         }
         let n = buckets_for(size, self.bytes);
         for bucket in 0..n {
             let parts = self.read_parts(store, prefix, bucket)?;
-            let entries = self.entries(prefix, bucket, n, &parts)?;
-            out.extend(entries.into_iter().map(|(k, v)| (k.to_vec(), v.to_vec())));
+            for (k, v) in self.entries(prefix, bucket, n, &parts)? {
+                f(k, v)?;
+            }
         }
-        Ok(out)
+        Ok(())
     }
 
     /// Whether `prefix`'s map holds `key`.

@@ -19,6 +19,7 @@
 use crate::buckets::ContentAdds;
 use crate::cache::{ContentCache, RevisionCache};
 use crate::error::{Error, Location, Result};
+use crate::filter::ContentFilter;
 use crate::journal::{SealedBatch, Tail};
 use crate::projection::SessionHead;
 use crate::store::{decode_row, Store, StoreExt, Table, Writes};
@@ -318,6 +319,9 @@ pub(crate) struct Delta {
     /// read-only openers have none).
     content_cache: Option<Arc<ContentCache>>,
     revision_cache: Option<Arc<RevisionCache>>,
+    /// The content-key filter its views answer from and tell (the engine's own delta;
+    /// read-only openers have none).
+    filter: Option<Arc<ContentFilter>>,
     /// Signalled whenever a layer is checkpointed (backpressure and drains wait on it).
     progress: (Mutex<()>, Condvar),
     /// The seqs live views read at.
@@ -387,6 +391,7 @@ impl Delta {
             progress: (Mutex::new(()), Condvar::new()),
             content_cache: None,
             revision_cache: None,
+            filter: None,
             readers: Arc::default(),
             anchor: None,
         })
@@ -406,6 +411,32 @@ impl Delta {
     pub fn with_revision_cache(mut self, bytes: u64) -> Delta {
         self.revision_cache = RevisionCache::new(bytes).map(Arc::new);
         self
+    }
+
+    /// This delta with a content-key filter ([`crate::filter`]): the writer's.
+    pub fn with_content_filter(mut self) -> Delta {
+        self.filter = Some(Arc::default());
+        self
+    }
+
+    /// At a batch boundary: starts building the content-key filter when it is due
+    /// ([`ContentFilter::maintain`]).
+    pub fn maintain_filter(&self) {
+        if let Some(filter) = &self.filter {
+            filter.maintain(|| self.view());
+        }
+    }
+
+    /// Bytes the content-key filter that answers takes (0 for none).
+    pub fn filter_bytes(&self) -> u64 {
+        self.filter.as_ref().map_or(0, |f| f.bytes())
+    }
+
+    /// At close: stops building the content-key filter, and waits for its thread.
+    pub fn stop_filter(&self) {
+        if let Some(filter) = &self.filter {
+            filter.stop();
+        }
     }
 
     /// This delta with `anchor` kept alive by every view of it.
@@ -439,6 +470,7 @@ impl Delta {
             content: std::cell::OnceCell::new(),
             records: std::cell::OnceCell::new(),
             content_index_size: std::cell::OnceCell::new(),
+            filter: self.filter.clone(),
             merged_content_index: std::cell::OnceCell::new(),
             _anchor: self.anchor.clone(),
         }
@@ -629,6 +661,8 @@ pub struct View {
     merged_content_index: std::cell::OnceCell<Writes>,
     /// The databases this view's snapshots are of, for a read-only opener's view.
     _anchor: Option<Anchor>,
+    /// The engine's content-key filter, if it has one.
+    filter: Option<Arc<ContentFilter>>,
 }
 
 impl std::fmt::Debug for View {
@@ -890,6 +924,20 @@ impl View {
         Ok(self.merged_content_index.get_or_init(|| merged.into_writes()))
     }
 
+    /// The content-id index's additions the layers hold typed, at or below this view's
+    /// seq.
+    pub(crate) fn content_adds_len(&self) -> usize {
+        self.layers.iter().map(|l| l.read().content.len()).sum()
+    }
+
+    /// Calls `f` with the key of each content-id index addition the layers hold typed at
+    /// or below this view's seq.
+    pub(crate) fn each_content_add(&self, f: &mut dyn FnMut(u64)) {
+        for layer in &self.layers {
+            layer.read().content.keys_upto(self.seq, &mut |key, _| f(key));
+        }
+    }
+
     /// The size of the content-id index, read once a view.
     fn content_index_size(&self) -> Result<u64> {
         match self.content_index_size.get() {
@@ -978,6 +1026,14 @@ impl Store for View {
     }
     fn deferred_content_holds(&self, id: &ContentId) -> bool {
         self.layers.iter().any(|layer| layer.read().content.holds(id, self.seq))
+    }
+    fn content_key_absent(&self, key: u64) -> bool {
+        self.filter.as_ref().is_some_and(|f| f.absent(key))
+    }
+    fn note_content_key(&self, key: u64) {
+        if let Some(filter) = &self.filter {
+            filter.note(key);
+        }
     }
     fn content_row_holds(&self, seq: u64, id: &ContentId) -> Result<Option<bool>> {
         if seq > self.seq {

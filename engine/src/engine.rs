@@ -276,6 +276,10 @@ pub struct StatsSnapshot {
     pub caller_commits: u64,
     /// Bytes the delta holds now.
     pub delta_bytes: u64,
+    /// Bytes the content-key filter takes now (0 while none answers yet, and for an
+    /// engine over a shared log): it tells the writer that a new object is not stored
+    /// without a read of the content-id index ([`crate::filter`]).
+    pub content_filter_bytes: u64,
     /// Events folded at open to bring the projections up to the log (recovery).
     pub recovered_events: u64,
     /// How long that fold took, in microseconds.
@@ -566,7 +570,13 @@ impl Engine {
         let log = Arc::new(Db::new(log));
         let projections = Arc::new(Db::new(projections));
         let delta = Delta::new(projections.begin_read()?, log.begin_read()?, tip.seq, tip.hash)?;
-        let delta = Arc::new(delta.with_content_cache(options.content_cache_bytes as u64));
+        let delta = delta.with_content_cache(options.content_cache_bytes as u64);
+        // Over a shared log, other hosts' records are folded too: the filter is the
+        // own log's alone (`crate::filter`).
+        let delta = Arc::new(match backend.is_none() {
+            true => delta.with_content_filter(),
+            false => delta,
+        });
         let poisoned = Arc::new(crate::error::Poison::default());
         let stats = Arc::new(EngineStats::default());
         let renewals = Arc::new(Mutex::new(crate::decide::Renewals::new()));
@@ -679,6 +689,7 @@ impl Engine {
             backpressure_waits: s.backpressure_waits.load(Ordering::Relaxed),
             caller_commits: s.caller_commits.load(Ordering::Relaxed),
             delta_bytes: self.inner.shared.delta.bytes(),
+            content_filter_bytes: self.inner.shared.delta.filter_bytes(),
             recovered_events: self.inner.recovery.events,
             recovery_us: self.inner.recovery.elapsed.as_micros() as u64,
         }

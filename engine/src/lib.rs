@@ -293,6 +293,7 @@ pub mod engine;
 pub mod error;
 pub mod evolve;
 pub mod fault;
+pub mod filter;
 mod import;
 pub mod journal;
 pub mod limits;

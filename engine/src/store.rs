@@ -284,6 +284,21 @@ pub trait Store {
         let _ = id;
         false
     }
+
+    /// Whether the content-key filter of the engine this store reads says that the
+    /// content-id index's rows hold no entry under `key` (a content key as an integer,
+    /// [`crate::buckets::DeferredContent::key_of`]); `false`, the default, when it cannot
+    /// tell ([`crate::filter`]).
+    fn content_key_absent(&self, key: u64) -> bool {
+        let _ = key;
+        false
+    }
+
+    /// Tells the content-key filter of the engine this store reads (if any) that a fold
+    /// added an entry under `key` to the content-id index.
+    fn note_content_key(&self, key: u64) {
+        let _ = key;
+    }
 }
 
 /// Typed helpers over any [`Store`].
@@ -596,6 +611,12 @@ impl<S: Store + ?Sized> Store for Overlay<'_, S> {
     fn deferred_content_holds(&self, id: &annal_codec::ContentId) -> bool {
         self.writes.content.holds(id) || self.base.deferred_content_holds(id)
     }
+    fn content_key_absent(&self, key: u64) -> bool {
+        self.base.content_key_absent(key)
+    }
+    fn note_content_key(&self, key: u64) {
+        self.base.note_content_key(key)
+    }
     fn record_at(&self, seq: u64) -> Result<Option<annal_codec::Record>> {
         self.base.record_at(seq)
     }
@@ -794,6 +815,12 @@ impl<S: Store + ?Sized> Store for Held<'_, S> {
     }
     fn deferred_content_holds(&self, id: &annal_codec::ContentId) -> bool {
         self.held.deferred.holds(id) || self.rest.deferred_content_holds(id)
+    }
+    fn content_key_absent(&self, key: u64) -> bool {
+        self.rest.content_key_absent(key)
+    }
+    fn note_content_key(&self, key: u64) {
+        self.rest.note_content_key(key)
     }
     fn record_at(&self, seq: u64) -> Result<Option<annal_codec::Record>> {
         self.rest.record_at(seq)
@@ -1085,6 +1112,12 @@ impl<S: Store + ?Sized> Store for WithRecords<'_, S> {
     }
     fn deferred_content_holds(&self, id: &annal_codec::ContentId) -> bool {
         self.rows().deferred_content_holds(id)
+    }
+    fn content_key_absent(&self, key: u64) -> bool {
+        self.rows().content_key_absent(key)
+    }
+    fn note_content_key(&self, key: u64) {
+        self.rows().note_content_key(key)
     }
     fn read(&self, table: Table, key: &[u8], f: &mut dyn FnMut(Option<&[u8]>) -> Result<()>) -> Result<()> {
         self.rows().read(table, key, f)

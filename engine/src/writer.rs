@@ -217,6 +217,7 @@ pub(crate) fn run(shared: Arc<Shared>, rx: Receiver<Request>, core: Arc<Core>) {
     }
     // Closing: what drafts hold goes to the file, and the journal into the log file.
     let mut state = core.state.lock();
+    shared.delta.stop_filter();
     let seq = &mut state.seq;
     let _ = seq.flush_drafts(&shared);
     if seq.absorb(&shared).is_ok() {
@@ -463,6 +464,7 @@ impl Sequencer {
             }
             return;
         }
+        shared.delta.maintain_filter();
         let commands: Vec<(&Command, &Prepared)> = batch.iter().map(|(c, _, p)| (c, &**p)).collect();
         let decided =
             crate::error::fail_closed("commit", || decide_batch(shared, self.next_seq, self.clock_ms, &commands));

@@ -1368,7 +1368,9 @@ impl Database {
     /// commits: one journal frame and one fsync each), `events`, `appended_bytes`,
     /// `journal_bytes`, `absorptions` (moves of the journal into the log file),
     /// `checkpoints`, `checkpoint_rows`, `backpressure_waits`, `caller_commits` (group
-    /// commits a lone caller ran on its own thread), `delta_bytes`.
+    /// commits a lone caller ran on its own thread), `delta_bytes`, `content_filter_bytes`
+    /// (the memory of the filter that finds new content objects without reading the
+    /// content-id index; 0 while it is being built).
     fn stats(&self, py: Python<'_>) -> PyResult<BTreeMap<&'static str, u64>> {
         let s = self.run(py, |e| Ok(e.stats()))?;
         Ok(BTreeMap::from([
@@ -1382,6 +1384,7 @@ impl Database {
             ("backpressure_waits", s.backpressure_waits),
             ("caller_commits", s.caller_commits),
             ("delta_bytes", s.delta_bytes),
+            ("content_filter_bytes", s.content_filter_bytes),
         ]))
     }
 
