@@ -787,12 +787,7 @@ impl Buckets {
 
     /// Calls `f` with every entry of `prefix`'s map, bucket by bucket, each bucket in key
     /// order, holding one bucket at a time.
-    pub fn each<S: Store + ?Sized>(
-        &self,
-        store: &S,
-        prefix: &[u8],
-        f: &mut EntryVisitor<'_>,
-    ) -> Result<()> {
+    pub fn each<S: Store + ?Sized>(&self, store: &S, prefix: &[u8], f: &mut EntryVisitor<'_>) -> Result<()> {
         let size = self.size(store, prefix)?;
         if size == 0 {
             return Ok(());

@@ -12,9 +12,10 @@
 //! It never says "absent" for a key the rows hold. Every fold that adds an entry to the
 //! index through the engine's views tells it ([`crate::store::Store::note_content_key`],
 //! called by [`crate::buckets::content_add`]): the writer's commands, imports and copies.
-//! It is built by a thread of its own from a view taken at a batch boundary (every entry
-//! the rows hold up to that view, and the additions the delta holds typed), while the
-//! writer already tells it every key added after that view; only then is it asked.
+//! It is built from a view taken at a batch boundary (every entry the rows hold up to
+//! that view, and the additions the delta holds typed): by the writer itself for an index
+//! of at most 4,096 keys, otherwise by a thread of its own while the writer already tells
+//! it every key added after that view; only once built is it asked.
 //! Entries removed from the index (a content collection, a purge) stay in it, and a
 //! rebuild of the index folds the same keys again: either only makes it answer "may be
 //! stored" more often, which costs the bucket read it would have cost anyway.
@@ -40,6 +41,10 @@ const PROBES: u32 = 7;
 
 /// The least number of keys a filter is sized for.
 const KEYS_MIN: u64 = 1 << 16;
+
+/// Keys of an index up to which the writer builds the filter itself, at once, rather
+/// than on a thread of its own.
+const SYNC_KEYS_MAX: u64 = 4_096;
 
 /// The most memory one filter takes (256 MiB: an index of about 89 million keys).
 pub const FILTER_BYTES_MAX: u64 = 256 << 20;
@@ -163,6 +168,14 @@ impl ContentFilter {
             return self.stopped.store(true, Ordering::Release);
         };
         let filter = Arc::new(filter);
+        if keys <= SYNC_KEYS_MAX {
+            // A small index is read here at once (a few hundred bucket reads at most).
+            match fill(&view, &filter, &self.stopped) {
+                Ok(()) => self.filters.write().ready = Some(filter),
+                Err(_) => self.stopped.store(true, Ordering::Release),
+            }
+            return;
+        }
         self.filters.write().building = Some(filter.clone());
         let this = self.clone();
         let started = crate::pool::spawn(move || {

@@ -434,8 +434,9 @@ fn wait_for_the_content_filter(engine: &Engine) {
     }
 }
 
-/// With the content-key filter answering, a new object is stored, and an object that
-/// the index holds is found and not stored again, whether the index's rows hold it (from
+/// With the content-key filter answering (built on its own thread, the index being
+/// large enough), a new object is stored, and an object that the index holds is found
+/// and not stored again, whether the index's rows hold it (from
 /// before the open), the delta holds it typed (a turn's), or a copy folded it into rows
 /// after the filter was built; and the projections equal a rebuild's.
 #[test]
@@ -443,6 +444,13 @@ fn the_content_key_filter_finds_new_objects_and_never_hides_a_stored_one() {
     let db = Db::new();
     let engine = open_with(&db, never());
     let (session, mut revision) = create(&engine, &[Message::system("sys")]);
+    // More keys than the writer reads at once: the filter is built on a thread of its own.
+    for t in 0..42 {
+        let turn = (0..100).fold(CommitTurn::new(session, format!("s{t}"), Expected::Exact(revision)), |turn, m| {
+            turn.message(Message::user(format!("small {t}.{m}")))
+        });
+        revision = engine.commit_turn(turn).unwrap().receipt().revision;
+    }
     let bodies: Vec<String> = (0..40).map(|i| incompressible(100 + i, 2_048)).collect();
     for (i, body) in bodies.iter().enumerate() {
         let turn =
