@@ -3,7 +3,7 @@
 //! stored without reading the index's bucket for it.
 //!
 //! Deduplication asks, for every object a command brings, whether the content-id index
-//! lists a row under its key ([`crate::buckets::content_is_stored`]). Almost every object
+//! lists a row under its key (`buckets::content_is_stored`). Almost every object
 //! a turn brings is new, and each of those questions read a bucket of the index's rows
 //! from the projections file: at 16 committers it was about a seventh of the writer
 //! thread's time (`docs/benchmarks.md`, "The content-key filter"). The filter answers

@@ -286,9 +286,8 @@ pub trait Store {
     }
 
     /// Whether the content-key filter of the engine this store reads says that the
-    /// content-id index's rows hold no entry under `key` (a content key as an integer,
-    /// [`crate::buckets::DeferredContent::key_of`]); `false`, the default, when it cannot
-    /// tell ([`crate::filter`]).
+    /// content-id index's rows hold no entry under `key` (a content id's first 8 bytes,
+    /// read big-endian); `false`, the default, when it cannot tell ([`crate::filter`]).
     fn content_key_absent(&self, key: u64) -> bool {
         let _ = key;
         false
