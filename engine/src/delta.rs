@@ -413,9 +413,10 @@ impl Delta {
         self
     }
 
-    /// This delta with a content-key filter ([`crate::filter`]): the writer's.
-    pub fn with_content_filter(mut self) -> Delta {
-        self.filter = Some(Arc::default());
+    /// This delta with a content-key filter of at most `bytes_max` bytes
+    /// ([`crate::filter`]): the writer's.
+    pub fn with_content_filter(mut self, bytes_max: u64) -> Delta {
+        self.filter = Some(Arc::new(ContentFilter::new(bytes_max)));
         self
     }
 

@@ -115,6 +115,13 @@ pub struct Options {
     /// larger file is left to `annal compact`. It is skipped while another handle or
     /// process has the file open for reading. 0 turns it off.
     pub compact_on_close_bytes_max: u64,
+    /// The most memory the content-key filter takes: a Bloom filter over the content-id
+    /// index's keys, about 3 bytes a content object, that tells the writer that an
+    /// object a command brings is new without a read of the index
+    /// ([`crate::filter`]). Default [`crate::filter::FILTER_BYTES_MAX`] (256 MiB, a
+    /// database of about 89 million objects); a database that needs more is read
+    /// without one. 0 turns it off. [`StatsSnapshot::content_filter_bytes`] is its size.
+    pub content_filter_bytes_max: u64,
 }
 
 impl Default for Options {
@@ -135,6 +142,7 @@ impl Default for Options {
             draft_flush_interval: DRAFT_FLUSH_INTERVAL,
             journal_preallocate_bytes: crate::journal::JOURNAL_PREALLOC_BYTES,
             compact_on_close_bytes_max: crate::compact::COMPACT_ON_CLOSE_BYTES_MAX,
+            content_filter_bytes_max: crate::filter::FILTER_BYTES_MAX,
         }
     }
 }
@@ -573,8 +581,8 @@ impl Engine {
         let delta = delta.with_content_cache(options.content_cache_bytes as u64);
         // Over a shared log, other hosts' records are folded too: the filter is the
         // own log's alone (`crate::filter`).
-        let delta = Arc::new(match backend.is_none() {
-            true => delta.with_content_filter(),
+        let delta = Arc::new(match backend.is_none() && options.content_filter_bytes_max > 0 {
+            true => delta.with_content_filter(options.content_filter_bytes_max),
             false => delta,
         });
         let poisoned = Arc::new(crate::error::Poison::default());

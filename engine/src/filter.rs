@@ -25,7 +25,8 @@
 //! is "may be stored"), so 3 bytes a key of the index. Once it has seen twice the keys it
 //! was sized for (one in 40 is "may be stored" then), a bigger one is built the same way,
 //! and the old one answers until the new one is ready. A filter is at most
-//! [`FILTER_BYTES_MAX`]; an index too large for that is read without one.
+//! [`crate::Options::content_filter_bytes_max`] ([`FILTER_BYTES_MAX`] by default; 0
+//! turns it off); an index too large for that is read without one.
 
 use crate::delta::View;
 use crate::error::Result;
@@ -46,7 +47,9 @@ const KEYS_MIN: u64 = 1 << 16;
 /// than on a thread of its own.
 const SYNC_KEYS_MAX: u64 = 4_096;
 
-/// The most memory one filter takes (256 MiB: an index of about 89 million keys).
+/// The most memory one filter takes by default
+/// ([`crate::Options::content_filter_bytes_max`]; 256 MiB: an index of about 89 million
+/// keys).
 pub const FILTER_BYTES_MAX: u64 = 256 << 20;
 
 /// A Bloom filter over 64-bit content keys, written and read from any thread.
@@ -62,12 +65,11 @@ pub(crate) struct KeyFilter {
 }
 
 impl KeyFilter {
-    /// A filter for `keys` keys, or `None` if it would be larger than
-    /// [`FILTER_BYTES_MAX`].
-    fn with_capacity(keys: u64) -> Option<KeyFilter> {
+    /// A filter for `keys` keys, or `None` if it would be larger than `bytes_max`.
+    fn with_capacity(keys: u64, bytes_max: u64) -> Option<KeyFilter> {
         let capacity = keys.max(KEYS_MIN);
         let bits = capacity.checked_mul(BITS_PER_KEY)?.checked_next_multiple_of(64)?;
-        if bits / 8 > FILTER_BYTES_MAX {
+        if bits / 8 > bytes_max {
             return None;
         }
         let words = (0..bits / 64).map(|_| AtomicU64::new(0)).collect();
@@ -103,9 +105,10 @@ impl KeyFilter {
 }
 
 /// The engine's content-key filter: the one that answers, and the one being built.
-#[derive(Default)]
 pub(crate) struct ContentFilter {
     filters: RwLock<Filters>,
+    /// The most memory a filter takes ([`crate::Options::content_filter_bytes_max`]).
+    bytes_max: u64,
     /// A build failed (the view could not be read), or the engine is closing: no other
     /// is started, and one under way gives up.
     stopped: AtomicBool,
@@ -129,6 +132,16 @@ struct Filters {
 }
 
 impl ContentFilter {
+    /// No filter yet; none will take more than `bytes_max` bytes.
+    pub fn new(bytes_max: u64) -> ContentFilter {
+        ContentFilter {
+            filters: RwLock::default(),
+            bytes_max,
+            stopped: AtomicBool::new(false),
+            task: parking_lot::Mutex::new(None),
+        }
+    }
+
     /// Whether the index's rows surely hold no entry under `key`.
     pub fn absent(&self, key: u64) -> bool {
         self.filters.read().ready.as_ref().is_some_and(|f| !f.may_hold(key))
@@ -164,7 +177,7 @@ impl ContentFilter {
             Err(_) => return self.stopped.store(true, Ordering::Release),
         };
         // Room for half as many keys again before it is full (at twice its capacity).
-        let Some(filter) = KeyFilter::with_capacity(keys + keys / 2) else {
+        let Some(filter) = KeyFilter::with_capacity(keys + keys / 2, self.bytes_max) else {
             return self.stopped.store(true, Ordering::Release);
         };
         let filter = Arc::new(filter);
@@ -233,7 +246,7 @@ mod tests {
 
     #[test]
     fn a_filter_never_says_absent_for_a_key_it_holds_and_rarely_for_one_it_does_not() {
-        let f = KeyFilter::with_capacity(10_000).unwrap();
+        let f = KeyFilter::with_capacity(10_000, FILTER_BYTES_MAX).unwrap();
         let key = |i: u64| *blake3::hash(&i.to_le_bytes()).as_bytes();
         let key = |i: u64| u64::from_be_bytes(key(i)[..8].try_into().unwrap());
         for i in 0..10_000 {
@@ -247,7 +260,8 @@ mod tests {
 
     #[test]
     fn a_filter_too_large_is_not_made() {
-        assert!(KeyFilter::with_capacity(FILTER_BYTES_MAX).is_none());
-        assert!(KeyFilter::with_capacity(1).is_some());
+        assert!(KeyFilter::with_capacity(FILTER_BYTES_MAX, FILTER_BYTES_MAX).is_none());
+        assert!(KeyFilter::with_capacity(1, FILTER_BYTES_MAX).is_some());
+        assert!(KeyFilter::with_capacity(1, 64 << 10).is_none(), "the least filter takes 128 KiB");
     }
 }

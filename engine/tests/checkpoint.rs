@@ -434,6 +434,37 @@ fn wait_for_the_content_filter(engine: &Engine) {
     }
 }
 
+/// `Options::content_filter_bytes_max` bounds the filter: 0 turns it off, and a bound
+/// below the least filter's size makes none; either way content is deduplicated by
+/// reading the index.
+#[test]
+fn the_content_key_filter_is_bounded_by_its_option() {
+    for bytes_max in [0, 64 << 10] {
+        let db = Db::new();
+        let options = Options { content_filter_bytes_max: bytes_max, ..Options::default() };
+        let engine = Engine::open_with(&db.path, options).unwrap();
+        let body = incompressible(11, 4_096);
+        let mut stored = Vec::new();
+        for i in 0..3 {
+            let (session, revision) = create(&engine, &[Message::system("sys")]);
+            let before = engine.stats().appended_bytes;
+            let turn = CommitTurn::new(session, format!("t{i}"), Expected::Exact(revision))
+                .message(Message::user(body.clone()));
+            engine.commit_turn(turn).unwrap();
+            stored.push(engine.stats().appended_bytes - before);
+            engine.checkpoint().unwrap();
+        }
+        assert!(stored[0] > 4_096 && stored[1] < 1_024 && stored[2] < 1_024, "{bytes_max}: {stored:?}");
+        assert_eq!(engine.stats().content_filter_bytes, 0, "{bytes_max}: no filter");
+        engine.close().unwrap();
+    }
+    let db = Db::new();
+    let engine = Engine::open_with(&db.path, Options::default()).unwrap();
+    create(&engine, &[Message::system("sys")]);
+    assert_eq!(engine.stats().content_filter_bytes, 128 << 10, "the least filter, built at the first commit");
+    engine.close().unwrap();
+}
+
 /// With the content-key filter answering (built on its own thread, the index being
 /// large enough), a new object is stored, and an object that the index holds is found
 /// and not stored again, whether the index's rows hold it (from
