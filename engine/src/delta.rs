@@ -925,8 +925,8 @@ impl View {
         Ok(self.merged_content_index.get_or_init(|| merged.into_writes()))
     }
 
-    /// The content-id index's additions the layers hold typed, at or below this view's
-    /// seq.
+    /// The content-id index's additions the layers hold typed, whatever their seq (to
+    /// size the content-key filter).
     pub(crate) fn content_adds_len(&self) -> usize {
         self.layers.iter().map(|l| l.read().content.len()).sum()
     }
