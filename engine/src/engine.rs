@@ -120,7 +120,7 @@ pub struct Options {
     /// object a command brings is new without a read of the index
     /// ([`crate::filter`]). Default [`crate::filter::FILTER_BYTES_MAX`] (256 MiB, a
     /// database of about 89 million objects); a database that needs more is read
-    /// without one. 0 turns it off. [`StatsSnapshot::content_filter_bytes`] is its size.
+    /// without one (or with the one built before it grew). 0 turns it off. [`StatsSnapshot::content_filter_bytes`] is its size.
     pub content_filter_bytes_max: u64,
 }
 

@@ -26,7 +26,8 @@
 //! was sized for (one in 40 is "may be stored" then), a bigger one is built the same way,
 //! and the old one answers until the new one is ready. A filter is at most
 //! [`crate::Options::content_filter_bytes_max`] ([`FILTER_BYTES_MAX`] by default; 0
-//! turns it off); an index too large for that is read without one.
+//! turns it off); an index too large for that is read without one (or with the filter
+//! built before it grew, which goes on answering, less often "absent").
 
 use crate::delta::View;
 use crate::error::Result;
@@ -156,9 +157,10 @@ impl ContentFilter {
     }
 
     /// At a batch boundary, on the writer's side: when there is no filter yet, or the
-    /// one that answers is full, starts a bigger one on a thread of its own from `view`
-    /// (which must read every batch applied so far). `view` is taken only when a build
-    /// starts.
+    /// one that answers is full, builds a bigger one from `view` (which must read every
+    /// batch applied so far): here for an index of at most [`SYNC_KEYS_MAX`] keys, else
+    /// on a thread of its own. `view` is taken only when a build starts. A filter larger
+    /// than the bound is not built: the one that answers, if any, goes on answering.
     pub fn maintain(self: &Arc<Self>, view: impl FnOnce() -> View) {
         {
             let filters = self.filters.read();
@@ -183,30 +185,30 @@ impl ContentFilter {
         let filter = Arc::new(filter);
         if keys <= SYNC_KEYS_MAX {
             // A small index is read here at once (a few hundred bucket reads at most).
-            match fill(&view, &filter, &self.stopped) {
-                Ok(()) => self.filters.write().ready = Some(filter),
-                Err(_) => self.stopped.store(true, Ordering::Release),
-            }
-            return;
+            let built = fill(&view, &filter, &self.stopped).map(|()| filter);
+            return self.settle(built);
         }
         self.filters.write().building = Some(filter.clone());
         let this = self.clone();
         let started = crate::pool::spawn(move || {
-            let built = fill(&view, &filter, &this.stopped);
+            let built = fill(&view, &filter, &this.stopped).map(|()| filter);
             drop(view);
-            let mut filters = this.filters.write();
-            filters.building = None;
-            match built {
-                Ok(()) => filters.ready = Some(filter),
-                Err(_) => this.stopped.store(true, Ordering::Release),
-            }
+            this.settle(built);
         });
         match started {
             Ok(task) => *self.task.lock() = Some(task),
-            Err(_) => {
-                self.filters.write().building = None;
-                self.stopped.store(true, Ordering::Release);
-            }
+            Err(e) => self.settle(Err(e.into())),
+        }
+    }
+
+    /// The end of a build: the filter built answers from now on, or (the build failed)
+    /// no other build is started.
+    fn settle(&self, built: Result<Arc<KeyFilter>>) {
+        let mut filters = self.filters.write();
+        filters.building = None;
+        match built {
+            Ok(filter) => filters.ready = Some(filter),
+            Err(_) => self.stopped.store(true, Ordering::Release),
         }
     }
 
