@@ -424,6 +424,15 @@ fn incompressible(seed: u64, n: usize) -> String {
         .collect()
 }
 
+/// Commits `body` as a turn of one user message on `session` after `revision` (moved to
+/// the new head), and returns the bytes it appended to the log.
+fn appended_by_turn(engine: &Engine, session: SessionId, revision: &mut RevisionId, turn_id: &str, body: &str) -> u64 {
+    let before = engine.stats().appended_bytes;
+    let turn = CommitTurn::new(session, turn_id, Expected::Exact(*revision)).message(Message::user(body.to_string()));
+    *revision = engine.commit_turn(turn).unwrap().receipt().revision;
+    engine.stats().appended_bytes - before
+}
+
 /// Waits until the engine's content-key filter answers (it is built on a thread of its
 /// own, from the first commit after open on).
 fn wait_for_the_content_filter(engine: &Engine) {
@@ -446,12 +455,8 @@ fn the_content_key_filter_is_bounded_by_its_option() {
         let body = incompressible(11, 4_096);
         let mut stored = Vec::new();
         for i in 0..3 {
-            let (session, revision) = create(&engine, &[Message::system("sys")]);
-            let before = engine.stats().appended_bytes;
-            let turn = CommitTurn::new(session, format!("t{i}"), Expected::Exact(revision))
-                .message(Message::user(body.clone()));
-            engine.commit_turn(turn).unwrap();
-            stored.push(engine.stats().appended_bytes - before);
+            let (session, mut revision) = create(&engine, &[Message::system("sys")]);
+            stored.push(appended_by_turn(&engine, session, &mut revision, &format!("t{i}"), &body));
             engine.checkpoint().unwrap();
         }
         assert!(stored[0] > 4_096 && stored[1] < 1_024 && stored[2] < 1_024, "{bytes_max}: {stored:?}");
@@ -484,9 +489,7 @@ fn the_content_key_filter_finds_new_objects_and_never_hides_a_stored_one() {
     }
     let bodies: Vec<String> = (0..40).map(|i| incompressible(100 + i, 2_048)).collect();
     for (i, body) in bodies.iter().enumerate() {
-        let turn =
-            CommitTurn::new(session, format!("t{i}"), Expected::Exact(revision)).message(Message::user(body.clone()));
-        revision = engine.commit_turn(turn).unwrap().receipt().revision;
+        appended_by_turn(&engine, session, &mut revision, &format!("t{i}"), body);
     }
     engine.checkpoint().unwrap();
     engine.close().unwrap();
@@ -496,12 +499,8 @@ fn the_content_key_filter_finds_new_objects_and_never_hides_a_stored_one() {
     let source = open_with(&Db::new(), never());
     let mut turn_no = 0;
     let mut appended = |engine: &Engine, revision: &mut RevisionId, body: &str| {
-        let before = engine.stats().appended_bytes;
         turn_no += 1;
-        let turn = CommitTurn::new(session, format!("again{turn_no}"), Expected::Exact(*revision))
-            .message(Message::user(body.to_string()));
-        *revision = engine.commit_turn(turn).unwrap().receipt().revision;
-        engine.stats().appended_bytes - before
+        appended_by_turn(engine, session, revision, &format!("again{turn_no}"), body)
     };
     let fresh = incompressible(7, 4_096);
     assert!(appended(&engine, &mut revision, &fresh) > 4_096, "a new object is stored");
@@ -515,10 +514,9 @@ fn the_content_key_filter_finds_new_objects_and_never_hides_a_stored_one() {
 
     // A copy folds its objects into the index through an overlay of the engine's view,
     // after the filter was built: a turn that brings one of them finds it.
-    let (copied, copied_revision) = create(&source, &[Message::system("copied")]);
+    let (copied, mut copied_revision) = create(&source, &[Message::system("copied")]);
     let shipped = incompressible(9, 4_096);
-    let turn = CommitTurn::new(copied, "c", Expected::Exact(copied_revision)).message(Message::user(shipped.clone()));
-    source.commit_turn(turn).unwrap();
+    appended_by_turn(&source, copied, &mut copied_revision, "c", &shipped);
     engine.copy_in(source.export_sessions(&[copied], false).unwrap()).unwrap();
     assert!(appended(&engine, &mut revision, &shipped) < 1_024, "copied in: not stored again");
     // Checkpointed, the objects added since the filter was built are in the index's rows
@@ -543,11 +541,8 @@ fn content_is_deduplicated_from_the_delta_and_after_its_checkpoint() {
     let body = incompressible(7, 8_192);
     let sessions: Vec<(SessionId, RevisionId)> = (0..3).map(|_| create(&engine, &[Message::system("sys")])).collect();
     let appended = |i: usize| {
-        let before = engine.stats().appended_bytes;
-        let (session, revision) = sessions[i];
-        let turn = CommitTurn::new(session, "t", Expected::Exact(revision)).message(Message::user(body.clone()));
-        engine.commit_turn(turn).unwrap();
-        engine.stats().appended_bytes - before
+        let (session, mut revision) = sessions[i];
+        appended_by_turn(&engine, session, &mut revision, "t", &body)
     };
     let first = appended(0);
     assert!(first > 8_192, "the first commit stores the object: {first} bytes");
