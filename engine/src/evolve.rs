@@ -99,7 +99,7 @@ fn fold_heads<S: Store + ?Sized>(store: &mut S, r: &Record) -> Result<()> {
             }
         }
         event => {
-            let mut head: SessionHead = need(r, store.row(Table::Heads, &key)?, "head")?;
+            let mut head: SessionHead = need(r, store.tip_row(Table::Heads, &key)?, "head")?;
             match event {
                 Event::TurnCommitted(e) => {
                     head.revision = e.revision_after;
@@ -150,7 +150,7 @@ fn fold_heads<S: Store + ?Sized>(store: &mut S, r: &Record) -> Result<()> {
     head.stream_seq = r.stream_seq;
     head.last_seq = r.seq;
     head.updated_at_ms = r.committed_at_ms;
-    store.put_row(Table::Heads, &key, &head)
+    store.put_tip_row(Table::Heads, &key, head)
 }
 
 /// Applies a host state change to the head and records each changed entry in the
@@ -193,7 +193,7 @@ fn fold_transcript<S: Store + ?Sized>(store: &mut S, r: &Record) -> Result<()> {
             let (mut len, mut chain) = (0, RevisionId::empty());
             if let Some(f) = &e.forked_from {
                 let parent: TranscriptTip =
-                    need(r, store.row(Table::TranscriptTip, &keys::session(&f.session))?, "parent transcript")?;
+                    need(r, store.tip_row(Table::TranscriptTip, &keys::session(&f.session))?, "parent transcript")?;
                 if parent.revision != f.revision || f.message_count > parent.len {
                     return Err(corrupt(r, "fork origin is not the parent's head"));
                 }
@@ -206,7 +206,7 @@ fn fold_transcript<S: Store + ?Sized>(store: &mut S, r: &Record) -> Result<()> {
             TranscriptTip { len: len + e.messages.len() as u64, revision: chain }
         }
         Event::TurnCommitted(e) => {
-            let tip: TranscriptTip = need(r, store.row(Table::TranscriptTip, &tip_key)?, "transcript")?;
+            let tip: TranscriptTip = need(r, store.tip_row(Table::TranscriptTip, &tip_key)?, "transcript")?;
             let chain = transcript::splice(
                 store,
                 &r.session,
@@ -221,7 +221,7 @@ fn fold_transcript<S: Store + ?Sized>(store: &mut S, r: &Record) -> Result<()> {
             TranscriptTip { len: tip.len + e.messages.len() as u64, revision: chain }
         }
         Event::TranscriptRewritten(e) => {
-            let tip: TranscriptTip = need(r, store.row(Table::TranscriptTip, &tip_key)?, "transcript")?;
+            let tip: TranscriptTip = need(r, store.tip_row(Table::TranscriptTip, &tip_key)?, "transcript")?;
             if tip.revision != e.parent_revision {
                 return Err(corrupt(r, "rewrite parent is not the head"));
             }
@@ -240,7 +240,7 @@ fn fold_transcript<S: Store + ?Sized>(store: &mut S, r: &Record) -> Result<()> {
         }
         _ => return Ok(()),
     };
-    store.put_row(Table::TranscriptTip, &tip_key, &tip)
+    store.put_tip_row(Table::TranscriptTip, &tip_key, tip)
 }
 
 /// Nodes per row of the revision order: row `c` of a session holds the seqs of its nodes
@@ -272,11 +272,11 @@ fn fold_graph<S: Store + ?Sized>(store: &mut S, r: &Record) -> Result<()> {
         // leaves the revision where it is: no node, no edge.
         Event::TurnCommitted(e) if e.messages.is_empty() => return Ok(()),
         Event::TurnCommitted(e) => {
-            let tip: GraphTip = need(r, store.row(Table::GraphTip, &tip_key)?, "graph")?;
+            let tip: GraphTip = need(r, store.tip_row(Table::GraphTip, &tip_key)?, "graph")?;
             (Some(tip), e.revision_after, tip.len + e.messages.len() as u64)
         }
         Event::TranscriptRewritten(e) => {
-            let tip: GraphTip = need(r, store.row(Table::GraphTip, &tip_key)?, "graph")?;
+            let tip: GraphTip = need(r, store.tip_row(Table::GraphTip, &tip_key)?, "graph")?;
             if tip.head != e.parent_revision || e.start > e.end || e.end > tip.len {
                 return Err(corrupt(r, "rewrite does not splice the graph head"));
             }
@@ -327,7 +327,7 @@ fn fold_graph<S: Store + ?Sized>(store: &mut S, r: &Record) -> Result<()> {
             r.seq
         }
     };
-    store.put_row(Table::GraphTip, &tip_key, &GraphTip { head: to, head_seq, nodes, len: new_len })
+    store.put_tip_row(Table::GraphTip, &tip_key, GraphTip { head: to, head_seq, nodes, len: new_len })
 }
 
 fn fold_context<S: Store + ?Sized>(store: &mut S, r: &Record) -> Result<()> {
@@ -377,7 +377,7 @@ fn fold_usage<S: Store + ?Sized>(store: &mut S, r: &Record) -> Result<()> {
         let mut counted: Vec<Vec<u8>> = Vec::with_capacity(e.usage.len());
         for u in &e.usage {
             let key = keys::usage(&r.session, &u.provider, &u.model);
-            let mut t: UsageTotals = store.row(Table::Usage, &key)?.unwrap_or_else(|| UsageTotals {
+            let mut t: UsageTotals = store.tip_row(Table::Usage, &key)?.unwrap_or_else(|| UsageTotals {
                 provider: u.provider.clone(),
                 model: u.model.clone(),
                 ..UsageTotals::default()
@@ -390,7 +390,7 @@ fn fold_usage<S: Store + ?Sized>(store: &mut S, r: &Record) -> Result<()> {
                 t.turns += 1;
                 counted.push(key.clone());
             }
-            store.put_row(Table::Usage, &key, &t)?;
+            store.put_tip_row(Table::Usage, &key, t)?;
         }
     }
     Ok(())
@@ -481,7 +481,7 @@ fn fold_tools<S: Store + ?Sized>(store: &mut S, r: &Record) -> Result<()> {
                 return Err(corrupt(r, format!("tool op {} called twice", e.op_id)));
             }
             let tip_key = keys::session(&r.session);
-            let mut tip: ToolTip = store.row(Table::ToolTip, &tip_key)?.unwrap_or_default();
+            let mut tip: ToolTip = store.tip_row(Table::ToolTip, &tip_key)?.unwrap_or_default();
             let op = ToolOp {
                 session: r.session,
                 op_id: e.op_id.clone(),
@@ -501,7 +501,7 @@ fn fold_tools<S: Store + ?Sized>(store: &mut S, r: &Record) -> Result<()> {
             store.put_row(Table::Unsettled, &keys::session_u64(&r.session, r.seq), &e.op_id)?;
             store.put_row(Table::UnsettledAll, &keys::u64(r.seq), &(r.session, e.op_id.clone()))?;
             tip.count += 1;
-            store.put_row(Table::ToolTip, &tip_key, &tip)
+            store.put_tip_row(Table::ToolTip, &tip_key, tip)
         }
         Event::ToolResultRecorded(e) => {
             let key = keys::session_str(&r.session, &e.op_id);
@@ -626,9 +626,11 @@ fn fold_inbox<S: Store + ?Sized>(store: &mut S, r: &Record) -> Result<()> {
     let tip_key = keys::session(&r.session);
     let mut tip: InboxTip = match &r.event {
         Event::InputEnqueued(_) | Event::InputsClaimed(_) | Event::ClaimAbandoned(_) | Event::InputCancelled(_) => {
-            store.row(Table::InboxTip, &tip_key)?.unwrap_or_default()
+            store.tip_row(Table::InboxTip, &tip_key)?.unwrap_or_default()
         }
-        Event::TurnCommitted(e) if !e.inputs.is_empty() => store.row(Table::InboxTip, &tip_key)?.unwrap_or_default(),
+        Event::TurnCommitted(e) if !e.inputs.is_empty() => {
+            store.tip_row(Table::InboxTip, &tip_key)?.unwrap_or_default()
+        }
         _ => return Ok(()),
     };
     match &r.event {
@@ -704,5 +706,5 @@ fn fold_inbox<S: Store + ?Sized>(store: &mut S, r: &Record) -> Result<()> {
         }
         _ => {}
     }
-    store.put_row(Table::InboxTip, &tip_key, &tip)
+    store.put_tip_row(Table::InboxTip, &tip_key, tip)
 }

@@ -298,6 +298,45 @@ pub trait Store {
     fn note_content_key(&self, key: u64) {
         let _ = key;
     }
+
+    /// Calls `f` with the value at `key` and returns true where the store holds that row
+    /// as a typed value not encoded yet ([`Store::put_typed`]); returns false without
+    /// calling `f` otherwise (the default).
+    fn read_typed(&self, table: Table, key: &[u8], f: &mut dyn FnMut(&dyn std::any::Any)) -> Result<bool> {
+        let _ = (table, key, f);
+        Ok(false)
+    }
+
+    /// Whether the store keeps rows typed ([`Store::put_typed`]); false, the default,
+    /// when it would only encode them at once.
+    fn keeps_typed(&self) -> bool {
+        false
+    }
+
+    /// Sets `key` to `value`. A store that folds long runs of records (a chunk of a
+    /// rebuild or a catch-up) keeps the value typed and encodes it once, when it hands
+    /// its writes over; the default encodes it now.
+    fn put_typed(&mut self, table: Table, key: &[u8], value: Box<dyn TypedRow>) -> Result<()> {
+        let bytes = value.encode()?;
+        self.put_vec(table, key, bytes)
+    }
+}
+
+/// A row value that a store may hold typed and encode later ([`Store::put_typed`]).
+pub trait TypedRow: std::any::Any + Send + Sync {
+    /// The row's bytes ([`encode_row`]).
+    fn encode(&self) -> Result<Vec<u8>>;
+    /// The value, to downcast.
+    fn as_any(&self) -> &dyn std::any::Any;
+}
+
+impl<T: Serialize + std::any::Any + Send + Sync> TypedRow for T {
+    fn encode(&self) -> Result<Vec<u8>> {
+        encode_row(self)
+    }
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
 }
 
 /// Typed helpers over any [`Store`].
@@ -328,6 +367,30 @@ pub trait StoreExt: Store {
     fn put_row<T: Serialize>(&mut self, table: Table, key: &[u8], value: &T) -> Result<()> {
         let bytes = encode_row(value)?;
         self.put_vec(table, key, bytes)
+    }
+
+    /// [`StoreExt::row`] of a row that a fold rewrites at nearly every record of its
+    /// session (its head, its tips): a copy of the typed value where the store holds
+    /// one ([`Store::read_typed`]), else decoded from its bytes.
+    fn tip_row<T: DeserializeOwned + Clone + 'static>(&self, table: Table, key: &[u8]) -> Result<Option<T>> {
+        let mut found = None;
+        if self.read_typed(table, key, &mut |value| found = value.downcast_ref::<T>().cloned())? {
+            if let Some(value) = found {
+                return Ok(Some(value));
+            }
+        }
+        // Held as bytes, or typed as another type: its bytes say what it is.
+        self.row(table, key)
+    }
+
+    /// Writes a row that [`StoreExt::tip_row`] reads: typed where the store keeps it so
+    /// ([`Store::put_typed`]), else encoded now.
+    fn put_tip_row<T: Serialize + Send + Sync + 'static>(&mut self, table: Table, key: &[u8], value: T) -> Result<()> {
+        if self.keeps_typed() {
+            self.put_typed(table, key, Box::new(value))
+        } else {
+            self.put_row(table, key, &value)
+        }
     }
 }
 
@@ -630,6 +693,127 @@ impl<S: Store + ?Sized> Store for Overlay<'_, S> {
     }
 }
 
+/// An [`Overlay`] for a fold of a long run of records (a chunk of a rebuild or a
+/// catch-up), which never stages a command: the rows a fold rewrites at nearly every
+/// record of a session ([`StoreExt::put_tip_row`]: its head, its tips) are held as typed
+/// values, read back by copy ([`StoreExt::tip_row`]) and encoded once, by
+/// [`TypedOverlay::finish`], instead of decoded and encoded again at every record. A
+/// read of such a row's bytes encodes it; a write of its bytes drops the typed value.
+pub(crate) struct TypedOverlay<'a, S: Store + ?Sized> {
+    rows: Overlay<'a, S>,
+    typed: HashMap<Arc<[u8]>, Box<dyn TypedRow>, RowHasher>,
+}
+
+impl<'a, S: Store + ?Sized> TypedOverlay<'a, S> {
+    /// An empty overlay over `base`, with room for `rows` rows before its map grows.
+    pub(crate) fn with_capacity(base: &'a S, rows: usize) -> Self {
+        let mut overlay = Overlay::new(base);
+        overlay.writes.rows.reserve(rows);
+        TypedOverlay { rows: overlay, typed: HashMap::default() }
+    }
+
+    /// The buffered writes, the typed rows encoded.
+    pub(crate) fn finish(self) -> Result<Writes> {
+        let TypedOverlay { mut rows, typed } = self;
+        for (physical, value) in typed {
+            let bytes = value.encode()?;
+            rows.writes.rows.insert(physical, Some(Arc::new(bytes)));
+        }
+        Ok(rows.into_writes())
+    }
+
+    /// Drops the typed value of `key`, whose bytes are written.
+    fn forget(&mut self, table: Table, key: &[u8]) {
+        if !self.typed.is_empty() {
+            with_physical(table, key, |physical| self.typed.remove(physical));
+        }
+    }
+}
+
+impl<S: Store + ?Sized> Store for TypedOverlay<'_, S> {
+    fn keeps_typed(&self) -> bool {
+        true
+    }
+    fn read(&self, table: Table, key: &[u8], f: &mut dyn FnMut(Option<&[u8]>) -> Result<()>) -> Result<()> {
+        match with_physical(table, key, |physical| self.typed.get(physical).map(|value| value.encode())) {
+            Some(bytes) => f(Some(&bytes?)),
+            None => self.rows.read(table, key, f),
+        }
+    }
+    fn read_typed(&self, table: Table, key: &[u8], f: &mut dyn FnMut(&dyn std::any::Any)) -> Result<bool> {
+        Ok(with_physical(table, key, |physical| match self.typed.get(physical) {
+            Some(value) => {
+                f(value.as_any());
+                true
+            }
+            None => false,
+        }))
+    }
+    fn put_typed(&mut self, table: Table, key: &[u8], value: Box<dyn TypedRow>) -> Result<()> {
+        with_physical(table, key, |physical| match self.typed.get_mut(physical) {
+            Some(slot) => *slot = value,
+            None => {
+                self.typed.insert(Arc::from(physical), value);
+            }
+        });
+        Ok(())
+    }
+    fn put(&mut self, table: Table, key: &[u8], value: &[u8]) -> Result<()> {
+        self.forget(table, key);
+        self.rows.put(table, key, value)
+    }
+    fn remove(&mut self, table: Table, key: &[u8]) -> Result<()> {
+        self.forget(table, key);
+        self.rows.remove(table, key)
+    }
+    fn put_vec(&mut self, table: Table, key: &[u8], value: Vec<u8>) -> Result<()> {
+        self.forget(table, key);
+        self.rows.put_vec(table, key, value)
+    }
+    fn update_in_place(
+        &mut self,
+        table: Table,
+        key: &[u8],
+        f: &mut dyn FnMut(&mut Vec<u8>) -> Result<bool>,
+    ) -> Result<bool> {
+        // A typed row's bytes are not held: the caller writes it anew.
+        if with_physical(table, key, |physical| self.typed.contains_key(physical)) {
+            return Ok(false);
+        }
+        self.rows.update_in_place(table, key, f)
+    }
+    fn content_row_holds(&self, seq: u64, id: &annal_codec::ContentId) -> Result<Option<bool>> {
+        self.rows.content_row_holds(seq, id)
+    }
+    fn deferred_content(&mut self) -> Option<&mut crate::buckets::DeferredContent> {
+        self.rows.deferred_content()
+    }
+    fn deferred_content_seqs(&self, id: &annal_codec::ContentId, out: &mut Vec<u64>) {
+        self.rows.deferred_content_seqs(id, out)
+    }
+    fn deferred_content_holds(&self, id: &annal_codec::ContentId) -> bool {
+        self.rows.deferred_content_holds(id)
+    }
+    fn content_key_absent(&self, key: u64) -> bool {
+        self.rows.content_key_absent(key)
+    }
+    fn note_content_key(&self, key: u64) {
+        self.rows.note_content_key(key)
+    }
+    fn record_at(&self, seq: u64) -> Result<Option<annal_codec::Record>> {
+        self.rows.record_at(seq)
+    }
+    fn message_list(&self, seq: u64) -> Result<Option<std::sync::Arc<[annal_codec::ContentId]>>> {
+        self.rows.message_list(seq)
+    }
+    fn cached_revision(&self, revision: &annal_codec::RevisionId) -> Option<Arc<[annal_codec::ContentId]>> {
+        self.rows.cached_revision(revision)
+    }
+    fn keep_revision(&self, revision: &annal_codec::RevisionId, list: &[annal_codec::ContentId]) {
+        self.rows.keep_revision(revision, list)
+    }
+}
+
 /// Writes buffered by an [`Overlay`]: physical key ([`crate::tables::physical_key`]) →
 /// value, `None` for a removal.
 #[derive(Debug, Default)]
@@ -805,6 +989,22 @@ impl<S: Store + ?Sized> Held<'_, S> {
 }
 
 impl<S: Store + ?Sized> Store for Held<'_, S> {
+    fn keeps_typed(&self) -> bool {
+        self.rest.keeps_typed()
+    }
+    fn read_typed(&self, table: Table, key: &[u8], f: &mut dyn FnMut(&dyn std::any::Any)) -> Result<bool> {
+        if table == self.held.table {
+            return Ok(false);
+        }
+        self.rest.read_typed(table, key, f)
+    }
+    fn put_typed(&mut self, table: Table, key: &[u8], value: Box<dyn TypedRow>) -> Result<()> {
+        if table == self.held.table {
+            let bytes = value.encode()?;
+            return self.put_vec(table, key, bytes);
+        }
+        self.rest.put_typed(table, key, value)
+    }
     fn deferred_content(&mut self) -> Option<&mut crate::buckets::DeferredContent> {
         self.held.defer.then_some(&mut self.held.deferred)
     }
@@ -1103,6 +1303,15 @@ impl<'a, S: Store + ?Sized> WithRecords<'a, S> {
 }
 
 impl<S: Store + ?Sized> Store for WithRecords<'_, S> {
+    fn keeps_typed(&self) -> bool {
+        self.rows().keeps_typed()
+    }
+    fn read_typed(&self, table: Table, key: &[u8], f: &mut dyn FnMut(&dyn std::any::Any)) -> Result<bool> {
+        self.rows().read_typed(table, key, f)
+    }
+    fn put_typed(&mut self, table: Table, key: &[u8], value: Box<dyn TypedRow>) -> Result<()> {
+        self.rows_mut()?.put_typed(table, key, value)
+    }
     fn deferred_content(&mut self) -> Option<&mut crate::buckets::DeferredContent> {
         self.rows_mut().ok()?.deferred_content()
     }
@@ -1258,6 +1467,109 @@ mod tests {
             held.hand_over(&base, &mut chunk, true, usize::MAX).unwrap();
             apply_writes(&mut base, chunk).unwrap();
             proptest::prop_assert_eq!(every_row(&base), every_row(&reference));
+        }
+    }
+
+    /// A step of a fold through a [`TypedOverlay`]: a typed write, a write of bytes, a
+    /// removal, a change in place, of one of four keys of one table.
+    #[derive(Clone, Debug)]
+    enum TypedStep {
+        PutTyped(u8, u64),
+        PutBytes(u8, u64),
+        Remove(u8),
+        InPlace(u8, u64),
+    }
+
+    fn typed_step() -> impl proptest::strategy::Strategy<Value = TypedStep> {
+        use proptest::prelude::*;
+        prop_oneof![
+            (0..4u8, any::<u64>()).prop_map(|(k, v)| TypedStep::PutTyped(k, v)),
+            (0..4u8, any::<u64>()).prop_map(|(k, v)| TypedStep::PutBytes(k, v)),
+            (0..4u8).prop_map(TypedStep::Remove),
+            (0..4u8, any::<u64>()).prop_map(|(k, v)| TypedStep::InPlace(k, v)),
+        ]
+    }
+
+    /// Runs `step` on `store` as a fold would: a change in place falls back to a write.
+    fn run_typed_step<S: Store + ?Sized>(store: &mut S, step: &TypedStep) {
+        let key = |k: &u8| [*k];
+        match step {
+            TypedStep::PutTyped(k, v) => store.put_tip_row(Table::Heads, &key(k), *v).unwrap(),
+            TypedStep::PutBytes(k, v) => store.put_row(Table::Heads, &key(k), v).unwrap(),
+            TypedStep::Remove(k) => store.remove(Table::Heads, &key(k)).unwrap(),
+            TypedStep::InPlace(k, v) => {
+                let bytes = encode_row(v).unwrap();
+                let changed = store
+                    .update_in_place(Table::Heads, &key(k), &mut |buffer| {
+                        buffer.clear();
+                        buffer.extend_from_slice(&bytes);
+                        Ok(true)
+                    })
+                    .unwrap();
+                if !changed {
+                    store.put(Table::Heads, &key(k), &bytes).unwrap();
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_typed_overlay_reads_a_typed_row_as_typed_and_as_bytes() {
+        let mut base = MemStore::default();
+        base.put_row(Table::Heads, b"a", &1u64).unwrap();
+        let mut o = TypedOverlay::with_capacity(&base, 4);
+        assert!(o.keeps_typed());
+        assert_eq!(o.tip_row::<u64>(Table::Heads, b"a").unwrap(), Some(1));
+        o.put_tip_row(Table::Heads, b"a", 7u64).unwrap();
+        assert!(o.read_typed(Table::Heads, b"a", &mut |_| {}).unwrap());
+        assert_eq!(o.tip_row::<u64>(Table::Heads, b"a").unwrap(), Some(7));
+        assert_eq!(o.get(Table::Heads, b"a").unwrap(), Some(encode_row(&7u64).unwrap()));
+        // Typed as another type: its bytes decide.
+        assert_eq!(o.tip_row::<u32>(Table::Heads, b"a").unwrap(), Some(7));
+        // Its bytes are not held, so nothing changes them in place.
+        assert!(!o.update_in_place(Table::Heads, b"a", &mut |_| Ok(true)).unwrap());
+        // A write of bytes replaces the typed value.
+        o.put_row(Table::Heads, b"a", &9u64).unwrap();
+        assert!(!o.read_typed(Table::Heads, b"a", &mut |_| {}).unwrap());
+        assert_eq!(o.tip_row::<u64>(Table::Heads, b"a").unwrap(), Some(9));
+        o.put_tip_row(Table::Heads, b"b", 3u64).unwrap();
+        let writes = o.finish().unwrap();
+        assert_eq!(writes.table(Table::Heads).get(b"b".as_slice()), Some(&Some(encode_row(&3u64).unwrap())));
+        assert_eq!(base.tip_row::<u64>(Table::Heads, b"b").unwrap(), None, "the base is left alone");
+        // A store that keeps nothing typed writes the row's bytes at once.
+        let mut plain = MemStore::default();
+        assert!(!plain.keeps_typed());
+        plain.put_tip_row(Table::Heads, b"a", 5u64).unwrap();
+        assert_eq!(plain.get(Table::Heads, b"a").unwrap(), Some(encode_row(&5u64).unwrap()));
+    }
+
+    proptest::proptest! {
+        /// A fold through a [`TypedOverlay`] reads what a fold through an [`Overlay`]
+        /// reads at every step, and hands over the same writes.
+        #[test]
+        fn a_typed_overlay_reads_and_writes_what_an_overlay_does(
+            before in proptest::collection::vec((0..4u8, proptest::prelude::any::<u64>()), 0..4),
+            steps in proptest::collection::vec(typed_step(), 0..40),
+        ) {
+            let mut base = MemStore::default();
+            for (k, v) in &before {
+                base.put_row(Table::Heads, &[*k], v).unwrap();
+            }
+            let mut typed = TypedOverlay::with_capacity(&base, 0);
+            let mut plain = Overlay::new(&base);
+            for step in &steps {
+                run_typed_step(&mut typed, step);
+                run_typed_step(&mut plain, step);
+                for k in 0..4u8 {
+                    proptest::prop_assert_eq!(typed.get(Table::Heads, &[k]).unwrap(), plain.get(Table::Heads, &[k]).unwrap());
+                    proptest::prop_assert_eq!(
+                        typed.tip_row::<u64>(Table::Heads, &[k]).unwrap(),
+                        plain.tip_row::<u64>(Table::Heads, &[k]).unwrap()
+                    );
+                }
+            }
+            let typed = typed.finish().unwrap().table(Table::Heads);
+            proptest::prop_assert_eq!(typed, plain.into_writes().table(Table::Heads));
         }
     }
 
