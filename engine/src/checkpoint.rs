@@ -180,6 +180,14 @@ impl Cursors {
         self.seqs.iter().copied().min().unwrap_or(0)
     }
 
+    /// The first seq of a chunk that starts at `first` from which the rows its fold
+    /// writes are in no file and no chunk before it: past every cursor, so that no
+    /// projection's rows in the base are from it ([`TypedOverlay::fresh_from`]).
+    pub fn fresh_from(&self, first: u64) -> u64 {
+        let max = self.seqs.iter().copied().max().unwrap_or(0);
+        first.max(max.saturating_add(1))
+    }
+
     /// The projections whose cursor is below `seq`.
     pub fn behind(&self, seq: u64) -> ProjectionSet {
         Projection::ALL.iter().zip(self.seqs).filter(|(_, c)| *c < seq).map(|(p, _)| *p).collect()
@@ -406,7 +414,7 @@ pub(crate) struct FoldedChunk {
 
 /// The rows a chunk's overlay makes room for at first, `chunk_events` times
 /// `quarters_per_event` / 4, at most a million, so that its map is not rehashed as it
-/// grows: the replay bench's chunks write about 1.7 rows an event on the first thread,
+/// grows: the replay bench's chunks write about 0.49 rows an event on the first thread,
 /// 0.13 on the second.
 fn chunk_rows(chunk_events: u64, quarters_per_event: u64) -> usize {
     usize::try_from(chunk_events.saturating_mul(quarters_per_event) / 4).unwrap_or(usize::MAX).min(1 << 20)
@@ -422,11 +430,14 @@ fn fold_chunk(
     next_entry: &mut dyn FnMut() -> Result<Option<crate::log::LogEntry>>,
     chunk_events: u64,
 ) -> Result<FoldedChunk> {
-    let mut overlay = TypedOverlay::with_capacity(store, chunk_rows(chunk_events, 7));
+    let mut overlay = TypedOverlay::with_capacity(store, chunk_rows(chunk_events, 2));
     let (mut events, mut bytes) = (0u64, 0u64);
     Held { held: &mut *held, rest: &mut overlay }.defer_if_empty()?;
     while events < chunk_events {
         let Some(entry) = next_entry()? else { break };
+        if events == 0 {
+            overlay.fresh_from(cursors.fresh_from(entry.record.seq));
+        }
         let mut folding = Held { held: &mut *held, rest: &mut overlay };
         let mut folding = WithRecords::write(&mut folding, records);
         evolve(&mut folding, &entry.record, &entry.introduced, cursors.behind(entry.record.seq))?;
@@ -455,6 +466,10 @@ pub(crate) fn fold_chunk_on_two<S: Store + Sync + ?Sized>(
     std::thread::scope(|scope| {
         let other = scope.spawn(move || -> Result<crate::store::Writes> {
             let mut overlay = TypedOverlay::with_capacity(store, chunk_rows(chunk_events, 1));
+            let mut batches = batches.into_iter().peekable();
+            if let Some(first) = batches.peek().and_then(|b| b.first()) {
+                overlay.fresh_from(cursors.fresh_from(first.record.seq));
+            }
             let mut folding = Held { held, rest: &mut overlay };
             folding.defer_if_empty()?;
             for batch in batches {
@@ -465,7 +480,7 @@ pub(crate) fn fold_chunk_on_two<S: Store + Sync + ?Sized>(
             }
             overlay.finish()
         });
-        let mut overlay = TypedOverlay::with_capacity(store, chunk_rows(chunk_events, 7));
+        let mut overlay = TypedOverlay::with_capacity(store, chunk_rows(chunk_events, 2));
         let (mut events, mut bytes) = (0u64, 0u64);
         let here = (|| -> Result<()> {
             while events < chunk_events {
@@ -478,6 +493,9 @@ pub(crate) fn fold_chunk_on_two<S: Store + Sync + ?Sized>(
                 }
                 if batch.is_empty() {
                     break;
+                }
+                if events == 0 {
+                    overlay.fresh_from(cursors.fresh_from(batch[0].record.seq));
                 }
                 let batch = Arc::new(batch);
                 if to_second.send(batch.clone()).is_err() {

@@ -429,7 +429,7 @@ fn fold_labels<S: Store + ?Sized>(store: &mut S, r: &Record) -> Result<()> {
                 })?,
                 None => return Err(corrupt(r, format!("{} event for a session with no recency tip", event.kind()))),
             };
-            store.remove(Table::RecencyOrder, &keys::recency(last, &r.session))?;
+            store.remove_fresh(Table::RecencyOrder, &keys::recency(last, &r.session), last)?;
             if let Event::LabelsChanged(e) = event {
                 let mut ls: LabelSession = need(r, store.row(Table::LabelSessions, &key)?, "labels")?;
                 for k in &e.remove {
@@ -511,8 +511,8 @@ fn fold_tools<S: Store + ?Sized>(store: &mut S, r: &Record) -> Result<()> {
             }
             op.state =
                 ToolState::Settled { outcome: e.outcome, result: e.result, seq: r.seq, at_ms: r.committed_at_ms };
-            store.remove(Table::Unsettled, &keys::session_u64(&r.session, op.call_seq))?;
-            store.remove(Table::UnsettledAll, &keys::u64(op.call_seq))?;
+            store.remove_fresh(Table::Unsettled, &keys::session_u64(&r.session, op.call_seq), op.call_seq)?;
+            store.remove_fresh(Table::UnsettledAll, &keys::u64(op.call_seq), op.call_seq)?;
             store.put_row(Table::ToolOps, &key, &op)
         }
         _ => Ok(()),

@@ -353,11 +353,51 @@ mod tests {
                     .usage("provider", "model", 10, 20);
                 *revision = engine.commit_turn(turn).unwrap().receipt().revision;
             }
+            // Tool calls: settled at once by some sessions, rounds later by the others,
+            // so that a settlement's removals fall in the chunk of the call and in a
+            // later one.
+            for (i, (session, _)) in sessions.iter().enumerate() {
+                if round == 2 || round == 4 {
+                    engine.record_tool_call(tool_call(*session, round, i)).unwrap();
+                }
+                if round == 2 && i % 2 == 0 {
+                    engine.record_tool_result(tool_result(*session, round, i)).unwrap();
+                }
+                if round == 5 {
+                    for called in [2, 4] {
+                        if called != 2 || i % 2 == 1 {
+                            engine.record_tool_result(tool_result(*session, called, i)).unwrap();
+                        }
+                    }
+                }
+            }
         }
         let digests = engine.projection_digests().unwrap();
         let tip = engine.tip().unwrap().0;
         engine.close().unwrap();
         (digests, tip)
+    }
+
+    fn tool_call(session: crate::SessionId, round: usize, i: usize) -> crate::RecordToolCall {
+        crate::RecordToolCall {
+            session,
+            op_id: format!("op-{round}-{i}"),
+            call_id: format!("call-{round}-{i}"),
+            tool_name: "bash".into(),
+            args: b"ls".to_vec(),
+            parent_op: None,
+            turn_id: None,
+            recovery: crate::Recovery::ReplaySafe,
+        }
+    }
+
+    fn tool_result(session: crate::SessionId, round: usize, i: usize) -> crate::RecordToolResult {
+        crate::RecordToolResult {
+            session,
+            op_id: format!("op-{round}-{i}"),
+            outcome: crate::ToolOutcome::Ok,
+            result: b"done".to_vec(),
+        }
     }
 
     /// Opens the database and checks its projections against `live`.

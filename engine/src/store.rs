@@ -307,6 +307,16 @@ pub trait Store {
         Ok(false)
     }
 
+    /// Removes `key`, a row that the fold of the record at seq `seq` wrote (a session's
+    /// former place in the recency order, an unsettled tool call). A store that folds a
+    /// run of records over rows that cannot hold a row written at `seq` (a chunk's
+    /// overlay, from the chunk's first seq) forgets its own version of the row outright
+    /// instead of keeping a removal to apply; the default removes it.
+    fn remove_fresh(&mut self, table: Table, key: &[u8], seq: u64) -> Result<()> {
+        let _ = seq;
+        self.remove(table, key)
+    }
+
     /// Whether the store keeps rows typed ([`Store::put_typed`]); false, the default,
     /// when it would only encode them at once.
     fn keeps_typed(&self) -> bool {
@@ -699,9 +709,14 @@ impl<S: Store + ?Sized> Store for Overlay<'_, S> {
 /// values, read back by copy ([`StoreExt::tip_row`]) and encoded once, by
 /// [`TypedOverlay::finish`], instead of decoded and encoded again at every record. A
 /// read of such a row's bytes encodes it; a write of its bytes drops the typed value.
+///
+/// Its rows from the fold of records at seqs from `fresh_from` on are its own: the base
+/// holds none, so a removal of one ([`Store::remove_fresh`]) drops its entry instead of
+/// keeping a removal that the chunk would hand over and the file apply.
 pub(crate) struct TypedOverlay<'a, S: Store + ?Sized> {
     rows: Overlay<'a, S>,
     typed: HashMap<Arc<[u8]>, Box<dyn TypedRow>, RowHasher>,
+    fresh_from: u64,
 }
 
 impl<'a, S: Store + ?Sized> TypedOverlay<'a, S> {
@@ -709,12 +724,19 @@ impl<'a, S: Store + ?Sized> TypedOverlay<'a, S> {
     pub(crate) fn with_capacity(base: &'a S, rows: usize) -> Self {
         let mut overlay = Overlay::new(base);
         overlay.writes.rows.reserve(rows);
-        TypedOverlay { rows: overlay, typed: HashMap::default() }
+        TypedOverlay { rows: overlay, typed: HashMap::default(), fresh_from: u64::MAX }
+    }
+
+    /// Says that the base holds no row written by the fold of a record at `seq` or
+    /// after: the first seq this overlay folds, when every projection's rows in the base
+    /// are from records before it. Until then every removal is kept.
+    pub(crate) fn fresh_from(&mut self, seq: u64) {
+        self.fresh_from = seq;
     }
 
     /// The buffered writes, the typed rows encoded.
     pub(crate) fn finish(self) -> Result<Writes> {
-        let TypedOverlay { mut rows, typed } = self;
+        let TypedOverlay { mut rows, typed, .. } = self;
         for (physical, value) in typed {
             let bytes = value.encode()?;
             rows.writes.rows.insert(physical, Some(Arc::new(bytes)));
@@ -765,6 +787,14 @@ impl<S: Store + ?Sized> Store for TypedOverlay<'_, S> {
     fn remove(&mut self, table: Table, key: &[u8]) -> Result<()> {
         self.forget(table, key);
         self.rows.remove(table, key)
+    }
+    fn remove_fresh(&mut self, table: Table, key: &[u8], seq: u64) -> Result<()> {
+        if seq < self.fresh_from {
+            return self.remove(table, key);
+        }
+        self.forget(table, key);
+        with_physical(table, key, |physical| self.rows.writes.rows.remove(physical));
+        Ok(())
     }
     fn put_vec(&mut self, table: Table, key: &[u8], value: Vec<u8>) -> Result<()> {
         self.forget(table, key);
@@ -991,6 +1021,12 @@ impl<S: Store + ?Sized> Held<'_, S> {
 impl<S: Store + ?Sized> Store for Held<'_, S> {
     fn keeps_typed(&self) -> bool {
         self.rest.keeps_typed()
+    }
+    fn remove_fresh(&mut self, table: Table, key: &[u8], seq: u64) -> Result<()> {
+        if table == self.held.table {
+            return self.remove(table, key);
+        }
+        self.rest.remove_fresh(table, key, seq)
     }
     fn read_typed(&self, table: Table, key: &[u8], f: &mut dyn FnMut(&dyn std::any::Any)) -> Result<bool> {
         if table == self.held.table {
@@ -1306,6 +1342,9 @@ impl<S: Store + ?Sized> Store for WithRecords<'_, S> {
     fn keeps_typed(&self) -> bool {
         self.rows().keeps_typed()
     }
+    fn remove_fresh(&mut self, table: Table, key: &[u8], seq: u64) -> Result<()> {
+        self.rows_mut()?.remove_fresh(table, key, seq)
+    }
     fn read_typed(&self, table: Table, key: &[u8], f: &mut dyn FnMut(&dyn std::any::Any)) -> Result<bool> {
         self.rows().read_typed(table, key, f)
     }
@@ -1471,22 +1510,29 @@ mod tests {
     }
 
     /// A step of a fold through a [`TypedOverlay`]: a typed write, a write of bytes, a
-    /// removal, a change in place, of one of four keys of one table.
+    /// removal, a change in place, of one of six keys of one table, and a removal of a
+    /// row written by the fold of a record before the overlay's fresh seq (any key) or
+    /// from it on (keys 4 and 5, which the base never holds).
     #[derive(Clone, Debug)]
     enum TypedStep {
         PutTyped(u8, u64),
         PutBytes(u8, u64),
         Remove(u8),
         InPlace(u8, u64),
+        RemoveFresh(u8, bool),
     }
+
+    /// The seq from which the overlays of the property below hold their own rows.
+    const FRESH_FROM: u64 = 100;
 
     fn typed_step() -> impl proptest::strategy::Strategy<Value = TypedStep> {
         use proptest::prelude::*;
         prop_oneof![
-            (0..4u8, any::<u64>()).prop_map(|(k, v)| TypedStep::PutTyped(k, v)),
-            (0..4u8, any::<u64>()).prop_map(|(k, v)| TypedStep::PutBytes(k, v)),
-            (0..4u8).prop_map(TypedStep::Remove),
-            (0..4u8, any::<u64>()).prop_map(|(k, v)| TypedStep::InPlace(k, v)),
+            (0..6u8, any::<u64>()).prop_map(|(k, v)| TypedStep::PutTyped(k, v)),
+            (0..6u8, any::<u64>()).prop_map(|(k, v)| TypedStep::PutBytes(k, v)),
+            (0..6u8).prop_map(TypedStep::Remove),
+            (0..6u8, any::<u64>()).prop_map(|(k, v)| TypedStep::InPlace(k, v)),
+            (0..6u8, any::<bool>()).prop_map(|(k, fresh)| TypedStep::RemoveFresh(k, fresh && k >= 4)),
         ]
     }
 
@@ -1497,6 +1543,10 @@ mod tests {
             TypedStep::PutTyped(k, v) => store.put_tip_row(Table::Heads, &key(k), *v).unwrap(),
             TypedStep::PutBytes(k, v) => store.put_row(Table::Heads, &key(k), v).unwrap(),
             TypedStep::Remove(k) => store.remove(Table::Heads, &key(k)).unwrap(),
+            TypedStep::RemoveFresh(k, fresh) => {
+                let seq = if *fresh { FRESH_FROM } else { FRESH_FROM - 1 };
+                store.remove_fresh(Table::Heads, &key(k), seq).unwrap()
+            }
             TypedStep::InPlace(k, v) => {
                 let bytes = encode_row(v).unwrap();
                 let changed = store
@@ -1536,6 +1586,20 @@ mod tests {
         let writes = o.finish().unwrap();
         assert_eq!(writes.table(Table::Heads).get(b"b".as_slice()), Some(&Some(encode_row(&3u64).unwrap())));
         assert_eq!(base.tip_row::<u64>(Table::Heads, b"b").unwrap(), None, "the base is left alone");
+        // A row of the fold's own from its fresh seq on goes without a trace; one from
+        // before leaves a removal.
+        let mut o = TypedOverlay::with_capacity(&base, 4);
+        o.fresh_from(10);
+        o.put_row(Table::Heads, b"c", &1u64).unwrap();
+        o.put_row(Table::Heads, b"d", &1u64).unwrap();
+        o.remove_fresh(Table::Heads, b"c", 10).unwrap();
+        o.remove_fresh(Table::Heads, b"d", 9).unwrap();
+        o.remove_fresh(Table::Heads, b"a", 9).unwrap();
+        assert_eq!(o.get(Table::Heads, b"c").unwrap(), None);
+        assert_eq!(o.get(Table::Heads, b"a").unwrap(), None);
+        let removed = o.finish().unwrap().table(Table::Heads);
+        assert_eq!(removed.keys().map(Vec::as_slice).collect::<Vec<_>>(), [b"a".as_slice(), b"d"]);
+        assert!(removed.values().all(Option::is_none));
         // A store that keeps nothing typed writes the row's bytes at once.
         let mut plain = MemStore::default();
         assert!(!plain.keeps_typed());
@@ -1556,11 +1620,12 @@ mod tests {
                 base.put_row(Table::Heads, &[*k], v).unwrap();
             }
             let mut typed = TypedOverlay::with_capacity(&base, 0);
+            typed.fresh_from(FRESH_FROM);
             let mut plain = Overlay::new(&base);
             for step in &steps {
                 run_typed_step(&mut typed, step);
                 run_typed_step(&mut plain, step);
-                for k in 0..4u8 {
+                for k in 0..6u8 {
                     proptest::prop_assert_eq!(typed.get(Table::Heads, &[k]).unwrap(), plain.get(Table::Heads, &[k]).unwrap());
                     proptest::prop_assert_eq!(
                         typed.tip_row::<u64>(Table::Heads, &[k]).unwrap(),
@@ -1568,8 +1633,21 @@ mod tests {
                     );
                 }
             }
-            let typed = typed.finish().unwrap().table(Table::Heads);
-            proptest::prop_assert_eq!(typed, plain.into_writes().table(Table::Heads));
+            let (typed, plain) = (typed.finish().unwrap(), plain.into_writes());
+            // The typed overlay keeps no removal of a row of its own.
+            let removals = |w: &Writes| w.table(Table::Heads).values().filter(|v| v.is_none()).count();
+            proptest::prop_assert!(removals(&typed) <= removals(&plain));
+            let (mut from_typed, mut from_plain) = (MemStore::default(), MemStore::default());
+            for store in [&mut from_typed, &mut from_plain] {
+                for (k, v) in &before {
+                    store.put_row(Table::Heads, &[*k], v).unwrap();
+                }
+            }
+            apply_writes(&mut from_typed, typed).unwrap();
+            apply_writes(&mut from_plain, plain).unwrap();
+            for k in 0..6u8 {
+                proptest::prop_assert_eq!(from_typed.get(Table::Heads, &[k]).unwrap(), from_plain.get(Table::Heads, &[k]).unwrap());
+            }
         }
     }
 
