@@ -716,15 +716,21 @@ impl<S: Store + ?Sized> Store for Overlay<'_, S> {
 pub(crate) struct TypedOverlay<'a, S: Store + ?Sized> {
     rows: Overlay<'a, S>,
     typed: HashMap<Arc<[u8]>, Box<dyn TypedRow>, RowHasher>,
+    /// The tables of the typed rows, a bit each ([`Table::index`]): a write of any other
+    /// table's bytes skips the typed map.
+    typed_tables: u64,
     fresh_from: u64,
 }
+
+// A bit for each table in `TypedOverlay::typed_tables`.
+const _: () = assert!(Table::ALL.len() <= 64);
 
 impl<'a, S: Store + ?Sized> TypedOverlay<'a, S> {
     /// An empty overlay over `base`, with room for `rows` rows before its map grows.
     pub(crate) fn with_capacity(base: &'a S, rows: usize) -> Self {
         let mut overlay = Overlay::new(base);
         overlay.writes.rows.reserve(rows);
-        TypedOverlay { rows: overlay, typed: HashMap::default(), fresh_from: u64::MAX }
+        TypedOverlay { rows: overlay, typed: HashMap::default(), typed_tables: 0, fresh_from: u64::MAX }
     }
 
     /// Says that the base holds no row written by the fold of a record at `seq` or
@@ -744,9 +750,14 @@ impl<'a, S: Store + ?Sized> TypedOverlay<'a, S> {
         Ok(rows.into_writes())
     }
 
+    /// Whether a row of `table` may be held typed.
+    fn typed_table(&self, table: Table) -> bool {
+        self.typed_tables & (1 << table.index()) != 0
+    }
+
     /// Drops the typed value of `key`, whose bytes are written.
     fn forget(&mut self, table: Table, key: &[u8]) {
-        if !self.typed.is_empty() {
+        if self.typed_table(table) {
             with_physical(table, key, |physical| self.typed.remove(physical));
         }
     }
@@ -757,12 +768,18 @@ impl<S: Store + ?Sized> Store for TypedOverlay<'_, S> {
         true
     }
     fn read(&self, table: Table, key: &[u8], f: &mut dyn FnMut(Option<&[u8]>) -> Result<()>) -> Result<()> {
+        if !self.typed_table(table) {
+            return self.rows.read(table, key, f);
+        }
         match with_physical(table, key, |physical| self.typed.get(physical).map(|value| value.encode())) {
             Some(bytes) => f(Some(&bytes?)),
             None => self.rows.read(table, key, f),
         }
     }
     fn read_typed(&self, table: Table, key: &[u8], f: &mut dyn FnMut(&dyn std::any::Any)) -> Result<bool> {
+        if !self.typed_table(table) {
+            return Ok(false);
+        }
         Ok(with_physical(table, key, |physical| match self.typed.get(physical) {
             Some(value) => {
                 f(value.as_any());
@@ -772,6 +789,7 @@ impl<S: Store + ?Sized> Store for TypedOverlay<'_, S> {
         }))
     }
     fn put_typed(&mut self, table: Table, key: &[u8], value: Box<dyn TypedRow>) -> Result<()> {
+        self.typed_tables |= 1 << table.index();
         with_physical(table, key, |physical| match self.typed.get_mut(physical) {
             Some(slot) => *slot = value,
             None => {
@@ -807,7 +825,7 @@ impl<S: Store + ?Sized> Store for TypedOverlay<'_, S> {
         f: &mut dyn FnMut(&mut Vec<u8>) -> Result<bool>,
     ) -> Result<bool> {
         // A typed row's bytes are not held: the caller writes it anew.
-        if with_physical(table, key, |physical| self.typed.contains_key(physical)) {
+        if self.typed_table(table) && with_physical(table, key, |physical| self.typed.contains_key(physical)) {
             return Ok(false);
         }
         self.rows.update_in_place(table, key, f)
@@ -848,7 +866,8 @@ impl<S: Store + ?Sized> Store for TypedOverlay<'_, S> {
 /// value, `None` for a removal.
 #[derive(Debug, Default)]
 pub struct Writes {
-    rows: HashMap<Arc<[u8]>, Value, RowHasher>,
+    /// hashbrown's map, whose `entry_ref` finds a row by a borrowed key, hashing it once.
+    rows: hashbrown::HashMap<Arc<[u8]>, Value, RowHasher>,
     /// The content-id index's additions an overlay that defers them folded
     /// ([`Overlay::deferring`]); empty otherwise.
     pub(crate) content: crate::buckets::DeferredContent,
@@ -904,12 +923,17 @@ impl Writes {
     /// Sets physical key `physical` to `value`; returns the key and what the row held
     /// before. A row written before keeps its key: no key is allocated for it again.
     fn set(&mut self, physical: &[u8], value: Value) -> (Arc<[u8]>, Option<Value>) {
-        let key: Arc<[u8]> = match self.rows.get_key_value(physical) {
-            Some((held, _)) => held.clone(),
-            None => Arc::from(physical),
-        };
-        let before = self.rows.insert(key.clone(), value);
-        (key, before)
+        match self.rows.entry_ref(physical) {
+            hashbrown::hash_map::EntryRef::Occupied(mut held) => {
+                let key = held.key().clone();
+                (key, Some(std::mem::replace(held.get_mut(), value)))
+            }
+            hashbrown::hash_map::EntryRef::Vacant(vacant) => {
+                let key: Arc<[u8]> = Arc::from(physical);
+                vacant.insert_with_key(key.clone(), value);
+                (key, None)
+            }
+        }
     }
 
     /// Adds `other`'s rows, which replace any of these for the same key.
