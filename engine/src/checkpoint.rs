@@ -382,16 +382,30 @@ pub(crate) fn catch_up(
             let records = crate::log::FileRecords::new(log, None, limits.record_bytes_max);
             loop {
                 let folded = if two_threads {
-                    fold_chunk_on_two(&store, &mut held, &records, cursors, &mut next_entry, fold.chunk_events)?
+                    fold_chunk_on_two(
+                        &store,
+                        &mut held,
+                        &records,
+                        cursors,
+                        &mut next_entry,
+                        fold.chunk_events,
+                        FOLD_HELD_BYTES,
+                    )?
                 } else {
-                    fold_chunk(&store, &mut held, &records, cursors, &mut next_entry, fold.chunk_events)?
+                    fold_chunk(
+                        &store,
+                        &mut held,
+                        &records,
+                        cursors,
+                        &mut next_entry,
+                        fold.chunk_events,
+                        FOLD_HELD_BYTES,
+                    )?
                 };
                 events += folded.events;
                 bytes += folded.bytes;
                 let last = folded.events < fold.chunk_events;
-                let mut writes = folded.writes;
-                held.hand_over(&store, &mut writes, last, FOLD_HELD_BYTES)?;
-                store.apply(&writes, written.as_mut())?;
+                store.apply(&folded.writes, written.as_mut())?;
                 progress(events, total);
                 if last {
                     return Ok(());
@@ -421,7 +435,9 @@ fn chunk_rows(chunk_events: u64, quarters_per_event: u64) -> usize {
 }
 
 /// Folds up to `chunk_events` records from `next_entry` on this thread, every projection
-/// behind each record, over `store`.
+/// behind each record, over `store`; then hands the held rows over with the chunk's
+/// writes ([`HeldRows::hand_over`]) if the log ended in it or they take more than
+/// `held_bytes`.
 fn fold_chunk(
     store: &RedbStore<'_>,
     held: &mut HeldRows,
@@ -429,6 +445,7 @@ fn fold_chunk(
     cursors: &Cursors,
     next_entry: &mut dyn FnMut() -> Result<Option<crate::log::LogEntry>>,
     chunk_events: u64,
+    held_bytes: usize,
 ) -> Result<FoldedChunk> {
     let mut overlay = TypedOverlay::with_capacity(store, chunk_rows(chunk_events, 2));
     let (mut events, mut bytes) = (0u64, 0u64);
@@ -444,15 +461,25 @@ fn fold_chunk(
         events += 1;
         bytes += entry.bytes;
     }
-    Ok(FoldedChunk { writes: overlay.finish()?, events, bytes })
+    let mut writes = overlay.finish()?;
+    held.hand_over(store, &mut writes, events < chunk_events, held_bytes)?;
+    Ok(FoldedChunk { writes, events, bytes })
 }
 
+/// Batches of records that the first folding thread of [`fold_chunk_on_two`] passes on
+/// before it folds them itself: the second thread, which folds less, runs that far
+/// ahead, and at the chunk's end merges the content-id index's deferred additions while
+/// the first still folds.
+const SECOND_AHEAD: usize = 32;
+
 /// [`fold_chunk`] on two threads: the projections of [`SECOND_FOLD`] (with the held
-/// content-id index) on a thread of its own, from the records this one passes on in batches of
-/// `SECOND_BATCH` (at most `SECOND_QUEUE` in flight), the others here, each through an
-/// overlay of its own over `store`, which both only read. The catch-up folds each chunk
-/// so, and so does the offline rebuild of every projection over the chunks it has
-/// handed to its writing thread.
+/// content-id index) on a thread of its own, from the records this one passes on in
+/// batches of `SECOND_BATCH` (at most `SECOND_QUEUE` in flight, and [`SECOND_AHEAD`] ahead
+/// of this thread's own fold), the others here, each through an overlay of its own over
+/// `store`, which both only read. The second thread hands the held rows over
+/// ([`HeldRows::hand_over`]) when the records end: the chunk's, or the log's, which this
+/// thread tells it. The catch-up folds each chunk so, and so does the offline rebuild of
+/// every projection over the chunks it has handed to its writing thread.
 pub(crate) fn fold_chunk_on_two<S: Store + Sync + ?Sized>(
     store: &S,
     held: &mut HeldRows,
@@ -460,48 +487,75 @@ pub(crate) fn fold_chunk_on_two<S: Store + Sync + ?Sized>(
     cursors: &Cursors,
     next_entry: &mut dyn FnMut() -> Result<Option<crate::log::LogEntry>>,
     chunk_events: u64,
+    held_bytes: usize,
 ) -> Result<FoldedChunk> {
     let second: ProjectionSet = SECOND_FOLD.into_iter().collect();
     let (to_second, batches) = crossbeam_channel::bounded::<Arc<Vec<crate::log::LogEntry>>>(SECOND_QUEUE);
+    // Set before the channel closes when the log ended within the chunk.
+    let log_ended = std::sync::atomic::AtomicBool::new(false);
     std::thread::scope(|scope| {
+        let log_ended = &log_ended;
         let other = scope.spawn(move || -> Result<crate::store::Writes> {
             let mut overlay = TypedOverlay::with_capacity(store, chunk_rows(chunk_events, 1));
             let mut batches = batches.into_iter().peekable();
             if let Some(first) = batches.peek().and_then(|b| b.first()) {
                 overlay.fresh_from(cursors.fresh_from(first.record.seq));
             }
-            let mut folding = Held { held, rest: &mut overlay };
-            folding.defer_if_empty()?;
-            for batch in batches {
-                for entry in batch.iter() {
-                    let set = cursors.behind(entry.record.seq).and(second);
-                    evolve(&mut folding, &entry.record, &entry.introduced, set)?;
+            {
+                let mut folding = Held { held: &mut *held, rest: &mut overlay };
+                folding.defer_if_empty()?;
+                for batch in batches {
+                    for entry in batch.iter() {
+                        let set = cursors.behind(entry.record.seq).and(second);
+                        evolve(&mut folding, &entry.record, &entry.introduced, set)?;
+                    }
                 }
             }
-            overlay.finish()
+            let mut writes = overlay.finish()?;
+            held.hand_over(store, &mut writes, log_ended.load(Ordering::Acquire), held_bytes)?;
+            Ok(writes)
         });
         let mut overlay = TypedOverlay::with_capacity(store, chunk_rows(chunk_events, 2));
         let (mut events, mut bytes) = (0u64, 0u64);
+        let mut to_second = Some(to_second);
         let here = (|| -> Result<()> {
-            while events < chunk_events {
-                let mut batch = Vec::with_capacity(SECOND_BATCH);
-                while batch.len() < SECOND_BATCH && events + (batch.len() as u64) < chunk_events {
-                    match next_entry()? {
-                        Some(entry) => batch.push(entry),
-                        None => break,
+            // Sent to the second thread, not folded here yet.
+            let mut ahead = std::collections::VecDeque::with_capacity(SECOND_AHEAD);
+            let mut read = 0u64;
+            loop {
+                while let Some(tx) = to_second.as_ref().filter(|_| ahead.len() < SECOND_AHEAD) {
+                    let mut batch = Vec::with_capacity(SECOND_BATCH);
+                    let mut ended = false;
+                    while batch.len() < SECOND_BATCH && read + (batch.len() as u64) < chunk_events {
+                        match next_entry()? {
+                            Some(entry) => batch.push(entry),
+                            None => {
+                                ended = true;
+                                break;
+                            }
+                        }
+                    }
+                    if let (0, Some(first)) = (read, batch.first()) {
+                        overlay.fresh_from(cursors.fresh_from(first.record.seq));
+                    }
+                    read += batch.len() as u64;
+                    if ended {
+                        log_ended.store(true, Ordering::Release);
+                    }
+                    if !batch.is_empty() {
+                        let batch = Arc::new(batch);
+                        if tx.send(batch.clone()).is_err() {
+                            // The second fold stopped: its failure is reported below.
+                            return Ok(());
+                        }
+                        ahead.push_back(batch);
+                    }
+                    if ended || read >= chunk_events {
+                        // Every record of the chunk is sent: the second thread may end.
+                        to_second = None;
                     }
                 }
-                if batch.is_empty() {
-                    break;
-                }
-                if events == 0 {
-                    overlay.fresh_from(cursors.fresh_from(batch[0].record.seq));
-                }
-                let batch = Arc::new(batch);
-                if to_second.send(batch.clone()).is_err() {
-                    // The second fold stopped: its failure is reported below.
-                    return Ok(());
-                }
+                let Some(batch) = ahead.pop_front() else { break };
                 for entry in batch.iter() {
                     let mut folding = WithRecords::write(&mut overlay, records);
                     let set = cursors.behind(entry.record.seq).without(second);

@@ -283,11 +283,10 @@ fn fold_into(temp: &Path, log: &LogSource<'_>, progress: Progress<'_>, handover:
                 &from_zero,
                 &mut next_entry,
                 handover.events,
+                handover.held_bytes,
             )?;
             let last = folded.events < handover.events;
-            let mut writes = folded.writes;
-            held.hand_over(&base, &mut writes, last, handover.held_bytes)?;
-            let writes = Arc::new(writes);
+            let writes = Arc::new(folded.writes);
             events += folded.events;
             bytes += folded.bytes;
             if !writes.is_empty() {
