@@ -388,8 +388,7 @@ pub(crate) fn catch_up(
                         &records,
                         cursors,
                         &mut next_entry,
-                        fold.chunk_events,
-                        FOLD_HELD_BYTES,
+                        ChunkLimits { events: fold.chunk_events, held_bytes: FOLD_HELD_BYTES, left: total - events },
                     )?
                 } else {
                     fold_chunk(
@@ -398,8 +397,7 @@ pub(crate) fn catch_up(
                         &records,
                         cursors,
                         &mut next_entry,
-                        fold.chunk_events,
-                        FOLD_HELD_BYTES,
+                        ChunkLimits { events: fold.chunk_events, held_bytes: FOLD_HELD_BYTES, left: total - events },
                     )?
                 };
                 events += folded.events;
@@ -426,6 +424,17 @@ pub(crate) struct FoldedChunk {
     pub bytes: u64,
 }
 
+/// Where a chunk of a long fold ends, and how it sizes and hands over what it holds.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct ChunkLimits {
+    /// The events of a chunk.
+    pub events: u64,
+    /// The bound of the held rows ([`HeldRows::hand_over`]).
+    pub held_bytes: usize,
+    /// The events left to fold: the chunk's overlay makes room for no more.
+    pub left: u64,
+}
+
 /// The rows a chunk's overlay makes room for at first, `chunk_events` times
 /// `quarters_per_event` / 4, at most a million, so that its map is not rehashed as it
 /// grows: the replay bench's chunks write about 0.49 rows an event on the first thread,
@@ -444,10 +453,12 @@ fn fold_chunk(
     records: &crate::log::FileRecords<'_>,
     cursors: &Cursors,
     next_entry: &mut dyn FnMut() -> Result<Option<crate::log::LogEntry>>,
-    chunk_events: u64,
-    held_bytes: usize,
+    limits: ChunkLimits,
 ) -> Result<FoldedChunk> {
-    let mut overlay = TypedOverlay::with_capacity(store, chunk_rows(chunk_events, 2));
+    let ChunkLimits { events: chunk_events, held_bytes, left } = limits;
+    // Room for the chunk's rows, or for those of the events left if fewer.
+    let sized = chunk_events.min(left);
+    let mut overlay = TypedOverlay::with_capacity(store, chunk_rows(sized, 2));
     let (mut events, mut bytes) = (0u64, 0u64);
     Held { held: &mut *held, rest: &mut overlay }.defer_if_empty()?;
     while events < chunk_events {
@@ -486,9 +497,11 @@ pub(crate) fn fold_chunk_on_two<S: Store + Sync + ?Sized>(
     records: &crate::log::FileRecords<'_>,
     cursors: &Cursors,
     next_entry: &mut dyn FnMut() -> Result<Option<crate::log::LogEntry>>,
-    chunk_events: u64,
-    held_bytes: usize,
+    limits: ChunkLimits,
 ) -> Result<FoldedChunk> {
+    let ChunkLimits { events: chunk_events, held_bytes, left } = limits;
+    // Room for the chunk's rows, or for those of the events left if fewer.
+    let sized = chunk_events.min(left);
     let second: ProjectionSet = SECOND_FOLD.into_iter().collect();
     let (to_second, batches) = crossbeam_channel::bounded::<Arc<Vec<crate::log::LogEntry>>>(SECOND_QUEUE);
     // Set before the channel closes when the log ended within the chunk.
@@ -496,7 +509,7 @@ pub(crate) fn fold_chunk_on_two<S: Store + Sync + ?Sized>(
     std::thread::scope(|scope| {
         let log_ended = &log_ended;
         let other = scope.spawn(move || -> Result<crate::store::Writes> {
-            let mut overlay = TypedOverlay::with_capacity(store, chunk_rows(chunk_events, 1));
+            let mut overlay = TypedOverlay::with_capacity(store, chunk_rows(sized, 1));
             let mut batches = batches.into_iter().peekable();
             if let Some(first) = batches.peek().and_then(|b| b.first()) {
                 overlay.fresh_from(cursors.fresh_from(first.record.seq));
@@ -515,7 +528,7 @@ pub(crate) fn fold_chunk_on_two<S: Store + Sync + ?Sized>(
             held.hand_over(store, &mut writes, log_ended.load(Ordering::Acquire), held_bytes)?;
             Ok(writes)
         });
-        let mut overlay = TypedOverlay::with_capacity(store, chunk_rows(chunk_events, 2));
+        let mut overlay = TypedOverlay::with_capacity(store, chunk_rows(sized, 2));
         let (mut events, mut bytes) = (0u64, 0u64);
         let mut to_second = Some(to_second);
         let here = (|| -> Result<()> {

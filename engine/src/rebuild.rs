@@ -282,8 +282,11 @@ fn fold_into(temp: &Path, log: &LogSource<'_>, progress: Progress<'_>, handover:
                 &records,
                 &from_zero,
                 &mut next_entry,
-                handover.events,
-                handover.held_bytes,
+                checkpoint::ChunkLimits {
+                    events: handover.events,
+                    held_bytes: handover.held_bytes,
+                    left: log.tip.seq - events,
+                },
             )?;
             let last = folded.events < handover.events;
             let writes = Arc::new(folded.writes);
