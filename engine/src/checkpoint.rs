@@ -381,24 +381,11 @@ pub(crate) fn catch_up(
             // A rewrite's fold reads the lists of records folded before it.
             let records = crate::log::FileRecords::new(log, None, limits.record_bytes_max);
             loop {
-                let folded = if two_threads {
-                    fold_chunk_on_two(
-                        &store,
-                        &mut held,
-                        &records,
-                        cursors,
-                        &mut next_entry,
-                        ChunkLimits { events: fold.chunk_events, held_bytes: FOLD_HELD_BYTES, left: total - events },
-                    )?
-                } else {
-                    fold_chunk(
-                        &store,
-                        &mut held,
-                        &records,
-                        cursors,
-                        &mut next_entry,
-                        ChunkLimits { events: fold.chunk_events, held_bytes: FOLD_HELD_BYTES, left: total - events },
-                    )?
+                let limits =
+                    ChunkLimits { events: fold.chunk_events, held_bytes: FOLD_HELD_BYTES, left: total - events };
+                let folded = match two_threads {
+                    true => fold_chunk_on_two(&store, &mut held, &records, cursors, &mut next_entry, limits)?,
+                    false => fold_chunk(&store, &mut held, &records, cursors, &mut next_entry, limits)?,
                 };
                 events += folded.events;
                 bytes += folded.bytes;
