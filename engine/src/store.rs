@@ -1254,7 +1254,8 @@ pub mod keys {
 
     /// `session ‖ len ‖ provider ‖ model`
     pub fn usage(s: &SessionId, provider: &str, model: &str) -> Vec<u8> {
-        let mut k = s.0.to_vec();
+        let mut k = Vec::with_capacity(18 + provider.len() + model.len());
+        k.extend_from_slice(&s.0);
         push_str(&mut k, provider);
         k.extend_from_slice(model.as_bytes());
         k
@@ -1262,7 +1263,9 @@ pub mod keys {
 
     /// `session ‖ len ‖ name`: the prefix of every history row of one host state entry.
     pub fn host_state_name(s: &SessionId, name: &str) -> Vec<u8> {
-        let mut k = s.0.to_vec();
+        // Room for the stream seq of a history row's key too.
+        let mut k = Vec::with_capacity(26 + name.len());
+        k.extend_from_slice(&s.0);
         push_str(&mut k, name);
         k
     }
@@ -1277,14 +1280,16 @@ pub mod keys {
 
     /// `!last_seq ‖ session`: ascending key order is most recent first.
     pub fn recency(last_seq: u64, s: &SessionId) -> Vec<u8> {
-        let mut k = (!last_seq).to_be_bytes().to_vec();
+        let mut k = Vec::with_capacity(24);
+        k.extend_from_slice(&(!last_seq).to_be_bytes());
         k.extend_from_slice(&s.0);
         k
     }
 
     /// `len ‖ key ‖ len ‖ value`: the prefix of every index row for one label.
     pub fn label_prefix(key: &str, value: &str) -> Vec<u8> {
-        let mut k = Vec::new();
+        // Room for an index row's created seq and session too.
+        let mut k = Vec::with_capacity(28 + key.len() + value.len());
         push_str(&mut k, key);
         push_str(&mut k, value);
         k
