@@ -644,7 +644,85 @@ impl<'a, S: Store + ?Sized> Overlay<'a, S> {
     }
 }
 
+/// Methods of [`Store`] that a wrapper answers from the store it wraps, each as that store
+/// answers it: `delegate_reads!(base: record_at, ...)` for a field, or
+/// `delegate_reads!(rows(): ...)` for a method that lends the wrapped store. Only methods
+/// that take `&self` and add nothing of the wrapper's own are delegated this way.
+macro_rules! delegate_reads {
+    ($to:ident: $($method:ident),+ $(,)?) => {
+        $(delegate_reads!(@one $to [] $method);)+
+    };
+    ($to:ident(): $($method:ident),+ $(,)?) => {
+        $(delegate_reads!(@one $to [()] $method);)+
+    };
+    (@one $to:ident [$($call:tt)*] content_row_holds) => {
+        fn content_row_holds(&self, seq: u64, id: &annal_codec::ContentId) -> Result<Option<bool>> {
+            self.$to$($call)*.content_row_holds(seq, id)
+        }
+    };
+    (@one $to:ident [$($call:tt)*] record_at) => {
+        fn record_at(&self, seq: u64) -> Result<Option<annal_codec::Record>> {
+            self.$to$($call)*.record_at(seq)
+        }
+    };
+    (@one $to:ident [$($call:tt)*] message_list) => {
+        fn message_list(&self, seq: u64) -> Result<Option<Arc<[annal_codec::ContentId]>>> {
+            self.$to$($call)*.message_list(seq)
+        }
+    };
+    (@one $to:ident [$($call:tt)*] cached_revision) => {
+        fn cached_revision(&self, revision: &annal_codec::RevisionId) -> Option<Arc<[annal_codec::ContentId]>> {
+            self.$to$($call)*.cached_revision(revision)
+        }
+    };
+    (@one $to:ident [$($call:tt)*] keep_revision) => {
+        fn keep_revision(&self, revision: &annal_codec::RevisionId, list: &[annal_codec::ContentId]) {
+            self.$to$($call)*.keep_revision(revision, list)
+        }
+    };
+    (@one $to:ident [$($call:tt)*] content_key_absent) => {
+        fn content_key_absent(&self, key: u64) -> bool {
+            self.$to$($call)*.content_key_absent(key)
+        }
+    };
+    (@one $to:ident [$($call:tt)*] note_content_key) => {
+        fn note_content_key(&self, key: u64) {
+            self.$to$($call)*.note_content_key(key)
+        }
+    };
+    (@one $to:ident [$($call:tt)*] keeps_typed) => {
+        fn keeps_typed(&self) -> bool {
+            self.$to$($call)*.keeps_typed()
+        }
+    };
+    (@one $to:ident [$($call:tt)*] deferred_content_seqs) => {
+        fn deferred_content_seqs(&self, id: &annal_codec::ContentId, out: &mut Vec<u64>) {
+            self.$to$($call)*.deferred_content_seqs(id, out)
+        }
+    };
+    (@one $to:ident [$($call:tt)*] deferred_content_holds) => {
+        fn deferred_content_holds(&self, id: &annal_codec::ContentId) -> bool {
+            self.$to$($call)*.deferred_content_holds(id)
+        }
+    };
+    (@one $to:ident [$($call:tt)*] read_typed) => {
+        fn read_typed(&self, table: Table, key: &[u8], f: &mut dyn FnMut(&dyn std::any::Any)) -> Result<bool> {
+            self.$to$($call)*.read_typed(table, key, f)
+        }
+    };
+    (@one $to:ident [$($call:tt)*] read) => {
+        fn read(&self, table: Table, key: &[u8], f: &mut dyn FnMut(Option<&[u8]>) -> Result<()>) -> Result<()> {
+            self.$to$($call)*.read(table, key, f)
+        }
+    };
+}
+
 impl<S: Store + ?Sized> Store for Overlay<'_, S> {
+    delegate_reads!(
+        base:
+        content_row_holds, content_key_absent, note_content_key, record_at, message_list,
+        cached_revision, keep_revision,
+    );
     fn read(&self, table: Table, key: &[u8], f: &mut dyn FnMut(Option<&[u8]>) -> Result<()>) -> Result<()> {
         match with_physical(table, key, |physical| self.writes.rows.get(physical).cloned()) {
             Some(v) => f(v.as_deref().map(Vec::as_slice)),
@@ -670,9 +748,6 @@ impl<S: Store + ?Sized> Store for Overlay<'_, S> {
     ) -> Result<bool> {
         self.own_buffer(table, key, f)
     }
-    fn content_row_holds(&self, seq: u64, id: &annal_codec::ContentId) -> Result<Option<bool>> {
-        self.base.content_row_holds(seq, id)
-    }
     fn deferred_content(&mut self) -> Option<&mut crate::buckets::DeferredContent> {
         self.defer.then_some(&mut self.writes.content)
     }
@@ -682,24 +757,6 @@ impl<S: Store + ?Sized> Store for Overlay<'_, S> {
     }
     fn deferred_content_holds(&self, id: &annal_codec::ContentId) -> bool {
         self.writes.content.holds(id) || self.base.deferred_content_holds(id)
-    }
-    fn content_key_absent(&self, key: u64) -> bool {
-        self.base.content_key_absent(key)
-    }
-    fn note_content_key(&self, key: u64) {
-        self.base.note_content_key(key)
-    }
-    fn record_at(&self, seq: u64) -> Result<Option<annal_codec::Record>> {
-        self.base.record_at(seq)
-    }
-    fn message_list(&self, seq: u64) -> Result<Option<std::sync::Arc<[annal_codec::ContentId]>>> {
-        self.base.message_list(seq)
-    }
-    fn cached_revision(&self, revision: &annal_codec::RevisionId) -> Option<Arc<[annal_codec::ContentId]>> {
-        self.base.cached_revision(revision)
-    }
-    fn keep_revision(&self, revision: &annal_codec::RevisionId, list: &[annal_codec::ContentId]) {
-        self.base.keep_revision(revision, list)
     }
 }
 
@@ -764,6 +821,11 @@ impl<'a, S: Store + ?Sized> TypedOverlay<'a, S> {
 }
 
 impl<S: Store + ?Sized> Store for TypedOverlay<'_, S> {
+    delegate_reads!(
+        rows:
+        content_row_holds, deferred_content_seqs, deferred_content_holds, content_key_absent,
+        note_content_key, record_at, message_list, cached_revision, keep_revision,
+    );
     fn keeps_typed(&self) -> bool {
         true
     }
@@ -830,35 +892,8 @@ impl<S: Store + ?Sized> Store for TypedOverlay<'_, S> {
         }
         self.rows.update_in_place(table, key, f)
     }
-    fn content_row_holds(&self, seq: u64, id: &annal_codec::ContentId) -> Result<Option<bool>> {
-        self.rows.content_row_holds(seq, id)
-    }
     fn deferred_content(&mut self) -> Option<&mut crate::buckets::DeferredContent> {
         self.rows.deferred_content()
-    }
-    fn deferred_content_seqs(&self, id: &annal_codec::ContentId, out: &mut Vec<u64>) {
-        self.rows.deferred_content_seqs(id, out)
-    }
-    fn deferred_content_holds(&self, id: &annal_codec::ContentId) -> bool {
-        self.rows.deferred_content_holds(id)
-    }
-    fn content_key_absent(&self, key: u64) -> bool {
-        self.rows.content_key_absent(key)
-    }
-    fn note_content_key(&self, key: u64) {
-        self.rows.note_content_key(key)
-    }
-    fn record_at(&self, seq: u64) -> Result<Option<annal_codec::Record>> {
-        self.rows.record_at(seq)
-    }
-    fn message_list(&self, seq: u64) -> Result<Option<std::sync::Arc<[annal_codec::ContentId]>>> {
-        self.rows.message_list(seq)
-    }
-    fn cached_revision(&self, revision: &annal_codec::RevisionId) -> Option<Arc<[annal_codec::ContentId]>> {
-        self.rows.cached_revision(revision)
-    }
-    fn keep_revision(&self, revision: &annal_codec::RevisionId, list: &[annal_codec::ContentId]) {
-        self.rows.keep_revision(revision, list)
     }
 }
 
@@ -1043,9 +1078,11 @@ impl<S: Store + ?Sized> Held<'_, S> {
 }
 
 impl<S: Store + ?Sized> Store for Held<'_, S> {
-    fn keeps_typed(&self) -> bool {
-        self.rest.keeps_typed()
-    }
+    delegate_reads!(
+        rest:
+        keeps_typed, content_key_absent, note_content_key, record_at, message_list,
+        cached_revision, keep_revision, content_row_holds,
+    );
     fn remove_fresh(&mut self, table: Table, key: &[u8], seq: u64) -> Result<()> {
         if table == self.held.table {
             return self.remove(table, key);
@@ -1074,27 +1111,6 @@ impl<S: Store + ?Sized> Store for Held<'_, S> {
     }
     fn deferred_content_holds(&self, id: &annal_codec::ContentId) -> bool {
         self.held.deferred.holds(id) || self.rest.deferred_content_holds(id)
-    }
-    fn content_key_absent(&self, key: u64) -> bool {
-        self.rest.content_key_absent(key)
-    }
-    fn note_content_key(&self, key: u64) {
-        self.rest.note_content_key(key)
-    }
-    fn record_at(&self, seq: u64) -> Result<Option<annal_codec::Record>> {
-        self.rest.record_at(seq)
-    }
-    fn message_list(&self, seq: u64) -> Result<Option<Arc<[annal_codec::ContentId]>>> {
-        self.rest.message_list(seq)
-    }
-    fn cached_revision(&self, revision: &annal_codec::RevisionId) -> Option<Arc<[annal_codec::ContentId]>> {
-        self.rest.cached_revision(revision)
-    }
-    fn keep_revision(&self, revision: &annal_codec::RevisionId, list: &[annal_codec::ContentId]) {
-        self.rest.keep_revision(revision, list)
-    }
-    fn content_row_holds(&self, seq: u64, id: &annal_codec::ContentId) -> Result<Option<bool>> {
-        self.rest.content_row_holds(seq, id)
     }
     fn read(&self, table: Table, key: &[u8], f: &mut dyn FnMut(Option<&[u8]>) -> Result<()>) -> Result<()> {
         if table != self.held.table {
@@ -1368,35 +1384,19 @@ impl<'a, S: Store + ?Sized> WithRecords<'a, S> {
 }
 
 impl<S: Store + ?Sized> Store for WithRecords<'_, S> {
-    fn keeps_typed(&self) -> bool {
-        self.rows().keeps_typed()
-    }
+    delegate_reads!(
+        rows():
+        keeps_typed, read_typed, deferred_content_seqs, deferred_content_holds, content_key_absent,
+        note_content_key, read, content_row_holds, cached_revision, keep_revision,
+    );
     fn remove_fresh(&mut self, table: Table, key: &[u8], seq: u64) -> Result<()> {
         self.rows_mut()?.remove_fresh(table, key, seq)
-    }
-    fn read_typed(&self, table: Table, key: &[u8], f: &mut dyn FnMut(&dyn std::any::Any)) -> Result<bool> {
-        self.rows().read_typed(table, key, f)
     }
     fn put_typed(&mut self, table: Table, key: &[u8], value: Box<dyn TypedRow>) -> Result<()> {
         self.rows_mut()?.put_typed(table, key, value)
     }
     fn deferred_content(&mut self) -> Option<&mut crate::buckets::DeferredContent> {
         self.rows_mut().ok()?.deferred_content()
-    }
-    fn deferred_content_seqs(&self, id: &annal_codec::ContentId, out: &mut Vec<u64>) {
-        self.rows().deferred_content_seqs(id, out)
-    }
-    fn deferred_content_holds(&self, id: &annal_codec::ContentId) -> bool {
-        self.rows().deferred_content_holds(id)
-    }
-    fn content_key_absent(&self, key: u64) -> bool {
-        self.rows().content_key_absent(key)
-    }
-    fn note_content_key(&self, key: u64) {
-        self.rows().note_content_key(key)
-    }
-    fn read(&self, table: Table, key: &[u8], f: &mut dyn FnMut(Option<&[u8]>) -> Result<()>) -> Result<()> {
-        self.rows().read(table, key, f)
     }
     fn put(&mut self, table: Table, key: &[u8], value: &[u8]) -> Result<()> {
         self.rows_mut()?.put(table, key, value)
@@ -1415,9 +1415,6 @@ impl<S: Store + ?Sized> Store for WithRecords<'_, S> {
     ) -> Result<bool> {
         self.rows_mut()?.update_in_place(table, key, f)
     }
-    fn content_row_holds(&self, seq: u64, id: &annal_codec::ContentId) -> Result<Option<bool>> {
-        self.rows().content_row_holds(seq, id)
-    }
     fn record_at(&self, seq: u64) -> Result<Option<annal_codec::Record>> {
         match self.records.record(seq)? {
             Some(record) => Ok(Some(record)),
@@ -1429,12 +1426,6 @@ impl<S: Store + ?Sized> Store for WithRecords<'_, S> {
             Some(list) => Ok(Some(list)),
             None => self.rows().message_list(seq),
         }
-    }
-    fn cached_revision(&self, revision: &annal_codec::RevisionId) -> Option<Arc<[annal_codec::ContentId]>> {
-        self.rows().cached_revision(revision)
-    }
-    fn keep_revision(&self, revision: &annal_codec::RevisionId, list: &[annal_codec::ContentId]) {
-        self.rows().keep_revision(revision, list)
     }
 }
 
