@@ -290,12 +290,16 @@ pub const FOLD_SECOND_THREAD_EVENTS: u64 = 2_048;
 
 /// The projections a catch-up or a full rebuild folds on its second folding thread
 /// ([`fold_chunk_on_two`]): the content-id index, the graph and the turns, the hashed
-/// maps. With the index's additions deferred and merged at once in a fold from 0
-/// ([`crate::store::Held::defer_if_empty`]), the second thread took 21% of a catch-up's
-/// samples on the comparison's workload and the first, with the chunk's writes, 45%; the
-/// turns (about 4%) fold here again. Each projection's fold reads and writes only its own
-/// tables (design §5), so the two threads never read each other's rows.
-pub(crate) const SECOND_FOLD: [Projection; 3] = [Projection::Content, Projection::Graph, Projection::Turns];
+/// maps, and the labels and the recency order. With the index's additions deferred and
+/// merged at once in a fold from 0 ([`crate::store::Held::defer_if_empty`]), the second
+/// thread took 21% of a catch-up's samples on the comparison's workload and the first,
+/// with the chunk's writes, 45%; the turns (about 4%) fold here again. The labels moved
+/// here when the first thread was seen folding alone for the last quarter of an online
+/// rebuild, after the second had finished (`docs/benchmarks.md`, "The labels on the
+/// second folding thread"). Each projection's fold reads and writes only its own tables
+/// (design §5), so the two threads never read each other's rows.
+pub(crate) const SECOND_FOLD: [Projection; 4] =
+    [Projection::Content, Projection::Graph, Projection::Turns, Projection::Labels];
 
 /// Records a message to the second folding thread carries.
 pub(crate) const SECOND_BATCH: usize = 256;
@@ -327,7 +331,7 @@ impl Default for Folding {
 ///
 /// The log is read and decoded on a thread of its own, ahead of the fold. A catch-up of
 /// [`FOLD_SECOND_THREAD_EVENTS`] or more folds on two threads, as the offline rebuild
-/// does: the content-id index and the graph ([`SECOND_FOLD`])
+/// does: the content-id index, the graph, the turns and the labels ([`SECOND_FOLD`])
 /// on a second thread, from the same records, into an overlay of its own over the same
 /// transaction, which both threads only read while a chunk folds. Each projection's fold
 /// reads and writes only its own tables (design §5), so the two never read each other's

@@ -339,6 +339,11 @@ mod tests {
     /// Six sessions of seven turns each, turn after turn across the sessions, so that a
     /// chunk of a few events reads the rows that earlier chunks wrote. Returns the
     /// live projections' digests and the tip.
+    /// The seq of a record of [`workload`] that brings content of its own: the turn of the
+    /// second session in round 2 (6 creations, 6 turns a round, and 4 label changes after
+    /// round 1's turns).
+    const TURN_WITH_CONTENT: u64 = 24;
+
     fn workload(path: &Path) -> (Vec<crate::query::TableDigest>, u64) {
         let engine = Engine::open(path).unwrap();
         let mut sessions = Vec::new();
@@ -371,6 +376,22 @@ mod tests {
                             engine.record_tool_result(tool_result(*session, called, i)).unwrap();
                         }
                     }
+                }
+                // Labels changed and removed in some rounds: the label index and the
+                // counts lose rows written in this chunk and in earlier ones.
+                if (round == 1 || round == 3) && i % 3 != 2 {
+                    let set = [("phase".to_string(), round.to_string()), ("n".to_string(), format!("{i}-{round}"))];
+                    let remove = if round == 3 && i % 3 == 0 { ["tier".to_string()].into() } else { Default::default() };
+                    let labels = crate::SetLabels { session: *session, set: set.into(), remove };
+                    engine.set_labels(labels).unwrap();
+                }
+                if round == 2 && i % 3 == 0 {
+                    let labels = crate::SetLabels {
+                        session: *session,
+                        set: [("tier".to_string(), "gold".to_string())].into(),
+                        remove: ["phase".to_string()].into(),
+                    };
+                    engine.set_labels(labels).unwrap();
                 }
             }
         }
@@ -499,7 +520,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("r.redb");
         workload(&path);
-        remove_content_row(&path, 20);
+        remove_content_row(&path, TURN_WITH_CONTENT);
         let projections = projections_path(&path);
         let before = std::fs::read(&projections).unwrap();
         for events in [4, 1 << 16] {
@@ -507,7 +528,7 @@ mod tests {
             let failed =
                 rebuild_offline_in_chunks(&path, &Options::default(), ProjectionSet::all(), &mut |_, _| {}, chunks);
             match failed {
-                Err(Error::Corrupt { location: Location::Log { seq: 20 }, detail }) => {
+                Err(Error::Corrupt { location: Location::Log { seq: TURN_WITH_CONTENT }, detail }) => {
                     assert!(detail.contains("not stored"), "{detail}")
                 }
                 other => panic!("{other:?}"),
@@ -584,12 +605,12 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("r.redb");
         let (live, _) = workload(&path);
-        remove_content_row(&path, 20);
+        remove_content_row(&path, TURN_WITH_CONTENT);
         let before = cursors(&path);
         for (chunk_events, second_thread_events) in [(4, 0), (1 << 16, 0), (4, u64::MAX)] {
             let fold = checkpoint::Folding { chunk_events, second_thread_events };
             match catch_up_from_zero(&path, ProjectionSet::all(), fold) {
-                Err(Error::Corrupt { location: Location::Log { seq: 20 }, detail }) => {
+                Err(Error::Corrupt { location: Location::Log { seq: TURN_WITH_CONTENT }, detail }) => {
                     assert!(detail.contains("not stored"), "{detail}")
                 }
                 other => panic!("{fold:?}: {other:?}"),
