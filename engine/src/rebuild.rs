@@ -381,7 +381,8 @@ mod tests {
                 // counts lose rows written in this chunk and in earlier ones.
                 if (round == 1 || round == 3) && i % 3 != 2 {
                     let set = [("phase".to_string(), round.to_string()), ("n".to_string(), format!("{i}-{round}"))];
-                    let remove = if round == 3 && i % 3 == 0 { ["tier".to_string()].into() } else { Default::default() };
+                    let remove =
+                        if round == 3 && i % 3 == 0 { ["tier".to_string()].into() } else { Default::default() };
                     let labels = crate::SetLabels { session: *session, set: set.into(), remove };
                     engine.set_labels(labels).unwrap();
                 }
