@@ -426,12 +426,15 @@ pub(crate) struct ChunkLimits {
     pub left: u64,
 }
 
-/// The rows a chunk's overlay makes room for at first, `chunk_events` times
-/// `quarters_per_event` / 4, at most a million, so that its map is not rehashed as it
-/// grows: the replay bench's chunks write about 0.49 rows an event on the first thread,
-/// 0.13 on the second.
-fn chunk_rows(chunk_events: u64, quarters_per_event: u64) -> usize {
-    usize::try_from(chunk_events.saturating_mul(quarters_per_event) / 4).unwrap_or(usize::MAX).min(1 << 20)
+impl ChunkLimits {
+    /// The rows a chunk's overlay makes room for at first: the events it folds at most
+    /// (a chunk's, or those left if fewer) times `quarters_per_event` / 4, at most a
+    /// million, so that its map is not rehashed as it grows: the replay bench's chunks
+    /// write about 0.49 rows an event on the first thread, 0.13 on the second.
+    fn rows(&self, quarters_per_event: u64) -> usize {
+        let events = self.events.min(self.left);
+        usize::try_from(events.saturating_mul(quarters_per_event) / 4).unwrap_or(usize::MAX).min(1 << 20)
+    }
 }
 
 /// Folds up to `chunk_events` records from `next_entry` on this thread, every projection
@@ -446,10 +449,8 @@ fn fold_chunk(
     next_entry: &mut dyn FnMut() -> Result<Option<crate::log::LogEntry>>,
     limits: ChunkLimits,
 ) -> Result<FoldedChunk> {
-    let ChunkLimits { events: chunk_events, held_bytes, left } = limits;
-    // Room for the chunk's rows, or for those of the events left if fewer.
-    let sized = chunk_events.min(left);
-    let mut overlay = TypedOverlay::with_capacity(store, chunk_rows(sized, 2));
+    let ChunkLimits { events: chunk_events, held_bytes, .. } = limits;
+    let mut overlay = TypedOverlay::with_capacity(store, limits.rows(2));
     let (mut events, mut bytes) = (0u64, 0u64);
     Held { held: &mut *held, rest: &mut overlay }.defer_if_empty()?;
     while events < chunk_events {
@@ -490,9 +491,7 @@ pub(crate) fn fold_chunk_on_two<S: Store + Sync + ?Sized>(
     next_entry: &mut dyn FnMut() -> Result<Option<crate::log::LogEntry>>,
     limits: ChunkLimits,
 ) -> Result<FoldedChunk> {
-    let ChunkLimits { events: chunk_events, held_bytes, left } = limits;
-    // Room for the chunk's rows, or for those of the events left if fewer.
-    let sized = chunk_events.min(left);
+    let ChunkLimits { events: chunk_events, held_bytes, .. } = limits;
     let second: ProjectionSet = SECOND_FOLD.into_iter().collect();
     let (to_second, batches) = crossbeam_channel::bounded::<Arc<Vec<crate::log::LogEntry>>>(SECOND_QUEUE);
     // Set before the channel closes when the log ended within the chunk.
@@ -500,7 +499,7 @@ pub(crate) fn fold_chunk_on_two<S: Store + Sync + ?Sized>(
     std::thread::scope(|scope| {
         let log_ended = &log_ended;
         let other = scope.spawn(move || -> Result<crate::store::Writes> {
-            let mut overlay = TypedOverlay::with_capacity(store, chunk_rows(sized, 1));
+            let mut overlay = TypedOverlay::with_capacity(store, limits.rows(1));
             let mut batches = batches.into_iter().peekable();
             if let Some(first) = batches.peek().and_then(|b| b.first()) {
                 overlay.fresh_from(cursors.fresh_from(first.record.seq));
@@ -519,7 +518,7 @@ pub(crate) fn fold_chunk_on_two<S: Store + Sync + ?Sized>(
             held.hand_over(store, &mut writes, log_ended.load(Ordering::Acquire), held_bytes)?;
             Ok(writes)
         });
-        let mut overlay = TypedOverlay::with_capacity(store, chunk_rows(sized, 2));
+        let mut overlay = TypedOverlay::with_capacity(store, limits.rows(2));
         let (mut events, mut bytes) = (0u64, 0u64);
         let mut to_second = Some(to_second);
         let here = (|| -> Result<()> {
