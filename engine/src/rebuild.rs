@@ -336,14 +336,15 @@ mod tests {
     use crate::{CommitTurn, CreateSession, Engine, Expected, Location, Message};
     use redb::{ReadableDatabase, ReadableTable};
 
-    /// Six sessions of seven turns each, turn after turn across the sessions, so that a
-    /// chunk of a few events reads the rows that earlier chunks wrote. Returns the
-    /// live projections' digests and the tip.
     /// The seq of a record of [`workload`] that brings content of its own: the turn of the
     /// second session in round 2 (6 creations, 6 turns a round, and 4 label changes after
     /// round 1's turns).
     const TURN_WITH_CONTENT: u64 = 24;
 
+    /// Six sessions of seven turns each, turn after turn across the sessions, with tool
+    /// calls and label changes between the rounds, so that a chunk of a few events reads
+    /// the rows that earlier chunks wrote. Returns the live projections' digests and the
+    /// tip.
     fn workload(path: &Path) -> (Vec<crate::query::TableDigest>, u64) {
         let engine = Engine::open(path).unwrap();
         let mut sessions = Vec::new();
