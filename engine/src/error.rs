@@ -599,7 +599,8 @@ storage_from!(
     redb::CommitError,
     redb::DatabaseError,
     redb::SetDurabilityError,
-    redb::CompactionError
+    redb::CompactionError,
+    redb::CursorError
 );
 
 impl From<std::io::Error> for Error {
