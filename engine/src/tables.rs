@@ -122,7 +122,16 @@ pub fn projection_rows(view: &crate::View, t: Table) -> Result<Vec<(Vec<u8>, Vec
     Ok(rows)
 }
 
-/// Rows in logical table `t` at a view.
+/// Sessions at a view, live and archived (a purged session has none): the rows of the
+/// creation order, one a session, which lie together in the file. The heads, one a
+/// session too, each lie with the rest of their session's rows, so counting them reads
+/// every projection row.
+pub fn session_count(view: &crate::View) -> Result<u64> {
+    projection_len(view, Table::CreationOrder)
+}
+
+/// Rows in logical table `t` at a view. For a table whose rows lie with their session's
+/// ([`Table::session_scoped`]), this reads every projection row.
 pub fn projection_len(view: &crate::View, t: Table) -> Result<u64> {
     let mut n = 0;
     view.scan(t, &[], |_, _| {

@@ -195,6 +195,9 @@ fn forks_are_refused_without_descendants_and_purged_with_them() {
     let child = engine.fork_at(parent, 1).unwrap().session;
     let grandchild = engine.fork_at(child, 1).unwrap().session;
     let (bystander, _) = create(&engine, &[Message::user("unrelated")]);
+    let view = engine.reader().snapshot().unwrap();
+    assert_eq!(annal::tables::session_count(&view).unwrap(), 4, "two sessions and two forks");
+    drop(view);
     engine.close().unwrap();
 
     let refused = rejected(purge(&db.path, plain_options(), &PurgeRequest::new(parent, "", "ops")));
@@ -213,6 +216,11 @@ fn forks_are_refused_without_descendants_and_purged_with_them() {
     let engine = Engine::open_with(&db.path, plain_options()).unwrap();
     assert!(matches!(rejected(engine.head(child)), Rejection::Purged { .. }));
     assert!(engine.head(bystander).unwrap().is_some());
+    // The grandchild went on its own, the parent and the child together: the bystander
+    // is the one session left, and the count by the creation order says so as the heads do.
+    let view = engine.reader().snapshot().unwrap();
+    assert_eq!(annal::tables::session_count(&view).unwrap(), 1);
+    assert_eq!(annal::tables::projection_len(&view, Table::Heads).unwrap(), 1);
     assert_eq!(rejected(engine.fork_at(parent, 0)), Rejection::Purged { session: parent, seq: report.purged[0].1 });
     engine.close().unwrap();
     assert!(matches!(

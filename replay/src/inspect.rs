@@ -855,7 +855,7 @@ pub fn stats(reader: &Reader, path: &Path) -> Result<Stats> {
     for (_, record, _) in view.journalled_rows() {
         count_record(&mut s, &sizes, &attachments, record, limits);
     }
-    s.sessions = annal::tables::projection_len(&view, annal::Table::Heads)?;
+    s.sessions = annal::tables::session_count(&view)?;
     let meta = txn.open_table(META).map_err(redb::Error::from)?;
     s.tables = vec![TableStorage::of(LOG.name(), &log)?];
     if let Ok(pieces) = txn.open_table(PIECES) {

@@ -3,7 +3,7 @@
 //! some of them in one durable transaction on the projections file.
 
 use crate::{progress, require_file, CliError, Result};
-use annal::{Engine, Options, Projection, ProjectionSet, Table};
+use annal::{Engine, Options, Projection, ProjectionSet};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -104,7 +104,7 @@ pub fn rebuild(path: &Path, opts: &RebuildOptions) -> Result<RebuildReport> {
     let elapsed = started.elapsed();
     bar.finish_and_clear();
     let reader = crate::open_reader(path, opts.key)?;
-    let sessions = annal::tables::projection_len(&reader.snapshot()?, Table::Heads)?;
+    let sessions = annal::tables::session_count(&reader.snapshot()?)?;
     Ok(RebuildReport {
         projections: set.iter().map(|p| p.name()).collect(),
         events: stats.events,
