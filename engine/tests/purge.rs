@@ -197,6 +197,7 @@ fn forks_are_refused_without_descendants_and_purged_with_them() {
     let (bystander, _) = create(&engine, &[Message::user("unrelated")]);
     let view = engine.reader().snapshot().unwrap();
     assert_eq!(annal::tables::session_count(&view).unwrap(), 4, "two sessions and two forks");
+    assert_eq!(annal::tables::projection_len(&view, Table::Heads).unwrap(), 4);
     drop(view);
     engine.close().unwrap();
 
