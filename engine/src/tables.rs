@@ -314,6 +314,9 @@ impl<'txn> RedbStore<'txn> {
     ) -> Result<()> {
         let mut rows: Vec<_> = writes.rows().collect();
         rows.sort_unstable_by(|a, b| a.0.cmp(b.0));
+        if let Some(written) = written.as_deref_mut() {
+            rows.iter().filter(|(_, value)| value.is_some()).for_each(|(key, _)| written.insert(key));
+        }
         let past = match self.table.last()? {
             Some((last, _)) => rows.partition_point(|(key, _)| ***key <= *last.value()),
             None => 0,
@@ -325,9 +328,6 @@ impl<'txn> RedbStore<'txn> {
             let mut end = self.table.upper_bound_mut(std::ops::Bound::<&[u8]>::Unbounded)?;
             for (key, value) in appended {
                 if let Some(v) = value {
-                    if let Some(written) = written.as_deref_mut() {
-                        written.insert(key);
-                    }
                     end.insert_before(&**key, v.as_slice())?;
                 }
             }
@@ -336,9 +336,6 @@ impl<'txn> RedbStore<'txn> {
         for (key, value) in rows {
             match value {
                 Some(v) => {
-                    if let Some(written) = written.as_deref_mut() {
-                        written.insert(key);
-                    }
                     self.table.insert(&**key, v.as_slice())?;
                 }
                 None if written.as_deref().is_none_or(|w| w.may_hold(key)) => {
