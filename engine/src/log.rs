@@ -241,21 +241,38 @@ pub(crate) fn append_sealed<'a>(
     rows: impl Iterator<Item = &'a crate::journal::Sealed>,
     tip: &Tip,
 ) -> Result<Appended> {
+    let rows: Vec<&crate::journal::Sealed> = rows.collect();
     let mut written = Appended::default();
-    let mut log = txn.open_table(LOG)?;
-    let mut content = ContentWriter::open(txn)?;
-    for (expected, row) in (after + 1..).zip(rows) {
+    for (expected, row) in (after + 1..).zip(&rows) {
         if row.seq != expected {
             return Err(Error::storage(format!("append: seq {} does not follow {}", row.seq, expected - 1)));
         }
-        log.insert(row.seq, row.record.as_slice())?;
         written.records += 1;
         written.record_bytes += row.record.len() as u64;
-        if !row.content.is_empty() {
-            content.append(row.seq, &row.content)?;
-            written.content_bytes += row.content.len() as u64;
-        }
+        written.content_bytes += row.content.len() as u64;
     }
+    let mut log = txn.open_table(LOG)?;
+    if let Some(last) = log.last()?.map(|(k, _)| k.value()).filter(|&last| last > after) {
+        // The tip the caller read says the log ends at `after`: a record past it would be
+        // overwritten, so the file is not what the tip says.
+        return Err(Error::corrupt(
+            Location::Log { seq: last },
+            format!("the log holds seq {last} past its tip {after}"),
+        ));
+    }
+    if !rows.is_empty() {
+        // Every seq lies past the log's last one, in order: one cursor at the table's end
+        // builds the leaves from the run, where an insert a record would search the tree
+        // and rebuild the rightmost branch at every new leaf (design §7g).
+        let mut end = log.upper_bound_mut(std::ops::Bound::<u64>::Unbounded)?;
+        for row in &rows {
+            end.insert_before(row.seq, row.record.as_slice())?;
+        }
+        end.close()?;
+    }
+    drop(log);
+    let mut content = ContentWriter::open(txn)?;
+    content.append_run(rows.iter().filter(|r| !r.content.is_empty()).map(|r| (r.seq, r.content.as_slice())))?;
     let mut meta = txn.open_table(META)?;
     meta.insert(meta_keys::TIP, tables::encode_tip(tip.seq, &tip.hash).as_slice())?;
     Ok(written)
@@ -787,6 +804,39 @@ mod tests {
         // Rows before the batch or past it are the store's to read.
         assert_eq!((holds(9, 1), holds(13, 3), holds(0, 1)), (None, None, None));
         assert_eq!(Staged::default().holds(10, &ContentId([1; 32])), None);
+    }
+
+    /// The appender writes records, content rows and the tip; it refuses a seq that does
+    /// not follow, and a log that already holds a record past the tip it was given,
+    /// writing nothing.
+    #[test]
+    fn the_appender_writes_past_the_tip_only() {
+        let db = redb::Builder::new().create_with_backend(redb::backends::InMemoryBackend::new()).unwrap();
+        let sealed = |seq: u64, content: Vec<u8>| crate::journal::Sealed { seq, record: vec![seq as u8; 40], content };
+        let tip = |seq| Tip { seq, hash: ChainHash([seq as u8; 32]), clock_ms: 0 };
+        let txn = db.begin_write().unwrap();
+        let rows = [sealed(1, row(&[b"a", b"b"])), sealed(2, Vec::new()), sealed(3, row(&[&[3u8; 2_500]]))];
+        let written = append_sealed(&txn, 0, rows.iter(), &tip(3)).unwrap();
+        assert_eq!((written.records, written.record_bytes), (3, 120));
+        txn.commit().unwrap();
+        let read = db.begin_read().unwrap();
+        let log = read.open_table(LOG).unwrap();
+        assert_eq!(log.iter().unwrap().map(|e| e.unwrap().0.value()).collect::<Vec<_>>(), [1, 2, 3]);
+        let content = ContentReader::open(&read).unwrap();
+        assert_eq!(content.get(3).unwrap(), Some(rows[2].content.clone()));
+        assert_eq!(content.get(2).unwrap(), None);
+        let meta = read.open_table(META).unwrap();
+        assert_eq!(meta.get(meta_keys::TIP).unwrap().unwrap().value(), tables::encode_tip(3, &tip(3).hash).as_slice());
+        drop((log, content, meta, read));
+
+        let txn = db.begin_write().unwrap();
+        let gap = append_sealed(&txn, 3, [sealed(5, Vec::new())].iter(), &tip(5));
+        assert!(matches!(gap, Err(Error::Storage(_))), "{gap:?}");
+        let behind = append_sealed(&txn, 1, [sealed(2, Vec::new())].iter(), &tip(2));
+        assert!(matches!(behind, Err(Error::Corrupt { .. })), "{behind:?}");
+        drop(txn);
+        let read = db.begin_read().unwrap();
+        assert_eq!(read.open_table(LOG).unwrap().len().unwrap(), 3);
     }
 
     /// A content row of `objects`, each stored raw.

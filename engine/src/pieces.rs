@@ -126,6 +126,38 @@ impl<'txn> ContentWriter<'txn> {
         Ok(())
     }
 
+    /// Writes the rows of new records, in seq order, and their ids: [`Self::append`] for
+    /// each, but through one cursor at each table's end when every seq lies past the
+    /// rows there (a log's append always does), which builds the leaves from the run
+    /// instead of searching the tree a piece and rebuilding the rightmost branch at every
+    /// new leaf.
+    pub fn append_run<'r>(&mut self, rows: impl Iterator<Item = (u64, &'r [u8])>) -> Result<()> {
+        let rows: Vec<(u64, &[u8])> = rows.collect();
+        let Some(&(first, _)) = rows.first() else { return Ok(()) };
+        let ordered = rows.windows(2).all(|w| w[0].0 < w[1].0);
+        let pieces = self.pieces.as_mut().expect("a writer opens its pieces");
+        let ids = self.ids.as_mut().expect("a writer opens the ids");
+        let past_pieces = pieces.last()?.is_none_or(|(k, _)| k.value().0 < first);
+        let past_ids = ids.last()?.is_none_or(|(k, _)| k.value() < first);
+        if !(ordered && past_pieces && past_ids) {
+            return rows.into_iter().try_for_each(|(seq, row)| self.append(seq, row));
+        }
+        let mut end = pieces.upper_bound_mut(std::ops::Bound::<(u64, u32)>::Unbounded)?;
+        for &(seq, row) in &rows {
+            for (i, piece) in row.chunks(PIECE_BYTES).enumerate() {
+                let i = u32::try_from(i).map_err(|_| Error::storage(format!("content row {seq} is too long")))?;
+                end.insert_before((seq, i), piece)?;
+            }
+        }
+        end.close()?;
+        let mut end = ids.upper_bound_mut(std::ops::Bound::<u64>::Unbounded)?;
+        for &(seq, row) in rows.iter().filter(|(_, row)| !row.is_empty()) {
+            end.insert_before(seq, ids_value(Some(row)).as_slice())?;
+        }
+        end.close()?;
+        Ok(())
+    }
+
     /// Writes the ids row of every content row of the seqs in `seqs` (an ids row already
     /// there is replaced): for the rows of a file written before [`CONTENT_IDS`]. Returns
     /// how many rows it read.
@@ -477,6 +509,90 @@ mod tests {
         assert_eq!(r.get(3).unwrap(), None);
         assert_eq!(r.range(2..=4).unwrap().map(|r| r.unwrap().0).collect::<Vec<_>>(), vec![2, 4]);
         assert_eq!(txn.open_table(PIECES).unwrap().len().unwrap(), 1 + 1 + 2 + 5);
+    }
+
+    /// The rows of the pieces and of the ids, in key order.
+    type Tables = (Vec<((u64, u32), Vec<u8>)>, Vec<(u64, Vec<u8>)>);
+
+    /// Every table of `db` that content rows are written to, row by row.
+    fn tables(db: &redb::Database) -> Tables {
+        let txn = db.begin_read().unwrap();
+        let pieces = txn.open_table(PIECES).unwrap();
+        let ids = txn.open_table(CONTENT_IDS).unwrap();
+        (
+            pieces.iter().unwrap().map(|e| e.unwrap()).map(|(k, v)| (k.value(), v.value().to_vec())).collect(),
+            ids.iter().unwrap().map(|e| e.unwrap()).map(|(k, v)| (k.value(), v.value().to_vec())).collect(),
+        )
+    }
+
+    /// A content row of `objects` whole objects (so that its ids parse), or `len` bytes
+    /// that do not parse when `objects` is 0.
+    fn content_row(seq: u64, objects: u8, len: usize) -> Vec<u8> {
+        let fill = |n: usize| (0..n).map(|i| (i as u64 * 31 + seq) as u8).collect::<Vec<u8>>();
+        if objects == 0 {
+            return fill(len);
+        }
+        let mut row = Vec::new();
+        for o in 0..objects {
+            let id = annal_codec::ContentId([o ^ seq as u8; 32]);
+            annal_codec::content::push_stored(&mut row, &id, 0, &fill(len / usize::from(objects)));
+        }
+        row
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(48))]
+
+        /// `append_run` leaves the tables as `append` a row at a time does: through the
+        /// cursors when the run lies past every row and is in order, row by row when it
+        /// does not.
+        #[test]
+        fn a_run_appends_as_rows_appended_one_by_one(
+            before in proptest::collection::btree_map(0u64..60, (0u8..3, 0usize..2600), 0..12),
+            run in proptest::collection::vec((0u64..90, 0u8..3, 0usize..4200), 0..12),
+            sorted: bool,
+            stray in proptest::option::of(0u64..90),
+        ) {
+            // A log's append never repeats a seq that has a row.
+            let mut run: Vec<_> = run.into_iter().filter(|r| !before.contains_key(&r.0)).collect();
+            if sorted {
+                run.sort_by_key(|r| r.0);
+                run.dedup_by_key(|r| r.0);
+            } else {
+                let mut seen = std::collections::BTreeSet::new();
+                run.retain(|r| seen.insert(r.0));
+            }
+            let (by_run, one_by_one) = (db(), db());
+            for (db, whole) in [(&by_run, true), (&one_by_one, false)] {
+                let txn = db.begin_write().unwrap();
+                {
+                    let mut w = ContentWriter::open(&txn).unwrap();
+                    for (&seq, &(objects, len)) in &before {
+                        w.append(seq, &content_row(seq, objects, len)).unwrap();
+                    }
+                    // An ids row with no content row (a damaged file): a run at or
+                    // below it goes row by row.
+                    if let Some(seq) = stray {
+                        w.ids.as_mut().unwrap().insert(seq, [7u8; 32].as_slice()).unwrap();
+                    }
+                }
+                txn.commit().unwrap();
+                let rows: Vec<(u64, Vec<u8>)> = run.iter().map(|&(seq, o, len)| (seq, content_row(seq, o, len))).collect();
+                let txn = db.begin_write().unwrap();
+                {
+                    let mut w = ContentWriter::open(&txn).unwrap();
+                    if whole {
+                        w.append_run(rows.iter().map(|(seq, row)| (*seq, row.as_slice()))).unwrap();
+                    } else {
+                        for (seq, row) in &rows {
+                            w.append(*seq, row).unwrap();
+                        }
+                    }
+                }
+                txn.commit().unwrap();
+            }
+            proptest::prop_assert_eq!(tables(&by_run), tables(&one_by_one));
+        }
     }
 
     #[test]
