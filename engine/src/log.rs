@@ -209,7 +209,8 @@ pub(crate) fn seal(
         }
         let (bytes, hash) = encode_record(record, &next.hash, chain, record_bytes_max)
             .map_err(|e| Error::storage(format!("encode record {}: {e}", record.seq)))?;
-        let mut row = Vec::new();
+        let len = entry.content.iter().map(|o| annal_codec::content::ENTRY_HEADER_LEN + o.bytes.len()).sum();
+        let mut row = Vec::with_capacity(len);
         for object in &entry.content {
             push_stored(&mut row, &object.id, object.encoding, &object.bytes);
         }

@@ -190,7 +190,10 @@ pub(crate) fn run(shared: Arc<Shared>, rx: Receiver<Request>, core: Arc<Core>) {
         };
         let mut state = core.state.lock();
         let State { seq, checkpoints, previous_batch } = &mut *state;
-        let mut commands = Vec::new();
+        // Room for what is queued now or the last batch's size, whichever is more:
+        // growing the list by doubling moved every command taken so far.
+        let expected = core.pending.load(Ordering::Acquire).max(*previous_batch);
+        let mut commands = Vec::with_capacity(expected.min(shared.batch_commands_max));
         let mut pending = Some(first);
         while let Some(req) = pending.take() {
             // Taken under the state's lock: no caller commits before it is done.
