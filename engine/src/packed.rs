@@ -50,8 +50,13 @@ impl Packed {
     /// Entries a row of these bytes holds: `None` unless it is whole entries, at most a
     /// row's worth (an absent row, empty, holds none).
     fn held(&self, row: &[u8]) -> Option<u64> {
-        (row.len().is_multiple_of(self.width) && row.len() as u64 <= self.per_row * self.width as u64)
-            .then_some((row.len() / self.width) as u64)
+        self.held_of(row.len())
+    }
+
+    /// [`Packed::held`] of a row `len` bytes long.
+    fn held_of(&self, len: usize) -> Option<u64> {
+        (len.is_multiple_of(self.width) && len as u64 <= self.per_row * self.width as u64)
+            .then_some((len / self.width) as u64)
     }
 
     /// The entries of a stored row, in order; `None` when it is empty, not whole entries
@@ -72,9 +77,14 @@ impl Packed {
     ) -> Result<std::result::Result<(), Misplaced>> {
         debug_assert_eq!(entry.len(), self.width);
         let (key, slot) = self.slot(session, index);
-        let mut row = store.get(self.table, &key)?.unwrap_or_default();
-        let Some(held) = self.held(&row) else {
-            return Ok(Err(Misplaced::BadRow(row.len())));
+        // The row's length says where the entry goes; read without copying the row.
+        let mut len = 0;
+        store.read(self.table, &key, &mut |row| {
+            len = row.map_or(0, <[u8]>::len);
+            Ok(())
+        })?;
+        let Some(held) = self.held_of(len) else {
+            return Ok(Err(Misplaced::BadRow(len)));
         };
         if held > slot {
             return Ok(Err(Misplaced::Repeated));
@@ -86,8 +96,17 @@ impl Packed {
         if held < slot || (slot == 0 && index > 0 && !before_full(store)?) {
             return Ok(Err(Misplaced::Gap));
         }
-        row.extend_from_slice(entry);
-        store.put_vec(self.table, &key, row)?;
+        // In the store's own buffer where it holds one (the row written by an earlier
+        // record of the same batch or chunk), else a copy written back.
+        let in_place = store.update_in_place(self.table, &key, &mut |row| {
+            row.extend_from_slice(entry);
+            Ok(true)
+        })?;
+        if !in_place {
+            let mut row = store.get(self.table, &key)?.unwrap_or_default();
+            row.extend_from_slice(entry);
+            store.put_vec(self.table, &key, row)?;
+        }
         Ok(Ok(()))
     }
 
@@ -132,16 +151,38 @@ mod tests {
 
     #[test]
     fn entries_append_densely_across_rows_and_anything_else_is_misplaced() {
+        appends_densely(&mut MemStore::default());
+        // An overlay with no command staged appends in the buffer it holds the row in.
+        let base = MemStore::default();
+        let mut overlay = crate::store::Overlay::new(&base);
+        appends_densely(&mut overlay);
+        let mut in_place = false;
+        overlay
+            .update_in_place(LIST.table, &LIST.key(&SessionId([1; 16]), 0), &mut |_| {
+                in_place = true;
+                Ok(false)
+            })
+            .unwrap();
+        assert!(in_place, "the overlay holds its rows in buffers of its own");
+        // Staged, it copies them, and a discarded command leaves the rows as they were.
+        let s = SessionId([3; 16]);
+        LIST.append(&mut overlay, &s, 0, &[1, 1]).unwrap().unwrap();
+        overlay.stage();
+        LIST.append(&mut overlay, &s, 1, &[2, 2]).unwrap().unwrap();
+        overlay.discard();
+        assert_eq!(overlay.get(LIST.table, &LIST.key(&s, 0)).unwrap(), Some(vec![1, 1]));
+    }
+
+    fn appends_densely<S: Store>(store: &mut S) {
         let (s, other) = (SessionId([1; 16]), SessionId([2; 16]));
-        let mut store = MemStore::default();
         for i in 0..10u64 {
-            assert_eq!(LIST.len(&store, &s).unwrap(), i);
-            assert_eq!(LIST.append(&mut store, &s, i + 1, &[9, 9]).unwrap(), Err(Misplaced::Gap), "{i}");
-            LIST.append(&mut store, &s, i, &[i as u8, 0]).unwrap().unwrap();
-            assert_eq!(LIST.append(&mut store, &s, i, &[9, 9]).unwrap(), Err(Misplaced::Repeated), "{i}");
-            LIST.append(&mut store, &other, i / 2, &[0, 0]).ok();
+            assert_eq!(LIST.len(store, &s).unwrap(), i);
+            assert_eq!(LIST.append(store, &s, i + 1, &[9, 9]).unwrap(), Err(Misplaced::Gap), "{i}");
+            LIST.append(store, &s, i, &[i as u8, 0]).unwrap().unwrap();
+            assert_eq!(LIST.append(store, &s, i, &[9, 9]).unwrap(), Err(Misplaced::Repeated), "{i}");
+            LIST.append(store, &other, i / 2, &[0, 0]).ok();
         }
-        assert_eq!(LIST.len(&store, &s).unwrap(), 10);
+        assert_eq!(LIST.len(store, &s).unwrap(), 10);
         let rows: Vec<Vec<u8>> = (0..4).map(|r| store.get(LIST.table, &LIST.key(&s, r)).unwrap().unwrap()).collect();
         assert_eq!(rows[0], [0, 0, 1, 0, 2, 0]);
         assert_eq!(rows[3], [9, 0]);
@@ -151,12 +192,13 @@ mod tests {
             assert!(LIST.entries(bad).is_none(), "{bad:?}");
         }
         store.put(LIST.table, &LIST.key(&s, 3), &[1, 2, 3]).unwrap();
-        assert_eq!(LIST.append(&mut store, &s, 10, &[0, 0]).unwrap(), Err(Misplaced::BadRow(3)));
-        assert!(LIST.len(&store, &s).is_err());
+        assert_eq!(LIST.append(store, &s, 10, &[0, 0]).unwrap(), Err(Misplaced::BadRow(3)));
+        assert_eq!(store.get(LIST.table, &LIST.key(&s, 3)).unwrap(), Some(vec![1, 2, 3]), "nothing appended");
+        assert!(LIST.len(store, &s).is_err());
         // A new row before the last one is full is a gap.
-        let mut store = MemStore::default();
-        LIST.append(&mut store, &s, 0, &[0, 0]).unwrap().unwrap();
+        let s = SessionId([4; 16]);
+        LIST.append(store, &s, 0, &[0, 0]).unwrap().unwrap();
         store.put(LIST.table, &LIST.key(&s, 1), &[]).unwrap();
-        assert_eq!(LIST.append(&mut store, &s, 3, &[0, 0]).unwrap(), Err(Misplaced::Gap));
+        assert_eq!(LIST.append(store, &s, 3, &[0, 0]).unwrap(), Err(Misplaced::Gap));
     }
 }

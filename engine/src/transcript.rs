@@ -260,15 +260,18 @@ fn append_run<S: Store + ?Sized>(store: &mut S, session: &SessionId, len: u64, m
         let n = run.count.min((chunk + 1) * CHUNK - pos);
         let piece = Run { count: n, ..run };
         let k = key(session, chunk);
-        let bytes = if pos == chunk * CHUNK {
-            encode_chunk(&[piece])
-        } else {
+        if pos == chunk * CHUNK {
+            store.put_vec(Table::Transcript, &k, encode_chunk(&[piece]))?;
+        } else if !store
+            .update_in_place(Table::Transcript, &k, &mut |bytes| append_to_chunk(&k, bytes, piece).map(|()| true))?
+        {
+            // Not in a buffer of the store's own (the row is in the file, or shared
+            // with readers): a copy, written back.
             let mut bytes =
                 store.get(Table::Transcript, &k)?.ok_or_else(|| corrupt(Table::Transcript, &k, "missing row"))?;
             append_to_chunk(&k, &mut bytes, piece)?;
-            bytes
-        };
-        store.put_vec(Table::Transcript, &k, bytes)?;
+            store.put_vec(Table::Transcript, &k, bytes)?;
+        }
         run.start += n;
         run.count -= n;
         pos += n;
@@ -278,7 +281,8 @@ fn append_run<S: Store + ?Sized>(store: &mut S, session: &SessionId, len: u64, m
 
 /// Appends `run` to chunk row `bytes` (at `k`), merged into the row's last run when it
 /// continues it. The last run is found from the row's end (a varint ends at its first
-/// byte below 0x80), so the row is not decoded.
+/// byte below 0x80), so the row is not decoded. A row that is not whole runs is
+/// `Corrupt`, and left as it was.
 fn append_to_chunk(k: &[u8], bytes: &mut Vec<u8>, run: Run) -> Result<()> {
     let not_runs = || corrupt(Table::Transcript, k, "transcript chunk is not whole runs");
     // Where each of the last three varints starts.
