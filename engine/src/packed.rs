@@ -50,13 +50,8 @@ impl Packed {
     /// Entries a row of these bytes holds: `None` unless it is whole entries, at most a
     /// row's worth (an absent row, empty, holds none).
     fn held(&self, row: &[u8]) -> Option<u64> {
-        self.held_of(row.len())
-    }
-
-    /// [`Packed::held`] of a row `len` bytes long.
-    fn held_of(&self, len: usize) -> Option<u64> {
-        (len.is_multiple_of(self.width) && len as u64 <= self.per_row * self.width as u64)
-            .then_some((len / self.width) as u64)
+        (row.len().is_multiple_of(self.width) && row.len() as u64 <= self.per_row * self.width as u64)
+            .then_some((row.len() / self.width) as u64)
     }
 
     /// The entries of a stored row, in order; `None` when it is empty, not whole entries
@@ -77,14 +72,24 @@ impl Packed {
     ) -> Result<std::result::Result<(), Misplaced>> {
         debug_assert_eq!(entry.len(), self.width);
         let (key, slot) = self.slot(session, index);
-        // The row's length says where the entry goes; read without copying the row.
-        let mut len = 0;
-        store.read(self.table, &key, &mut |row| {
-            len = row.map_or(0, <[u8]>::len);
-            Ok(())
+        // In the store's own buffer where it holds one (a fold's overlay, the row written
+        // by an earlier record of its chunk): a row that takes the entry at its end gets
+        // it there. A store that holds none (the writer's, which stages its commands)
+        // answers without a lookup, and the row is copied and written back.
+        let mut placed = false;
+        store.update_in_place(self.table, &key, &mut |row| {
+            placed = slot > 0 && self.held(row) == Some(slot);
+            if placed {
+                row.extend_from_slice(entry);
+            }
+            Ok(placed)
         })?;
-        let Some(held) = self.held_of(len) else {
-            return Ok(Err(Misplaced::BadRow(len)));
+        if placed {
+            return Ok(Ok(()));
+        }
+        let mut row = store.get(self.table, &key)?.unwrap_or_default();
+        let Some(held) = self.held(&row) else {
+            return Ok(Err(Misplaced::BadRow(row.len())));
         };
         if held > slot {
             return Ok(Err(Misplaced::Repeated));
@@ -96,17 +101,8 @@ impl Packed {
         if held < slot || (slot == 0 && index > 0 && !before_full(store)?) {
             return Ok(Err(Misplaced::Gap));
         }
-        // In the store's own buffer where it holds one (the row written by an earlier
-        // record of the same batch or chunk), else a copy written back.
-        let in_place = store.update_in_place(self.table, &key, &mut |row| {
-            row.extend_from_slice(entry);
-            Ok(true)
-        })?;
-        if !in_place {
-            let mut row = store.get(self.table, &key)?.unwrap_or_default();
-            row.extend_from_slice(entry);
-            store.put_vec(self.table, &key, row)?;
-        }
+        row.extend_from_slice(entry);
+        store.put_vec(self.table, &key, row)?;
         Ok(Ok(()))
     }
 

@@ -115,9 +115,9 @@ impl<'txn> ContentWriter<'txn> {
     /// Writes the row of a new record `seq` (one that has no row yet), and its ids.
     pub fn append(&mut self, seq: u64, row: &[u8]) -> Result<()> {
         let pieces = self.pieces.as_mut().expect("a writer opens its pieces");
-        for (i, piece) in row.chunks(PIECE_BYTES).enumerate() {
-            let i = u32::try_from(i).map_err(|_| Error::storage(format!("content row {seq} is too long")))?;
-            pieces.insert((seq, i), piece)?;
+        for piece in pieces_of(seq, row) {
+            let (key, bytes) = piece?;
+            pieces.insert(key, bytes)?;
         }
         if !row.is_empty() {
             let ids = self.ids.as_mut().expect("a writer opens the ids");
@@ -144,9 +144,9 @@ impl<'txn> ContentWriter<'txn> {
         }
         let mut end = pieces.upper_bound_mut(std::ops::Bound::<(u64, u32)>::Unbounded)?;
         for &(seq, row) in &rows {
-            for (i, piece) in row.chunks(PIECE_BYTES).enumerate() {
-                let i = u32::try_from(i).map_err(|_| Error::storage(format!("content row {seq} is too long")))?;
-                end.insert_before((seq, i), piece)?;
+            for piece in pieces_of(seq, row) {
+                let (key, bytes) = piece?;
+                end.insert_before(key, bytes)?;
             }
         }
         end.close()?;
@@ -197,6 +197,14 @@ impl<'txn> ContentWriter<'txn> {
         }
         Ok(())
     }
+}
+
+/// The pieces of the content row of `seq`, keys and bytes, in key order.
+fn pieces_of(seq: u64, row: &[u8]) -> impl Iterator<Item = Result<((u64, u32), &[u8])>> + '_ {
+    row.chunks(PIECE_BYTES).enumerate().map(move |(i, piece)| {
+        let i = u32::try_from(i).map_err(|_| Error::storage(format!("content row {seq} is too long")))?;
+        Ok(((seq, i), piece))
+    })
 }
 
 /// The value of the ids row of content row `row`: its ids, 32 bytes each in row order,
