@@ -262,14 +262,13 @@ pub(crate) fn append_sealed<'a>(
         ));
     }
     if !rows.is_empty() {
-        // Every seq lies past the log's last one, in order: one cursor at the table's end
-        // builds the leaves from the run, where an insert a record would search the tree
-        // and rebuild the rightmost branch at every new leaf (design §7, step 3).
-        let mut end = log.upper_bound_mut(std::ops::Bound::<u64>::Unbounded)?;
-        for row in &rows {
-            end.insert_before(row.seq, row.record.as_slice())?;
-        }
-        end.close()?;
+        // Every seq lies past the log's last one, in order.
+        tables::write_at_end(&mut log, |end| {
+            for row in &rows {
+                end.insert_before(row.seq, row.record.as_slice())?;
+            }
+            Ok(())
+        })?;
     }
     drop(log);
     let mut content = ContentWriter::open(txn)?;

@@ -21,7 +21,7 @@
 //! tests.
 
 use crate::error::{Error, Location, Result};
-use crate::tables::{CONTENT, CONTENT_IDS};
+use crate::tables::{write_at_end, CONTENT, CONTENT_IDS};
 use annal_codec::content::IdScan;
 use annal_codec::{ContentId, DecodeError};
 use redb::{ReadOnlyTable, ReadTransaction, ReadableTable, Table, TableDefinition, TableHandle, WriteTransaction};
@@ -127,10 +127,9 @@ impl<'txn> ContentWriter<'txn> {
     }
 
     /// Writes the rows of new records, in seq order, and their ids: [`Self::append`] for
-    /// each, but through one cursor at each table's end when every seq lies past the
-    /// rows there (a log's append always does), which builds the leaves from the run
-    /// instead of searching the tree a piece and rebuilding the rightmost branch at every
-    /// new leaf.
+    /// each, but through one cursor at each table's end
+    /// (`tables::write_at_end`) when every seq lies past the rows there, as a
+    /// log's append always does.
     pub fn append_run<'r>(&mut self, rows: impl Iterator<Item = (u64, &'r [u8])>) -> Result<()> {
         let rows: Vec<(u64, &[u8])> = rows.collect();
         let Some(&(first, _)) = rows.first() else { return Ok(()) };
@@ -142,20 +141,21 @@ impl<'txn> ContentWriter<'txn> {
         if !(ordered && past_pieces && past_ids) {
             return rows.into_iter().try_for_each(|(seq, row)| self.append(seq, row));
         }
-        let mut end = pieces.upper_bound_mut(std::ops::Bound::<(u64, u32)>::Unbounded)?;
-        for &(seq, row) in &rows {
-            for piece in pieces_of(seq, row) {
-                let (key, bytes) = piece?;
-                end.insert_before(key, bytes)?;
+        write_at_end(pieces, |end| {
+            for &(seq, row) in &rows {
+                for piece in pieces_of(seq, row) {
+                    let (key, bytes) = piece?;
+                    end.insert_before(key, bytes)?;
+                }
             }
-        }
-        end.close()?;
-        let mut end = ids.upper_bound_mut(std::ops::Bound::<u64>::Unbounded)?;
-        for &(seq, row) in rows.iter().filter(|(_, row)| !row.is_empty()) {
-            end.insert_before(seq, ids_value(Some(row)).as_slice())?;
-        }
-        end.close()?;
-        Ok(())
+            Ok(())
+        })?;
+        write_at_end(ids, |end| {
+            for &(seq, row) in rows.iter().filter(|(_, row)| !row.is_empty()) {
+                end.insert_before(seq, ids_value(Some(row)).as_slice())?;
+            }
+            Ok(())
+        })
     }
 
     /// Writes the ids row of every content row of the seqs in `seqs` (an ids row already

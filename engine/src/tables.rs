@@ -122,6 +122,22 @@ pub fn projection_rows(view: &crate::View, t: Table) -> Result<Vec<(Vec<u8>, Vec
     Ok(rows)
 }
 
+/// Writes a run of rows through one redb cursor at `table`'s end: `fill` inserts them
+/// with `insert_before`, each key above the table's last one and above the key before
+/// it. redb buffers such a run and builds its leaves from it, and the branches above
+/// them once, where an insert a row searches the tree and rebuilds the rightmost branch
+/// at every new leaf (design §7, step 3, and §7c). The callers check that their keys lie
+/// past the table's last one.
+pub(crate) fn write_at_end<K: redb::Key + 'static, V: redb::Value + 'static>(
+    table: &mut redb::Table<'_, K, V>,
+    fill: impl FnOnce(&mut redb::CursorMut<'_, K, V>) -> Result<()>,
+) -> Result<()> {
+    let mut end = table.upper_bound_mut(std::ops::Bound::<K::SelfType<'static>>::Unbounded)?;
+    fill(&mut end)?;
+    end.close()?;
+    Ok(())
+}
+
 /// Sessions at a view, live and archived (a purged session has none): the rows of the
 /// creation order, one a session, which lie together in the file. The heads, one a
 /// session too, each lie with the rest of their session's rows, so counting them reads
@@ -325,13 +341,14 @@ impl<'txn> RedbStore<'txn> {
         if appended.iter().any(|(_, value)| value.is_some()) {
             // Every key here is above the table's last one (the rows before them are at or
             // below it), so each goes at the end, in order; a removal has nothing to remove.
-            let mut end = self.table.upper_bound_mut(std::ops::Bound::<&[u8]>::Unbounded)?;
-            for (key, value) in appended {
-                if let Some(v) = value {
-                    end.insert_before(&**key, v.as_slice())?;
+            write_at_end(&mut self.table, |end| {
+                for (key, value) in appended {
+                    if let Some(v) = value {
+                        end.insert_before(&**key, v.as_slice())?;
+                    }
                 }
-            }
-            end.close()?;
+                Ok(())
+            })?;
         }
         for (key, value) in rows {
             match value {
