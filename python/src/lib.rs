@@ -22,7 +22,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyMapping, PyString};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{mpsc, Arc, OnceLock, RwLock};
+use std::sync::{mpsc, Arc, Mutex, OnceLock, RwLock};
 use std::time::Duration;
 
 /// A message as the host hands it in: a role, a content type, a body and attachments.
@@ -348,15 +348,33 @@ fn completions() -> &'static mpsc::Sender<Pending> {
 /// await the futures, and a thread attaching to a finalizing interpreter may crash it.
 static EXITING: AtomicBool = AtomicBool::new(false);
 
-/// Marks the interpreter as exiting (registered with `atexit`).
+/// Held by the completion thread for as long as it is attached to the interpreter, and
+/// taken by the `atexit` hook before it sets [`EXITING`]. Python code the completion
+/// thread calls may let go of the GIL for a moment (`call_soon_threadsafe` writes to a
+/// socket); were the interpreter to start finalizing then, the thread could never take
+/// the GIL back, and CPython ends such a thread in a way that aborts the process. With
+/// this lock the hook waits for the thread to detach, and the thread attaches only
+/// before the hook has run.
+static ATTACHED: Mutex<()> = Mutex::new(());
+
+fn attached_lock() -> std::sync::MutexGuard<'static, ()> {
+    ATTACHED.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// Marks the interpreter as exiting (registered with `atexit`), once the completion
+/// thread is detached. It waits without the GIL, which the thread may need to finish.
 #[pyfunction]
-fn interpreter_exiting() {
-    EXITING.store(true, Ordering::SeqCst);
+fn interpreter_exiting(py: Python<'_>) {
+    py.detach(|| {
+        let _attached = attached_lock();
+        EXITING.store(true, Ordering::SeqCst);
+    });
 }
 
 /// Resolves answered futures on their event loops. Once the interpreter exits (or is no
 /// longer initialized) the answers are dropped: their futures can no longer be awaited.
 fn resolve_all(done: Vec<(Waiter, annal::Result<Outcome>)>) {
+    let _attached = attached_lock();
     if EXITING.load(Ordering::SeqCst) {
         return;
     }
