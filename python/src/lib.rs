@@ -8,6 +8,7 @@
 
 mod convert;
 mod errors;
+mod exit;
 
 use annal::{
     AppendContext, ClaimInputs, ClaimTarget, Command, CommitTurn, CreateSession, Durability, Engine, EventQuery,
@@ -21,8 +22,7 @@ use pyo3::exceptions::{PyFileNotFoundError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyMapping, PyString};
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{mpsc, Arc, Mutex, OnceLock, RwLock};
+use std::sync::{mpsc, Arc, OnceLock, RwLock};
 use std::time::Duration;
 
 /// A message as the host hands it in: a role, a content type, a body and attachments.
@@ -344,41 +344,13 @@ fn completions() -> &'static mpsc::Sender<Pending> {
     })
 }
 
-/// Set when the interpreter starts to exit (an `atexit` hook): from then on nobody can
-/// await the futures, and a thread attaching to a finalizing interpreter may crash it.
-static EXITING: AtomicBool = AtomicBool::new(false);
-
-/// Held by the completion thread for as long as it is attached to the interpreter, and
-/// taken by the `atexit` hook before it sets [`EXITING`]. Python code the completion
-/// thread calls may let go of the GIL for a moment (`call_soon_threadsafe` writes to a
-/// socket); were the interpreter to start finalizing then, the thread could never take
-/// the GIL back, and CPython ends such a thread in a way that aborts the process. With
-/// this lock the hook waits for the thread to detach, and the thread attaches only
-/// before the hook has run.
-static ATTACHED: Mutex<()> = Mutex::new(());
-
-fn attached_lock() -> std::sync::MutexGuard<'static, ()> {
-    ATTACHED.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
-}
-
-/// Marks the interpreter as exiting (registered with `atexit`), once the completion
-/// thread is detached. It waits without the GIL, which the thread may need to finish.
-#[pyfunction]
-fn interpreter_exiting(py: Python<'_>) {
-    py.detach(|| {
-        let _attached = attached_lock();
-        EXITING.store(true, Ordering::SeqCst);
-    });
-}
-
 /// Resolves answered futures on their event loops. Once the interpreter exits (or is no
 /// longer initialized) the answers are dropped: their futures can no longer be awaited.
 fn resolve_all(done: Vec<(Waiter, annal::Result<Outcome>)>) {
-    let _attached = attached_lock();
-    if EXITING.load(Ordering::SeqCst) {
+    if !exit::enter() {
         return;
     }
-    // `None`: the interpreter is not initialized (or is finalizing); the answers go.
+    // `None`: the interpreter is not initialized; the answers go.
     let _ = Python::try_attach(move |py| {
         // Per event loop: (future, ok, value or exception) of each answered command.
         type Answers = Vec<(Py<PyAny>, bool, Py<PyAny>)>;
@@ -408,6 +380,7 @@ fn resolve_all(done: Vec<(Waiter, annal::Result<Outcome>)>) {
             }
         }
     });
+    exit::leave();
 }
 
 struct ThreadWaker(std::thread::Thread);
@@ -462,11 +435,11 @@ impl Drop for Database {
             Err(poisoned) => poisoned.into_inner().take(),
         };
         let Some(engine) = engine else { return };
-        if EXITING.load(Ordering::SeqCst) {
+        if exit::exiting() {
             return drop(engine);
         }
         // `None` (no interpreter to detach from): the closure and the engine are dropped.
-        let _ = Python::try_attach(move |py| py.detach(move || drop(engine.close())));
+        let _ = Python::try_attach(move |py| exit::detached(py, move || drop(engine.close())));
     }
 }
 
@@ -517,7 +490,7 @@ impl Database {
     /// the GIL too, and held for the call, so a purge (which takes the write lock) waits
     /// for the calls in flight and the calls made meanwhile wait for it.
     fn run<T: Send>(&self, py: Python<'_>, f: impl FnOnce(&Engine) -> annal::Result<T> + Send) -> PyResult<T> {
-        py.detach(|| {
+        exit::detached(py, || {
             let guard = self.engine.read().map_err(|_| annal::Error::Closed)?;
             let engine = guard.as_ref().ok_or(annal::Error::Closed)?;
             f(engine)
@@ -565,7 +538,8 @@ impl Database {
         }
         let engine_options = options.engine_options();
         let open_path = path.clone();
-        let engine = py.detach(move || Engine::open_with(&open_path, engine_options)).map_err(|e| to_py(py, e))?;
+        let engine =
+            exit::detached(py, move || Engine::open_with(&open_path, engine_options)).map_err(|e| to_py(py, e))?;
         Ok(Database { engine: RwLock::new(Some(engine)), path: path.to_string_lossy().into_owned(), options })
     }
 
@@ -602,7 +576,7 @@ impl Database {
 
     /// Flushes and stops the writer; later calls raise `Closed`. Closing twice is fine.
     fn close(&self, py: Python<'_>) -> PyResult<()> {
-        py.detach(|| {
+        exit::detached(py, || {
             let engine = self.engine.write().map_err(|_| annal::Error::Closed)?.take();
             match engine {
                 Some(engine) => engine.close(),
@@ -1425,7 +1399,7 @@ impl Database {
         descendants: bool,
     ) -> PyResult<ErasureReport> {
         let request = annal::PurgeRequest { session: session_id(session)?, reason, actor, descendants };
-        let report = py.detach(|| {
+        let report = exit::detached(py, || {
             let mut guard = self.engine.write().map_err(|_| annal::Error::Closed)?;
             let engine = guard.take().ok_or(annal::Error::Closed)?;
             // An outer error left no engine: the database stays closed.
@@ -1594,7 +1568,7 @@ impl Subscription {
             let slice = deadline
                 .map_or(SIGNAL_SLICE, |d| d.saturating_duration_since(std::time::Instant::now()).min(SIGNAL_SLICE));
             let rx = self.rx.clone();
-            match py.detach(move || rx.recv_timeout(slice)) {
+            match exit::detached(py, move || rx.recv_timeout(slice)) {
                 Ok(notice) => return Ok(Some(CommitNotice::from(notice))),
                 Err(crossbeam_channel::RecvTimeoutError::Disconnected) => return Ok(None),
                 Err(crossbeam_channel::RecvTimeoutError::Timeout) => {}
@@ -1642,7 +1616,7 @@ fn compact(py: Python<'_>, path: std::path::PathBuf, compression: Option<String>
         });
     }
     let stats = match compression {
-        None => py.detach(move || annal::compact(&path, Options::default())).map_err(|e| to_py(py, e))?,
+        None => exit::detached(py, move || annal::compact(&path, Options::default())).map_err(|e| to_py(py, e))?,
         Some(name) => {
             let compression = match name.as_str() {
                 "lz4" | "zstd" | "off" => Compress::Codec(name).compression()?,
@@ -1652,7 +1626,7 @@ fn compact(py: Python<'_>, path: std::path::PathBuf, compression: Option<String>
                     )))
                 }
             };
-            py.detach(move || annal::recompress(&path, compression, Options::default(), &mut |_, _| {}))
+            exit::detached(py, move || annal::recompress(&path, compression, Options::default(), &mut |_, _| {}))
                 .map_err(|e| to_py(py, e))?
                 .compact
         }
@@ -1683,7 +1657,7 @@ fn _annal(m: &Bound<'_, PyModule>) -> PyResult<()> {
         limits.set_item(limit.to_string(), defaults.max(limit))?;
     }
     m.add("LIMITS", limits)?;
-    let exiting = wrap_pyfunction!(interpreter_exiting, m)?;
+    let exiting = wrap_pyfunction!(exit::interpreter_exiting, m)?;
     m.py().import("atexit")?.call_method1("register", (exiting,))?;
     Ok(())
 }
