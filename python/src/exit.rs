@@ -8,7 +8,7 @@
 //! completion thread that resolves the async methods' futures, whose Python calls may let
 //! go of the GIL and take it back (`call_soon_threadsafe` writes to a socket).
 //!
-//! So every such region is counted ([`enter`], [`leave`]), and an `atexit` hook
+//! So every such region is counted ([`enter`], closed when its [`Region`] drops), and an `atexit` hook
 //! ([`interpreter_exiting`]) marks the exit and waits, without the GIL, until no region is
 //! open. A region entered after the mark is refused: the completion thread drops its
 //! answers (no future can be awaited any more), and a thread back from an engine call
@@ -37,23 +37,27 @@ pub(crate) fn exiting() -> bool {
     EXITING.load(SeqCst)
 }
 
+/// An open region: closed when dropped.
+pub(crate) struct Region(());
+
+impl Drop for Region {
+    fn drop(&mut self) {
+        OPEN.fetch_sub(1, SeqCst);
+    }
+}
+
 /// Opens a region that takes the GIL (or holds it across Python calls that may let it
-/// go); false, with nothing opened, once the interpreter exits, unless this is the
-/// thread that finalizes it. A `true` must be matched by [`leave`].
-pub(crate) fn enter() -> bool {
+/// go), until the returned [`Region`] drops; `None`, with nothing opened, once the
+/// interpreter exits, unless this is the thread that finalizes it.
+pub(crate) fn enter() -> Option<Region> {
     // Counted first, then the mark read (the hook marks, then reads the count): one of
     // the two sees the other.
     OPEN.fetch_add(1, SeqCst);
+    let region = Region(());
     if EXITING.load(SeqCst) && EXITING_THREAD.get() != Some(&std::thread::current().id()) {
-        OPEN.fetch_sub(1, SeqCst);
-        return false;
+        return None;
     }
-    true
-}
-
-/// Closes a region [`enter`] opened.
-pub(crate) fn leave() {
-    OPEN.fetch_sub(1, SeqCst);
+    Some(region)
 }
 
 /// Runs `f` without the GIL (`Python::detach`) and takes the GIL back after it, unless
@@ -64,16 +68,16 @@ where
     F: Send + FnOnce() -> T,
     T: Send,
 {
-    let out = py.detach(move || {
+    // The region opens before the GIL is taken back and closes once it is held.
+    let (out, _region) = py.detach(move || {
         let out = f();
-        if !enter() {
+        let Some(region) = enter() else {
             loop {
                 std::thread::park();
             }
-        }
-        out
+        };
+        (out, region)
     });
-    leave();
     out
 }
 

@@ -347,9 +347,9 @@ fn completions() -> &'static mpsc::Sender<Pending> {
 /// Resolves answered futures on their event loops. Once the interpreter exits (or is no
 /// longer initialized) the answers are dropped: their futures can no longer be awaited.
 fn resolve_all(done: Vec<(Waiter, annal::Result<Outcome>)>) {
-    if !exit::enter() {
+    let Some(_region) = exit::enter() else {
         return;
-    }
+    };
     // `None`: the interpreter is not initialized; the answers go.
     let _ = Python::try_attach(move |py| {
         // Per event loop: (future, ok, value or exception) of each answered command.
@@ -380,7 +380,6 @@ fn resolve_all(done: Vec<(Waiter, annal::Result<Outcome>)>) {
             }
         }
     });
-    exit::leave();
 }
 
 struct ThreadWaker(std::thread::Thread);

@@ -419,21 +419,21 @@ def test_daemon_threads_committing_at_exit(tmp_path: Path) -> None:
     # Daemon threads are inside engine calls when the program ends. The process exits
     # cleanly (such a thread never takes the GIL back once the interpreter finalizes),
     # and every commit a thread saw acknowledged is in the file.
-    path = tmp_path / "daemon.redb"
-    script = f"""
+    script = """
+import sys
 import threading
 import time
 import annal
 
-db = annal.open({str(path)!r})
+db = annal.open(sys.argv[1])
 s = db.create_session().session
 acked = []
 
 def work(k):
     i = 0
     while True:
-        db.commit_turn(s, f"t{{k}}-{{i}}", [annal.Message.user("x" * 500)])
-        acked.append(f"t{{k}}-{{i}}")
+        db.commit_turn(s, f"t{k}-{i}", [annal.Message.user("x" * 500)])
+        acked.append(f"t{k}-{i}")
         i += 1
 
 for k in range(4):
@@ -441,8 +441,9 @@ for k in range(4):
 time.sleep(0.2)
 print(s, *list(acked))
 """
-    for _ in range(3):
-        run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    for i in range(3):
+        path = tmp_path / f"daemon{i}.redb"
+        run = subprocess.run([sys.executable, "-c", script, str(path)], capture_output=True, text=True, timeout=120)
         assert run.returncode == 0, run.stderr
         session, *acked = run.stdout.split()
         assert acked
@@ -450,7 +451,6 @@ print(s, *list(acked))
         for turn in acked:
             assert db.commit_turn(session, turn, [Message.user("x" * 500)]).already_committed
         db.close()
-        path.unlink()
 
 
 def test_compact_refuses_a_missing_path(tmp_path: Path) -> None:
