@@ -3,6 +3,7 @@
 
 use crate::event::Usage;
 use crate::ids::{ChainHash, CommitHash, ContentId, RevisionId};
+#[cfg(test)]
 use serde::Serialize;
 
 /// Domain string that seeds the transcript chain: `c0 = blake3("annal.transcript.v1")`.
@@ -123,6 +124,8 @@ impl LogChain {
     }
 }
 
+/// What a turn's commit hash covers, in the order it is encoded.
+#[cfg(test)]
 #[derive(Serialize)]
 struct TurnSemantics<'a> {
     messages: &'a [ContentId],
@@ -140,13 +143,24 @@ pub fn turn_commit_hash(
     applied_context: &[String],
     tool_ops: &[String],
 ) -> CommitHash {
-    let sem = TurnSemantics { messages, usage, applied_context, tool_ops };
-    // Encoding a borrowed struct into a Vec cannot fail except on the size limit, which is
-    // unbounded here; hash whatever bytes the canonical encoder yields.
-    let bytes = crate::wire::to_bytes(&sem, u64::MAX).unwrap_or_default();
+    // The canonical encoding of `TurnSemantics`, written straight into the hasher. A
+    // struct encodes as its fields in order, and a list of ids as a varint count then 32
+    // raw bytes an id, so the ids go in as they lie, in runs, not a byte at a time through
+    // serde (`turn_semantics_stream_as_encoded` holds the two to the same bytes).
+    use bincode::Options;
+    let wire = || crate::wire::options(u64::MAX).with_no_limit();
     let mut h = blake3::Hasher::new();
     h.update(TURN_DOMAIN);
-    h.update(&bytes);
+    // Writing into a hasher cannot fail: the `Err` arms are unreachable.
+    let _ = wire().serialize_into(&mut h, &(messages.len() as u64));
+    let mut run = [0u8; 32 * 32];
+    for ids in messages.chunks(32) {
+        for (slot, id) in run.chunks_exact_mut(32).zip(ids) {
+            slot.copy_from_slice(&id.0);
+        }
+        h.update(&run[..ids.len() * 32]);
+    }
+    let _ = wire().serialize_into(&mut h, &(usage, applied_context, tool_ops));
     CommitHash(*h.finalize().as_bytes())
 }
 
@@ -204,6 +218,37 @@ pub fn turn_commit_hash_with_inputs(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    proptest::proptest! {
+        /// The commit hash streams its ids into the hasher; it must hash exactly the
+        /// canonical encoding of the turn's semantics.
+        #[test]
+        fn turn_semantics_stream_as_encoded(
+            ids in proptest::collection::vec(proptest::array::uniform32(proptest::num::u8::ANY), 0..300),
+            usage in proptest::collection::vec(("[a-z]{0,5}", "[a-z]{0,5}", proptest::num::u64::ANY), 0..3),
+            applied in proptest::collection::vec("[a-z ]{0,9}", 0..3),
+            ops in proptest::collection::vec("[a-z0-9]{0,300}", 0..3),
+        ) {
+            let messages: Vec<ContentId> = ids.into_iter().map(ContentId).collect();
+            let usage: Vec<Usage> = usage
+                .into_iter()
+                .map(|(provider, model, n)| Usage {
+                    provider,
+                    model,
+                    input: n,
+                    output: n >> 7,
+                    cache_read: n >> 20,
+                    cache_write: 1,
+                })
+                .collect();
+            let sem = TurnSemantics { messages: &messages, usage: &usage, applied_context: &applied, tool_ops: &ops };
+            let bytes = crate::wire::to_bytes(&sem, u64::MAX).unwrap();
+            let mut h = blake3::Hasher::new();
+            h.update(TURN_DOMAIN);
+            h.update(&bytes);
+            proptest::prop_assert_eq!(turn_commit_hash(&messages, &usage, &applied, &ops).0, *h.finalize().as_bytes());
+        }
+    }
 
     #[test]
     fn revision_depends_only_on_messages() {
