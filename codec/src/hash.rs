@@ -143,24 +143,22 @@ pub fn turn_commit_hash(
     applied_context: &[String],
     tool_ops: &[String],
 ) -> CommitHash {
-    // The canonical encoding of `TurnSemantics`, written straight into the hasher. A
+    // The canonical encoding of `TurnSemantics`, written by hand where serde is slow. A
     // struct encodes as its fields in order, and a list of ids as a varint count then 32
-    // raw bytes an id, so the ids go in as they lie, in runs, not a byte at a time through
+    // raw bytes an id, so the ids are copied in as they lie, not a byte at a time through
     // serde (`turn_semantics_stream_as_encoded` holds the two to the same bytes).
     use bincode::Options;
     let wire = || crate::wire::options(u64::MAX).with_no_limit();
+    let mut bytes = Vec::with_capacity(96 + 32 * messages.len());
+    // Writing into a Vec cannot fail, and nothing here has a size limit.
+    let _ = wire().serialize_into(&mut bytes, &(messages.len() as u64));
+    for id in messages {
+        bytes.extend_from_slice(&id.0);
+    }
+    let _ = wire().serialize_into(&mut bytes, &(usage, applied_context, tool_ops));
     let mut h = blake3::Hasher::new();
     h.update(TURN_DOMAIN);
-    // Writing into a hasher cannot fail: the `Err` arms are unreachable.
-    let _ = wire().serialize_into(&mut h, &(messages.len() as u64));
-    let mut run = [0u8; 32 * 32];
-    for ids in messages.chunks(32) {
-        for (slot, id) in run.chunks_exact_mut(32).zip(ids) {
-            slot.copy_from_slice(&id.0);
-        }
-        h.update(&run[..ids.len() * 32]);
-    }
-    let _ = wire().serialize_into(&mut h, &(usage, applied_context, tool_ops));
+    h.update(&bytes);
     CommitHash(*h.finalize().as_bytes())
 }
 
