@@ -69,8 +69,8 @@ use annal::codec::{
 };
 use annal::pieces::ContentReader;
 use annal::query::{mem_digests, projection_digests};
-use annal::tables::{self, meta_keys, LOG, META};
 use annal::store::TypedRow;
+use annal::tables::{self, meta_keys, LOG, META};
 use annal::{
     evolve, ChainHash, ContentId, Event, EventKind, HashStore, Limits, Location, MemStore, Projection, ProjectionSet,
     Reader, SessionId, Store, Table, View,
