@@ -146,7 +146,7 @@ pub fn turn_commit_hash(
     // The canonical encoding of `TurnSemantics`, written by hand where serde is slow. A
     // struct encodes as its fields in order, and a list of ids as a varint count then 32
     // raw bytes an id, so the ids are copied in as they lie, not a byte at a time through
-    // serde (`turn_semantics_stream_as_encoded` holds the two to the same bytes).
+    // serde (`commit_hash_encodes_as_serde` holds the two to the same bytes).
     use bincode::Options;
     let wire = || crate::wire::options(u64::MAX).with_no_limit();
     let mut bytes = Vec::with_capacity(96 + 32 * messages.len());
@@ -218,10 +218,11 @@ mod tests {
     use super::*;
 
     proptest::proptest! {
-        /// The commit hash streams its ids into the hasher; it must hash exactly the
-        /// canonical encoding of the turn's semantics.
+        /// The commit hash writes its encoding by hand; it must hash exactly serde's
+        /// canonical encoding of the turn's semantics (the count's varint in its long
+        /// forms too, past 250 ids).
         #[test]
-        fn turn_semantics_stream_as_encoded(
+        fn commit_hash_encodes_as_serde(
             ids in proptest::collection::vec(proptest::array::uniform32(proptest::num::u8::ANY), 0..300),
             usage in proptest::collection::vec(("[a-z]{0,5}", "[a-z]{0,5}", proptest::num::u64::ANY), 0..3),
             applied in proptest::collection::vec("[a-z ]{0,9}", 0..3),
