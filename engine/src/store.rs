@@ -576,6 +576,9 @@ pub struct Overlay<'a, S: Store + ?Sized> {
     /// and how many were when the staged command began.
     defer: bool,
     staged_content: usize,
+    /// Its rows from the fold of records at seqs from here on are its own: the base holds
+    /// none ([`Overlay::fresh_from`]).
+    fresh_from: u64,
 }
 
 /// The rows a staged command changed, oldest first, each with what the overlay held for
@@ -585,7 +588,7 @@ type Undo = Vec<(Arc<[u8]>, Option<Value>)>;
 impl<'a, S: Store + ?Sized> Overlay<'a, S> {
     /// An empty overlay over `base`.
     pub fn new(base: &'a S) -> Self {
-        Overlay { base, writes: Writes::default(), undo: None, defer: false, staged_content: 0 }
+        Overlay { base, writes: Writes::default(), undo: None, defer: false, staged_content: 0, fresh_from: u64::MAX }
     }
 
     /// An empty overlay over `base` that defers the content-id index's additions: they
@@ -593,6 +596,16 @@ impl<'a, S: Store + ?Sized> Overlay<'a, S> {
     /// delta to keep until a checkpoint merges them.
     pub(crate) fn deferring(base: &'a S) -> Self {
         Overlay { defer: true, ..Overlay::new(base) }
+    }
+
+    /// Says that the base holds no row written by the fold of a record at `seq` or
+    /// after: the first seq this overlay folds, when every projection's rows in the base
+    /// are from records before it. Until then every removal is kept; from then on, a
+    /// removal of a row written from `seq` on ([`Store::remove_fresh`]) drops the
+    /// overlay's entry instead of keeping a removal that the chunk would hand over and the
+    /// file apply. For an overlay that never stages a command.
+    pub(crate) fn fresh_from(&mut self, seq: u64) {
+        self.fresh_from = seq;
     }
 
     /// The buffered writes; `None` is a removal.
@@ -740,6 +753,13 @@ impl<S: Store + ?Sized> Store for Overlay<'_, S> {
         self.set(table, key, Some(Arc::new(value)));
         Ok(())
     }
+    fn remove_fresh(&mut self, table: Table, key: &[u8], seq: u64) -> Result<()> {
+        if seq < self.fresh_from {
+            return self.remove(table, key);
+        }
+        with_physical(table, key, |physical| self.writes.rows.remove(physical));
+        Ok(())
+    }
     fn update_in_place(
         &mut self,
         table: Table,
@@ -760,69 +780,83 @@ impl<S: Store + ?Sized> Store for Overlay<'_, S> {
     }
 }
 
-/// An [`Overlay`] for a fold of a long run of records (a chunk of a rebuild or a
-/// catch-up), which never stages a command: the rows a fold rewrites at nearly every
-/// record of a session ([`StoreExt::put_tip_row`]: its head, its tips) are held as typed
-/// values, read back by copy ([`StoreExt::tip_row`]) and encoded once, by
-/// [`TypedOverlay::finish`], instead of decoded and encoded again at every record. A
-/// read of such a row's bytes encodes it; a write of its bytes drops the typed value.
-///
-/// Its rows from the fold of records at seqs from `fresh_from` on are its own: the base
-/// holds none, so a removal of one ([`Store::remove_fresh`]) drops its entry instead of
-/// keeping a removal that the chunk would hand over and the file apply.
-pub(crate) struct TypedOverlay<'a, S: Store + ?Sized> {
-    rows: Overlay<'a, S>,
-    typed: HashMap<Arc<[u8]>, Box<dyn TypedRow>, RowHasher>,
+/// A store for a fold of a long run of records (a chunk of a rebuild or a catch-up, and
+/// `annal verify`'s scratch state), which never stages a command: the rows a fold
+/// rewrites at nearly every record of a session ([`StoreExt::put_tip_row`]: its head, its
+/// tips) are held as typed values, read back by copy ([`StoreExt::tip_row`]) and encoded
+/// once, by [`Typed::into_inner`], instead of decoded and encoded again at every record.
+/// A read of such a row's bytes encodes it; a write of its bytes, or its removal, drops
+/// the typed value. Every other row, and every other call, goes to the store inside.
+pub struct Typed<S: Store> {
+    inner: S,
+    /// The typed rows, a map a table ([`Table::index`]).
+    typed: Vec<HashMap<Vec<u8>, Box<dyn TypedRow>, RowHasher>>,
     /// The tables of the typed rows, a bit each ([`Table::index`]): a write of any other
-    /// table's bytes skips the typed map.
+    /// table's bytes skips the typed maps.
     typed_tables: u64,
-    fresh_from: u64,
 }
 
-// A bit for each table in `TypedOverlay::typed_tables`.
+// A bit for each table in `Typed::typed_tables`.
 const _: () = assert!(Table::ALL.len() <= 64);
 
-impl<'a, S: Store + ?Sized> TypedOverlay<'a, S> {
+impl<S: Store> Typed<S> {
+    /// `inner`, holding no typed row yet.
+    pub fn new(inner: S) -> Self {
+        Typed { inner, typed: Table::ALL.iter().map(|_| HashMap::default()).collect(), typed_tables: 0 }
+    }
+
+    /// The store inside, with every typed row encoded into it.
+    pub fn into_inner(self) -> Result<S> {
+        let Typed { mut inner, typed, .. } = self;
+        for (table, rows) in Table::ALL.into_iter().zip(typed) {
+            for (key, value) in rows {
+                inner.put_vec(table, &key, value.encode()?)?;
+            }
+        }
+        Ok(inner)
+    }
+
+    /// The typed value of `key`, if it is held typed.
+    fn typed(&self, table: Table, key: &[u8]) -> Option<&dyn TypedRow> {
+        if self.typed_tables & (1 << table.index()) == 0 {
+            return None;
+        }
+        self.typed[table.index()].get(key).map(|value| &**value)
+    }
+
+    /// Drops the typed value of `key`, whose bytes are written or removed.
+    fn forget(&mut self, table: Table, key: &[u8]) {
+        if self.typed_tables & (1 << table.index()) != 0 {
+            self.typed[table.index()].remove(key);
+        }
+    }
+}
+
+/// A [`Typed`] [`Overlay`]: the store of a chunk of a rebuild or a catch-up.
+pub(crate) type TypedOverlay<'a, S> = Typed<Overlay<'a, S>>;
+
+impl<'a, S: Store + ?Sized> Typed<Overlay<'a, S>> {
     /// An empty overlay over `base`, with room for `rows` rows before its map grows.
     pub(crate) fn with_capacity(base: &'a S, rows: usize) -> Self {
         let mut overlay = Overlay::new(base);
         overlay.writes.rows.reserve(rows);
-        TypedOverlay { rows: overlay, typed: HashMap::default(), typed_tables: 0, fresh_from: u64::MAX }
+        Typed::new(overlay)
     }
 
-    /// Says that the base holds no row written by the fold of a record at `seq` or
-    /// after: the first seq this overlay folds, when every projection's rows in the base
-    /// are from records before it. Until then every removal is kept.
+    /// [`Overlay::fresh_from`].
     pub(crate) fn fresh_from(&mut self, seq: u64) {
-        self.fresh_from = seq;
+        self.inner.fresh_from(seq);
     }
 
     /// The buffered writes, the typed rows encoded.
     pub(crate) fn finish(self) -> Result<Writes> {
-        let TypedOverlay { mut rows, typed, .. } = self;
-        for (physical, value) in typed {
-            let bytes = value.encode()?;
-            rows.writes.rows.insert(physical, Some(Arc::new(bytes)));
-        }
-        Ok(rows.into_writes())
-    }
-
-    /// Whether a row of `table` may be held typed.
-    fn typed_table(&self, table: Table) -> bool {
-        self.typed_tables & (1 << table.index()) != 0
-    }
-
-    /// Drops the typed value of `key`, whose bytes are written.
-    fn forget(&mut self, table: Table, key: &[u8]) {
-        if self.typed_table(table) {
-            with_physical(table, key, |physical| self.typed.remove(physical));
-        }
+        Ok(self.into_inner()?.into_writes())
     }
 }
 
-impl<S: Store + ?Sized> Store for TypedOverlay<'_, S> {
+impl<S: Store> Store for Typed<S> {
     delegate_reads!(
-        rows:
+        inner:
         content_row_holds, deferred_content_seqs, deferred_content_holds, content_key_absent,
         note_content_key, record_at, message_list, cached_revision, keep_revision,
     );
@@ -830,55 +864,40 @@ impl<S: Store + ?Sized> Store for TypedOverlay<'_, S> {
         true
     }
     fn read(&self, table: Table, key: &[u8], f: &mut dyn FnMut(Option<&[u8]>) -> Result<()>) -> Result<()> {
-        if !self.typed_table(table) {
-            return self.rows.read(table, key, f);
-        }
-        match with_physical(table, key, |physical| self.typed.get(physical).map(|value| value.encode())) {
-            Some(bytes) => f(Some(&bytes?)),
-            None => self.rows.read(table, key, f),
+        match self.typed(table, key) {
+            Some(value) => f(Some(&value.encode()?)),
+            None => self.inner.read(table, key, f),
         }
     }
     fn read_typed(&self, table: Table, key: &[u8], f: &mut dyn FnMut(&dyn std::any::Any)) -> Result<bool> {
-        if !self.typed_table(table) {
-            return Ok(false);
-        }
-        Ok(with_physical(table, key, |physical| match self.typed.get(physical) {
-            Some(value) => {
-                f(value.as_any());
-                true
-            }
-            None => false,
-        }))
+        Ok(self.typed(table, key).map(|value| f(value.as_any())).is_some())
     }
     fn put_typed(&mut self, table: Table, key: &[u8], value: Box<dyn TypedRow>) -> Result<()> {
         self.typed_tables |= 1 << table.index();
-        with_physical(table, key, |physical| match self.typed.get_mut(physical) {
+        let rows = &mut self.typed[table.index()];
+        match rows.get_mut(key) {
             Some(slot) => *slot = value,
             None => {
-                self.typed.insert(Arc::from(physical), value);
+                rows.insert(key.to_vec(), value);
             }
-        });
+        }
         Ok(())
     }
     fn put(&mut self, table: Table, key: &[u8], value: &[u8]) -> Result<()> {
         self.forget(table, key);
-        self.rows.put(table, key, value)
+        self.inner.put(table, key, value)
     }
     fn remove(&mut self, table: Table, key: &[u8]) -> Result<()> {
         self.forget(table, key);
-        self.rows.remove(table, key)
+        self.inner.remove(table, key)
     }
     fn remove_fresh(&mut self, table: Table, key: &[u8], seq: u64) -> Result<()> {
-        if seq < self.fresh_from {
-            return self.remove(table, key);
-        }
         self.forget(table, key);
-        with_physical(table, key, |physical| self.rows.writes.rows.remove(physical));
-        Ok(())
+        self.inner.remove_fresh(table, key, seq)
     }
     fn put_vec(&mut self, table: Table, key: &[u8], value: Vec<u8>) -> Result<()> {
         self.forget(table, key);
-        self.rows.put_vec(table, key, value)
+        self.inner.put_vec(table, key, value)
     }
     fn update_in_place(
         &mut self,
@@ -887,13 +906,13 @@ impl<S: Store + ?Sized> Store for TypedOverlay<'_, S> {
         f: &mut dyn FnMut(&mut Vec<u8>) -> Result<bool>,
     ) -> Result<bool> {
         // A typed row's bytes are not held: the caller writes it anew.
-        if self.typed_table(table) && with_physical(table, key, |physical| self.typed.contains_key(physical)) {
+        if self.typed(table, key).is_some() {
             return Ok(false);
         }
-        self.rows.update_in_place(table, key, f)
+        self.inner.update_in_place(table, key, f)
     }
     fn deferred_content(&mut self) -> Option<&mut crate::buckets::DeferredContent> {
-        self.rows.deferred_content()
+        self.inner.deferred_content()
     }
 }
 

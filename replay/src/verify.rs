@@ -69,7 +69,7 @@ use annal::codec::{
 };
 use annal::pieces::ContentReader;
 use annal::query::{mem_digests, projection_digests};
-use annal::store::TypedRow;
+use annal::store::Typed;
 use annal::tables::{self, meta_keys, LOG, META};
 use annal::{
     evolve, ChainHash, ContentId, Event, EventKind, HashStore, Limits, Location, MemStore, Projection, ProjectionSet,
@@ -1597,44 +1597,9 @@ enum Item {
 /// lists of records before it, which `records` reads from the log when asked.
 struct Scratch<'a> {
     rows: HashStore,
-    /// The rows the fold rewrites at nearly every record of their session (heads, tips:
-    /// [`Store::put_typed`]), held typed by table, so that the next record's fold reads
-    /// the value instead of decoding it. A typed row is encoded where it is read as bytes,
-    /// and into `rows` when the fold is done ([`Scratch::into_rows`]).
-    typed: Vec<HashMap<Vec<u8>, Box<dyn TypedRow>>>,
     /// The log's records, read by seq when the fold asks for a list (most logs' folds ask
     /// for none: only rewrites and forks read lists).
     records: annal::FileRecords<'a>,
-}
-
-impl<'a> Scratch<'a> {
-    fn new(records: annal::FileRecords<'a>) -> Scratch<'a> {
-        Scratch { rows: HashStore::default(), typed: Table::ALL.iter().map(|_| HashMap::new()).collect(), records }
-    }
-
-    /// The typed value of `key`, if the fold wrote it typed.
-    fn typed(&self, table: Table, key: &[u8]) -> Option<&dyn TypedRow> {
-        self.typed[table.index()].get(key).map(|value| &**value)
-    }
-
-    /// Drops the typed value of `key`, which is being written as bytes or removed.
-    fn forget(&mut self, table: Table, key: &[u8]) {
-        let typed = &mut self.typed[table.index()];
-        if !typed.is_empty() {
-            typed.remove(key);
-        }
-    }
-
-    /// Every row, the typed ones encoded.
-    fn into_rows(self) -> annal::error::Result<HashStore> {
-        let Scratch { mut rows, typed, .. } = self;
-        for (table, typed) in Table::ALL.into_iter().zip(typed) {
-            for (key, value) in typed {
-                rows.put_vec(table, &key, value.encode()?)?;
-            }
-        }
-        Ok(rows)
-    }
 }
 
 impl Store for Scratch<'_> {
@@ -1644,42 +1609,15 @@ impl Store for Scratch<'_> {
         key: &[u8],
         f: &mut dyn FnMut(Option<&[u8]>) -> annal::error::Result<()>,
     ) -> annal::error::Result<()> {
-        match self.typed(table, key) {
-            Some(value) => f(Some(&value.encode()?)),
-            None => self.rows.read(table, key, f),
-        }
-    }
-    fn keeps_typed(&self) -> bool {
-        true
-    }
-    fn read_typed(
-        &self,
-        table: Table,
-        key: &[u8],
-        f: &mut dyn FnMut(&dyn std::any::Any),
-    ) -> annal::error::Result<bool> {
-        Ok(self.typed(table, key).map(|value| f(value.as_any())).is_some())
-    }
-    fn put_typed(&mut self, table: Table, key: &[u8], value: Box<dyn TypedRow>) -> annal::error::Result<()> {
-        let typed = &mut self.typed[table.index()];
-        match typed.get_mut(key) {
-            Some(slot) => *slot = value,
-            None => {
-                typed.insert(key.to_vec(), value);
-            }
-        }
-        Ok(())
+        self.rows.read(table, key, f)
     }
     fn put(&mut self, table: Table, key: &[u8], value: &[u8]) -> annal::error::Result<()> {
-        self.forget(table, key);
         self.rows.put(table, key, value)
     }
     fn remove(&mut self, table: Table, key: &[u8]) -> annal::error::Result<()> {
-        self.forget(table, key);
         self.rows.remove(table, key)
     }
     fn put_vec(&mut self, table: Table, key: &[u8], value: Vec<u8>) -> annal::error::Result<()> {
-        self.forget(table, key);
         self.rows.put_vec(table, key, value)
     }
     fn update_in_place(
@@ -1688,10 +1626,6 @@ impl Store for Scratch<'_> {
         key: &[u8],
         f: &mut dyn FnMut(&mut Vec<u8>) -> annal::error::Result<bool>,
     ) -> annal::error::Result<bool> {
-        // A typed row's bytes are not held: the caller writes it anew.
-        if self.typed(table, key).is_some() {
-            return Ok(false);
-        }
         self.rows.update_in_place(table, key, f)
     }
     fn message_list(&self, seq: u64) -> annal::error::Result<Option<std::sync::Arc<[ContentId]>>> {
@@ -1705,9 +1639,9 @@ impl Store for Scratch<'_> {
 /// The fold side of the walk, on its own thread: commit hashes and the engine's
 /// `evolve` into scratch state.
 struct Fold<'a> {
-    /// Scratch state; `deep` puts its rows in key order once, at the end, to compare
-    /// them with the stored tables.
-    store: Scratch<'a>,
+    /// Scratch state, heads and tips held typed ([`Typed`]); `deep` puts its rows in key
+    /// order once, at the end, to compare them with the stored tables.
+    store: Typed<Scratch<'a>>,
     /// Sessions whose fold failed: their later records are not folded (no cascades).
     broken: HashSet<SessionId>,
     failed: bool,
@@ -1724,7 +1658,7 @@ struct Fold<'a> {
 impl<'a> Fold<'a> {
     fn new(set: ProjectionSet, records: annal::FileRecords<'a>) -> Fold<'a> {
         Fold {
-            store: Scratch::new(records),
+            store: Typed::new(Scratch { rows: HashStore::default(), records }),
             broken: HashSet::new(),
             failed: false,
             set: set.iter().filter(|p| *p != Projection::Content).collect(),
@@ -1971,8 +1905,8 @@ impl<'a> Walk<'a> {
     fn merge_fold(&mut self, fold: Fold<'_>) {
         self.fold_failed |= fold.failed;
         if self.opts.deep {
-            match fold.store.into_rows() {
-                Ok(rows) => self.store = rows.into_ordered(),
+            match fold.store.into_inner() {
+                Ok(scratch) => self.store = scratch.rows.into_ordered(),
                 // A typed row that does not encode (past the row size limit): the fold's
                 // state cannot be compared.
                 Err(_) => self.fold_failed = true,
