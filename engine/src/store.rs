@@ -789,25 +789,20 @@ impl<S: Store + ?Sized> Store for Overlay<'_, S> {
 /// the typed value. Every other row, and every other call, goes to the store inside.
 pub struct Typed<S: Store> {
     inner: S,
-    /// The typed rows, a map a table ([`Table::index`]).
+    /// The typed rows, a map a table ([`Table::index`]). A table with none (most of
+    /// them) is skipped without hashing the key.
     typed: Vec<HashMap<Vec<u8>, Box<dyn TypedRow>, RowHasher>>,
-    /// The tables of the typed rows, a bit each ([`Table::index`]): a write of any other
-    /// table's bytes skips the typed maps.
-    typed_tables: u64,
 }
-
-// A bit for each table in `Typed::typed_tables`.
-const _: () = assert!(Table::ALL.len() <= 64);
 
 impl<S: Store> Typed<S> {
     /// `inner`, holding no typed row yet.
     pub fn new(inner: S) -> Self {
-        Typed { inner, typed: Table::ALL.iter().map(|_| HashMap::default()).collect(), typed_tables: 0 }
+        Typed { inner, typed: Table::ALL.iter().map(|_| HashMap::default()).collect() }
     }
 
     /// The store inside, with every typed row encoded into it.
     pub fn into_inner(self) -> Result<S> {
-        let Typed { mut inner, typed, .. } = self;
+        let Typed { mut inner, typed } = self;
         for (table, rows) in Table::ALL.into_iter().zip(typed) {
             for (key, value) in rows {
                 inner.put_vec(table, &key, value.encode()?)?;
@@ -818,16 +813,18 @@ impl<S: Store> Typed<S> {
 
     /// The typed value of `key`, if it is held typed.
     fn typed(&self, table: Table, key: &[u8]) -> Option<&dyn TypedRow> {
-        if self.typed_tables & (1 << table.index()) == 0 {
+        let rows = &self.typed[table.index()];
+        if rows.is_empty() {
             return None;
         }
-        self.typed[table.index()].get(key).map(|value| &**value)
+        rows.get(key).map(|value| &**value)
     }
 
     /// Drops the typed value of `key`, whose bytes are written or removed.
     fn forget(&mut self, table: Table, key: &[u8]) {
-        if self.typed_tables & (1 << table.index()) != 0 {
-            self.typed[table.index()].remove(key);
+        let rows = &mut self.typed[table.index()];
+        if !rows.is_empty() {
+            rows.remove(key);
         }
     }
 }
@@ -873,7 +870,6 @@ impl<S: Store> Store for Typed<S> {
         Ok(self.typed(table, key).map(|value| f(value.as_any())).is_some())
     }
     fn put_typed(&mut self, table: Table, key: &[u8], value: Box<dyn TypedRow>) -> Result<()> {
-        self.typed_tables |= 1 << table.index();
         let rows = &mut self.typed[table.index()];
         match rows.get_mut(key) {
             Some(slot) => *slot = value,
