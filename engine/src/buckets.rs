@@ -92,6 +92,25 @@ fn entry_len(key: usize, value: usize) -> usize {
     varint_len(key) + varint_len(value) + key + value
 }
 
+/// Replaces the bytes `range` of `row` with `parts`, one after another: the bytes after
+/// the range move once, and each part is one copy (`Vec::splice` fed the same bytes as
+/// one chained iterator moved them a byte at a time).
+fn replace_range<const N: usize>(row: &mut Vec<u8>, range: std::ops::Range<usize>, parts: [&[u8]; N]) {
+    let new_len: usize = parts.iter().map(|p| p.len()).sum();
+    let (start, end) = (range.start, range.end);
+    let tail = row.len() - end;
+    if new_len > end - start {
+        row.resize(row.len() + new_len - (end - start), 0);
+    }
+    row.copy_within(end..end + tail, start + new_len);
+    row.truncate(start + new_len + tail);
+    let mut at = start;
+    for part in parts {
+        row[at..at + part.len()].copy_from_slice(part);
+        at += part.len();
+    }
+}
+
 /// Appends an entry.
 fn put_entry(out: &mut Vec<u8>, key: &[u8], value: &[u8]) {
     put_varint(out, key.len());
@@ -882,7 +901,7 @@ impl Buckets {
             let mut header = [0u8; 20];
             let n = varint_into(&mut header, key.len());
             let n = n + varint_into(&mut header[n..], value.len());
-            row.splice(1 + splice.at..1 + splice.end, header[..n].iter().chain(key).chain(value).copied());
+            replace_range(row, 1 + splice.at..1 + splice.end, [&header[..n], key, value]);
             old = Some(splice.old);
             Ok(true)
         })?;
@@ -1277,6 +1296,25 @@ mod tests {
     /// A content id of key number `k` (spread over the hash's bits) and tail `tail`.
     fn spread_id(k: u16, tail: u8) -> ContentId {
         id(u64::from(k).wrapping_mul(0x9e37_79b9_7f4a_7c15), tail)
+    }
+
+    proptest! {
+        /// Replacing a range with parts leaves what `Vec::splice` leaves: ranges at the
+        /// start, the middle and the end, growing, shrinking and keeping the length.
+        #[test]
+        fn replace_range_splices(
+            row in proptest::collection::vec(any::<u8>(), 0..64),
+            a in 0usize..65,
+            b in 0usize..65,
+            parts in proptest::collection::vec(proptest::collection::vec(any::<u8>(), 0..24), 3),
+        ) {
+            let (start, end) = (a.min(b).min(row.len()), a.max(b).min(row.len()));
+            let mut expected = row.clone();
+            expected.splice(start..end, parts.concat());
+            let mut got = row;
+            replace_range(&mut got, start..end, [&parts[0][..], &parts[1][..], &parts[2][..]]);
+            prop_assert_eq!(got, expected);
+        }
     }
 
     proptest! {
