@@ -195,6 +195,89 @@ fn blake3_u64(key: &[u8]) -> u64 {
 /// whatever the nodes' size.
 pub const REVISIONS: Buckets = Buckets { table: Table::Revisions, hash: leading_u64, bytes: BUCKET_BYTES };
 
+/// A hashed map held whole in memory by the store of a long fold ([`Store::held_map`]):
+/// its entries, in a hash map, and its size. It is loaded from the map's rows when the fold
+/// first writes to it, and written back as rows once, when the store hands its writes
+/// over ([`HeldMap::write`]). A committed turn or a revision node then costs one insert
+/// into a tree instead of a bucket row read, spliced and written at every record; the
+/// rows written are those the inserts one by one would leave, since a map's rows are
+/// a function of its entries (each bucket's entries sorted, packed into parts in order).
+#[derive(Debug)]
+pub struct HeldMap {
+    map: Buckets,
+    entries: hashbrown::HashMap<Vec<u8>, Vec<u8>, crate::store::RowHasher>,
+    /// Bytes of the entries ([`Buckets::size`]).
+    size: u64,
+    /// The parts of each bucket in the rows it was loaded from.
+    stored: Vec<usize>,
+    /// Whether anything was set or removed since it was loaded.
+    changed: bool,
+}
+
+impl HeldMap {
+    /// Sets `key` to `value`; returns whether the key is new, keeping the value replaced
+    /// in `old_value`.
+    fn set(&mut self, key: &[u8], value: &[u8], old_value: &mut Option<Vec<u8>>) -> bool {
+        self.changed = true;
+        self.size += entry_size(key, value) as u64;
+        match self.entries.entry_ref(key) {
+            hashbrown::hash_map::EntryRef::Occupied(mut held) => {
+                self.size -= entry_size(key, held.get()) as u64;
+                *old_value = Some(std::mem::replace(held.get_mut(), value.to_vec()));
+                false
+            }
+            hashbrown::hash_map::EntryRef::Vacant(vacant) => {
+                vacant.insert(value.to_vec());
+                true
+            }
+        }
+    }
+
+    /// Removes `key`; returns whether the map held it.
+    fn remove(&mut self, key: &[u8]) -> bool {
+        match self.entries.remove(key) {
+            Some(value) => {
+                self.changed = true;
+                self.size -= entry_size(key, &value) as u64;
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// The entries of each bucket of the map its size gives, each bucket in key order.
+    fn buckets(&self) -> Vec<Vec<Entry<'_>>> {
+        let n = if self.size == 0 { 0 } else { buckets_for(self.size, self.map.bytes) };
+        let mut buckets = vec![Vec::new(); n as usize];
+        for (k, v) in &self.entries {
+            buckets[address((self.map.hash)(k), n) as usize].push((&k[..], &v[..]));
+        }
+        for bucket in &mut buckets {
+            bucket.sort_unstable_by(|a: &Entry<'_>, b: &Entry<'_>| a.0.cmp(b.0));
+        }
+        buckets
+    }
+
+    /// Writes the map's rows into `store`, over those it was loaded from, if it changed:
+    /// its size row, then each bucket as [`Buckets::write_bucket`] packs it.
+    pub(crate) fn write<S: Store + ?Sized>(&self, store: &mut S, prefix: &[u8]) -> Result<()> {
+        if !self.changed {
+            return Ok(());
+        }
+        let map = &self.map;
+        match self.size {
+            0 => store.remove(map.table, prefix)?,
+            size => store.put(map.table, prefix, &size.to_le_bytes())?,
+        }
+        let buckets = self.buckets();
+        for bucket in 0..buckets.len().max(self.stored.len()) {
+            let entries = buckets.get(bucket).map_or(&[][..], |e| &e[..]);
+            map.write_bucket(store, prefix, bucket as u64, entries, self.stored.get(bucket).copied().unwrap_or(0))?;
+        }
+        Ok(())
+    }
+}
+
 /// The key of `id`'s entry in the content-id index.
 fn content_key(id: &ContentId) -> &[u8] {
     &id.0[..CONTENT_KEY_BYTES]
@@ -622,6 +705,14 @@ impl Buckets {
     /// Bytes of the entries in `prefix`'s map (each entry's lengths, key and value, as a
     /// part holds them): what its number of buckets follows.
     pub fn size<S: Store + ?Sized>(&self, store: &S, prefix: &[u8]) -> Result<u64> {
+        if let Some(held) = store.held_map_ref(self.table, prefix) {
+            return Ok(held.size);
+        }
+        self.stored_size(store, prefix)
+    }
+
+    /// [`Buckets::size`] as the map's rows say it.
+    fn stored_size<S: Store + ?Sized>(&self, store: &S, prefix: &[u8]) -> Result<u64> {
         let mut size = 0;
         store.read(self.table, prefix, &mut |v| {
             if let Some(v) = v {
@@ -631,6 +722,27 @@ impl Buckets {
             Ok(())
         })?;
         Ok(size)
+    }
+
+    /// `prefix`'s map read whole from its rows, to hold in memory ([`HeldMap`]).
+    pub(crate) fn load<S: Store + ?Sized>(&self, store: &S, prefix: &[u8]) -> Result<HeldMap> {
+        let size = self.stored_size(store, prefix)?;
+        let n = if size == 0 { 0 } else { buckets_for(size, self.bytes) };
+        let mut entries = hashbrown::HashMap::with_hasher(crate::store::RowHasher::default());
+        let mut stored = Vec::with_capacity(n as usize);
+        let mut sum = 0u64;
+        for bucket in 0..n {
+            let parts = self.read_parts(store, prefix, bucket)?;
+            for (k, v) in self.entries(prefix, bucket, n, &parts)? {
+                sum += entry_size(k, v) as u64;
+                entries.insert(k.to_vec(), v.to_vec());
+            }
+            stored.push(parts.len());
+        }
+        if sum != size {
+            return Err(self.corrupt(prefix, "map size row does not match its entries"));
+        }
+        Ok(HeldMap { map: *self, entries, size, stored, changed: false })
     }
 
     /// A part's `more` flag and the bytes of its entries.
@@ -759,6 +871,9 @@ impl Buckets {
         key: &[u8],
         f: impl FnOnce(&[u8]) -> Result<R>,
     ) -> Result<Option<R>> {
+        if let Some(held) = store.held_map_ref(self.table, prefix) {
+            return held.entries.get(key).map(|v| f(v)).transpose();
+        }
         if size == 0 {
             return Ok(None);
         }
@@ -807,6 +922,14 @@ impl Buckets {
     /// Calls `f` with every entry of `prefix`'s map, bucket by bucket, each bucket in key
     /// order, holding one bucket at a time.
     pub fn each<S: Store + ?Sized>(&self, store: &S, prefix: &[u8], f: &mut EntryVisitor<'_>) -> Result<()> {
+        if let Some(held) = store.held_map_ref(self.table, prefix) {
+            for bucket in held.buckets() {
+                for (k, v) in bucket {
+                    f(k, v)?;
+                }
+            }
+            return Ok(());
+        }
         let size = self.size(store, prefix)?;
         if size == 0 {
             return Ok(());
@@ -1004,6 +1127,12 @@ impl Buckets {
         value: &[u8],
         old_value: &mut Option<Vec<u8>>,
     ) -> Result<bool> {
+        if let Some(held) = store.held_map(self, prefix)? {
+            if key.len() > KEY_BYTES_MAX {
+                return Err(self.corrupt(prefix, "bucket key too long"));
+            }
+            return Ok(held.set(key, value, old_value));
+        }
         let size = self.size(store, prefix)?;
         let n = buckets_for(size, self.bytes);
         let bucket = address((self.hash)(key), n);
@@ -1034,6 +1163,9 @@ impl Buckets {
 
     /// Removes `key` from `prefix`'s map; returns whether it held it.
     pub fn remove<S: Store + ?Sized>(&self, store: &mut S, prefix: &[u8], key: &[u8]) -> Result<bool> {
+        if let Some(held) = store.held_map(self, prefix)? {
+            return Ok(held.remove(key));
+        }
         let size = self.size(store, prefix)?;
         if size == 0 {
             return Ok(false);
@@ -1296,6 +1428,65 @@ mod tests {
     /// A content id of key number `k` (spread over the hash's bits) and tail `tail`.
     fn spread_id(k: u16, tail: u8) -> ContentId {
         id(u64::from(k).wrapping_mul(0x9e37_79b9_7f4a_7c15), tail)
+    }
+
+    /// A map of a table a fold's [`crate::store::Typed`] store holds whole, with buckets of
+    /// 72 bytes, so that a few entries split and merge them, and a value of kilobytes
+    /// makes a bucket of parts.
+    const HELD: Buckets = Buckets { table: Table::Turns, hash: leading_u64, bytes: 72 };
+
+    fn held_key() -> impl Strategy<Value = Vec<u8>> {
+        proptest::collection::vec(any::<u8>(), 1..10)
+    }
+
+    fn held_value() -> impl Strategy<Value = Vec<u8>> {
+        prop_oneof![
+            8 => proptest::collection::vec(any::<u8>(), 0..40),
+            1 => proptest::collection::vec(any::<u8>(), 1_000..3_500),
+        ]
+    }
+
+    proptest! {
+        /// A map held whole by a fold's typed store answers every lookup as its rows
+        /// would, and writes the rows its sets and removals one by one leave: into a map
+        /// empty or holding entries already, with buckets that split, merge and take parts.
+        #[test]
+        fn a_map_held_whole_writes_the_rows_of_its_changes_one_by_one(
+            before in proptest::collection::vec((held_key(), held_value()), 0..30),
+            ops in proptest::collection::vec((any::<bool>(), held_key(), held_value()), 1..60),
+        ) {
+            let prefix = [7u8; 16];
+            let mut base = MemStore::default();
+            for (k, v) in &before {
+                HELD.insert(&mut base, &prefix, k, v).unwrap();
+            }
+            let mut one_by_one = base.clone();
+            let mut typed = crate::store::Typed::new(base);
+            for (remove, k, v) in &ops {
+                match remove {
+                    true => prop_assert_eq!(
+                        HELD.remove(&mut one_by_one, &prefix, k).unwrap(),
+                        HELD.remove(&mut typed, &prefix, k).unwrap()
+                    ),
+                    false => prop_assert_eq!(
+                        HELD.replace(&mut one_by_one, &prefix, k, v).unwrap(),
+                        HELD.replace(&mut typed, &prefix, k, v).unwrap()
+                    ),
+                }
+                let get = |store: &dyn Fn(&[u8]) -> Option<Vec<u8>>| store(k);
+                prop_assert_eq!(
+                    get(&|k| HELD.get(&one_by_one, &prefix, k, |v| Ok(v.to_vec())).unwrap()),
+                    get(&|k| HELD.get(&typed, &prefix, k, |v| Ok(v.to_vec())).unwrap())
+                );
+                prop_assert_eq!(HELD.size(&one_by_one, &prefix).unwrap(), HELD.size(&typed, &prefix).unwrap());
+            }
+            prop_assert_eq!(HELD.all(&one_by_one, &prefix).unwrap(), HELD.all(&typed, &prefix).unwrap());
+            // The rows themselves are not to be read while the map is held.
+            prop_assert!(typed.get(Table::Turns, &prefix).is_err());
+            let written = typed.into_inner().unwrap();
+            let turns = |store: &MemStore| store.tables.get(&Table::Turns).cloned().unwrap_or_default();
+            prop_assert_eq!(turns(&written), turns(&one_by_one));
+        }
     }
 
     proptest! {

@@ -323,6 +323,26 @@ pub trait Store {
         false
     }
 
+    /// The hashed map `map` of `prefix` held whole in memory, where this store holds such
+    /// maps so (a fold's [`Typed`] store holds the committed turns and the revision nodes),
+    /// loaded from the map's rows on first use. `None`, the default, where the map's rows
+    /// are read and written one by one ([`crate::buckets::Buckets`]).
+    fn held_map(
+        &mut self,
+        map: &crate::buckets::Buckets,
+        prefix: &[u8],
+    ) -> Result<Option<&mut crate::buckets::HeldMap>> {
+        let _ = (map, prefix);
+        Ok(None)
+    }
+
+    /// The map of `table` and `prefix` if this store holds it in memory now
+    /// ([`Store::held_map`]); `None` where its rows say what it holds.
+    fn held_map_ref(&self, table: Table, prefix: &[u8]) -> Option<&crate::buckets::HeldMap> {
+        let _ = (table, prefix);
+        None
+    }
+
     /// Sets `key` to `value`. A store that folds long runs of records (a chunk of a
     /// rebuild or a catch-up) keeps the value typed and encodes it once, when it hands
     /// its writes over; the default encodes it now.
@@ -792,20 +812,37 @@ pub struct Typed<S: Store> {
     /// The typed rows, a map a table ([`Table::index`]). A table with none (most of
     /// them) is skipped without hashing the key.
     typed: Vec<HashMap<Vec<u8>, Box<dyn TypedRow>, RowHasher>>,
+    /// The hashed maps held whole ([`Store::held_map`]), a map of them a table, by prefix:
+    /// those of [`HELD_MAP_TABLES`].
+    maps: Vec<HashMap<Vec<u8>, crate::buckets::HeldMap, RowHasher>>,
 }
+
+/// The tables whose hashed maps a [`Typed`] store holds whole ([`Store::held_map`]): the
+/// committed turns and the revision nodes, which a fold inserts into at nearly every turn.
+/// Their keys are a session's prefix (16 bytes) and what follows it.
+pub const HELD_MAP_TABLES: [Table; 2] = [Table::Turns, Table::Revisions];
+
+/// The bytes of a session's prefix, which begins every key of [`HELD_MAP_TABLES`].
+const HELD_MAP_PREFIX: usize = 16;
 
 impl<S: Store> Typed<S> {
     /// `inner`, holding no typed row yet.
     pub fn new(inner: S) -> Self {
-        Typed { inner, typed: Table::ALL.iter().map(|_| HashMap::default()).collect() }
+        let maps = Table::ALL.iter().map(|_| HashMap::default()).collect();
+        Typed { inner, typed: Table::ALL.iter().map(|_| HashMap::default()).collect(), maps }
     }
 
     /// The store inside, with every typed row encoded into it.
     pub fn into_inner(self) -> Result<S> {
-        let Typed { mut inner, typed } = self;
+        let Typed { mut inner, typed, maps } = self;
         for (table, rows) in Table::ALL.into_iter().zip(typed) {
             for (key, value) in rows {
                 inner.put_vec(table, &key, value.encode()?)?;
+            }
+        }
+        for held in maps {
+            for (prefix, map) in held {
+                map.write(&mut inner, &prefix)?;
             }
         }
         Ok(inner)
@@ -818,6 +855,17 @@ impl<S: Store> Typed<S> {
             return None;
         }
         rows.get(key).map(|value| &**value)
+    }
+
+    /// Refuses a read or a write of the rows of a map held whole: they are stale until
+    /// the map is written back ([`Typed::into_inner`]), and only
+    /// [`crate::buckets::Buckets`] reads and writes a map, through [`Store::held_map`].
+    fn check_not_held(&self, table: Table, key: &[u8]) -> Result<()> {
+        let maps = &self.maps[table.index()];
+        match !maps.is_empty() && key.len() >= HELD_MAP_PREFIX && maps.contains_key(&key[..HELD_MAP_PREFIX]) {
+            true => Err(Error::storage(format!("a row of a {} map held in memory was read or written", table.name()))),
+            false => Ok(()),
+        }
     }
 
     /// Drops the typed value of `key`, whose bytes are written or removed.
@@ -860,7 +908,30 @@ impl<S: Store> Store for Typed<S> {
     fn keeps_typed(&self) -> bool {
         true
     }
+    fn held_map(
+        &mut self,
+        map: &crate::buckets::Buckets,
+        prefix: &[u8],
+    ) -> Result<Option<&mut crate::buckets::HeldMap>> {
+        if !HELD_MAP_TABLES.contains(&map.table) || prefix.len() != HELD_MAP_PREFIX {
+            return Ok(None);
+        }
+        let maps = &mut self.maps[map.table.index()];
+        if !maps.contains_key(prefix) {
+            let held = map.load(&self.inner, prefix)?;
+            maps.insert(prefix.to_vec(), held);
+        }
+        Ok(maps.get_mut(prefix))
+    }
+    fn held_map_ref(&self, table: Table, prefix: &[u8]) -> Option<&crate::buckets::HeldMap> {
+        let maps = &self.maps[table.index()];
+        if maps.is_empty() {
+            return None;
+        }
+        maps.get(prefix)
+    }
     fn read(&self, table: Table, key: &[u8], f: &mut dyn FnMut(Option<&[u8]>) -> Result<()>) -> Result<()> {
+        self.check_not_held(table, key)?;
         match self.typed(table, key) {
             Some(value) => f(Some(&value.encode()?)),
             None => self.inner.read(table, key, f),
@@ -880,18 +951,22 @@ impl<S: Store> Store for Typed<S> {
         Ok(())
     }
     fn put(&mut self, table: Table, key: &[u8], value: &[u8]) -> Result<()> {
+        self.check_not_held(table, key)?;
         self.forget(table, key);
         self.inner.put(table, key, value)
     }
     fn remove(&mut self, table: Table, key: &[u8]) -> Result<()> {
+        self.check_not_held(table, key)?;
         self.forget(table, key);
         self.inner.remove(table, key)
     }
     fn remove_fresh(&mut self, table: Table, key: &[u8], seq: u64) -> Result<()> {
+        self.check_not_held(table, key)?;
         self.forget(table, key);
         self.inner.remove_fresh(table, key, seq)
     }
     fn put_vec(&mut self, table: Table, key: &[u8], value: Vec<u8>) -> Result<()> {
+        self.check_not_held(table, key)?;
         self.forget(table, key);
         self.inner.put_vec(table, key, value)
     }
@@ -901,6 +976,7 @@ impl<S: Store> Store for Typed<S> {
         key: &[u8],
         f: &mut dyn FnMut(&mut Vec<u8>) -> Result<bool>,
     ) -> Result<bool> {
+        self.check_not_held(table, key)?;
         // A typed row's bytes are not held: the caller writes it anew.
         if self.typed(table, key).is_some() {
             return Ok(false);
@@ -1119,6 +1195,22 @@ impl<S: Store + ?Sized> Store for Held<'_, S> {
     }
     fn deferred_content(&mut self) -> Option<&mut crate::buckets::DeferredContent> {
         self.held.defer.then_some(&mut self.held.deferred)
+    }
+    fn held_map(
+        &mut self,
+        map: &crate::buckets::Buckets,
+        prefix: &[u8],
+    ) -> Result<Option<&mut crate::buckets::HeldMap>> {
+        if map.table == self.held.table {
+            return Ok(None);
+        }
+        self.rest.held_map(map, prefix)
+    }
+    fn held_map_ref(&self, table: Table, prefix: &[u8]) -> Option<&crate::buckets::HeldMap> {
+        if table == self.held.table {
+            return None;
+        }
+        self.rest.held_map_ref(table, prefix)
     }
     fn deferred_content_seqs(&self, id: &annal_codec::ContentId, out: &mut Vec<u64>) {
         self.held.deferred.seqs_into(id, out);
@@ -1412,6 +1504,19 @@ impl<S: Store + ?Sized> Store for WithRecords<'_, S> {
     }
     fn deferred_content(&mut self) -> Option<&mut crate::buckets::DeferredContent> {
         self.rows_mut().ok()?.deferred_content()
+    }
+    fn held_map(
+        &mut self,
+        map: &crate::buckets::Buckets,
+        prefix: &[u8],
+    ) -> Result<Option<&mut crate::buckets::HeldMap>> {
+        match &mut self.store {
+            Access::Write(s) => s.held_map(map, prefix),
+            Access::Read(_) => Ok(None),
+        }
+    }
+    fn held_map_ref(&self, table: Table, prefix: &[u8]) -> Option<&crate::buckets::HeldMap> {
+        self.rows().held_map_ref(table, prefix)
     }
     fn put(&mut self, table: Table, key: &[u8], value: &[u8]) -> Result<()> {
         self.rows_mut()?.put(table, key, value)
