@@ -196,12 +196,12 @@ fn blake3_u64(key: &[u8]) -> u64 {
 pub const REVISIONS: Buckets = Buckets { table: Table::Revisions, hash: leading_u64, bytes: BUCKET_BYTES };
 
 /// A hashed map held whole in memory by the store of a long fold ([`Store::held_map`]):
-/// its entries, in a hash map, and its size. It is loaded from the map's rows when the fold
-/// first writes to it, and written back as rows once, when the store hands its writes
-/// over ([`HeldMap::write`]). A committed turn or a revision node then costs one insert
-/// into a tree instead of a bucket row read, spliced and written at every record; the
-/// rows written are those the inserts one by one would leave, since a map's rows are
-/// a function of its entries (each bucket's entries sorted, packed into parts in order).
+/// its entries, in a hash map, and its size. It is loaded from the map's rows when the
+/// fold first writes to it, and written back as rows once, when the store hands its writes
+/// over. A committed turn or a revision node then costs one insert into the hash map,
+/// where a bucket's row was read, spliced and written again at every record; the rows
+/// written are those the changes one by one would leave, since a map's rows are a
+/// function of its entries (each bucket's entries sorted, packed into parts in order).
 #[derive(Debug)]
 pub struct HeldMap {
     map: Buckets,
