@@ -825,6 +825,13 @@ pub const HELD_MAP_TABLES: [Table; 2] = [Table::Turns, Table::Revisions];
 /// The bytes of a session's prefix, which begins every key of [`HELD_MAP_TABLES`].
 const HELD_MAP_PREFIX: usize = 16;
 
+/// The largest map, in bytes of entries, that a [`Typed`] store starts to hold whole: it
+/// reads all of the map when the fold first writes to it, and writes all of it back, so a
+/// short fold (the tail an open folds after a crash) over a session of a very long
+/// history changes such a map row by row instead. A fold from sequence 0 starts every map
+/// empty.
+pub const HELD_MAP_BYTES_MAX: u64 = 64 << 10;
+
 impl<S: Store> Typed<S> {
     /// `inner`, holding no typed row yet.
     pub fn new(inner: S) -> Self {
@@ -916,12 +923,14 @@ impl<S: Store> Store for Typed<S> {
         if !HELD_MAP_TABLES.contains(&map.table) || prefix.len() != HELD_MAP_PREFIX {
             return Ok(None);
         }
-        let maps = &mut self.maps[map.table.index()];
-        if !maps.contains_key(prefix) {
+        if !self.maps[map.table.index()].contains_key(prefix) {
+            if map.size(&self.inner, prefix)? > HELD_MAP_BYTES_MAX {
+                return Ok(None);
+            }
             let held = map.load(&self.inner, prefix)?;
-            maps.insert(prefix.to_vec(), held);
+            self.maps[map.table.index()].insert(prefix.to_vec(), held);
         }
-        Ok(maps.get_mut(prefix))
+        Ok(self.maps[map.table.index()].get_mut(prefix))
     }
     fn held_map_ref(&self, table: Table, prefix: &[u8]) -> Option<&crate::buckets::HeldMap> {
         let maps = &self.maps[table.index()];
