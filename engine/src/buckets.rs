@@ -1458,9 +1458,11 @@ mod tests {
         assert!(HELD.size(&base, &prefix).unwrap() > crate::store::HELD_MAP_BYTES_MAX);
         let mut direct = base.clone();
         let mut typed = crate::store::Typed::new(base);
-        assert!(HELD.insert(&mut direct, &prefix, b"new", b"value").unwrap());
-        assert!(HELD.insert(&mut typed, &prefix, b"new", b"value").unwrap());
-        assert!(typed.get(Table::Turns, &prefix).is_ok());
+        for key in [&b"new"[..], b"newer"] {
+            assert!(HELD.insert(&mut direct, &prefix, key, b"value").unwrap());
+            assert!(HELD.insert(&mut typed, &prefix, key, b"value").unwrap());
+            assert!(typed.get(Table::Turns, &prefix).is_ok());
+        }
         let turns = |store: &MemStore| store.tables.get(&Table::Turns).cloned().unwrap_or_default();
         assert_eq!(turns(&typed.into_inner().unwrap()), turns(&direct));
     }

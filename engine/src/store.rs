@@ -815,6 +815,9 @@ pub struct Typed<S: Store> {
     /// The hashed maps held whole ([`Store::held_map`]), a map of them a table, by prefix:
     /// those of [`HELD_MAP_TABLES`].
     maps: Vec<HashMap<Vec<u8>, crate::buckets::HeldMap, RowHasher>>,
+    /// The prefixes of maps found too large to hold ([`HELD_MAP_BYTES_MAX`]), a set a
+    /// table, so that their size is read once.
+    large: Vec<std::collections::HashSet<Vec<u8>, RowHasher>>,
 }
 
 /// The tables whose hashed maps a [`Typed`] store holds whole ([`Store::held_map`]): the
@@ -836,12 +839,13 @@ impl<S: Store> Typed<S> {
     /// `inner`, holding no typed row yet.
     pub fn new(inner: S) -> Self {
         let maps = Table::ALL.iter().map(|_| HashMap::default()).collect();
-        Typed { inner, typed: Table::ALL.iter().map(|_| HashMap::default()).collect(), maps }
+        let large = Table::ALL.iter().map(|_| Default::default()).collect();
+        Typed { inner, typed: Table::ALL.iter().map(|_| HashMap::default()).collect(), maps, large }
     }
 
     /// The store inside, with every typed row encoded into it.
     pub fn into_inner(self) -> Result<S> {
-        let Typed { mut inner, typed, maps } = self;
+        let Typed { mut inner, typed, maps, .. } = self;
         for (table, rows) in Table::ALL.into_iter().zip(typed) {
             for (key, value) in rows {
                 inner.put_vec(table, &key, value.encode()?)?;
@@ -923,14 +927,19 @@ impl<S: Store> Store for Typed<S> {
         if !HELD_MAP_TABLES.contains(&map.table) || prefix.len() != HELD_MAP_PREFIX {
             return Ok(None);
         }
-        if !self.maps[map.table.index()].contains_key(prefix) {
+        let t = map.table.index();
+        if !self.maps[t].contains_key(prefix) {
+            if self.large[t].contains(prefix) {
+                return Ok(None);
+            }
             if map.size(&self.inner, prefix)? > HELD_MAP_BYTES_MAX {
+                self.large[t].insert(prefix.to_vec());
                 return Ok(None);
             }
             let held = map.load(&self.inner, prefix)?;
-            self.maps[map.table.index()].insert(prefix.to_vec(), held);
+            self.maps[t].insert(prefix.to_vec(), held);
         }
-        Ok(self.maps[map.table.index()].get_mut(prefix))
+        Ok(self.maps[t].get_mut(prefix))
     }
     fn held_map_ref(&self, table: Table, prefix: &[u8]) -> Option<&crate::buckets::HeldMap> {
         let maps = &self.maps[table.index()];
