@@ -28,12 +28,14 @@ impl RevisionId {
         RevisionId(*blake3::hash(TRANSCRIPT_DOMAIN).as_bytes())
     }
 
-    /// `c(i) = blake3(c(i-1) || content_id(m(i)))`.
+    /// `c(i) = blake3(c(i-1) || content_id(m(i)))`: the 64 bytes hashed in one call, which
+    /// takes none of an incremental hasher's bookkeeping (a fold takes this step for every
+    /// message it appends).
     pub fn extend(&self, message: &ContentId) -> RevisionId {
-        let mut h = blake3::Hasher::new();
-        h.update(&self.0);
-        h.update(&message.0);
-        RevisionId(*h.finalize().as_bytes())
+        let mut input = [0u8; 64];
+        input[..32].copy_from_slice(&self.0);
+        input[32..].copy_from_slice(&message.0);
+        RevisionId(*blake3::hash(&input).as_bytes())
     }
 
     /// The chain over `messages`, starting from `self`.
@@ -247,6 +249,23 @@ mod tests {
             h.update(&bytes);
             proptest::prop_assert_eq!(turn_commit_hash(&messages, &usage, &applied, &ops).0, *h.finalize().as_bytes());
         }
+    }
+
+    /// The chain's step is SPEC §3's `blake3(c(i-1) || content_id(m(i)))`, and the revision
+    /// of the first messages of a fixed list is pinned, so a change to the step fails here.
+    #[test]
+    fn revision_step_is_the_hash_of_both_ids() {
+        let mut c = RevisionId::empty();
+        for i in 0u8..50 {
+            let m = content_id(&[i]);
+            let mut h = blake3::Hasher::new();
+            h.update(&c.0);
+            h.update(&m.0);
+            let next = c.extend(&m);
+            assert_eq!(next.0, *h.finalize().as_bytes());
+            c = next;
+        }
+        assert_eq!(crate::hex(&c.0), "bf2a5afa653236a221faa4c7265cff02c1c8f1a4fe0161bcb4e22d6b65ece85c");
     }
 
     #[test]
