@@ -812,12 +812,10 @@ pub struct Typed<S: Store> {
     /// The typed rows, a map a table ([`Table::index`]). A table with none (most of
     /// them) is skipped without hashing the key.
     typed: Vec<HashMap<Vec<u8>, Box<dyn TypedRow>, RowHasher>>,
-    /// The hashed maps held whole ([`Store::held_map`]), a map of them a table, by prefix:
-    /// those of [`HELD_MAP_TABLES`].
-    maps: Vec<HashMap<Vec<u8>, crate::buckets::HeldMap, RowHasher>>,
-    /// The prefixes of maps found too large to hold ([`HELD_MAP_BYTES_MAX`]), a set a
-    /// table, so that their size is read once.
-    large: Vec<std::collections::HashSet<Vec<u8>, RowHasher>>,
+    /// The hashed maps of [`HELD_MAP_TABLES`] a fold has written to ([`Store::held_map`]),
+    /// a map of them a table, by prefix: the map held whole, or `None` for one found too
+    /// large to hold ([`HELD_MAP_BYTES_MAX`]), whose size is then read once.
+    maps: Vec<HashMap<Vec<u8>, Option<crate::buckets::HeldMap>, RowHasher>>,
 }
 
 /// The tables whose hashed maps a [`Typed`] store holds whole ([`Store::held_map`]): the
@@ -839,20 +837,19 @@ impl<S: Store> Typed<S> {
     /// `inner`, holding no typed row yet.
     pub fn new(inner: S) -> Self {
         let maps = Table::ALL.iter().map(|_| HashMap::default()).collect();
-        let large = Table::ALL.iter().map(|_| Default::default()).collect();
-        Typed { inner, typed: Table::ALL.iter().map(|_| HashMap::default()).collect(), maps, large }
+        Typed { inner, typed: Table::ALL.iter().map(|_| HashMap::default()).collect(), maps }
     }
 
     /// The store inside, with every typed row encoded into it.
     pub fn into_inner(self) -> Result<S> {
-        let Typed { mut inner, typed, maps, .. } = self;
+        let Typed { mut inner, typed, maps } = self;
         for (table, rows) in Table::ALL.into_iter().zip(typed) {
             for (key, value) in rows {
                 inner.put_vec(table, &key, value.encode()?)?;
             }
         }
         for held in maps {
-            for (prefix, map) in held {
+            for (prefix, map) in held.into_iter().filter_map(|(prefix, map)| Some((prefix, map?))) {
                 map.write(&mut inner, &prefix)?;
             }
         }
@@ -872,8 +869,7 @@ impl<S: Store> Typed<S> {
     /// the map is written back ([`Typed::into_inner`]), and only
     /// [`crate::buckets::Buckets`] reads and writes a map, through [`Store::held_map`].
     fn check_not_held(&self, table: Table, key: &[u8]) -> Result<()> {
-        let maps = &self.maps[table.index()];
-        match !maps.is_empty() && key.len() >= HELD_MAP_PREFIX && maps.contains_key(&key[..HELD_MAP_PREFIX]) {
+        match key.len() >= HELD_MAP_PREFIX && self.held_map_ref(table, &key[..HELD_MAP_PREFIX]).is_some() {
             true => Err(Error::storage(format!("a row of a {} map held in memory was read or written", table.name()))),
             false => Ok(()),
         }
@@ -927,26 +923,22 @@ impl<S: Store> Store for Typed<S> {
         if !HELD_MAP_TABLES.contains(&map.table) || prefix.len() != HELD_MAP_PREFIX {
             return Ok(None);
         }
-        let t = map.table.index();
-        if !self.maps[t].contains_key(prefix) {
-            if self.large[t].contains(prefix) {
-                return Ok(None);
-            }
-            if map.size(&self.inner, prefix)? > HELD_MAP_BYTES_MAX {
-                self.large[t].insert(prefix.to_vec());
-                return Ok(None);
-            }
-            let held = map.load(&self.inner, prefix)?;
-            self.maps[t].insert(prefix.to_vec(), held);
+        let maps = &mut self.maps[map.table.index()];
+        if !maps.contains_key(prefix) {
+            let held = match map.size(&self.inner, prefix)? > HELD_MAP_BYTES_MAX {
+                true => None,
+                false => Some(map.load(&self.inner, prefix)?),
+            };
+            maps.insert(prefix.to_vec(), held);
         }
-        Ok(self.maps[t].get_mut(prefix))
+        Ok(maps.get_mut(prefix).and_then(Option::as_mut))
     }
     fn held_map_ref(&self, table: Table, prefix: &[u8]) -> Option<&crate::buckets::HeldMap> {
         let maps = &self.maps[table.index()];
         if maps.is_empty() {
             return None;
         }
-        maps.get(prefix)
+        maps.get(prefix)?.as_ref()
     }
     fn read(&self, table: Table, key: &[u8], f: &mut dyn FnMut(Option<&[u8]>) -> Result<()>) -> Result<()> {
         self.check_not_held(table, key)?;
